@@ -1,0 +1,32 @@
+# Two entry points: `make nightly` (the main job) and `make test`. Everything else is a helper of theirs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DATA_DIR ?= .data
+
+.PHONY: nightly test install system-deps lint bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,peers]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# OpenSSH server and PostgreSQL binaries for the test services (the tests start and stop them on 127.0.0.1).
+system-deps:
+	bash scripts/install-system-deps.sh
+
+nightly: install
+	$(VENV)/bin/edgellm inspect edgellm/assets/stories260K --output $(DATA_DIR)/nightly/inventory.json
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install system-deps lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache

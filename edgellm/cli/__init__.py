@@ -1,0 +1,69 @@
+"""The ``edgellm`` command line. Each subcommand is one module in this package exposing
+``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; they are found by listing the package.
+
+Exit codes: 0 success, 1 test failure (the model ran and a check failed), 2 bad input or unsupported model,
+3 infrastructure failure, 4 internal bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+from collections.abc import Sequence
+
+from edgellm import __version__
+from edgellm.errors import EdgeLLMError, ErrorKind
+
+EXIT_OK, EXIT_TEST_FAILURE, EXIT_BAD_INPUT, EXIT_INFRA, EXIT_BUG = 0, 1, 2, 3, 4
+EXIT_BY_KIND = {
+    ErrorKind.TEST_FAILURE: EXIT_TEST_FAILURE,
+    ErrorKind.CONFIGURATION: EXIT_BAD_INPUT,
+    ErrorKind.INFRASTRUCTURE: EXIT_INFRA,
+    ErrorKind.BUG: EXIT_BUG,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgellm",
+        description="Inspect, export, build, run and check LLM checkpoints for edge devices.",
+        epilog="exit codes: 0 ok, 1 test failure, 2 bad input, 3 infrastructure, 4 bug",
+    )
+    parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of unexpected errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args))
+    except EdgeLLMError as exc:
+        print(f"edgellm {args.command}: error ({exc.kind.value}): {exc}", file=sys.stderr)
+        if args.debug or os.environ.get("EDGELLM_DEBUG"):
+            traceback.print_exc()
+        return EXIT_BY_KIND[exc.kind]
+    except KeyboardInterrupt:
+        print(f"edgellm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line; the traceback is one flag away
+        print(f"edgellm {args.command}: internal error (bug): {type(exc).__name__}: {exc}", file=sys.stderr)
+        if args.debug or os.environ.get("EDGELLM_DEBUG"):
+            traceback.print_exc()
+        return EXIT_BUG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Model families: what a family needs from a checkpoint, and the registry that finds it.
+
+A new family is one module in this package with a class decorated by ``@register_family``; the decorator reads
+the class's ``model_types`` and ``architectures`` and refuses a class that lacks them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from edgellm.config import ModelConfig
+from edgellm.errors import BugError, UnsupportedError
+from edgellm.registry import Registry
+
+
+@dataclass(frozen=True)
+class IgnoreRule:
+    """A named reason a checkpoint tensor is not needed (e.g. precomputed RoPE buffers)."""
+
+    name: str
+    pattern: str
+
+    def matches(self, tensor: str) -> bool:
+        return re.fullmatch(self.pattern, tensor) is not None
+
+
+ROTARY_BUFFERS = IgnoreRule("rotary inv_freq buffer (recomputed from rope_theta)", r".*rotary_emb\.inv_freq")
+
+
+class ModelFamily:
+    """Base class of a decoder-only family. Subclasses set the class variables and, if needed, override hooks."""
+
+    name: ClassVar[str]
+    model_types: ClassVar[tuple[str, ...]]
+    architectures: ClassVar[tuple[str, ...]]
+    qkv_bias: ClassVar[bool | None] = None  # None: follow config.attention_bias
+    qk_norm: ClassVar[bool] = False
+    rope_types: ClassVar[tuple[str, ...]] = ("llama3",)  # rope_scaling types implemented besides "default"
+    hidden_acts: ClassVar[tuple[str, ...]] = ("silu",)
+    ignore_rules: ClassVar[tuple[IgnoreRule, ...]] = (ROTARY_BUFFERS,)
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        """Refuse a config this family cannot honour, naming the value and what is supported."""
+        if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type not in cls.rope_types:
+            raise UnsupportedError(
+                f"{cls.name}: rope_scaling type {cfg.rope_scaling.rope_type!r} is not implemented; "
+                f"supported: default, {', '.join(cls.rope_types)}"
+            )
+        if cfg.hidden_act not in cls.hidden_acts:
+            raise UnsupportedError(
+                f"{cls.name}: hidden_act {cfg.hidden_act!r} is not implemented; supported: {', '.join(cls.hidden_acts)}"
+            )
+
+    @classmethod
+    def has_qkv_bias(cls, cfg: ModelConfig) -> bool:
+        return cfg.attention_bias if cls.qkv_bias is None else cls.qkv_bias
+
+    @classmethod
+    def expected_parameters(cls, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every parameter the family needs, with its shape (HF names)."""
+        h, d = cfg.hidden_size, cfg.head_dim
+        q, kv, f = cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.intermediate_size
+        params: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+        qkv_bias = cls.has_qkv_bias(cfg)
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            params[p + "input_layernorm.weight"] = (h,)
+            params[p + "post_attention_layernorm.weight"] = (h,)
+            params[p + "self_attn.q_proj.weight"] = (q, h)
+            params[p + "self_attn.k_proj.weight"] = (kv, h)
+            params[p + "self_attn.v_proj.weight"] = (kv, h)
+            params[p + "self_attn.o_proj.weight"] = (h, q)
+            if qkv_bias:
+                params[p + "self_attn.q_proj.bias"] = (q,)
+                params[p + "self_attn.k_proj.bias"] = (kv,)
+                params[p + "self_attn.v_proj.bias"] = (kv,)
+            if cfg.attention_bias and cls.qkv_bias is None:
+                params[p + "self_attn.o_proj.bias"] = (h,)
+            if cls.qk_norm:
+                params[p + "self_attn.q_norm.weight"] = (d,)
+                params[p + "self_attn.k_norm.weight"] = (d,)
+            params[p + "mlp.gate_proj.weight"] = (f, h)
+            params[p + "mlp.up_proj.weight"] = (f, h)
+            params[p + "mlp.down_proj.weight"] = (h, f)
+            if cfg.mlp_bias:
+                params[p + "mlp.gate_proj.bias"] = (f,)
+                params[p + "mlp.up_proj.bias"] = (f,)
+                params[p + "mlp.down_proj.bias"] = (h,)
+        params["model.norm.weight"] = (h,)
+        if not cfg.tie_word_embeddings:
+            params["lm_head.weight"] = (cfg.vocab_size, h)
+        return params
+
+    @classmethod
+    def tied_parameters(cls, cfg: ModelConfig) -> dict[str, str]:
+        """Checkpoint names that alias another parameter when embeddings are tied: name -> source."""
+        return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {}
+
+
+FAMILIES: Registry[type[ModelFamily]] = Registry("model_type")
+ARCHITECTURES: Registry[type[ModelFamily]] = Registry("architecture")
+
+
+def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
+    for attr in ("name", "model_types", "architectures"):
+        if not getattr(cls, attr, None):
+            raise BugError(f"model family {cls.__qualname__} must set class attribute {attr!r}")
+    for mt in cls.model_types:
+        FAMILIES.add(mt, cls)
+    for arch in cls.architectures:
+        ARCHITECTURES.add(arch, cls)
+    return cls
+
+
+def family_for(cfg: ModelConfig) -> type[ModelFamily]:
+    """The family for a config, by ``model_type`` (checked against ``architectures``). Fails fast, listing
+    every registered ``model_type``, before any tensor is read."""
+    _load_builtin_families()
+    family = FAMILIES.get(cfg.model_type)
+    for arch in cfg.architectures:
+        if arch not in ARCHITECTURES:
+            raise UnsupportedError(ARCHITECTURES.unknown_message(arch))
+        if ARCHITECTURES.get(arch) is not family:
+            raise UnsupportedError(
+                f"architecture {arch!r} belongs to family {ARCHITECTURES.get(arch).name!r}, "
+                f"but model_type {cfg.model_type!r} names {family.name!r}"
+            )
+    family.check_config(cfg)
+    return family
+
+
+def _load_builtin_families() -> None:
+    # Importing the modules runs their decorators; a sorted import keeps registration order stable.
+    from edgellm.models import llama, mistral, qwen2, qwen3  # noqa: F401

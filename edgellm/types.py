@@ -1,0 +1,67 @@
+"""Enums for the vocabulary the whole project shares. Never parsed from file or folder names."""
+
+from __future__ import annotations
+
+import enum
+
+from edgellm.errors import ConfigurationError
+
+
+class _ChoiceEnum(enum.StrEnum):
+    @classmethod
+    def parse(cls, value: str | _ChoiceEnum, *, what: str | None = None) -> _ChoiceEnum:
+        """Parse a user-given value; the error names the bad value and every valid one."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            label = what or cls.__name__
+            raise ConfigurationError(f"unknown {label} {value!r}; valid: {choices}") from None
+
+
+class Precision(_ChoiceEnum):
+    """Numeric format of a model's weights/compute (or of its LM head / KV cache)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8_SQ = "int8_sq"
+    INT8_WO = "int8_wo"
+    INT4_AWQ = "int4_awq"
+    INT4_GPTQ = "int4_gptq"
+    INT4_WO = "int4_wo"
+    NVFP4 = "nvfp4"
+    MXFP8 = "mxfp8"
+
+
+class QuantMethod(_ChoiceEnum):
+    """Quantization algorithm that produced (or will produce) a checkpoint."""
+
+    NONE = "none"
+    FP8 = "fp8"
+    INT8_SQ = "int8_sq"
+    INT8_WO = "int8_wo"
+    INT4_AWQ = "int4_awq"
+    INT4_GPTQ = "int4_gptq"
+    INT4_WO = "int4_wo"
+    NVFP4 = "nvfp4"
+    MXFP8 = "mxfp8"
+
+
+class Stage(_ChoiceEnum):
+    """Pipeline stages, in order."""
+
+    QUANTIZE = "quantize"
+    EXPORT = "export"
+    BUILD = "build"
+    INFER = "infer"
+    ACCURACY = "accuracy"
+    BENCH = "bench"
+
+
+class Backend(_ChoiceEnum):
+    ORT = "ort"
+    TENSORRT = "tensorrt"

@@ -1,0 +1,28 @@
+"""The ``edgefarm`` command line: the farm's front door.
+
+Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
+Command groups live next to what they drive (devices/cli.py, test_lists/cli.py, results/cli.py) and are
+mounted here; heavy imports (Prefect) happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="edgefarm",
+    help="Build farm proving which LLMs run at which precision on which edge platform.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def main() -> None:
+    sys.exit(app(standalone_mode=True))
+
+
+if __name__ == "__main__":
+    main()

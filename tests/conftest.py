@@ -1,0 +1,5 @@
+"""Session-wide fixtures live in tests/fixtures/; each module there is one concern (checkpoints, services...)."""
+
+pytest_plugins = [
+    "tests.fixtures.checkpoints",
+]
