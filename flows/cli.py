@@ -11,6 +11,8 @@ import sys
 
 import typer
 
+from test_lists.cli import app as lists_app
+
 app = typer.Typer(
     name="edgefarm",
     help="Build farm proving which LLMs run at which precision on which edge platform.",
@@ -18,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(lists_app, name="lists")
 
 
 def main() -> None:
