@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, Stage
@@ -64,6 +64,11 @@ StageField = Annotated[Stage, BeforeValidator(_enum_parser(Stage, "stage"))]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 TimeoutSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_TIMEOUT)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# one number for every stage, or seconds per stage; tagged so an error names only the form that was given
+Timeout = Annotated[
+    Annotated[TimeoutSeconds, Tag("all_stages")] | Annotated[dict[StageField, TimeoutSeconds], Tag("per_stage")],
+    Discriminator(lambda v: "per_stage" if isinstance(v, dict) else "all_stages"),
+]
 
 
 class _Strict(BaseModel):
@@ -92,7 +97,7 @@ class _EntryFields(_Strict):
     max_batch_size: PositiveInt | None = None
     max_input_len: PositiveInt | None = None
     stages: list[StageField] | None = None
-    timeout: TimeoutSeconds | dict[StageField, TimeoutSeconds] | None = None
+    timeout: Timeout | None = None
 
 
 class EntryDefaults(_EntryFields):

@@ -7,6 +7,7 @@ is an error naming its line, never skipped. Expired waivers and waivers that mat
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,7 @@ def _pydantic_problems(
                 reason=_reason(err, model),
                 line=line_of(raw, (*prefix, *loc)),
                 where=where,
-                field=".".join(str(p) for p in (*prefix, *loc)) or None,
+                field=".".join(str(p) for p in (loc if where else (*prefix, *loc))) or None,
             )
         )
     return out
@@ -106,7 +107,9 @@ class Validator:
         self.today = today or dt.date.today()
 
     # ---------------------------------------------------------------- platforms
-    def _selection(self, names: Sequence[str], file: Path, raw: Any, loc: tuple, errors: list[Problem]) -> set[str]:
+    def _selection(
+        self, names: Sequence[str], file: Path, raw: Any, loc: tuple, errors: list[Problem], where: str | None = None
+    ) -> set[str]:
         """Resolve names and globs to known platforms; every unknown name or empty glob is an error."""
         known = ", ".join(self.catalog.names)
         picked: set[str] = set()
@@ -115,8 +118,8 @@ class Validator:
             matched = self.catalog.matching(name) if glob else ([name] if name in self.catalog.types else [])
             if not matched:
                 what = f"wildcard {name!r} matches no known platform" if glob else f"unknown platform {name!r}"
-                errors.append(Problem(file, f"{what}; known: {known}", line_of(raw, (*loc, i)), None,
-                                      ".".join(map(str, loc))))
+                field = str(loc[-1]) if where else ".".join(map(str, loc))
+                errors.append(Problem(file, f"{what}; known: {known}", line_of(raw, (*loc, i)), where, field))
             picked.update(matched)
         return picked
 
@@ -146,7 +149,7 @@ class Validator:
             return {}
         _, problems = _validate(EntryDefaults, data, file, raw, "defaults", ("defaults",))
         errors += problems
-        bad = {p.field.split(".")[1] for p in problems if p.field and p.field.count(".")}
+        bad = {p.field.split(".")[0] for p in problems if p.field}
         return {k: v for k, v in data.items() if k not in bad}
 
     def _includes(
@@ -159,31 +162,32 @@ class Validator:
             if not isinstance(inc, str) or not inc:
                 continue  # the header reports it
             line = line_of(raw, ("include", i))
-            target = (file.parent / inc).resolve()
+            shown = Path(os.path.normpath(file.parent / inc))
+            target = shown.resolve()
             if target in stack:
                 chain = " -> ".join(p.name for p in [*stack[stack.index(target):], target])
                 errors.append(Problem(file, f"include cycle: {chain}", line, None, "include"))
                 continue
             if not target.is_file():
-                errors.append(Problem(file, f"included file {inc!r} not found (looked for {target})", line, None,
+                errors.append(Problem(file, f"included file {inc!r} not found (looked for {shown})", line, None,
                                       "include"))
                 continue
             try:
-                frag = read_yaml(target)
+                frag = read_yaml(shown)
             except YamlSyntaxError as exc:
-                errors.append(Problem(target, exc.reason, exc.line))
+                errors.append(Problem(shown, exc.reason, exc.line))
                 continue
             if not isinstance(frag, LineDict):
-                errors.append(Problem(target, "an included fragment must be a mapping with 'tests'/'defaults'", 1))
+                errors.append(Problem(shown, "an included fragment must be a mapping with 'tests'/'defaults'", 1))
                 continue
-            _, problems = _validate(FragmentHeader, frag, target, frag, None)
+            _, problems = _validate(FragmentHeader, frag, shown, frag, None)
             errors += problems
-            nested_defaults, nested_tests = self._includes(frag, target, [*stack, target], errors)
+            nested_defaults, nested_tests = self._includes(frag, shown, [*stack, target], errors)
             defaults.update(nested_defaults)
-            defaults.update(self._defaults(frag, target, errors))
+            defaults.update(self._defaults(frag, shown, errors))
             tests += nested_tests
             own = frag.get("tests")
-            tests += [(target, j, t) for j, t in enumerate(own if isinstance(own, list) else [])]
+            tests += [(shown, j, t) for j, t in enumerate(own if isinstance(own, list) else [])]
         return defaults, tests
 
     # ---------------------------------------------------------------- waivers
@@ -195,7 +199,7 @@ class Validator:
             errors += problems
             if waiver is not None:
                 before = len(errors)
-                self._selection(waiver.platforms, file, raw, ("waivers", i, "platforms"), errors)
+                self._selection(waiver.platforms, file, raw, ("waivers", i, "platforms"), errors, f"waivers[{i}]")
                 if len(errors) == before:
                     out.append(SourcedWaiver(waiver=waiver, file=file, line=line_of(raw, ("waivers", i))))
         return out

@@ -56,7 +56,10 @@ def read_yaml(path: Path) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        reason = " ".join(p for p in (exc.context, exc.problem) if p)
+        context = exc.context
+        if context and exc.context_mark and exc.context_mark.line + 1 != line:
+            context += f" (started at line {exc.context_mark.line + 1})"
+        reason = " ".join(p for p in (context, exc.problem) if p)
         raise YamlSyntaxError(path, line, f"invalid YAML: {reason}") from None
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(path, None, f"invalid YAML: {exc}") from None
