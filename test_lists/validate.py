@@ -268,7 +268,7 @@ class Validator:
                 continue
             first_seen[entry.test_id] = entry.source
             entries.append(entry)
-        if not tests:
+        if not tests and isinstance(raw.get("tests", []), list):
             errors.append(Problem(file, "the list has no tests (give 'tests' or 'include')", 1, None, "tests"))
 
         waivers = self._waivers(raw, file, errors)
