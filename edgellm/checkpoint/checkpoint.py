@@ -59,6 +59,7 @@ class Checkpoint:
             raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE}{hint}", file=str(root))
         headers: dict[str, SafetensorsHeader | None] = {}
         stamps: dict[str, tuple[int, int]] = {}
+        rejected: set[str] = set()  # tensors a header names but whose entry broke a rule (already reported)
         for shard in shard_names:
             path = root / shard
             if index is not None and not path.is_file():
@@ -66,6 +67,7 @@ class Checkpoint:
             scan = scan_header(path, name=shard)
             headers[shard] = scan.header
             problems.extend(scan.problems)
+            rejected |= {p.tensor for p in scan.problems if p.tensor}
             if scan.header is not None:
                 st = path.stat()
                 stamps[shard] = (st.st_size, st.st_mtime_ns)
@@ -73,15 +75,17 @@ class Checkpoint:
             problems.extend(check_index(root, index, headers))
         tensors, dup_problems = merge_shards(headers)
         problems.extend(dup_problems)
-        # Tensors of an unreadable or absent shard are already reported through that shard: not "missing" too.
+        # Tensors of an unreadable or absent shard, or with a rejected header entry, are already reported:
+        # not "missing" too.
         unreadable = {s for s in shard_names if headers.get(s) is None}
+        unknown = rejected - set(tensors)
         if index is not None:
-            unknown = {n for n, s in index.weight_map.items() if s in unreadable}
+            unknown |= {n for n, s in index.weight_map.items() if s in unreadable}
             rec = reconcile(tensors, family, config, quant, unknown=unknown)
         elif unreadable:
             rec = Reconciliation(family=family.name, expected=len(family.expected_parameters(config)))
         else:
-            rec = reconcile(tensors, family, config, quant)
+            rec = reconcile(tensors, family, config, quant, unknown=unknown)
         problems.extend(rec.problems)
         return cls(root=root, config=config, family=family, quant=quant, headers=headers, tensors=tensors,
                    index=index, reconciliation=rec, problems=problems, _stamps=stamps)

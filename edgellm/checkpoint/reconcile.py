@@ -111,7 +111,7 @@ def _missing_scales(tensors: Mapping[str, TensorInfo], expected: Mapping[str, tu
                     bad: Any) -> None:
     """Each quantized linear weight (a 2-D ``*_proj.weight`` not excluded) needs a scale tensor next to it."""
     for name, shape in expected.items():
-        if len(shape) != 2 or not name.endswith("_proj.weight"):
+        if len(shape) != 2 or not name.endswith("_proj.weight") or name not in tensors:
             continue
         module = name.removesuffix(".weight")
         if any(fnmatch.fnmatchcase(module, ex) for ex in quant.exclude_modules):
