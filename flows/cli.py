@@ -11,6 +11,8 @@ import sys
 
 import typer
 
+from devices.cli import app as devices_app
+
 app = typer.Typer(
     name="edgefarm",
     help="Build farm proving which LLMs run at which precision on which edge platform.",
@@ -18,6 +20,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+app.add_typer(devices_app, name="devices")
 
 
 def main() -> None:
