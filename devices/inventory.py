@@ -156,6 +156,23 @@ def _resolve_paths(data: dict[str, Any], directory: Path) -> dict[str, Any]:
     return data
 
 
+def _validate(data: dict[str, Any], root: Path, path: Path) -> tuple[Device | None, list[str]]:
+    """The device and every problem of its file (cross-field checks too, on the fields that did parse)."""
+    resolved = _resolve_paths(data, root)
+    try:
+        device = Device.model_validate(resolved)
+    except pydantic.ValidationError as err:
+        problems = validation_problems(path, err, valid_keys=_DEVICE_KEYS)
+        bad = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
+        try:
+            partial = Device.model_validate({k: v for k, v in resolved.items() if k not in bad})
+        except pydantic.ValidationError:
+            return None, problems
+        more = [p for p in _check_device(partial, path) if p.removeprefix(f"{path}: ").split(":")[0] not in bad]
+        return None, problems + more
+    return device, _check_device(device, path)
+
+
 @dataclass(frozen=True)
 class Inventory:
     directory: Path
@@ -210,16 +227,10 @@ def load_inventory(directory: Path | str | None = None) -> Inventory:
         type_problem = isinstance(data.get("type"), str) and data["type"] not in DEVICE_TYPES
         if type_problem:
             problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(DEVICE_TYPES)}")
-        try:
-            device = Device.model_validate(_resolve_paths(data, root))
-        except pydantic.ValidationError as err:
-            problems.extend(validation_problems(path, err, valid_keys=_DEVICE_KEYS))
-            continue
-        found = _check_device(device, path)
-        if found or type_problem:
-            problems.extend(found)
-            continue
-        devices[device_id] = device
+        device, found = _validate(data, root, path)
+        problems.extend(found)
+        if device is not None and not found and not type_problem:
+            devices[device_id] = device
     if problems:
         raise ConfigurationError(f"invalid inventory {root}:\n" + "\n".join(problems))
     if not devices:
