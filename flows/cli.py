@@ -19,6 +19,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+from results.cli import app as db_app  # noqa: E402  (command groups are mounted after the root app exists)
+
+app.add_typer(db_app, name="db")
+
 
 def main() -> None:
     sys.exit(app(standalone_mode=True))
