@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ErrorKind
 from edgellm.types import Precision, Stage
 
@@ -63,15 +64,6 @@ class ResultStatus(enum.StrEnum):
     WAIVED = "waived"  # failed, but a known issue accepted by policy: not a failure, not a proof
     SKIPPED = "skipped"  # not run (an earlier stage failed, no device...)
     NOT_APPLICABLE = "not_applicable"  # the test does not apply to this model/precision/platform
-
-
-class ArtifactKind(enum.StrEnum):
-    CHECKPOINT = "checkpoint"
-    ONNX = "onnx"
-    ENGINE = "engine"
-    LOG = "log"
-    REPORT = "report"
-    OTHER = "other"
 
 
 def db_enum(cls: type[enum.StrEnum], name: str) -> SAEnum:
@@ -209,7 +201,7 @@ class ArtifactRecord(Base):
     result_id: Mapped[int | None] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"), index=True)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     kind: Mapped[ArtifactKind] = mapped_column(db_enum(ArtifactKind, "artifact_kind"))
-    packing: Mapped[str] = mapped_column(String(8))  # "file" or "tar" (a directory), as in artifacts.ArtifactRef
+    packing: Mapped[Packing] = mapped_column(db_enum(Packing, "packing"))
     size: Mapped[int] = mapped_column(BigInteger)
     path_hint: Mapped[str | None] = mapped_column(String(500))
 

@@ -304,7 +304,11 @@ def upgrade() -> None:
             ),
             nullable=False,
         ),
-        sa.Column("packing", sa.String(length=8), nullable=False),
+        sa.Column(
+            "packing",
+            sa.Enum("file", "tar", name="packing", native_enum=False, create_constraint=True, length=32),
+            nullable=False,
+        ),
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("path_hint", sa.String(length=500), nullable=True),
         sa.ForeignKeyConstraint(
