@@ -12,6 +12,7 @@ import sys
 import typer
 
 from devices.cli import app as devices_app
+from results.cli import app as db_app
 
 app = typer.Typer(
     name="edgefarm",
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 
 app.add_typer(devices_app, name="devices")
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:

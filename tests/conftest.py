@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.checkpoints",
     "tests.fixtures.sshd",
+    "tests.fixtures.postgres",
 ]
