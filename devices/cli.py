@@ -1,6 +1,7 @@
 """``edgefarm devices``: list the inventory and check every device's health.
 
-Exit codes: 0 all healthy, 1 some device unhealthy, 2 broken inventory (every problem listed).
+Exit codes: 0 all healthy, 1 some device unhealthy, 2 broken inventory or database URL (every problem listed),
+3 the results database unreachable (``--db``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from devices.health import HealthReport, check_inventory
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 
 app = typer.Typer(
     name="devices",
@@ -34,19 +35,62 @@ InventoryDir = Annotated[
     ),
 ]
 
-EXIT_UNHEALTHY, EXIT_BAD_INPUT = 1, 2
+EXIT_UNHEALTHY, EXIT_BAD_INPUT, EXIT_INFRA = 1, 2, 3
+
+
+def _fail(err: EdgeLLMError) -> typer.Exit:
+    errors = Console(stderr=True, soft_wrap=True, highlight=False)
+    lines = str(err).splitlines()
+    errors.print(f"error: {lines[0]}", markup=False)
+    for line in lines[1:]:
+        errors.print(f"  {line}", markup=False)
+    return typer.Exit(EXIT_INFRA if err.kind is ErrorKind.INFRASTRUCTURE else EXIT_BAD_INPUT)
 
 
 def _load(directory: Path | None) -> Inventory:
     try:
         return load_inventory(directory)
     except ConfigurationError as err:
-        errors = Console(stderr=True, soft_wrap=True, highlight=False)
-        lines = str(err).splitlines()
-        errors.print(f"error: {lines[0]}", markup=False)
-        for line in lines[1:]:
-            errors.print(f"  {line}", markup=False)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise _fail(err) from None
+
+
+def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
+    """Record each report in the results database (``device_health``); the schema must be at head."""
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    from results.db import redact
+    from results.recorder import Recorder
+
+    recorder = Recorder(db_url)
+    try:
+        if not inspect(recorder.engine).has_table("device_health"):
+            raise ConfigurationError(
+                f"database {redact(db_url)!r} has no device_health table; run: edgefarm db upgrade --db URL"
+            )
+        return [
+            recorder.record_health(
+                r.device_id,
+                reachable=r.reachable,
+                disk_free_bytes=r.disk_free_bytes,
+                python_version=r.python_version,
+                edgellm_version=r.edgellm_version,
+                checked_at=r.checked_at,
+                details={k: v for k, v in r.to_dict().items() if k not in _STORED_AS_COLUMNS},
+            )
+            for r in reports
+        ]
+    except OperationalError as exc:
+        raise InfrastructureError(f"cannot write to database {redact(db_url)!r}: {str(exc.orig).strip()}") from None
+    except DBAPIError as exc:
+        raise ConfigurationError(
+            f"database {redact(db_url)!r} refused the health record: {str(exc.orig).strip()}"
+        ) from None
+    finally:
+        recorder.engine.dispose()
+
+
+_STORED_AS_COLUMNS = {"device_id", "reachable", "disk_free_bytes", "python_version", "edgellm_version", "checked_at"}
 
 
 @app.command("list")
@@ -87,13 +131,26 @@ def check(
     min_free_gb: Annotated[float, typer.Option(help="least free space in a device's work dir")] = 1.0,
     timeout: Annotated[float, typer.Option(help="seconds per probe command")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the reports as JSON instead of a table")] = False,
+    db: Annotated[str | None, typer.Option("--db", help="also record the reports in this results database")] = None,
 ) -> None:
     """Probe every device (in parallel): reachable, disk free, Python and edgellm versions."""
     devices = _load(inventory)
+    if db is not None:
+        from results.db import parse_url
+
+        try:
+            parse_url(db)  # a bad URL fails before any device is touched
+        except ConfigurationError as err:
+            raise _fail(err) from None
     reports = check_inventory(devices, min_free_gb=min_free_gb, timeout=timeout)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         Console().print(_health_table(reports))
+    if db is not None:
+        try:
+            store_reports(db, reports)
+        except EdgeLLMError as err:
+            raise _fail(err) from None
     if not all(r.healthy for r in reports):
         raise typer.Exit(EXIT_UNHEALTHY)

@@ -39,15 +39,20 @@ class HealthReport:
     healthy: bool
     python_version: str | None = None
     edgellm_version: str | None = None
-    disk_free_gb: float | None = None
+    disk_free_bytes: int | None = None
     arch: str | None = None
     problems: tuple[str, ...] = ()
     error_kind: ErrorKind | None = None  # kind of the failure that made the device unreachable
     checked_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     duration: float = 0.0
 
+    @property
+    def disk_free_gb(self) -> float | None:
+        return None if self.disk_free_bytes is None else self.disk_free_bytes / 2**30
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["disk_free_gb"] = None if self.disk_free_gb is None else round(self.disk_free_gb, 2)
         data["problems"] = list(self.problems)
         data["checked_at"] = self.checked_at.isoformat()
         return data
@@ -105,7 +110,8 @@ def check_device(
         parts = tuple(int(p) for p in python_version.split(".")[:2] if p.isdigit())
         if parts < MIN_PYTHON:
             problems.append(f"Python {python_version} is too old (needs {'.'.join(map(str, MIN_PYTHON))}+)")
-    free_gb = facts["free"] / 2**30 if "free" in facts else None
+    free_bytes = int(facts["free"]) if "free" in facts else None
+    free_gb = None if free_bytes is None else free_bytes / 2**30
     if free_gb is not None and free_gb < min_free_gb:
         problems.append(f"only {free_gb:.2f} GiB free in {device.work_dir} (needs {min_free_gb:g} GiB)")
     arch = facts.get("machine")
@@ -119,7 +125,7 @@ def check_device(
         healthy=not problems,
         python_version=python_version,
         edgellm_version=edgellm_version,
-        disk_free_gb=None if free_gb is None else round(free_gb, 2),
+        disk_free_bytes=free_bytes,
         arch=arch,
         problems=tuple(problems),
         duration=time.monotonic() - start,

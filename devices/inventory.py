@@ -5,8 +5,8 @@ Loading validates every file and reports every problem at once (one Configuratio
 before anything connects to a device.
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
-relative to the current directory (the project root when run by ``make``/``edgefarm``); ``work_dir`` of an ssh
-device absolute or relative to the login directory.
+relative to the project's data dir (``$EDGEFARM_DATA_DIR``, else ``.data`` in the current directory, as the
+results database); ``work_dir`` of an ssh device absolute or relative to the login directory.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from edgellm.errors import ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"
+DATA_DIR_ENV = "EDGEFARM_DATA_DIR"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -105,6 +106,10 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def data_dir() -> Path:
+    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".data")
+
+
 def default_inventory_dir() -> Path:
     env = os.environ.get(INVENTORY_ENV)
     return Path(env) if env else PACKAGED_INVENTORY_DIR
@@ -152,7 +157,7 @@ def _resolve_paths(data: dict[str, Any], directory: Path) -> dict[str, Any]:
         if isinstance(data.get(key), str):
             data[key] = directory / Path(data[key]).expanduser()
     if data.get("transport") == TransportKind.LOCAL and isinstance(data.get("work_dir"), str):
-        data["work_dir"] = str(Path(data["work_dir"]).expanduser().absolute())
+        data["work_dir"] = str((data_dir() / Path(data["work_dir"]).expanduser()).absolute())
     return data
 
 

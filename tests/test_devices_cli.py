@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from devices.health import check_device
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError, ErrorKind
 from flows.cli import app
-from tests.fixtures.sshd import SshHosts
+from results.models import DeviceHealth
+from tests.fixtures.sshd import SshHosts, _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE = {"COLUMNS": "250"}
@@ -138,3 +141,46 @@ def test_health_problems_are_named(live_ssh_hosts: SshHosts, tmp_path: Path) -> 
     down = check_device(device)
     assert not down.reachable and down.error_kind is ErrorKind.INFRASTRUCTURE
     assert "unreachable" in down.problems[0]
+
+
+def test_check_records_health_in_the_results_db(live_ssh_hosts: SshHosts, migrated_db_url: str, tmp_path: Path) -> None:
+    directory = tmp_path / "inv"
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    _write(
+        directory,
+        "dev-c.yaml",
+        {
+            "type": "x86-cpu",
+            "host": "127.0.0.1",
+            "port": _free_port(),  # nobody listens: unreachable
+            "user": live_ssh_hosts[2].user,
+            "key_file": str(live_ssh_hosts.client_key),
+            "host_key": live_ssh_hosts[2].host_key,
+            "work_dir": "work",
+        },
+    )
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", migrated_db_url)
+    assert code == 1, out + err  # dev-c unreachable, and the reports are stored anyway
+    engine = create_engine(migrated_db_url)
+    with Session(engine) as session:
+        rows = {row.device_id: row for row in session.scalars(select(DeviceHealth))}
+    engine.dispose()
+    assert sorted(rows) == ["dev-c", "local-cpu"]
+    local, down = rows["local-cpu"], rows["dev-c"]
+    assert local.reachable and local.edgellm_version == "0.1.0" and local.disk_free_bytes > 0
+    assert local.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert local.details["healthy"] is True and local.details["platform"] == "x86-cpu"
+    assert not down.reachable and down.details["error_kind"] == "infrastructure"
+    assert "unreachable" in down.details["problems"][0]
+
+
+def test_check_db_errors(tmp_path: Path, db_url: str) -> None:
+    directory = tmp_path / "inv"
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", "mysql://u:secret@h/db")
+    assert code == 2 and out == "" and "secret" not in err  # refused before probing, password hidden
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", db_url)  # no schema
+    assert code == 2 and "edgefarm db upgrade" in " ".join(err.split()), err
+    nobody = f"postgresql+psycopg://u:pw@127.0.0.1:{_free_port()}/db"
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", nobody)
+    assert code == 3 and "cannot write to database" in err and "pw@" not in err

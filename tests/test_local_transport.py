@@ -103,8 +103,11 @@ def test_copy_file_and_directory_atomically(tmp_path: Path) -> None:
 
 def test_packaged_local_cpu_device_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EDGEFARM_DATA_DIR", raising=False)
+    assert load_inventory().get("local-cpu").work_dir == str(tmp_path / ".data" / "devices" / "local-cpu")
+    monkeypatch.setenv("EDGEFARM_DATA_DIR", str(tmp_path / "data"))
     device = load_inventory().get("local-cpu")
-    assert device.work_dir == str(tmp_path / ".data" / "devices" / "local-cpu")
+    assert device.work_dir == str(tmp_path / "data" / "devices" / "local-cpu")
     with open_transport(device) as link:
         result = link.run([device.interpreter, "-c", "import os; print(os.getcwd())"], timeout=60)
     assert result.stdout.strip() == device.work_dir
