@@ -17,7 +17,7 @@ from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError, ErrorKind
 from flows.cli import app
 from results.models import DeviceHealth
-from tests.fixtures.sshd import SshHosts, _free_port
+from tests.fixtures.sshd import SshHosts, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE = {"COLUMNS": "250"}
@@ -152,7 +152,7 @@ def test_check_records_health_in_the_results_db(live_ssh_hosts: SshHosts, migrat
         {
             "type": "x86-cpu",
             "host": "127.0.0.1",
-            "port": _free_port(),  # nobody listens: unreachable
+            "port": free_port(),  # nobody listens: unreachable
             "user": live_ssh_hosts[2].user,
             "key_file": str(live_ssh_hosts.client_key),
             "host_key": live_ssh_hosts[2].host_key,
@@ -181,6 +181,6 @@ def test_check_db_errors(tmp_path: Path, db_url: str) -> None:
     assert code == 2 and out == "" and "secret" not in err  # refused before probing, password hidden
     code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", db_url)  # no schema
     assert code == 2 and "edgefarm db upgrade" in " ".join(err.split()), err
-    nobody = f"postgresql+psycopg://u:pw@127.0.0.1:{_free_port()}/db"
+    nobody = f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/db"
     code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", nobody)
     assert code == 3 and "cannot write to database" in err and "pw@" not in err

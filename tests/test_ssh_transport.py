@@ -15,7 +15,7 @@ from devices.inventory import Device, load_inventory
 from devices.transport import TIMEOUT_EXIT_CODE, HostKeyError, open_transport
 from devices.transport.ssh import SSHTransport
 from edgellm.errors import ErrorKind, InfrastructureError
-from tests.fixtures.sshd import SshHost, SshHosts, _free_port
+from tests.fixtures.sshd import SshHost, SshHosts, free_port
 
 MB = 1 << 20
 
@@ -199,7 +199,7 @@ def test_unknown_host_in_known_hosts_is_refused(live_ssh_hosts: SshHosts, tmp_pa
 def test_unreachable_port_and_bad_key_are_infrastructure(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     host = live_ssh_hosts[0]
     with pytest.raises(InfrastructureError, match="unreachable") as caught:
-        open_transport(_device(host, port=_free_port())).run(["true"], timeout=30)
+        open_transport(_device(host, port=free_port())).run(["true"], timeout=30)
     assert caught.value.retryable
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
