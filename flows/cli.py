@@ -11,6 +11,8 @@ import sys
 
 import typer
 
+from devices.cli import app as devices_app
+from results.cli import app as db_app
 from test_lists.cli import app as lists_app
 
 app = typer.Typer(
@@ -21,6 +23,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(lists_app, name="lists")
+
+app.add_typer(devices_app, name="devices")
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:

@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.checkpoints",
     "tests.fixtures.engines",
+    "tests.fixtures.sshd",
+    "tests.fixtures.postgres",
 ]
