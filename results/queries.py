@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Engine, and_, func, literal, select
+from sqlalchemy import Engine, Select, and_, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from edgellm.errors import ConfigurationError
@@ -171,7 +171,13 @@ def passing_rows(
     platform: str | None = None,
 ) -> list[RowKey]:
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
-    req = _required(required)
+    stmt = passing_rows_stmt(_required(required), platform)
+    with _session(db) as s:
+        return [RowKey(m, p, pl) for m, p, pl in s.execute(stmt)]
+
+
+def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None) -> Select[Any]:
+    """The SQL of :func:`passing_rows` (one index range scan per row's latest run; see benchmarks/bench_db.py)."""
 
     def n(cond: Any) -> Any:
         return func.count().filter(cond)
@@ -192,8 +198,7 @@ def passing_rows(
         .having(and_(*having))
         .order_by(RowLatest.model, RowLatest.precision, RowLatest.platform)
     )
-    with _session(db) as s:
-        return [RowKey(m, p, pl) for m, p, pl in s.execute(stmt)]
+    return stmt
 
 
 def row_history(
