@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -123,8 +124,9 @@ def _required(required: Iterable[Stage | str]) -> tuple[Stage, ...]:
     return stages
 
 
-def _session(db: Engine | Session) -> Session:
-    return db if isinstance(db, Session) else Session(db)
+def _session(db: Engine | Session) -> AbstractContextManager[Session]:
+    """A new session for an engine; a caller's session is used as is (and left open)."""
+    return nullcontext(db) if isinstance(db, Session) else Session(db)
 
 
 def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None) -> list[Any]:
