@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "tests.fixtures.checkpoints",
+    "tests.fixtures.engines",
 ]
