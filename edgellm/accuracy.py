@@ -11,6 +11,7 @@ The checks that count, and their limits, come from ``edgellm.thresholds`` keyed 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -113,6 +114,17 @@ class Reference:
             raise ConfigurationError(f"transformers cannot load checkpoint {checkpoint}: "
                                      f"{str(exc).splitlines()[0]}") from None
         self.model.eval()
+        # transformers >= 5.2x names the KV argument ``cache``; older releases ``past_key_values``
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        # Tiny models are dominated by per-op overhead, which extra threads only add to (and which collapses when
+        # the cores are shared); real-sized ones want every core.
+        self._threads = torch.get_num_threads()
+        if sum(p.numel() for p in self.model.parameters()) < 20_000_000:
+            torch.set_num_threads(1)
+
+    def close(self) -> None:
+        """Give the process its thread setting back (callers may be long-lived, e.g. a test session)."""
+        self.torch.set_num_threads(self._threads)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
@@ -135,8 +147,8 @@ class Reference:
         inp = torch.tensor([ids], dtype=torch.long)
         with torch.inference_mode():
             for _ in range(n):
-                res = self.model(input_ids=inp, past_key_values=past, use_cache=True)
-                past = res.past_key_values
+                res = self.model(input_ids=inp, use_cache=True, **{self._cache_arg: past})
+                past = getattr(res, self._cache_arg)
                 logits = res.logits[0, -1].float().numpy()
                 tok = int(np.argmax(logits))
                 out.append(tok)
@@ -223,7 +235,7 @@ def _config_differences(engine_cfg: ModelConfig, ckpt_cfg: ModelConfig) -> dict[
 
 def run_eval(opts: EvalOptions) -> dict[str, Any]:
     """Run every comparison and return the report (``passed`` is the AND of all enabled checks)."""
-    from edgellm.runtime import Engine, GenerationRequest
+    from edgellm.runtime import Engine
 
     opts.validate()
     timings: dict[str, float] = {}
@@ -261,32 +273,74 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     t0 = time.perf_counter()
     ref = Reference(Path(opts.checkpoint))
     timings["reference_load_s"] = time.perf_counter() - t0
+    try:
+        logits = _compare_logits(engine, ref, opts.prompts, prompt_ids, timings)
+        greedy = _compare_greedy(engine, ref, opts, prompt_ids, set(ckpt_cfg.eos_token_ids), timings)
+        ppl = _compare_perplexity(engine, ref, windows, timings)
+        # tokenizer parity on everything this eval fed the engine
+        tok_mismatch = [p for p, ids in zip(opts.prompts, prompt_ids, strict=True) if ref.encode(p) != ids]
+        text_match = ref.encode(text) == text_ids
+    finally:
+        ref.close()
+    tokenizer_ok = not tok_mismatch and text_match
+    tok_detail = "" if tokenizer_ok else (f"differs on {len(tok_mismatch)} prompt(s)"
+                                          + ("" if text_match else " and on the text file"))
+    checks = _make_checks(thresholds, logits=logits, greedy=greedy, ppl=ppl, tokenizer_ok=tokenizer_ok,
+                          tok_detail=tok_detail)
+    return {
+        "passed": all(c.passed for c in checks),
+        "precision": precision.value,
+        "engine_dir": str(opts.engine_dir),
+        "checkpoint": str(opts.checkpoint),
+        "text_file": str(opts.text_file),
+        "checks": {c.name: c.to_json() for c in checks},
+        "failed_checks": [c.name for c in checks if not c.passed],
+        "thresholds": thresholds.enabled(),
+        "reference_perplexity": ppl["reference"],
+        "engine_perplexity": ppl["engine"],
+        "perplexity_tokens": ppl["tokens"],
+        "perplexity_windows": len(windows),
+        "window_tokens": window,
+        "greedy_tokens": opts.greedy_tokens,
+        "greedy": [{k: v for k, v in g.items() if k not in ("reference_ids", "engine_ids")}
+                   | {"reference_text": engine.decode(g["reference_ids"]),
+                      "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
+        "logits": logits["per_prompt"],
+        "config_differences": differences,
+        "timings": {k: round(v, 4) for k, v in timings.items()},
+    }
 
-    # 1. logits on the fixed prompts
+
+def _compare_logits(engine: Any, ref: Reference, prompts: tuple[str, ...], prompt_ids: list[list[int]],
+                    timings: dict[str, float]) -> dict[str, Any]:
     max_abs, min_cos, per_prompt = 0.0, 1.0, []
     t_eng = t_ref = 0.0
-    for p, ids in zip(opts.prompts, prompt_ids, strict=True):
+    for p, ids in zip(prompts, prompt_ids, strict=True):
         t0 = time.perf_counter()
         e = engine.logits(ids)
         t_eng += time.perf_counter() - t0
         t0 = time.perf_counter()
         r = ref.logits(ids)
         t_ref += time.perf_counter() - t0
-        diff = float(np.max(np.abs(e.astype(np.float64) - r))) if np.all(np.isfinite(e)) else math.nan
-        cos = float(np.min(cosine_rows(e, r))) if np.all(np.isfinite(e)) else math.nan
+        finite = bool(np.all(np.isfinite(e)))
+        diff = float(np.max(np.abs(e.astype(np.float64) - r))) if finite else math.nan
+        cos = float(np.min(cosine_rows(e, r))) if finite else math.nan
         max_abs = diff if math.isnan(diff) or diff > max_abs else max_abs
         min_cos = cos if math.isnan(cos) or cos < min_cos else min_cos
         per_prompt.append({"prompt": p, "tokens": len(ids), "max_abs_diff": diff, "min_cosine": cos})
     timings["logits_engine_s"], timings["logits_reference_s"] = t_eng, t_ref
+    return {"max_abs_diff": max_abs, "min_cosine": min_cos, "per_prompt": per_prompt}
 
-    # 2. greedy generation, batched on the engine as a server would run it
-    eos = set(ckpt_cfg.eos_token_ids)
+
+def _compare_greedy(engine: Any, ref: Reference, opts: EvalOptions, prompt_ids: list[list[int]], eos: set[int],
+                    timings: dict[str, float]) -> list[dict[str, Any]]:
+    from edgellm.runtime import GenerationRequest
+
     t0 = time.perf_counter()
     results = []
     bs = max(1, engine.max_batch_size)
-    for start in range(0, len(prompt_ids), bs):
-        reqs = [GenerationRequest(id=f"prompt{i}", input_ids=ids, max_new_tokens=opts.greedy_tokens,
-                                  temperature=0.0)
+    for start in range(0, len(prompt_ids), bs):  # batched, as a server would run them
+        reqs = [GenerationRequest(id=f"prompt{i}", input_ids=ids, max_new_tokens=opts.greedy_tokens, temperature=0.0)
                 for i, ids in enumerate(prompt_ids[start:start + bs], start=start)]
         results.extend(engine.generate(reqs))
     timings["greedy_engine_s"] = time.perf_counter() - t0
@@ -294,11 +348,15 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     greedy = []
     for p, ids, res in zip(opts.prompts, prompt_ids, results, strict=True):
         ref_out, ref_steps = ref.greedy(ids, opts.greedy_tokens, eos)
-        g = greedy_compare(ref_out, ref_steps, list(res.output_ids), res.finish_reason, eos)
-        greedy.append({"prompt": p, **g})
+        greedy.append({"prompt": p, **greedy_compare(ref_out, ref_steps, list(res.output_ids), res.finish_reason,
+                                                     eos)})
     timings["greedy_reference_s"] = time.perf_counter() - t0
+    return greedy
 
-    # 3. perplexity and teacher-forced top-1 agreement on identical windows
+
+def _compare_perplexity(engine: Any, ref: Reference, windows: list[list[int]],
+                        timings: dict[str, float]) -> dict[str, Any]:
+    """Perplexity of both on identical windows, and teacher-forced top-1 agreement on the same positions."""
     nll_e = nll_r = 0.0
     count = agree = 0
     t_eng = t_ref = 0.0
@@ -316,69 +374,35 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     timings["perplexity_engine_s"], timings["perplexity_reference_s"] = t_eng, t_ref
     ppl_e = math.exp(nll_e / count) if math.isfinite(nll_e) else math.nan
     ppl_r = math.exp(nll_r / count)
-    ppl_rel = abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan
-    top1 = agree / count
-
-    # tokenizer parity on everything this eval fed the engine
-    tok_mismatch = [p for p, ids in zip(opts.prompts, prompt_ids, strict=True) if ref.encode(p) != ids]
-    text_match = ref.encode(text) == text_ids
-    tokenizer_ok = not tok_mismatch and text_match
-
-    checks = _make_checks(thresholds, max_abs=max_abs, min_cos=min_cos, greedy=greedy, ppl_rel=ppl_rel,
-                          top1=top1, tokenizer_ok=tokenizer_ok, ppl=(ppl_e, ppl_r), n_tokens=count,
-                          tok_detail=("" if tokenizer_ok else
-                                      f"differs on {len(tok_mismatch)} prompt(s)"
-                                      + ("" if text_match else " and on the text file")))
-    return {
-        "passed": all(c.passed for c in checks),
-        "precision": precision.value,
-        "engine_dir": str(opts.engine_dir),
-        "checkpoint": str(opts.checkpoint),
-        "text_file": str(opts.text_file),
-        "checks": {c.name: c.to_json() for c in checks},
-        "failed_checks": [c.name for c in checks if not c.passed],
-        "thresholds": thresholds.enabled(),
-        "reference_perplexity": ppl_r,
-        "engine_perplexity": ppl_e if math.isfinite(ppl_e) else str(ppl_e),
-        "perplexity_tokens": count,
-        "perplexity_windows": len(windows),
-        "window_tokens": window,
-        "greedy_tokens": opts.greedy_tokens,
-        "greedy": [{k: v for k, v in g.items() if k not in ("reference_ids", "engine_ids")}
-                   | {"reference_text": engine.decode(g["reference_ids"]),
-                      "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
-        "logits": per_prompt,
-        "config_differences": differences,
-        "timings": {k: round(v, 4) for k, v in timings.items()},
-    }
+    return {"engine": ppl_e, "reference": ppl_r, "tokens": count, "top1_agreement": agree / count,
+            "rel_diff": abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan}
 
 
-def _make_checks(t: Thresholds, *, max_abs: float, min_cos: float, greedy: list[dict[str, Any]], ppl_rel: float,
-                 top1: float, tokenizer_ok: bool, ppl: tuple[float, float], n_tokens: int,
-                 tok_detail: str) -> list[Check]:
+def _make_checks(t: Thresholds, *, logits: dict[str, Any], greedy: list[dict[str, Any]], ppl: dict[str, Any],
+                 tokenizer_ok: bool, tok_detail: str) -> list[Check]:
     checks: list[Check] = []
     if t.tokenizer_match is not None:
         checks.append(_check("tokenizer_match", tokenizer_ok, t.tokenizer_match, "==", tok_detail))
     if t.logits_max_abs_diff is not None:
-        checks.append(_check("logits_max_abs_diff", max_abs, t.logits_max_abs_diff, "<=",
+        checks.append(_check("logits_max_abs_diff", logits["max_abs_diff"], t.logits_max_abs_diff, "<=",
                              "max |engine - reference| over all logits of the fixed prompts"))
     if t.logits_min_cosine is not None:
-        checks.append(_check("logits_min_cosine", min_cos, t.logits_min_cosine, ">=",
+        checks.append(_check("logits_min_cosine", logits["min_cosine"], t.logits_min_cosine, ">=",
                              "min per-position cosine similarity of the logits"))
-    worst = min(greedy, key=lambda g: g["fraction"])
     if t.greedy_min_match_fraction is not None:
-        checks.append(_check("greedy_match_fraction", worst["fraction"], t.greedy_min_match_fraction, ">=",
-                             f"worst prompt: {worst['matched']}/{worst['total']} tokens equal before the first "
-                             "divergence"))
+        g = min(greedy, key=lambda g: g["fraction"])
+        checks.append(_check("greedy_match_fraction", g["fraction"], t.greedy_min_match_fraction, ">=",
+                             f"worst prompt: {g['matched']}/{g['total']} tokens equal before the first divergence"))
     if t.greedy_max_divergence_margin is not None:
         g = max(greedy, key=lambda g: g["divergence_margin"])
         checks.append(_check("greedy_divergence_margin", g["divergence_margin"], t.greedy_max_divergence_margin,
-                             "<=", f"reference's logit lead at the first divergence (0 = no divergence); "
+                             "<=", "reference's logit lead at the first divergence (0 = no divergence); "
                                    f"worst prompt diverged after {g['matched']}/{g['total']} tokens"))
     if t.ppl_max_rel_diff is not None:
-        checks.append(_check("perplexity_rel_diff", ppl_rel, t.ppl_max_rel_diff, "<=",
-                             f"engine {ppl[0]:.6g} vs reference {ppl[1]:.6g} over {n_tokens} tokens"))
+        checks.append(_check("perplexity_rel_diff", ppl["rel_diff"], t.ppl_max_rel_diff, "<=",
+                             f"engine {ppl['engine']:.6g} vs reference {ppl['reference']:.6g} over "
+                             f"{ppl['tokens']} tokens"))
     if t.top1_min_agreement is not None:
-        checks.append(_check("top1_agreement", top1, t.top1_min_agreement, ">=",
-                             f"teacher-forced argmax agreement over {n_tokens} positions"))
+        checks.append(_check("top1_agreement", ppl["top1_agreement"], t.top1_min_agreement, ">=",
+                             f"teacher-forced argmax agreement over {ppl['tokens']} positions"))
     return checks
