@@ -19,7 +19,6 @@ the checkpoint has one, and ``edgellm_generation.json``, this project's own gene
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -196,7 +195,3 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def load_manifest_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
