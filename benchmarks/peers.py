@@ -267,8 +267,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                            "head_dim": cfg.head_dim, "stacks": {}}
     for stack in args.stacks:
         print(f"[{name}] {stack}: build ...", flush=True)
+        load_before = os.getloadavg()[0]
         b = builds[stack]()
-        entry: dict[str, Any] = {"build_s": b.get("build_s")}
+        entry: dict[str, Any] = {"build_s": b.get("build_s"), "loadavg_1m_before_build": load_before}
         entry.update({k: b[k] for k in ("export_s", "engine_s") if k in b})
         if "error" in b:
             entry["error"] = _explain(stack, cfg, b["error"])
@@ -276,6 +277,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
             continue
         print(f"[{name}] {stack}: generate x{args.repeats} ...", flush=True)
+        entry["loadavg_1m_before_generate"] = os.getloadavg()[0]
         result = work / f"{stack}.result.json"
         result.unlink(missing_ok=True)
         _, err = _run_cmd([sys.executable, str(Path(__file__).resolve()), "--worker", stack,
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"precision": "fp32", "batch_size": 1, "prompt_len": args.prompt_len,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
                      "greedy": True, "quick": args.quick},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_end": os.getloadavg(),
                     "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "models": results,
