@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgellm import BUNDLED_TEXT_FILE
-from edgellm.config import ModelConfig
+from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError
 from edgellm.thresholds import Thresholds, resolve_thresholds
 from edgellm.types import Precision
@@ -226,6 +226,17 @@ def make_windows(ids: list[int], size: int, max_tokens: int) -> list[list[int]]:
     return [w for w in (ids[i:i + size] for i in range(0, len(ids), size)) if len(w) >= 2]
 
 
+def checkpoint_eos_ids(ckpt: Path, cfg: ModelConfig) -> set[int]:
+    """End-of-sequence ids as transformers' generate sees them: config.json's plus generation_config.json's."""
+    eos = set(cfg.eos_token_ids)
+    gen = ckpt / "generation_config.json"
+    if gen.is_file():
+        value = read_json_object(gen, what="generation_config.json").get("eos_token_id")
+        values = value if isinstance(value, list) else [value]
+        eos |= {v for v in values if isinstance(v, int) and not isinstance(v, bool)}
+    return eos
+
+
 def _config_differences(engine_cfg: ModelConfig, ckpt_cfg: ModelConfig) -> dict[str, list[Any]]:
     keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "vocab_size", "rope_theta", "tie_word_embeddings")
@@ -275,7 +286,8 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     timings["reference_load_s"] = time.perf_counter() - t0
     try:
         logits = _compare_logits(engine, ref, opts.prompts, prompt_ids, timings)
-        greedy = _compare_greedy(engine, ref, opts, prompt_ids, set(ckpt_cfg.eos_token_ids), timings)
+        greedy = _compare_greedy(engine, ref, opts, prompt_ids, checkpoint_eos_ids(Path(opts.checkpoint), ckpt_cfg),
+                                 timings)
         ppl = _compare_perplexity(engine, ref, windows, timings)
         # tokenizer parity on everything this eval fed the engine
         tok_mismatch = [p for p, ids in zip(opts.prompts, prompt_ids, strict=True) if ref.encode(p) != ids]

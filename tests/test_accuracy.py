@@ -177,3 +177,12 @@ def test_windows_and_nll() -> None:
     logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8], [1, 1, 1]], dtype=np.float32))
     nll, n = window_nll(logits, [0, 1, 2])
     assert n == 2 and nll == pytest.approx(-np.log(0.25) - np.log(0.8), rel=1e-6)
+
+
+def test_checkpoint_eos_ids_include_generation_config(ckpts, tmp_path) -> None:
+    from edgellm.accuracy import checkpoint_eos_ids
+    from edgellm.config import ModelConfig
+
+    ckpt = ckpts.copy("llama", tmp_path / "llama")
+    (ckpt / "generation_config.json").write_text('{"eos_token_id": [2, 7]}')
+    assert checkpoint_eos_ids(ckpt, ModelConfig.load(ckpt)) == {2, 7}
