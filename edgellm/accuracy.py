@@ -108,7 +108,12 @@ class Reference:
         transformers.utils.logging.disable_progress_bar()
         self.torch = torch
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+            # The checkpoint's own tokenizer.json pipeline (post-processor included) is what the engine must match.
+            # AutoTokenizer may substitute a model-specific class (transformers 5 does for qwen2, phi3, ...), which
+            # disagrees with tokenizer.json for checkpoints pairing such a family with another tokenizer (the
+            # synthetic ones do); its agreement is reported, not enforced.
+            self.tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(checkpoint)
+            self.auto_tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigurationError(f"transformers cannot load checkpoint {checkpoint}: "
@@ -128,6 +133,9 @@ class Reference:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
+
+    def auto_encode(self, text: str) -> list[int]:
+        return list(self.auto_tokenizer(text).input_ids)
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """float32 [S, vocab] for one sequence."""
@@ -292,6 +300,10 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
         # tokenizer parity on everything this eval fed the engine
         tok_mismatch = [p for p, ids in zip(opts.prompts, prompt_ids, strict=True) if ref.encode(p) != ids]
         text_match = ref.encode(text) == text_ids
+        auto_tokenizer = {"class": type(ref.auto_tokenizer).__name__,
+                          "matches_engine": all(ref.auto_encode(p) == ids
+                                                for p, ids in zip(opts.prompts, prompt_ids, strict=True))
+                          and ref.auto_encode(text) == text_ids}
     finally:
         ref.close()
     tokenizer_ok = not tok_mismatch and text_match
@@ -319,6 +331,7 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
                       "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
         "logits": logits["per_prompt"],
         "config_differences": differences,
+        "auto_tokenizer": auto_tokenizer,
         "timings": {k: round(v, 4) for k, v in timings.items()},
     }
 

@@ -46,6 +46,7 @@ def test_eval_fp32_passes_with_every_check_reported(stories_engine, tmp_path, ca
     assert report["engine_perplexity"] == pytest.approx(report["reference_perplexity"], rel=1e-4)
     assert report["perplexity_tokens"] > 2000
     assert report["timings"]["reference_load_s"] > 0
+    assert report["auto_tokenizer"] == {"class": "LlamaTokenizer", "matches_engine": True}
 
 
 def test_eval_fp16_perplexity_within_one_percent(stories_engine_fp16, tmp_path, capsys) -> None:
@@ -72,6 +73,10 @@ def test_eval_fails_on_an_engine_of_another_checkpoint(stories_engine, ckpts, tm
     assert report["passed"] is False
     assert {"logits_max_abs_diff", "perplexity_rel_diff", "greedy_match_fraction"} <= set(report["failed_checks"])
     assert report["config_differences"]["model_type"] == ["llama", "qwen2"]
+    # same tokenizer.json, so the enforced check passes; transformers 5's AutoTokenizer swaps in its own Qwen2
+    # class for model_type qwen2 and tokenizes this Llama vocabulary differently: reported, not enforced
+    assert report["checks"]["tokenizer_match"]["passed"] is True
+    assert report["auto_tokenizer"] == {"class": "Qwen2Tokenizer", "matches_engine": False}
 
 
 def test_eval_catches_a_small_weight_perturbation(stories_engine, ckpts, tmp_path, capsys) -> None:
@@ -186,3 +191,19 @@ def test_checkpoint_eos_ids_include_generation_config(ckpts, tmp_path) -> None:
     ckpt = ckpts.copy("llama", tmp_path / "llama")
     (ckpt / "generation_config.json").write_text('{"eos_token_id": [2, 7]}')
     assert checkpoint_eos_ids(ckpt, ModelConfig.load(ckpt)) == {2, 7}
+
+
+def test_eval_fails_when_the_checkpoint_tokenizes_differently(stories_engine, ckpts, tmp_path, capsys) -> None:
+    """Same weights, but the checkpoint's tokenizer adds no BOS: only the tokenizer check may fail, and it does."""
+    ckpt = ckpts.copy("stories", tmp_path / "no_bos")
+    tok = json.loads((ckpt / "tokenizer.json").read_text())
+    tok["post_processor"]["single"] = [{"Sequence": {"id": "A", "type_id": 0}}]
+    (ckpt / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**cfg, "add_bos_token": False}))
+    out = tmp_path / "eval.json"
+    rc, err = _eval(capsys, stories_engine.engine_dir, ckpt, out, *FAST)
+    report = json.loads(out.read_text())
+    assert rc == 1, err
+    assert report["failed_checks"] == ["tokenizer_match"]
+    assert "differs on 4 prompt(s) and on the text file" in report["checks"]["tokenizer_match"]["detail"]
