@@ -5,7 +5,8 @@ For each model (the bundled stories260K; a random checkpoint with Qwen2.5-0.5B's
     (wall clock of the commands a person would run, interpreter start included for both);
   - TTFT (prefill of the prompt + first token) and decode tokens/s over the next tokens, same prompt ids for all.
 Each stack runs in its own subprocess with the same thread count (OMP/MKL env, torch.set_num_threads, ORT
-intra_op_num_threads), after one untimed warm-up generation; the median of --repeats timed generations is kept.
+intra_op_num_threads), one untimed warm-up generation then one timed one per process; --repeats rounds alternate the
+stacks (so load from elsewhere on a shared machine hits all alike) and the median over rounds is kept.
 
     /work/main/.venv/bin/python benchmarks/peers.py [--models stories260K,qwen2.5-0.5b-shape] [--quick]
 
@@ -265,32 +266,52 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     out: dict[str, Any] = {"checkpoint": str(ckpt), "parameters": cfg.num_parameters_estimate,
                            "head_dim": cfg.head_dim, "stacks": {}}
+    ready: dict[str, Path] = {}
     for stack in args.stacks:
         print(f"[{name}] {stack}: build ...", flush=True)
         load_before = os.getloadavg()[0]
         b = builds[stack]()
         entry: dict[str, Any] = {"build_s": b.get("build_s"), "loadavg_1m_before_build": load_before}
         entry.update({k: b[k] for k in ("export_s", "engine_s") if k in b})
+        out["stacks"][stack] = entry
         if "error" in b:
             entry["error"] = _explain(stack, cfg, b["error"])
-            out["stacks"][stack] = entry
-            print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
-            continue
-        print(f"[{name}] {stack}: generate x{args.repeats} ...", flush=True)
-        entry["loadavg_1m_before_generate"] = os.getloadavg()[0]
-        result = work / f"{stack}.result.json"
-        result.unlink(missing_ok=True)
-        _, err = _run_cmd([sys.executable, str(Path(__file__).resolve()), "--worker", stack,
-                           "--model-dir", str(b["model_dir"]), "--prompt-file", str(prompt_file),
-                           "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-                           "--threads", str(args.threads), "--result", str(result)],
-                          work / f"{stack}.run.log", args.threads)
-        if err:
-            entry["error"] = _explain(stack, cfg, err)
             print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
         else:
-            entry.update(json.loads(result.read_text()))
-        out["stacks"][stack] = entry
+            ready[stack] = b["model_dir"]
+    # Rounds alternate the stacks, so a burst of load from elsewhere on the machine hits all of them alike.
+    rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in ready}
+    for r in range(args.repeats):
+        for stack, model_dir in ready.items():
+            if "error" in out["stacks"][stack]:
+                continue
+            print(f"[{name}] {stack}: generate, round {r + 1}/{args.repeats} ...", flush=True)
+            result = work / f"{stack}.result.json"
+            result.unlink(missing_ok=True)
+            load = os.getloadavg()[0]
+            _, err = _run_cmd([sys.executable, str(Path(__file__).resolve()), "--worker", stack,
+                               "--model-dir", str(model_dir), "--prompt-file", str(prompt_file),
+                               "--new-tokens", str(args.new_tokens), "--repeats", "1",
+                               "--threads", str(args.threads), "--result", str(result)],
+                              work / f"{stack}.run.log", args.threads)
+            if err:
+                out["stacks"][stack]["error"] = _explain(stack, cfg, err)
+                print(f"[{name}] {stack}: n/a ({out['stacks'][stack]['error']})", flush=True)
+                continue
+            rounds[stack].append({**json.loads(result.read_text()), "loadavg_1m_before": load})
+    for stack, runs in rounds.items():
+        entry = out["stacks"][stack]
+        if "error" in entry or not runs:
+            continue
+        rates = [x["decode_tokens_per_s"] for x in runs if x["decode_tokens_per_s"] is not None]
+        entry.update({
+            "ttft_ms": statistics.median(x["ttft_ms"] for x in runs),
+            "decode_tokens_per_s": statistics.median(rates) if rates else None,
+            "new_tokens": runs[0]["new_tokens"],
+            "peak_rss_bytes": max(x["peak_rss_bytes"] for x in runs),
+            "load_s": statistics.median(x["load_s"] for x in runs),
+            "rounds": runs,
+        })
     return out
 
 
@@ -353,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every stack")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each stack runs once per round")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="cache of checkpoints and builds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     # worker mode (internal): one stack in its own process
