@@ -31,6 +31,8 @@ def read_json_object(path: Path, *, what: str, max_bytes: int = MAX_CONFIG_BYTES
         data = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigurationError(f"{path}: {what} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigurationError(f"{path}: {what} is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
     return data
@@ -48,7 +50,9 @@ class _Reader:
         self.problems.append(f"key {key!r} = {value!r}: expected {expected}")
 
     def int(self, key: str, *, default: int | None = None, required: bool = True, minimum: int = 1) -> int:
-        value = self.data.get(key, default)
+        value = self.data.get(key)
+        if value is None:  # absent or null: both mean "use the default"
+            value = default
         if value is None:
             if required:
                 self.problems.append(f"missing required key {key!r} (an integer >= {minimum})")
@@ -157,7 +161,8 @@ class ModelConfig:
                 f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
         rope_theta, rope_scaling = _rope(data, r)
-        dtype_name = data.get("torch_dtype", data.get("dtype", "float32"))
+        # transformers<5 writes torch_dtype, >=5 writes dtype; either may be null (meaning float32).
+        dtype_name = next((data[k] for k in ("torch_dtype", "dtype") if data.get(k) is not None), "float32")
         dtype = _DTYPES.get(str(dtype_name), "")
         if not dtype:
             r._bad("torch_dtype", dtype_name, f"one of {', '.join(_DTYPES)}")
@@ -165,7 +170,7 @@ class ModelConfig:
         eos_ids: tuple[int, ...] = ()
         if isinstance(eos, int) and not isinstance(eos, bool):
             eos_ids = (eos,)
-        elif isinstance(eos, list) and all(isinstance(e, int) for e in eos):
+        elif isinstance(eos, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
             eos_ids = tuple(eos)
         elif eos is not None:
             r._bad("eos_token_id", eos, "an integer or a list of integers")
@@ -330,14 +335,14 @@ class QuantConfig:
             raise ConfigurationError(f"{source}: 'quantization' has neither quant_algo nor kv_cache_quant_algo")
         method = QuantMethod.NONE
         if algo is not None:
-            if algo not in MODELOPT_ALGOS:
+            if not isinstance(algo, str) or algo not in MODELOPT_ALGOS:
                 raise UnsupportedError(
                     f"{source}: unknown quant_algo {algo!r}; known: {', '.join(sorted(MODELOPT_ALGOS))}"
                 )
             method = MODELOPT_ALGOS[algo]
         kv_cache = None
         if kv is not None:
-            if kv not in MODELOPT_KV_ALGOS:
+            if not isinstance(kv, str) or kv not in MODELOPT_KV_ALGOS:
                 raise UnsupportedError(
                     f"{source}: unknown kv_cache_quant_algo {kv!r}; known: {', '.join(sorted(MODELOPT_KV_ALGOS))}"
                 )
@@ -359,7 +364,8 @@ class QuantConfig:
         if qm == "modelopt":
             return cls.from_modelopt({"quantization": data}, source=source)
         bits = data.get("bits")
-        key = (qm, bits if (qm, bits) in HF_QUANT_METHODS else None)
+        hashable = isinstance(qm, str) and (bits is None or (isinstance(bits, int) and not isinstance(bits, bool)))
+        key = (qm, bits if hashable and (qm, bits) in HF_QUANT_METHODS else None) if hashable else None
         if key not in HF_QUANT_METHODS:
             known = ", ".join(f"{m}" + (f" (bits={b})" if b else "") for m, b in sorted(HF_QUANT_METHODS,
                               key=lambda k: (k[0], k[1] or 0)))
@@ -367,8 +373,11 @@ class QuantConfig:
                 f"{source}: unknown quantization_config quant_method={qm!r} bits={bits!r}; known: {known}, modelopt"
             )
         group = data.get("group_size")
+        # -1 is GPTQ's "one group per row" (no grouping).
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int) or (group < 1 and group != -1)):
+            raise ConfigurationError(f"{source}: group_size {group!r} must be an integer >= 1 (or -1: no grouping)")
         return cls(method=HF_QUANT_METHODS[key], source=source,
-                   group_size=group if isinstance(group, int) and group > 0 else None)
+                   group_size=group if group is not None and group > 0 else None)
 
     @classmethod
     def load(cls, ckpt_dir: Path, model_config: dict[str, Any] | None = None) -> QuantConfig:

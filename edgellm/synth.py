@@ -70,6 +70,7 @@ def make_checkpoint(
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     if dtype not in _DTYPES:
         raise ConfigurationError(f"unknown dtype {dtype!r}; valid: {', '.join(_DTYPES)}")
     shape = {**(TINY.get(family, {})), **overrides}

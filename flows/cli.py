@@ -11,6 +11,10 @@ import sys
 
 import typer
 
+from devices.cli import app as devices_app
+from results.cli import app as db_app
+from test_lists.cli import app as lists_app
+
 app = typer.Typer(
     name="edgefarm",
     help="Build farm proving which LLMs run at which precision on which edge platform.",
@@ -18,6 +22,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(lists_app, name="lists")
+
+app.add_typer(devices_app, name="devices")
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:

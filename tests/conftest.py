@@ -2,4 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.checkpoints",
+    "tests.fixtures.engines",
+    "tests.fixtures.sshd",
+    "tests.fixtures.postgres",
 ]

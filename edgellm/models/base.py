@@ -49,10 +49,31 @@ class ModelFamily:
                 f"{cls.name}: rope_scaling type {cfg.rope_scaling.rope_type!r} is not implemented; "
                 f"supported: default, {', '.join(cls.rope_types)}"
             )
+        if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "llama3":
+            need = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            bad = [k for k in need if isinstance(cfg.rope_scaling.params.get(k), bool)
+                   or not isinstance(cfg.rope_scaling.params.get(k), (int, float))
+                   or cfg.rope_scaling.params[k] <= 0]
+            if bad:
+                raise UnsupportedError(
+                    f"{cls.name}: llama3 rope_scaling needs positive numbers for {', '.join(bad)}; "
+                    f"got {cfg.rope_scaling.params!r}"
+                )
+            if cfg.rope_scaling.params["low_freq_factor"] == cfg.rope_scaling.params["high_freq_factor"]:
+                raise UnsupportedError(f"{cls.name}: llama3 rope_scaling low_freq_factor must differ from "
+                                       "high_freq_factor")
         if cfg.hidden_act not in cls.hidden_acts:
             raise UnsupportedError(
                 f"{cls.name}: hidden_act {cfg.hidden_act!r} is not implemented; supported: {', '.join(cls.hidden_acts)}"
             )
+
+    @classmethod
+    def sliding_window(cls, cfg: ModelConfig) -> int | None:
+        """The attention window the config asks for, or None (Qwen configs carry one with use_sliding_window
+        false). The runtime implements full attention only, so a build refuses max_seq_len above this."""
+        if cfg.raw.get("use_sliding_window") is False:
+            return None
+        return cfg.sliding_window
 
     @classmethod
     def has_qkv_bias(cls, cfg: ModelConfig) -> bool:

@@ -5,7 +5,7 @@ from edgellm.models.base import ModelFamily, register_family
 
 @register_family
 class Mistral(ModelFamily):
-    """Mistral: Llama layout; ``sliding_window`` is honoured by the runtime's attention mask."""
+    """Mistral: Llama layout. Full attention only: a build refuses max_seq_len above ``sliding_window``."""
 
     name = "mistral"
     model_types = ("mistral",)

@@ -1,0 +1,19 @@
+"""What an artifact is. Shared by the store's references and the results database's artifact table."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ArtifactKind(enum.StrEnum):
+    CHECKPOINT = "checkpoint"
+    ONNX = "onnx"
+    ENGINE = "engine"
+    LOG = "log"
+    REPORT = "report"
+    OTHER = "other"
+
+
+class Packing(enum.StrEnum):
+    FILE = "file"  # the blob is the file's bytes
+    TAR = "tar"  # the blob is a deterministic tar of a directory (see artifacts.store)

@@ -1,0 +1,234 @@
+"""Content-addressed artifact store (sha256) on a local directory.
+
+Layout: ``<root>/sha256/ab/cdef...`` (the first two hex digits fan out), ``<root>/tmp/`` for writes in progress.
+A blob is written to a temp file while hashed, fsynced, then renamed into place (atomic; a crash leaves only a
+temp file, which gc removes) and made read-only. Same content is stored once: putting it again only refreshes
+the blob's mtime, so a fresh reference is never garbage collected before the caller records it.
+
+A directory is stored as ONE blob: a deterministic tar (members sorted by path, mtimes/uids/gids zeroed, owner
+names empty, modes 0644/0755 keeping only the executable bit; symlinks and special files are refused). The same
+tree therefore always has the same sha256, and ``extract`` restores it. ``ArtifactRef.packing`` says which.
+
+Every read re-hashes the blob: a corrupt blob is never served (CorruptArtifactError names it); ``verify`` lists
+every corrupt blob in the store. The store knows nothing of the database: ``gc`` takes the referenced set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from artifacts.kinds import ArtifactKind, Packing
+from edgellm.errors import ConfigurationError, InfrastructureError
+
+ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
+_SHA = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 20
+
+
+class CorruptArtifactError(InfrastructureError):
+    """A stored blob's content no longer matches its sha256 (disk or tampering): it is not served."""
+
+
+class MissingArtifactError(ConfigurationError):
+    """No blob with that sha256 in this store."""
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    sha256: str
+    size: int
+    kind: ArtifactKind
+    packing: Packing = Packing.FILE
+
+
+def default_root() -> Path:
+    """``<data dir>/artifacts``; data dir = ``$EDGEFARM_DATA_DIR`` or ``.data`` under the project root (cwd)."""
+    return Path(os.environ.get(ENV_DATA_DIR) or Path.cwd() / ".data") / "artifacts"
+
+
+def _check_sha(sha256: str) -> str:
+    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+        raise ConfigurationError(f"bad artifact sha256 {sha256!r}: need 64 lowercase hex digits")
+    return sha256
+
+
+def _tar_dir(src: Path, out: BinaryIO) -> None:
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(src.rglob("*"), key=lambda p: p.relative_to(src).as_posix()):
+            rel = path.relative_to(src).as_posix()
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                raise ConfigurationError(f"cannot store {str(path)!r}: only regular files and directories "
+                                         f"are stored (no symlinks or special files)")
+            info = tarfile.TarInfo(rel)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size = path.stat().st_size
+                info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+
+
+class ArtifactStore:
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.blobs = self.root / "sha256"
+        self.tmp = self.root / "tmp"
+
+    def path(self, sha256: str) -> Path:
+        _check_sha(sha256)
+        return self.blobs / sha256[:2] / sha256[2:]
+
+    def has(self, sha256: str) -> bool:
+        return self.path(sha256).is_file()
+
+    # writing ------------------------------------------------------------------------------------------------------
+    def put(self, src: Path | str | bytes, kind: ArtifactKind | str = ArtifactKind.OTHER) -> ArtifactRef:
+        """Store a file, a directory (as a deterministic tar) or bytes; returns its reference."""
+        try:
+            kind = ArtifactKind(kind)
+        except ValueError:
+            raise ConfigurationError(f"unknown artifact kind {kind!r}; valid: {', '.join(ArtifactKind)}") from None
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="put-")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                packing = self._write(src, out)
+                out.flush()
+                os.fsync(out.fileno())
+            sha = self._hash_file(tmp)
+            size = tmp.stat().st_size
+            dest = self.path(sha)
+            if dest.is_file():
+                os.utime(dest)  # deduplicated: refresh its age so gc spares the new reference
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ArtifactRef(sha, size, kind, packing)
+
+    @staticmethod
+    def _write(src: Path | str | bytes, out: BinaryIO) -> Packing:
+        if isinstance(src, bytes | bytearray | memoryview):
+            out.write(src)
+            return Packing.FILE
+        path = Path(src)
+        if path.is_dir():
+            _tar_dir(path, out)
+            return Packing.TAR
+        if not path.is_file():
+            raise ConfigurationError(f"cannot store {str(path)!r}: no such file or directory")
+        with path.open("rb") as f:
+            shutil.copyfileobj(f, out, _CHUNK)
+        return Packing.FILE
+
+    @staticmethod
+    def _hash_file(path: Path) -> str:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    # reading (always verified) ------------------------------------------------------------------------------------
+    def _verified_copy(self, sha256: str, out: BinaryIO) -> None:
+        blob = self.path(sha256)
+        if not blob.is_file():
+            raise MissingArtifactError(f"no artifact sha256:{sha256} in store {str(self.root)!r}")
+        h = hashlib.sha256()
+        with blob.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != sha256:
+            raise CorruptArtifactError(f"artifact sha256:{sha256} at {str(blob)!r} is corrupt (content hashes to "
+                                       f"{h.hexdigest()}); not served: restore or re-create it")
+
+    def read_bytes(self, sha256: str) -> bytes:
+        buf = io.BytesIO()
+        self._verified_copy(sha256, buf)
+        return buf.getvalue()
+
+    def get_file(self, sha256: str, dest: Path | str) -> Path:
+        """Copy a blob to ``dest`` (atomically: nothing is written at ``dest`` unless it verifies)."""
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                self._verified_copy(sha256, out)
+            os.replace(tmp_name, dest)
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+        return dest
+
+    def extract(self, sha256: str, dest: Path | str) -> Path:
+        """Restore a directory stored with ``put(dir)`` into ``dest`` (which must not exist yet)."""
+        dest = Path(dest)
+        if dest.exists():
+            raise ConfigurationError(f"cannot extract artifact into {str(dest)!r}: it already exists")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+        try:
+            with tempfile.TemporaryFile() as tf:
+                self._verified_copy(sha256, tf)  # type: ignore[arg-type]
+                tf.seek(0)
+                with tarfile.open(fileobj=tf, mode="r") as tar:
+                    tar.extractall(staging, filter="data")
+            os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return dest
+
+    # maintenance --------------------------------------------------------------------------------------------------
+    def list(self) -> Iterator[str]:
+        if not self.blobs.is_dir():
+            return
+        for sub in sorted(self.blobs.iterdir()):
+            for blob in sorted(sub.iterdir()):
+                name = sub.name + blob.name
+                if _SHA.fullmatch(name):
+                    yield name
+
+    def verify(self) -> list[str]:
+        """The sha256 of every corrupt blob (content no longer matches its name)."""
+        return [sha for sha in self.list() if self._hash_file(self.path(sha)) != sha]
+
+    def gc(self, referenced: set[str], older_than_s: float) -> list[str]:
+        """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
+        files); returns the removed sha256s. Referenced or young blobs are never removed."""
+        if older_than_s < 0:
+            raise ConfigurationError(f"bad gc age {older_than_s!r}: need >= 0 seconds")
+        cutoff = time.time() - older_than_s
+        removed = []
+        for sha in self.list():
+            blob = self.path(sha)
+            if sha in referenced:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if blob.stat().st_mtime < cutoff:
+                    blob.unlink()
+                    removed.append(sha)
+        if self.tmp.is_dir():
+            for stale in self.tmp.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    if stale.stat().st_mtime < cutoff:
+                        stale.unlink()
+        return removed

@@ -1,0 +1,156 @@
+"""``edgefarm devices``: list the inventory and check every device's health.
+
+Exit codes: 0 all healthy, 1 some device unhealthy, 2 broken inventory or database URL (every problem listed),
+3 the results database unreachable (``--db``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from devices.health import HealthReport, check_inventory
+from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+
+app = typer.Typer(
+    name="devices",
+    help="Devices of the farm: the inventory and their health.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+InventoryDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--inventory",
+        help=f"inventory directory (one YAML file per device); default ${INVENTORY_ENV} or devices/inventory/",
+        file_okay=False,
+    ),
+]
+
+EXIT_UNHEALTHY, EXIT_BAD_INPUT, EXIT_INFRA = 1, 2, 3
+
+
+def _fail(err: EdgeLLMError) -> typer.Exit:
+    errors = Console(stderr=True, soft_wrap=True, highlight=False)
+    lines = str(err).splitlines()
+    errors.print(f"error: {lines[0]}", markup=False)
+    for line in lines[1:]:
+        errors.print(f"  {line}", markup=False)
+    return typer.Exit(EXIT_INFRA if err.kind is ErrorKind.INFRASTRUCTURE else EXIT_BAD_INPUT)
+
+
+def _load(directory: Path | None) -> Inventory:
+    try:
+        return load_inventory(directory)
+    except ConfigurationError as err:
+        raise _fail(err) from None
+
+
+def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
+    """Record each report in the results database (``device_health``); the schema must be at head."""
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    from results.db import redact
+    from results.recorder import Recorder
+
+    recorder = Recorder(db_url)
+    try:
+        if not inspect(recorder.engine).has_table("device_health"):
+            raise ConfigurationError(
+                f"database {redact(db_url)!r} has no device_health table; run: edgefarm db upgrade --db URL"
+            )
+        return [
+            recorder.record_health(
+                r.device_id,
+                reachable=r.reachable,
+                disk_free_bytes=r.disk_free_bytes,
+                python_version=r.python_version,
+                edgellm_version=r.edgellm_version,
+                checked_at=r.checked_at,
+                details={k: v for k, v in r.to_dict().items() if k not in _STORED_AS_COLUMNS},
+            )
+            for r in reports
+        ]
+    except OperationalError as exc:
+        raise InfrastructureError(f"cannot write to database {redact(db_url)!r}: {str(exc.orig).strip()}") from None
+    except DBAPIError as exc:
+        raise ConfigurationError(
+            f"database {redact(db_url)!r} refused the health record: {str(exc.orig).strip()}"
+        ) from None
+    finally:
+        recorder.engine.dispose()
+
+
+_STORED_AS_COLUMNS = {"device_id", "reachable", "disk_free_bytes", "python_version", "edgellm_version", "checked_at"}
+
+
+@app.command("list")
+def list_devices(inventory: InventoryDir = None) -> None:
+    """Every device: id, type (platform), transport, address, labels, max parallel jobs."""
+    devices = _load(inventory)
+    table = Table(title=f"{len(devices)} device(s) in {devices.directory}")
+    for column in ("id", "type", "transport", "host:port", "labels", "max jobs"):
+        table.add_column(column, no_wrap=column in ("id", "host:port"))
+    for d in devices:
+        table.add_row(d.id, str(d.platform), str(d.transport), d.address, ", ".join(d.labels), str(d.max_jobs))
+    Console().print(table)
+
+
+def _health_table(reports: list[HealthReport]) -> Table:
+    table = Table(title="device health")
+    for column in ("id", "type", "address", "status", "python", "edgellm", "free GiB", "problems"):
+        table.add_column(column, no_wrap=column in ("id", "address", "status"))
+    for r in reports:
+        status = "[green]healthy[/]" if r.healthy else ("[red]unhealthy[/]" if r.reachable else "[red]unreachable[/]")
+        free = f"{r.disk_free_gb:.1f}" if r.disk_free_gb is not None else "-"
+        table.add_row(
+            r.device_id,
+            r.platform,
+            r.address,
+            status,
+            r.python_version or "-",
+            r.edgellm_version or "-",
+            free,
+            "; ".join(r.problems),
+        )
+    return table
+
+
+@app.command("check")
+def check(
+    inventory: InventoryDir = None,
+    min_free_gb: Annotated[float, typer.Option(help="least free space in a device's work dir")] = 1.0,
+    timeout: Annotated[float, typer.Option(help="seconds per probe command")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the reports as JSON instead of a table")] = False,
+    db: Annotated[str | None, typer.Option("--db", help="also record the reports in this results database")] = None,
+) -> None:
+    """Probe every device (in parallel): reachable, disk free, Python and edgellm versions."""
+    devices = _load(inventory)
+    if db is not None:
+        from results.db import parse_url
+
+        try:
+            parse_url(db)  # a bad URL fails before any device is touched
+        except ConfigurationError as err:
+            raise _fail(err) from None
+    reports = check_inventory(devices, min_free_gb=min_free_gb, timeout=timeout)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        Console().print(_health_table(reports))
+    if db is not None:
+        try:
+            store_reports(db, reports)
+        except EdgeLLMError as err:
+            raise _fail(err) from None
+    if not all(r.healthy for r in reports):
+        raise typer.Exit(EXIT_UNHEALTHY)

@@ -1,0 +1,243 @@
+"""The device inventory: one short YAML file per device, its id the file stem.
+
+The directory is ``--inventory DIR``, else ``$EDGEFARM_INVENTORY``, else the packaged ``devices/inventory/``.
+Loading validates every file and reports every problem at once (one ConfigurationError, one line each),
+before anything connects to a device.
+
+Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
+relative to the project's data dir (``$EDGEFARM_DATA_DIR``, else ``.data`` in the current directory, as the
+results database); ``work_dir`` of an ssh device absolute or relative to the login directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from devices._yaml import read_yaml_mapping, validation_problems
+from devices.types import DEVICE_TYPES, DeviceType, Platform
+from edgellm.errors import ConfigurationError
+
+PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
+INVENTORY_ENV = "EDGEFARM_INVENTORY"
+DATA_DIR_ENV = "EDGEFARM_DATA_DIR"
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class TransportKind(enum.StrEnum):
+    LOCAL = "local"  # this machine, a subprocess
+    SSH = "ssh"  # a remote machine over SSH (paramiko), host key pinned
+
+
+_SSH_ONLY = ("host", "user", "key_file", "host_key", "known_hosts")
+
+
+class Device(BaseModel):
+    """One device of the farm. ``id`` is the file stem; ``type`` names a device type (= the platform)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    type: str
+    transport: TransportKind = TransportKind.SSH
+    host: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str | None = None
+    key_file: Path | None = None
+    host_key: str | None = None  # pinned "ssh-ed25519 AAAA..."
+    known_hosts: Path | None = None
+    work_dir: str = Field(min_length=1)
+    labels: tuple[str, ...] = ()
+    max_jobs: int = Field(default=1, ge=1, le=256)
+    python: str | None = None  # interpreter with edgellm installed; default python3 (ssh) / this one (local)
+    env: dict[str, str] = Field(default_factory=dict)  # set for every command on the device (PATH, PYTHONPATH...)
+    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+
+    @property
+    def platform(self) -> Platform:
+        return Platform(self.type)
+
+    @property
+    def device_type(self) -> DeviceType:
+        return DEVICE_TYPES[self.type]
+
+    @property
+    def interpreter(self) -> str:
+        """The Python on the device that has edgellm installed."""
+        if self.python is not None:
+            return self.python
+        return sys.executable if self.transport is TransportKind.LOCAL else "python3"
+
+    @property
+    def address(self) -> str:
+        return "local" if self.transport is TransportKind.LOCAL else f"{self.host}:{self.port}"
+
+    def has_labels(self, labels: set[str] | frozenset[str]) -> bool:
+        return labels <= set(self.labels)
+
+
+_DEVICE_KEYS = list(Device.model_fields)
+
+
+def parse_host_key(text: str) -> paramiko.PKey:
+    """A pinned ``"<type> <base64>"`` host key as a paramiko key; ValueError names what is wrong."""
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError(f"host_key must be '<type> <base64 key>' as in known_hosts, got {text!r}")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
+    except (binascii.Error, paramiko.SSHException, ValueError) as err:
+        raise ValueError(f"host_key {text[:40]!r}... is not a valid {parts[0]} public key ({err})") from None
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".data")
+
+
+def default_inventory_dir() -> Path:
+    env = os.environ.get(INVENTORY_ENV)
+    return Path(env) if env else PACKAGED_INVENTORY_DIR
+
+
+def _check_device(device: Device, path: Path) -> list[str]:
+    problems: list[str] = []
+    bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
+    if bad_env:
+        problems.append(f"{path}: env: invalid variable names {bad_env}; use letters, digits and _")
+    if device.transport is TransportKind.LOCAL:
+        for key in _SSH_ONLY:
+            if getattr(device, key) is not None:
+                problems.append(f"{path}: {key}: only for transport ssh (this device is local)")
+        return problems
+    for key in ("host", "user", "key_file"):
+        if getattr(device, key) is None:
+            problems.append(f"{path}: {key}: required for transport ssh")
+    if device.key_file is not None and not device.key_file.is_file():
+        problems.append(f"{path}: key_file: {device.key_file} does not exist")
+    if device.host_key is None and device.known_hosts is None:
+        problems.append(f"{path}: host_key: pin the host key (host_key: 'ssh-ed25519 AAAA...') or set known_hosts")
+    if device.host_key is not None and device.known_hosts is not None:
+        problems.append(f"{path}: set one of host_key or known_hosts, not both")
+    if device.host_key is not None:
+        try:
+            parse_host_key(device.host_key)
+        except ValueError as err:
+            problems.append(f"{path}: host_key: {err}")
+    if device.known_hosts is not None and device.host is not None:
+        if not device.known_hosts.is_file():
+            problems.append(f"{path}: known_hosts: {device.known_hosts} does not exist")
+        else:
+            name = known_hosts_name(device.host, device.port)
+            if paramiko.HostKeys(str(device.known_hosts)).lookup(name) is None:
+                problems.append(f"{path}: known_hosts: {device.known_hosts} has no key for {name}")
+    if device.work_dir.startswith("~"):
+        problems.append(f"{path}: work_dir: {device.work_dir!r}: use an absolute path or one relative to the home")
+    return problems
+
+
+def _resolve_paths(data: dict[str, Any], directory: Path) -> dict[str, Any]:
+    data = dict(data)
+    for key in ("key_file", "known_hosts"):
+        if isinstance(data.get(key), str):
+            data[key] = directory / Path(data[key]).expanduser()
+    if data.get("transport") == TransportKind.LOCAL and isinstance(data.get("work_dir"), str):
+        data["work_dir"] = str((data_dir() / Path(data["work_dir"]).expanduser()).absolute())
+    return data
+
+
+def _validate(data: dict[str, Any], root: Path, path: Path) -> tuple[Device | None, list[str]]:
+    """The device and every problem of its file (cross-field checks too, on the fields that did parse)."""
+    resolved = _resolve_paths(data, root)
+    try:
+        device = Device.model_validate(resolved)
+    except pydantic.ValidationError as err:
+        problems = validation_problems(path, err, valid_keys=_DEVICE_KEYS)
+        bad = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
+        try:
+            partial = Device.model_validate({k: v for k, v in resolved.items() if k not in bad})
+        except pydantic.ValidationError:
+            return None, problems
+        more = [p for p in _check_device(partial, path) if p.removeprefix(f"{path}: ").split(":")[0] not in bad]
+        return None, problems + more
+    return device, _check_device(device, path)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    directory: Path
+    devices: dict[str, Device]  # by id, sorted
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self.devices.values())
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def get(self, device_id: str) -> Device:
+        try:
+            return self.devices[device_id]
+        except KeyError:
+            valid = ", ".join(self.devices) or "(none)"
+            raise ConfigurationError(f"unknown device {device_id!r} in {self.directory}; valid: {valid}") from None
+
+    def select(self, *, platform: Platform | str | None = None, labels: set[str] | None = None) -> list[Device]:
+        wanted = Platform.parse(platform, what="platform") if platform is not None else None
+        return [
+            d for d in self if (wanted is None or d.platform is wanted) and (labels is None or d.has_labels(labels))
+        ]
+
+
+def load_inventory(directory: Path | str | None = None) -> Inventory:
+    """Every device file in ``directory`` (default: see module doc), validated; all problems in one error."""
+    root = Path(directory) if directory is not None else default_inventory_dir()
+    if not root.is_dir():
+        raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
+    problems: list[str] = []
+    devices: dict[str, Device] = {}
+    seen: dict[str, Path] = {}
+    for path in sorted([*root.glob("*.yaml"), *root.glob("*.yml")]):
+        device_id = path.stem
+        if not _ID.match(device_id):
+            problems.append(f"{path}: device id {device_id!r} (the file name) must match {_ID.pattern}")
+            continue
+        if device_id.lower() in seen:
+            problems.append(f"{path}: duplicate device id {device_id!r} (also {seen[device_id.lower()]})")
+            continue
+        seen[device_id.lower()] = path
+        try:
+            data = read_yaml_mapping(path)
+        except ConfigurationError as err:
+            problems.append(str(err))
+            continue
+        if "id" in data and data["id"] != device_id:
+            problems.append(f"{path}: id: {data['id']!r} must equal the file name {device_id!r}")
+            continue
+        data["id"] = device_id
+        type_problem = isinstance(data.get("type"), str) and data["type"] not in DEVICE_TYPES
+        if type_problem:
+            problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(DEVICE_TYPES)}")
+        device, found = _validate(data, root, path)
+        problems.extend(found)
+        if device is not None and not found and not type_problem:
+            devices[device_id] = device
+    if problems:
+        raise ConfigurationError(f"invalid inventory {root}:\n" + "\n".join(problems))
+    if not devices:
+        raise ConfigurationError(f"no devices (*.yaml) in inventory directory {root}")
+    return Inventory(directory=root, devices=dict(sorted(devices.items())))

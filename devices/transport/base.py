@@ -1,0 +1,156 @@
+"""The transport interface every device speaks, and the local-side halves of verified, atomic transfers.
+
+Failure kinds (callers decide retries by kind, never by message):
+- ``InfrastructureError`` (retryable): unreachable, authentication refused, connection lost, a transfer whose
+  checksum does not match, the transport itself not answering in time.
+- ``HostKeyError`` (a ConfigurationError, NOT retryable): the device's host key differs from the pinned one, or
+  none is pinned. Either the device was reinstalled or someone is in the middle; a person must check and update
+  the inventory. Retrying would only hammer a possibly hostile host.
+- ``ConfigurationError``: a transfer's source does not exist.
+- A command that ran and exited non-zero is not an exception: it is ``CommandResult.exit_code``.
+  A command that ran past its ``timeout`` is killed (with its process group) and reported as
+  ``exit_code=124, timed_out=True``.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from edgellm.errors import ConfigurationError
+
+TIMEOUT_EXIT_CODE = 124  # as coreutils timeout(1)
+_CHUNK = 1 << 20
+
+
+class HostKeyError(ConfigurationError):
+    """The device's host key is not the pinned one (or none is pinned). Security/configuration: not retried."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float  # seconds
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Transport(abc.ABC):
+    """Runs argument lists on a device and moves files/directories to and from it (sha256-verified, atomic)."""
+
+    device_id: str
+
+    @abc.abstractmethod
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` (never a shell string) in ``cwd`` (default: the device's work dir).
+
+        ``log`` receives stdout and stderr as they arrive (appended). ``env`` adds variables.
+        """
+
+    @abc.abstractmethod
+    def put(self, local_path: Path, remote_path: str) -> None:
+        """Copy a file or directory to the device; the destination appears whole or not at all."""
+
+    @abc.abstractmethod
+    def get(self, remote_path: str, local_path: Path) -> None:
+        """Copy a file or directory from the device; the destination appears whole or not at all."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise TypeError(f"argv must be a non-empty list of strings, got {argv!r}")
+    return list(argv)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def temp_name(final: str) -> str:
+    """A hidden sibling of ``final`` (same directory, so the rename is atomic)."""
+    head, _, tail = final.rstrip("/").rpartition("/")
+    name = f".{tail}.partial-{uuid.uuid4().hex[:12]}"
+    return f"{head}/{name}" if head else name
+
+
+def local_tree(root: Path) -> tuple[list[str], list[str]]:
+    """(directories, files) under ``root`` as sorted POSIX relative paths; symlinks and specials refused."""
+    dirs: list[str] = []
+    files: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in [*dirnames, *filenames]:
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                raise ConfigurationError(f"{path}: symbolic links are not transferred; copy the target instead")
+            if path.is_dir():
+                dirs.append(rel)
+            elif path.is_file():
+                files.append(rel)
+            else:
+                raise ConfigurationError(f"{path}: not a regular file or directory")
+    return sorted(dirs), sorted(files)
+
+
+def replace_local(tmp: Path, final: Path) -> None:
+    """Move a verified ``tmp`` (file or directory) to ``final``, replacing what was there."""
+    if final.exists() and (tmp.is_dir() or final.is_dir()):
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:12]}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        os.replace(tmp, final)
+
+
+def remove_local(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def make_local_temp(final: Path, *, directory: bool) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{final.name}.partial-"
+    if directory:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
+    os.close(fd)
+    return Path(name)

@@ -1,0 +1,171 @@
+"""Device types: one YAML file each in ``devices/types/``; the ``Platform`` enum is built from them at import.
+
+A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
+answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from devices._yaml import read_yaml_mapping, validation_problems
+from edgellm.errors import ConfigurationError
+from edgellm.types import Backend, Precision, _ChoiceEnum
+
+DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
+
+# Smallest SM with hardware support, used to explain a refusal ("needs SM89+") and to check type files.
+MIN_SM: dict[Precision, int] = {
+    Precision.BF16: 80,
+    Precision.FP8: 89,
+    Precision.NVFP4: 100,
+    Precision.MXFP8: 100,
+}
+
+
+class Arch(_ChoiceEnum):
+    X86_64 = "x86_64"
+    AARCH64 = "aarch64"
+
+
+class KVCachePrecision(_ChoiceEnum):
+    """Storage format of the KV cache (int8 here is a plain per-tensor int8 cache, not a weight scheme)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    NVFP4 = "nvfp4"
+
+
+def _parse_list(enum_cls: type[_ChoiceEnum], what: str, value: Any) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list of {what} names, got {value!r}")
+    try:
+        return [enum_cls.parse(item, what=what) for item in value]
+    except ConfigurationError as err:
+        raise ValueError(str(err)) from None
+
+
+class DeviceType(BaseModel):
+    """What a kind of device can run: architecture, SM, memory, backends and precisions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    description: str
+    arch: Arch
+    sm: int | None = Field(ge=10, le=999)  # CUDA compute capability x10 (87 = 8.7); None = no GPU
+    memory_gb: float = Field(gt=0)
+    backends: tuple[Backend, ...] = Field(min_length=1)
+    precisions: tuple[Precision, ...] = Field(min_length=1)
+    kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
+
+    @field_validator("arch", mode="before")
+    @classmethod
+    def _arch(cls, value: Any) -> Arch:
+        try:
+            return Arch.parse(value, what="arch")
+        except ConfigurationError as err:
+            raise ValueError(str(err)) from None
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _backends(cls, value: Any) -> list[Backend]:
+        return _parse_list(Backend, "backend", value)
+
+    @field_validator("precisions", mode="before")
+    @classmethod
+    def _precisions(cls, value: Any) -> list[Precision]:
+        return _parse_list(Precision, "precision", value)
+
+    @field_validator("kv_cache_precisions", mode="before")
+    @classmethod
+    def _kv(cls, value: Any) -> list[KVCachePrecision]:
+        return _parse_list(KVCachePrecision, "kv cache precision", value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeviceType:
+        problems = []
+        if self.sm is None and Backend.TENSORRT in self.backends:
+            problems.append("backend tensorrt needs a GPU: set sm")
+        for precision in self.precisions:
+            need = MIN_SM.get(precision)
+            if need is not None and self.sm is not None and self.sm < need:
+                problems.append(f"precision {precision} needs SM{need}+ but sm is {self.sm}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def platform(self) -> Platform:
+        return Platform(self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (SM{self.sm})" if self.sm is not None else f"{self.name} (CPU)"
+
+    def supports(self, precision: Precision | str, backend: Backend | str | None = None) -> tuple[bool, str]:
+        """``(True, why)`` if this type runs ``precision`` (with ``backend``), else ``(False, reason)``."""
+        wanted = Precision.parse(precision, what="precision")
+        if backend is not None:
+            engine = Backend.parse(backend, what="backend")
+            if engine not in self.backends:
+                supported = ", ".join(self.backends)
+                return False, f"{self.label} does not support backend {engine} (supported: {supported})"
+        if wanted not in self.precisions:
+            need = MIN_SM.get(wanted)
+            if need is not None and self.sm is not None and self.sm < need:
+                why = f"needs SM{need}+"
+            else:
+                why = "supported: " + ", ".join(self.precisions)
+            return False, f"{self.label} does not support {wanted} ({why})"
+        return True, f"{self.label} supports {wanted}" + (f" with {backend}" if backend is not None else "")
+
+
+_TYPE_KEYS = list(DeviceType.model_fields)
+
+
+def load_device_types(directory: Path = DEVICE_TYPES_DIR) -> dict[str, DeviceType]:
+    """Every ``*.yaml`` in ``directory``, validated; every problem of every file in one ConfigurationError."""
+    problems: list[str] = []
+    types: dict[str, DeviceType] = {}
+    if not directory.is_dir():
+        raise ConfigurationError(f"device type directory {directory} does not exist")
+    for stray in sorted(directory.glob("*.yml")):
+        problems.append(f"{stray}: device type files end in .yaml")
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            data = read_yaml_mapping(path)
+            device_type = DeviceType.model_validate(data)
+        except ConfigurationError as err:
+            problems.append(str(err))
+            continue
+        except pydantic.ValidationError as err:
+            problems.extend(validation_problems(path, err, valid_keys=_TYPE_KEYS))
+            continue
+        if device_type.name != path.stem:
+            problems.append(f"{path}: name: {device_type.name!r} must equal the file name {path.stem!r}")
+            continue
+        types[device_type.name] = device_type
+    if problems:
+        raise ConfigurationError("invalid device types:\n" + "\n".join(problems))
+    if not types:
+        raise ConfigurationError(f"no device types (*.yaml) in {directory}")
+    return types
+
+
+DEVICE_TYPES: dict[str, DeviceType] = load_device_types()
+
+# Platform = device type name; members are the YAML files found above (X86_CPU = "x86-cpu", ORIN = "orin"...).
+Platform = _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+
+
+def device_type(name: Platform | str) -> DeviceType:
+    """The device type called ``name``; an unknown name is a ConfigurationError listing the valid ones."""
+    return DEVICE_TYPES[Platform.parse(name, what="device type")]

@@ -1,0 +1,103 @@
+"""The engine-backend interface: build an engine from an ONNX export, open a session on it, run one step.
+
+A backend is one module in this package with a class decorated by ``@register_backend``; the registry is keyed
+by the ``Backend`` enum. A backend that cannot run on this machine says why in ``unavailable_reason()`` and
+``get_backend`` turns that into a clear error (never a silent fallback to another backend).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.registry import Registry
+from edgellm.types import Backend
+
+
+@dataclass(frozen=True)
+class BuildParams:
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+
+    def __post_init__(self) -> None:
+        problems = [f"{k} {v!r} must be an integer >= 1" for k, v in asdict(self).items()
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if not problems and self.max_input_len > self.max_seq_len:
+            problems.append(f"max_input_len {self.max_input_len} must be <= max_seq_len {self.max_seq_len}")
+        if problems:
+            raise ConfigurationError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: int64, float32, float16
+    shape: tuple[int | str, ...]  # symbolic dims are strings
+
+
+class Session(ABC):
+    """An open engine: named numpy inputs in, named numpy outputs out."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    @abstractmethod
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class EngineBackend(ABC):
+    backend: ClassVar[Backend]
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when the backend can build and run here; else why not (what is missing)."""
+        return None
+
+    @abstractmethod
+    def version(self) -> str: ...
+
+    @abstractmethod
+    def build(self, onnx_model: Path, out_dir: Path, params: BuildParams) -> dict[str, Any]:
+        """Write the engine's files into ``out_dir``; return backend-specific manifest fields, including
+        ``engine_files`` (relative names), ``io`` (signature) and ``precision`` read back from the built engine."""
+
+    @abstractmethod
+    def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session: ...
+
+
+BACKENDS: Registry[type[EngineBackend]] = Registry("backend")
+
+# Backends the project knows about but has no implementation for on this machine, with what they need.
+NOT_IMPLEMENTED_HERE: dict[Backend, str] = {
+    Backend.TENSORRT: "needs TensorRT's builder library (tensorrt with libnvinfer) and an NVIDIA GPU; "
+                      "neither is installed here",
+}
+
+
+def register_backend(cls: type[EngineBackend]) -> type[EngineBackend]:
+    BACKENDS.add(cls.backend.value, cls)
+    return cls
+
+
+def get_backend(name: str | Backend) -> EngineBackend:
+    backend = Backend.parse(name, what="backend")
+    _load_builtin_backends()
+    if backend.value not in BACKENDS:
+        need = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered")
+        raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({need}); "
+                               f"available: {', '.join(BACKENDS)}")
+    cls = BACKENDS.get(backend.value)
+    reason = cls.unavailable_reason()
+    if reason:
+        raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({reason})")
+    return cls()
+
+
+def _load_builtin_backends() -> None:
+    from edgellm.backends import ort  # noqa: F401

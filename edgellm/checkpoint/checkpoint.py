@@ -1,0 +1,127 @@
+"""``Checkpoint.open(dir)``: config, family, every tensor's location and every problem, from headers only.
+
+Tensor data is read only by ``load_tensor``, and only after ``validate()`` found no problem (and the file has not
+changed since its header was checked).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgellm.checkpoint.header import SafetensorsHeader, TensorInfo, scan_header
+from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, ShardIndex, check_index, merge_shards, read_index
+from edgellm.checkpoint.reconcile import Reconciliation, reconcile
+from edgellm.config import ModelConfig, QuantConfig
+from edgellm.errors import CheckpointError
+from edgellm.models.base import ModelFamily, family_for
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    config: ModelConfig
+    family: type[ModelFamily]
+    quant: QuantConfig
+    headers: dict[str, SafetensorsHeader | None]  # shard file name -> header (None: unusable)
+    tensors: dict[str, TensorInfo]
+    index: ShardIndex | None
+    reconciliation: Reconciliation
+    problems: list[CheckpointError] = field(default_factory=list)
+    _stamps: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, ckpt_dir: Path | str) -> Checkpoint:
+        """Read config, family and quantization (raising on the first of those that is broken), then every
+        safetensors header and the index, collecting all problems in ``.problems``."""
+        root = Path(ckpt_dir)
+        if not root.is_dir():
+            raise CheckpointError("checkpoint directory not found", file=str(root))
+        config = ModelConfig.load(root)
+        family = family_for(config)
+        quant = QuantConfig.load(root, config.raw)
+        problems: list[CheckpointError] = []
+        index: ShardIndex | None = None
+        if (root / INDEX_FILE).is_file():
+            index = read_index(root)
+            problems.extend(index.problems)
+            shard_names = index.shards
+        elif (root / SINGLE_FILE).is_file():
+            shard_names = [SINGLE_FILE]
+        else:
+            others = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+            hint = f" (found {', '.join(others)}: only safetensors is supported)" if others else ""
+            raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE}{hint}", file=str(root))
+        headers: dict[str, SafetensorsHeader | None] = {}
+        stamps: dict[str, tuple[int, int]] = {}
+        rejected: set[str] = set()  # tensors a header names but whose entry broke a rule (already reported)
+        for shard in shard_names:
+            path = root / shard
+            if index is not None and not path.is_file():
+                continue  # reported by check_index with the tensors it should hold
+            scan = scan_header(path, name=shard)
+            headers[shard] = scan.header
+            problems.extend(scan.problems)
+            rejected |= {p.tensor for p in scan.problems if p.tensor}
+            if scan.header is not None:
+                st = path.stat()
+                stamps[shard] = (st.st_size, st.st_mtime_ns)
+        if index is not None:
+            problems.extend(check_index(root, index, headers))
+        tensors, dup_problems = merge_shards(headers)
+        problems.extend(dup_problems)
+        # Tensors of an unreadable or absent shard, or with a rejected header entry, are already reported:
+        # not "missing" too.
+        unreadable = {s for s in shard_names if headers.get(s) is None}
+        unknown = rejected - set(tensors)
+        if index is not None:
+            unknown |= {n for n, s in index.weight_map.items() if s in unreadable}
+            rec = reconcile(tensors, family, config, quant, unknown=unknown)
+        elif unreadable:
+            rec = Reconciliation(family=family.name, expected=len(family.expected_parameters(config)))
+        else:
+            rec = reconcile(tensors, family, config, quant, unknown=unknown)
+        problems.extend(rec.problems)
+        return cls(root=root, config=config, family=family, quant=quant, headers=headers, tensors=tensors,
+                   index=index, reconciliation=rec, problems=problems, _stamps=stamps)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def validate(self) -> None:
+        """Raise one ``CheckpointError`` summarising the problems (the first named, the rest counted)."""
+        if self.problems:
+            first = self.problems[0]
+            more = f" (and {len(self.problems) - 1} more problem(s))" if len(self.problems) > 1 else ""
+            raise CheckpointError(f"{first}{more}", file=str(self.root))
+
+    def load_tensor(self, name: str) -> torch.Tensor:
+        """Load one tensor with the safetensors library, only from a checkpoint that validated clean."""
+        from safetensors import safe_open
+
+        self.validate()
+        info = self.tensors.get(name)
+        if info is None:
+            raise CheckpointError("no such tensor in the checkpoint", file=str(self.root), tensor=name)
+        shard = info.file.name
+        st = os.stat(info.file)
+        if (st.st_size, st.st_mtime_ns) != self._stamps.get(shard):
+            raise CheckpointError("file changed since its header was validated; open the checkpoint again",
+                                  file=shard, tensor=name)
+        with safe_open(str(info.file), framework="pt") as f:
+            return f.get_tensor(name)
+
+    @property
+    def parameter_count(self) -> int:
+        """Elements of the parameters the family uses (tied aliases and ignored buffers not counted)."""
+        return sum(self.tensors[n].numel for n in self.reconciliation.matched)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())

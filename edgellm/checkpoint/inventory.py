@@ -1,0 +1,128 @@
+"""The inventory: a JSON-able summary of a checkpoint (config, family, dtypes, counts, name patterns, shards,
+reconciliation, quantization, problems). This is the contract ``edgellm inspect --output`` writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from edgellm.checkpoint.checkpoint import Checkpoint
+from edgellm.checkpoint.header import TensorInfo
+from edgellm.config import QuantConfig
+
+SCHEMA = "edgellm.inventory/1"
+_NUMERIC_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
+
+
+def collapse_ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2,5,7..8"``."""
+    parts: list[str] = []
+    items = sorted(set(indices))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(str(items[i]) if i == j else f"{items[i]}..{items[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def name_patterns(tensors: dict[str, TensorInfo]) -> list[dict[str, Any]]:
+    """Group tensor names whose numeric path segments differ: ``model.layers.{0..N}.self_attn.q_proj.weight``."""
+    groups: dict[str, list[tuple[list[int], TensorInfo]]] = defaultdict(list)
+    for name, info in tensors.items():
+        nums = [int(m) for m in _NUMERIC_SEGMENT.findall(name)]
+        groups[_NUMERIC_SEGMENT.sub("{}", name)].append((nums, info))
+    out = []
+    for template, members in sorted(groups.items()):
+        slots = template.count("{}")
+        pieces = template.split("{}")
+        pattern = pieces[0]
+        for k in range(slots):
+            pattern += "{" + collapse_ranges(m[0][k] for m in members) + "}" + pieces[k + 1]
+        out.append({
+            "pattern": pattern,
+            "count": len(members),
+            "dtypes": sorted({i.dtype for _, i in members}),
+            "shapes": [list(s) for s in sorted({i.shape for _, i in members})],
+            "parameters": sum(i.numel for _, i in members),
+        })
+    return out
+
+
+def quant_summary(quant: QuantConfig) -> dict[str, Any]:
+    return {
+        "method": quant.method.value,
+        "is_quantized": quant.is_quantized,
+        "source": quant.source,
+        "group_size": quant.group_size,
+        "kv_cache": quant.kv_cache,
+        "exclude_modules": list(quant.exclude_modules),
+        "producer": quant.producer,
+    }
+
+
+def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
+    dtypes: dict[str, dict[str, int]] = {}
+    for info in ckpt.tensors.values():
+        d = dtypes.setdefault(info.dtype, {"tensors": 0, "parameters": 0, "bytes": 0})
+        d["tensors"] += 1
+        d["parameters"] += info.numel
+        d["bytes"] += info.nbytes
+    shards = []
+    for name, header in sorted(ckpt.headers.items()):
+        shards.append({
+            "file": name,
+            "readable": header is not None,
+            "tensors": len(header.tensors) if header else 0,
+            "header_bytes": header.header_bytes if header else None,
+            "file_bytes": header.file_size if header else None,
+        })
+    return {
+        "schema": SCHEMA,
+        "checkpoint": str(ckpt.root),
+        "ok": ckpt.ok,
+        "problems": [str(p) for p in ckpt.problems],
+        "config": ckpt.config.summary(),
+        "family": ckpt.family.name,
+        "quantization": quant_summary(ckpt.quant),
+        "parameters": ckpt.parameter_count,
+        "tensor_count": len(ckpt.tensors),
+        "stored_parameters": sum(t.numel for t in ckpt.tensors.values()),
+        "bytes": ckpt.tensor_bytes,
+        "dtypes": dict(sorted(dtypes.items())),
+        "sharded": ckpt.index is not None,
+        "shards": shards,
+        "patterns": name_patterns(ckpt.tensors),
+        "reconciliation": ckpt.reconciliation.to_json(),
+    }
+
+
+def failed_inventory(ckpt_dir: Path, problem: str) -> dict[str, Any]:
+    """The inventory of a checkpoint whose config, family or quantization could not be read."""
+    return {"schema": SCHEMA, "checkpoint": str(ckpt_dir), "ok": False, "problems": [problem], "config": None,
+            "family": None, "quantization": None}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory and a rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

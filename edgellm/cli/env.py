@@ -1,0 +1,55 @@
+"""``edgellm env``: what this machine offers the library (versions and backends), as JSON.
+
+The farm runs it on each device for health checks and to key engine caches by the backend version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+
+from edgellm import __version__
+
+NAME = "env"
+HELP = "print versions of edgellm, Python and the inference backends on this machine, as JSON"
+
+_PACKAGES = ("onnxruntime", "onnx", "torch", "transformers", "tokenizers", "tensorrt")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", help="also write the JSON to this file")
+
+
+def collect() -> dict[str, object]:
+    versions: dict[str, str | None] = {}
+    for pkg in _PACKAGES:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    backends = ["ort"] if versions["onnxruntime"] else []
+    if versions["tensorrt"]:
+        backends.append("tensorrt")
+    return {
+        "edgellm": __version__,
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_count": os.cpu_count(),
+        "packages": versions,
+        "backends": backends,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    text = json.dumps(collect(), indent=2, sort_keys=True)
+    print(text)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0

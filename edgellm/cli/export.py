@@ -1,0 +1,29 @@
+"""``edgellm export CKPT_DIR ONNX_DIR [--precision fp32|fp16]``: checkpoint -> ONNX graph + runtime artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "export"
+HELP = "export a Hugging Face checkpoint to an ONNX graph with an explicit KV cache"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ckpt_dir", type=Path, help="checkpoint directory (config.json, safetensors, tokenizer)")
+    parser.add_argument("onnx_dir", type=Path, help="output directory (written whole or not at all)")
+    parser.add_argument("--precision", default="fp32", help="fp32 or fp16 (default fp32)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgellm.compiler.export import export_checkpoint, parse_export_precision
+
+    precision = parse_export_precision(args.precision)  # before any heavy import or file read
+    manifest = export_checkpoint(args.ckpt_dir, args.onnx_dir, precision, overwrite=args.overwrite)
+    summary = {"onnx_dir": str(args.onnx_dir), "precision": manifest["precision"],
+               "export_seconds": manifest["export_seconds"], "checkpoint_sha256": manifest["checkpoint"]["sha256"]}
+    print(json.dumps(summary), file=sys.stdout)
+    return 0

@@ -1,0 +1,90 @@
+"""``edgellm inspect CKPT_DIR [--output inventory.json]``: validate a checkpoint from its headers and summarise it.
+
+Exit 0 when the checkpoint is complete and supported; 2 otherwise, with every problem on its own stderr line
+(``problem: <file>: tensor '<name>': <rule>``). The JSON inventory is written (atomically) either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from edgellm.checkpoint import Checkpoint, build_inventory, write_json_atomic
+from edgellm.checkpoint.inventory import failed_inventory
+from edgellm.errors import ConfigurationError
+
+NAME = "inspect"
+HELP = "validate a Hugging Face safetensors checkpoint from its headers and write its inventory (JSON)"
+EXIT_OK, EXIT_PROBLEMS = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", type=Path, metavar="CKPT_DIR", help="checkpoint directory")
+    parser.add_argument("--output", "-o", type=Path, metavar="JSON", help="write the inventory here")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ckpt = Checkpoint.open(args.checkpoint)
+    except ConfigurationError as exc:  # broken config, unknown family or quantization: stop at this one problem
+        inventory = failed_inventory(args.checkpoint, str(exc))
+        if args.output:
+            write_json_atomic(args.output, inventory)
+        return _report_problems(inventory["problems"], args)
+    inventory = build_inventory(ckpt)
+    if args.output:
+        write_json_atomic(args.output, inventory)
+    _print_summary(inventory)
+    if not ckpt.ok:
+        return _report_problems(inventory["problems"], args)
+    return EXIT_OK
+
+
+def _report_problems(problems: list[str], args: argparse.Namespace) -> int:
+    for p in problems:
+        print(f"problem: {_one_line(p)}", file=sys.stderr)
+    where = f"; inventory: {args.output}" if args.output else ""
+    print(f"edgellm inspect: {args.checkpoint}: {len(problems)} problem(s), not usable{where}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _print_summary(inv: dict[str, Any]) -> None:
+    cfg = inv["config"]
+    rec = inv["reconciliation"]
+    q = inv["quantization"]
+    lines = [
+        f"checkpoint  {inv['checkpoint']}",
+        f"family      {inv['family']} ({cfg['model_type']}, {', '.join(cfg['architectures']) or 'no architectures'})",
+        f"shape       hidden {cfg['hidden_size']}, ffn {cfg['intermediate_size']}, layers {cfg['num_hidden_layers']}, "
+        f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} kv, head_dim {cfg['head_dim']}, "
+        f"vocab {cfg['vocab_size']}, tied {cfg['tie_word_embeddings']}",
+        f"parameters  {inv['parameters']:,} ({inv['tensor_count']} tensors, {_human_bytes(inv['bytes'])})",
+        "dtypes      " + ", ".join(f"{d} {v['tensors']} tensors {_human_bytes(v['bytes'])}"
+                                   for d, v in inv["dtypes"].items()),
+        f"quant       {q['method']}" + (f" (kv cache {q['kv_cache']})" if q["kv_cache"] else ""),
+        f"shards      {len(inv['shards'])}" + (" (indexed)" if inv["sharded"] else ""),
+        f"reconcile   {rec['matched']}/{rec['expected']} matched, {len(rec['missing'])} missing, "
+        f"{len(rec['shape_mismatches'])} wrong shape, {len(rec['unexpected'])} unexplained, "
+        f"{len(rec['tied'])} tied, {len(rec['ignored'])} ignored",
+        "tensors:",
+    ]
+    for p in inv["patterns"]:
+        shapes = " | ".join("x".join(map(str, s)) or "scalar" for s in p["shapes"])
+        lines.append(f"  {p['pattern']:<56} {p['count']:>4} x {'/'.join(p['dtypes'])} [{shapes}]")
+    lines.append("status      " + ("OK" if inv["ok"] else f"{len(inv['problems'])} problem(s)"))
+    print("\n".join(lines))

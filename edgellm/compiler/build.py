@@ -1,0 +1,89 @@
+"""ONNX export -> engine: verify the export, check the limits against the model, let the backend build, and write
+``engine_manifest.json`` (backend and version, build parameters, I/O signature, precision read back from the built
+graph, files with sha256, the export manifest's sha256). The engine directory appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from edgellm import __version__
+from edgellm.backends.base import BuildParams, get_backend
+from edgellm.compiler.export import EXPORT_MANIFEST, GENERATION_SETTINGS, MODEL_FILE, RUNTIME_FILES
+from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_files, write_json
+from edgellm.config import ModelConfig
+from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
+from edgellm.models import family_for
+from edgellm.types import Backend
+
+log = logging.getLogger(__name__)
+
+ENGINE_MANIFEST = "engine_manifest.json"
+
+
+def default_params(cfg: ModelConfig, *, max_batch_size: int | None, max_input_len: int | None,
+                   max_seq_len: int | None) -> BuildParams:
+    seq = max_seq_len or min(cfg.max_position_embeddings, 4096)
+    return BuildParams(
+        max_batch_size=max_batch_size or 4,
+        max_input_len=max_input_len or min(seq, 2048),
+        max_seq_len=seq,
+    )
+
+
+def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Backend.ORT, *,
+                 max_batch_size: int | None = None, max_input_len: int | None = None,
+                 max_seq_len: int | None = None, overwrite: bool = False) -> dict[str, Any]:
+    onnx_dir = Path(onnx_dir)
+    engine = get_backend(backend)
+    if not onnx_dir.is_dir():
+        raise ConfigurationError(f"{onnx_dir}: ONNX export directory not found")
+    export_manifest = verify_files(onnx_dir, EXPORT_MANIFEST)
+    cfg = ModelConfig.load(onnx_dir)
+    family = family_for(cfg)
+    params = default_params(cfg, max_batch_size=max_batch_size, max_input_len=max_input_len,
+                            max_seq_len=max_seq_len)
+    if params.max_seq_len > cfg.max_position_embeddings:
+        raise ConfigurationError(f"max_seq_len {params.max_seq_len} exceeds the model's max_position_embeddings "
+                                 f"{cfg.max_position_embeddings}")
+    window = family.sliding_window(cfg)
+    if window is not None and params.max_seq_len > window:
+        raise UnsupportedError(f"{family.name}: sliding_window {window} is not implemented (full attention only); "
+                               f"build with max_seq_len <= {window}")
+    started = time.perf_counter()
+    with staged_dir(Path(engine_dir), overwrite=overwrite) as out:
+        built = engine.build(onnx_dir / MODEL_FILE, out, params)
+        for name in (*RUNTIME_FILES, GENERATION_SETTINGS):
+            if (onnx_dir / name).is_file():
+                shutil.copyfile(onnx_dir / name, out / name)
+        exported = export_manifest.get("precision")
+        if built["precision"] != exported:
+            raise TestFailure(f"built engine holds {built['precision']} weights but the export is {exported}: "
+                              f"the backend changed the precision")
+        manifest = {
+            "format": "edgellm-engine/1",
+            "edgellm_version": __version__,
+            "backend": engine.backend.value,
+            "backend_version": engine.version(),
+            "build_params": {"max_batch_size": params.max_batch_size, "max_input_len": params.max_input_len,
+                             "max_seq_len": params.max_seq_len},
+            "precision": built["precision"],
+            "export_precision": exported,
+            "model": export_manifest.get("model", {}),
+            "io": built["io"],
+            "graph": built["graph"],
+            "backend_options": built["options"],
+            "source_export": {"path": str(onnx_dir.resolve()),
+                              "manifest_sha256": sha256_file(onnx_dir / EXPORT_MANIFEST),
+                              "checkpoint_sha256": export_manifest.get("checkpoint", {}).get("sha256")},
+            "build_seconds": round(time.perf_counter() - started, 3),
+            "created_unix": int(time.time()),
+            "files": file_table(out),
+        }
+        write_json(out / ENGINE_MANIFEST, manifest)
+    log.info("built %s engine %s in %.1f s", engine.backend.value, engine_dir, manifest["build_seconds"])
+    return manifest

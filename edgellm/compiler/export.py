@@ -1,0 +1,197 @@
+"""Checkpoint -> ONNX export: one graph serving prefill and decode, with an explicit KV cache.
+
+Graph signature (L = num_hidden_layers; ``dtype`` = fp32 or fp16 per the export precision):
+
+    inputs   input_ids                       int64  [batch, seq]
+             attention_mask                  int64  [batch, total]   total = past + seq; 1 real, 0 padding
+             position_ids                    int64  [batch, seq]
+             past_key_values.{i}.key/value   dtype  [batch, kv_heads, past, head_dim]   i in 0..L-1
+    outputs  logits                          fp32   [batch, seq, vocab]
+             present.{i}.key/value           dtype  [batch, kv_heads, total, head_dim]
+
+Decode feeds ``present`` back as ``past``; a fresh sequence feeds ``past`` with length 0. Padding is on the left;
+position ids count real tokens only. Weights live in ``model.onnx.data`` (external data, always).
+
+The output directory also holds the runtime artifacts (config.json, tokenizer files, generation_config.json when
+the checkpoint has one, and ``edgellm_generation.json``, this project's own generation settings) and
+``export_manifest.json`` (sha256 of every file, checkpoint digest, precision, opset, versions).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from edgellm import __version__
+from edgellm.compiler.files import file_table, staged_dir, tree_sha256, write_json
+from edgellm.config import ModelConfig, QuantConfig, read_json_object
+from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.models import family_for
+from edgellm.types import Precision
+
+log = logging.getLogger(__name__)
+
+EXPORT_PRECISIONS = (Precision.FP32, Precision.FP16)
+OPSET = 17
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+EXPORT_MANIFEST = "export_manifest.json"
+GENERATION_SETTINGS = "edgellm_generation.json"
+RUNTIME_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja", "generation_config.json")
+
+
+def input_names(num_layers: int) -> list[str]:
+    names = ["input_ids", "attention_mask", "position_ids"]
+    for i in range(num_layers):
+        names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+    return names
+
+
+def output_names(num_layers: int) -> list[str]:
+    names = ["logits"]
+    for i in range(num_layers):
+        names += [f"present.{i}.key", f"present.{i}.value"]
+    return names
+
+
+def parse_export_precision(value: str | Precision) -> Precision:
+    precision = Precision.parse(value, what="precision")
+    if precision not in EXPORT_PRECISIONS:
+        raise UnsupportedError(
+            f"precision {precision.value!r} is not supported by export yet; "
+            f"supported: {', '.join(p.value for p in EXPORT_PRECISIONS)}"
+        )
+    return precision
+
+
+def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision = Precision.FP32, *,
+                      overwrite: bool = False) -> dict[str, Any]:
+    """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure."""
+    import torch
+
+    from edgellm.models.decoder import Decoder
+    from edgellm.weights import load_weights
+
+    precision = parse_export_precision(precision)
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise ConfigurationError(f"{ckpt_dir}: checkpoint directory not found")
+    cfg = ModelConfig.load(ckpt_dir)
+    family = family_for(cfg)
+    quant = QuantConfig.load(ckpt_dir, cfg.raw)
+    if quant.is_quantized:
+        raise UnsupportedError(f"{quant.source}: quantized checkpoints ({quant.method.value}) are not supported by "
+                               f"export yet; supported: unquantized fp32, fp16 or bf16 checkpoints")
+    if not (ckpt_dir / "tokenizer.json").is_file():
+        raise ConfigurationError(f"{ckpt_dir}: tokenizer.json not found (the runtime needs it)")
+    started = time.perf_counter()
+    ckpt_files = file_table(ckpt_dir)
+    dtype = torch.float16 if precision is Precision.FP16 else torch.float32
+    model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
+
+    L = cfg.num_hidden_layers
+    ins, outs = input_names(L), output_names(L)
+    b, s, past = 1, 2, 3
+    args = (torch.ones(b, s, dtype=torch.int64), torch.ones(b, past + s, dtype=torch.int64),
+            torch.arange(past, past + s)[None], *[
+                torch.zeros(b, cfg.num_key_value_heads, past, cfg.head_dim, dtype=dtype) for _ in range(2 * L)])
+    dynamic: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "seq"},
+        "logits": {0: "batch", 1: "seq"},
+    }
+    for name in ins[3:]:
+        dynamic[name] = {0: "batch", 2: "past"}
+    for name in outs[1:]:
+        dynamic[name] = {0: "batch", 2: "total"}
+
+    with staged_dir(Path(onnx_dir), overwrite=overwrite) as out:
+        scratch = out / ".scratch"
+        scratch.mkdir()
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, args, str(scratch / MODEL_FILE), input_names=ins, output_names=outs,
+                              dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True)
+        del model
+        _consolidate(scratch / MODEL_FILE, out / MODEL_FILE)
+        shutil.rmtree(scratch)
+        export_s = time.perf_counter() - started
+        _copy_runtime_files(ckpt_dir, out)
+        write_json(out / GENERATION_SETTINGS, generation_settings(ckpt_dir, cfg))
+        manifest = {
+            "format": "edgellm-export/1",
+            "edgellm_version": __version__,
+            "torch_version": torch.__version__,
+            "onnx_opset": OPSET,
+            "exporter": "torch.onnx.export(dynamo=False)",
+            "precision": precision.value,
+            "checkpoint": {
+                "path": str(ckpt_dir.resolve()),
+                "sha256": tree_sha256(ckpt_files),
+                "dtype": cfg.dtype,
+                "files": ckpt_files,
+            },
+            "model": {**cfg.summary(), "family": family.name, "sliding_window": family.sliding_window(cfg)},
+            "io": {"inputs": ins, "outputs": outs},
+            "export_seconds": round(export_s, 3),
+            "created_unix": int(time.time()),
+            "files": file_table(out),
+        }
+        write_json(out / EXPORT_MANIFEST, manifest)
+    log.info("exported %s to %s (%s) in %.1f s", ckpt_dir, onnx_dir, precision.value, export_s)
+    return manifest
+
+
+def _consolidate(src: Path, dst: Path) -> None:
+    """Rewrite the exporter's output with all weights in one ``model.onnx.data`` and check it."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=True)
+    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=0)
+    del model
+    onnx.checker.check_model(str(dst))  # the path form, so the external data is checked too
+
+
+def _copy_runtime_files(ckpt_dir: Path, out: Path) -> None:
+    for name in RUNTIME_FILES:
+        if (ckpt_dir / name).is_file():
+            shutil.copyfile(ckpt_dir / name, out / name)
+
+
+def generation_settings(ckpt_dir: Path, cfg: ModelConfig) -> dict[str, Any]:
+    """What the runtime needs to generate, independent of transformers and onnxruntime-genai."""
+    gen: dict[str, Any] = {}
+    if (ckpt_dir / "generation_config.json").is_file():
+        gen = read_json_object(ckpt_dir / "generation_config.json", what="generation_config.json")
+    eos = gen.get("eos_token_id", list(cfg.eos_token_ids))
+    eos_ids = [eos] if isinstance(eos, int) else [e for e in eos if isinstance(e, int)] if isinstance(eos, list) else []
+    tok_cfg: dict[str, Any] = {}
+    if (ckpt_dir / "tokenizer_config.json").is_file():
+        tok_cfg = read_json_object(ckpt_dir / "tokenizer_config.json", what="tokenizer_config.json")
+    chat_template = tok_cfg.get("chat_template")
+    if (ckpt_dir / "chat_template.jinja").is_file():
+        chat_template = (ckpt_dir / "chat_template.jinja").read_text()
+    pad = gen.get("pad_token_id", cfg.raw.get("pad_token_id"))
+    return {
+        "eos_token_ids": sorted(set(eos_ids)),
+        "bos_token_id": gen.get("bos_token_id", cfg.bos_token_id),
+        "pad_token_id": pad if isinstance(pad, int) else (eos_ids[0] if eos_ids else 0),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "chat_template": chat_template if isinstance(chat_template, str) else None,
+        "special_tokens": {k: _token_text(tok_cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token",
+                                                                      "unk_token")},
+        "defaults": {k: gen[k] for k in ("do_sample", "temperature", "top_k", "top_p") if k in gen},
+    }
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None

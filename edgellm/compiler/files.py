@@ -1,0 +1,93 @@
+"""File plumbing shared by export and build: sha256 manifests and all-or-nothing output directories."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from edgellm.config import read_json_object
+from edgellm.errors import ConfigurationError
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_table(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """``{relative path: {sha256, bytes}}`` for every regular file under ``root`` (sorted)."""
+    table: dict[str, dict[str, Any]] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in exclude:
+            table[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return table
+
+
+def tree_sha256(table: dict[str, dict[str, Any]]) -> str:
+    """One digest over a file table (names and contents), e.g. a checkpoint's identity."""
+    h = hashlib.sha256()
+    for name in sorted(table):
+        h.update(f"{name}\0{table[name]['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def verify_files(root: Path, manifest_name: str) -> dict[str, Any]:
+    """Load ``root/manifest_name`` and check every listed file's size and sha256; the error names the file."""
+    manifest = read_json_object(root / manifest_name, what=manifest_name, max_bytes=16 * 1024 * 1024)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ConfigurationError(f"{root / manifest_name}: 'files' must be a non-empty object")
+    for rel, entry in files.items():
+        path = root / rel
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise ConfigurationError(f"{root / manifest_name}: entry for {rel!r} has no sha256")
+        if not path.is_file():
+            raise ConfigurationError(f"{path}: file listed in {manifest_name} is missing")
+        if path.stat().st_size != entry.get("bytes", path.stat().st_size):
+            raise ConfigurationError(
+                f"{path}: size {path.stat().st_size} does not match {manifest_name} ({entry['bytes']} bytes)"
+            )
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            raise ConfigurationError(
+                f"{path}: sha256 {digest[:16]}... does not match {manifest_name} ({entry['sha256'][:16]}...)"
+            )
+    return manifest
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def staged_dir(final: Path, *, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty temp dir beside ``final``; on success it replaces ``final`` in one rename, on failure it
+    is deleted, so ``final`` is never half-written."""
+    final = Path(final).resolve()
+    if final.exists() and (not final.is_dir() or any(final.iterdir())) and not overwrite:
+        raise ConfigurationError(f"{final}: output directory exists and is not empty; pass --overwrite to replace it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            final.rename(old)
+        tmp.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

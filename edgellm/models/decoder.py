@@ -1,0 +1,199 @@
+"""One decoder-only transformer in torch for every registered family, built from a checkpoint's tensors.
+
+The family's class variables select the variants: q/k/v bias (``family.has_qkv_bias``), per-head q/k RMSNorm
+(``qk_norm``), explicit ``head_dim``, Llama-3 RoPE scaling, tied embeddings. The forward pass takes an explicit
+KV cache so it exports to one ONNX graph serving prefill and decode:
+
+    input_ids      int64 [B, S]
+    attention_mask int64 [B, P + S]   1 = real token, 0 = padding (left padding)
+    position_ids   int64 [B, S]
+    past k/v       [B, kv_heads, P, head_dim] per layer, model dtype
+    -> logits float32 [B, S, vocab], present k/v [B, kv_heads, P + S, head_dim] per layer
+
+Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everything else in the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from edgellm.config import ModelConfig
+from edgellm.models.base import ModelFamily
+
+# Masked scores use a large finite negative (not -inf) so fully padded query rows stay finite.
+MASK_VALUE = -1e30
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], float32, with Llama-3 scaling applied when configured."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv_freq
+    # Only "llama3" passes family.check_config.
+    factor = rs.factor
+    low, high = float(rs.params["low_freq_factor"]), float(rs.params["high_freq_factor"])
+    old_ctx = float(rs.params["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        bias = family.has_qkv_bias(cfg)
+        self.q_proj = nn.Linear(h, q, bias=bias, dtype=dtype)
+        self.k_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
+        self.v_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
+        self.o_proj = nn.Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+        past_k: torch.Tensor, past_v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
+        v = torch.cat([past_v, v], dim=2)
+        rep = self.n_heads // self.n_kv
+        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows.
+        qg = q.reshape(b, self.n_kv, rep * s, self.head_dim)
+        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [B, KV, rep*S, T]
+        scores = scores.view(b, self.n_kv, rep, s, -1).float()
+        scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.n_kv, rep * s, -1)
+        out = torch.matmul(probs, v).view(b, self.n_heads, s, self.head_dim)
+        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
+        return self.o_proj(out), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
+        self.up_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(f, h, bias=bias, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, family, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+
+class DecoderModel(nn.Module):
+    """HF-named submodules (``model.layers.N.self_attn.q_proj`` ...) so ``load_state_dict`` takes HF tensors."""
+
+    def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(Layer(cfg, family, dtype) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.cfg, self.dtype = cfg, dtype
+        self.model = DecoderModel(cfg, family, dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    @classmethod
+    def from_weights(
+        cls, cfg: ModelConfig, family: type[ModelFamily], weights: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+    ) -> Decoder:
+        """Build from ``load_weights`` output; tensors are cast to ``dtype`` (e.g. bf16 checkpoint -> fp16)."""
+        with torch.device("meta"):
+            model = cls(cfg, family, dtype)
+        state = {k: v.to(dtype) for k, v in weights.items()}
+        model.load_state_dict(state, strict=False, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.inv_freq = rope_inv_freq(cfg)
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:  # load_weights already checked names against the family; this is an internal mismatch
+            from edgellm.errors import BugError
+
+            raise BugError(f"decoder parameters not loaded: {', '.join(missing)}")
+        return model.eval()
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...)."""
+        s = input_ids.shape[1]
+        past_len = past[0].shape[2]
+        total = attention_mask.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
+        k_idx = torch.arange(total, dtype=torch.int64)[None, :]
+        causal = k_idx <= q_idx  # [S, T]
+        mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
+        presents: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask, past[2 * i], past[2 * i + 1])
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            presents += [k, v]
+        logits = self.lm_head(self.model.norm(x)).float()
+        return (logits, *presents)
+
+    def empty_past(self, batch: int) -> list[torch.Tensor]:
+        shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype) for _ in range(2 * self.cfg.num_hidden_layers)]

@@ -1,0 +1,48 @@
+"""``edgefarm db ...``: manage the results database. Exit 2 on a bad URL, 3 when the database is unreachable."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
+
+app = typer.Typer(name="db", help="Manage the results database.", no_args_is_help=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+EXIT_BY_KIND = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help="Database URL (default: $EDGEFARM_DB_URL, else <data dir>/edgefarm.db)."),
+]
+
+
+def _fail(command: str, exc: EdgeLLMError) -> typer.Exit:
+    err.print(f"edgefarm db {command}: error ({exc.kind.value}): {exc}", markup=False)
+    return typer.Exit(EXIT_BY_KIND[exc.kind])
+
+
+@app.command()
+def upgrade(db: DbOption = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
+    """Create or migrate the schema to the latest revision."""
+    from results.db import make_engine, redact, resolve_url
+    from results.migrate import upgrade as run_upgrade
+
+    url = resolve_url(db)
+    try:
+        engine = make_engine(None if db is None else db)
+        try:
+            at = run_upgrade(engine, revision)
+        except OperationalError as exc:
+            raise InfrastructureError(f"cannot reach database {redact(url)!r}: {str(exc.orig).strip()}") from None
+        except DBAPIError as exc:
+            raise InfrastructureError(f"database {redact(url)!r} failed: {str(exc.orig).strip()}") from None
+        finally:
+            engine.dispose()
+    except EdgeLLMError as exc:
+        raise _fail("upgrade", exc) from None
+    out.print(f"database {redact(url)} is at revision {at}", markup=False)

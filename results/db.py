@@ -1,0 +1,127 @@
+"""Database URL resolution, engines and sessions.
+
+SQLite (a file under the data dir) is the embedded default; PostgreSQL is production. Every SQLite connection
+gets WAL, a busy timeout and foreign keys ON. pysqlite's own transaction handling is turned off so that we emit
+BEGIN ourselves: writers use ``BEGIN IMMEDIATE`` (take the write lock up front, so two writers queue on the busy
+timeout instead of failing with a lock upgrade deadlock); readers use a plain deferred ``BEGIN``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import Session
+
+from edgellm.errors import ConfigurationError
+
+ENV_DB_URL = "EDGEFARM_DB_URL"
+ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+_WRITE_OPTION = "edgefarm_write"
+
+
+def data_dir() -> Path:
+    """``$EDGEFARM_DATA_DIR``, else ``.data`` under the project root (the current directory)."""
+    return Path(os.environ.get(ENV_DATA_DIR) or Path.cwd() / ".data")
+
+
+def resolve_url(flag: str | None = None) -> str:
+    """The ``--db`` flag, else ``$EDGEFARM_DB_URL``, else the embedded SQLite file ``<data dir>/edgefarm.db``."""
+    if flag:
+        return flag
+    env = os.environ.get(ENV_DB_URL)
+    if env:
+        return env
+    return f"sqlite:///{(data_dir() / 'edgefarm.db').resolve()}"
+
+
+def redact(url: str | URL) -> str:
+    """The URL with its password hidden, for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+
+
+def parse_url(url: str | URL) -> URL:
+    """Validate a URL's syntax and backend; the error names it (password hidden) and the valid forms."""
+    valid = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(f"bad database URL {redact(url)!r}; valid: {valid}") from None
+    if parsed.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise ConfigurationError(
+            f"unsupported database backend {parsed.get_backend_name()!r} in {redact(url)!r}; valid: {valid}"
+        )
+    if parsed.get_backend_name() == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise ConfigurationError(f"database URL {redact(url)!r} names no file; valid: {valid}")
+        parent = Path(parsed.database).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise ConfigurationError(f"database URL {redact(url)!r}: directory {str(parent)!r} does not exist")
+    return parsed
+
+
+def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA journal_mode = WAL")
+    cur.execute("PRAGMA synchronous = NORMAL")
+    cur.execute("PRAGMA foreign_keys = ON")
+    cur.close()
+
+
+def _on_sqlite_begin(conn: Any) -> None:
+    mode = "IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url`` (resolved as in :func:`resolve_url` when None), set up for its backend."""
+    if url is None:
+        default = data_dir() / "edgefarm.db"
+        if not os.environ.get(ENV_DB_URL):
+            default.parent.mkdir(parents=True, exist_ok=True)
+        url = resolve_url()
+    parsed = parse_url(url)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(
+                parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}, **kwargs
+            )
+            event.listen(engine, "connect", _on_sqlite_connect)
+            event.listen(engine, "begin", _on_sqlite_begin)
+        else:
+            engine = create_engine(parsed, pool_pre_ping=True, **kwargs)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigurationError(f"bad database URL {redact(url)!r}: {exc}") from None
+    return engine
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine whose transactions take the write lock first (SQLite ``BEGIN IMMEDIATE``; no-op on PG)."""
+    return engine.execution_options(**{_WRITE_OPTION: True})
+
+
+@contextmanager
+def write_session(engine: Engine) -> Iterator[Session]:
+    """One write transaction: committed on success, rolled back on any error (nothing half-written)."""
+    with Session(writer(engine), expire_on_commit=False) as session, session.begin():
+        yield session
+
+
+@contextmanager
+def read_session(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        yield session

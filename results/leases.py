@@ -1,0 +1,196 @@
+"""Device leases held in the database: a device never runs more than its max parallel jobs, across processes
+and hosts.
+
+Each acquire is one write transaction that serialises on the device: on PostgreSQL an upsert plus
+``SELECT ... FOR UPDATE`` of the device's ``lease_devices`` row; on SQLite ``BEGIN IMMEDIATE`` (the database-wide
+write lock). Inside it, leases whose last heartbeat is older than their TTL (a dead holder) are deleted, the live
+ones counted, and a new one inserted if there is room. Times come from the database host's clock on PostgreSQL
+(so hosts with skewed clocks agree) and from the local clock on SQLite (which is local anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from edgellm.errors import ConfigurationError, InfrastructureError
+from results.db import writer
+from results.models import DeviceLease, LeaseDevice
+
+log = logging.getLogger(__name__)
+DEFAULT_TTL_S = 60.0
+
+
+class LeaseTimeout(InfrastructureError):
+    """No slot on the device became free within the wait."""
+
+
+class LeaseLost(InfrastructureError):
+    """The lease expired (missed heartbeats) or was reclaimed: the holder no longer owns a slot."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: int
+    device_id: str
+    holder: str
+    ttl_s: float
+    acquired_at: float  # epoch seconds (database clock on PostgreSQL)
+
+
+def default_holder() -> str:
+    """``host:pid:token``: unique per acquirer, readable in the table."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+
+def _now(conn: Connection) -> float:
+    if conn.dialect.name == "postgresql":
+        return float(conn.scalar(select(func.extract("epoch", func.clock_timestamp()))))  # type: ignore[arg-type]
+    return time.time()
+
+
+def _validate(device_id: str, max_jobs: int, ttl_s: float) -> None:
+    if not device_id or not isinstance(device_id, str):
+        raise ConfigurationError(f"bad device id {device_id!r}: need a non-empty string")
+    if not isinstance(max_jobs, int) or max_jobs < 1:
+        raise ConfigurationError(f"bad max_jobs {max_jobs!r} for device {device_id!r}: need an integer >= 1")
+    if ttl_s <= 0:
+        raise ConfigurationError(f"bad lease ttl_s {ttl_s!r}: need > 0 seconds")
+
+
+def try_acquire(
+    engine: Engine, device_id: str, max_jobs: int, *, holder: str | None = None, ttl_s: float = DEFAULT_TTL_S
+) -> Lease | None:
+    """One attempt: a lease if the device has a free slot now, else None."""
+    _validate(device_id, max_jobs, ttl_s)
+    holder = holder or default_holder()
+    with writer(engine).connect() as conn, conn.begin():
+        pg = conn.dialect.name == "postgresql"
+        ins = (postgresql.insert if pg else sqlite.insert)(LeaseDevice).values(device_id=device_id, max_jobs=max_jobs)
+        conn.execute(ins.on_conflict_do_update(index_elements=["device_id"], set_={"max_jobs": max_jobs}))
+        if pg:  # the upsert already holds the row lock; this says so explicitly
+            conn.execute(select(LeaseDevice.device_id).where(LeaseDevice.device_id == device_id).with_for_update())
+        now = _now(conn)
+        expired = conn.execute(
+            delete(DeviceLease)
+            .where(DeviceLease.device_id == device_id, DeviceLease.heartbeat_at + DeviceLease.ttl_s < now)
+            .returning(DeviceLease.holder)
+        ).scalars().all()
+        for dead in expired:
+            log.warning("reclaimed expired lease on %s held by %s", device_id, dead)
+        held = conn.scalar(select(func.count()).select_from(DeviceLease).where(DeviceLease.device_id == device_id))
+        if (held or 0) >= max_jobs:
+            return None
+        lease_id = conn.execute(
+            insert(DeviceLease)
+            .values(device_id=device_id, holder=holder, acquired_at=now, heartbeat_at=now, ttl_s=ttl_s)
+            .returning(DeviceLease.id)
+        ).scalar_one()
+    return Lease(int(lease_id), device_id, holder, ttl_s, now)
+
+
+def acquire(
+    engine: Engine,
+    device_id: str,
+    max_jobs: int,
+    *,
+    holder: str | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+    wait_s: float = 0.0,
+    poll_s: float = 0.01,
+    max_poll_s: float = 0.5,
+) -> Lease:
+    """A lease, polling with jittered exponential backoff for up to ``wait_s``; raises LeaseTimeout after that."""
+    deadline = time.monotonic() + wait_s
+    delay = poll_s
+    while True:
+        lease = try_acquire(engine, device_id, max_jobs, holder=holder, ttl_s=ttl_s)
+        if lease is not None:
+            return lease
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LeaseTimeout(f"device {device_id!r}: all {max_jobs} slot(s) still held after waiting {wait_s:g} s")
+        time.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+        delay = min(delay * 2, max_poll_s)
+
+
+def heartbeat(engine: Engine, lease: Lease) -> None:
+    """Keep the lease alive; raises LeaseLost if it already expired or was reclaimed."""
+    with writer(engine).connect() as conn, conn.begin():
+        now = _now(conn)
+        mine = (DeviceLease.id == lease.id, DeviceLease.holder == lease.holder)
+        alive = DeviceLease.heartbeat_at + DeviceLease.ttl_s >= now
+        done = conn.execute(update(DeviceLease).where(*mine, alive).values(heartbeat_at=now)).rowcount
+        if done != 1:
+            conn.execute(delete(DeviceLease).where(*mine))  # expired but not yet reclaimed: give it up
+    if done != 1:
+        raise LeaseLost(f"lease {lease.id} on device {lease.device_id!r} held by {lease.holder} expired or was "
+                        f"reclaimed (ttl {lease.ttl_s:g} s): stop using the device")
+
+
+def release(engine: Engine, lease: Lease) -> bool:
+    """Free the slot; False if the lease was already gone (expired and reclaimed)."""
+    with writer(engine).connect() as conn, conn.begin():
+        gone = conn.execute(
+            delete(DeviceLease).where(DeviceLease.id == lease.id, DeviceLease.holder == lease.holder)
+        ).rowcount
+    if gone != 1:
+        log.warning("lease %s on %s was already released or reclaimed", lease.id, lease.device_id)
+    return gone == 1
+
+
+def live_leases(engine: Engine, device_id: str) -> list[Lease]:
+    """The leases currently counted against the device (expired ones excluded)."""
+    with engine.connect() as conn:
+        now = _now(conn)
+        rows = conn.execute(
+            select(DeviceLease.id, DeviceLease.holder, DeviceLease.ttl_s, DeviceLease.acquired_at)
+            .where(DeviceLease.device_id == device_id, DeviceLease.heartbeat_at + DeviceLease.ttl_s >= now)
+            .order_by(DeviceLease.id)
+        ).all()
+    return [Lease(r.id, device_id, r.holder, r.ttl_s, r.acquired_at) for r in rows]
+
+
+@contextmanager
+def hold(
+    engine: Engine,
+    device_id: str,
+    max_jobs: int,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    wait_s: float = 0.0,
+    holder: str | None = None,
+) -> Iterator[Lease]:
+    """Acquire, heartbeat every ttl/3 in a background thread, release on exit (also on error)."""
+    lease = acquire(engine, device_id, max_jobs, holder=holder, ttl_s=ttl_s, wait_s=wait_s)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(ttl_s / 3):
+            try:
+                heartbeat(engine, lease)
+            except LeaseLost:
+                log.error("lost lease %s on %s", lease.id, device_id)
+                return
+            except Exception:  # a transient database error: try again next beat, the TTL has slack
+                log.exception("heartbeat of lease %s on %s failed", lease.id, device_id)
+
+    thread = threading.Thread(target=beat, name=f"lease-{device_id}-{lease.id}", daemon=True)
+    thread.start()
+    try:
+        yield lease
+    finally:
+        stop.set()
+        thread.join()
+        release(engine, lease)

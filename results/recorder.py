@@ -1,0 +1,296 @@
+"""Writing to the results database: runs, results (+ metrics, artifact refs), health, baselines.
+
+Idempotent: a result is unique on (run, model, precision, platform, stage, test id); recording it again (a retried
+task) replaces its status, reason and metrics instead of adding a row. A result, its metrics, its artifact refs
+and the row's "latest run" pointer are written in one transaction, so a crash leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Engine, case, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from artifacts.kinds import ArtifactKind, Packing
+from edgellm.errors import ConfigurationError, ErrorKind
+from edgellm.types import Precision, Stage
+from results.db import make_engine, write_session
+from results.models import (
+    ArtifactRecord,
+    DeviceHealth,
+    Metric,
+    MetricBaseline,
+    Result,
+    ResultStatus,
+    RowLatest,
+    Run,
+    RunKind,
+    RunStatus,
+    ToolchainVersion,
+    utcnow,
+)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+E = TypeVar("E", bound=enum.Enum)
+
+
+class ArtifactLike(Protocol):
+    """What record_result needs of an artifact (artifacts.ArtifactRef satisfies it)."""
+
+    sha256: str
+    size: int
+    kind: ArtifactKind
+    packing: Packing
+
+
+@dataclass(frozen=True)
+class ArtifactLink:
+    sha256: str
+    size: int
+    kind: ArtifactKind
+    packing: Packing = Packing.FILE
+    path_hint: str | None = None
+
+
+def parse_choice(cls: type[E], value: Any, what: str) -> E:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).strip().lower())
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise ConfigurationError(f"unknown {what} {value!r}; valid: {choices}") from None
+
+
+def _nonempty(value: str, what: str, limit: int = 200) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise ConfigurationError(f"bad {what} {value!r}: need a non-empty string of at most {limit} characters")
+    return value
+
+
+def _sha(value: str, what: str) -> str:
+    if not _SHA256.fullmatch(value or ""):
+        raise ConfigurationError(f"bad {what} {value!r}: need 64 lowercase hex digits (a sha256)")
+    return value
+
+
+def _upsert(session: Session) -> Any:
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+class Recorder:
+    """The orchestration's write API. Each method is one transaction."""
+
+    def __init__(self, engine: Engine | str | None = None) -> None:
+        self.engine = engine if isinstance(engine, Engine) else make_engine(engine)
+
+    # runs -------------------------------------------------------------------------------------------------------
+    def start_run(
+        self,
+        kind: RunKind | str,
+        trigger: str,
+        code_version: str,
+        *,
+        toolchain: Mapping[str, str] | None = None,
+        started_at: datetime | None = None,
+    ) -> int:
+        run = Run(
+            kind=parse_choice(RunKind, kind, "run kind"),
+            trigger=_nonempty(trigger, "trigger"),
+            code_version=_nonempty(code_version, "code version", 100),
+            started_at=started_at or utcnow(),
+            status=RunStatus.RUNNING,
+        )
+        with write_session(self.engine) as s:
+            s.add(run)
+            s.flush()
+            for name, version in (toolchain or {}).items():
+                s.add(ToolchainVersion(run_id=run.id, name=_nonempty(name, "tool name", 100), version=version))
+        return run.id
+
+    def record_toolchain(self, run_id: int, versions: Mapping[str, str]) -> None:
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            ins = _upsert(s)(ToolchainVersion)
+            for name, version in versions.items():
+                stmt = ins.values(run_id=run_id, name=_nonempty(name, "tool name", 100), version=version)
+                s.execute(stmt.on_conflict_do_update(index_elements=["run_id", "name"], set_={"version": version}))
+
+    def finish_run(self, run_id: int, status: RunStatus | str, *, finished_at: datetime | None = None) -> None:
+        st = parse_choice(RunStatus, status, "run status")
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=finished_at or utcnow()))
+
+    @staticmethod
+    def _run(s: Session, run_id: int) -> Run:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise ConfigurationError(f"unknown run id {run_id!r}; start a run first (Recorder.start_run)")
+        return run
+
+    # results ----------------------------------------------------------------------------------------------------
+    def record_result(
+        self,
+        run_id: int,
+        *,
+        model: str,
+        precision: Precision | str,
+        platform: str,
+        stage: Stage | str,
+        test_id: str,
+        status: ResultStatus | str,
+        model_revision: str | None = None,
+        device: str | None = None,
+        reason: str | None = None,
+        error_kind: ErrorKind | str | None = None,
+        duration_s: float | None = None,
+        metrics: Mapping[str, tuple[float, str]] | None = None,
+        artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
+    ) -> int:
+        """Insert or replace one result with its metrics and artifact refs; returns the result id."""
+        values: dict[str, Any] = {
+            "run_id": run_id,
+            "model": _nonempty(model, "model"),
+            "precision": Precision.parse(precision),
+            "platform": _nonempty(platform, "platform", 64),
+            "stage": Stage.parse(stage),
+            "test_id": _nonempty(test_id, "test id"),
+            "status": parse_choice(ResultStatus, status, "result status"),
+            "model_revision": None if model_revision is None else _sha(model_revision, "model revision"),
+            "device": device,
+            "reason": reason,
+            "error_kind": None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
+            "duration_s": duration_s,
+            "recorded_at": utcnow(),
+        }
+        metric_rows = [
+            {"name": _nonempty(name, "metric name", 100), "value": float(v), "unit": unit}
+            for name, (v, unit) in (metrics or {}).items()
+        ]
+        links = [self._link(a) for a in artifacts]
+        key = ["run_id", "model", "precision", "platform", "stage", "test_id"]
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            ins = _upsert(s)(Result).values(**values)
+            replace = {k: ins.excluded[k] for k in values if k not in key}
+            stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)
+            result_id = int(s.execute(stmt).scalar_one())
+            s.execute(delete(Metric).where(Metric.result_id == result_id))
+            if metric_rows:
+                s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
+            for link in links:
+                self._add_link(s, run_id, result_id, link)
+            self._bump_latest(s, values["model"], values["precision"], values["platform"], run_id)
+        return result_id
+
+    @staticmethod
+    def _bump_latest(s: Session, model: str, precision: Precision, platform: str, run_id: int) -> None:
+        ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, run_id=run_id)
+        col = RowLatest.__table__.c.run_id
+        newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
+        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform"], set_={"run_id": newer}))
+
+    # artifacts --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _link(a: ArtifactLike | ArtifactLink) -> ArtifactLink:
+        if isinstance(a, ArtifactLink):
+            link = a
+        else:
+            link = ArtifactLink(a.sha256, a.size, a.kind, a.packing, getattr(a, "path_hint", None))
+        _sha(link.sha256, "artifact sha256")
+        return ArtifactLink(link.sha256, int(link.size), parse_choice(ArtifactKind, link.kind, "artifact kind"),
+                            parse_choice(Packing, link.packing, "artifact packing"), link.path_hint)
+
+    @staticmethod
+    def _add_link(s: Session, run_id: int, result_id: int | None, link: ArtifactLink) -> None:
+        exists = s.scalar(
+            select(ArtifactRecord.id).where(
+                ArtifactRecord.run_id == run_id,
+                ArtifactRecord.result_id.is_(None) if result_id is None else ArtifactRecord.result_id == result_id,
+                ArtifactRecord.sha256 == link.sha256,
+                ArtifactRecord.kind == link.kind,
+            )
+        )
+        if exists is None:
+            s.add(ArtifactRecord(run_id=run_id, result_id=result_id, sha256=link.sha256, kind=link.kind,
+                                 packing=link.packing, size=link.size, path_hint=link.path_hint))
+
+    def record_artifact(
+        self, run_id: int, artifact: ArtifactLike | ArtifactLink, *, result_id: int | None = None
+    ) -> None:
+        """A run-level artifact (a run log...) or one attached to an existing result."""
+        link = self._link(artifact)
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            self._add_link(s, run_id, result_id, link)
+
+    def referenced_artifacts(self) -> set[str]:
+        """Every sha256 the database refers to: the set to pass to ``ArtifactStore.gc``."""
+        with Session(self.engine) as s:
+            return set(s.scalars(select(ArtifactRecord.sha256).distinct()))
+
+    # health and baselines ---------------------------------------------------------------------------------------
+    def record_health(
+        self,
+        device_id: str,
+        *,
+        reachable: bool,
+        disk_free_bytes: int | None = None,
+        python_version: str | None = None,
+        edgellm_version: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        checked_at: datetime | None = None,
+    ) -> int:
+        row = DeviceHealth(
+            device_id=_nonempty(device_id, "device id"),
+            checked_at=checked_at or utcnow(),
+            reachable=bool(reachable),
+            disk_free_bytes=disk_free_bytes,
+            python_version=python_version,
+            edgellm_version=edgellm_version,
+            details=dict(details or {}),
+        )
+        with write_session(self.engine) as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def set_baseline(
+        self,
+        *,
+        model: str,
+        precision: Precision | str,
+        platform: str,
+        stage: Stage | str,
+        test_id: str,
+        name: str,
+        value: float,
+        unit: str,
+        source_run_id: int | None = None,
+    ) -> None:
+        values = {"model": _nonempty(model, "model"), "precision": Precision.parse(precision),
+                  "platform": _nonempty(platform, "platform", 64), "stage": Stage.parse(stage),
+                  "test_id": _nonempty(test_id, "test id"), "name": _nonempty(name, "metric name", 100)}
+        extra = {"value": float(value), "unit": unit, "set_at": utcnow(), "source_run_id": source_run_id}
+        with write_session(self.engine) as s:
+            ins = _upsert(s)(MetricBaseline).values(**values, **extra)
+            s.execute(ins.on_conflict_do_update(index_elements=list(values), set_=extra))
+
+
+def rebuild_row_latest(engine: Engine) -> int:
+    """Recompute the latest-run-per-row table from the results (after bulk loads or deletes); returns its size."""
+    with write_session(engine) as s:
+        s.execute(delete(RowLatest))
+        agg = select(Result.model, Result.precision, Result.platform, func.max(Result.run_id)).group_by(
+            Result.model, Result.precision, Result.platform
+        )
+        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "run_id"], agg))
+        return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

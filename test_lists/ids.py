@@ -1,0 +1,138 @@
+"""Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
+
+Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so an id is parsed from its fixed tokens,
+never by splitting on '-' and counting: the first ``mxslN`` token anchors the parse, the token before it is
+``lmPREC`` or the precision, everything before that is the model. Extras: ``<prec>kv`` (KV-cache precision, e.g.
+``fp8kv``) first, then the case name. Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a
+case name may not start with ``<prec>kv``, which makes the grammar unambiguous (format -> parse is the identity).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from edgellm.errors import ConfigurationError
+from edgellm.types import Precision
+
+_PREC = "|".join(sorted((re.escape(p.value) for p in Precision), key=len, reverse=True))
+_PREC_RE = re.compile(rf"^(?:{_PREC})$")
+_LM_RE = re.compile(rf"^lm(?P<p>{_PREC})$")
+_KV_RE = re.compile(rf"^(?P<p>{_PREC})kv$")
+_LIMIT_RE = re.compile(r"^(?P<key>mxsl|mxbs|mxil)(?P<n>[1-9][0-9]*)$")
+_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_PREC}))$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
+_CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
+
+
+def model_name_problem(short_name: str) -> str | None:
+    """Why ``short_name`` cannot be the model part of a test id, or None when it can."""
+    tokens = short_name.split("-")
+    if not short_name or any(not t for t in tokens):
+        return f"model name {short_name!r} has an empty '-'-separated part"
+    for tok in tokens:
+        if not _TOKEN_RE.match(tok):
+            return f"model name {short_name!r} has characters outside letters, digits, '.', '_', '-' in {tok!r}"
+        if _RESERVED_RE.match(tok):
+            return f"model name {short_name!r} contains {tok!r}, which test ids reserve for limits/LM-head precision"
+    return None
+
+
+def case_name_problem(case: str) -> str | None:
+    """Why ``case`` cannot be a test id's case name, or None when it can."""
+    tokens = case.split("-")
+    if not case or any(not t for t in tokens):
+        return f"case name {case!r} has an empty '-'-separated part"
+    for tok in tokens:
+        if not _CASE_TOKEN_RE.match(tok):
+            return f"case name {case!r} has characters outside letters, digits, '.', '_', '-' in {tok!r}"
+    if _KV_RE.match(tokens[0]):
+        return f"case name {case!r} may not start with {tokens[0]!r}: ids reserve '<precision>kv' for the KV cache"
+    return None
+
+
+@dataclass(frozen=True)
+class TestId:
+    """The parts a compact test id encodes. ``model`` is the short name (after the last '/')."""
+
+    __test__ = False  # not a pytest class
+
+    model: str
+    precision: Precision
+    max_seq_len: int
+    max_batch_size: int
+    max_input_len: int
+    lm_head_precision: Precision | None = None
+    kv_cache_precision: Precision | None = None
+    case: str | None = None
+
+    def __post_init__(self) -> None:
+        problem = model_name_problem(self.model)
+        if problem is None and self.case is not None:
+            problem = case_name_problem(self.case)
+        for label, n in (("max_seq_len", self.max_seq_len), ("max_batch_size", self.max_batch_size),
+                         ("max_input_len", self.max_input_len)):
+            if problem is None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                problem = f"{label} must be an integer >= 1, got {n!r}"
+        if problem:
+            raise ConfigurationError(problem)
+
+    def format(self) -> str:
+        parts = [self.model, self.precision.value]
+        if self.lm_head_precision is not None:
+            parts.append(f"lm{self.lm_head_precision.value}")
+        parts += [f"mxsl{self.max_seq_len}", f"mxbs{self.max_batch_size}", f"mxil{self.max_input_len}"]
+        if self.kv_cache_precision is not None:
+            parts.append(f"{self.kv_cache_precision.value}kv")
+        if self.case is not None:
+            parts.append(self.case)
+        return "-".join(parts)
+
+    __str__ = format
+
+    @classmethod
+    def parse(cls, text: str) -> TestId:
+        """Parse a compact id; the error names the id and the part that does not fit the grammar."""
+        grammar = "Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-<prec>kv][-case]"
+        tokens = text.split("-")
+        anchor = next((i for i, t in enumerate(tokens) if re.match(r"^mxsl[0-9]+$", t)), None)
+        if anchor is None or anchor + 2 >= len(tokens):
+            raise ConfigurationError(f"test id {text!r} lacks 'mxslN-mxbsN-mxilN'; expected {grammar}")
+        limits: dict[str, int] = {}
+        for key, tok in zip(("mxsl", "mxbs", "mxil"), tokens[anchor : anchor + 3], strict=True):
+            m = _LIMIT_RE.match(tok)
+            if not m or m["key"] != key:
+                raise ConfigurationError(f"test id {text!r}: expected {key}N (N >= 1) but found {tok!r}")
+            limits[key] = int(m["n"])
+        head = tokens[:anchor]
+        lm = None
+        if head and (m := _LM_RE.match(head[-1])):
+            lm = Precision(m["p"])
+            head = head[:-1]
+        if len(head) < 2 or not _PREC_RE.match(head[-1]):
+            found = head[-1] if head else ""
+            valid = ", ".join(p.value for p in Precision)
+            raise ConfigurationError(
+                f"test id {text!r}: {found!r} before the limits is not a precision; valid: {valid}"
+            )
+        precision = Precision(head[-1])
+        extras = tokens[anchor + 3 :]
+        kv = None
+        if extras and (m := _KV_RE.match(extras[0])):
+            kv = Precision(m["p"])
+            extras = extras[1:]
+        return cls(
+            model="-".join(head[:-1]),
+            precision=precision,
+            max_seq_len=limits["mxsl"],
+            max_batch_size=limits["mxbs"],
+            max_input_len=limits["mxil"],
+            lm_head_precision=lm,
+            kv_cache_precision=kv,
+            case="-".join(extras) if extras else None,
+        )
+
+
+def short_model_name(model: str) -> str:
+    """The part of a Hugging Face id after the last '/' (a local model name is its own short name)."""
+    return model.rsplit("/", 1)[-1]

@@ -1,0 +1,123 @@
+"""Public entry points: find lists, load one for the orchestration, validate many for ``edgefarm lists validate``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from edgellm.errors import ConfigurationError
+from test_lists.platforms import PlatformCatalog
+from test_lists.testlist import TestList
+from test_lists.validate import WAIVERS_STEM, Problem, Report, Validator
+from test_lists.waivers import utc_today
+
+log = logging.getLogger(__name__)
+
+LISTS_DIR = Path(__file__).resolve().parent
+
+
+class TestListError(ConfigurationError):
+    """A list (or its waivers) failed validation; ``problems`` holds every problem found."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__(f"{len(problems)} problem(s) in test lists: " + "; ".join(str(p) for p in problems))
+
+
+def list_names(lists_dir: Path | None = None) -> list[str]:
+    """Names of the lists in ``lists_dir`` (default: the shipped ones): ``*.yml`` stems except waivers.yml."""
+    lists_dir = Path(lists_dir) if lists_dir is not None else LISTS_DIR
+    return sorted(p.stem for p in lists_dir.glob("*.yml") if p.stem != WAIVERS_STEM)
+
+
+def _list_path(name_or_path: str | Path, lists_dir: Path | None) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or "/" in text or text.endswith((".yml", ".yaml")):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ConfigurationError(f"test list file {text!r} does not exist")
+        return path
+    lists_dir = Path(lists_dir) if lists_dir is not None else LISTS_DIR
+    names = list_names(lists_dir)
+    if text not in names:
+        raise ConfigurationError(f"unknown test list {text!r}; known: {', '.join(names) or '(none)'} in {lists_dir}")
+    return lists_dir / f"{text}.yml"
+
+
+def load_list(
+    name_or_path: str | Path,
+    *,
+    lists_dir: Path | None = None,
+    platforms: PlatformCatalog | Iterable[str] | None = None,
+    today: dt.date | None = None,
+) -> TestList:
+    """Load and validate one list plus its directory's waivers.yml; any error raises TestListError listing all."""
+    path = _list_path(name_or_path, lists_dir)
+    validator = Validator(platforms, today or utc_today())
+    test_list, errors, warnings = validator.list_file(path)
+    waivers_path = path.parent / f"{WAIVERS_STEM}.yml"
+    shared = []
+    if waivers_path.is_file():
+        shared, werrors, _ = validator.waivers_file(waivers_path, None)
+        errors += werrors
+    if errors or test_list is None:
+        raise TestListError(errors)
+    for w in warnings:
+        log.warning("%s", w)
+    return dataclasses.replace(test_list, waivers=(*test_list.waivers, *shared))
+
+
+def _expand(paths: Iterable[Path]) -> tuple[list[Path], list[Problem]]:
+    files: list[Path] = []
+    missing = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(p.glob("*.yml"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            missing.append(Problem(p, "no such file or directory"))
+    return list(dict.fromkeys(files)), missing
+
+
+def validate_paths(
+    paths: Iterable[Path] | None = None,
+    *,
+    platforms: PlatformCatalog | Iterable[str] | None = None,
+    today: dt.date | None = None,
+) -> Report:
+    """Validate list files and waivers.yml files (directories expand to their ``*.yml``); collect every problem."""
+    files, missing = _expand([Path(p) for p in paths] if paths else [LISTS_DIR])
+    validator = Validator(platforms, today or utc_today())
+    report = Report(files=files, errors=missing, today=validator.today)
+    built: dict[Path, TestList | None] = {}
+    for f in files:
+        if f.stem == WAIVERS_STEM:
+            continue
+        test_list, errors, warnings = validator.list_file(f)
+        built[f.resolve()] = test_list
+        report.errors += errors
+        report.warnings += warnings
+        if test_list is not None:
+            report.lists.append(test_list)
+            report.waivers += test_list.waivers
+    for f in files:
+        if f.stem != WAIVERS_STEM:
+            continue
+        siblings = []
+        for sib in sorted(f.parent.glob("*.yml")):
+            if sib.stem == WAIVERS_STEM:
+                continue
+            if sib.resolve() not in built:  # needed only to see which tests the waivers can match
+                built[sib.resolve()] = validator.list_file(sib)[0]
+            siblings.append(built[sib.resolve()])
+        waivers, errors, warnings = validator.waivers_file(f, [t for t in siblings if t is not None])
+        report.errors += errors
+        report.warnings += warnings
+        report.waivers += waivers
+    return report

@@ -1,0 +1,190 @@
+"""The YAML schema of ``test_lists/<name>.yml`` (and of included fragments), as pydantic models.
+
+A list file is validated in parts (header, defaults, each test, each waiver) so one bad entry never hides another.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from edgellm.errors import ConfigurationError
+from edgellm.types import Precision, Stage
+from test_lists.ids import case_name_problem, model_name_problem, short_model_name
+
+
+class ListStage(enum.StrEnum):
+    """How often a list runs: l0 on every change / nightly, l1 less often and wider."""
+
+    L0 = "l0"
+    L1 = "l1"
+
+
+DEFAULT_STAGES: tuple[Stage, ...] = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY)
+# Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
+DEFAULT_TIMEOUTS: dict[Stage, int] = {
+    Stage.QUANTIZE: 1200,
+    Stage.EXPORT: 1200,
+    Stage.BUILD: 1200,
+    Stage.INFER: 6000,
+    Stage.ACCURACY: 6000,
+    Stage.BENCH: 1200,
+}
+MAX_TIMEOUT = 6000
+# A stage consumes what the named earlier stage produced; quantize is optional (pre-quantized checkpoints exist).
+STAGE_NEEDS: dict[Stage, Stage] = {
+    Stage.BUILD: Stage.EXPORT,
+    Stage.INFER: Stage.BUILD,
+    Stage.ACCURACY: Stage.INFER,
+    Stage.BENCH: Stage.BUILD,
+}
+UNQUANTIZED = frozenset({Precision.FP32, Precision.FP16, Precision.BF16})
+_STAGE_ORDER = {s: i for i, s in enumerate(Stage)}
+_MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # let pydantic report the type
+        try:
+            return enum_cls.parse(value, what=what)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+
+    return parse
+
+
+PrecisionField = Annotated[Precision, BeforeValidator(_enum_parser(Precision, "precision"))]
+StageField = Annotated[Stage, BeforeValidator(_enum_parser(Stage, "stage"))]
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+TimeoutSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_TIMEOUT)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+# one number for every stage, or seconds per stage; tagged so an error names only the form that was given
+Timeout = Annotated[
+    Annotated[TimeoutSeconds, Tag("all_stages")] | Annotated[dict[StageField, TimeoutSeconds], Tag("per_stage")],
+    Discriminator(lambda v: "per_stage" if isinstance(v, dict) else "all_stages"),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Selector(_Strict):
+    """Which platforms run the list: exact names, fnmatch globs, and labels the chosen devices must carry."""
+
+    terms: list[NonEmptyStr] = []
+    wildcards: list[NonEmptyStr] = []
+    labels: list[NonEmptyStr] = []
+
+    @model_validator(mode="after")
+    def _needs_a_platform(self) -> Selector:
+        if not self.terms and not self.wildcards:
+            raise ValueError("selects no platform: give at least one of 'terms' (platform names) or 'wildcards'")
+        return self
+
+
+class _EntryFields(_Strict):
+    precision: PrecisionField | None = None
+    lm_head_precision: PrecisionField | None = None
+    kv_cache_precision: PrecisionField | None = None
+    max_seq_len: PositiveInt | None = None
+    max_batch_size: PositiveInt | None = None
+    max_input_len: PositiveInt | None = None
+    stages: list[StageField] | None = None
+    timeout: Timeout | None = None
+
+
+class EntryDefaults(_EntryFields):
+    """Values every test of the list (and of its includes) gets unless it sets them itself."""
+
+
+class TestSpec(_EntryFields):
+    """One ``tests:`` entry after its defaults were merged in."""
+
+    __test__ = False  # not a pytest class
+
+    model: NonEmptyStr
+    precision: PrecisionField
+    max_seq_len: PositiveInt
+    max_batch_size: PositiveInt
+    max_input_len: PositiveInt
+    case: NonEmptyStr | None = None
+    stages: list[StageField] = list(DEFAULT_STAGES)
+
+    @model_validator(mode="after")
+    def _check(self) -> TestSpec:
+        problems: list[str] = []
+        if not _MODEL_RE.match(self.model):
+            problems.append(
+                f"model {self.model!r} is neither a Hugging Face id 'org/name' nor a local model name "
+                "(letters, digits, '.', '_', '-')"
+            )
+        elif problem := model_name_problem(short_model_name(self.model)):
+            problems.append(problem)
+        if self.case is not None and (problem := case_name_problem(self.case)):
+            problems.append(problem)
+        if self.max_input_len > self.max_seq_len:
+            problems.append(f"max_input_len {self.max_input_len} > max_seq_len {self.max_seq_len}")
+        problems += stage_problems(self.stages, self.precision)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def timeouts(self) -> dict[Stage, int]:
+        """Seconds per stage this entry runs: one number for all, or per stage over DEFAULT_TIMEOUTS."""
+        if isinstance(self.timeout, int):
+            return {s: self.timeout for s in self.stages}
+        given = self.timeout or {}
+        return {s: given.get(s, DEFAULT_TIMEOUTS[s]) for s in self.stages}
+
+
+def stage_problems(stages: list[Stage], precision: Precision) -> list[str]:
+    """Why this stage list cannot run in this order, if it cannot."""
+    if not stages:
+        return ["stages is empty; give at least one of " + ", ".join(s.value for s in Stage)]
+    order = [_STAGE_ORDER[s] for s in stages]
+    if order != sorted(set(order)):
+        want = ", ".join(s.value for s in Stage)
+        return [f"stages {', '.join(stages)} are not in pipeline order ({want}) or repeat one"]
+    problems = []
+    for stage in stages:
+        need = STAGE_NEEDS.get(stage)
+        if need is not None and need not in stages:
+            problems.append(f"stage {stage.value} needs {need.value}, which is not in stages")
+    if Stage.QUANTIZE in stages and precision in UNQUANTIZED:
+        problems.append(f"stage quantize makes no sense for precision {precision.value} (it is not quantized)")
+    return problems
+
+
+class ListHeader(_Strict):
+    """Top level of a list file; defaults, tests and waivers are validated one by one afterwards."""
+
+    name: NonEmptyStr
+    stage: ListStage
+    description: NonEmptyStr
+    platforms: Selector
+    include: list[NonEmptyStr] = []
+    defaults: Any = None
+    tests: list[Any] = []
+    waivers: list[Any] = []
+
+
+class FragmentHeader(_Strict):
+    """An ``include:``-d fragment: shared tests and defaults, nothing else."""
+
+    description: str | None = None
+    include: list[NonEmptyStr] = []
+    defaults: Any = None
+    tests: list[Any] = []
+
+
+class WaiversHeader(_Strict):
+    """``test_lists/waivers.yml``: waivers that apply to every list in its directory."""
+
+    waivers: list[Any] = []

@@ -1,0 +1,110 @@
+"""Loaded, validated test lists: what the orchestration asks "what runs on this platform?"."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgellm.types import Precision, Stage
+from test_lists.ids import TestId, short_model_name
+from test_lists.schema import ListStage, Selector
+from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
+
+
+@dataclass(frozen=True)
+class TestEntry:
+    """One test of a list: a model at a precision and engine limits, the stages to run and their timeouts."""
+
+    __test__ = False  # not a pytest class
+
+    list_name: str
+    model: str
+    precision: Precision
+    max_seq_len: int
+    max_batch_size: int
+    max_input_len: int
+    stages: tuple[Stage, ...]
+    timeouts: dict[Stage, int] = field(hash=False)
+    lm_head_precision: Precision | None = None
+    kv_cache_precision: Precision | None = None
+    case: str | None = None
+    source: str = ""  # "file:line" where the entry is written
+    waived: bool = False
+    waiver: Waiver | None = field(default=None, hash=False)
+
+    @property
+    def short_name(self) -> str:
+        return short_model_name(self.model)
+
+    @property
+    def id(self) -> TestId:
+        return TestId(
+            model=self.short_name,
+            precision=self.precision,
+            max_seq_len=self.max_seq_len,
+            max_batch_size=self.max_batch_size,
+            max_input_len=self.max_input_len,
+            lm_head_precision=self.lm_head_precision,
+            kv_cache_precision=self.kv_cache_precision,
+            case=self.case,
+        )
+
+    @property
+    def test_id(self) -> str:
+        return self.id.format()
+
+    def timeout(self, stage: Stage) -> int:
+        return self.timeouts[stage]
+
+
+@dataclass(frozen=True)
+class TestList:
+    """A validated list. ``waivers`` holds the list's own waivers, then those of the directory's waivers.yml."""
+
+    __test__ = False  # not a pytest class
+
+    name: str
+    stage: ListStage
+    description: str
+    path: Path
+    selector: Selector
+    platforms: tuple[str, ...]  # the known platforms the selector picks
+    entries: tuple[TestEntry, ...]
+    waivers: tuple[SourcedWaiver, ...] = ()
+
+    def selects(self, platform: str) -> bool:
+        return platform in self.selector.terms or any(fnmatch.fnmatchcase(platform, g) for g in self.selector.wildcards)
+
+    def accepts_device(self, platform: str, labels: Iterable[str] = ()) -> tuple[bool, list[str]]:
+        """Whether a device of ``platform`` carrying ``labels`` may run this list, with every reason it may not."""
+        reasons = []
+        if not self.selects(platform):
+            selected = ", ".join(self.platforms)
+            reasons.append(f"platform {platform!r} is not selected by {self.name} (selects {selected})")
+        missing = sorted(set(self.selector.labels) - set(labels))
+        if missing:
+            reasons.append(f"device lacks label(s) {', '.join(missing)} required by {self.name}")
+        return not reasons, reasons
+
+    def entries_for(self, platform: str, today: dt.date | None = None) -> list[TestEntry]:
+        """Entries to run on ``platform`` (none if the list does not select it), each marked waived or not."""
+        if not self.selects(platform):
+            return []
+        today = today or utc_today()
+        waivers = [sw.waiver for sw in self.waivers]
+        out = []
+        for entry in self.entries:
+            waiver = active_waiver(waivers, entry.test_id, platform, today)
+            out.append(dataclasses.replace(entry, waived=waiver is not None, waiver=waiver))
+        return out
+
+    def expired_waivers(self, today: dt.date | None = None) -> list[Waiver]:
+        return expired_waivers((sw.waiver for sw in self.waivers), today or utc_today())
+
+    @property
+    def test_ids(self) -> list[str]:
+        return [e.test_id for e in self.entries]

@@ -1,0 +1,186 @@
+"""The inventory loader and ``edgefarm devices list/check`` against real sshd hosts and this machine."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+from typer.testing import CliRunner
+
+from devices.health import check_device
+from devices.inventory import load_inventory
+from edgellm.errors import ConfigurationError, ErrorKind
+from flows.cli import app
+from results.models import DeviceHealth
+from tests.fixtures.sshd import SshHosts, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+WIDE = {"COLUMNS": "250"}
+
+
+def _invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={**WIDE, **(env or {})})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _write(directory: Path, name: str, data: dict[str, object] | str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    text = data if isinstance(data, str) else yaml.safe_dump(data)
+    (directory / name).write_text(text)
+
+
+def _broken_inventory(root: Path, hosts: SshHosts) -> Path:
+    directory = root / "broken"
+    good = {
+        "type": "x86-cpu",
+        "host": "127.0.0.1",
+        "port": hosts[0].port,
+        "user": hosts[0].user,
+        "key_file": str(hosts.client_key),
+        "host_key": hosts[0].host_key,
+        "work_dir": "/tmp/w",
+    }
+    _write(directory, "fine.yaml", good)
+    _write(directory, "jetson-1.yaml", {**good, "type": "jetson-orin"})
+    _write(directory, "nokey.yaml", {**good, "key_file": "keys/absent"})
+    _write(directory, "dup.yaml", good)
+    _write(directory, "dup.yml", good)
+    _write(directory, "badport.yaml", {**good, "port": 70000})
+    _write(directory, "unpinned.yaml", {k: v for k, v in good.items() if k != "host_key"})
+    _write(directory, "extra.yaml", {**good, "colour": "green"})
+    _write(directory, "local-with-host.yaml", {"type": "x86-cpu", "transport": "local", "host": "x", "work_dir": "w"})
+    return directory
+
+
+def _expected_problems(directory: Path) -> list[str]:
+    return [
+        f"{directory / 'jetson-1.yaml'}: type: unknown device type 'jetson-orin'; valid: orin, thor",
+        f"{directory / 'nokey.yaml'}: key_file: {directory / 'keys' / 'absent'} does not exist",
+        f"{directory / 'dup.yml'}: duplicate device id 'dup' (also {directory / 'dup.yaml'})",
+        f"{directory / 'badport.yaml'}: port: Input should be less than or equal to 65535 (got 70000)",
+        f"{directory / 'unpinned.yaml'}: host_key: pin the host key",
+        f"{directory / 'extra.yaml'}: unknown key 'colour'; valid keys: id, type, transport, host, port",
+        f"{directory / 'local-with-host.yaml'}: host: only for transport ssh",
+    ]
+
+
+def test_broken_inventory_lists_every_problem_exit_2(ssh_hosts: SshHosts, tmp_path: Path) -> None:
+    directory = _broken_inventory(tmp_path, ssh_hosts)
+    with pytest.raises(ConfigurationError) as caught:
+        load_inventory(directory)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 + len(_expected_problems(directory))
+    for problem in _expected_problems(directory):
+        assert any(line.startswith(problem) for line in lines), (problem, lines)
+    for command in ("list", "check"):
+        code, out, err = _invoke("devices", command, "--inventory", str(directory))
+        assert code == 2 and out == ""
+        for problem in _expected_problems(directory):
+            assert problem in " ".join(err.split()), (problem, err)
+        assert "Traceback" not in err
+
+
+def test_missing_inventory_dir_exit_2(tmp_path: Path) -> None:
+    code, _, err = _invoke("devices", "list", "--inventory", str(tmp_path / "nope"))
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = _invoke("devices", "list", env={"EDGEFARM_INVENTORY": str(tmp_path / "empty")})
+    assert code == 2 and "no devices" in err
+
+
+def test_list_shows_every_device(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
+    directory = live_ssh_hosts.write_inventory(tmp_path / "inv", extra={"max_jobs": 2})
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    code, out, err = _invoke("devices", "list", env={"EDGEFARM_INVENTORY": str(directory)})
+    assert code == 0, err
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert sorted(rows) == ["dev-a", "dev-b", "dev-c", "local-cpu"]
+    for host in live_ssh_hosts:
+        cells = [c.strip() for c in rows[host.id].split("│")[1:-1]]
+        assert cells == [host.id, "x86-cpu", "ssh", f"127.0.0.1:{host.port}", f"test, {host.id}", "2"]
+
+
+def test_check_reports_healthy_and_unreachable(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
+    # The device hosts' users cannot read this project's venv: they run /usr/bin/python3 with edgellm on PYTHONPATH.
+    extra = {"python": "/usr/bin/python3", "env": {"PYTHONPATH": str(REPO)}}
+    directory = live_ssh_hosts.write_inventory(tmp_path / "inv", extra=extra)
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--json")
+    assert code == 0, out + err
+    reports = {r["device_id"]: r for r in json.loads(out)}
+    assert sorted(reports) == ["dev-a", "dev-b", "dev-c", "local-cpu"]
+    for report in reports.values():
+        assert report["healthy"] and report["reachable"] and report["problems"] == []
+        assert report["edgellm_version"] == "0.1.0" and report["python_version"].startswith("3.")
+        assert report["arch"] == "x86_64" and report["disk_free_gb"] > 0
+    assert reports["local-cpu"]["python_version"] == ".".join(map(str, sys.version_info[:3]))
+
+    live_ssh_hosts[1].kill()
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory))
+    assert code == 1
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert "unreachable" in rows["dev-b"]
+    assert all("healthy" in rows[d] and "unhealthy" not in rows[d] for d in ("dev-a", "dev-c", "local-cpu"))
+
+
+def test_health_problems_are_named(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
+    host = live_ssh_hosts[0]
+    directory = live_ssh_hosts.write_inventory(tmp_path / "inv", device_type="orin")
+    device = load_inventory(directory).get(host.id)
+    report = check_device(device, min_free_gb=1e9)  # no edgellm on the host's python3, wrong arch, disk "full"
+    assert report.reachable and not report.healthy and report.error_kind is None
+    assert any("-m edgellm --version failed" in p and "No module named edgellm" in p for p in report.problems)
+    assert any("architecture x86_64 but type orin is aarch64" in p for p in report.problems)
+    assert any("GiB free in" in p for p in report.problems)
+    live_ssh_hosts[0].kill()
+    down = check_device(device)
+    assert not down.reachable and down.error_kind is ErrorKind.INFRASTRUCTURE
+    assert "unreachable" in down.problems[0]
+
+
+def test_check_records_health_in_the_results_db(live_ssh_hosts: SshHosts, migrated_db_url: str, tmp_path: Path) -> None:
+    directory = tmp_path / "inv"
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    _write(
+        directory,
+        "dev-c.yaml",
+        {
+            "type": "x86-cpu",
+            "host": "127.0.0.1",
+            "port": free_port(),  # nobody listens: unreachable
+            "user": live_ssh_hosts[2].user,
+            "key_file": str(live_ssh_hosts.client_key),
+            "host_key": live_ssh_hosts[2].host_key,
+            "work_dir": "work",
+        },
+    )
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", migrated_db_url)
+    assert code == 1, out + err  # dev-c unreachable, and the reports are stored anyway
+    engine = create_engine(migrated_db_url)
+    with Session(engine) as session:
+        rows = {row.device_id: row for row in session.scalars(select(DeviceHealth))}
+    engine.dispose()
+    assert sorted(rows) == ["dev-c", "local-cpu"]
+    local, down = rows["local-cpu"], rows["dev-c"]
+    assert local.reachable and local.edgellm_version == "0.1.0" and local.disk_free_bytes > 0
+    assert local.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert local.details["healthy"] is True and local.details["platform"] == "x86-cpu"
+    assert not down.reachable and down.details["error_kind"] == "infrastructure"
+    assert "unreachable" in down.details["problems"][0]
+
+
+def test_check_db_errors(tmp_path: Path, db_url: str) -> None:
+    directory = tmp_path / "inv"
+    _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", "mysql://u:secret@h/db")
+    assert code == 2 and out == "" and "secret" not in err  # refused before probing, password hidden
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", db_url)  # no schema
+    assert code == 2 and "edgefarm db upgrade" in " ".join(err.split()), err
+    nobody = f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/db"
+    code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", nobody)
+    assert code == 3 and "cannot write to database" in err and "pw@" not in err

@@ -1,0 +1,169 @@
+"""export -> build on every family: manifests, read-back precision, logits and greedy tokens vs transformers,
+and the clear errors of bad inputs (exit 2 from the CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+
+from edgellm.cli import main
+from edgellm.compiler.files import sha256_file
+from edgellm.runtime import Engine, GenerationRequest
+from edgellm.synth import make_checkpoint
+from tests.fixtures.engines import build
+
+PROMPT = "Once upon a time"
+
+
+def _reference(ckpt, ids, new_tokens=32):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids])).logits[0].numpy()
+        greedy = ref.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):]
+    return logits, greedy.tolist()
+
+
+def test_export_manifest_and_graph(stories_engine):
+    onnx_dir = stories_engine.onnx_dir
+    manifest = json.loads((onnx_dir / "export_manifest.json").read_text())
+    assert manifest["precision"] == "fp32" and manifest["onnx_opset"] == 17
+    assert manifest["torch_version"] == torch.__version__
+    assert {"model.onnx", "model.onnx.data", "config.json", "tokenizer.json", "edgellm_generation.json"} <= set(
+        manifest["files"])
+    for name, entry in manifest["files"].items():
+        assert sha256_file(onnx_dir / name) == entry["sha256"]
+    assert len(manifest["checkpoint"]["sha256"]) == 64
+    assert "model.safetensors" in manifest["checkpoint"]["files"]
+    onnx.checker.check_model(str(onnx_dir / "model.onnx"))
+    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
+    names = [i.name for i in graph.input]
+    assert names[:5] == ["input_ids", "attention_mask", "position_ids", "past_key_values.0.key",
+                         "past_key_values.0.value"]
+    past = graph.input[3].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in past] == ["batch", 4, "past", 8]
+    assert [o.name for o in graph.output][:2] == ["logits", "present.0.key"]
+
+
+def test_engine_manifest(stories_engine, stories_engine_fp16):
+    for built, precision in ((stories_engine, "fp32"), (stories_engine_fp16, "fp16")):
+        m = json.loads((built.engine_dir / "engine_manifest.json").read_text())
+        assert m["backend"] == "ort" and m["precision"] == precision
+        assert m["graph"]["weight_bytes"].get("float16" if precision == "fp16" else "float32", 0) > 0
+        assert m["build_params"] == {"max_batch_size": 4, "max_input_len": 512, "max_seq_len": 512}
+        assert m["source_export"]["manifest_sha256"] == sha256_file(built.onnx_dir / "export_manifest.json")
+        logits = next(o for o in m["io"]["outputs"] if o["name"] == "logits")
+        assert logits["dtype"] == "float32" and logits["shape"] == ["batch", "seq", 512]
+        past = next(i for i in m["io"]["inputs"] if i["name"] == "past_key_values.0.key")
+        assert past["dtype"] == ("float16" if precision == "fp16" else "float32")
+        for name, entry in m["files"].items():
+            assert sha256_file(built.engine_dir / name) == entry["sha256"]
+
+
+@pytest.mark.parametrize("name", ["llama", "llama_rope3", "mistral", "qwen2", "qwen3"])
+def test_family_logits_and_greedy_match_transformers(ckpts, tmp_path, name):
+    ckpt = getattr(ckpts, name)
+    built = build(ckpt, tmp_path, "fp32")
+    engine = Engine.open(built.engine_dir)
+    ids = engine.encode("Lily and Tom went to the park. They saw a big dog and")
+    assert len(ids) > 10
+    ref_logits, ref_greedy = _reference(ckpt, ids)
+    assert np.abs(engine.logits(ids) - ref_logits).max() < 1e-4
+    out = engine.generate([GenerationRequest(id="g", input_ids=ids, max_new_tokens=32)])[0]
+    assert out.output_ids == ref_greedy[: len(out.output_ids)]
+    assert len(out.output_ids) == len(ref_greedy)
+
+
+@pytest.mark.parametrize("name", ["qwen2_tied_bf16_sharded", "llama_fp16"])
+def test_fp16_export_of_half_checkpoints(ckpts, tmp_path, name):
+    ckpt = getattr(ckpts, name)
+    built = build(ckpt, tmp_path, "fp16")
+    engine = Engine.open(built.engine_dir)
+    assert engine.precision == "fp16" and engine.kv_dtype == np.float16
+    ids = engine.encode(PROMPT)
+    ref_logits, _ = _reference(ckpt, ids)
+    got = engine.logits(ids)
+    assert got.dtype == np.float32
+    assert np.abs(got - ref_logits).max() < 2e-2 * max(1.0, float(np.abs(ref_logits).max()))
+
+
+def test_fp16_stories_is_close_to_fp32(stories_engine, stories_engine_fp16):
+    e32, e16 = Engine.open(stories_engine.engine_dir), Engine.open(stories_engine_fp16.engine_dir)
+    ids = e32.encode(PROMPT)
+    l32, l16 = e32.logits(ids), e16.logits(ids)
+    assert np.abs(l32 - l16).max() < 0.1
+    assert (l32.argmax(-1) == l16.argmax(-1)).mean() > 0.75
+
+
+def test_cli_export_build_round_trip_and_overwrite(ckpts, tmp_path, capsys):
+    onnx_dir, engine_dir = tmp_path / "onnx", tmp_path / "engine"
+    assert main(["export", str(ckpts.qwen3), str(onnx_dir), "--precision", "fp16"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
+    assert main(["build", str(onnx_dir), str(engine_dir), "--backend", "ort", "--max-batch-size", "2",
+                 "--max-input-len", "16", "--max-seq-len", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_seq_len"] == 64
+    assert main(["export", str(ckpts.qwen3), str(onnx_dir)]) == 2
+    assert "not empty; pass --overwrite" in capsys.readouterr().err
+    assert main(["export", str(ckpts.qwen3), str(onnx_dir), "--overwrite"]) == 0
+    assert json.loads((onnx_dir / "export_manifest.json").read_text())["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("precision, fragment", [
+    ("int4_awq", "precision 'int4_awq' is not supported by export yet; supported: fp32, fp16"),
+    ("fp64", "unknown precision 'fp64'; valid: fp32, fp16"),
+])
+def test_export_rejects_precisions(ckpts, tmp_path, capsys, precision, fragment):
+    assert main(["export", str(ckpts.llama), str(tmp_path / "o"), "--precision", precision]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_unsupported_rope_scaling_exit_2(ckpts, tmp_path, capsys):
+    ckpt = ckpts.copy("llama", tmp_path / "ck")
+    data = json.loads((ckpt / "config.json").read_text())
+    data["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    (ckpt / "config.json").write_text(json.dumps(data))
+    assert main(["export", str(ckpt), str(tmp_path / "o")]) == 2
+    assert "rope_scaling type 'dynamic' is not implemented; supported: default, llama3" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_build_refuses_tampered_export(stories_engine, tmp_path, capsys):
+    import shutil
+
+    onnx_dir = tmp_path / "onnx"
+    shutil.copytree(stories_engine.onnx_dir, onnx_dir)
+    with open(onnx_dir / "model.onnx.data", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02\x03")
+    assert main(["build", str(onnx_dir), str(tmp_path / "engine")]) == 2
+    err = capsys.readouterr().err
+    assert "model.onnx.data: sha256" in err and "does not match export_manifest.json" in err
+    assert not (tmp_path / "engine").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["onnx"]  # no half-written temp dir left behind
+
+
+def test_build_unavailable_backend_and_bad_limits(stories_engine, tmp_path, capsys):
+    assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--backend", "tensorrt"]) == 2
+    assert "backend 'tensorrt' is not available on this machine (needs TensorRT" in capsys.readouterr().err
+    assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--backend", "tvm"]) == 2
+    assert "unknown backend 'tvm'; valid: ort, tensorrt" in capsys.readouterr().err
+    assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--max-seq-len", "1024"]) == 2
+    assert "max_seq_len 1024 exceeds the model's max_position_embeddings 512" in capsys.readouterr().err
+    assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--max-input-len", "64",
+                 "--max-seq-len", "32"]) == 2
+    assert "max_input_len 64 must be <= max_seq_len 32" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
+def test_mistral_sliding_window_limits_max_seq_len(tmp_path, capsys):
+    ckpt = make_checkpoint(tmp_path / "ck", "mistral", sliding_window=64)
+    assert main(["export", str(ckpt), str(tmp_path / "onnx")]) == 0
+    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "e1")]) == 2
+    assert "sliding_window 64 is not implemented (full attention only); build with max_seq_len <= 64" in (
+        capsys.readouterr().err)
+    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "e2"), "--max-seq-len", "64"]) == 0

@@ -1,0 +1,109 @@
+"""Device leases: never more holders than max_jobs across processes, dead holders expire, on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from edgellm.errors import ConfigurationError
+from results.db import make_engine
+from results.leases import LeaseLost, LeaseTimeout, acquire, heartbeat, hold, live_leases, release, try_acquire
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def engine(migrated_db_url: str) -> Iterator[Engine]:
+    e = make_engine(migrated_db_url)
+    yield e
+    e.dispose()
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    depth = best = 0
+    for _, d in events:
+        depth += d
+        best = max(best, depth)
+    return best
+
+
+def test_processes_never_exceed_max_jobs(engine: Engine, migrated_db_url: str, tmp_path: Path) -> None:
+    """4 processes x 10 acquisitions on a device with 1 slot, then on one with 2 slots."""
+    go, n, procs = tmp_path / "go", 10, []
+    for _ in range(4):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.lease_worker", "hammer", migrated_db_url, "one:1,two:2",
+             str(n), "0.01", str(go)], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT))
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.touch()
+    intervals: dict[str, list[tuple[float, float]]] = {"one": [], "two": []}
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+        for device, got in json.loads(out.strip().splitlines()[-1]).items():
+            intervals[device] += [(a, b) for a, b in got]
+    assert {d: len(v) for d, v in intervals.items()} == {"one": 4 * n, "two": 4 * n}
+    # never more holders than slots, and with 2 slots they really are used in parallel
+    assert _max_overlap(intervals["one"]) == 1
+    assert _max_overlap(intervals["two"]) == 2
+    assert live_leases(engine, "one") == live_leases(engine, "two") == []
+
+
+def test_dead_holder_expires_and_is_reclaimed(engine: Engine, migrated_db_url: str) -> None:
+    p = subprocess.Popen([sys.executable, "-m", "tests.helpers.lease_worker", "die", migrated_db_url, "thor-1", "1",
+                          "1.0"], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    try:
+        assert p.stdout is not None
+        dead_id = int(p.stdout.readline())
+        (dead,) = live_leases(engine, "thor-1")
+    finally:
+        p.kill()
+        p.wait()
+    assert try_acquire(engine, "thor-1", 1) is None  # still within its TTL
+    assert dead.id == dead_id
+    lease = acquire(engine, "thor-1", 1, ttl_s=30, wait_s=5)  # reclaimed once the TTL passed
+    assert lease.holder != dead.holder
+    assert [x.holder for x in live_leases(engine, "thor-1")] == [lease.holder]
+    assert release(engine, lease)
+    assert not release(engine, lease)
+
+
+def test_heartbeat_keeps_a_lease_and_a_missed_one_loses_it(engine: Engine) -> None:
+    lease = try_acquire(engine, "x86-1", 1, ttl_s=0.6)
+    assert lease is not None
+    for _ in range(3):
+        time.sleep(0.3)
+        heartbeat(engine, lease)  # 0.9 s in: alive only thanks to the heartbeats
+    assert try_acquire(engine, "x86-1", 1) is None
+    time.sleep(0.7)
+    with pytest.raises(LeaseLost, match="x86-1"):
+        heartbeat(engine, lease)
+    with hold(engine, "x86-1", 1, ttl_s=0.3) as held:  # the background heartbeat outlives several TTLs
+        time.sleep(0.8)
+        assert [x.id for x in live_leases(engine, "x86-1")] == [held.id]
+    assert live_leases(engine, "x86-1") == []
+
+
+def test_acquire_timeout_and_bad_input(engine: Engine) -> None:
+    first = acquire(engine, "a30-1", 1)
+    t0 = time.monotonic()
+    with pytest.raises(LeaseTimeout, match="a30-1"):
+        acquire(engine, "a30-1", 1, wait_s=0.3)
+    assert 0.3 <= time.monotonic() - t0 < 2
+    assert try_acquire(engine, "a30-1", 2) is not None  # max_jobs comes from the device's current setting
+    release(engine, first)
+    with pytest.raises(ConfigurationError, match="max_jobs 0"):
+        try_acquire(engine, "a30-1", 0)
+    with pytest.raises(ConfigurationError, match="ttl_s"):
+        try_acquire(engine, "a30-1", 1, ttl_s=0)

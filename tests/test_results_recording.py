@@ -1,0 +1,193 @@
+"""Recording (idempotent, one transaction) and the queries, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import func, select
+
+from artifacts.kinds import ArtifactKind, Packing
+from edgellm.errors import ConfigurationError, ErrorKind
+from edgellm.types import Precision, Stage
+from results.db import make_engine, read_session
+from results.models import ArtifactRecord, DeviceHealth, Metric, Result, ResultStatus, Run, RunStatus, ToolchainVersion
+from results.queries import (
+    Direction,
+    RowKey,
+    Verdict,
+    latest_status,
+    passing_rows,
+    regressions,
+    row_history,
+)
+from results.recorder import ArtifactLink, Recorder, rebuild_row_latest
+
+SHA = "ab" * 32
+P, FP16 = "x86-cpu", Precision.FP16
+
+
+@pytest.fixture
+def rec(migrated_db_url: str) -> Iterator[Recorder]:
+    r = Recorder(make_engine(migrated_db_url))
+    yield r
+    r.engine.dispose()
+
+
+def _row(rec: Recorder, run: int, model: str, stages: dict[str, str], precision: Precision = FP16,
+         platform: str = P, metrics: dict[str, tuple[float, str]] | None = None) -> None:
+    for stage, status in stages.items():
+        rec.record_result(run, model=model, precision=precision, platform=platform, stage=stage, test_id="t",
+                          status=status, metrics=metrics if stage == "bench" else None)
+
+
+def _count(rec: Recorder, table: type) -> int:
+    with read_session(rec.engine) as s:
+        return int(s.scalar(select(func.count()).select_from(table)) or 0)
+
+
+def test_record_is_idempotent_and_complete(rec: Recorder) -> None:
+    run = rec.start_run("nightly", "cron", "abc123", toolchain={"onnxruntime": "1.32", "python": "3.11"})
+    kw = dict(model="stories", precision="fp16", platform=P, stage="bench", test_id="bench-128",
+              device="cpu-1", model_revision=SHA, duration_s=1.5)
+    art = ArtifactLink(SHA, 10, ArtifactKind.ONNX, Packing.FILE, "model.onnx")
+    rid = rec.record_result(run, status="fail", reason="slow", error_kind=ErrorKind.TEST_FAILURE,
+                            metrics={"tokens_per_s": (10.0, "tok/s"), "ms_per_token": (100.0, "ms")},
+                            artifacts=[art], **kw)
+    # the retried task: same key, new outcome and metrics -> same row, metrics replaced, artifact not duplicated
+    rid2 = rec.record_result(run, status="pass", metrics={"tokens_per_s": (12.0, "tok/s")}, artifacts=[art], **kw)
+    assert rid2 == rid
+    rec.record_artifact(run, ArtifactLink("cd" * 32, 5, ArtifactKind.LOG))
+    rec.record_artifact(run, ArtifactLink("cd" * 32, 5, ArtifactKind.LOG))
+    rec.finish_run(run, "passed")
+    with read_session(rec.engine) as s:
+        r = s.get(Result, rid)
+        assert r is not None and (r.status, r.reason, r.error_kind) == (ResultStatus.PASS, None, None)
+        assert r.precision is Precision.FP16 and r.stage is Stage.BENCH
+        assert [(m.name, m.value) for m in s.scalars(select(Metric))] == [("tokens_per_s", 12.0)]
+        run_row = s.get(Run, run)
+        assert run_row is not None and run_row.status is RunStatus.PASSED
+        assert run_row.finished_at is not None and run_row.finished_at.tzinfo is not None
+        assert {t.name: t.version for t in s.scalars(select(ToolchainVersion))} == {"onnxruntime": "1.32",
+                                                                                    "python": "3.11"}
+    assert _count(rec, Result) == 1 and _count(rec, ArtifactRecord) == 2
+    assert rec.referenced_artifacts() == {SHA, "cd" * 32}
+
+
+def test_result_and_metrics_are_one_transaction(rec: Recorder) -> None:
+    run = rec.start_run("l0", "pr", "abc")
+    with pytest.raises(ConfigurationError, match="metric name"):
+        rec.record_result(run, model="m", precision="fp32", platform=P, stage="bench", test_id="t", status="pass",
+                          metrics={"tokens_per_s": (1.0, "tok/s"), "": (2.0, "x")})
+    assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
+    # a database-level failure mid-transaction (bad artifact kind reaches the CHECK) also leaves nothing
+    with pytest.raises(ConfigurationError, match="artifact kind"):
+        rec.record_result(run, model="m", precision="fp32", platform=P, stage="bench", test_id="t", status="pass",
+                          metrics={"tokens_per_s": (1.0, "tok/s")}, artifacts=[ArtifactLink(SHA, 1, "tarball")])
+    assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"), ("status", "ok", "ok"),
+     ("model_revision", "abc", "abc"), ("error_kind", "oops", "oops"), ("platform", "", "platform")],
+)
+def test_bad_values_are_named(rec: Recorder, field: str, value: str, named: str) -> None:
+    run = rec.start_run("adhoc", "me", "abc")
+    kw: dict[str, object] = dict(model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass")
+    kw[field] = value
+    with pytest.raises(ConfigurationError, match=named):
+        rec.record_result(run, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="unknown run id 999"):
+        rec.record_result(999, model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass")
+    with pytest.raises(ConfigurationError, match="weekly"):
+        rec.start_run("weekly", "me", "abc")
+
+
+def test_queries_tricky_rows(rec: Recorder) -> None:
+    r1 = rec.start_run("nightly", "cron", "v1")
+    _row(rec, r1, "flip", {"infer": "pass", "accuracy": "pass"})  # passes, then fails in run 2
+    _row(rec, r1, "good", {"infer": "pass", "accuracy": "pass", "bench": "pass"})
+    _row(rec, r1, "missing", {"infer": "pass"})  # accuracy never recorded
+    _row(rec, r1, "na", {"infer": "not_applicable", "accuracy": "not_applicable"})
+    _row(rec, r1, "waived", {"infer": "pass", "accuracy": "waived"})
+    _row(rec, r1, "skipped", {"infer": "pass", "accuracy": "skipped"})
+    _row(rec, r1, "errored", {"infer": "error", "accuracy": "pass"})
+    _row(rec, r1, "fixed", {"infer": "fail", "accuracy": "pass"})  # fails, then passes in run 2
+    r2 = rec.start_run("l0", "pr", "v2")
+    _row(rec, r2, "flip", {"infer": "pass", "accuracy": "fail"})
+    _row(rec, r2, "fixed", {"infer": "pass", "accuracy": "pass"})
+    rec.record_result(r2, model="good", precision="fp16", platform="orin", stage="infer", test_id="t",
+                      status="pass")  # same model elsewhere: another row, incomplete there
+    # a second test id of a required stage that is not applicable does not block
+    rec.record_result(r2, model="fixed", precision="fp16", platform=P, stage="accuracy", test_id="long-ctx",
+                      status="not_applicable")
+
+    status = {(s.key.model, s.key.platform): s for s in latest_status(rec.engine)}
+    assert {k: s.verdict for k, s in status.items()} == {
+        ("errored", P): Verdict.ERROR, ("fixed", P): Verdict.PASS, ("flip", P): Verdict.FAIL,
+        ("good", P): Verdict.PASS, ("good", "orin"): Verdict.INCOMPLETE, ("missing", P): Verdict.INCOMPLETE,
+        ("na", P): Verdict.NOT_APPLICABLE, ("skipped", P): Verdict.INCOMPLETE, ("waived", P): Verdict.INCOMPLETE,
+    }
+    assert status[("flip", P)].run_id == r2 and status[("good", P)].run_id == r1
+    assert status[("flip", P)].stages == {Stage.INFER: ResultStatus.PASS, Stage.ACCURACY: ResultStatus.FAIL}
+
+    passing = passing_rows(rec.engine)
+    assert passing == [RowKey("fixed", FP16, P), RowKey("good", FP16, P)]
+    assert passing == sorted(s.key for s in status.values() if s.verdict is Verdict.PASS)
+    # a different required set: only infer -> "missing" and "waived" and "skipped" pass too
+    assert {k.model for k in passing_rows(rec.engine, required=["infer"])} == {
+        "fixed", "good", "missing", "waived", "skipped"}
+    assert passing_rows(rec.engine, required=["infer"], platform="orin") == [RowKey("good", FP16, "orin")]
+    assert passing_rows(rec.engine, required=["bench"]) == [RowKey("good", FP16, P)]
+    with pytest.raises(ConfigurationError, match="deploy"):
+        passing_rows(rec.engine, required=["deploy"])
+
+    history = row_history(rec.engine, "flip", "fp16", P)
+    assert [(h.run_id, h.verdict, h.run_kind) for h in history] == [(r1, Verdict.PASS, "nightly"),
+                                                                     (r2, Verdict.FAIL, "l0")]
+    assert row_history(rec.engine, "nope", "fp16", P) == []
+
+    # the helper table can be rebuilt from results and gives the same answers
+    assert rebuild_row_latest(rec.engine) == len(status)
+    assert passing_rows(rec.engine) == passing
+
+
+def test_regressions(rec: Recorder) -> None:
+    def bench(run: int, tps: float, ppl: float, status: str = "pass") -> None:
+        rec.record_result(run, model="m", precision="int4_awq", platform=P, stage="bench", test_id="b",
+                          status=status, metrics={"tokens_per_s": (tps, "tok/s"), "perplexity": (ppl, "")})
+
+    r1 = rec.start_run("nightly", "cron", "v1")
+    bench(r1, 100.0, 10.0)
+    r2 = rec.start_run("nightly", "cron", "v2")
+    bench(r2, 1.0, 99.0, status="fail")  # a failed run is never a baseline
+    r3 = rec.start_run("nightly", "cron", "v3")
+    bench(r3, 90.0, 10.4)  # tps 10 % worse (regression), ppl 4 % worse (within 5 %)
+    regs = regressions(rec.engine, r3)
+    assert [(g.metric, g.baseline, g.baseline_source, g.direction) for g in regs] == [
+        ("tokens_per_s", 100.0, f"run {r1}", Direction.HIGHER_IS_BETTER)]
+    assert regs[0].change == pytest.approx(0.10)
+    assert {g.metric for g in regressions(rec.engine, r3, threshold=0.01)} == {"tokens_per_s", "perplexity"}
+    assert regressions(rec.engine, r3, threshold=0.2) == []
+    assert [g.metric for g in regressions(rec.engine, r3, against=r2)] == []  # r2 failed: no baseline
+    assert regressions(rec.engine, r1) == []  # nothing earlier
+
+    rec.set_baseline(model="m", precision="int4_awq", platform=P, stage="bench", test_id="b", name="perplexity",
+                     value=9.0, unit="")
+    regs = regressions(rec.engine, r3, against="stored")
+    assert [(g.metric, g.baseline_source) for g in regs] == [("perplexity", "stored")]
+    assert regs[0].direction is Direction.LOWER_IS_BETTER and regs[0].change == pytest.approx(1.4 / 9.0)
+    with pytest.raises(ConfigurationError, match="-1"):
+        regressions(rec.engine, r3, threshold=-1)
+
+
+def test_record_health(rec: Recorder) -> None:
+    hid = rec.record_health("orin-1", reachable=True, disk_free_bytes=5 * 2**40, python_version="3.11.2",
+                            edgellm_version="0.1.0", details={"load": [0.1, 0.2]})
+    rec.record_health("orin-1", reachable=False, details={"error": "timeout"})
+    with read_session(rec.engine) as s:
+        rows = list(s.scalars(select(DeviceHealth).order_by(DeviceHealth.id)))
+    assert rows[0].id == hid
+    assert (rows[0].reachable, rows[0].disk_free_bytes, rows[0].details) == (True, 5 * 2**40, {"load": [0.1, 0.2]})
+    assert (rows[1].reachable, rows[1].details) == (False, {"error": "timeout"})
