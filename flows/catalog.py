@@ -54,6 +54,25 @@ class ModelSource:
             return f"synthetic {self.spec['family']} (seed {self.spec.get('seed', 0)})"
         return f"path {self.spec['path']}"
 
+    def check(self) -> None:
+        """Raise ConfigurationError when the checkpoint cannot be had, without materializing anything."""
+        if self.kind == "path":
+            self._path()
+        elif self.kind == "bundled" and not (ASSETS_DIR / self.spec["bundled"] / "config.json").is_file():
+            raise ConfigurationError(f"model {self.name!r}: bundled checkpoint {self.spec['bundled']!r} is missing")
+
+    def _path(self) -> Path:
+        raw = self.spec["path"]
+        missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
+        if missing:
+            raise ConfigurationError(
+                f"model {self.name!r}: checkpoint path {raw!r} needs environment variable(s) {', '.join(missing)}"
+            )
+        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigurationError(f"model {self.name!r}: no checkpoint at {path} (config.json not found)")
+        return path
+
     def locate(self, data_dir: Path) -> Path:
         """The checkpoint directory, materializing synthetic checkpoints once under ``data_dir``.
 
@@ -66,16 +85,7 @@ class ModelSource:
             return path
         if self.kind == "synthetic":
             return _materialize_synthetic(self, data_dir)
-        raw = self.spec["path"]
-        missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
-        if missing:
-            raise ConfigurationError(
-                f"model {self.name!r}: checkpoint path {raw!r} needs environment variable(s) {', '.join(missing)}"
-            )
-        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
-        if not (path / "config.json").is_file():
-            raise ConfigurationError(f"model {self.name!r}: no checkpoint at {path} (config.json not found)")
-        return path
+        return self._path()
 
 
 def _materialize_synthetic(src: ModelSource, data_dir: Path) -> Path:
