@@ -1,1 +1,7 @@
-"""results package."""
+"""Results database: runs, per-stage results, metrics, artifact refs, device health, toolchains, device leases.
+
+- ``db``: URL resolution (``--db`` > ``$EDGEFARM_DB_URL`` > ``<data dir>/edgefarm.db``), engines, sessions.
+- ``models``: the typed ORM schema; ``migrate`` + ``migrations/``: Alembic, shipped in the package.
+- ``recorder.Recorder``: the write API (idempotent); ``queries``: latest/passing/history/regressions.
+- ``leases``: a device's parallel-job slots, held in the database; ``cli``: ``edgefarm db ...``.
+"""

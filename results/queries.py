@@ -16,11 +16,12 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Engine, and_, func, literal, select
+from sqlalchemy import Engine, Select, and_, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from edgellm.errors import ConfigurationError
@@ -123,8 +124,9 @@ def _required(required: Iterable[Stage | str]) -> tuple[Stage, ...]:
     return stages
 
 
-def _session(db: Engine | Session) -> Session:
-    return db if isinstance(db, Session) else Session(db)
+def _session(db: Engine | Session) -> AbstractContextManager[Session]:
+    """A new session for an engine; a caller's session is used as is (and left open)."""
+    return nullcontext(db) if isinstance(db, Session) else Session(db)
 
 
 def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None) -> list[Any]:
@@ -171,7 +173,13 @@ def passing_rows(
     platform: str | None = None,
 ) -> list[RowKey]:
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
-    req = _required(required)
+    stmt = passing_rows_stmt(_required(required), platform)
+    with _session(db) as s:
+        return [RowKey(m, p, pl) for m, p, pl in s.execute(stmt)]
+
+
+def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None) -> Select[Any]:
+    """The SQL of :func:`passing_rows` (one index range scan per row's latest run; see benchmarks/bench_db.py)."""
 
     def n(cond: Any) -> Any:
         return func.count().filter(cond)
@@ -192,8 +200,7 @@ def passing_rows(
         .having(and_(*having))
         .order_by(RowLatest.model, RowLatest.precision, RowLatest.platform)
     )
-    with _session(db) as s:
-        return [RowKey(m, p, pl) for m, p, pl in s.execute(stmt)]
+    return stmt
 
 
 def row_history(

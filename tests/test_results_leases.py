@@ -38,11 +38,11 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 def test_processes_never_exceed_max_jobs(engine: Engine, migrated_db_url: str, tmp_path: Path) -> None:
-    """4 processes x 10 acquisitions on a device with 1 slot, then on one with 2 slots."""
+    """4 processes x 10 acquisitions on a device with 2 slots, then on one with 1 slot (all start together)."""
     go, n, procs = tmp_path / "go", 10, []
     for _ in range(4):
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.lease_worker", "hammer", migrated_db_url, "one:1,two:2",
+            [sys.executable, "-m", "tests.helpers.lease_worker", "hammer", migrated_db_url, "two:2,one:1",
              str(n), "0.01", str(go)], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT))
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"

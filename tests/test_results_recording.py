@@ -87,21 +87,23 @@ def test_result_and_metrics_are_one_transaction(rec: Recorder) -> None:
     assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "named"),
-    [("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"), ("status", "ok", "ok"),
-     ("model_revision", "abc", "abc"), ("error_kind", "oops", "oops"), ("platform", "", "platform")],
-)
-def test_bad_values_are_named(rec: Recorder, field: str, value: str, named: str) -> None:
+BAD = [("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"), ("status", "ok", "'ok'"),
+       ("model_revision", "abc", "abc"), ("error_kind", "oops", "oops"), ("platform", "", "platform")]
+
+
+def test_bad_values_are_named(rec: Recorder) -> None:
     run = rec.start_run("adhoc", "me", "abc")
-    kw: dict[str, object] = dict(model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass")
-    kw[field] = value
-    with pytest.raises(ConfigurationError, match=named):
-        rec.record_result(run, **kw)  # type: ignore[arg-type]
+    for field, value, named in BAD:
+        kw: dict[str, object] = dict(model="m", precision="fp32", platform=P, stage="infer", test_id="t",
+                                     status="pass")
+        kw[field] = value
+        with pytest.raises(ConfigurationError, match=named):
+            rec.record_result(run, **kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="unknown run id 999"):
         rec.record_result(999, model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass")
     with pytest.raises(ConfigurationError, match="weekly"):
         rec.start_run("weekly", "me", "abc")
+    assert _count(rec, Result) == 0
 
 
 def test_queries_tricky_rows(rec: Recorder) -> None:
@@ -143,6 +145,10 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     with pytest.raises(ConfigurationError, match="deploy"):
         passing_rows(rec.engine, required=["deploy"])
 
+    with read_session(rec.engine) as s:  # a caller's session works too, and stays usable
+        assert passing_rows(s) == passing
+        assert latest_status(s, model="flip")[0].verdict is Verdict.FAIL
+        assert s.scalar(select(func.count()).select_from(Run)) == 2
     history = row_history(rec.engine, "flip", "fp16", P)
     assert [(h.run_id, h.verdict, h.run_kind) for h in history] == [(r1, Verdict.PASS, "nightly"),
                                                                      (r2, Verdict.FAIL, "l0")]
