@@ -36,7 +36,8 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["nightly", "--dry-run", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "plan nightly (nightly)" in result.output
-    assert "not_applicable orin" in result.output and "(orin (SM87) does not support fp8 (needs SM89+))" in result.output
+    assert "not_applicable orin" in result.output
+    assert "(orin (SM87) does not support fp8 (needs SM89+))" in result.output
     assert not (tmp_path / "edgefarm.db").exists()
     assert not (tmp_path / "checkpoints").exists()  # synthetic checkpoints are not even materialized
 
