@@ -1,0 +1,397 @@
+"""Side-by-side: edgellm vs Hugging Face transformers vs onnxruntime-genai, fp32 on CPU, batch 1, greedy.
+
+For each model (the bundled stories260K; a random checkpoint with Qwen2.5-0.5B's shape, made once into .data/bench/):
+  - build time: `edgellm export` + `edgellm build` vs `python -m onnxruntime_genai.models.builder -p fp32 -e cpu`
+    (wall clock of the commands a person would run, interpreter start included for both);
+  - TTFT (prefill of the prompt + first token) and decode tokens/s over the next tokens, same prompt ids for all.
+Each stack runs in its own subprocess with the same thread count (OMP/MKL env, torch.set_num_threads, ORT
+intra_op_num_threads), after one untimed warm-up generation; the median of --repeats timed generations is kept.
+
+    /work/main/.venv/bin/python benchmarks/peers.py [--models stories260K,qwen2.5-0.5b-shape] [--quick]
+
+Prints a table of ratios and writes benchmarks/results/peers.json. A stack that cannot run a model is reported as
+"n/a (reason)", never as a crash of the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+MODELS = ("stories260K", "qwen2.5-0.5b-shape")
+STACKS = ("edgellm", "transformers", "onnxruntime-genai")
+DEFAULT_DATA = REPO / ".data" / "bench"
+DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "peers.json"
+STEP_TIMEOUT_S = 1800
+
+
+# --------------------------------------------------------------------------------------------- workers ----
+def _peak_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _timed_stream(tokens: Callable[[], Any]) -> dict[str, float | int]:
+    """Consume an iterator of produced tokens; TTFT is the first token's arrival, decode rate the rest."""
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    for _ in tokens():
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None, "no token produced"
+    return {"ttft_s": first - t0, "decode_s": end - first, "new_tokens": n}
+
+
+def _worker_edgellm(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    from edgellm.runtime import Engine, GenerationRequest
+
+    engine = Engine.open(model_dir, num_threads=threads)
+
+    def run(n: int) -> Any:
+        req = GenerationRequest(id="bench", input_ids=prompt, max_new_tokens=n, temperature=0.0)
+        return engine.stream(req)
+    return run
+
+
+def _worker_transformers(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    import queue
+    import threading
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt], dtype=torch.long)
+
+    class Streamer(transformers.generation.streamers.BaseStreamer):
+        def __init__(self) -> None:
+            self.q: queue.Queue[int | None] = queue.Queue()
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if not self.prompt_seen:  # generate() first echoes the prompt
+                self.prompt_seen = True
+                return
+            for t in value.reshape(-1).tolist():
+                self.q.put(t)
+
+        def end(self) -> None:
+            self.q.put(None)
+
+    def run(n: int) -> Any:
+        s = Streamer()
+
+        def gen() -> None:
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                               num_beams=1, repetition_penalty=1.0, streamer=s, pad_token_id=0)
+        th = threading.Thread(target=gen)
+        th.start()
+        while (tok := s.q.get()) is not None:
+            yield tok
+        th.join()
+    return run
+
+
+def _worker_onnxruntime_genai(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    import onnxruntime_genai as og
+
+    cfg = og.Config(str(model_dir))
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    model = og.Model(cfg)
+
+    def run(n: int) -> Any:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + n, do_sample=False)
+        gen = og.Generator(model, params)
+        gen.append_tokens(prompt)  # the prefill runs here; the first token is chosen from its logits
+        while not gen.is_done():
+            gen.generate_next_token()
+            yield int(gen.get_next_tokens()[0])
+    return run
+
+
+WORKERS = {"edgellm": _worker_edgellm, "transformers": _worker_transformers,
+           "onnxruntime-genai": _worker_onnxruntime_genai}
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    prompt = json.loads(Path(args.prompt_file).read_text())
+    t0 = time.perf_counter()
+    run = WORKERS[args.worker](Path(args.model_dir), prompt, args.new_tokens, args.threads)
+    load_s = time.perf_counter() - t0
+    _timed_stream(lambda: run(min(8, args.new_tokens)))  # warm-up: first-run allocations, kernel selection
+    runs = [_timed_stream(lambda: run(args.new_tokens)) for _ in range(args.repeats)]
+    ttft = statistics.median(r["ttft_s"] for r in runs)
+    rates = [(r["new_tokens"] - 1) / r["decode_s"] for r in runs if r["new_tokens"] > 1]
+    result = {
+        "load_s": load_s,
+        "ttft_ms": ttft * 1e3,
+        "decode_tokens_per_s": statistics.median(rates) if rates else None,
+        "new_tokens": runs[0]["new_tokens"],
+        "runs": runs,
+        "peak_rss_bytes": _peak_rss(),
+    }
+    Path(args.result).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ orchestrator ----
+def _env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO),
+                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    return env
+
+
+def _run_cmd(cmd: list[str], log: Path, threads: int) -> tuple[float, str | None]:
+    """Run one command, output to ``log``; (wall seconds, None) or (wall seconds, last error line)."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        try:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(threads), cwd=REPO,
+                                  timeout=STEP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return time.perf_counter() - t0, f"timed out after {STEP_TIMEOUT_S} s"
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        err = next((ln for ln in reversed(lines) if "error" in ln.lower() or "exception" in ln.lower()),
+                   lines[-1] if lines else f"exit {proc.returncode}")
+        return wall, f"exit {proc.returncode}: {err[:300]}"
+    return wall, None
+
+
+def prepare_checkpoint(name: str, data: Path) -> Path:
+    from edgellm import BUNDLED_MODEL_DIR
+
+    if name == "stories260K":
+        return BUNDLED_MODEL_DIR
+    from edgellm.synth import QWEN25_05B, make_checkpoint
+
+    out = data / "ckpt" / name
+    if not (out / ".complete").is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"[{name}] generating the random checkpoint into {out} ...", flush=True)
+        make_checkpoint(out, "qwen2", **QWEN25_05B)
+        (out / ".complete").write_text("ok\n")
+    return out
+
+
+def prompt_ids(ckpt: Path, length: int) -> list[int]:
+    from tokenizers import Tokenizer
+
+    from edgellm import BUNDLED_TEXT_FILE
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    ids = tok.encode(BUNDLED_TEXT_FILE.read_text(encoding="utf-8")).ids
+    if len(ids) < length:
+        raise SystemExit(f"the bundled text gives only {len(ids)} tokens, fewer than the prompt length {length}")
+    return ids[:length]
+
+
+def _build_edgellm(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int) -> dict[str, Any]:
+    onnx_dir, engine_dir = work / "edgellm-onnx", work / "edgellm-engine"
+    shutil.rmtree(onnx_dir, ignore_errors=True)
+    shutil.rmtree(engine_dir, ignore_errors=True)
+    py = [sys.executable, "-m", "edgellm"]
+    t_export, err = _run_cmd([*py, "export", str(ckpt), str(onnx_dir), "--precision", "fp32"],
+                             work / "edgellm-export.log", args.threads)
+    if err:
+        return {"error": f"export failed: {err}"}
+    t_build, err = _run_cmd([*py, "build", str(onnx_dir), str(engine_dir), "--max-batch-size", "1",
+                             "--max-input-len", str(prompt_len),
+                             "--max-seq-len", str(prompt_len + args.new_tokens)],
+                            work / "edgellm-build.log", args.threads)
+    if err:
+        return {"error": f"build failed: {err}"}
+    return {"build_s": t_export + t_build, "export_s": t_export, "engine_s": t_build, "model_dir": engine_dir}
+
+
+def _build_onnxruntime_genai(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int) -> dict[str, Any]:
+    out = work / "ortgenai"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out),
+           "-p", "fp32", "-e", "cpu", "-c", str(work / "ortgenai-cache")]
+    t, err = _run_cmd(cmd, work / "ortgenai-build.log", args.threads)
+    if err:
+        return {"error": f"builder failed: {err}"}
+    return {"build_s": t, "model_dir": out}
+
+
+def _explain(stack: str, cfg: Any, err: str) -> str:
+    head = cfg.head_dim
+    if stack == "onnxruntime-genai" and head % 16:
+        return (f"its CPU GroupQueryAttention needs head_size % 16 == 0; this model's head_size is {head} "
+                f"({err[:160]})")
+    return err
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from edgellm.config import ModelConfig
+
+    ckpt = prepare_checkpoint(name, args.data_dir)
+    cfg = ModelConfig.load(ckpt)
+    work = args.data_dir / "work" / name
+    work.mkdir(parents=True, exist_ok=True)
+    prompt = prompt_ids(ckpt, args.prompt_len)
+    prompt_file = work / "prompt.json"
+    prompt_file.write_text(json.dumps(prompt))
+    builds = {
+        "edgellm": lambda: _build_edgellm(ckpt, work, args, len(prompt)),
+        "transformers": lambda: {"build_s": None, "model_dir": ckpt},
+        "onnxruntime-genai": lambda: _build_onnxruntime_genai(ckpt, work, args, len(prompt)),
+    }
+    out: dict[str, Any] = {"checkpoint": str(ckpt), "parameters": cfg.num_parameters_estimate,
+                           "head_dim": cfg.head_dim, "stacks": {}}
+    for stack in args.stacks:
+        print(f"[{name}] {stack}: build ...", flush=True)
+        load_before = os.getloadavg()[0]
+        b = builds[stack]()
+        entry: dict[str, Any] = {"build_s": b.get("build_s"), "loadavg_1m_before_build": load_before}
+        entry.update({k: b[k] for k in ("export_s", "engine_s") if k in b})
+        if "error" in b:
+            entry["error"] = _explain(stack, cfg, b["error"])
+            out["stacks"][stack] = entry
+            print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
+            continue
+        print(f"[{name}] {stack}: generate x{args.repeats} ...", flush=True)
+        entry["loadavg_1m_before_generate"] = os.getloadavg()[0]
+        result = work / f"{stack}.result.json"
+        result.unlink(missing_ok=True)
+        _, err = _run_cmd([sys.executable, str(Path(__file__).resolve()), "--worker", stack,
+                           "--model-dir", str(b["model_dir"]), "--prompt-file", str(prompt_file),
+                           "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+                           "--threads", str(args.threads), "--result", str(result)],
+                          work / f"{stack}.run.log", args.threads)
+        if err:
+            entry["error"] = _explain(stack, cfg, err)
+            print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
+        else:
+            entry.update(json.loads(result.read_text()))
+        out["stacks"][stack] = entry
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def summarize(results: dict[str, Any]) -> None:
+    """Ratios and targets per model, in place; print the table."""
+    hdr = f"{'model':<20} {'stack':<18} {'build s':>9} {'TTFT ms':>9} {'decode tok/s':>13} {'new':>4} {'RSS MB':>8}"
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for model, m in results.items():
+        for stack, e in m["stacks"].items():
+            if "error" in e:
+                print(f"{model:<20} {stack:<18} n/a ({e['error'][:90]})")
+                continue
+            b = f"{e['build_s']:.1f}" if e.get("build_s") is not None else "-"
+            print(f"{model:<20} {stack:<18} {b:>9} {e['ttft_ms']:>9.1f} {e['decode_tokens_per_s'] or 0:>13.1f} "
+                  f"{e['new_tokens']:>4} {e['peak_rss_bytes'] / 2**20:>8.0f}")
+        ours = m["stacks"].get("edgellm", {})
+        ratios: dict[str, Any] = {}
+        for peer in ("transformers", "onnxruntime-genai"):
+            p = m["stacks"].get(peer)
+            if p is None:
+                continue
+            if "error" in p or "error" in ours:
+                ratios[peer] = {"n/a": p.get("error") or ours.get("error")}
+                continue
+            ratios[peer] = {
+                "decode_speedup": _ratio(ours.get("decode_tokens_per_s"), p.get("decode_tokens_per_s")),
+                "ttft_speedup": _ratio(p.get("ttft_ms"), ours.get("ttft_ms")),
+                "build_time_ratio": _ratio(ours.get("build_s"), p.get("build_s")),
+            }
+        targets = {}
+        og, hf = ratios.get("onnxruntime-genai", {}), ratios.get("transformers", {})
+        if og.get("decode_speedup") is not None:
+            targets["decode >= 1.0x onnxruntime-genai"] = og["decode_speedup"] >= 1.0
+        if og.get("build_time_ratio") is not None:
+            targets["export+build time <= onnxruntime-genai builder"] = og["build_time_ratio"] <= 1.0
+        if hf.get("decode_speedup") is not None:
+            targets["decode >= 2x transformers"] = hf["decode_speedup"] >= 2.0
+        m["ratios_vs_peers"], m["targets_met"] = ratios, targets
+    print()
+    for model, m in results.items():
+        for peer, r in m["ratios_vs_peers"].items():
+            if "n/a" in r:
+                print(f"{model}: edgellm vs {peer}: n/a ({r['n/a'][:100]})")
+                continue
+            parts = [f"{k} {v:.2f}x" for k, v in r.items() if v is not None]
+            print(f"{model}: edgellm vs {peer}: " + ", ".join(parts))
+        for t, ok in m["targets_met"].items():
+            print(f"{model}: target {t}: {'MET' if ok else 'MISSED'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    p.add_argument("--stacks", default=",".join(STACKS), help=f"comma list of {', '.join(STACKS)}")
+    p.add_argument("--quick", action="store_true", help="one timed repeat and 16 new tokens (smoke run)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every stack")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="cache of checkpoints and builds")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    # worker mode (internal): one stack in its own process
+    p.add_argument("--worker", choices=STACKS, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-file", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    bad = [m for m in models if m not in MODELS] + [s for s in stacks if s not in STACKS]
+    if bad or not models or not stacks:
+        p.error(f"unknown model/stack {', '.join(bad) or '(none given)'}; models: {', '.join(MODELS)}; "
+                f"stacks: {', '.join(STACKS)}")
+    if args.quick:
+        args.repeats, args.new_tokens = 1, 16
+    args.stacks = stacks
+    args.data_dir = args.data_dir.resolve()
+    results = {m: bench_model(m, args) for m in models}
+    summarize(results)
+    report = {
+        "settings": {"precision": "fp32", "batch_size": 1, "prompt_len": args.prompt_len,
+                     "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
+                     "greedy": True, "quick": args.quick},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_end": os.getloadavg(),
+                    "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "models": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    tmp.replace(args.output)
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

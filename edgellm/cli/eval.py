@@ -1,0 +1,67 @@
+"""``edgellm eval``: compare a built engine with Hugging Face transformers running the same checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from edgellm import BUNDLED_TEXT_FILE
+from edgellm.accuracy import DEFAULT_GREEDY_TOKENS, DEFAULT_MAX_TOKENS, EvalOptions, run_eval
+from edgellm.errors import TestFailure
+from edgellm.reporting import json_safe, write_json_atomic
+
+NAME = "eval"
+HELP = "check an engine's logits, greedy output and perplexity against transformers on the same checkpoint"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine-dir", type=Path, required=True, help="engine directory (from `edgellm build`)")
+    p.add_argument("--checkpoint", type=Path, required=True, help="the Hugging Face checkpoint it was built from")
+    p.add_argument("--text", type=Path, default=BUNDLED_TEXT_FILE,
+                   help="text for the perplexity check (default: the bundled TinyStories sample)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"tokens of the text to evaluate (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--greedy-tokens", type=int, default=DEFAULT_GREEDY_TOKENS,
+                   help=f"tokens to generate per prompt for the greedy check (default {DEFAULT_GREEDY_TOKENS})")
+    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: runtime's)")
+    p.add_argument("--thresholds", type=Path, default=None,
+                   help="JSON/YAML thresholds, flat or keyed by precision (fp32: {...}); null disables a check")
+    g = p.add_argument_group("threshold overrides (apply to the engine's precision)")
+    g.add_argument("--max-logits-diff", type=float, dest="logits_max_abs_diff")
+    g.add_argument("--min-cosine", type=float, dest="logits_min_cosine")
+    g.add_argument("--min-greedy-match", type=float, dest="greedy_min_match_fraction")
+    g.add_argument("--max-divergence-margin", type=float, dest="greedy_max_divergence_margin")
+    g.add_argument("--max-ppl-rel-diff", type=float, dest="ppl_max_rel_diff")
+    g.add_argument("--min-top1-agreement", type=float, dest="top1_min_agreement")
+    p.add_argument("--output", type=Path, default=None, help="write the JSON report here (default: stdout only)")
+
+
+_OVERRIDES = ("logits_max_abs_diff", "logits_min_cosine", "greedy_min_match_fraction",
+              "greedy_max_divergence_margin", "ppl_max_rel_diff", "top1_min_agreement")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = EvalOptions(
+        engine_dir=args.engine_dir,
+        checkpoint=args.checkpoint,
+        text_file=args.text,
+        greedy_tokens=args.greedy_tokens,
+        max_tokens=args.max_tokens,
+        thresholds_file=args.thresholds,
+        threshold_overrides={k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None},
+        num_threads=args.threads,
+    )
+    report = run_eval(opts)
+    if args.output is not None:
+        write_json_atomic(args.output, report)
+    summary = {k: report[k] for k in ("passed", "precision", "reference_perplexity", "engine_perplexity")}
+    summary["checks"] = {k: {f: c[f] for f in ("value", "threshold", "passed")} for k, c in report["checks"].items()}
+    json.dump(json_safe(summary), sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+    if not report["passed"]:
+        failed = ", ".join(f"{n} = {report['checks'][n]['value']} (limit {report['checks'][n]['op']} "
+                           f"{report['checks'][n]['threshold']})" for n in report["failed_checks"])
+        raise TestFailure(f"accuracy check failed at precision {report['precision']}: {failed}")
+    return 0
