@@ -71,7 +71,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
         if hit is not None and farm.store.has(hit.sha256):
             cache.touch(farm.engine, key)
             ref = farm.store.ref(hit.sha256, ArtifactKind.ENGINE, Packing.TAR)
-            log.warning("build %s on %s: cache hit (key %s, engine sha256 %s)", job.test_id, job.platform,
+            log.info("build %s on %s: cache hit (key %s, engine sha256 %s)", job.test_id, job.platform,
                         key[:12], hit.sha256[:12])
             out = StageOutcome(stage=Stage.BUILD, status=ResultStatus.PASS, reason="cache hit", cached=True)
             out.outputs["engine"] = ref

@@ -15,6 +15,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm import __version__ as edgellm_version
@@ -52,7 +53,7 @@ def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: s
         if hit is not None and farm.store.has(hit.sha256):
             cache.touch(farm.engine, key)
             ref = farm.store.ref(hit.sha256, ArtifactKind.ONNX, Packing.TAR)
-            log.warning("export %s %s: cache hit (key %s, onnx sha256 %s)", model, precision, key[:12],
+            log.info("export %s %s: cache hit (key %s, onnx sha256 %s)", model, precision, key[:12],
                         hit.sha256[:12])
             out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", cached=True)
             out.outputs["onnx"] = ref
@@ -77,7 +78,9 @@ def _export(farm: Farm, model: str, precision: Precision, ckpt_dir: Path, key: s
         argv = [sys.executable, "-m", "edgellm", "export", str(ckpt_dir), str(tmp / "onnx"),
                 "--precision", precision.value]
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
-        result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path)
+        # the same edgellm the orchestrator imported, whatever the subprocess's cwd
+        env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
+        result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)
         status, kind, reason = classify(result, timeout_s)
         out = StageOutcome(stage=Stage.EXPORT, status=status, error_kind=kind, reason=reason, device="orchestrator",
                            duration_s=result.duration)
