@@ -38,8 +38,8 @@ def _matrix(tmp: Path, spec: dict[str, object]) -> Path:
 def _nightly(args: list[str]) -> tuple[int, dict[str, object]]:
     result = CliRunner().invoke(app, ["nightly", "--json", *args])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    start = result.output.index("{")
-    summary, _ = json.JSONDecoder().raw_decode(result.output[start:])
+    start = result.stdout.index('{\n  "run_id"')
+    summary, _ = json.JSONDecoder().raw_decode(result.stdout[start:])
     return result.exit_code, summary
 
 
