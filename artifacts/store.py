@@ -96,6 +96,13 @@ class ArtifactStore:
     def has(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
 
+    def ref(self, sha256: str, kind: ArtifactKind, packing: Packing) -> ArtifactRef:
+        """The reference of a stored blob (for a cache hit); MissingArtifactError if it is not here."""
+        blob = self.path(sha256)
+        if not blob.is_file():
+            raise MissingArtifactError(f"artifact sha256:{sha256} is not in the store {str(self.root)!r}")
+        return ArtifactRef(sha256, blob.stat().st_size, kind, packing)
+
     # writing ------------------------------------------------------------------------------------------------------
     def put(self, src: Path | str | bytes, kind: ArtifactKind | str = ArtifactKind.OTHER) -> ArtifactRef:
         """Store a file, a directory (as a deterministic tar) or bytes; returns its reference."""

@@ -12,6 +12,7 @@ import sys
 import typer
 
 from devices.cli import app as devices_app
+from flows import commands
 from results.cli import app as db_app
 from test_lists.cli import app as lists_app
 
@@ -22,9 +23,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(lists_app, name="lists")
-
+for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve):
+    app.command()(command)
 app.add_typer(devices_app, name="devices")
+app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")
 
 

@@ -174,19 +174,26 @@ def hold(
 ) -> Iterator[Lease]:
     """Acquire, heartbeat every ttl/3 in a background thread, release on exit (also on error)."""
     lease = acquire(engine, device_id, max_jobs, holder=holder, ttl_s=ttl_s, wait_s=wait_s)
+    with kept_alive(engine, lease):
+        yield lease
+
+
+@contextmanager
+def kept_alive(engine: Engine, lease: Lease) -> Iterator[Lease]:
+    """Heartbeat an acquired lease every ttl/3 in a background thread; release it on exit (also on error)."""
     stop = threading.Event()
 
     def beat() -> None:
-        while not stop.wait(ttl_s / 3):
+        while not stop.wait(lease.ttl_s / 3):
             try:
                 heartbeat(engine, lease)
             except LeaseLost:
-                log.error("lost lease %s on %s", lease.id, device_id)
+                log.error("lost lease %s on %s", lease.id, lease.device_id)
                 return
             except Exception:  # a transient database error: try again next beat, the TTL has slack
-                log.exception("heartbeat of lease %s on %s failed", lease.id, device_id)
+                log.exception("heartbeat of lease %s on %s failed", lease.id, lease.device_id)
 
-    thread = threading.Thread(target=beat, name=f"lease-{device_id}-{lease.id}", daemon=True)
+    thread = threading.Thread(target=beat, name=f"lease-{lease.device_id}-{lease.id}", daemon=True)
     thread.start()
     try:
         yield lease

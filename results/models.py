@@ -248,3 +248,39 @@ class DeviceLease(Base):
     acquired_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     ttl_s: Mapped[float] = mapped_column(Float)
+
+
+class Attempt(Base):
+    """One try of a stage on one device. A stage retried on another device after an infrastructure failure has
+    one result (its final outcome) and several attempts; the failed ones keep the device and the error kind."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (Index("ix_attempts_run_row", "run_id", "model", "precision", "platform", "stage"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(200))
+    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
+    platform: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
+    test_id: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[ResultStatus] = mapped_column(db_enum(ResultStatus, "result_status"))
+    error_kind: Mapped[ErrorKind | None] = mapped_column(db_enum(ErrorKind, "error_kind"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class CacheEntry(Base):
+    """Content-keyed build cache: key = sha256 of everything an export or engine depends on -> the artifact."""
+
+    __tablename__ = "cache_entries"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[ArtifactKind] = mapped_column(db_enum(ArtifactKind, "artifact_kind"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the key was computed from
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    hits: Mapped[int] = mapped_column(Integer, default=0)

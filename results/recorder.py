@@ -24,6 +24,7 @@ from edgellm.types import Precision, Stage
 from results.db import make_engine, write_session
 from results.models import (
     ArtifactRecord,
+    Attempt,
     DeviceHealth,
     Metric,
     MetricBaseline,
@@ -190,6 +191,36 @@ class Recorder:
                 self._add_link(s, run_id, result_id, link)
             self._bump_latest(s, values["model"], values["precision"], values["platform"], run_id)
         return result_id
+
+    def record_attempt(
+        self,
+        run_id: int,
+        *,
+        model: str,
+        precision: Precision | str,
+        platform: str,
+        stage: Stage | str,
+        test_id: str,
+        device: str | None,
+        status: ResultStatus | str,
+        error_kind: ErrorKind | str | None = None,
+        reason: str | None = None,
+        duration_s: float | None = None,
+    ) -> int:
+        """One try of a stage on one device (kept even when a retry elsewhere then passed)."""
+        row = Attempt(
+            run_id=run_id, model=_nonempty(model, "model"), precision=Precision.parse(precision),
+            platform=_nonempty(platform, "platform", 64), stage=Stage.parse(stage),
+            test_id=_nonempty(test_id, "test id"),
+            device=device, status=parse_choice(ResultStatus, status, "result status"),
+            error_kind=None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
+            reason=reason, duration_s=duration_s, recorded_at=utcnow(),
+        )
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            s.add(row)
+            s.flush()
+            return row.id
 
     @staticmethod
     def _bump_latest(s: Session, model: str, precision: Precision, platform: str, run_id: int) -> None:

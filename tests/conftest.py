@@ -5,4 +5,6 @@ pytest_plugins = [
     "tests.fixtures.engines",
     "tests.fixtures.sshd",
     "tests.fixtures.postgres",
+    "tests.fixtures.prefect",
+    "tests.fixtures.farm",
 ]

@@ -1,0 +1,153 @@
+"""Model catalog: a model name (as used in matrices and test lists) -> where its checkpoint comes from."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from edgellm import ASSETS_DIR
+from edgellm.errors import ConfigurationError
+
+CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Synthetic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    family: str
+    seed: int = 0
+    dtype: str = "fp32"
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bundled: str | None = None
+    synthetic: _Synthetic | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> _Entry:
+        given = [k for k in ("bundled", "synthetic", "path") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of bundled, synthetic, path (got {', '.join(given) or 'none'})")
+        return self
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    kind: str  # bundled | synthetic | path
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.kind == "bundled":
+            return f"bundled {self.spec['bundled']}"
+        if self.kind == "synthetic":
+            return f"synthetic {self.spec['family']} (seed {self.spec.get('seed', 0)})"
+        return f"path {self.spec['path']}"
+
+    def check(self) -> None:
+        """Raise ConfigurationError when the checkpoint cannot be had, without materializing anything."""
+        if self.kind == "path":
+            self._path()
+        elif self.kind == "bundled" and not (ASSETS_DIR / self.spec["bundled"] / "config.json").is_file():
+            raise ConfigurationError(f"model {self.name!r}: bundled checkpoint {self.spec['bundled']!r} is missing")
+
+    def _path(self) -> Path:
+        raw = self.spec["path"]
+        missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
+        if missing:
+            raise ConfigurationError(
+                f"model {self.name!r}: checkpoint path {raw!r} needs environment variable(s) {', '.join(missing)}"
+            )
+        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigurationError(f"model {self.name!r}: no checkpoint at {path} (config.json not found)")
+        return path
+
+    def locate(self, data_dir: Path) -> Path:
+        """The checkpoint directory, materializing synthetic checkpoints once under ``data_dir``.
+
+        Raises ConfigurationError when a path checkpoint is absent (naming the path and the env var it uses).
+        """
+        if self.kind == "bundled":
+            path = ASSETS_DIR / self.spec["bundled"]
+            if not (path / "config.json").is_file():
+                raise ConfigurationError(f"model {self.name!r}: bundled checkpoint {path} is missing")
+            return path
+        if self.kind == "synthetic":
+            return _materialize_synthetic(self, data_dir)
+        return self._path()
+
+
+def _materialize_synthetic(src: ModelSource, data_dir: Path) -> Path:
+    from edgellm.synth import make_checkpoint
+
+    spec = dict(src.spec)
+    family, seed, dtype = spec.pop("family"), spec.pop("seed", 0), spec.pop("dtype", "fp32")
+    dest = Path(data_dir) / "checkpoints" / src.name.replace("/", "--")
+    if (dest / "config.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        make_checkpoint(tmp, family, dtype=dtype, seed=seed, **spec)
+        os.replace(tmp, dest)
+    except FileExistsError:  # another process won the race; its checkpoint is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+class Catalog:
+    def __init__(self, sources: dict[str, ModelSource], path: Path) -> None:
+        self.sources = sources
+        self.path = path
+
+    @classmethod
+    def load(cls, path: Path = CATALOG_FILE) -> Catalog:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigurationError(f"{path}: cannot read model catalog: {exc}".replace("\n", " ")) from None
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict):
+            raise ConfigurationError(f"{path}: expected a mapping 'models: {{NAME: SOURCE}}'")
+        problems, sources = [], {}
+        for name, raw in models.items():
+            try:
+                entry = _Entry.model_validate(raw)
+            except ValidationError as exc:
+                for err in exc.errors():
+                    loc = ".".join(str(x) for x in err["loc"])
+                    problems.append(f"{path}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
+                continue
+            if entry.bundled is not None:
+                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled})
+            elif entry.synthetic is not None:
+                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump())
+            else:
+                sources[name] = ModelSource(name, "path", {"path": entry.path})
+        if problems:
+            raise ConfigurationError("\n".join(problems))
+        return cls(sources, Path(path))
+
+    def get(self, name: str) -> ModelSource:
+        if name not in self.sources:
+            raise ConfigurationError(
+                f"unknown model {name!r} (not in {self.path}); known: {', '.join(sorted(self.sources))}"
+            )
+        return self.sources[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sources

@@ -1,0 +1,335 @@
+"""``edgefarm nightly | run | query | docs | serve``: what release and QA engineers type every day.
+
+Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
+Prefect is imported only inside the commands that run flows, after its settings point at the data dir.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from edgellm.errors import EdgeLLMError, ErrorKind
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+EXIT_BY_KIND = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
+
+DbOption = Annotated[str | None, typer.Option("--db", help="results database URL (default: $EDGEFARM_DB_URL, "
+                                                           "else <data dir>/edgefarm.db)")]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="farm state (default: $EDGEFARM_DATA_DIR, "
+                                                                       "else ./.data)", file_okay=False)]
+InventoryOption = Annotated[Path | None, typer.Option(
+    "--inventory", help="inventory directory (default: $EDGEFARM_INVENTORY, else devices/inventory)", file_okay=False)]
+
+
+@contextmanager
+def farm_errors(command: str) -> Iterator[None]:
+    """Map the library's error kinds to exit codes, one readable block, no traceback."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except EdgeLLMError as exc:
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        err.print(f"edgefarm {command}: error ({exc.kind.value}): {lines[0]}", markup=False)
+        for line in lines[1:]:
+            err.print(f"  {line}", markup=False)
+        raise typer.Exit(EXIT_BY_KIND[exc.kind]) from None
+    except ValidationError as exc:  # a flow parameter of the wrong type
+        err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
+        raise typer.Exit(2) from None
+
+
+def _prefect(data_dir: Path | None) -> None:
+    from flows.prefect_env import configure_prefect
+    from results.db import data_dir as default_data_dir
+
+    configure_prefect(Path(data_dir) if data_dir else default_data_dir())
+
+
+class Progress:
+    """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
+
+    SYMBOL: ClassVar[dict[str, str]] = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "error": "[yellow]ERROR[/]",
+              "skipped": "[dim]skip[/]", "waived": "[magenta]waived[/]", "not_applicable": "[dim]n/a[/]"}
+
+    def __init__(self, jobs: list[str], stages: list[str]) -> None:
+        self.jobs, self.stages = jobs, stages
+        self.cells: dict[tuple[str, str], str] = {}
+        self.lock = threading.Lock()
+
+    def update(self, event: Any) -> None:
+        mark = self.SYMBOL.get(event.status, event.status)
+        if event.cached:
+            mark += " [cyan](cached)[/]"
+        with self.lock:
+            self.cells[(event.job, event.stage)] = mark
+
+    def table(self) -> Table:
+        t = Table(title="nightly progress", show_lines=False)
+        t.add_column("job")
+        for s in self.stages:
+            t.add_column(s)
+        with self.lock:
+            done = len(self.cells)
+            for job in self.jobs:
+                t.add_row(job, *[self.cells.get((job, s), "[dim]…[/]") for s in self.stages])
+        t.caption = f"{done} stage results recorded"
+        return t
+
+
+def _run_with_progress(jobs: list[str], stages: list[str], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    from tasks.progress import subscribe
+
+    progress = Progress(jobs, stages)
+    unsubscribe = subscribe(progress.update)
+    try:
+        if out.is_terminal and jobs:
+            with Live(progress.table(), console=out, refresh_per_second=2) as live:
+                stop = threading.Event()
+
+                def refresh() -> None:
+                    while not stop.wait(0.5):
+                        live.update(progress.table())
+
+                th = threading.Thread(target=refresh, daemon=True)
+                th.start()
+                try:
+                    return fn()
+                finally:
+                    stop.set()
+                    th.join()
+                    live.update(progress.table())
+        return fn()
+    finally:
+        unsubscribe()
+
+
+def _print_summary(result: dict[str, Any]) -> int:
+    t = result.get("timing", {})
+    out.print(f"run {result['run_id']}: plan {result['plan']}; stage results {result['stages']}")
+    hits = result.get("cache_hits") or {}
+    out.print("cache hits: " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none")
+              + " (exports and engines are reused when their inputs are unchanged)")
+    if t:
+        out.print(f"wall {t.get('wall_s')} s, critical path {t.get('critical_path_s')} s "
+                  f"(ratio {t.get('wall_over_critical_path')}), median task start latency "
+                  f"{t.get('median_task_overhead_ms')} ms")
+    if result.get("docs"):
+        d = result["docs"]
+        out.print(f"docs: {d['out_dir']}/supported-models.md and support-matrix.html "
+                  f"({d['supported']} supported of {d['rows']} rows)")
+    if result["failed"]:
+        out.print(f"[red]{len(result['failed'])} job(s) failed:[/] " + ", ".join(result["failed"]))
+        return 1
+    return 0
+
+
+def nightly(
+    matrix: Annotated[Path | None, typer.Option("--matrix", help="matrix file (default: flows/matrices/"
+                                                                 "nightly.yml)", dir_okay=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")] = False,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+    inventory: InventoryOption = None,
+    docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where docs are written (default: "
+                                                                     "<data dir>/docs)", file_okay=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the run summary as JSON")] = False,
+) -> None:
+    """Run the nightly support matrix (models x precisions x platforms) and publish the docs."""
+    with farm_errors("nightly"):
+        from flows.plan import DEFAULT_MATRIX
+        from flows.settings import Settings
+
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
+        _prefect(settings.data_dir)
+        from flows.nightly import make_plan, nightly_support_matrix
+
+        matrix_path = matrix or DEFAULT_MATRIX
+        plan, _ = make_plan(matrix_path, settings)
+        if dry_run:
+            for line in plan.describe():
+                out.print(line, markup=False)
+            return
+        stages = sorted({s.value for j in plan.runnable() for s in j.entry.stages},
+                        key=["quantize", "export", "build", "infer", "accuracy", "bench"].index)
+        result = _run_with_progress(
+            [j.key for j in plan.runnable()], stages,
+            lambda: nightly_support_matrix(matrix=str(matrix_path), db_url=settings.db_url,
+                                           data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
+                                           docs_dir=str(settings.docs_dir), trigger="cli"),
+        )
+    if json_out:
+        out.print_json(json.dumps(result, default=str))
+        raise typer.Exit(1 if result["failed"] else 0)
+    _print_matrix(settings.db_url)
+    raise typer.Exit(_print_summary(result))
+
+
+def run(
+    priority: Annotated[str, typer.Option("--priority", help="test list name, e.g. l0_pipeline_x86cpu")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")] = False,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+    inventory: InventoryOption = None,
+) -> None:
+    """Run one priority list on the devices its platform selector matches."""
+    with farm_errors("run"):
+        from flows.settings import Settings
+
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
+        _prefect(settings.data_dir)
+        from flows.test_list import make_plan, run_test_list
+
+        plan, _ = make_plan(priority, settings)
+        if dry_run:
+            for line in plan.describe():
+                out.print(line, markup=False)
+            return
+        stages = sorted({s.value for j in plan.runnable() for s in j.entry.stages},
+                        key=["quantize", "export", "build", "infer", "accuracy", "bench"].index)
+        result = _run_with_progress(
+            [j.key for j in plan.runnable()], stages,
+            lambda: run_test_list(priority=priority, db_url=settings.db_url, data_dir=str(settings.data_dir),
+                                  inventory=str(settings.inventory_dir), trigger="cli"),
+        )
+    raise typer.Exit(_print_summary(result))
+
+
+QUERY_FIELDS = ("model", "precision", "platform", "status", "run_id", "run_kind", "run_started_at", "stages")
+
+
+def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
+               status: str | None) -> list[dict[str, Any]]:
+    from sqlalchemy.orm import Session
+
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.models import Run
+    from results.queries import Verdict, latest_status
+
+    wanted = None if status is None else Verdict(status) if status in Verdict.__members__.values() else None
+    if status is not None and wanted is None:
+        from edgellm.errors import ConfigurationError
+
+        raise ConfigurationError(f"unknown status {status!r}; valid: {', '.join(v.value for v in Verdict)}")
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        with Session(engine) as s:
+            rows = latest_status(s, model=model, precision=precision, platform=platform)
+            runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
+    finally:
+        engine.dispose()
+    return [{"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
+             "status": r.verdict.value, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
+             "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
+             "stages": {k.value: v.value for k, v in r.stages.items()}}
+            for r in rows if wanted is None or r.verdict is wanted]
+
+
+def query(
+    model: Annotated[str | None, typer.Option("--model")] = None,
+    precision: Annotated[str | None, typer.Option("--precision")] = None,
+    platform: Annotated[str | None, typer.Option("--platform")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="pass | fail | error | incomplete | "
+                                                                 "not_applicable")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
+    db: DbOption = None,
+) -> None:
+    """Which rows pass? The latest status of every (model, precision, platform), from the results database."""
+    with farm_errors("query"):
+        from edgellm.errors import ConfigurationError
+        from edgellm.types import Precision
+        from results.db import resolve_url
+
+        if fmt not in ("table", "json", "csv"):
+            raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
+        if precision is not None:
+            precision = Precision.parse(precision, what="precision").value
+        rows = query_rows(resolve_url(db), model=model, precision=precision, platform=platform, status=status)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    elif fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=QUERY_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())})
+        sys.stdout.write(buf.getvalue())
+    else:
+        t = Table(title=f"latest status ({len(rows)} rows)")
+        for col in ("model", "precision", "platform", "status", "run", "stages"):
+            t.add_column(col)
+        for r in rows:
+            colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
+            t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]",
+                      str(r["run_id"]), " ".join(f"{k}:{v}" for k, v in r["stages"].items()))
+        out.print(t)
+
+
+def _print_matrix(db_url: str) -> None:
+    rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
+    platforms = sorted({r["platform"] for r in rows})
+    t = Table(title="support matrix (latest evidence)")
+    t.add_column("model")
+    t.add_column("precision")
+    for p in platforms:
+        t.add_column(p)
+    cells = {(r["model"], r["precision"], r["platform"]): r["status"] for r in rows}
+    colour = {"pass": "green", "fail": "red", "error": "yellow"}
+    for model, precision in sorted({(r["model"], r["precision"]) for r in rows}):
+        vals = []
+        for p in platforms:
+            st = cells.get((model, precision, p), "")
+            vals.append(f"[{colour.get(st, 'dim')}]{st}[/]" if st else "")
+        t.add_row(model, precision, *vals)
+    out.print(t)
+
+
+def docs(
+    out_dir: Annotated[Path | None, typer.Option("--out", help="output directory (default: $EDGEFARM_DOCS_DIR, "
+                                                              "else <data dir>/docs)", file_okay=False)] = None,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Regenerate supported-models.md, the HTML support matrix and the perf trends from the database."""
+    with farm_errors("docs"):
+        from flows.docs import write_docs
+        from flows.settings import Settings
+
+        settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir)
+        result = write_docs(settings.db_url, settings.docs_dir)
+    out.print(f"wrote {result['out_dir']}/supported-models.md, support-matrix.html, runs/ and "
+              f"{len(result['trend_images'])} trend plot(s): {result['supported']} supported of {result['rows']} rows")
+
+
+def serve(
+    port: Annotated[int, typer.Option("--port", help="Prefect server port on 127.0.0.1")] = 4200,
+    data_dir: DataDirOption = None,
+    deployment: Annotated[list[str] | None, typer.Option("--deployment", help="deployments of infra/prefect.yaml "
+                                                                              "to serve (default: nightly, "
+                                                                              "l0-x86-cpu)")] = None,
+) -> None:
+    """A local Prefect server plus a runner serving the nightly schedule (02:00) and the L0 deployment."""
+    with farm_errors("serve"):
+        from flows.settings import Settings
+
+        settings = Settings.resolve(data_dir=data_dir)
+        _prefect(settings.data_dir)
+        from flows.serve import serve as run_serve
+
+        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment))

@@ -1,0 +1,53 @@
+"""Run a validated plan: open a run in the results database, record the plan's decisions, materialize the
+checkpoints, submit the stage DAG, close the run with its status."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from edgellm.errors import EdgeLLMError
+from flows.catalog import Catalog
+from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
+from flows.plan import Plan
+from flows.settings import Settings, code_version
+from results.db import make_engine
+from results.migrate import upgrade
+from results.models import RunKind, RunStatus
+from results.recorder import Recorder
+from tasks.farm import Farm, FarmContext
+
+log = logging.getLogger(__name__)
+
+
+def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: str,
+                 host_slots: int = 2) -> tuple[RunReport, dict[str, float]]:
+    engine = make_engine(settings.db_url)
+    upgrade(engine)
+    recorder = Recorder(engine)
+    run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
+    ctx = FarmContext(run_id=run_id, db_url=settings.db_url, data_dir=str(settings.data_dir),
+                      inventory_dir=str(settings.inventory_dir), host_slots=host_slots)
+    report = RunReport(run_id=run_id)
+    status = RunStatus.ERROR
+    started = time.time()
+    try:
+        farm = Farm.get(ctx)
+        record_plan_decisions(ctx, plan, report)
+        jobs = []
+        for job in plan.runnable():
+            ckpt = catalog.get(job.model).locate(settings.data_dir)
+            jobs.append((job, str(Path(ckpt).resolve())))
+        submit_jobs(ctx, jobs, report)
+        status = RunStatus.FAILED if report.failed else RunStatus.PASSED
+        slots = {d.id: d.max_jobs for d in farm.inventory}
+        timing = timing_summary(report, jobs, host_slots, slots)
+    except EdgeLLMError:
+        raise
+    finally:
+        recorder.finish_run(run_id, status)
+        Farm.close(ctx)
+        engine.dispose()
+    timing["run_wall_s"] = round(time.time() - started, 3)
+    return report, timing

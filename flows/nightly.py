@@ -1,0 +1,51 @@
+"""nightly_support_matrix: prove the whole support matrix, then publish the docs from the evidence."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from devices.inventory import load_inventory
+from flows.catalog import Catalog
+from flows.docs import write_docs
+from flows.execute import execute_plan
+from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
+from flows.settings import Settings
+
+log = logging.getLogger(__name__)
+MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism
+
+
+def make_plan(matrix: str | Path, settings: Settings) -> tuple[Plan, Catalog]:
+    catalog = Catalog.load()
+    inventory = load_inventory(settings.inventory_dir)
+    return plan_matrix(Path(matrix), inventory, catalog), catalog
+
+
+@flow(name="nightly-support-matrix", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
+def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None = None,
+                           data_dir: str | None = None, inventory: str | None = None,
+                           docs_dir: str | None = None, trigger: str = "schedule",
+                           publish: bool = True) -> dict[str, Any]:
+    """Plan the matrix (every problem reported at once), run it across the devices, publish the docs."""
+    settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
+    plan, catalog = make_plan(matrix, settings)
+    report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
+    docs = write_docs(settings.db_url, settings.docs_dir) if publish else None
+    return summary(plan, report, timing, docs)
+
+
+def summary(plan: Plan, report: Any, timing: dict[str, float], docs: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "run_id": report.run_id,
+        "plan": plan.counts(),
+        "stages": report.stage_counts(),
+        "cache_hits": report.cache_hits(),
+        "failed": report.failed,
+        "timing": timing,
+        "docs": docs,
+    }

@@ -1,0 +1,180 @@
+"""Submit a plan's jobs as a DAG of stage tasks: quantize and export once per (model, precision), then per
+platform build -> infer -> accuracy and build -> bench, each stage recorded as it finishes.
+
+Tasks return outcomes for test failures and configuration errors (one broken model never stops the run); only
+infrastructure failures raise, and those are retried by Prefect. ``allow_failure`` lets a stage see why its
+upstream broke so it is recorded as skipped with that reason instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import allow_failure
+from prefect.futures import PrefectFuture, wait
+
+from edgellm.types import Precision, Stage
+from flows.plan import Decision, Job, Plan
+from results.models import ResultStatus
+from tasks.accuracy import accuracy
+from tasks.bench import bench
+from tasks.build import build
+from tasks.export import export
+from tasks.farm import Farm, FarmContext
+from tasks.infer import infer
+from tasks.outcome import StageOutcome
+from tasks.quantize import quantize
+from tasks.record import record
+from tasks.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+PLAN_STATUS = {
+    Decision.NOT_APPLICABLE: ResultStatus.NOT_APPLICABLE,
+    Decision.SKIPPED: ResultStatus.SKIPPED,
+    Decision.WAIVED: ResultStatus.WAIVED,
+}
+
+
+@dataclass
+class RunReport:
+    run_id: int
+    outcomes: dict[str, dict[Stage, StageOutcome]] = field(default_factory=lambda: defaultdict(dict))
+    planned: dict[str, ResultStatus] = field(default_factory=dict)  # jobs decided at plan time
+    wall_s: float = 0.0
+
+    @property
+    def failed(self) -> list[str]:
+        return sorted(k for k, st in self.outcomes.items()
+                      if any(o.status in (ResultStatus.FAIL, ResultStatus.ERROR) for o in st.values()))
+
+    def cache_hits(self) -> dict[str, int]:
+        hits: dict[str, int] = defaultdict(int)
+        for stages in self.outcomes.values():
+            for stage, o in stages.items():
+                if o.cached:
+                    hits[stage.value] += 1
+        return dict(hits)
+
+    def stage_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for stages in self.outcomes.values():
+            for o in stages.values():
+                counts[o.status.value] += 1
+        return dict(counts)
+
+
+def job_spec(job: Job, checkpoint_dir: str) -> JobSpec:
+    e = job.entry
+    return JobSpec(model=e.model, precision=e.precision, platform=job.platform, test_id=e.test_id,
+                   checkpoint_dir=checkpoint_dir, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
+                   max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts))
+
+
+def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
+    """Jobs that will not run are recorded too, with the reason: the matrix shows why a cell is empty."""
+    farm = Farm.get(ctx)
+    for job in plan.jobs:
+        status = PLAN_STATUS.get(job.decision)
+        if status is None:
+            continue
+        for stage in job.entry.stages:
+            farm.recorder.record_result(
+                ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
+                test_id=job.test_id, status=status, reason=job.reason,
+            )
+        report.planned[job.key] = status
+
+
+def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport) -> None:
+    """Submit every runnable job (with its checkpoint dir) and wait for all of them to be recorded."""
+    submitted_at = time.time()
+    prepared: dict[tuple[str, Precision], tuple[PrefectFuture[Any], PrefectFuture[Any], str]] = {}
+    records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
+    for job, ckpt_dir in jobs:
+        spec = job_spec(job, ckpt_dir)
+        pair = (job.model, job.precision)
+        if pair not in prepared:
+            q = quantize.submit(ctx, job.model, job.precision, ckpt_dir)
+            x = export.submit(ctx, job.model, job.precision, ckpt_dir, allow_failure(q),
+                              spec.timeout(Stage.EXPORT))
+            prepared[pair] = (q, x, ckpt_dir)
+        q, x, _ = prepared[pair]
+        futures: dict[Stage, PrefectFuture[Any]] = {Stage.QUANTIZE: q, Stage.EXPORT: x}
+        stages = set(spec.stages)
+        if Stage.BUILD in stages:
+            futures[Stage.BUILD] = build.submit(ctx, spec, allow_failure(x))
+        if Stage.INFER in stages:
+            futures[Stage.INFER] = infer.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
+        if Stage.ACCURACY in stages:
+            futures[Stage.ACCURACY] = accuracy.submit(ctx, spec, allow_failure(futures[Stage.INFER]),
+                                                      allow_failure(q))
+        if Stage.BENCH in stages:
+            futures[Stage.BENCH] = bench.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
+        for stage in spec.stages:
+            rec = record.submit(ctx, spec, stage, allow_failure(futures[stage]), allow_failure(q))
+            records.append((spec.key, stage, rec))
+    wait([r for _, _, r in records])
+    for key, stage, fut in records:
+        report.outcomes[key][stage] = fut.result()
+    report.wall_s = time.time() - submitted_at
+
+
+def timing_summary(report: RunReport, jobs: list[tuple[Job, str]], host_slots: int,
+                   device_slots: dict[str, int]) -> dict[str, float]:
+    """Wall time vs the critical path (the longest dependent chain, or the busiest resource's work divided by
+    its slots, whichever is longer) and the per-task start latency once its inputs were ready."""
+    chains, overheads = [], []
+    busy: dict[str, float] = defaultdict(float)
+    shared_done: set[str] = set()
+    for key, stages in report.outcomes.items():
+        o = stages
+
+        def d(stage: Stage, o: dict[Stage, StageOutcome] = o) -> float:
+            return o[stage].duration_s if stage in o else 0.0
+
+        head = d(Stage.QUANTIZE) + d(Stage.EXPORT)
+        tail = d(Stage.BUILD) + max(d(Stage.INFER) + d(Stage.ACCURACY), d(Stage.BENCH))
+        chains.append(head + tail)
+        for stage, outcome in stages.items():
+            if stage in (Stage.QUANTIZE, Stage.EXPORT):
+                ident = f"{key.split('-mxsl')[0]}:{stage}"
+                if ident in shared_done:
+                    continue
+                shared_done.add(ident)
+                busy["host"] += outcome.duration_s
+            elif outcome.device:
+                busy[outcome.device] += outcome.duration_s
+        upstream = {Stage.EXPORT: Stage.QUANTIZE, Stage.BUILD: Stage.EXPORT, Stage.INFER: Stage.BUILD,
+                    Stage.ACCURACY: Stage.INFER, Stage.BENCH: Stage.BUILD}
+        for stage, outcome in stages.items():
+            up = upstream.get(stage)
+            if up is not None and up in stages and stages[up].ended_at and outcome.started_at:
+                overheads.append(max(0.0, outcome.started_at - stages[up].ended_at))
+    loads = [busy["host"] / max(1, host_slots)] + [v / max(1, device_slots.get(k, 1))
+                                                   for k, v in busy.items() if k != "host"]
+    critical = max([*chains, *loads, 1e-9])
+    return {
+        "wall_s": round(report.wall_s, 3),
+        "critical_path_s": round(critical, 3),
+        "wall_over_critical_path": round(report.wall_s / critical, 3),
+        "median_task_overhead_ms": round(statistics.median(overheads) * 1000, 1) if overheads else 0.0,
+        "tasks_measured": float(len(overheads)),
+    }
+
+
+def toolchain_versions() -> dict[str, str]:
+    import importlib.metadata
+
+    versions = {}
+    for pkg in ("edgellm-farm", "onnxruntime", "onnx", "torch", "transformers", "prefect", "sqlalchemy"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions

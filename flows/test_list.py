@@ -1,0 +1,31 @@
+"""run_test_list: run one priority list (e.g. l0_pipeline_x86cpu) on the devices its platform selector matches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from devices.inventory import load_inventory
+from flows.catalog import Catalog
+from flows.execute import execute_plan
+from flows.nightly import MAX_WORKERS, summary
+from flows.plan import Plan, plan_test_list
+from flows.settings import Settings
+from test_lists.loader import load_list
+
+
+def make_plan(priority: str, settings: Settings) -> tuple[Plan, Catalog]:
+    catalog = Catalog.load()
+    return plan_test_list(load_list(priority), load_inventory(settings.inventory_dir), catalog), catalog
+
+
+@flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
+def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None = None,
+                  inventory: str | None = None, trigger: str = "deployment") -> dict[str, Any]:
+    """Run the list's tests for every platform it selects that has devices; record everything."""
+    settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory)
+    plan, catalog = make_plan(priority, settings)
+    report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
+    return summary(plan, report, timing, None)

@@ -1,0 +1,2 @@
+-- Prefect's own database beside the results database (created by POSTGRES_DB).
+CREATE DATABASE prefect OWNER edgefarm;

@@ -1,0 +1,84 @@
+"""Accuracy: ``edgellm eval`` on a device compares the engine with the Hugging Face reference of the same
+checkpoint (logits, greedy tokens, perplexity) against the per-precision thresholds."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from artifacts.kinds import ArtifactKind
+from devices.inventory import Device
+from devices.transport import Transport
+from edgellm.types import Stage
+from results.models import ResultStatus
+from tasks.common import (
+    RETRY_DELAY_S,
+    STAGE_RETRIES,
+    attempt_recorder,
+    from_device_run,
+    guarded,
+    infra_only,
+    upstream_problem,
+)
+from tasks.device_exec import run_stage
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import StageOutcome
+from tasks.spec import JobSpec
+
+EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
+
+
+def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
+    metrics: dict[str, tuple[float, str]] = {}
+    checks = report.get("checks") or {}
+    if isinstance(checks, dict):
+        for name, check in checks.items():
+            value = check.get("value") if isinstance(check, dict) else None
+            if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+                metrics[name] = (float(value), "")
+    ref, eng = report.get("reference_perplexity"), report.get("engine_perplexity")
+    if isinstance(ref, (int, float)) and isinstance(eng, (int, float)) and ref > 0:
+        metrics["perplexity"] = (float(eng), "")
+        metrics["reference_perplexity"] = (float(ref), "")
+        metrics["perplexity_ratio"] = (float(eng) / float(ref), "")
+    return metrics
+
+
+@task(name="accuracy", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+      cache_policy=NO_CACHE)
+def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseException,
+             quantized: StageOutcome | BaseException) -> StageOutcome:
+    if (skip := upstream_problem(Stage.ACCURACY, inferred) or upstream_problem(Stage.ACCURACY, quantized)):
+        return skip
+    assert isinstance(inferred, StageOutcome) and isinstance(quantized, StageOutcome)
+
+    def body() -> StageOutcome:
+        farm = Farm.get(ctx)
+        engine, ckpt = inferred.outputs["engine"], quantized.outputs["checkpoint"]
+
+        def argv(device: Device, transport: Transport, job_dir: str) -> list[str]:
+            return [device.interpreter, "-m", "edgellm", "eval", "--engine-dir", f"cache/{engine.sha256}",
+                    "--checkpoint", f"cache/{ckpt.sha256}", "--max-tokens", str(EVAL_MAX_TOKENS),
+                    "--output", f"{job_dir}/eval.json"]
+
+        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=argv, inputs=[engine, ckpt],
+                        fetch={"eval.json": "eval.json"}, fetch_on=(ResultStatus.PASS, ResultStatus.FAIL),
+                        timeout=job.timeout(Stage.ACCURACY), on_attempt_failed=attempt_recorder(farm, job,
+                                                                                                 Stage.ACCURACY))
+        out = from_device_run(Stage.ACCURACY, run)
+        if "eval.json" in run.fetched:
+            report = json.loads(run.fetched["eval.json"].read_text())
+            out.artifacts.append(farm.store.put(run.fetched["eval.json"], ArtifactKind.REPORT))
+            out.metrics.update(eval_metrics(report))
+            failed = report.get("failed_checks") or []
+            if failed:
+                out.reason = "failed checks: " + ", ".join(map(str, failed))
+            if bool(report.get("passed")) != (run.status is ResultStatus.PASS):
+                out.status = ResultStatus.FAIL
+                out.reason = "eval exit code and its report disagree"
+        return out
+
+    return guarded(Stage.ACCURACY, body)

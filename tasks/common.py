@@ -1,0 +1,78 @@
+"""Shared by the stage tasks: the retry rule (infrastructure errors only) and outcome bookkeeping."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
+from edgellm.types import Stage
+from results.models import ResultStatus
+from tasks.device_exec import DeviceRun
+from tasks.farm import Farm
+from tasks.outcome import StageOutcome
+from tasks.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+STAGE_RETRIES = 1  # after every device of the platform failed; a later attempt may find one back
+RETRY_DELAY_S = 2.0
+
+
+def infra_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry condition: retry a stage only when it failed for infrastructure reasons."""
+    try:
+        state.result()
+    except InfrastructureError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
+    """Run a stage body: infrastructure errors propagate (Prefect retries them); anything else becomes an
+    outcome with its error kind, so one broken model never stops the run."""
+    try:
+        return body().done()
+    except InfrastructureError:
+        raise
+    except EdgeLLMError as exc:
+        return StageOutcome.from_error(stage, exc)
+    except Exception as exc:  # a bug in the farm: record it as one, keep going
+        log.exception("%s stage crashed", stage)
+        return StageOutcome.from_error(stage, exc)
+
+
+def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None) -> StageOutcome | None:
+    """The outcome to return without running, when the stage this one needs did not pass."""
+    if upstream is None:
+        return None
+    if isinstance(upstream, BaseException):
+        kind = upstream.kind if isinstance(upstream, EdgeLLMError) else ErrorKind.BUG
+        return StageOutcome(stage=stage, status=ResultStatus.SKIPPED, error_kind=kind,
+                            reason=f"upstream stage did not finish: {str(upstream).splitlines()[0][:500]}").done()
+    if not upstream.passed:
+        return StageOutcome.skipped(stage, f"upstream {upstream.stage.value} {upstream.status.value}")
+    return None
+
+
+def from_device_run(stage: Stage, run: DeviceRun) -> StageOutcome:
+    out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
+                       error_kind=run.error_kind, duration_s=run.duration_s)
+    if run.log is not None:
+        out.artifacts.append(run.log)
+    out.metrics["lease_wait_s"] = (run.lease_wait_s, "s")
+    return out
+
+
+def attempt_recorder(farm: Farm, job: JobSpec, stage: Stage) -> Callable[[Any, InfrastructureError, float], None]:
+    def record(device: Any, exc: InfrastructureError, elapsed: float) -> None:
+        farm.recorder.record_attempt(
+            farm.ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
+            test_id=job.test_id, device=device.id, status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
+            reason=str(exc).splitlines()[0][:2000], duration_s=elapsed,
+        )
+
+    return record

@@ -1,0 +1,228 @@
+"""Run one ``edgellm`` command for a stage on a leased device of a platform.
+
+A device is leased in the database (never more than its ``max_jobs``, across processes and hosts). Inputs come
+from the artifact store and are staged into the device's cache (``cache/<sha256>``, verified on transfer and
+reused by later stages). An infrastructure failure (unreachable, connection lost, ...) is recorded as an
+attempt on that device, the device is avoided for the rest of the run, and the stage moves to another device of
+the same platform; with none left, the InfrastructureError propagates (Prefect retries only those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from artifacts.kinds import ArtifactKind, Packing
+from artifacts.store import ArtifactRef
+from devices.inventory import Device
+from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, Transport, open_transport
+from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
+from results import leases
+from results.models import ResultStatus
+from tasks.farm import Farm
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 60.0
+LEASE_WAIT_S = 6 * 3600.0  # a busy platform queues work; it is not an error to wait for it
+STAGING_TIMEOUT_S = 600.0
+
+# exit code of `edgellm` -> (status, error kind); 3 (infrastructure) raises instead
+EXIT_CODES: dict[int, tuple[ResultStatus, ErrorKind | None]] = {
+    0: (ResultStatus.PASS, None),
+    1: (ResultStatus.FAIL, ErrorKind.TEST_FAILURE),
+    2: (ResultStatus.ERROR, ErrorKind.CONFIGURATION),
+    4: (ResultStatus.ERROR, ErrorKind.BUG),
+}
+
+
+@dataclass
+class DeviceRun:
+    device: Device
+    result: CommandResult
+    status: ResultStatus
+    error_kind: ErrorKind | None
+    reason: str | None
+    fetched: dict[str, Path]  # output name -> local path (only when the command ran)
+    log: ArtifactRef | None
+    duration_s: float
+    lease_wait_s: float
+    job_dir: str
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:150]
+
+
+def classify(result: CommandResult, timeout: float) -> tuple[ResultStatus, ErrorKind | None, str | None]:
+    if result.timed_out or result.exit_code == TIMEOUT_EXIT_CODE:
+        return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
+    if result.exit_code == 3:
+        raise InfrastructureError(f"the device reported an infrastructure failure: {last_line(result.stderr)}")
+    status, kind = EXIT_CODES.get(result.exit_code, (ResultStatus.ERROR, ErrorKind.BUG))
+    reason = None if status is ResultStatus.PASS else (last_line(result.stderr) or f"exit code {result.exit_code}")
+    return status, kind, reason
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:2000] if lines else ""
+
+
+def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:
+    """Stage an artifact into the device cache once; returns its path relative to the work dir."""
+    remote = f"cache/{ref.sha256}"
+    if transport.run(["test", "-e", remote], timeout=60).exit_code == 0:
+        return remote
+    with tempfile.TemporaryDirectory(dir=_scratch(farm)) as tmp:
+        local = Path(tmp) / ref.sha256
+        if ref.packing is Packing.TAR:
+            farm.store.extract(ref.sha256, local)
+        else:
+            farm.store.get_file(ref.sha256, local)
+        transport.run(["mkdir", "-p", "cache"], timeout=60)
+        try:
+            transport.put(local, remote)
+        except (ConfigurationError, OSError):
+            # another stage staged the same artifact meanwhile: the cache entry is there and verified
+            if transport.run(["test", "-e", remote], timeout=60).exit_code != 0:
+                raise
+    return remote
+
+
+def _scratch(farm: Farm) -> Path:
+    path = farm.ctx.host_work_dir / "scratch"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[str, Any]:
+    """``edgellm env`` on the device, once per run (keys engine caches by the backend version there)."""
+    with farm.lock:
+        known = farm.backend_versions.get(device.id)
+    if known is not None:
+        return known
+    res = transport.run([device.interpreter, "-m", "edgellm", "env"], timeout=120, env=device.env or None)
+    if res.exit_code != 0:
+        raise InfrastructureError(f"{device.id}: `edgellm env` failed: {last_line(res.stderr)}")
+    try:
+        info = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        raise InfrastructureError(f"{device.id}: `edgellm env` printed no JSON: {res.stdout[:200]!r}") from None
+    with farm.lock:
+        farm.backend_versions[device.id] = info
+    return info
+
+
+def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str]) -> tuple[Device, leases.Lease, float]:
+    t0 = time.monotonic()
+    delay = 0.02
+    while True:
+        with farm.lock:
+            bad = set(farm.bad_devices)
+        order = sorted((d for d in candidates if d.id not in tried), key=lambda d: (d.id in bad, d.id))
+        if not order:
+            raise InfrastructureError("no device left to try")
+        for device in order:
+            lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S)
+            if lease is not None:
+                return device, lease, time.monotonic() - t0
+        if time.monotonic() - t0 > LEASE_WAIT_S:
+            raise leases.LeaseTimeout(f"no free device among {', '.join(d.id for d in order)} "
+                                      f"after {LEASE_WAIT_S:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def run_stage(
+    farm: Farm,
+    *,
+    platform: str,
+    what: str,  # names the job and stage in logs and attempts
+    argv: Callable[[Device, Transport, str], list[str]],  # (device, transport, job dir) -> edgellm argv
+    inputs: Sequence[ArtifactRef] = (),
+    fetch: dict[str, str] | None = None,  # output name -> path relative to the job dir
+    fetch_on: Sequence[ResultStatus] = (ResultStatus.PASS,),
+    timeout: float,
+    on_attempt_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
+    after: Callable[[Transport, DeviceRun], None] | None = None,  # runs while the lease is still held
+) -> DeviceRun:
+    candidates = farm.inventory.select(platform=platform)
+    if not candidates:
+        raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}")
+    tried: set[str] = set()
+    failures: list[str] = []
+    while len(tried) < len(candidates):
+        try:
+            device, lease, waited = _acquire(farm, candidates, tried)
+        except InfrastructureError:
+            break
+        t0 = time.monotonic()
+        try:
+            with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
+                run = _run_once(farm, device, transport, what, argv, inputs, fetch or {}, fetch_on, timeout,
+                                waited, t0)
+                if after is not None:
+                    after(transport, run)
+                return run
+        except InfrastructureError as exc:
+            elapsed = time.monotonic() - t0
+            tried.add(device.id)
+            with farm.lock:
+                farm.bad_devices.add(device.id)
+            failures.append(f"{device.id}: {str(exc).splitlines()[0]}")
+            log.warning("%s: infrastructure failure on %s (%s); trying another %s device", what, device.id,
+                        str(exc).splitlines()[0], platform)
+            if on_attempt_failed is not None:
+                on_attempt_failed(device, exc, elapsed)
+    raise InfrastructureError(f"{what}: every {platform} device failed: " + "; ".join(failures))
+
+
+def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
+              argv: Callable[[Device, Transport, str], list[str]], inputs: Sequence[ArtifactRef],
+              fetch: dict[str, str], fetch_on: Sequence[ResultStatus], timeout: float, waited: float,
+              t0: float) -> DeviceRun:
+    job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
+    for ref in inputs:
+        ensure_on_device(farm, transport, ref)
+    transport.run(["mkdir", "-p", job_dir], timeout=60)
+    command = argv(device, transport, job_dir)
+    logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{slug(what)}-{device.id}.log"
+    log_path.write_text(f"$ {' '.join(command)}\n", encoding="utf-8")
+    result = transport.run(command, timeout=timeout, log=log_path, env=device.env or None)
+    status, kind, reason = classify(result, timeout)
+    fetched: dict[str, Path] = {}
+    if status in fetch_on and fetch:
+        local_dir = Path(tempfile.mkdtemp(dir=_scratch(farm), prefix="fetch-"))
+        for name, rel in fetch.items():
+            dest = local_dir / name
+            with contextlib.suppress(ConfigurationError):
+                transport.get(f"{job_dir}/{rel}", dest)
+                fetched[name] = dest
+            if name not in fetched and status is ResultStatus.PASS:
+                shutil.rmtree(local_dir, ignore_errors=True)
+                raise ConfigurationError(f"{what}: {device.id} passed but wrote no {rel}")
+    log_ref = farm.store.put(log_path, ArtifactKind.LOG)
+    return DeviceRun(device=device, result=result, status=status, error_kind=kind, reason=reason, fetched=fetched,
+                     log=log_ref, duration_s=time.monotonic() - t0, lease_wait_s=waited, job_dir=job_dir)
+
+
+def promote_to_cache(transport: Transport, job_path: str, sha256: str) -> None:
+    """Move a directory the device built into its cache under the sha256 the store gave it."""
+    target = f"cache/{sha256}"
+    if transport.run(["test", "-e", target], timeout=60).exit_code == 0:
+        transport.run(["rm", "-rf", "--", job_path], timeout=300)
+        return
+    transport.run(["mkdir", "-p", "cache"], timeout=60)
+    transport.run(["mv", "-T", "--", job_path, target], timeout=300)

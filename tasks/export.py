@@ -1,0 +1,98 @@
+"""Export: checkpoint -> ONNX directory, on the orchestrating host, cached by content.
+
+Key = (checkpoint sha256, precision, export parameters, edgellm version): a rerun with the same inputs reuses the
+stored ONNX artifact (verified) and says so; anything changed exports again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+import edgellm
+from artifacts.kinds import ArtifactKind, Packing
+from devices.transport.local import LocalTransport
+from edgellm import __version__ as edgellm_version
+from edgellm.compiler.export import OPSET
+from edgellm.types import Precision, Stage
+from results import cache
+from results.models import ResultStatus
+from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only, upstream_problem
+from tasks.device_exec import classify
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import StageOutcome
+
+log = logging.getLogger(__name__)
+
+
+def export_key_inputs(checkpoint_sha: str, precision: Precision) -> dict[str, object]:
+    return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value, "opset": OPSET,
+            "edgellm": edgellm_version}
+
+
+@task(name="export", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+      cache_policy=NO_CACHE)
+def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str,
+           quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
+    if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:
+        return skip
+    assert isinstance(quantized, StageOutcome)
+
+    def body() -> StageOutcome:
+        farm = Farm.get(ctx)
+        ckpt = quantized.outputs["checkpoint"]
+        inputs = export_key_inputs(ckpt.sha256, precision)
+        key = cache.cache_key(inputs)
+        hit = cache.lookup(farm.engine, key)
+        if hit is not None and farm.store.has(hit.sha256):
+            cache.touch(farm.engine, key)
+            ref = farm.store.ref(hit.sha256, ArtifactKind.ONNX, Packing.TAR)
+            log.info("export %s %s: cache hit (key %s, onnx sha256 %s)", model, precision, key[:12],
+                        hit.sha256[:12])
+            out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", cached=True)
+            out.outputs["onnx"] = ref
+            out.artifacts.append(ref)
+            out.metrics["cache_hit"] = (1.0, "")
+            return out
+        with farm.host_slots:
+            return _export(farm, model, precision, Path(checkpoint_dir), key, inputs, timeout_s)
+
+    return guarded(Stage.EXPORT, body)
+
+
+def _export(farm: Farm, model: str, precision: Precision, ckpt_dir: Path, key: str, inputs: dict[str, object],
+            timeout_s: int) -> StageOutcome:
+    work = farm.ctx.host_work_dir / "scratch"
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=work, prefix="export-"))
+    try:
+        logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"export-{model.replace('/', '--')}-{precision}.log"
+        argv = [sys.executable, "-m", "edgellm", "export", str(ckpt_dir), str(tmp / "onnx"),
+                "--precision", precision.value]
+        log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
+        # the same edgellm the orchestrator imported, whatever the subprocess's cwd
+        env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
+        result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)
+        status, kind, reason = classify(result, timeout_s)
+        out = StageOutcome(stage=Stage.EXPORT, status=status, error_kind=kind, reason=reason, device="orchestrator",
+                           duration_s=result.duration)
+        out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
+        if status is ResultStatus.PASS:
+            ref = farm.store.put(tmp / "onnx", ArtifactKind.ONNX)
+            cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs)
+            out.outputs["onnx"] = ref
+            out.artifacts.append(ref)
+            out.metrics["cache_hit"] = (0.0, "")
+            out.metrics["export_s"] = (result.duration, "s")
+            out.metrics["onnx_bytes"] = (float(ref.size), "B")
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

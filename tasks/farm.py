@@ -1,0 +1,70 @@
+"""What every task needs, opened once per process: the results database, the artifact store, the inventory.
+
+A ``FarmContext`` is the small, serializable value flows pass to tasks; ``Farm.get(ctx)`` turns it into handles.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from sqlalchemy import Engine
+
+from artifacts.store import ArtifactStore
+from devices.inventory import Inventory, load_inventory
+from results.db import make_engine
+from results.recorder import Recorder
+
+
+@dataclass(frozen=True)
+class FarmContext:
+    run_id: int
+    db_url: str
+    data_dir: str
+    inventory_dir: str
+    host_slots: int = 2  # stages that run on the orchestrating host (export, reference) at once
+
+    @property
+    def store_dir(self) -> Path:
+        return Path(self.data_dir) / "artifacts"
+
+    @property
+    def host_work_dir(self) -> Path:
+        return Path(self.data_dir) / "host"
+
+
+@dataclass
+class Farm:
+    ctx: FarmContext
+    engine: Engine
+    store: ArtifactStore
+    recorder: Recorder
+    inventory: Inventory
+    host_slots: threading.BoundedSemaphore
+    bad_devices: set[str] = field(default_factory=set)  # devices that failed (infrastructure) in this run
+    backend_versions: dict[str, dict[str, object]] = field(default_factory=dict)  # device id -> `edgellm env`
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    _instances: ClassVar[dict[FarmContext, Farm]] = {}
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def get(cls, ctx: FarmContext) -> Farm:
+        with cls._guard:
+            farm = cls._instances.get(ctx)
+            if farm is None:
+                engine = make_engine(ctx.db_url)
+                farm = cls(ctx=ctx, engine=engine, store=ArtifactStore(ctx.store_dir), recorder=Recorder(engine),
+                           inventory=load_inventory(ctx.inventory_dir),
+                           host_slots=threading.BoundedSemaphore(ctx.host_slots))
+                cls._instances[ctx] = farm
+            return farm
+
+    @classmethod
+    def close(cls, ctx: FarmContext) -> None:
+        with cls._guard:
+            farm = cls._instances.pop(ctx, None)
+        if farm is not None:
+            farm.engine.dispose()

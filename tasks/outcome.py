@@ -1,0 +1,50 @@
+"""What a stage task returns: its status, where it ran, why, its metrics and the artifacts it produced."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from artifacts.store import ArtifactRef
+from edgellm.errors import EdgeLLMError, ErrorKind
+from edgellm.types import Stage
+from results.models import ResultStatus
+
+
+@dataclass
+class StageOutcome:
+    stage: Stage
+    status: ResultStatus
+    device: str | None = None
+    reason: str | None = None
+    error_kind: ErrorKind | None = None
+    duration_s: float = 0.0
+    metrics: dict[str, tuple[float, str]] = field(default_factory=dict)
+    artifacts: list[ArtifactRef] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)  # refs the next stage needs (onnx, engine, checkpoint)
+    cached: bool = False
+    started_at: float = field(default_factory=time.time)  # wall clock when the task body began
+    ended_at: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status is ResultStatus.PASS
+
+    def done(self) -> StageOutcome:
+        self.ended_at = time.time()
+        if not self.duration_s:
+            self.duration_s = self.ended_at - self.started_at
+        return self
+
+    @classmethod
+    def from_error(cls, stage: Stage, exc: BaseException, device: str | None = None) -> StageOutcome:
+        kind = exc.kind if isinstance(exc, EdgeLLMError) else ErrorKind.BUG
+        reason = str(exc) if isinstance(exc, EdgeLLMError) else f"{type(exc).__name__}: {exc}"
+        status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
+        return cls(stage=stage, status=status, device=device, reason=reason.splitlines()[0][:2000],
+                   error_kind=kind).done()
+
+    @classmethod
+    def skipped(cls, stage: Stage, reason: str) -> StageOutcome:
+        return cls(stage=stage, status=ResultStatus.SKIPPED, reason=reason).done()

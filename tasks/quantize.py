@@ -1,0 +1,37 @@
+"""Quantize: produce the checkpoint a precision is exported from. Identity for unquantized precisions (the
+checkpoint goes into the store as is); quantized precisions are refused until a quantizer exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from artifacts.kinds import ArtifactKind
+from edgellm.errors import UnsupportedError
+from edgellm.types import Precision, Stage
+from results.models import ResultStatus
+from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import StageOutcome
+
+IDENTITY = (Precision.FP32, Precision.FP16, Precision.BF16)
+
+
+@task(name="quantize", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+      cache_policy=NO_CACHE)
+def quantize(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str) -> StageOutcome:
+    def body() -> StageOutcome:
+        if precision not in IDENTITY:
+            raise UnsupportedError(f"no quantizer for {precision} yet; identity precisions: "
+                                   f"{', '.join(p.value for p in IDENTITY)}")
+        farm = Farm.get(ctx)
+        ref = farm.store.put(Path(checkpoint_dir), ArtifactKind.CHECKPOINT)
+        out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, reason=f"identity for {precision}")
+        out.artifacts.append(ref)
+        out.outputs["checkpoint"] = ref
+        out.metrics["checkpoint_bytes"] = (float(ref.size), "B")
+        return out
+
+    return guarded(Stage.QUANTIZE, body)

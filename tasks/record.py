@@ -1,0 +1,52 @@
+"""Record: write one stage's outcome (status, reason, error kind, metrics, artifact refs) to the results database.
+
+Idempotent: the result is keyed by (run, model, precision, platform, stage, test id), so a retried record never
+duplicates a row; the result and its metrics go in one transaction.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from edgellm.errors import EdgeLLMError, InfrastructureError
+from edgellm.types import Stage
+from tasks.common import infra_only
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import StageOutcome
+from tasks.progress import StageEvent, emit
+from tasks.spec import JobSpec
+
+
+def as_outcome(stage: Stage, outcome: StageOutcome | BaseException) -> StageOutcome:
+    if isinstance(outcome, StageOutcome):
+        return outcome
+    if not isinstance(outcome, EdgeLLMError):  # Prefect's own (a timeout, a crash) or a bug
+        reason = f"{type(outcome).__name__}: {outcome}"
+        return StageOutcome.from_error(stage, InfrastructureError(reason) if isinstance(outcome, TimeoutError)
+                                       else outcome)
+    return StageOutcome.from_error(stage, outcome)
+
+
+@task(name="record", retries=2, retry_delay_seconds=1.0, retry_condition_fn=infra_only, cache_policy=NO_CACHE)
+def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome | BaseException,
+           quantized: StageOutcome | BaseException) -> StageOutcome:
+    result = as_outcome(stage, outcome)
+    checkpoint = quantized.outputs.get("checkpoint") if isinstance(quantized, StageOutcome) else None
+    model_revision = checkpoint.sha256 if checkpoint is not None else None
+    farm = Farm.get(ctx)
+    farm.recorder.record_result(
+        ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
+        test_id=job.test_id, status=result.status, model_revision=model_revision, device=result.device,
+        reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
+        metrics=result.metrics, artifacts=result.artifacts,
+    )
+    if result.device is not None and not result.cached:
+        farm.recorder.record_attempt(
+            ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
+            test_id=job.test_id, device=result.device, status=result.status, error_kind=result.error_kind,
+            reason=result.reason, duration_s=round(result.duration_s, 4),
+        )
+    emit(StageEvent(job=job.key, stage=stage.value, status=result.status.value, device=result.device,
+                    cached=result.cached))
+    return result

@@ -1,0 +1,33 @@
+"""The job a stage task works on: one test of one model at one precision on one platform (serializable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgellm.types import Precision, Stage
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: str
+    precision: Precision
+    platform: str
+    test_id: str
+    checkpoint_dir: str
+    max_seq_len: int
+    max_batch_size: int
+    max_input_len: int
+    stages: tuple[Stage, ...]
+    timeouts: dict[Stage, int] = field(hash=False, default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.test_id}@{self.platform}"
+
+    def timeout(self, stage: Stage) -> int:
+        return int(self.timeouts.get(stage, 1200))
+
+    @property
+    def build_params(self) -> dict[str, int]:
+        return {"max_batch_size": self.max_batch_size, "max_input_len": self.max_input_len,
+                "max_seq_len": self.max_seq_len}

@@ -1,0 +1,163 @@
+"""The farm end to end, with real parts: Prefect flows, the edgellm CLI on local and SSH devices, SQLite and
+PostgreSQL, the artifact store. Tests in this module share one data dir and database (caches carry across)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from typer.testing import CliRunner
+
+from flows.cli import app
+from results.db import make_engine
+from results.models import Attempt, CacheEntry, Result, Run
+from results.queries import passing_rows
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+MINI = {
+    "name": "mini",
+    "models": ["stories260K", "tiny-qwen3"],
+    "precisions": ["fp32", "fp16", "fp8"],
+    "platforms": ["x86-cpu", "orin"],
+    "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
+                 "stages": ["export", "build", "infer", "accuracy", "bench"]},
+}
+
+
+def _matrix(tmp: Path, spec: dict[str, object]) -> Path:
+    path = tmp / f"{spec['name']}.yml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _nightly(args: list[str]) -> tuple[int, dict[str, object]]:
+    result = CliRunner().invoke(app, ["nightly", "--json", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    start = result.stdout.index('{\n  "run_id"')
+    summary, _ = json.JSONDecoder().raw_decode(result.stdout[start:])
+    return result.exit_code, summary
+
+
+def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    code, summary = _nightly(["--matrix", str(_matrix(tmp_path, MINI)), "--inventory", str(farm_dirs["inventory"]),
+                              "--data-dir", str(farm_dirs["data"])])
+    assert code == 0, summary
+    assert summary["plan"] == {"run": 4, "not_applicable": 6, "skipped": 2}
+    assert summary["failed"] == []
+    assert summary["cache_hits"] == {}
+    engine = make_engine(f"sqlite:///{farm_dirs['db']}")
+    with Session(engine) as s:
+        rows = {(k.model, k.precision.value, k.platform) for k in passing_rows(s)}
+        assert rows == {(m, p, "x86-cpu") for m in ("stories260K", "tiny-qwen3") for p in ("fp32", "fp16")}
+        na = s.scalars(select(Result).where(Result.platform == "orin", Result.precision == "fp8")).all()
+        assert na and all(r.status.value == "not_applicable" and "needs SM89+" in r.reason for r in na)
+        metrics = s.execute(select(Result.stage, func.count()).where(Result.status == "pass")
+                            .group_by(Result.stage)).all()
+        assert dict((st.value, n) for st, n in metrics) == {"export": 4, "build": 4, "infer": 4, "accuracy": 4,
+                                                            "bench": 4}
+        revisions = set(s.scalars(select(Result.model_revision).where(Result.status == "pass")))
+        assert None not in revisions and len(revisions) == 2  # one checkpoint sha256 per model
+    docs = Path(summary["docs"]["out_dir"])
+    md = (docs / "supported-models.md").read_text()
+    for model in ("stories260K", "tiny-qwen3"):
+        assert f"| {model} | fp32 |" in md and f"| {model} | fp16 |" in md
+    assert "orin" not in md.split("## Key metrics")[0]  # nothing passed there: no column
+    html = (docs / "support-matrix.html").read_text()
+    assert "not_applicable" in html and "run 1" in html
+    evidence = (docs / "runs" / "run-1.md").read_text()
+    assert "decode_tokens_per_s" in evidence and "accuracy" in evidence
+    engine.dispose()
+
+
+def test_nightly_rerun_reuses_every_export_and_engine(farm_dirs: dict[str, Path], tmp_path: Path) -> None:
+    code, summary = _nightly(["--matrix", str(_matrix(tmp_path, MINI)), "--inventory", str(farm_dirs["inventory"]),
+                              "--data-dir", str(farm_dirs["data"])])
+    assert code == 0, summary
+    assert summary["cache_hits"] == {"export": 4, "build": 4}
+    engine = make_engine(f"sqlite:///{farm_dirs['db']}")
+    with Session(engine) as s:
+        hits = s.scalars(select(CacheEntry.hits)).all()
+        assert len(hits) == 8 and all(h >= 1 for h in hits)
+        latest = s.scalar(select(func.max(Run.id)))
+        reasons = s.scalars(select(Result.reason).where(Result.run_id == latest, Result.stage == "build",
+                                                      Result.platform == "x86-cpu", Result.status == "pass")).all()
+        assert set(reasons) == {"cache hit"}
+    engine.dispose()
+
+
+def test_query_answers_which_rows_pass(farm_dirs: dict[str, Path]) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["query", "--status", "pass", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert {(r["model"], r["precision"], r["platform"]) for r in rows} == {
+        (m, p, "x86-cpu") for m in ("stories260K", "tiny-qwen3") for p in ("fp32", "fp16")}
+    assert all(r["status"] == "pass" and isinstance(r["run_id"], int) for r in rows)
+    csv_out = runner.invoke(app, ["query", "--platform", "orin", "--format", "csv"])
+    assert csv_out.exit_code == 0 and "not_applicable" in csv_out.output
+    bad = runner.invoke(app, ["query", "--precision", "fp9"])
+    assert bad.exit_code == 2 and "unknown precision 'fp9'" in bad.output
+
+
+def test_l0_list_run_on_the_local_device(farm_dirs: dict[str, Path]) -> None:
+    result = CliRunner().invoke(app, ["run", "--priority", "l0_pipeline_x86cpu", "--inventory",
+                                      str(farm_dirs["inventory"]), "--data-dir", str(farm_dirs["data"])])
+    assert result.exit_code == 0, result.output
+    engine = make_engine(f"sqlite:///{farm_dirs['db']}")
+    with Session(engine) as s:
+        run = s.scalars(select(Run).order_by(Run.id.desc())).first()
+        assert run is not None and run.kind.value == "l0" and run.status.value == "passed"
+        ids = set(s.scalars(select(Result.test_id).where(Result.run_id == run.id)))
+        assert "stories260K-fp32-mxsl256-mxbs2-mxil128" in ids and len(ids) == 6
+    engine.dispose()
+
+
+def test_nightly_on_ssh_devices_survives_a_killed_host(ssh_hosts, device_python, postgres,
+                                                       farm_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from tasks.progress import subscribe
+
+    postgres_url = postgres.create_database()
+    ssh_hosts.ensure_up()
+    inventory = ssh_hosts.write_inventory(tmp_path / "inventory", extra={"python": device_python.python,
+                                                                          "env": device_python.env})
+    (inventory / "local-cpu.yaml").write_text((farm_dirs["inventory"] / "local-cpu.yaml").read_text())
+    victim = ssh_hosts[0]
+    killed: list[str] = []
+
+    def kill_after_first_stage(event) -> None:
+        if event.device == victim.id and not killed:
+            killed.append(event.job)
+            victim.kill()
+
+    spec = {**MINI, "name": "ssh", "precisions": ["fp32", "fp16"], "platforms": ["x86-cpu"],
+            "models": ["stories260K", "tiny-qwen2", "tiny-llama"]}
+    unsubscribe = subscribe(kill_after_first_stage)
+    try:
+        code, summary = _nightly(["--matrix", str(_matrix(tmp_path, spec)), "--inventory", str(inventory),
+                                  "--db", postgres_url, "--data-dir", str(farm_dirs["data"]),
+                                  "--docs-dir", str(tmp_path / "docs")])
+    finally:
+        unsubscribe()
+        ssh_hosts.ensure_up()
+    assert killed, "the victim host never ran a stage"
+    assert code == 0, summary
+    engine = make_engine(postgres_url)
+    with Session(engine) as s:
+        run_id = summary["run_id"]
+        results = s.scalars(select(Result).where(Result.run_id == run_id)).all()
+        keys = [(r.model, r.precision, r.platform, r.stage, r.test_id) for r in results]
+        assert len(keys) == len(set(keys)) == 6 * 5  # no duplicate rows, every stage of every job recorded
+        assert all(r.status.value == "pass" for r in results)
+        failed = s.scalars(select(Attempt).where(Attempt.run_id == run_id, Attempt.device == victim.id,
+                                                 Attempt.status == "error")).all()
+        assert failed, "the killed host's attempts must be recorded"
+        assert all(a.error_kind.value == "infrastructure" for a in failed)
+        used = {r.device for r in results} - {"orchestrator", None}
+        assert len(used) >= 2  # the work really spread over devices
+    engine.dispose()
