@@ -19,8 +19,10 @@ install: $(VENV)/.installed
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# The nightly support matrix on the embedded default: the local x86-cpu device, SQLite under $(DATA_DIR), the
+# bundled stories260K plus tiny checkpoints of every family. Docs land in $(DATA_DIR)/docs/.
 nightly: install
-	$(VENV)/bin/edgellm inspect edgellm/assets/stories260K --output $(DATA_DIR)/nightly/inventory.json
+	EDGEFARM_DATA_DIR=$(abspath $(DATA_DIR)) $(VENV)/bin/edgefarm nightly
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -216,16 +216,17 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
                status: str | None) -> list[dict[str, Any]]:
     from sqlalchemy.orm import Session
 
+    from flows.docs import display_status
     from results.db import make_engine
     from results.migrate import upgrade
     from results.models import Run
     from results.queries import Verdict, latest_status
 
-    wanted = None if status is None else Verdict(status) if status in Verdict.__members__.values() else None
-    if status is not None and wanted is None:
+    valid = [v.value for v in Verdict] + ["skipped", "waived"]
+    if status is not None and status not in valid:
         from edgellm.errors import ConfigurationError
 
-        raise ConfigurationError(f"unknown status {status!r}; valid: {', '.join(v.value for v in Verdict)}")
+        raise ConfigurationError(f"unknown status {status!r}; valid: {', '.join(valid)}")
     engine = make_engine(db_url)
     try:
         upgrade(engine)
@@ -234,11 +235,15 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
             runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
     finally:
         engine.dispose()
-    return [{"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
-             "status": r.verdict.value, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
-             "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
-             "stages": {k.value: v.value for k, v in r.stages.items()}}
-            for r in rows if wanted is None or r.verdict is wanted]
+    rows_out = [
+        {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
+         "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
+         "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
+         "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
+         "stages": {k.value: v.value for k, v in r.stages.items()}}
+        for r in rows
+    ]
+    return [r for r in rows_out if status is None or r["status"] == status]
 
 
 def query(
@@ -246,7 +251,7 @@ def query(
     precision: Annotated[str | None, typer.Option("--precision")] = None,
     platform: Annotated[str | None, typer.Option("--platform")] = None,
     status: Annotated[str | None, typer.Option("--status", help="pass | fail | error | incomplete | "
-                                                                 "not_applicable")] = None,
+                                                                 "not_applicable | skipped | waived")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
     db: DbOption = None,
 ) -> None:
@@ -272,12 +277,13 @@ def query(
         sys.stdout.write(buf.getvalue())
     else:
         t = Table(title=f"latest status ({len(rows)} rows)")
-        for col in ("model", "precision", "platform", "status", "run", "stages"):
+        for col in ("model", "precision", "platform", "status", "run", "failing stages"):
             t.add_column(col)
         for r in rows:
             colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
+            bad = " ".join(f"{k}:{v}" for k, v in r["stages"].items() if v in ("fail", "error"))
             t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]",
-                      str(r["run_id"]), " ".join(f"{k}:{v}" for k, v in r["stages"].items()))
+                      str(r["run_id"]), bad)
         out.print(t)
 
 

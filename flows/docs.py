@@ -52,7 +52,7 @@ def matrix_rows(engine: Engine) -> list[MatrixRow]:
             run = runs[st.run_id]
             rows.append(MatrixRow(
                 model=st.key.model, precision=st.key.precision.value, platform=st.key.platform,
-                status=st.verdict.value if st.verdict.value != "incomplete" else _incomplete_status(st.stages),
+                status=display_status(st.verdict.value, {k.value: v.value for k, v in st.stages.items()}),
                 run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
                 device=", ".join(devices) or None, reason="; ".join(reasons) or None,
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
@@ -60,12 +60,15 @@ def matrix_rows(engine: Engine) -> list[MatrixRow]:
     return rows
 
 
-def _incomplete_status(stages: dict[Any, Any]) -> str:
-    values = {v.value for v in stages.values()}
+def display_status(verdict: str, stages: dict[str, str]) -> str:
+    """The verdict, except that a row nothing ran for says why: waived or skipped rather than incomplete."""
+    if verdict != "incomplete":
+        return verdict
+    values = set(stages.values())
     for status in ("waived", "skipped"):
-        if status in values:
+        if values == {status}:
             return status
-    return "skipped"
+    return verdict
 
 
 def trend_points(engine: Engine) -> list[TrendPoint]:

@@ -18,8 +18,8 @@ CELL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
     ("prefill_tokens_per_s", "prefill tok/s", "{:.0f}"),
     ("perplexity_ratio", "ppl ratio", "{:.4f}"),
-    ("logits_max_abs_diff", "max |Δlogit|", "{:.1e}"),
-    ("greedy_match", "greedy match", "{:.0%}"),
+    ("logits_max_abs_diff", "max abs Δlogit", "{:.1e}"),
+    ("greedy_match_fraction", "greedy match", "{:.0%}"),
 )
 STATUS_COLOURS = {
     "pass": "#2e9e44",
