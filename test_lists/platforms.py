@@ -1,7 +1,7 @@
-"""Which platforms exist and what they can run, read straight from ``devices/types/*.yaml``.
+"""Which platforms exist and what they can run: the device types of the devices package (one YAML file each).
 
-Only the few fields a test list is checked against are read (name = file stem, ``sm``, ``precisions``,
-``kv_cache_precisions``); the devices package owns the full schema. Tests may pass plain names instead.
+Only the few fields a test list is checked against are kept (name, ``sm``, ``precisions``, ``kv_cache_precisions``);
+tests may pass plain names instead.
 """
 
 from __future__ import annotations
@@ -10,12 +10,6 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
-
-from edgellm.errors import ConfigurationError
-
-DEFAULT_TYPES_DIR = Path(__file__).resolve().parent.parent / "devices" / "types"
 
 
 @dataclass(frozen=True)
@@ -37,25 +31,14 @@ class PlatformCatalog:
 
     @classmethod
     def from_dir(cls, types_dir: Path | None = None) -> PlatformCatalog:
-        types_dir = Path(types_dir) if types_dir is not None else DEFAULT_TYPES_DIR
-        files = sorted(types_dir.glob("*.yaml"))
-        if not files:
-            raise ConfigurationError(f"no device types (*.yaml) in {types_dir}; the platform names come from there")
-        types: dict[str, PlatformType] = {}
-        for path in files:
-            try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            except yaml.YAMLError as exc:
-                raise ConfigurationError(f"{path}: device type is not valid YAML: {exc}") from None
-            if not isinstance(data, dict):
-                raise ConfigurationError(f"{path}: device type must be a mapping, got {type(data).__name__}")
-            types[path.stem] = PlatformType(
-                name=path.stem,
-                sm=data.get("sm") if isinstance(data.get("sm"), int) else None,
-                precisions=_str_set(data.get("precisions")),
-                kv_cache_precisions=_str_set(data.get("kv_cache_precisions")),
-            )
-        return cls(types)
+        """The device types of ``types_dir`` (default: devices/types), validated by the devices package."""
+        from devices.types import DEVICE_TYPES, DEVICE_TYPES_DIR, load_device_types
+
+        types = DEVICE_TYPES if types_dir is None or Path(types_dir) == DEVICE_TYPES_DIR else \
+            load_device_types(Path(types_dir))
+        return cls({name: PlatformType(name=name, sm=t.sm, precisions=tuple(p.value for p in t.precisions),
+                                       kv_cache_precisions=tuple(k.value for k in t.kv_cache_precisions))
+                    for name, t in types.items()})
 
     @classmethod
     def from_names(cls, names: Iterable[str]) -> PlatformCatalog:
@@ -75,12 +58,6 @@ class PlatformCatalog:
 
     def matching(self, glob: str) -> list[str]:
         return [n for n in self.names if fnmatch.fnmatchcase(n, glob)]
-
-
-def _str_set(value: object) -> tuple[str, ...] | None:
-    if isinstance(value, list):
-        return tuple(str(v) for v in value)
-    return None
 
 
 def known_platforms(types_dir: Path | None = None) -> set[str]:
