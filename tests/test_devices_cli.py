@@ -105,9 +105,9 @@ def test_list_shows_every_device(live_ssh_hosts: SshHosts, tmp_path: Path) -> No
         assert cells == [host.id, "x86-cpu", "ssh", f"127.0.0.1:{host.port}", f"test, {host.id}", "2"]
 
 
-def test_check_reports_healthy_and_unreachable(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
-    # The device hosts' users cannot read this project's venv: they run /usr/bin/python3 with edgellm on PYTHONPATH.
-    extra = {"python": "/usr/bin/python3", "env": {"PYTHONPATH": str(REPO)}}
+def test_check_reports_healthy_and_unreachable(live_ssh_hosts: SshHosts, device_python, tmp_path: Path) -> None:
+    # The device hosts' users cannot read this interpreter: they run /usr/bin/python3 with this venv's packages.
+    extra = {"python": device_python.python, "env": device_python.env}
     directory = live_ssh_hosts.write_inventory(tmp_path / "inv", extra=extra)
     _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
     code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--json")
