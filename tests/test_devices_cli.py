@@ -19,7 +19,6 @@ from flows.cli import app
 from results.models import DeviceHealth
 from tests.fixtures.sshd import SshHosts, free_port
 
-REPO = Path(__file__).resolve().parents[1]
 WIDE = {"COLUMNS": "250"}
 
 
