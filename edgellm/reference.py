@@ -317,7 +317,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
     timings["checkpoint_digest_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     hf = HFModel(checkpoint)
-    timings["reference_model_load_s"] = time.perf_counter() - t0
+    timings["model_load_s"] = time.perf_counter() - t0
     try:
         t0 = time.perf_counter()
         prompt_ids = [hf.encode(p) for p in settings.prompts]
@@ -326,14 +326,14 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
         timings["tokenize_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         prompt_logits = [hf.logits(ids) for ids in prompt_ids]
-        timings["logits_reference_s"] = time.perf_counter() - t0
+        timings["logits_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         greedy_ids, greedy_steps = [], []
         for ids in prompt_ids:
             out, steps = hf.greedy(ids, settings.greedy_tokens, eos)
             greedy_ids.append(out)
             greedy_steps.append([top_logits(s, GREEDY_TOP_K, eos_t) for s in steps])
-        timings["greedy_reference_s"] = time.perf_counter() - t0
+        timings["greedy_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         windows = make_windows(text_ids, settings.window, settings.max_tokens)
         if not windows:
@@ -343,7 +343,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
             r = hf.logits(w)
             nll.append(window_nll(r, w)[0])
             top1.append(np.argmax(r[:-1], axis=-1).astype(np.int64))
-        timings["perplexity_reference_s"] = time.perf_counter() - t0
+        timings["perplexity_s"] = time.perf_counter() - t0
         auto_class = type(hf.auto_tokenizer).__name__
         versions = hf.versions
     finally:
