@@ -1,5 +1,6 @@
-"""Submit a plan's jobs as a DAG of stage tasks: quantize and export once per (model, precision), then per
-platform build -> infer -> accuracy and build -> bench, each stage recorded as it finishes.
+"""Submit a plan's jobs as a DAG of stage tasks: the transformers reference once per model, quantize and export
+once per (model, precision), then per platform build -> infer -> accuracy (with the reference) and build -> bench,
+each stage recorded as it finishes.
 
 Tasks return outcomes for test failures and configuration errors (one broken model never stops the run); only
 infrastructure failures raise, and those are retried by Prefect. ``allow_failure`` lets a stage see why its
@@ -30,6 +31,7 @@ from tasks.infer import infer
 from tasks.outcome import StageOutcome
 from tasks.quantize import quantize
 from tasks.record import record
+from tasks.reference import reference
 from tasks.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -95,10 +97,13 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport
     """Submit every runnable job (with its checkpoint dir) and wait for all of them to be recorded."""
     submitted_at = time.time()
     prepared: dict[tuple[str, Precision], tuple[PrefectFuture[Any], PrefectFuture[Any], str]] = {}
+    references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the checkpoint only
     records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
     for job, ckpt_dir in jobs:
         spec = job_spec(job, ckpt_dir)
         pair = (job.model, job.precision)
+        if Stage.ACCURACY in spec.stages and job.model not in references:
+            references[job.model] = reference.submit(ctx, job.model, ckpt_dir, spec.timeout(Stage.ACCURACY))
         if pair not in prepared:
             q = quantize.submit(ctx, job.model, job.precision, ckpt_dir)
             x = export.submit(ctx, job.model, job.precision, ckpt_dir, allow_failure(q),
@@ -113,7 +118,7 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport
             futures[Stage.INFER] = infer.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
         if Stage.ACCURACY in stages:
             futures[Stage.ACCURACY] = accuracy.submit(ctx, spec, allow_failure(futures[Stage.INFER]),
-                                                      allow_failure(q))
+                                                      allow_failure(references[job.model]))
         if Stage.BENCH in stages:
             futures[Stage.BENCH] = bench.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
         for stage in spec.stages:

@@ -1,5 +1,7 @@
-"""Accuracy: ``edgellm eval`` on a device compares the engine with the Hugging Face reference of the same
-checkpoint (logits, greedy tokens, perplexity) against the per-precision thresholds."""
+"""Accuracy: ``edgellm eval --reference`` on a device compares the engine with the Hugging Face reference of the
+same checkpoint (logits, greedy tokens, perplexity) against the per-precision thresholds. The reference file is
+made once per model on the orchestrating host (``tasks.reference``) and staged like any artifact: the device
+needs neither torch nor transformers. A reference that failed is this stage's error, with its reason."""
 
 from __future__ import annotations
 
@@ -28,7 +30,23 @@ from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
 
-EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
+
+def reference_problem(reference: StageOutcome | BaseException) -> StageOutcome | None:
+    """The accuracy outcome when the reference could not be made (its error kind, and why), else None."""
+    if isinstance(reference, BaseException):
+        out = StageOutcome.from_error(Stage.ACCURACY, reference, device="orchestrator")
+    elif not reference.passed:
+        out = StageOutcome(stage=Stage.ACCURACY, status=reference.status, device=reference.device,
+                           reason=reference.reason, error_kind=reference.error_kind,
+                           duration_s=reference.duration_s, artifacts=list(reference.artifacts))
+        if out.status is ResultStatus.SKIPPED:
+            return out.done()
+    else:
+        return None
+    out.reason = f"reference: {out.reason or 'failed'}"[:2000]
+    if out.status is ResultStatus.PASS:
+        out.status = ResultStatus.ERROR
+    return out.done()
 
 
 def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
@@ -50,21 +68,20 @@ def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
 @task(name="accuracy", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
       cache_policy=NO_CACHE)
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseException,
-             quantized: StageOutcome | BaseException) -> StageOutcome:
-    if (skip := upstream_problem(Stage.ACCURACY, inferred) or upstream_problem(Stage.ACCURACY, quantized)):
+             reference: StageOutcome | BaseException) -> StageOutcome:
+    if (skip := upstream_problem(Stage.ACCURACY, inferred) or reference_problem(reference)):
         return skip
-    assert isinstance(inferred, StageOutcome) and isinstance(quantized, StageOutcome)
+    assert isinstance(inferred, StageOutcome) and isinstance(reference, StageOutcome)
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
-        engine, ckpt = inferred.outputs["engine"], quantized.outputs["checkpoint"]
+        engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
 
         def argv(device: Device, transport: Transport, job_dir: str) -> list[str]:
             return [device.interpreter, "-m", "edgellm", "eval", "--engine-dir", f"cache/{engine.sha256}",
-                    "--checkpoint", f"cache/{ckpt.sha256}", "--max-tokens", str(EVAL_MAX_TOKENS),
-                    "--output", f"{job_dir}/eval.json"]
+                    "--reference", f"cache/{ref.sha256}", "--output", f"{job_dir}/eval.json"]
 
-        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=argv, inputs=[engine, ckpt],
+        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=argv, inputs=[engine, ref],
                         fetch={"eval.json": "eval.json"}, fetch_on=(ResultStatus.PASS, ResultStatus.FAIL),
                         timeout=job.timeout(Stage.ACCURACY), on_attempt_failed=attempt_recorder(farm, job,
                                                                                                  Stage.ACCURACY))

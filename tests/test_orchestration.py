@@ -83,7 +83,10 @@ def test_nightly_rerun_reuses_every_export_and_engine(farm_dirs: dict[str, Path]
     engine = make_engine(f"sqlite:///{farm_dirs['db']}")
     with Session(engine) as s:
         hits = s.scalars(select(CacheEntry.hits)).all()
-        assert len(hits) == 8 and all(h >= 1 for h in hits)
+        assert len(hits) == 10 and all(h >= 1 for h in hits)  # 4 exports, 4 engines, 2 references (per model)
+        kinds = s.scalars(select(CacheEntry.inputs)).all()
+        refs = {k["checkpoint_sha256"] for k in kinds if k["stage"] == "reference"}
+        assert len(refs) == 2  # one per model, shared by its precisions and platforms
         latest = s.scalar(select(func.max(Run.id)))
         reasons = s.scalars(select(Result.reason).where(Result.run_id == latest, Result.stage == "build",
                                                       Result.platform == "x86-cpu", Result.status == "pass")).all()

@@ -1,4 +1,5 @@
-"""``edgellm eval``: compare a built engine with Hugging Face transformers running the same checkpoint."""
+"""``edgellm eval``: compare a built engine with Hugging Face transformers running the same checkpoint, either
+here (``--checkpoint``) or from a reference file ``edgellm reference`` made (``--reference``: no torch needed)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgellm import BUNDLED_TEXT_FILE
-from edgellm.accuracy import DEFAULT_GREEDY_TOKENS, DEFAULT_MAX_TOKENS, EvalOptions, run_eval
+from edgellm.accuracy import DEFAULT_GREEDY_TOKENS, DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, EvalOptions, run_eval
 from edgellm.errors import TestFailure
 from edgellm.reporting import json_safe, write_json_atomic
 
@@ -18,13 +18,20 @@ HELP = "check an engine's logits, greedy output and perplexity against transform
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-dir", type=Path, required=True, help="engine directory (from `edgellm build`)")
-    p.add_argument("--checkpoint", type=Path, required=True, help="the Hugging Face checkpoint it was built from")
-    p.add_argument("--text", type=Path, default=BUNDLED_TEXT_FILE,
-                   help="text for the perplexity check (default: the bundled TinyStories sample)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"tokens of the text to evaluate (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--greedy-tokens", type=int, default=DEFAULT_GREEDY_TOKENS,
-                   help=f"tokens to generate per prompt for the greedy check (default {DEFAULT_GREEDY_TOKENS})")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="the Hugging Face checkpoint it was built from (runs "
+                                                     "transformers here)")
+    src.add_argument("--reference", type=Path, help="a reference file from `edgellm reference` of that checkpoint "
+                                                    "(no torch/transformers needed; its settings apply)")
+    p.add_argument("--text", type=Path, default=None,
+                   help="with --checkpoint: text for the perplexity check (default: the bundled TinyStories sample)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"with --checkpoint: tokens of the text to evaluate (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--greedy-tokens", type=int, default=None,
+                   help=f"with --checkpoint: tokens to generate per prompt (default {DEFAULT_GREEDY_TOKENS})")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"with --checkpoint: perplexity window in tokens (default {DEFAULT_WINDOW}; must fit the "
+                        f"engine's max_input_len)")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: runtime's)")
     p.add_argument("--thresholds", type=Path, default=None,
                    help="JSON/YAML thresholds, flat or keyed by precision (fp32: {...}); null disables a check")
@@ -46,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     opts = EvalOptions(
         engine_dir=args.engine_dir,
         checkpoint=args.checkpoint,
+        reference=args.reference,
         text_file=args.text,
+        window=args.window,
         greedy_tokens=args.greedy_tokens,
         max_tokens=args.max_tokens,
         thresholds_file=args.thresholds,

@@ -1,0 +1,107 @@
+"""Reference: the transformers reference of a checkpoint (``edgellm reference``), computed on the orchestrating
+host once per model and cached by content, so accuracy on a device needs neither torch nor transformers.
+
+Key = (checkpoint sha256, reference settings, edgellm version, transformers version). A failure is returned as an
+outcome of the accuracy stage (there is no reference stage); the accuracy task records it with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+import edgellm
+from artifacts.kinds import ArtifactKind, Packing
+from devices.transport.local import LocalTransport
+from edgellm import BUNDLED_TEXT_FILE
+from edgellm import __version__ as edgellm_version
+from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS, checkpoint_digest
+from edgellm.types import Stage
+from results import cache
+from results.models import ResultStatus
+from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only
+from tasks.device_exec import classify
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import StageOutcome
+
+log = logging.getLogger(__name__)
+
+EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
+REFERENCE_WINDOW = DEFAULT_WINDOW  # perplexity window; every farm engine has max_input_len >= this
+
+
+def transformers_version() -> str:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
+    text_sha = hashlib.sha256(BUNDLED_TEXT_FILE.read_bytes()).hexdigest()
+    prompts_sha = hashlib.sha256("\0".join(PROMPTS).encode()).hexdigest()
+    return {"stage": "reference", "format": FORMAT, "checkpoint_sha256": checkpoint_sha,
+            "settings": {"max_tokens": EVAL_MAX_TOKENS, "greedy_tokens": DEFAULT_GREEDY_TOKENS,
+                         "window": REFERENCE_WINDOW, "text_sha256": text_sha, "prompts_sha256": prompts_sha},
+            "edgellm": edgellm_version, "transformers": transformers_version()}
+
+
+@task(name="reference", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+      cache_policy=NO_CACHE)
+def reference(ctx: FarmContext, model: str, checkpoint_dir: str, timeout_s: int) -> StageOutcome:
+    def body() -> StageOutcome:
+        farm = Farm.get(ctx)
+        inputs = reference_key_inputs(checkpoint_digest(Path(checkpoint_dir)))
+        key = cache.cache_key(inputs)
+        hit = cache.lookup(farm.engine, key)
+        if hit is not None and farm.store.has(hit.sha256):
+            cache.touch(farm.engine, key)
+            ref = farm.store.ref(hit.sha256, ArtifactKind.OTHER, Packing.FILE)
+            log.info("reference %s: cache hit (key %s, file sha256 %s)", model, key[:12], hit.sha256[:12])
+            out = StageOutcome(stage=Stage.ACCURACY, status=ResultStatus.PASS, reason="reference cache hit",
+                               device="orchestrator", cached=True)
+            out.outputs["reference"] = ref
+            out.metrics["reference_cache_hit"] = (1.0, "")
+            return out
+        with farm.host_slots:
+            return _reference(farm, model, Path(checkpoint_dir), key, inputs, timeout_s)
+
+    return guarded(Stage.ACCURACY, body)
+
+
+def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[str, object],
+               timeout_s: int) -> StageOutcome:
+    work = farm.ctx.host_work_dir / "scratch"
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=work, prefix="reference-"))
+    try:
+        logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"reference-{model.replace('/', '--')}.log"
+        argv = [sys.executable, "-m", "edgellm", "reference", str(ckpt_dir), "--output", str(tmp / "reference.npz"),
+                "--max-tokens", str(EVAL_MAX_TOKENS), "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS),
+                "--window", str(REFERENCE_WINDOW)]
+        log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
+        env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
+        result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)
+        status, kind, reason = classify(result, timeout_s)
+        out = StageOutcome(stage=Stage.ACCURACY, status=status, error_kind=kind, reason=reason,
+                           device="orchestrator", duration_s=result.duration)
+        out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
+        if status is ResultStatus.PASS:
+            ref = farm.store.put(tmp / "reference.npz", ArtifactKind.OTHER)
+            cache.remember(farm.engine, key, ArtifactKind.OTHER, ref.sha256, inputs)
+            out.outputs["reference"] = ref
+            out.metrics["reference_cache_hit"] = (0.0, "")
+            out.metrics["reference_s"] = (result.duration, "s")
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
