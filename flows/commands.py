@@ -126,8 +126,9 @@ def _print_summary(result: dict[str, Any]) -> int:
               + " (exports and engines are reused when their inputs are unchanged)")
     if t:
         out.print(f"wall {t.get('wall_s')} s, critical path {t.get('critical_path_s')} s "
-                  f"(ratio {t.get('wall_over_critical_path')}), median task start latency "
-                  f"{t.get('median_task_overhead_ms')} ms")
+                  f"(ratio {t.get('wall_over_critical_path')}); Prefect overhead per task "
+                  f"{t.get('median_task_overhead_ms')} ms (median), start latency once inputs are ready "
+                  f"{t.get('median_task_start_latency_ms')} ms")
     if result.get("docs"):
         d = result["docs"]
         out.print(f"docs: {d['out_dir']}/supported-models.md and support-matrix.html "

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
+
+from prefect.runtime import task_run as prefect_task_run
 
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
 from edgellm.types import Stage
@@ -34,15 +37,19 @@ def infra_only(task: Any, task_run: Any, state: Any) -> bool:
 def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
     """Run a stage body: infrastructure errors propagate (Prefect retries them); anything else becomes an
     outcome with its error kind, so one broken model never stops the run."""
+    started = time.time()
     try:
-        return body().done()
+        outcome = body().done()
     except InfrastructureError:
         raise
     except EdgeLLMError as exc:
-        return StageOutcome.from_error(stage, exc)
+        outcome = StageOutcome.from_error(stage, exc)
     except Exception as exc:  # a bug in the farm: record it as one, keep going
         log.exception("%s stage crashed", stage)
-        return StageOutcome.from_error(stage, exc)
+        outcome = StageOutcome.from_error(stage, exc)
+    outcome.started_at = min(outcome.started_at, started)
+    outcome.task_run_id = str(prefect_task_run.id) if prefect_task_run.id else None
+    return outcome
 
 
 def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None) -> StageOutcome | None:

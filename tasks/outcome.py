@@ -26,6 +26,7 @@ class StageOutcome:
     cached: bool = False
     started_at: float = field(default_factory=time.time)  # wall clock when the task body began
     ended_at: float = 0.0
+    task_run_id: str | None = None  # the Prefect task run that produced it (orchestration overhead is measured)
 
     @property
     def passed(self) -> bool:
