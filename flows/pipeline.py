@@ -85,16 +85,15 @@ def job_spec(job: Job, checkpoint_dir: str) -> JobSpec:
 def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
     """Jobs that will not run are recorded too, with the reason: the matrix shows why a cell is empty."""
     farm = Farm.get(ctx)
+    rows = []
     for job in plan.jobs:
         status = PLAN_STATUS.get(job.decision)
         if status is None:
             continue
-        for stage in job.entry.stages:
-            farm.recorder.record_result(
-                ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-                test_id=job.test_id, status=status, reason=job.reason,
-            )
+        rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
+                  "test_id": job.test_id, "status": status, "reason": job.reason} for stage in job.entry.stages]
         report.planned[job.key] = status
+    farm.recorder.record_results(ctx.run_id, rows)
 
 
 def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport) -> None:

@@ -157,6 +157,39 @@ class Recorder:
         artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
     ) -> int:
         """Insert or replace one result with its metrics and artifact refs; returns the result id."""
+        values, metric_rows, links = self._result_rows(
+            run_id, model=model, precision=precision, platform=platform, stage=stage, test_id=test_id,
+            status=status, model_revision=model_revision, device=device, reason=reason, error_kind=error_kind,
+            duration_s=duration_s, metrics=metrics, artifacts=artifacts)
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            return self._write_result(s, values, metric_rows, links)
+
+    def record_results(self, run_id: int, results: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Several results (keyword arguments of :meth:`record_result` each) in one transaction."""
+        rows = [self._result_rows(run_id, **r) for r in results]
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            return [self._write_result(s, *row) for row in rows]
+
+    def _result_rows(
+        self,
+        run_id: int,
+        *,
+        model: str,
+        precision: Precision | str,
+        platform: str,
+        stage: Stage | str,
+        test_id: str,
+        status: ResultStatus | str,
+        model_revision: str | None = None,
+        device: str | None = None,
+        reason: str | None = None,
+        error_kind: ErrorKind | str | None = None,
+        duration_s: float | None = None,
+        metrics: Mapping[str, tuple[float, str]] | None = None,
+        artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
             "model": _nonempty(model, "model"),
@@ -176,20 +209,21 @@ class Recorder:
             {"name": _nonempty(name, "metric name", 100), "value": float(v), "unit": unit}
             for name, (v, unit) in (metrics or {}).items()
         ]
-        links = [self._link(a) for a in artifacts]
+        return values, metric_rows, [self._link(a) for a in artifacts]
+
+    def _write_result(self, s: Session, values: dict[str, Any], metric_rows: list[dict[str, Any]],
+                      links: list[ArtifactLink]) -> int:
         key = ["run_id", "model", "precision", "platform", "stage", "test_id"]
-        with write_session(self.engine) as s:
-            self._run(s, run_id)
-            ins = _upsert(s)(Result).values(**values)
-            replace = {k: ins.excluded[k] for k in values if k not in key}
-            stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)
-            result_id = int(s.execute(stmt).scalar_one())
-            s.execute(delete(Metric).where(Metric.result_id == result_id))
-            if metric_rows:
-                s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
-            for link in links:
-                self._add_link(s, run_id, result_id, link)
-            self._bump_latest(s, values["model"], values["precision"], values["platform"], run_id)
+        ins = _upsert(s)(Result).values(**values)
+        replace = {k: ins.excluded[k] for k in values if k not in key}
+        stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)
+        result_id = int(s.execute(stmt).scalar_one())
+        s.execute(delete(Metric).where(Metric.result_id == result_id))
+        if metric_rows:
+            s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
+        for link in links:
+            self._add_link(s, values["run_id"], result_id, link)
+        self._bump_latest(s, values["model"], values["precision"], values["platform"], values["run_id"])
         return result_id
 
     def record_attempt(
