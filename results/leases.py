@@ -70,10 +70,14 @@ def _validate(device_id: str, max_jobs: int, ttl_s: float) -> None:
 
 
 def try_acquire(
-    engine: Engine, device_id: str, max_jobs: int, *, holder: str | None = None, ttl_s: float = DEFAULT_TTL_S
+    engine: Engine, device_id: str, max_jobs: int, *, holder: str | None = None, ttl_s: float = DEFAULT_TTL_S,
+    slots: int = 1,
 ) -> Lease | None:
-    """One attempt: a lease if the device has a free slot now, else None."""
+    """One attempt: a lease if the device has ``slots`` free slots now, else None. ``slots=max_jobs`` holds the
+    device exclusively (benchmarks: nothing else runs beside them)."""
     _validate(device_id, max_jobs, ttl_s)
+    if not isinstance(slots, int) or not 1 <= slots <= max_jobs:
+        raise ConfigurationError(f"bad slots {slots!r} for device {device_id!r}: need 1..{max_jobs} (its max_jobs)")
     holder = holder or default_holder()
     with writer(engine).connect() as conn, conn.begin():
         pg = conn.dialect.name == "postgresql"
@@ -89,12 +93,13 @@ def try_acquire(
         ).scalars().all()
         for dead in expired:
             log.warning("reclaimed expired lease on %s held by %s", device_id, dead)
-        held = conn.scalar(select(func.count()).select_from(DeviceLease).where(DeviceLease.device_id == device_id))
-        if (held or 0) >= max_jobs:
+        held = conn.scalar(select(func.coalesce(func.sum(DeviceLease.slots), 0))
+                           .where(DeviceLease.device_id == device_id))
+        if int(held or 0) + slots > max_jobs:
             return None
         lease_id = conn.execute(
             insert(DeviceLease)
-            .values(device_id=device_id, holder=holder, acquired_at=now, heartbeat_at=now, ttl_s=ttl_s)
+            .values(device_id=device_id, holder=holder, acquired_at=now, heartbeat_at=now, ttl_s=ttl_s, slots=slots)
             .returning(DeviceLease.id)
         ).scalar_one()
     return Lease(int(lease_id), device_id, holder, ttl_s, now)

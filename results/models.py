@@ -248,6 +248,7 @@ class DeviceLease(Base):
     acquired_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     ttl_s: Mapped[float] = mapped_column(Float)
+    slots: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # max_jobs = exclusive
 
 
 class Attempt(Base):

@@ -59,7 +59,7 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -
             runs[mode] = run_stage(farm, platform=job.platform, what=f"bench-{mode}-{job.key}", argv=argv,
                                    inputs=[engine], fetch={"bench.json": "bench.json"},
                                    timeout=job.timeout(Stage.BENCH),
-                                   on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH))
+                                   on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH), exclusive=True)
             if runs[mode].status is not ResultStatus.PASS:
                 return from_device_run(Stage.BENCH, runs[mode])
         out = from_device_run(Stage.BENCH, runs["decode"])

@@ -123,7 +123,8 @@ def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[st
     return info
 
 
-def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str]) -> tuple[Device, leases.Lease, float]:
+def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
+             exclusive: bool) -> tuple[Device, leases.Lease, float]:
     t0 = time.monotonic()
     delay = 0.02
     while True:
@@ -133,7 +134,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str]) -> tuple
         if not order:
             raise InfrastructureError("no device left to try")
         for device in order:
-            lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S)
+            lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S,
+                                       slots=device.max_jobs if exclusive else 1)
             if lease is not None:
                 return device, lease, time.monotonic() - t0
         if time.monotonic() - t0 > LEASE_WAIT_S:
@@ -155,6 +157,7 @@ def run_stage(
     timeout: float,
     on_attempt_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
     after: Callable[[Transport, DeviceRun], None] | None = None,  # runs while the lease is still held
+    exclusive: bool = False,  # hold every slot of the device (benchmarks: nothing runs beside them)
 ) -> DeviceRun:
     candidates = farm.inventory.select(platform=platform)
     if not candidates:
@@ -163,7 +166,7 @@ def run_stage(
     failures: list[str] = []
     while len(tried) < len(candidates):
         try:
-            device, lease, waited = _acquire(farm, candidates, tried)
+            device, lease, waited = _acquire(farm, candidates, tried, exclusive)
         except InfrastructureError:
             break
         t0 = time.monotonic()

@@ -107,3 +107,17 @@ def test_acquire_timeout_and_bad_input(engine: Engine) -> None:
         try_acquire(engine, "a30-1", 0)
     with pytest.raises(ConfigurationError, match="ttl_s"):
         try_acquire(engine, "a30-1", 1, ttl_s=0)
+
+
+def test_exclusive_lease_takes_every_slot(engine: Engine) -> None:
+    one = try_acquire(engine, "dev-x", 2)
+    assert one is not None
+    assert try_acquire(engine, "dev-x", 2, slots=2) is None  # a benchmark waits until the device is idle
+    release(engine, one)
+    whole = try_acquire(engine, "dev-x", 2, slots=2)
+    assert whole is not None
+    assert try_acquire(engine, "dev-x", 2) is None  # nothing runs beside it
+    release(engine, whole)
+    assert try_acquire(engine, "dev-x", 2) is not None
+    with pytest.raises(ConfigurationError, match="bad slots 3"):
+        try_acquire(engine, "dev-x", 2, slots=3)
