@@ -142,7 +142,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
             raise leases.LeaseTimeout(f"no free device among {', '.join(d.id for d in order)} "
                                       f"after {LEASE_WAIT_S:.0f} s")
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+        delay = min(delay * 1.5, 0.2)
 
 
 def run_stage(
