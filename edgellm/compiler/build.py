@@ -64,6 +64,9 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
         if built["precision"] != exported:
             raise TestFailure(f"built engine holds {built['precision']} weights but the export is {exported}: "
                               f"the backend changed the precision")
+        # Files the backend took unchanged from the export (hard links): their digests were just verified.
+        known = {name: export_manifest["files"][src]["sha256"] for name, src in built.get("reused_files", {}).items()
+                 if src in export_manifest["files"]}
         manifest = {
             "format": "edgellm-engine/1",
             "edgellm_version": __version__,
@@ -82,7 +85,7 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
                               "checkpoint_sha256": export_manifest.get("checkpoint", {}).get("sha256")},
             "build_seconds": round(time.perf_counter() - started, 3),
             "created_unix": int(time.time()),
-            "files": file_table(out),
+            "files": file_table(out, known=known),
         }
         write_json(out / ENGINE_MANIFEST, manifest)
     log.info("built %s engine %s in %.1f s", engine.backend.value, engine_dir, manifest["build_seconds"])

@@ -171,9 +171,10 @@ class Decoder(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-        *past: torch.Tensor,
+        *past: torch.Tensor, logits_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...)."""
+        """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...). ``logits_positions`` (int64
+        [n], indices into the S new positions) limits the logits to those positions: [B, n, vocab]."""
         s = input_ids.shape[1]
         past_len = past[0].shape[2]
         total = attention_mask.shape[1]
@@ -191,6 +192,8 @@ class Decoder(nn.Module):
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             presents += [k, v]
+        if logits_positions is not None:
+            x = x.index_select(1, logits_positions)
         logits = self.lm_head(self.model.norm(x)).float()
         return (logits, *presents)
 

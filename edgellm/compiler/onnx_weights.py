@@ -1,0 +1,154 @@
+"""Turn a weight-free ONNX trace into the exported model, writing every weight once.
+
+``torch.onnx.export(export_params=False)`` gives a small graph whose weights are graph inputs named like the
+module's parameters. Here they become initializers stored in one external data file, written straight from the
+torch tensors (no protobuf of the weights, no re-load, no shape inference over gigabytes) and hashed as written:
+
+- a weight used only through ``Transpose(perm=[1, 0])`` (``nn.Linear``) is stored transposed, ``[in, out]``, and
+  the Transpose node is dropped, so ONNX Runtime has nothing to constant-fold into a second copy;
+- a tied embedding (``Gather`` for the lookup and ``Transpose`` for the lm_head) is stored once, transposed
+  ``[hidden, vocab]`` for the MatMul; the lookup becomes ``Gather(axis=1)`` + ``Transpose``.
+
+Offsets are aligned to 4096 bytes so the runtime can map each tensor directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ALIGN = 4096
+LOOKAHEAD = 2  # tensors prepared / hashed ahead of the writer (bounds the extra memory to ~2 tensors)
+
+
+def _perm(node: Any) -> list[int] | None:
+    for a in node.attribute:
+        if a.name == "perm":
+            return list(a.ints)
+    return None
+
+
+def _gather_axis(node: Any) -> int:
+    for a in node.attribute:
+        if a.name == "axis":
+            return int(a.i)
+    return 0
+
+
+def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_path: Path) -> str:
+    """Replace ``model``'s graph inputs other than ``inputs`` (each named in ``weights``: torch tensors) by
+    external initializers in ``data_path`` (written here); returns the data file's sha256. ``model`` is an
+    ``onnx.ModelProto``, edited in place."""
+    import torch
+    from onnx import helper
+
+    graph = model.graph
+    weight_inputs = [i for i in graph.input if i.name not in inputs]
+    unknown = [i.name for i in weight_inputs if i.name not in weights]
+    if unknown:
+        from edgellm.errors import BugError
+
+        raise BugError(f"traced graph inputs without a tensor: {', '.join(unknown[:5])}")
+    consumers: dict[str, list[Any]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    renames: dict[str, str] = {}  # Transpose output -> stored (transposed) initializer
+    drop: set[int] = set()
+    plan: list[tuple[str, torch.Tensor]] = []
+    extra_nodes: dict[int, list[Any]] = {}  # replaces node id(...) with these nodes
+    for inp in weight_inputs:
+        tensor = weights[inp.name].detach()
+        users = consumers[inp.name]
+        transposes = [n for n in users if n.op_type == "Transpose" and _perm(n) == [1, 0]]
+        gathers = [n for n in users if n.op_type == "Gather" and n.input[0] == inp.name and _gather_axis(n) == 0]
+        if tensor.dim() == 2 and transposes and len(transposes) + len(gathers) == len(users):
+            stored = f"{inp.name}.T"
+            plan.append((stored, tensor.t()))  # made contiguous by the writer, one tensor ahead
+            for t in transposes:
+                renames[t.output[0]] = stored
+                drop.add(id(t))
+            for g in gathers:  # Gather(W, ids) == Transpose(Gather(W^T, ids, axis=1)): [H, *ids] -> [*ids, H]
+                mid = f"{g.output[0]}.hidden_first"
+                rank = _rank_of(graph, g.input[1])
+                extra_nodes[id(g)] = [
+                    helper.make_node("Gather", [stored, g.input[1]], [mid], name=f"{g.name}.T", axis=1),
+                    helper.make_node("Transpose", [mid], [g.output[0]], name=f"{g.name}.untranspose",
+                                     perm=[*range(1, rank + 1), 0]),
+                ]
+        else:
+            plan.append((inp.name, tensor))
+    new_nodes = []
+    for node in graph.node:
+        if id(node) in drop:
+            continue
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        new_nodes.extend(extra_nodes.get(id(node), [node]))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    keep = [i for i in graph.input if i.name in inputs]
+    del graph.input[:]
+    graph.input.extend(keep)
+
+    return _write(plan, graph, data_path)
+
+
+def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
+    """Write the tensors in order, 4096-aligned; transposing the next tensor and hashing the last one run in two
+    threads beside the write (torch copies, hashlib and file writes release the GIL). Returns the sha256."""
+    import onnx
+    from onnx import helper
+
+    h = hashlib.sha256()
+    offset = 0
+    prep, hasher = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    ready = deque(prep.submit(_as_array, t) for _, t in plan[:LOOKAHEAD])
+    hashing: deque[Future[None]] = deque()
+    try:
+        with open(data_path, "wb") as f:
+            for i, (name, _) in enumerate(plan):
+                arr = ready.popleft().result()
+                if i + LOOKAHEAD < len(plan):
+                    ready.append(prep.submit(_as_array, plan[i + LOOKAHEAD][1]))
+                pad = b"\0" * (-offset % ALIGN)
+                f.write(pad)
+                offset += len(pad)
+                buf = memoryview(arr).cast("B")
+                f.write(buf)
+                hashing.append(hasher.submit(_update, h, pad, buf))
+                if len(hashing) > LOOKAHEAD:
+                    hashing.popleft().result()
+                init = onnx.TensorProto(name=name, dims=list(arr.shape),
+                                        data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                init.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
+                    init.external_data.add(key=k, value=v)
+                graph.initializer.append(init)
+                offset += arr.nbytes
+        for fut in hashing:
+            fut.result()
+    finally:
+        prep.shutdown(cancel_futures=True)
+        hasher.shutdown()
+    return h.hexdigest()
+
+
+def _as_array(tensor: Any) -> Any:
+    return tensor.contiguous().numpy()
+
+
+def _update(h: Any, pad: bytes, buf: memoryview) -> None:
+    h.update(pad)
+    h.update(buf)
+
+
+def _rank_of(graph: Any, name: str) -> int:
+    for vi in (*graph.input, *graph.value_info):
+        if vi.name == name:
+            return len(vi.type.tensor_type.shape.dim)
+    return 2  # the token ids [batch, seq]
