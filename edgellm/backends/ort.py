@@ -1,14 +1,14 @@
 """ONNX Runtime (CPU) backend: the engine is the offline-optimized graph ORT writes for this machine's CPU.
 
-Weights the optimizer leaves unchanged are not re-serialized: the engine's ``model.onnx.data`` is an in-kernel copy
-of the export's data file (so its digest is known), and only new or changed initializers go to ``model.engine.data``.
+The weight matrices are not re-serialized: ORT optimizes the graph with them as graph inputs (so it neither loads
+them nor changes them), then they are put back as initializers pointing into the engine's ``model.onnx.data``, an
+in-kernel copy of the export's data file (so its digest is the export's, already verified). What the optimizer
+writes itself (norm weights, folded constants) goes to ``model.engine.data``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,7 @@ from edgellm.types import Backend
 
 ENGINE_MODEL = "model.onnx"
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
-OWNED_DATA = "model.engine.data"  # initializers the optimizer created or changed
-ALIGN = 4096
+OWNED_DATA = "model.engine.data"  # initializers the optimizer wrote (norm weights, folded constants)
 # EXTENDED: fusions valid for any CPU ORT build; ALL would add layout ops tied to this CPU's instruction set.
 OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 
@@ -61,33 +60,48 @@ class OrtBackend(EngineBackend):
         return onnxruntime.__version__
 
     def build(self, onnx_model: Path, out_dir: Path, params: BuildParams) -> dict[str, Any]:
+        import onnx
         import onnxruntime as ort
 
+        graph, weights, data_file = _weights_as_inputs(onnx_model)
         so = ort.SessionOptions()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVEL)
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", ENGINE_DATA)
+        so.optimized_model_filepath = str(out_dir / ENGINE_MODEL)
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", OWNED_DATA)
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         so.intra_op_num_threads = physical_cores()
-        # ORT rewrites every weight with the optimized graph; it goes to memory-backed scratch, and the weights the
-        # optimizer left unchanged are then taken from the export's data file (already hashed), not from that copy.
-        with tempfile.TemporaryDirectory(prefix="edgellm-ort-", dir=_scratch_root(onnx_model)) as tmp:
-            so.optimized_model_filepath = str(Path(tmp) / ENGINE_MODEL)
-            try:
-                sess = ort.InferenceSession(str(onnx_model), so, providers=["CPUExecutionProvider"])
-            except Exception as exc:  # ORT raises its own exception types for bad graphs
-                raise ConfigurationError(f"{onnx_model}: ONNX Runtime cannot load the exported graph ({exc})") from None
-            io = {"inputs": _specs(sess.get_inputs()), "outputs": _specs(sess.get_outputs())}
-            del sess
-            weights = reuse_export_weights(Path(tmp) / ENGINE_MODEL, onnx_model, out_dir)
+        try:
+            sess = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception types for bad graphs
+            raise ConfigurationError(f"{onnx_model}: ONNX Runtime cannot load the exported graph ({exc})") from None
+        io = {"inputs": [s for s in _specs(sess.get_inputs()) if s.name not in weights],
+              "outputs": _specs(sess.get_outputs())}
+        del sess, graph
+        optimized = onnx.load(str(out_dir / ENGINE_MODEL), load_external_data=False)
+        used = {i.name for i in optimized.graph.input} & set(weights)
+        keep = [i for i in optimized.graph.input if i.name not in weights]
+        del optimized.graph.input[:]
+        optimized.graph.input.extend(keep)
+        for name in sorted(used):
+            optimized.graph.initializer.append(weights[name])
+        (out_dir / ENGINE_MODEL).write_bytes(optimized.SerializeToString())
+        reused_files: dict[str, str] = {}
+        if weights:
+            # A copy (in-kernel), not a hard link: onnx.load and onnx.checker refuse external data with several links.
+            shutil.copyfile(data_file, out_dir / ENGINE_DATA)
+            reused_files[ENGINE_DATA] = data_file.name
         built = graph_summary(out_dir / ENGINE_MODEL)
+        owned = (out_dir / OWNED_DATA).stat().st_size if (out_dir / OWNED_DATA).is_file() else 0
         return {
             "engine_files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
             "io": {k: [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in v] for k, v in io.items()},
             "precision": built["precision"],
             "graph": built,
-            "reused_files": weights.pop("reused_files"),
+            "reused_files": reused_files,
             "options": {"graph_optimization_level": OPT_LEVEL, "providers": ["CPUExecutionProvider"],
-                        "optimized_for": "this CPU's ONNX Runtime CPU execution provider", "weights": weights},
+                        "optimized_for": "this CPU's ONNX Runtime CPU execution provider",
+                        "weights": {"export_data": "copy" if weights else "none", "matrices_from_export": len(used),
+                                    "engine_owned_bytes": owned}},
         }
 
     def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session:
@@ -126,66 +140,39 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
     return {"precision": precision, "weight_bytes": dict(weight_bytes), "op_counts": dict(sorted(ops.items()))}
 
 
-def _scratch_root(onnx_model: Path) -> str | None:
-    """/dev/shm when it has room for the optimized copy of the weights, else the system temp dir."""
-    need = sum(p.stat().st_size for p in onnx_model.parent.glob(f"{onnx_model.name}*")) * 1.2
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
-        return str(shm)
-    return None
-
-
-def reuse_export_weights(optimized: Path, exported: Path, out_dir: Path) -> dict[str, Any]:
-    """Write ``out_dir/model.onnx`` from ORT's ``optimized`` graph: an external initializer byte-identical to the
-    export's (same name, dtype, shape, bytes) points into the export's data file, copied whole as
-    ``out_dir/model.onnx.data`` (its sha256 is the export's); the others go to ``model.engine.data``."""
+def _weights_as_inputs(onnx_model: Path) -> tuple[Any, dict[str, Any], Path]:
+    """The export's graph with its external weight matrices turned into graph inputs (so ORT optimizes the graph
+    without loading or re-serializing gigabytes, and cannot alter them), those initializers keyed by name (to be
+    put back, pointing into the engine's copy of the data file), and that data file. Smaller external tensors
+    (norm weights) are loaded inline and left to the optimizer."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
 
-    opt = onnx.load(str(optimized), load_external_data=False)
-    exp = onnx.load(str(exported), load_external_data=False)
-    src = {t.name: t for t in exp.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-    src_file = exported.parent / _external(next(iter(src.values())))["location"] if src else None
-    opt_files: dict[str, np.memmap] = {}
-    src_map = np.memmap(src_file, dtype=np.uint8, mode="r") if src_file else None
-    reused = owned = 0
-    owned_path = out_dir / OWNED_DATA
-    with open(owned_path, "wb") as f:
-        for t in opt.graph.initializer:
-            if t.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            info = _external(t)
-            loc = info["location"]
-            if loc not in opt_files:
-                opt_files[loc] = np.memmap(optimized.parent / loc, dtype=np.uint8, mode="r")
-            off, n = int(info.get("offset", 0)), int(info["length"])
-            data = opt_files[loc][off:off + n]
-            s = src.get(t.name)
-            if s is not None and src_map is not None and s.data_type == t.data_type and list(s.dims) == list(
-                    t.dims):
-                s_info = _external(s)
-                s_off, s_n = int(s_info.get("offset", 0)), int(s_info["length"])
-                if s_n == n and np.array_equal(src_map[s_off:s_off + s_n], data):
-                    _set_external(t, ENGINE_DATA, s_off, n)
-                    reused += n
-                    continue
-            pad = -f.tell() % ALIGN
-            f.write(b"\0" * pad)
-            _set_external(t, OWNED_DATA, f.tell(), n)
-            f.write(memoryview(data))
-            owned += n
-    del opt_files, src_map
-    reused_files: dict[str, str] = {}
-    link = "none"
-    if reused and src_file is not None:
-        # A copy (in-kernel), not a hard link: onnx.checker / onnx.load refuse external data with several links.
-        shutil.copyfile(src_file, out_dir / ENGINE_DATA)
-        link = "copy"
-        reused_files[ENGINE_DATA] = src_file.name
-    if not owned:
-        owned_path.unlink()
-    (out_dir / ENGINE_MODEL).write_bytes(opt.SerializeToString())
-    return {"export_bytes_reused": reused, "engine_owned_bytes": owned, "export_data": link,
-            "reused_files": reused_files}
+    model = onnx.load(str(onnx_model), load_external_data=False)
+    weights: dict[str, Any] = {}
+    locations: set[str] = set()
+    keep = []
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            keep.append(t)
+        elif len(t.dims) >= 2:
+            weights[t.name] = t
+            locations.add(_external(t)["location"])
+        else:
+            load_external_data_for_tensor(t, str(onnx_model.parent))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+            keep.append(t)
+    if len(locations) > 1:
+        raise ConfigurationError(f"{onnx_model}: weights in several data files ({', '.join(sorted(locations))}); "
+                                 f"the export writes one")
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    for t in weights.values():
+        model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        _set_external(t, ENGINE_DATA, int(_external(t).get("offset", 0)), int(_external(t)["length"]))
+    data_file = onnx_model.parent / (locations.pop() if locations else ENGINE_DATA)
+    return model, weights, data_file
 
 
 def _external(t: Any) -> dict[str, str]:
