@@ -60,9 +60,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, half: int) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with the sign of rotate_half folded into ``sin_signed`` (exact)."""
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
 class Attention(nn.Module):
@@ -81,17 +81,18 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-        past_k: torch.Tensor, past_v: torch.Tensor,
+        past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, s, _ = x.shape
+        # b, s come from the decoder's inputs (one traced value for every layer, so the exported shape
+        # computations are shared), and ``sin`` carries rotate_half's sign
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = _rope(q, cos, sin, self.head_dim // 2)
+        k = _rope(k, cos, sin, self.head_dim // 2)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
@@ -175,20 +176,22 @@ class Decoder(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...). ``logits_positions`` (int64
         [n], indices into the S new positions) limits the logits to those positions: [B, n, vocab]."""
-        s = input_ids.shape[1]
+        b, s = input_ids.shape
         past_len = past[0].shape[2]
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)
         freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        half = self.cfg.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
         causal = k_idx <= q_idx  # [S, T]
         mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask, past[2 * i], past[2 * i + 1])
+            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask, past[2 * i], past[2 * i + 1], b, s)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             presents += [k, v]
