@@ -55,6 +55,9 @@ def test_export_manifest_and_graph(stories_engine):
     assert stored_bytes <= manifest["checkpoint"]["files"]["model.safetensors"]["bytes"]  # a duplicate adds 131072
     assert (onnx_dir / "model.onnx.data").stat().st_size <= stored_bytes + 4096 * len(stored)
     assert [t.name for t in stored if "embed" in t.name or "lm_head" in t.name] == ["model.embed_tokens.weight.T"]
+    # projections of one input are one MatMul (then a Split)
+    assert "model.layers.0.self_attn.q_proj+k_proj+v_proj.weight.T" in {t.name for t in stored}
+    assert "model.layers.4.mlp.gate_proj+up_proj.weight.T" in {t.name for t in stored}
 
 
 def test_logits_positions_limit_the_lm_head(stories_engine):
@@ -80,7 +83,7 @@ def test_engine_manifest(stories_engine, stories_engine_fp16):
         # the weight matrices are not re-serialized: the engine's data file is the export's, copied as it is
         weights = m["backend_options"]["weights"]
         assert weights["export_data"] == "copy" and weights["engine_owned_bytes"] == 0
-        assert weights["matrices_from_export"] == 1 + 5 * 7  # tied embedding + 7 per layer
+        assert weights["matrices_from_export"] == 1 + 5 * 4  # tied embedding + per layer qkv, o, gate+up, down
         assert [i["name"] for i in m["io"]["inputs"]][-1] == "logits_positions"
         assert m["files"]["model.onnx.data"]["sha256"] == sha256_file(built.onnx_dir / "model.onnx.data")
         assert not (built.engine_dir / "model.engine.data").exists()

@@ -94,8 +94,84 @@ def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_
     keep = [i for i in graph.input if i.name in inputs]
     del graph.input[:]
     graph.input.extend(keep)
-
+    plan = _fuse_shared_input_matmuls(graph, plan)
     return _write(plan, graph, data_path)
+
+
+def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """MatMuls of one input by stored weights used nowhere else (q/k/v, gate/up) become one MatMul by the
+    weights concatenated along the output axis, then a Split: fewer, wider kernels, the same dot products."""
+    from onnx import TensorProto, helper
+
+    tensors = dict(plan)
+    uses: dict[str, int] = defaultdict(int)
+    for node in graph.node:
+        for name in node.input:
+            uses[name] += 1
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for node in graph.node:
+        w = node.input[1] if node.op_type == "MatMul" else None
+        if w in tensors and uses[w] == 1 and tensors[w].dim() == 2:
+            groups[node.input[0]].append(node)
+    fused: dict[int, list[Any]] = {}
+    gone: set[str] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        names = [m.input[1] for m in members]
+        parts = [tensors[n] for n in names]
+        name = _fused_name(names)
+        sizes = f"{name}.split"
+        tensors[name] = _Concat(parts)
+        widths = [int(p.shape[1]) for p in parts]
+        graph.initializer.append(helper.make_tensor(sizes, TensorProto.INT64, [len(parts)], widths))
+        first = members[0]
+        out = f"{name}.out"
+        fused[id(first)] = [
+            helper.make_node("MatMul", [first.input[0], name], [out], name=f"{first.name}.fused"),
+            helper.make_node("Split", [out, sizes], [m.output[0] for m in members], name=f"{first.name}.split",
+                             axis=-1),
+        ]
+        for m in members[1:]:
+            fused[id(m)] = []
+        gone.update(names)
+    if not fused:
+        return plan
+    nodes = []
+    for node in graph.node:
+        nodes.extend(fused.get(id(node), [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return [(n, t) for n, t in tensors.items() if n not in gone]
+
+
+class _Concat:
+    """Weights [in, out_i] concatenated along the output axis, materialized by the writer (one tensor ahead)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.shape = (int(parts[0].shape[0]), sum(int(p.shape[1]) for p in parts))
+
+    def dim(self) -> int:
+        return 2
+
+    def contiguous(self) -> Any:
+        import torch
+
+        return torch.cat(self.parts, dim=1)
+
+
+def _fused_name(names: list[str]) -> str:
+    """[a.q_proj.weight.T, a.k_proj.weight.T] -> a.q_proj+k_proj.weight.T"""
+    split = [n.split(".") for n in names]
+    head = 0
+    while all(len(p) > head and p[head] == split[0][head] for p in split):
+        head += 1
+    tail = 0
+    while all(len(p) - tail > head and p[-1 - tail] == split[0][-1 - tail] for p in split):
+        tail += 1
+    middle = "+".join(".".join(p[head:len(p) - tail]) for p in split)
+    return ".".join([*split[0][:head], middle, *split[0][len(split[0]) - tail:]])
 
 
 def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
