@@ -47,6 +47,23 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` that skips the random init on the meta device (``from_weights`` assigns every tensor): that init
+    goes through torch's reference kernels, whose first use imports torch._dynamo (seconds)."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` with the same meta-device shortcut as ``Linear``."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -71,10 +88,10 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         h, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
         bias = family.has_qkv_bias(cfg)
-        self.q_proj = nn.Linear(h, q, bias=bias, dtype=dtype)
-        self.k_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
-        self.v_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
-        self.o_proj = nn.Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
+        self.q_proj = Linear(h, q, bias=bias, dtype=dtype)
+        self.k_proj = Linear(h, kv, bias=bias, dtype=dtype)
+        self.v_proj = Linear(h, kv, bias=bias, dtype=dtype)
+        self.o_proj = Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -111,9 +128,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         h, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
-        self.gate_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
-        self.up_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(f, h, bias=bias, dtype=dtype)
+        self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
+        self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
+        self.down_proj = Linear(f, h, bias=bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -133,7 +150,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(Layer(cfg, family, dtype) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -143,10 +160,13 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
         self.model = DecoderModel(cfg, family, dtype)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # on the meta device a placeholder (from_weights computes it on the CPU; see Linear for why)
+        meta = torch.get_default_device().type == "meta"
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
+                             persistent=False)
         for p in self.parameters():
             p.requires_grad_(False)
 
