@@ -100,14 +100,17 @@ def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_
 
 def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """MatMuls of one input by stored weights used nowhere else (q/k/v, gate/up) become one MatMul by the
-    weights concatenated along the output axis, then a Split: fewer, wider kernels, the same dot products."""
+    weights concatenated along the output axis (and one Add of their concatenated biases, when each has one),
+    then a Split: fewer, wider kernels, the same dot products."""
     from onnx import TensorProto, helper
 
     tensors = dict(plan)
     uses: dict[str, int] = defaultdict(int)
+    readers: dict[str, list[Any]] = defaultdict(list)
     for node in graph.node:
         for name in node.input:
             uses[name] += 1
+            readers[name].append(node)
     groups: dict[str, list[Any]] = defaultdict(list)
     for node in graph.node:
         w = node.input[1] if node.op_type == "MatMul" else None
@@ -127,11 +130,21 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
         graph.initializer.append(helper.make_tensor(sizes, TensorProto.INT64, [len(parts)], widths))
         first = members[0]
         out = f"{name}.out"
-        fused[id(first)] = [
-            helper.make_node("MatMul", [first.input[0], name], [out], name=f"{first.name}.fused"),
-            helper.make_node("Split", [out, sizes], [m.output[0] for m in members], name=f"{first.name}.split",
-                             axis=-1),
-        ]
+        nodes = [helper.make_node("MatMul", [first.input[0], name], [out], name=f"{first.name}.fused")]
+        split_outputs = [m.output[0] for m in members]
+        adds = [_bias_add(readers[m.output[0]], m.output[0], tensors, uses) for m in members]
+        if all(a is not None for a in adds):  # q/k/v biases: one Add before the Split
+            biases = [a.input[1] if a.input[0] == m.output[0] else a.input[0]
+                      for a, m in zip(adds, members, strict=True)]
+            bias = _fused_name(biases)
+            tensors[bias] = _Concat([tensors[b] for b in biases])
+            nodes.append(helper.make_node("Add", [out, bias], [f"{out}.bias"], name=f"{first.name}.bias"))
+            out, split_outputs = f"{out}.bias", [a.output[0] for a in adds]
+            for a in adds:
+                fused[id(a)] = []
+            gone.update(biases)
+        nodes.append(helper.make_node("Split", [out, sizes], split_outputs, name=f"{first.name}.split", axis=-1))
+        fused[id(first)] = nodes
         for m in members[1:]:
             fused[id(m)] = []
         gone.update(names)
@@ -145,20 +158,30 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
     return [(n, t) for n, t in tensors.items() if n not in gone]
 
 
+def _bias_add(readers: list[Any], name: str, tensors: dict[str, Any], uses: dict[str, int]) -> Any:
+    """The one reader of ``name`` when it is ``Add(name, bias)`` with a stored 1-D bias used nowhere else."""
+    if len(readers) != 1 or readers[0].op_type != "Add":
+        return None
+    add = readers[0]
+    other = add.input[1] if add.input[0] == name else add.input[0]
+    t = tensors.get(other)
+    return add if t is not None and uses[other] == 1 and t.dim() == 1 else None
+
+
 class _Concat:
-    """Weights [in, out_i] concatenated along the output axis, materialized by the writer (one tensor ahead)."""
+    """Weights [in, out_i] (or biases [out_i]) concatenated along the output axis, materialized by the writer."""
 
     def __init__(self, parts: list[Any]) -> None:
         self.parts = parts
-        self.shape = (int(parts[0].shape[0]), sum(int(p.shape[1]) for p in parts))
+        self.shape = (*parts[0].shape[:-1], sum(int(p.shape[-1]) for p in parts))
 
     def dim(self) -> int:
-        return 2
+        return len(self.shape)
 
     def contiguous(self) -> Any:
         import torch
 
-        return torch.cat(self.parts, dim=1)
+        return torch.cat(self.parts, dim=-1)
 
 
 def _fused_name(names: list[str]) -> str:
