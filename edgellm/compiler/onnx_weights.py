@@ -205,14 +205,19 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
 
     h = hashlib.sha256()
     offset = 0
-    prep, hasher = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
-    ready = deque(prep.submit(_as_array, t) for _, t in plan[:LOOKAHEAD])
+    # The largest tensor (the embedding / lm_head) is written last and transposed from the start, in its own
+    # thread, so the writer never waits for it.
+    big = max(range(len(plan)), key=lambda i: _numel(plan[i][1])) if plan else 0
+    plan = [*plan[:big], *plan[big + 1:], plan[big]] if plan else plan
+    prep, hasher, early = ThreadPoolExecutor(1), ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    last = early.submit(_as_array, plan[-1][1]) if plan else None
+    ready = deque(prep.submit(_as_array, t) for _, t in plan[:-1][:LOOKAHEAD])
     hashing: deque[Future[None]] = deque()
     try:
         with open(data_path, "wb") as f:
             for i, (name, _) in enumerate(plan):
-                arr = ready.popleft().result()
-                if i + LOOKAHEAD < len(plan):
+                arr = ready.popleft().result() if i < len(plan) - 1 else last.result()  # type: ignore[union-attr]
+                if i + LOOKAHEAD < len(plan) - 1:
                     ready.append(prep.submit(_as_array, plan[i + LOOKAHEAD][1]))
                 pad = b"\0" * (-offset % ALIGN)
                 f.write(pad)
@@ -233,8 +238,16 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
             fut.result()
     finally:
         prep.shutdown(cancel_futures=True)
+        early.shutdown()
         hasher.shutdown()
     return h.hexdigest()
+
+
+def _numel(tensor: Any) -> int:
+    n = 1
+    for d in tensor.shape:
+        n *= int(d)
+    return n
 
 
 def _as_array(tensor: Any) -> Any:
