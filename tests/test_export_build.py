@@ -82,11 +82,14 @@ def test_engine_manifest(stories_engine, stories_engine_fp16):
         assert positions["dtype"] == "int64" and positions["shape"] == ["logits_len"]
         # the weight matrices are not re-serialized: the engine's data file is the export's, copied as it is
         weights = m["backend_options"]["weights"]
-        assert weights["export_data"] == "copy" and weights["engine_owned_bytes"] == 0
+        assert m["graph"]["op_counts"]["RotaryEmbedding"] == 2 * 5  # q and k, fused, in every layer
+        # what ORT itself writes: only the rotary cos/sin tables [512 positions, head_dim / 2]
+        assert weights["export_data"] == "copy"
+        assert weights["engine_owned_bytes"] == 2 * 512 * 4 * (2 if precision == "fp16" else 4)
         assert weights["matrices_from_export"] == 1 + 5 * 4  # tied embedding + per layer qkv, o, gate+up, down
         assert [i["name"] for i in m["io"]["inputs"]][-1] == "logits_positions"
         assert m["files"]["model.onnx.data"]["sha256"] == sha256_file(built.onnx_dir / "model.onnx.data")
-        assert not (built.engine_dir / "model.engine.data").exists()
+        assert (built.engine_dir / "model.engine.data").stat().st_size == weights["engine_owned_bytes"]
         past = next(i for i in m["io"]["inputs"] if i["name"] == "past_key_values.0.key")
         assert past["dtype"] == ("float16" if precision == "fp16" else "float32")
         for name, entry in m["files"].items():

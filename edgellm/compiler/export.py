@@ -106,6 +106,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     ckpt_files_future = pool.submit(file_table, ckpt_dir)
     dtype = torch.float16 if precision is Precision.FP16 else torch.float32
     model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
+    model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
 
     L = cfg.num_hidden_layers
     ins, outs = input_names(L), output_names(L)
@@ -134,7 +135,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
             warnings.simplefilter("ignore")
             torch.onnx.export(traced, (*args, *weights.values()), buf, input_names=[*ins, *weights],
                               output_names=outs, dynamic_axes=dynamic, opset_version=OPSET, dynamo=False,
-                              do_constant_folding=False)
+                              do_constant_folding=False, custom_opsets={"com.microsoft": 1})
         graph = onnx.load_from_string(buf.getvalue())
         data_sha = attach_weights(graph, weights, ins, out / DATA_FILE)
         del model, traced, weights

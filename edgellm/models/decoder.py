@@ -16,6 +16,7 @@ Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everythin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -82,6 +83,27 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, half: in
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
+class RotaryEmbedding(torch.autograd.Function):
+    """Rotary embedding from cos/sin tables [positions, head_dim / 2]; x [B, heads, S, head_dim], positions [B, S].
+    Exports as ONNX Runtime's fused ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager computes the same
+    products as ``_rope`` (x1 cos - x2 sin, x2 cos + x1 sin)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+                sin_table: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]  # [B, 1, S, D/2]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    @staticmethod
+    def symbolic(g: object, x: object, positions: object, cos_table: object, sin_table: object) -> object:
+        out = g.op("com.microsoft::RotaryEmbedding", x, positions, cos_table, sin_table,  # type: ignore[attr-defined]
+                   interleaved_i=0)
+        out.setType(x.type())  # type: ignore[attr-defined]
+        return out
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
@@ -97,7 +119,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+        self, x: torch.Tensor, rope: Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor,
         past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # b, s come from the decoder's inputs (one traced value for every layer, so the exported shape
@@ -108,8 +130,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        q = _rope(q, cos, sin, self.head_dim // 2)
-        k = _rope(k, cos, sin, self.head_dim // 2)
+        q, k = rope(q), rope(k)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
@@ -167,6 +188,7 @@ class Decoder(nn.Module):
         meta = torch.get_default_device().type == "meta"
         self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
                              persistent=False)
+        self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -200,18 +222,14 @@ class Decoder(nn.Module):
         past_len = past[0].shape[2]
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)
-        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        half = self.cfg.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
+        rope = self._rope_fn(position_ids)
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
         causal = k_idx <= q_idx  # [S, T]
         mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask, past[2 * i], past[2 * i + 1], b, s)
+            h, k, v = layer.self_attn(layer.input_layernorm(x), rope, mask, past[2 * i], past[2 * i + 1], b, s)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             presents += [k, v]
@@ -219,6 +237,24 @@ class Decoder(nn.Module):
             x = x.index_select(1, logits_positions)
         logits = self.lm_head(self.model.norm(x)).float()
         return (logits, *presents)
+
+    def use_rotary_tables(self, max_positions: int) -> None:
+        """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
+        instead of computing cos/sin from the positions in the graph. The tables hold the same products:
+        position * inv_freq in float32, then cos/sin, in the model dtype."""
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
+
+    def _rope_fn(self, position_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        if self.rope_tables is not None:
+            cos_table, sin_table = self.rope_tables
+            return lambda t: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table)
+        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        half = self.cfg.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
+        return lambda t: _rope(t, cos, sin, half)
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)
