@@ -63,6 +63,8 @@ def main() -> int:
     for i in range(engine.config.num_hidden_layers):
         feeds[f"past_key_values.{i}.key"], feeds[f"past_key_values.{i}.value"] = cache.keys[i], cache.values[i]
     sess = engine.session.sess
+    if "logits_positions" in {i.name for i in sess.get_inputs()}:
+        feeds["logits_positions"] = np.zeros(1, np.int64)
     outs = [o.name for o in sess.get_outputs()]
     runs = []
     for _ in range(args.steps):
@@ -93,9 +95,11 @@ def main() -> int:
     total_kernels = sum(by_op.values())
 
     weight_bytes = sum(engine.manifest["graph"].get("weight_bytes", {}).values()) or engine.engine_bytes()
-    # the embedding table is gathered (one row per token), not streamed; every other matrix is read once per step
+    # an untied embedding table is gathered (one row per token), not streamed; every other matrix (a tied
+    # embedding is stored once, as the lm_head) is read once per step
     itemsize = 2 if engine.precision in ("fp16", "bf16") else 4
-    streamed = weight_bytes - engine.config.vocab_size * engine.config.hidden_size * itemsize
+    gathered = 0 if engine.config.tie_word_embeddings else engine.config.vocab_size * engine.config.hidden_size
+    streamed = weight_bytes - gathered * itemsize
     print(f"engine: {args.engine_dir} precision {engine.precision}, past {args.past_len}, threads {args.threads}")
     print(f"Engine.step median      {t_engine * 1e3:8.2f} ms  ({1 / t_engine:.2f} tok/s)")
     print(f"session.run median      {t_run * 1e3:8.2f} ms  (python overhead {(t_engine - t_run) * 1e3:.2f} ms)")

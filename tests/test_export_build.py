@@ -47,6 +47,26 @@ def test_export_manifest_and_graph(stories_engine):
     past = graph.input[3].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in past] == ["batch", 4, "past", 8]
     assert [o.name for o in graph.output][:2] == ["logits", "present.0.key"]
+    assert names[-1] == "logits_positions" and len(names) == 3 + 2 * 5 + 1  # weights are initializers, not inputs
+    # every weight stored once (stories260K ties lm_head to the embedding): the data file holds the checkpoint's
+    # parameter bytes plus at most one alignment pad per tensor
+    stored = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    stored_bytes = sum(4 * int(np.prod(t.dims)) for t in stored)
+    assert stored_bytes <= manifest["checkpoint"]["files"]["model.safetensors"]["bytes"]  # a duplicate adds 131072
+    assert (onnx_dir / "model.onnx.data").stat().st_size <= stored_bytes + 4096 * len(stored)
+    assert [t.name for t in stored if "embed" in t.name or "lm_head" in t.name] == ["model.embed_tokens.weight.T"]
+    # projections of one input are one MatMul (then a Split)
+    assert "model.layers.0.self_attn.q_proj+k_proj+v_proj.weight.T" in {t.name for t in stored}
+    assert "model.layers.4.mlp.gate_proj+up_proj.weight.T" in {t.name for t in stored}
+
+
+def test_logits_positions_limit_the_lm_head(stories_engine):
+    engine = Engine.open(stories_engine.engine_dir)
+    ids = engine.encode("Lily and Tom went to the park")
+    full = engine.step(np.asarray([ids]), engine.new_cache(1))
+    last = engine.step(np.asarray([ids]), engine.new_cache(1), last_only=True)
+    assert full.shape == (1, len(ids), 512) and last.shape == (1, 1, 512)
+    np.testing.assert_allclose(last[0, 0], full[0, -1], rtol=0, atol=1e-5)
 
 
 def test_engine_manifest(stories_engine, stories_engine_fp16):
@@ -57,7 +77,19 @@ def test_engine_manifest(stories_engine, stories_engine_fp16):
         assert m["build_params"] == {"max_batch_size": 4, "max_input_len": 512, "max_seq_len": 512}
         assert m["source_export"]["manifest_sha256"] == sha256_file(built.onnx_dir / "export_manifest.json")
         logits = next(o for o in m["io"]["outputs"] if o["name"] == "logits")
-        assert logits["dtype"] == "float32" and logits["shape"] == ["batch", "seq", 512]
+        assert logits["dtype"] == "float32" and logits["shape"] == ["batch", "logits_len", 512]
+        positions = next(i for i in m["io"]["inputs"] if i["name"] == "logits_positions")
+        assert positions["dtype"] == "int64" and positions["shape"] == ["logits_len"]
+        # the weight matrices are not re-serialized: the engine's data file is the export's, copied as it is
+        weights = m["backend_options"]["weights"]
+        assert m["graph"]["op_counts"]["RotaryEmbedding"] == 2 * 5  # q and k, fused, in every layer
+        # what ORT itself writes: only the rotary cos/sin tables [512 positions, head_dim / 2]
+        assert weights["export_data"] == "copy"
+        assert weights["engine_owned_bytes"] == 2 * 512 * 4 * (2 if precision == "fp16" else 4)
+        assert weights["matrices_from_export"] == 1 + 5 * 4  # tied embedding + per layer qkv, o, gate+up, down
+        assert [i["name"] for i in m["io"]["inputs"]][-1] == "logits_positions"
+        assert m["files"]["model.onnx.data"]["sha256"] == sha256_file(built.onnx_dir / "model.onnx.data")
+        assert (built.engine_dir / "model.engine.data").stat().st_size == weights["engine_owned_bytes"]
         past = next(i for i in m["io"]["inputs"] if i["name"] == "past_key_values.0.key")
         assert past["dtype"] == ("float16" if precision == "fp16" else "float32")
         for name, entry in m["files"].items():

@@ -1,7 +1,14 @@
-"""ONNX Runtime (CPU) backend: the engine is the offline-optimized graph ORT writes for this machine's CPU."""
+"""ONNX Runtime (CPU) backend: the engine is the offline-optimized graph ORT writes for this machine's CPU.
+
+The weight matrices are not re-serialized: ORT optimizes the graph with them as graph inputs (so it neither loads
+them nor changes them), then they are put back as initializers pointing into the engine's ``model.onnx.data``, an
+in-kernel copy of the export's data file (so its digest is the export's, already verified). What the optimizer
+writes itself (norm weights, folded constants) goes to ``model.engine.data``.
+"""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,7 +20,8 @@ from edgellm.errors import ConfigurationError
 from edgellm.types import Backend
 
 ENGINE_MODEL = "model.onnx"
-ENGINE_DATA = "model.onnx.data"
+ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
+OWNED_DATA = "model.engine.data"  # initializers the optimizer wrote (norm weights, folded constants)
 # EXTENDED: fusions valid for any CPU ORT build; ALL would add layout ops tied to this CPU's instruction set.
 OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 
@@ -52,28 +60,48 @@ class OrtBackend(EngineBackend):
         return onnxruntime.__version__
 
     def build(self, onnx_model: Path, out_dir: Path, params: BuildParams) -> dict[str, Any]:
+        import onnx
         import onnxruntime as ort
 
+        graph, weights, data_file = _weights_as_inputs(onnx_model)
         so = ort.SessionOptions()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVEL)
         so.optimized_model_filepath = str(out_dir / ENGINE_MODEL)
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", ENGINE_DATA)
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", OWNED_DATA)
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         so.intra_op_num_threads = physical_cores()
         try:
-            sess = ort.InferenceSession(str(onnx_model), so, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise ConfigurationError(f"{onnx_model}: ONNX Runtime cannot load the exported graph ({exc})") from None
-        io = {"inputs": _specs(sess.get_inputs()), "outputs": _specs(sess.get_outputs())}
-        del sess
+        io = {"inputs": [s for s in _specs(sess.get_inputs()) if s.name not in weights],
+              "outputs": _specs(sess.get_outputs())}
+        del sess, graph
+        optimized = onnx.load(str(out_dir / ENGINE_MODEL), load_external_data=False)
+        used = {i.name for i in optimized.graph.input} & set(weights)
+        keep = [i for i in optimized.graph.input if i.name not in weights]
+        del optimized.graph.input[:]
+        optimized.graph.input.extend(keep)
+        for name in sorted(used):
+            optimized.graph.initializer.append(weights[name])
+        (out_dir / ENGINE_MODEL).write_bytes(optimized.SerializeToString())
+        reused_files: dict[str, str] = {}
+        if weights:
+            # A copy (in-kernel), not a hard link: onnx.load and onnx.checker refuse external data with several links.
+            shutil.copyfile(data_file, out_dir / ENGINE_DATA)
+            reused_files[ENGINE_DATA] = data_file.name
         built = graph_summary(out_dir / ENGINE_MODEL)
+        owned = (out_dir / OWNED_DATA).stat().st_size if (out_dir / OWNED_DATA).is_file() else 0
         return {
             "engine_files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
             "io": {k: [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in v] for k, v in io.items()},
             "precision": built["precision"],
             "graph": built,
+            "reused_files": reused_files,
             "options": {"graph_optimization_level": OPT_LEVEL, "providers": ["CPUExecutionProvider"],
-                        "optimized_for": "this CPU's ONNX Runtime CPU execution provider"},
+                        "optimized_for": "this CPU's ONNX Runtime CPU execution provider",
+                        "weights": {"export_data": "copy" if weights else "none", "matrices_from_export": len(used),
+                                    "engine_owned_bytes": owned}},
         }
 
     def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session:
@@ -110,3 +138,48 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
     floats = {float_types[k]: v for k, v in weight_bytes.items() if k in float_types}
     precision = max(floats, key=lambda k: floats[k]) if floats else "unknown"
     return {"precision": precision, "weight_bytes": dict(weight_bytes), "op_counts": dict(sorted(ops.items()))}
+
+
+def _weights_as_inputs(onnx_model: Path) -> tuple[Any, dict[str, Any], Path]:
+    """The export's graph with its external weight matrices turned into graph inputs (so ORT optimizes the graph
+    without loading or re-serializing gigabytes, and cannot alter them), those initializers keyed by name (to be
+    put back, pointing into the engine's copy of the data file), and that data file. Smaller external tensors
+    (norm weights) are loaded inline and left to the optimizer."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    model = onnx.load(str(onnx_model), load_external_data=False)
+    weights: dict[str, Any] = {}
+    locations: set[str] = set()
+    keep = []
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            keep.append(t)
+        elif len(t.dims) >= 2:
+            weights[t.name] = t
+            locations.add(_external(t)["location"])
+        else:
+            load_external_data_for_tensor(t, str(onnx_model.parent))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+            keep.append(t)
+    if len(locations) > 1:
+        raise ConfigurationError(f"{onnx_model}: weights in several data files ({', '.join(sorted(locations))}); "
+                                 f"the export writes one")
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    for t in weights.values():
+        model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        _set_external(t, ENGINE_DATA, int(_external(t).get("offset", 0)), int(_external(t)["length"]))
+    data_file = onnx_model.parent / (locations.pop() if locations else ENGINE_DATA)
+    return model, weights, data_file
+
+
+def _external(t: Any) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def _set_external(t: Any, location: str, offset: int, length: int) -> None:
+    del t.external_data[:]
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        t.external_data.add(key=k, value=v)

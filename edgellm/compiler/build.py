@@ -8,14 +8,15 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from edgellm import __version__
-from edgellm.backends.base import BuildParams, get_backend
+from edgellm.backends.base import BuildParams, EngineBackend, get_backend
 from edgellm.compiler.export import EXPORT_MANIFEST, GENERATION_SETTINGS, MODEL_FILE, RUNTIME_FILES
 from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_files, write_json
-from edgellm.config import ModelConfig
+from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
 from edgellm.types import Backend
@@ -42,7 +43,23 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
     engine = get_backend(backend)
     if not onnx_dir.is_dir():
         raise ConfigurationError(f"{onnx_dir}: ONNX export directory not found")
-    export_manifest = verify_files(onnx_dir, EXPORT_MANIFEST)
+    # The files' digests are checked (hashing ~all the export's bytes) beside the backend's build; a mismatch
+    # fails the build before anything is published, and is reported in preference to what it may have caused.
+    verifier = ThreadPoolExecutor(max_workers=1)
+    verified = verifier.submit(verify_files, onnx_dir, EXPORT_MANIFEST)
+    verifier.shutdown(wait=False)
+    try:
+        return _build(onnx_dir, engine_dir, engine, verified, max_batch_size=max_batch_size,
+                      max_input_len=max_input_len, max_seq_len=max_seq_len, overwrite=overwrite)
+    except BaseException:
+        verified.result()  # raises the verification error, if there is one
+        raise
+
+
+def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, verified: Future[dict[str, Any]], *,
+           max_batch_size: int | None, max_input_len: int | None, max_seq_len: int | None,
+           overwrite: bool) -> dict[str, Any]:
+    export_manifest = read_json_object(onnx_dir / EXPORT_MANIFEST, what=EXPORT_MANIFEST, max_bytes=16 * 1024 * 1024)
     cfg = ModelConfig.load(onnx_dir)
     family = family_for(cfg)
     params = default_params(cfg, max_batch_size=max_batch_size, max_input_len=max_input_len,
@@ -57,6 +74,8 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
     started = time.perf_counter()
     with staged_dir(Path(engine_dir), overwrite=overwrite) as out:
         built = engine.build(onnx_dir / MODEL_FILE, out, params)
+        if verified.result() != export_manifest:
+            raise ConfigurationError(f"{onnx_dir / EXPORT_MANIFEST}: changed during the build")
         for name in (*RUNTIME_FILES, GENERATION_SETTINGS):
             if (onnx_dir / name).is_file():
                 shutil.copyfile(onnx_dir / name, out / name)
@@ -64,6 +83,9 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
         if built["precision"] != exported:
             raise TestFailure(f"built engine holds {built['precision']} weights but the export is {exported}: "
                               f"the backend changed the precision")
+        # Files the backend took unchanged from the export (hard links): their digests were just verified.
+        known = {name: export_manifest["files"][src]["sha256"] for name, src in built.get("reused_files", {}).items()
+                 if src in export_manifest["files"]}
         manifest = {
             "format": "edgellm-engine/1",
             "edgellm_version": __version__,
@@ -82,7 +104,7 @@ def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Back
                               "checkpoint_sha256": export_manifest.get("checkpoint", {}).get("sha256")},
             "build_seconds": round(time.perf_counter() - started, 3),
             "created_unix": int(time.time()),
-            "files": file_table(out),
+            "files": file_table(out, known=known),
         }
         write_json(out / ENGINE_MANIFEST, manifest)
     log.info("built %s engine %s in %.1f s", engine.backend.value, engine_dir, manifest["build_seconds"])

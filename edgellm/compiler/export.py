@@ -6,11 +6,17 @@ Graph signature (L = num_hidden_layers; ``dtype`` = fp32 or fp16 per the export 
              attention_mask                  int64  [batch, total]   total = past + seq; 1 real, 0 padding
              position_ids                    int64  [batch, seq]
              past_key_values.{i}.key/value   dtype  [batch, kv_heads, past, head_dim]   i in 0..L-1
-    outputs  logits                          fp32   [batch, seq, vocab]
+             logits_positions                int64  [n]   which of the seq new positions get logits
+    outputs  logits                          fp32   [batch, n, vocab]
              present.{i}.key/value           dtype  [batch, kv_heads, total, head_dim]
 
 Decode feeds ``present`` back as ``past``; a fresh sequence feeds ``past`` with length 0. Padding is on the left;
-position ids count real tokens only. Weights live in ``model.onnx.data`` (external data, always).
+position ids count real tokens only. ``logits_positions`` = 0..seq-1 gives every position's logits; generation
+feeds [seq - 1] so a prefill does not run the lm_head over the whole prompt.
+
+The graph is traced with its weights as inputs (a small graph); ``onnx_weights.attach_weights`` then writes
+each weight once into ``model.onnx.data`` (external data, always; linear weights stored [in, out], a tied embedding
+stored once) and the model is checked with ``onnx.checker`` (path form, so the external data is checked too).
 
 The output directory also holds the runtime artifacts (config.json, tokenizer files, generation_config.json when
 the checkpoint has one, and ``edgellm_generation.json``, this project's own generation settings) and
@@ -19,10 +25,12 @@ the checkpoint has one, and ``edgellm_generation.json``, this project's own gene
 
 from __future__ import annotations
 
+import io
 import logging
 import shutil
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,7 @@ MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 EXPORT_MANIFEST = "export_manifest.json"
 GENERATION_SETTINGS = "edgellm_generation.json"
+LOGITS_POSITIONS = "logits_positions"
 RUNTIME_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "chat_template.jinja", "generation_config.json")
 
@@ -49,7 +58,7 @@ def input_names(num_layers: int) -> list[str]:
     names = ["input_ids", "attention_mask", "position_ids"]
     for i in range(num_layers):
         names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-    return names
+    return [*names, LOGITS_POSITIONS]
 
 
 def output_names(num_layers: int) -> list[str]:
@@ -72,8 +81,10 @@ def parse_export_precision(value: str | Precision) -> Precision:
 def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision = Precision.FP32, *,
                       overwrite: bool = False) -> dict[str, Any]:
     """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure."""
+    import onnx
     import torch
 
+    from edgellm.compiler.onnx_weights import attach_weights
     from edgellm.models.decoder import Decoder
     from edgellm.weights import load_weights
 
@@ -90,46 +101,57 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise ConfigurationError(f"{ckpt_dir}: tokenizer.json not found (the runtime needs it)")
     started = time.perf_counter()
-    ckpt_files = file_table(ckpt_dir)
+    # The checkpoint digest (hashing ~all its bytes) runs beside loading and tracing; hashlib releases the GIL.
+    pool = ThreadPoolExecutor(max_workers=1)
+    ckpt_files_future = pool.submit(file_table, ckpt_dir)
     dtype = torch.float16 if precision is Precision.FP16 else torch.float32
     model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
+    model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
 
     L = cfg.num_hidden_layers
     ins, outs = input_names(L), output_names(L)
     b, s, past = 1, 2, 3
     args = (torch.ones(b, s, dtype=torch.int64), torch.ones(b, past + s, dtype=torch.int64),
             torch.arange(past, past + s)[None], *[
-                torch.zeros(b, cfg.num_key_value_heads, past, cfg.head_dim, dtype=dtype) for _ in range(2 * L)])
+                torch.zeros(b, cfg.num_key_value_heads, past, cfg.head_dim, dtype=dtype) for _ in range(2 * L)],
+            torch.arange(s))
     dynamic: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "seq"},
         "attention_mask": {0: "batch", 1: "total"},
         "position_ids": {0: "batch", 1: "seq"},
-        "logits": {0: "batch", 1: "seq"},
+        LOGITS_POSITIONS: {0: "logits_len"},
+        "logits": {0: "batch", 1: "logits_len"},
     }
-    for name in ins[3:]:
+    for name in ins[3:-1]:
         dynamic[name] = {0: "batch", 2: "past"}
     for name in outs[1:]:
         dynamic[name] = {0: "batch", 2: "total"}
 
     with staged_dir(Path(onnx_dir), overwrite=overwrite) as out:
-        scratch = out / ".scratch"
-        scratch.mkdir()
+        buf = io.BytesIO()
+        weights = dict(model.named_parameters())  # tied weights appear once
+        traced = _traced(model, list(weights), 2 * L)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, args, str(scratch / MODEL_FILE), input_names=ins, output_names=outs,
-                              dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True)
-        del model
-        _consolidate(scratch / MODEL_FILE, out / MODEL_FILE)
-        shutil.rmtree(scratch)
+            torch.onnx.export(traced, (*args, *weights.values()), buf, input_names=[*ins, *weights],
+                              output_names=outs, dynamic_axes=dynamic, opset_version=OPSET, dynamo=False,
+                              do_constant_folding=False, custom_opsets={"com.microsoft": 1})
+        graph = onnx.load_from_string(buf.getvalue())
+        data_sha = attach_weights(graph, weights, ins, out / DATA_FILE)
+        del model, traced, weights
+        onnx.save_model(graph, str(out / MODEL_FILE))
+        onnx.checker.check_model(str(out / MODEL_FILE))  # the path form, so the external data is checked too
         export_s = time.perf_counter() - started
         _copy_runtime_files(ckpt_dir, out)
         write_json(out / GENERATION_SETTINGS, generation_settings(ckpt_dir, cfg))
+        ckpt_files = ckpt_files_future.result()
+        pool.shutdown()
         manifest = {
             "format": "edgellm-export/1",
             "edgellm_version": __version__,
             "torch_version": torch.__version__,
             "onnx_opset": OPSET,
-            "exporter": "torch.onnx.export(dynamo=False)",
+            "exporter": "torch.onnx.export(dynamo=False), weights as inputs + edgellm attach_weights",
             "precision": precision.value,
             "checkpoint": {
                 "path": str(ckpt_dir.resolve()),
@@ -141,22 +163,45 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
             "io": {"inputs": ins, "outputs": outs},
             "export_seconds": round(export_s, 3),
             "created_unix": int(time.time()),
-            "files": file_table(out),
+            "files": file_table(out, known={DATA_FILE: data_sha}),
         }
         write_json(out / EXPORT_MANIFEST, manifest)
     log.info("exported %s to %s (%s) in %.1f s", ckpt_dir, onnx_dir, precision.value, export_s)
     return manifest
 
 
-def _consolidate(src: Path, dst: Path) -> None:
-    """Rewrite the exporter's output with all weights in one ``model.onnx.data`` and check it."""
-    import onnx
+def _traced(decoder: Any, weight_names: list[str], num_past: int) -> Any:
+    """The decoder with ``logits_positions`` and then every weight as positional inputs (the traced signature).
+    Weights as inputs keep the tracer's passes (ONNX shape inference among them) from serializing gigabytes."""
+    import torch
 
-    model = onnx.load(str(src), load_external_data=True)
-    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=DATA_FILE, size_threshold=0)
-    del model
-    onnx.checker.check_model(str(dst))  # the path form, so the external data is checked too
+    params = dict(decoder.named_parameters())
+    aliases: dict[str, list[tuple[Any, str]]] = {n: [] for n in weight_names}
+    for full, p in decoder.named_parameters(remove_duplicate=False):  # tied weights: every owner
+        owner, _, attr = full.rpartition(".")
+        first = next(n for n in weight_names if params[n] is p)
+        aliases[first].append((decoder.get_submodule(owner), attr))
+
+    class Traced(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = decoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            past, positions, weights = rest[:num_past], rest[num_past], rest[num_past + 1:]
+            saved = []
+            for name, w in zip(weight_names, weights, strict=True):
+                for module, attr in aliases[name]:
+                    saved.append((module, attr, module._parameters[attr]))
+                    module._parameters[attr] = w
+            try:
+                return self.decoder(input_ids, attention_mask, position_ids, *past, logits_positions=positions)
+            finally:
+                for module, attr, p in saved:
+                    module._parameters[attr] = p
+
+    return Traced()
 
 
 def _copy_runtime_files(ckpt_dir: Path, out: Path) -> None:

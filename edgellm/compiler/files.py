@@ -24,13 +24,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_table(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """``{relative path: {sha256, bytes}}`` for every regular file under ``root`` (sorted)."""
+def file_table(root: Path, *, exclude: tuple[str, ...] = (),
+               known: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{relative path: {sha256, bytes}}`` for every regular file under ``root`` (sorted). ``known`` gives
+    digests already computed while writing (large files hashed as they were written, not read back)."""
     table: dict[str, dict[str, Any]] = {}
+    known = known or {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel not in exclude:
-            table[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            table[rel] = {"sha256": known.get(rel) or sha256_file(p), "bytes": p.stat().st_size}
     return table
 
 

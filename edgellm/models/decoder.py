@@ -16,6 +16,7 @@ Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everythin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -47,6 +48,23 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` that skips the random init on the meta device (``from_weights`` assigns every tensor): that init
+    goes through torch's reference kernels, whose first use imports torch._dynamo (seconds)."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` with the same meta-device shortcut as ``Linear``."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -60,9 +78,30 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, half: int) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with the sign of rotate_half folded into ``sin_signed`` (exact)."""
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+
+
+class RotaryEmbedding(torch.autograd.Function):
+    """Rotary embedding from cos/sin tables [positions, head_dim / 2]; x [B, heads, S, head_dim], positions [B, S].
+    Exports as ONNX Runtime's fused ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager computes the same
+    products as ``_rope`` (x1 cos - x2 sin, x2 cos + x1 sin)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+                sin_table: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]  # [B, 1, S, D/2]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    @staticmethod
+    def symbolic(g: object, x: object, positions: object, cos_table: object, sin_table: object) -> object:
+        out = g.op("com.microsoft::RotaryEmbedding", x, positions, cos_table, sin_table,  # type: ignore[attr-defined]
+                   interleaved_i=0)
+        out.setType(x.type())  # type: ignore[attr-defined]
+        return out
 
 
 class Attention(nn.Module):
@@ -71,27 +110,27 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         h, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
         bias = family.has_qkv_bias(cfg)
-        self.q_proj = nn.Linear(h, q, bias=bias, dtype=dtype)
-        self.k_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
-        self.v_proj = nn.Linear(h, kv, bias=bias, dtype=dtype)
-        self.o_proj = nn.Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
+        self.q_proj = Linear(h, q, bias=bias, dtype=dtype)
+        self.k_proj = Linear(h, kv, bias=bias, dtype=dtype)
+        self.v_proj = Linear(h, kv, bias=bias, dtype=dtype)
+        self.o_proj = Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-        past_k: torch.Tensor, past_v: torch.Tensor,
+        self, x: torch.Tensor, rope: Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor,
+        past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, s, _ = x.shape
+        # b, s come from the decoder's inputs (one traced value for every layer, so the exported shape
+        # computations are shared), and ``sin`` carries rotate_half's sign
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = rope(q), rope(k)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
@@ -110,9 +149,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         h, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
-        self.gate_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
-        self.up_proj = nn.Linear(h, f, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(f, h, bias=bias, dtype=dtype)
+        self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
+        self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
+        self.down_proj = Linear(f, h, bias=bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -132,7 +171,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(Layer(cfg, family, dtype) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -142,10 +181,14 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
         self.model = DecoderModel(cfg, family, dtype)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # on the meta device a placeholder (from_weights computes it on the CPU; see Linear for why)
+        meta = torch.get_default_device().type == "meta"
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
+                             persistent=False)
+        self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -171,28 +214,47 @@ class Decoder(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-        *past: torch.Tensor,
+        *past: torch.Tensor, logits_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...)."""
-        s = input_ids.shape[1]
+        """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...). ``logits_positions`` (int64
+        [n], indices into the S new positions) limits the logits to those positions: [B, n, vocab]."""
+        b, s = input_ids.shape
         past_len = past[0].shape[2]
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)
-        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        rope = self._rope_fn(position_ids)
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
         causal = k_idx <= q_idx  # [S, T]
         mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask, past[2 * i], past[2 * i + 1])
+            h, k, v = layer.self_attn(layer.input_layernorm(x), rope, mask, past[2 * i], past[2 * i + 1], b, s)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             presents += [k, v]
+        if logits_positions is not None:
+            x = x.index_select(1, logits_positions)
         logits = self.lm_head(self.model.norm(x)).float()
         return (logits, *presents)
+
+    def use_rotary_tables(self, max_positions: int) -> None:
+        """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
+        instead of computing cos/sin from the positions in the graph. The tables hold the same products:
+        position * inv_freq in float32, then cos/sin, in the model dtype."""
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
+
+    def _rope_fn(self, position_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        if self.rope_tables is not None:
+            cos_table, sin_table = self.rope_tables
+            return lambda t: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table)
+        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        half = self.cfg.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
+        return lambda t: _rope(t, cos, sin, half)
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgellm.backends.base import Session, get_backend
 from edgellm.compiler.build import ENGINE_MANIFEST
-from edgellm.compiler.export import GENERATION_SETTINGS
+from edgellm.compiler.export import GENERATION_SETTINGS, LOGITS_POSITIONS
 from edgellm.compiler.files import verify_files
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError
@@ -64,6 +64,7 @@ class Engine:
             raise ConfigurationError(f"{engine_dir}: engine inputs do not match the model config "
                                      f"(missing {', '.join(missing[:4]) or 'input_ids'})")
         self.kv_dtype = np.dtype(specs[self._past_names[0][0]].dtype)
+        self._has_logits_positions = LOGITS_POSITIONS in specs  # engines exported before it existed lack it
 
     @classmethod
     def open(cls, engine_dir: str | Path, *, num_threads: int | None = None) -> Engine:
@@ -103,9 +104,11 @@ class Engine:
             raise ConfigurationError(f"batch size {batch_size} exceeds the engine's max_batch_size "
                                      f"{self.max_batch_size}")
 
-    def step(self, input_ids: np.ndarray, cache: KVCache, attention_mask: np.ndarray | None = None) -> np.ndarray:
+    def step(self, input_ids: np.ndarray, cache: KVCache, attention_mask: np.ndarray | None = None, *,
+             last_only: bool = False) -> np.ndarray:
         """input_ids int64 [B, S]; attention_mask int64 [B, cache.length + S] (None = all ones).
-        Appends S positions to ``cache``; returns float32 logits [B, S, vocab]."""
+        Appends S positions to ``cache``; returns float32 logits [B, S, vocab] ([B, 1, vocab] with
+        ``last_only``: the graph then runs the lm_head for the last position only)."""
         b, s = input_ids.shape
         total = cache.length + s
         self._check_batch(b)
@@ -126,11 +129,14 @@ class Engine:
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
             "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
         }
+        if self._has_logits_positions:
+            feeds[LOGITS_POSITIONS] = np.arange(s - 1 if last_only else 0, s, dtype=np.int64)
         for (kn, vn), k, v in zip(self._past_names, cache.keys, cache.values, strict=True):
             feeds[kn], feeds[vn] = k, v
         out = self.session.run(feeds)
         cache.update([out[k] for k, _ in self._present_names], [out[v] for _, v in self._present_names])
-        return out["logits"]
+        logits = out["logits"]
+        return logits[:, -1:] if last_only else logits
 
     def logits(self, input_ids: list[int]) -> np.ndarray:
         """One sequence, fresh cache, single prefill: float32 [S, vocab]."""
@@ -202,7 +208,7 @@ class Engine:
             mask[i, plen - len(r.prompt):] = 1
         cache = self.new_cache(b)
         t0 = time.perf_counter()
-        logits = self.step(ids, cache, mask)[:, -1]
+        logits = self.step(ids, cache, mask, last_only=True)[:, -1]
         steps = max(r.req.max_new_tokens for r in rows)
         next_ids = np.full((b, 1), self.pad_id, dtype=np.int64)
         ones = np.ones((b, 1), dtype=np.int64)
@@ -224,7 +230,7 @@ class Engine:
             if all(r.finish is not None for r in rows):
                 break
             mask = np.concatenate([mask, ones], axis=1)
-            logits = self.step(next_ids, cache, mask)[:, -1]
+            logits = self.step(next_ids, cache, mask, last_only=True)[:, -1]
         for r in rows:
             if r.finish is None:  # unreachable: every row ends by length at the latest
                 raise BugError(f"request {r.req.id!r} did not finish")
