@@ -91,9 +91,17 @@ class Progress:
         return t
 
 
-def _run_with_progress(jobs: list[str], stages: list[str], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _print_plan(plan: Any) -> None:
+    for line in plan.describe():
+        out.print(line, markup=False)
+
+
+def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    from edgellm.types import Stage
     from tasks.progress import subscribe
 
+    jobs = [j.key for j in plan.runnable()]
+    stages = [s.value for s in Stage if any(s in j.entry.stages for j in plan.runnable())]
     progress = Progress(jobs, stages)
     unsubscribe = subscribe(progress.update)
     try:
@@ -162,13 +170,10 @@ def nightly(
         matrix_path = matrix or DEFAULT_MATRIX
         plan, _ = make_plan(matrix_path, settings)
         if dry_run:
-            for line in plan.describe():
-                out.print(line, markup=False)
+            _print_plan(plan)
             return
-        stages = sorted({s.value for j in plan.runnable() for s in j.entry.stages},
-                        key=["quantize", "export", "build", "infer", "accuracy", "bench"].index)
         result = _run_with_progress(
-            [j.key for j in plan.runnable()], stages,
+            plan,
             lambda: nightly_support_matrix(matrix=str(matrix_path), db_url=settings.db_url,
                                            data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
                                            docs_dir=str(settings.docs_dir), trigger="cli"),
@@ -197,13 +202,10 @@ def run(
 
         plan, _ = make_plan(priority, settings)
         if dry_run:
-            for line in plan.describe():
-                out.print(line, markup=False)
+            _print_plan(plan)
             return
-        stages = sorted({s.value for j in plan.runnable() for s in j.entry.stages},
-                        key=["quantize", "export", "build", "infer", "accuracy", "bench"].index)
         result = _run_with_progress(
-            [j.key for j in plan.runnable()], stages,
+            plan,
             lambda: run_test_list(priority=priority, db_url=settings.db_url, data_dir=str(settings.data_dir),
                                   inventory=str(settings.inventory_dir), trigger="cli"),
         )

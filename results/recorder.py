@@ -138,32 +138,10 @@ class Recorder:
         return run
 
     # results ----------------------------------------------------------------------------------------------------
-    def record_result(
-        self,
-        run_id: int,
-        *,
-        model: str,
-        precision: Precision | str,
-        platform: str,
-        stage: Stage | str,
-        test_id: str,
-        status: ResultStatus | str,
-        model_revision: str | None = None,
-        device: str | None = None,
-        reason: str | None = None,
-        error_kind: ErrorKind | str | None = None,
-        duration_s: float | None = None,
-        metrics: Mapping[str, tuple[float, str]] | None = None,
-        artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
-    ) -> int:
-        """Insert or replace one result with its metrics and artifact refs; returns the result id."""
-        values, metric_rows, links = self._result_rows(
-            run_id, model=model, precision=precision, platform=platform, stage=stage, test_id=test_id,
-            status=status, model_revision=model_revision, device=device, reason=reason, error_kind=error_kind,
-            duration_s=duration_s, metrics=metrics, artifacts=artifacts)
-        with write_session(self.engine) as s:
-            self._run(s, run_id)
-            return self._write_result(s, values, metric_rows, links)
+    def record_result(self, run_id: int, **fields: Any) -> int:
+        """Insert or replace one result with its metrics and artifact refs (fields: see :meth:`_result_rows`);
+        returns the result id."""
+        return self.record_results(run_id, [fields])[0]
 
     def record_results(self, run_id: int, results: Iterable[Mapping[str, Any]]) -> list[int]:
         """Several results (keyword arguments of :meth:`record_result` each) in one transaction."""
