@@ -1,7 +1,8 @@
 """Build: ONNX -> engine on a device of the target platform, cached by content.
 
-Key = (ONNX sha256, platform, backend and its version on the device, build parameters). The precision found in
-the built engine (read back by ``edgellm build``) must be the one asked for.
+Key = (ONNX sha256, platform, backend and its version on the device, the device's edgellm version and source
+digest, build parameters). The precision found in the built engine (read back by ``edgellm build``) must be the
+one asked for.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
         packages = env.get("packages") or {}
         inputs = {"stage": "build", "onnx_sha256": onnx.sha256, "platform": job.platform, "backend": BACKEND,
                   "backend_version": packages.get("onnxruntime") if isinstance(packages, dict) else None,
-                  "edgellm": env.get("edgellm"), **job.build_params}
+                  "edgellm": env.get("edgellm"), "edgellm_build": env.get("edgellm_build"), **job.build_params}
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
         if hit is not None and farm.store.has(hit.sha256):

@@ -1,7 +1,7 @@
 """Export: checkpoint -> ONNX directory, on the orchestrating host, cached by content.
 
-Key = (checkpoint sha256, precision, export parameters, edgellm version): a rerun with the same inputs reuses the
-stored ONNX artifact (verified) and says so; anything changed exports again.
+Key = (checkpoint sha256, precision, export parameters, edgellm version and source digest): a rerun with the same
+inputs reuses the stored ONNX artifact (verified) and says so; anything changed exports again.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm import __version__ as edgellm_version
+from edgellm.build_id import build_id
 from edgellm.compiler.export import OPSET
 from edgellm.types import Precision, Stage
 from results import cache
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def export_key_inputs(checkpoint_sha: str, precision: Precision) -> dict[str, object]:
     return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value, "opset": OPSET,
-            "edgellm": edgellm_version}
+            "edgellm": edgellm_version, "edgellm_build": build_id()}
 
 
 @task(name="export", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,

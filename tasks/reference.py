@@ -23,6 +23,7 @@ from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
+from edgellm.build_id import build_id
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS, checkpoint_digest
 from edgellm.types import Stage
 from results import cache
@@ -51,7 +52,7 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
     return {"stage": "reference", "format": FORMAT, "checkpoint_sha256": checkpoint_sha,
             "settings": {"max_tokens": EVAL_MAX_TOKENS, "greedy_tokens": DEFAULT_GREEDY_TOKENS,
                          "window": REFERENCE_WINDOW, "text_sha256": text_sha, "prompts_sha256": prompts_sha},
-            "edgellm": edgellm_version, "transformers": transformers_version()}
+            "edgellm": edgellm_version, "edgellm_build": build_id(), "transformers": transformers_version()}
 
 
 @task(name="reference", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,

@@ -13,6 +13,7 @@ import platform
 import sys
 
 from edgellm import __version__
+from edgellm.build_id import build_id
 
 NAME = "env"
 HELP = "print versions of edgellm, Python and the inference backends on this machine, as JSON"
@@ -36,6 +37,7 @@ def collect() -> dict[str, object]:
         backends.append("tensorrt")
     return {
         "edgellm": __version__,
+        "edgellm_build": build_id(),
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "machine": platform.machine(),
