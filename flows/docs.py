@@ -47,7 +47,12 @@ def matrix_rows(engine: Engine) -> list[MatrixRow]:
             for name, value in s.execute(select(Metric.name, Metric.value).where(
                     Metric.result_id.in_([r.id for r in results]))):
                 metrics[name] = value
-            reasons = [f"{r.stage.value}: {r.reason}" for r in results if r.reason and r.status.value != "pass"]
+            by_reason: dict[str, list[str]] = defaultdict(list)
+            for r in results:
+                if r.reason and r.status.value != "pass":
+                    by_reason[r.reason].append(r.stage.value)
+            reasons = [f"{'/'.join(stages)}: {why}" if len(stages) < len(results) else why
+                       for why, stages in by_reason.items()]
             devices = sorted({r.device for r in results if r.device and r.device != "orchestrator"})
             run = runs[st.run_id]
             rows.append(MatrixRow(

@@ -197,17 +197,21 @@ def render_trends(points: Sequence[TrendPoint], out_dir: Path) -> list[str]:
     for p in points:
         by_metric[p.metric][(p.model, p.precision, p.platform)].append(p)
     names = []
+    from matplotlib.ticker import MaxNLocator
+
     for metric, series in sorted(by_metric.items()):
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        for (model, precision, platform), pts in sorted(series.items()):
+        fig, ax = plt.subplots(figsize=(11, 4.5))
+        colours = plt.get_cmap("tab20")
+        for i, ((model, precision, platform), pts) in enumerate(sorted(series.items())):
             pts = sorted(pts, key=lambda x: x.run_id)
-            ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o",
+            ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
                     label=f"{model} {precision} {platform}")
         ax.set_xlabel("nightly run id")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} over nightly runs")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         fig.tight_layout()
         name = f"trend-{slug(metric)}.png"
         fig.savefig(out_dir / name, dpi=100)
