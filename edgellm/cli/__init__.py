@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug or os.environ.get("EDGELLM_DEBUG"):
             traceback.print_exc()
         return EXIT_BY_KIND[exc.kind]
+    except ModuleNotFoundError as exc:  # an incomplete install on this machine, not a bug in edgellm
+        print(f"edgellm {args.command}: error (configuration): Python package {exc.name!r} is not installed here "
+              f"(install edgellm's dependencies: pip install edgellm-farm)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"edgellm {args.command}: interrupted", file=sys.stderr)
         return 130
