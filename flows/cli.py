@@ -23,7 +23,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve):
+for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve, commands.gc):
     app.command()(command)
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")

@@ -342,3 +342,34 @@ def serve(
         from flows.serve import serve as run_serve
 
         raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment))
+
+
+def gc(
+    older_than_days: Annotated[float, typer.Option("--older-than-days", help="only blobs last stored before this "
+                                                                            "many days ago")] = 14.0,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
+    with farm_errors("gc"):
+        from artifacts.store import ArtifactStore
+        from edgellm.errors import ConfigurationError
+        from flows.settings import Settings
+        from results import cache
+        from results.db import make_engine
+        from results.migrate import upgrade
+        from results.recorder import Recorder
+
+        if older_than_days < 0:
+            raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
+        settings = Settings.resolve(db=db, data_dir=data_dir)
+        engine = make_engine(settings.db_url)
+        try:
+            upgrade(engine)
+            referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
+        finally:
+            engine.dispose()
+        store = ArtifactStore(settings.data_dir / "artifacts")
+        removed = store.gc(referenced, older_than_days * 86400)
+    out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
+              f"{len(referenced)} referenced blob(s) kept")

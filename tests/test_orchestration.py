@@ -4,6 +4,7 @@ PostgreSQL, the artifact store. Tests in this module share one data dir and data
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,22 @@ def test_nightly_on_ssh_devices_survives_a_killed_host(ssh_hosts, device_python,
         used = {r.device for r in results} - {"orchestrator", None}
         assert len(used) >= 2  # the work really spread over devices
     engine.dispose()
+
+
+def test_gc_keeps_every_referenced_artifact(farm_dirs: dict[str, Path]) -> None:
+    from artifacts.store import ArtifactStore
+    from results import cache
+    from results.recorder import Recorder
+
+    store = ArtifactStore(farm_dirs["data"] / "artifacts")
+    stray = store.put(b"an artifact nothing refers to")
+    os.utime(store.path(stray.sha256), (0, 0))  # last stored long ago
+    result = CliRunner().invoke(app, ["gc", "--older-than-days", "1", "--data-dir", str(farm_dirs["data"])])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 unreferenced blob(s)" in result.output
+    assert not store.has(stray.sha256)
+    engine = make_engine(f"sqlite:///{farm_dirs['db']}")
+    referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
+    engine.dispose()
+    assert referenced and all(store.has(sha) for sha in referenced)
+    assert store.verify() == []
