@@ -89,6 +89,9 @@ def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None) 
     unknown = [n for n in wanted if n not in specs]
     if unknown:
         raise ConfigurationError(f"unknown deployment(s) {', '.join(unknown)}; known: {', '.join(sorted(specs))}")
+    # Started in the background by a non-interactive shell, SIGINT is ignored, and Prefect's runner turns SIGTERM
+    # into SIGINT: restore the default so `kill` stops serve (and the server with it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log")
     os.environ["PREFECT_API_URL"] = api_url
     try:
@@ -108,8 +111,11 @@ def _to_deployment(spec: dict[str, Any]) -> Any:
     root = PREFECT_YAML.parent.parent
     file, func = spec["entrypoint"].split(":")
     flow = load_flow_from_entrypoint(f"{root / file}:{func}")
-    cron = [s["cron"] for s in spec.get("schedules") or [] if "cron" in s]
+    from prefect.schedules import Cron
+
+    schedules = [Cron(s["cron"], timezone=s.get("timezone") or "UTC") for s in spec.get("schedules") or []
+                 if "cron" in s]
     return flow.to_deployment(
         name=spec["name"], parameters=spec.get("parameters") or {}, tags=spec.get("tags") or [],
-        description=spec.get("description"), cron=cron[0] if cron else None,
+        description=spec.get("description"), schedules=schedules or None,
     )

@@ -82,3 +82,38 @@ def test_l0_deployment_from_infra_runs_on_a_process_worker(prefect_server: dict[
         assert len({r.test_id for r in results}) == 6
         assert {r.status.value for r in results} == {"pass"}
     engine.dispose()
+
+
+def test_serve_registers_the_nightly_schedule_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--port", str(port), "--data-dir",
+                             str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as under `&`
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline, names = time.time() + 120, {}
+        while time.time() < deadline and len(names) < 2:
+            time.sleep(1)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                req = urllib.request.Request(f"{api}/deployments/filter", data=b"{}", method="POST",
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    names = {d["name"]: d for d in json.loads(resp.read())}
+            except OSError:
+                continue
+        assert set(names) == {"nightly", "l0-x86-cpu"}
+        crons = [s["schedule"] for s in names["nightly"]["schedules"]]
+        assert crons == [{"cron": "0 2 * * *", "timezone": "UTC", "day_or": True}]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)  # serve honours SIGTERM even when started with SIGINT ignored
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
