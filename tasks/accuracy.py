@@ -8,21 +8,16 @@ from __future__ import annotations
 import json
 import math
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
 from edgellm.types import Stage
 from results.models import ResultStatus
 from tasks.common import (
-    RETRY_DELAY_S,
-    STAGE_RETRIES,
     attempt_recorder,
     from_device_run,
     guarded,
-    infra_only,
+    stage_task,
     upstream_problem,
 )
 from tasks.device_exec import run_stage
@@ -65,8 +60,7 @@ def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
     return metrics
 
 
-@task(name="accuracy", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("accuracy")
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseException,
              reference: StageOutcome | BaseException) -> StageOutcome:
     if (skip := upstream_problem(Stage.ACCURACY, inferred) or reference_problem(reference)):

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
 from edgellm.types import Stage
 from results.models import ResultStatus
 from tasks.common import (
-    RETRY_DELAY_S,
-    STAGE_RETRIES,
     attempt_recorder,
     from_device_run,
     guarded,
-    infra_only,
+    stage_task,
     upstream_problem,
 )
 from tasks.device_exec import DeviceRun, run_stage
@@ -38,8 +33,7 @@ def bench_modes(job: JobSpec) -> dict[str, list[str]]:
     }
 
 
-@task(name="bench", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("bench")
 def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -> StageOutcome:
     if (skip := upstream_problem(Stage.BENCH, built)) is not None:
         return skip

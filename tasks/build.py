@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import logging
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from artifacts.kinds import ArtifactKind, Packing
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
@@ -21,12 +18,10 @@ from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
 from tasks.common import (
-    RETRY_DELAY_S,
-    STAGE_RETRIES,
     attempt_recorder,
     from_device_run,
     guarded,
-    infra_only,
+    stage_task,
     upstream_problem,
 )
 from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_stage
@@ -52,8 +47,7 @@ def platform_env(farm: Farm, platform: str) -> dict[str, object]:
     raise InfrastructureError(f"no reachable {platform} device to ask for its backend version: {'; '.join(errors)}")
 
 
-@task(name="build", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("build")
 def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException) -> StageOutcome:
     if (skip := upstream_problem(Stage.BUILD, exported)) is not None:
         return skip

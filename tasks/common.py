@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
@@ -21,6 +23,13 @@ log = logging.getLogger(__name__)
 
 STAGE_RETRIES = 1  # after every device of the platform failed; a later attempt may find one back
 RETRY_DELAY_S = 2.0
+
+
+def stage_task(name: str) -> Callable[[Callable[..., StageOutcome]], Any]:
+    """The Prefect task decorator every stage shares: retried only after infrastructure failures, never cached by
+    Prefect (stages cache by content themselves: results/cache.py)."""
+    return task(name=name, retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+                cache_policy=NO_CACHE)
 
 
 def infra_only(task: Any, task_run: Any, state: Any) -> bool:

@@ -12,9 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
@@ -24,7 +21,7 @@ from edgellm.compiler.export import OPSET
 from edgellm.types import Precision, Stage
 from results import cache
 from results.models import ResultStatus
-from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only, upstream_problem
+from tasks.common import guarded, stage_task, upstream_problem
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
@@ -37,8 +34,7 @@ def export_key_inputs(checkpoint_sha: str, precision: Precision) -> dict[str, ob
             "edgellm": edgellm_version, "edgellm_build": build_id()}
 
 
-@task(name="export", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("export")
 def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str,
            quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
     if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:

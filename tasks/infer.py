@@ -5,21 +5,16 @@ from __future__ import annotations
 import json
 import statistics
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
 from edgellm.types import Stage
 from results.models import ResultStatus
 from tasks.common import (
-    RETRY_DELAY_S,
-    STAGE_RETRIES,
     attempt_recorder,
     from_device_run,
     guarded,
-    infra_only,
+    stage_task,
     upstream_problem,
 )
 from tasks.device_exec import run_stage
@@ -42,8 +37,7 @@ def requests_for(job: JobSpec) -> dict[str, object]:
                           "temperature": 0.0} for i in range(job.max_batch_size)]}
 
 
-@task(name="infer", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("infer")
 def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -> StageOutcome:
     if (skip := upstream_problem(Stage.INFER, built)) is not None:
         return skip

@@ -5,22 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from artifacts.kinds import ArtifactKind
 from edgellm.errors import UnsupportedError
 from edgellm.types import Precision, Stage
 from results.models import ResultStatus
-from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only
+from tasks.common import guarded, stage_task
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 
 IDENTITY = (Precision.FP32, Precision.FP16, Precision.BF16)
 
 
-@task(name="quantize", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("quantize")
 def quantize(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str) -> StageOutcome:
     def body() -> StageOutcome:
         if precision not in IDENTITY:

@@ -15,9 +15,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
@@ -28,7 +25,7 @@ from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PRO
 from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
-from tasks.common import RETRY_DELAY_S, STAGE_RETRIES, guarded, infra_only
+from tasks.common import guarded, stage_task
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
@@ -55,8 +52,7 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
             "edgellm": edgellm_version, "edgellm_build": build_id(), "transformers": transformers_version()}
 
 
-@task(name="reference", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-      cache_policy=NO_CACHE)
+@stage_task("reference")
 def reference(ctx: FarmContext, model: str, checkpoint_dir: str, timeout_s: int) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
