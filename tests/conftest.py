@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.prefect",
     "tests.fixtures.farm",
+    "tests.fixtures.toolchain",
 ]
