@@ -2,6 +2,7 @@
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
+``toolchains`` names what turns a checkpoint into evidence there, in order of preference (``toolchains.base``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from devices._yaml import read_yaml_mapping, validation_problems
 from edgellm.errors import ConfigurationError
-from edgellm.types import Backend, Precision, _ChoiceEnum
+from edgellm.types import Precision, _ChoiceEnum
+from toolchains.base import Toolchain
 
 DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
 
@@ -53,7 +55,7 @@ def _parse_list(enum_cls: type[_ChoiceEnum], what: str, value: Any) -> list[Any]
 
 
 class DeviceType(BaseModel):
-    """What a kind of device can run: architecture, SM, memory, backends and precisions."""
+    """What a kind of device can run: architecture, SM, memory, toolchains and precisions."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,7 +64,7 @@ class DeviceType(BaseModel):
     arch: Arch
     sm: int | None = Field(ge=10, le=999)  # CUDA compute capability x10 (87 = 8.7); None = no GPU
     memory_gb: float = Field(gt=0)
-    backends: tuple[Backend, ...] = Field(min_length=1)
+    toolchains: tuple[Toolchain, ...] = Field(min_length=1)
     precisions: tuple[Precision, ...] = Field(min_length=1)
     kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
 
@@ -74,10 +76,10 @@ class DeviceType(BaseModel):
         except ConfigurationError as err:
             raise ValueError(str(err)) from None
 
-    @field_validator("backends", mode="before")
+    @field_validator("toolchains", mode="before")
     @classmethod
-    def _backends(cls, value: Any) -> list[Backend]:
-        return _parse_list(Backend, "backend", value)
+    def _toolchains(cls, value: Any) -> list[Toolchain]:
+        return _parse_list(Toolchain, "toolchain", value)
 
     @field_validator("precisions", mode="before")
     @classmethod
@@ -92,8 +94,9 @@ class DeviceType(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> DeviceType:
         problems = []
-        if self.sm is None and Backend.TENSORRT in self.backends:
-            problems.append("backend tensorrt needs a GPU: set sm")
+        for needs_gpu in (Toolchain.TENSORRT_EDGELLM, Toolchain.EDGELLM_TORCH_CUDA):
+            if self.sm is None and needs_gpu in self.toolchains:
+                problems.append(f"toolchain {needs_gpu} needs a GPU: set sm")
         for precision in self.precisions:
             need = MIN_SM.get(precision)
             if need is not None and self.sm is not None and self.sm < need:
@@ -110,14 +113,15 @@ class DeviceType(BaseModel):
     def label(self) -> str:
         return f"{self.name} (SM{self.sm})" if self.sm is not None else f"{self.name} (CPU)"
 
-    def supports(self, precision: Precision | str, backend: Backend | str | None = None) -> tuple[bool, str]:
-        """``(True, why)`` if this type runs ``precision`` (with ``backend``), else ``(False, reason)``."""
+    def supports(self, precision: Precision | str, toolchain: Toolchain | str | None = None) -> tuple[bool, str]:
+        """``(True, why)`` if this type's hardware runs ``precision`` (with ``toolchain``), else ``(False, reason)``.
+        Whether a toolchain is installed and can produce the precision is the toolchain's answer, not this one."""
         wanted = Precision.parse(precision, what="precision")
-        if backend is not None:
-            engine = Backend.parse(backend, what="backend")
-            if engine not in self.backends:
-                supported = ", ".join(self.backends)
-                return False, f"{self.label} does not support backend {engine} (supported: {supported})"
+        if toolchain is not None:
+            chain = Toolchain.parse(toolchain, what="toolchain")
+            if chain not in self.toolchains:
+                supported = ", ".join(self.toolchains)
+                return False, f"{self.label} does not run toolchain {chain} (runs: {supported})"
         if wanted not in self.precisions:
             need = MIN_SM.get(wanted)
             if need is not None and self.sm is not None and self.sm < need:
@@ -125,7 +129,7 @@ class DeviceType(BaseModel):
             else:
                 why = "supported: " + ", ".join(self.precisions)
             return False, f"{self.label} does not support {wanted} ({why})"
-        return True, f"{self.label} supports {wanted}" + (f" with {backend}" if backend is not None else "")
+        return True, f"{self.label} supports {wanted}" + (f" with {toolchain}" if toolchain is not None else "")
 
 
 _TYPE_KEYS = list(DeviceType.model_fields)

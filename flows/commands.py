@@ -212,7 +212,8 @@ def run(
     raise typer.Exit(_print_summary(result))
 
 
-QUERY_FIELDS = ("model", "precision", "platform", "status", "run_id", "run_kind", "run_started_at", "stages")
+QUERY_FIELDS = ("model", "precision", "platform", "status", "toolchain", "toolchain_version", "run_id", "run_kind",
+                "run_started_at", "stages")
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
@@ -241,6 +242,7 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
     rows_out = [
         {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
          "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
+         "toolchain": r.toolchain, "toolchain_version": r.toolchain_version,
          "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
          "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
          "stages": {k.value: v.value for k, v in r.stages.items()}}
@@ -280,12 +282,13 @@ def query(
         sys.stdout.write(buf.getvalue())
     else:
         t = Table(title=f"latest status ({len(rows)} rows)")
-        for col in ("model", "precision", "platform", "status", "run", "failing stages"):
+        for col in ("model", "precision", "platform", "status", "toolchain", "run", "failing stages"):
             t.add_column(col)
         for r in rows:
             colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
             bad = " ".join(f"{k}:{v}" for k, v in r["stages"].items() if v in ("fail", "error"))
-            t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]",
+            made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"]) if x)
+            t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]", made_by,
                       str(r["run_id"]), bad)
         out.print(t)
 

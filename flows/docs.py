@@ -61,6 +61,7 @@ def matrix_rows(engine: Engine) -> list[MatrixRow]:
                 run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
                 device=", ".join(devices) or None, reason="; ".join(reasons) or None,
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
+                toolchain=st.toolchain, toolchain_version=st.toolchain_version,
             ))
     return rows
 
@@ -107,6 +108,7 @@ def run_evidence(engine: Engine, run_id: int) -> tuple[dict[str, object], list[d
         for r in s.scalars(select(Result).where(Result.run_id == run_id).order_by(Result.id)):
             results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
                             "stage": r.stage.value, "status": r.status.value, "device": r.device,
+                            "toolchain": r.toolchain.value, "toolchain_version": r.toolchain_version,
                             "reason": r.reason, "duration_s": r.duration_s, "metrics": sorted(metrics[r.id]),
                             "artifacts": arts[r.id]})
     return info, results

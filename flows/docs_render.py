@@ -45,6 +45,12 @@ class MatrixRow:
     reason: str | None = None
     stages: dict[str, str] = field(default_factory=dict)  # stage -> status
     metrics: dict[str, float] = field(default_factory=dict)
+    toolchain: str | None = None  # what made the evidence, and its version
+    toolchain_version: str | None = None
+
+    @property
+    def made_by(self) -> str:
+        return " ".join(x for x in (self.toolchain, self.toolchain_version) if x)
 
     @property
     def anchor(self) -> str:
@@ -104,12 +110,13 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         row = [model, precision]
         for p in platforms:
             r = cells.get(p)
-            row.append(f"[✓ run {r.run_id}]({r.evidence_link})" if r else "")
+            row.append(f"[✓ run {r.run_id}]({r.evidence_link}) {r.made_by}".rstrip() if r else "")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "## Key metrics", "", "| Model | Precision | Platform | Run | Metrics |", "|---|---|---|---|---|"]
+    lines += ["", "## Key metrics", "", "| Model | Precision | Platform | Toolchain | Run | Metrics |",
+              "|---|---|---|---|---|---|"]
     for r in ok:
-        lines.append(f"| {r.model} | {r.precision} | {r.platform} | [{r.run_id}]({r.evidence_link}) | "
-                     f"{_metrics_text(r.metrics, ', ') or '-'} |")
+        lines.append(f"| {r.model} | {r.precision} | {r.platform} | {r.made_by or '-'} | "
+                     f"[{r.run_id}]({r.evidence_link}) | {_metrics_text(r.metrics, ', ') or '-'} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -146,7 +153,7 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, 
             out.append(
                 f"<td class='c {e(r.status)}' style='background:{colour}' title='{e(r.reason or r.status)}'>"
                 f"<a href='{e(r.evidence_link)}'><b>{e(r.status)}</b> · run {r.run_id}</a>"
-                f"<div class='m'>{detail}</div></td>"
+                f"<div class='m'>{e(r.made_by)}</div><div class='m'>{detail}</div></td>"
             )
         out.append("</tr>")
     out.append("</table>")
@@ -169,14 +176,16 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     for key in sorted(grouped):
         first = grouped[key][0]
         lines += [f"<a id='{slug(key)}'></a>", f"## {first['model']} · {first['precision']} · {first['platform']}", "",
-                  "| Stage | Status | Device | Duration (s) | Reason | Metrics | Artifacts |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",
+                  "|---|---|---|---|---|---|---|---|"]
         for res in grouped[key]:
             metrics = ", ".join(f"{n}={v:.6g}{(' ' + u) if u else ''}" for n, v, u in res.get("metrics", []))
             arts = ", ".join(f"{k}:{s[:12]}" for k, s in res.get("artifacts", []))
             dur = res.get("duration_s")
             lines.append(
-                f"| {res['stage']} | {res['status']} | {res.get('device') or '-'} | "
+                f"| {res['stage']} | {res['status']} | "
+                f"{' '.join(str(x) for x in (res.get('toolchain'), res.get('toolchain_version')) if x) or '-'} | "
+                f"{res.get('device') or '-'} | "
                 f"{f'{dur:.2f}' if isinstance(dur, (int, float)) else '-'} | "
                 f"{str(res.get('reason') or '').replace('|', '/')} | {metrics} | {arts} |"
             )

@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
-from edgellm.compiler.export import EXPORT_PRECISIONS
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, Stage
 from flows.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
+from toolchains.base import Toolchain, choose
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -42,6 +42,7 @@ class Job:
     entry: TestEntry
     platform: str
     decision: Decision
+    toolchain: Toolchain  # the one chosen to run it; for a job that does not run, the platform's preferred one
     reason: str = ""
     devices: tuple[str, ...] = ()
 
@@ -71,9 +72,10 @@ class Plan:
     def runnable(self) -> list[Job]:
         return [j for j in self.jobs if j.decision is Decision.RUN]
 
-    def exports(self) -> list[tuple[str, Precision]]:
-        """Distinct (model, precision) pairs to export: once each, whatever the number of platforms."""
-        return sorted({(j.model, j.precision) for j in self.runnable()}, key=lambda k: (k[0].lower(), k[1]))
+    def exports(self) -> list[tuple[str, Precision, Toolchain]]:
+        """Distinct (model, precision, toolchain) to export: once each, whatever the number of platforms."""
+        return sorted({(j.model, j.precision, j.toolchain) for j in self.runnable()},
+                      key=lambda k: (k[0].lower(), k[1], k[2]))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -84,12 +86,13 @@ class Plan:
     def describe(self) -> list[str]:
         lines = [f"plan {self.name} ({self.kind}): {len(self.jobs)} jobs "
                  + ", ".join(f"{n} {k}" for k, n in sorted(self.counts().items())),
-                 f"exports ({len(self.exports())}): " + ", ".join(f"{m}/{p}" for m, p in self.exports())]
+                 f"exports ({len(self.exports())}): " + ", ".join(f"{m}/{p}/{t}" for m, p, t in self.exports())]
         for j in sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id)):
             stages = "->".join(s.value for s in j.entry.stages)
             where = f" on {','.join(j.devices)}" if j.devices else ""
             why = f" ({j.reason})" if j.reason else ""
-            lines.append(f"  {j.decision.value:<14} {j.platform:<12} {j.test_id}  [{stages}]{where}{why}")
+            lines.append(f"  {j.decision.value:<14} {j.platform:<12} {j.toolchain:<18} {j.test_id}  [{stages}]"
+                         f"{where}{why}")
         return lines
 
 
@@ -105,24 +108,30 @@ class _Matrix(BaseModel):
 
 def _decide(
     entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog
-) -> tuple[Decision, str, tuple[str, ...]]:
+) -> tuple[Decision, Toolchain, str, tuple[str, ...]]:
+    """Hardware first (not applicable), then the waiver, then who could run it here: a toolchain of the platform
+    that can produce the precision, and a device of the platform (skipped, naming every missing part)."""
     dtype = DEVICE_TYPES[platform]
+    preferred = dtype.toolchains[0]
     ok, why = dtype.supports(entry.precision)
     if not ok:
-        return Decision.NOT_APPLICABLE, why, ()
+        return Decision.NOT_APPLICABLE, preferred, why, ()
     if entry.waived and entry.waiver is not None:
-        return Decision.WAIVED, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
-    if entry.precision not in EXPORT_PRECISIONS:
-        supported = ", ".join(p.value for p in EXPORT_PRECISIONS)
-        return Decision.SKIPPED, f"edgellm cannot produce {entry.precision} yet (exports: {supported})", ()
+        return Decision.WAIVED, preferred, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
+    toolchain, refusals = choose(dtype.toolchains, entry.precision)
     devices = tuple(d.id for d in inventory.select(platform=platform))
+    missing = list(refusals) if toolchain is None else []
     if not devices:
-        return Decision.SKIPPED, f"no device of platform {platform} in the inventory {inventory.directory}", ()
+        missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
+    if missing:
+        return Decision.SKIPPED, toolchain or preferred, "no device/toolchain can run it here: " + "; ".join(
+            missing), devices
+    assert toolchain is not None
     try:
         catalog.get(entry.model).check()
     except ConfigurationError as exc:
-        return Decision.SKIPPED, f"checkpoint not available: {exc}", devices
-    return Decision.RUN, "", devices
+        return Decision.SKIPPED, toolchain, f"checkpoint not available: {exc}", devices
+    return Decision.RUN, toolchain, "", devices
 
 
 def load_matrix(path: Path, catalog: Catalog) -> tuple[str, list[tuple[TestEntry, str]]]:
@@ -211,8 +220,9 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
     plan = Plan(name=name, kind=kind)
     seen: set[str] = set()
     for entry, platform in pairs:
-        decision, reason, devices = _decide(entry, platform, inventory, catalog)
-        job = Job(entry=entry, platform=platform, decision=decision, reason=reason, devices=devices)
+        decision, toolchain, reason, devices = _decide(entry, platform, inventory, catalog)
+        job = Job(entry=entry, platform=platform, decision=decision, toolchain=toolchain, reason=reason,
+                  devices=devices)
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
         seen.add(job.key)

@@ -16,6 +16,7 @@ from artifacts.kinds import ArtifactKind
 from results.db import write_session
 from results.models import CacheEntry, utcnow
 from results.recorder import _upsert
+from toolchains.base import Toolchain
 
 
 def cache_key(inputs: Mapping[str, Any]) -> str:
@@ -28,15 +29,20 @@ def lookup(engine: Engine, key: str) -> CacheEntry | None:
         return s.get(CacheEntry, key)
 
 
-def remember(engine: Engine, key: str, kind: ArtifactKind, sha256: str, inputs: Mapping[str, Any]) -> None:
+def remember(engine: Engine, key: str, kind: ArtifactKind, sha256: str, inputs: Mapping[str, Any], *,
+             toolchain: Toolchain | str | None, toolchain_version: str | None) -> None:
+    """``toolchain`` None: the entry is no toolchain's product (the transformers reference)."""
     now = utcnow()
+    made_by = {"toolchain": None if toolchain is None else Toolchain.parse(toolchain, what="toolchain"),
+               "toolchain_version": toolchain_version}
     values = {"key": key, "kind": kind, "sha256": sha256, "inputs": dict(inputs), "created_at": now,
-              "last_used_at": now, "hits": 0}
+              "last_used_at": now, "hits": 0, **made_by}
     with write_session(engine) as s:
         ins = _upsert(s)(CacheEntry).values(**values)
         s.execute(ins.on_conflict_do_update(index_elements=["key"], set_={"sha256": sha256, "kind": kind,
                                                                          "inputs": dict(inputs), "created_at": now,
-                                                                         "last_used_at": now, "hits": 0}))
+                                                                         "last_used_at": now, "hits": 0,
+                                                                         **made_by}))
 
 
 def touch(engine: Engine, key: str) -> None:

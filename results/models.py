@@ -32,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ErrorKind
 from edgellm.types import Precision, Stage
+from toolchains.base import Toolchain
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -138,6 +139,8 @@ class Result(Base):
     model_revision: Mapped[str | None] = mapped_column(String(64))  # checkpoint sha256
     precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
     platform: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[Toolchain] = mapped_column(db_enum(Toolchain, "toolchain"))
+    toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
     device: Mapped[str | None] = mapped_column(String(200))
     stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
     test_id: Mapped[str] = mapped_column(String(200))
@@ -271,6 +274,8 @@ class Attempt(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     duration_s: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    toolchain: Mapped[Toolchain] = mapped_column(db_enum(Toolchain, "toolchain"))
+    toolchain_version: Mapped[str | None] = mapped_column(String(200))
 
 
 class CacheEntry(Base):
@@ -281,6 +286,8 @@ class CacheEntry(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[ArtifactKind] = mapped_column(db_enum(ArtifactKind, "artifact_kind"))
     sha256: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[Toolchain | None] = mapped_column(db_enum(Toolchain, "toolchain"))  # None: the reference
+    toolchain_version: Mapped[str | None] = mapped_column(String(200))
     inputs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the key was computed from
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -75,6 +75,8 @@ class RowStatus:
     stages: dict[Stage, ResultStatus]  # worst status per stage
     run_kind: RunKind | None = None
     run_started_at: datetime | None = None
+    toolchain: str | None = None  # the toolchain that made the evidence ("a, b" if a run mixed several)
+    toolchain_version: str | None = None  # its version where the latest stage that ran ran
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,20 @@ class Regression:
 @dataclass
 class _Tally:
     counts: dict[Stage, dict[ResultStatus, int]] = field(default_factory=lambda: defaultdict(dict))
+    made_by: dict[Stage, tuple[str, str | None]] = field(default_factory=dict)  # stage -> (toolchain, version)
 
-    def add(self, stage: Stage, status: ResultStatus, n: int) -> None:
+    def add(self, stage: Stage, status: ResultStatus, n: int, toolchain: str | None = None,
+            version: str | None = None) -> None:
         self.counts[stage][status] = self.counts[stage].get(status, 0) + n
+        if toolchain is not None and (stage not in self.made_by or version is not None):
+            self.made_by[stage] = (str(toolchain), version)
+
+    def toolchain(self) -> tuple[str | None, str | None]:
+        """The toolchain(s) of the row, and the version recorded by its last stage (pipeline order) that ran."""
+        names = sorted({tc for tc, _ in self.made_by.values()})
+        versions = [v for stage in sorted(self.made_by, key=list(Stage).index)
+                    if (v := self.made_by[stage][1]) is not None]
+        return (", ".join(names) or None), (versions[-1] if versions else None)
 
     def verdict(self, required: Sequence[Stage]) -> Verdict:
         seen = {st for per in self.counts.values() for st in per}
@@ -152,18 +165,19 @@ def latest_status(
     req = _required(required)
     latest = (
         select(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-               Result.status, func.count())
+               Result.status, Result.toolchain, Result.toolchain_version, func.count())
         .join(Result, and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
                            Result.platform == RowLatest.platform, Result.run_id == RowLatest.run_id))
         .where(*_row_filter(model, precision, platform))
         .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-                  Result.status)
+                  Result.status, Result.toolchain, Result.toolchain_version)
     )
     tallies: dict[tuple[RowKey, int], _Tally] = defaultdict(_Tally)
     with _session(db) as s:
-        for m, p, pl, run_id, stage, status, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl), run_id)].add(stage, status, n)
-    return [RowStatus(key, run_id, t.verdict(req), t.worst()) for (key, run_id), t in sorted(tallies.items())]
+        for m, p, pl, run_id, stage, status, tc, version, n in s.execute(latest):
+            tallies[(RowKey(m, p, pl), run_id)].add(stage, status, n, tc, version)
+    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain())
+            for (key, run_id), t in sorted(tallies.items())]
 
 
 def passing_rows(
@@ -215,18 +229,21 @@ def row_history(
     req = _required(required)
     key = RowKey(model, Precision.parse(precision), platform)
     stmt = (
-        select(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, func.count())
+        select(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
+               Result.toolchain_version, func.count())
         .join(Run, Run.id == Result.run_id)
         .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform)
-        .group_by(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status)
+        .group_by(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
+                  Result.toolchain_version)
     )
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for run_id, kind, started, stage, status, n in s.execute(stmt):
-            tallies[run_id].add(stage, status, n)
+        for run_id, kind, started, stage, status, tc, version, n in s.execute(stmt):
+            tallies[run_id].add(stage, status, n, tc, version)
             runs[run_id] = (kind, started)
-    return [RowStatus(key, rid, tallies[rid].verdict(req), tallies[rid].worst(), *runs[rid]) for rid in sorted(runs)]
+    return [RowStatus(key, rid, tallies[rid].verdict(req), tallies[rid].worst(), *runs[rid],
+                      *tallies[rid].toolchain()) for rid in sorted(runs)]
 
 
 def regressions(

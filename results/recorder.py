@@ -37,6 +37,7 @@ from results.models import (
     ToolchainVersion,
     utcnow,
 )
+from toolchains.base import Toolchain
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 E = TypeVar("E", bound=enum.Enum)
@@ -74,6 +75,10 @@ def _nonempty(value: str, what: str, limit: int = 200) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > limit:
         raise ConfigurationError(f"bad {what} {value!r}: need a non-empty string of at most {limit} characters")
     return value
+
+
+def _version(value: str | None) -> str | None:
+    return None if value is None else _nonempty(value, "toolchain version")
 
 
 def _sha(value: str, what: str) -> str:
@@ -160,6 +165,8 @@ class Recorder:
         stage: Stage | str,
         test_id: str,
         status: ResultStatus | str,
+        toolchain: Toolchain | str,
+        toolchain_version: str | None = None,
         model_revision: str | None = None,
         device: str | None = None,
         reason: str | None = None,
@@ -176,6 +183,8 @@ class Recorder:
             "stage": Stage.parse(stage),
             "test_id": _nonempty(test_id, "test id"),
             "status": parse_choice(ResultStatus, status, "result status"),
+            "toolchain": Toolchain.parse(toolchain, what="toolchain"),
+            "toolchain_version": _version(toolchain_version),
             "model_revision": None if model_revision is None else _sha(model_revision, "model revision"),
             "device": device,
             "reason": reason,
@@ -215,6 +224,8 @@ class Recorder:
         test_id: str,
         device: str | None,
         status: ResultStatus | str,
+        toolchain: Toolchain | str,
+        toolchain_version: str | None = None,
         error_kind: ErrorKind | str | None = None,
         reason: str | None = None,
         duration_s: float | None = None,
@@ -225,6 +236,7 @@ class Recorder:
             platform=_nonempty(platform, "platform", 64), stage=Stage.parse(stage),
             test_id=_nonempty(test_id, "test id"),
             device=device, status=parse_choice(ResultStatus, status, "result status"),
+            toolchain=Toolchain.parse(toolchain, what="toolchain"), toolchain_version=_version(toolchain_version),
             error_kind=None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
             reason=reason, duration_s=duration_s, recorded_at=utcnow(),
         )

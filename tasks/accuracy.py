@@ -79,7 +79,7 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseExcept
                         fetch={"eval.json": "eval.json"}, fetch_on=(ResultStatus.PASS, ResultStatus.FAIL),
                         timeout=job.timeout(Stage.ACCURACY), on_attempt_failed=attempt_recorder(farm, job,
                                                                                                  Stage.ACCURACY))
-        out = from_device_run(Stage.ACCURACY, run)
+        out = from_device_run(Stage.ACCURACY, run, job)
         if "eval.json" in run.fetched:
             report = json.loads(run.fetched["eval.json"].read_text())
             out.artifacts.append(farm.store.put(run.fetched["eval.json"], ArtifactKind.REPORT))

@@ -55,8 +55,8 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -
                                    timeout=job.timeout(Stage.BENCH),
                                    on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH), exclusive=True)
             if runs[mode].status is not ResultStatus.PASS:
-                return from_device_run(Stage.BENCH, runs[mode])
-        out = from_device_run(Stage.BENCH, runs["decode"])
+                return from_device_run(Stage.BENCH, runs[mode], job)
+        out = from_device_run(Stage.BENCH, runs["decode"], job)
         out.duration_s = sum(r.duration_s for r in runs.values())
         for mode, run in runs.items():
             report = json.loads(run.fetched["bench.json"].read_text())

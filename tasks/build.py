@@ -1,8 +1,8 @@
 """Build: ONNX -> engine on a device of the target platform, cached by content.
 
-Key = (ONNX sha256, platform, backend and its version on the device, the device's edgellm version and source
-digest, build parameters). The precision found in the built engine (read back by ``edgellm build``) must be the
-one asked for.
+Key = (ONNX sha256, platform, the job's toolchain and its version on the device, the device's edgellm source
+digest, build parameters). The toolchain says how to build (never a fixed backend: an Orin is never built with
+ONNX Runtime). The precision found in the built engine (read back by the build) must be the one asked for.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
+from toolchains.base import require
 
 log = logging.getLogger(__name__)
-BACKEND = "ort"
 
 
 def platform_env(farm: Farm, platform: str) -> dict[str, object]:
@@ -56,11 +56,12 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         onnx = exported.outputs["onnx"]
+        toolchain = require(job.toolchain)
         env = platform_env(farm, job.platform)
-        packages = env.get("packages") or {}
-        inputs = {"stage": "build", "onnx_sha256": onnx.sha256, "platform": job.platform, "backend": BACKEND,
-                  "backend_version": packages.get("onnxruntime") if isinstance(packages, dict) else None,
-                  "edgellm": env.get("edgellm"), "edgellm_build": env.get("edgellm_build"), **job.build_params}
+        version = toolchain.version(env)
+        inputs = {"stage": "build", "onnx_sha256": onnx.sha256, "platform": job.platform,
+                  "toolchain": job.toolchain.value, "toolchain_version": version,
+                  "edgellm_build": env.get("edgellm_build"), **job.build_params}
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
         if hit is not None and farm.store.has(hit.sha256):
@@ -68,16 +69,16 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
             ref = farm.store.ref(hit.sha256, ArtifactKind.ENGINE, Packing.TAR)
             log.info("build %s on %s: cache hit (key %s, engine sha256 %s)", job.test_id, job.platform,
                         key[:12], hit.sha256[:12])
-            out = StageOutcome(stage=Stage.BUILD, status=ResultStatus.PASS, reason="cache hit", cached=True)
+            out = StageOutcome(stage=Stage.BUILD, status=ResultStatus.PASS, reason="cache hit", cached=True,
+                               toolchain_version=version)
             out.outputs["engine"] = ref
             out.artifacts.append(ref)
             out.metrics["cache_hit"] = (1.0, "")
             return out
 
         def argv(device: Device, transport: Transport, job_dir: str) -> list[str]:
-            return [device.interpreter, "-m", "edgellm", "build", f"cache/{onnx.sha256}", f"{job_dir}/engine",
-                    "--backend", BACKEND, "--max-batch-size", str(job.max_batch_size),
-                    "--max-input-len", str(job.max_input_len), "--max-seq-len", str(job.max_seq_len)]
+            return toolchain.build_command(device.interpreter, f"cache/{onnx.sha256}", f"{job_dir}/engine",
+                                           job.build_params)
 
         produced: dict[str, object] = {}
 
@@ -91,11 +92,12 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
         run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=argv, inputs=[onnx],
                         fetch={"engine": "engine"}, timeout=job.timeout(Stage.BUILD),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD), after=keep)
-        out = from_device_run(Stage.BUILD, run)
+        out = from_device_run(Stage.BUILD, run, job)
         if "engine" in produced:
             ref = produced["engine"]
             manifest = json.loads((run.fetched["engine"] / "engine_manifest.json").read_text())
-            cache.remember(farm.engine, key, ArtifactKind.ENGINE, ref.sha256, inputs)  # type: ignore[attr-defined]
+            cache.remember(farm.engine, key, ArtifactKind.ENGINE, ref.sha256, inputs,  # type: ignore[attr-defined]
+                           toolchain=job.toolchain, toolchain_version=out.toolchain_version)
             out.outputs["engine"] = ref
             out.artifacts.append(ref)  # type: ignore[arg-type]
             out.metrics["cache_hit"] = (0.0, "")

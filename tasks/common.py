@@ -18,6 +18,7 @@ from tasks.device_exec import DeviceRun
 from tasks.farm import Farm
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
+from toolchains.base import require
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,10 @@ def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None
     return None
 
 
-def from_device_run(stage: Stage, run: DeviceRun) -> StageOutcome:
+def from_device_run(stage: Stage, run: DeviceRun, job: JobSpec) -> StageOutcome:
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
-                       error_kind=run.error_kind, duration_s=run.duration_s)
+                       error_kind=run.error_kind, duration_s=run.duration_s,
+                       toolchain_version=require(job.toolchain).version(run.env))
     if run.log is not None:
         out.artifacts.append(run.log)
     out.metrics["lease_wait_s"] = (run.lease_wait_s, "s")
@@ -85,9 +87,12 @@ def from_device_run(stage: Stage, run: DeviceRun) -> StageOutcome:
 
 def attempt_recorder(farm: Farm, job: JobSpec, stage: Stage) -> Callable[[Any, InfrastructureError, float], None]:
     def record(device: Any, exc: InfrastructureError, elapsed: float) -> None:
+        with farm.lock:
+            env = farm.backend_versions.get(device.id)  # None when the device never answered
         farm.recorder.record_attempt(
             farm.ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
             test_id=job.test_id, device=device.id, status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
+            toolchain=job.toolchain, toolchain_version=None if env is None else require(job.toolchain).version(env),
             reason=str(exc).splitlines()[0][:2000], duration_s=elapsed,
         )
 

@@ -57,6 +57,7 @@ class DeviceRun:
     duration_s: float
     lease_wait_s: float
     job_dir: str
+    env: dict[str, Any]  # `edgellm env` of the device (the toolchain version there is read from it)
 
 
 def slug(text: str) -> str:
@@ -195,6 +196,7 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
               fetch: dict[str, str], fetch_on: Sequence[ResultStatus], timeout: float, waited: float,
               t0: float) -> DeviceRun:
     job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
+    env = device_env_info(farm, device, transport)
     for ref in inputs:
         ensure_on_device(farm, transport, ref)
     transport.run(["mkdir", "-p", job_dir], timeout=60)
@@ -218,7 +220,8 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
                 raise ConfigurationError(f"{what}: {device.id} passed but wrote no {rel}")
     log_ref = farm.store.put(log_path, ArtifactKind.LOG)
     return DeviceRun(device=device, result=result, status=status, error_kind=kind, reason=reason, fetched=fetched,
-                     log=log_ref, duration_s=time.monotonic() - t0, lease_wait_s=waited, job_dir=job_dir)
+                     log=log_ref, duration_s=time.monotonic() - t0, lease_wait_s=waited, job_dir=job_dir,
+                     env=env)
 
 
 def promote_to_cache(transport: Transport, job_path: str, sha256: str) -> None:

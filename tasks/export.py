@@ -1,7 +1,7 @@
 """Export: checkpoint -> ONNX directory, on the orchestrating host, cached by content.
 
-Key = (checkpoint sha256, precision, export parameters, edgellm version and source digest): a rerun with the same
-inputs reuses the stored ONNX artifact (verified) and says so; anything changed exports again.
+Key = (checkpoint sha256, precision, export parameters, toolchain and its version, edgellm source digest): a rerun
+with the same inputs reuses the stored ONNX artifact (verified) and says so; anything changed exports again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
-from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
 from edgellm.compiler.export import OPSET
 from edgellm.types import Precision, Stage
@@ -25,17 +24,19 @@ from tasks.common import guarded, stage_task, upstream_problem
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
+from toolchains.base import Toolchain, require
 
 log = logging.getLogger(__name__)
 
 
-def export_key_inputs(checkpoint_sha: str, precision: Precision) -> dict[str, object]:
+def export_key_inputs(checkpoint_sha: str, precision: Precision, toolchain: Toolchain,
+                      toolchain_version: str) -> dict[str, object]:
     return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value, "opset": OPSET,
-            "edgellm": edgellm_version, "edgellm_build": build_id()}
+            "toolchain": toolchain.value, "toolchain_version": toolchain_version, "edgellm_build": build_id()}
 
 
 @stage_task("export")
-def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str,
+def export(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolchain, checkpoint_dir: str,
            quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
     if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:
         return skip
@@ -44,7 +45,8 @@ def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: s
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         ckpt = quantized.outputs["checkpoint"]
-        inputs = export_key_inputs(ckpt.sha256, precision)
+        version = require(toolchain).host_version()
+        inputs = export_key_inputs(ckpt.sha256, precision, toolchain, version)
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
         if hit is not None and farm.store.has(hit.sha256):
@@ -52,13 +54,16 @@ def export(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: s
             ref = farm.store.ref(hit.sha256, ArtifactKind.ONNX, Packing.TAR)
             log.info("export %s %s: cache hit (key %s, onnx sha256 %s)", model, precision, key[:12],
                         hit.sha256[:12])
-            out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", cached=True)
+            out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", cached=True,
+                               toolchain_version=version)
             out.outputs["onnx"] = ref
             out.artifacts.append(ref)
             out.metrics["cache_hit"] = (1.0, "")
             return out
         with farm.host_slots:
-            return _export(farm, model, precision, Path(checkpoint_dir), key, inputs, timeout_s)
+            out = _export(farm, model, precision, Path(checkpoint_dir), key, inputs, timeout_s)
+        out.toolchain_version = version
+        return out
 
     return guarded(Stage.EXPORT, body)
 
@@ -84,7 +89,8 @@ def _export(farm: Farm, model: str, precision: Precision, ckpt_dir: Path, key: s
         out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
         if status is ResultStatus.PASS:
             ref = farm.store.put(tmp / "onnx", ArtifactKind.ONNX)
-            cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs)
+            cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs,
+                           toolchain=str(inputs["toolchain"]), toolchain_version=str(inputs["toolchain_version"]))
             out.outputs["onnx"] = ref
             out.artifacts.append(ref)
             out.metrics["cache_hit"] = (0.0, "")

@@ -55,7 +55,7 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -
         run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=argv, inputs=[engine, request],
                         fetch={"out.json": "out.json"}, timeout=job.timeout(Stage.INFER),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.INFER))
-        out = from_device_run(Stage.INFER, run)
+        out = from_device_run(Stage.INFER, run, job)
         out.outputs["engine"] = engine
         if run.status is ResultStatus.PASS:
             responses = json.loads(run.fetched["out.json"].read_text())["responses"]

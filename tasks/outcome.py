@@ -23,6 +23,7 @@ class StageOutcome:
     metrics: dict[str, tuple[float, str]] = field(default_factory=dict)
     artifacts: list[ArtifactRef] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)  # refs the next stage needs (onnx, engine, checkpoint)
+    toolchain_version: str | None = None  # of the job's toolchain where this stage ran; None when it did not run
     cached: bool = False
     started_at: float = field(default_factory=time.time)  # wall clock when the task body began
     ended_at: float = 0.0

@@ -12,19 +12,22 @@ from results.models import ResultStatus
 from tasks.common import guarded, stage_task
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
+from toolchains.base import Toolchain, require
 
 IDENTITY = (Precision.FP32, Precision.FP16, Precision.BF16)
 
 
 @stage_task("quantize")
-def quantize(ctx: FarmContext, model: str, precision: Precision, checkpoint_dir: str) -> StageOutcome:
+def quantize(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolchain,
+             checkpoint_dir: str) -> StageOutcome:
     def body() -> StageOutcome:
         if precision not in IDENTITY:
             raise UnsupportedError(f"no quantizer for {precision} yet; identity precisions: "
                                    f"{', '.join(p.value for p in IDENTITY)}")
         farm = Farm.get(ctx)
         ref = farm.store.put(Path(checkpoint_dir), ArtifactKind.CHECKPOINT)
-        out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, reason=f"identity for {precision}")
+        out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, reason=f"identity for {precision}",
+                           toolchain_version=require(toolchain).host_version())
         out.artifacts.append(ref)
         out.outputs["checkpoint"] = ref
         out.metrics["checkpoint_bytes"] = (float(ref.size), "B")

@@ -95,7 +95,8 @@ def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[st
         out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
         if status is ResultStatus.PASS:
             ref = farm.store.put(tmp / "reference.npz", ArtifactKind.OTHER)
-            cache.remember(farm.engine, key, ArtifactKind.OTHER, ref.sha256, inputs)
+            cache.remember(farm.engine, key, ArtifactKind.OTHER, ref.sha256, inputs, toolchain=None,
+                           toolchain_version=None)
             out.outputs["reference"] = ref
             out.metrics["reference_cache_hit"] = (0.0, "")
             out.metrics["reference_s"] = (result.duration, "s")

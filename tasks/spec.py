@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgellm.types import Precision, Stage
+from toolchains.base import Toolchain
 
 
 @dataclass(frozen=True)
@@ -12,6 +13,7 @@ class JobSpec:
     model: str
     precision: Precision
     platform: str
+    toolchain: Toolchain
     test_id: str
     checkpoint_dir: str
     max_seq_len: int

@@ -9,7 +9,8 @@ import pytest
 
 from devices.types import DEVICE_TYPES, DEVICE_TYPES_DIR, Platform, device_type, load_device_types
 from edgellm.errors import ConfigurationError
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
+from toolchains.base import Toolchain
 
 
 def test_platform_enum_is_the_yaml_files() -> None:
@@ -23,14 +24,15 @@ def test_platform_enum_is_the_yaml_files() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "precision", "backend", "ok", "reason"),
+    ("name", "precision", "toolchain", "ok", "reason"),
     [
         ("orin", "fp8", None, False, "orin (SM87) does not support fp8 (needs SM89+)"),
         ("orin", "nvfp4", None, False, "orin (SM87) does not support nvfp4 (needs SM100+)"),
         ("x86-a30", Precision.FP8, None, False, "x86-a30 (SM80) does not support fp8 (needs SM89+)"),
-        ("thor", "nvfp4", "tensorrt", True, "thor (SM110) supports nvfp4 with tensorrt"),
-        ("orin", "fp16", "ort", False, "orin (SM87) does not support backend ort (supported: tensorrt)"),
-        ("x86-cpu", "fp32", Backend.ORT, True, "x86-cpu (CPU) supports fp32 with ort"),
+        ("thor", "nvfp4", "tensorrt-edgellm", True, "thor (SM110) supports nvfp4 with tensorrt-edgellm"),
+        ("orin", "fp16", "edgellm-ort", False,
+         "orin (SM87) does not run toolchain edgellm-ort (runs: tensorrt-edgellm)"),
+        ("x86-cpu", "fp32", Toolchain.EDGELLM_ORT, True, "x86-cpu (CPU) supports fp32 with edgellm-ort"),
         (
             "x86-cpu",
             "bf16",
@@ -41,8 +43,8 @@ def test_platform_enum_is_the_yaml_files() -> None:
         ("x86-h200", "nvfp4", None, False, "x86-h200 (SM90) does not support nvfp4 (needs SM100+)"),
     ],
 )
-def test_supports_gives_the_reason(name: str, precision: str, backend: str | None, ok: bool, reason: str) -> None:
-    assert DEVICE_TYPES[name].supports(precision, backend) == (ok, reason)
+def test_supports_gives_the_reason(name: str, precision: str, toolchain: str | None, ok: bool, reason: str) -> None:
+    assert DEVICE_TYPES[name].supports(precision, toolchain) == (ok, reason)
 
 
 def test_supports_rejects_unknown_names() -> None:
@@ -59,13 +61,14 @@ def _types_dir(tmp_path: Path) -> Path:
 def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     orin = directory / "orin.yaml"
-    orin.write_text(orin.read_text().replace("int4_wo]", "int4_wo, fp9]").replace("[tensorrt]", "[tensorrt, cuda]"))
+    orin.write_text(orin.read_text().replace("int4_wo]", "int4_wo, fp9]")
+                    .replace("[tensorrt-edgellm]", "[tensorrt-edgellm, cuda]"))
     (directory / "x86-new.yaml").write_text(
-        "name: x86-newer\ndescription: d\narch: x86_64\nsm: 90\nmemory_gb: 8\nbackends: [tensorrt]\n"
+        "name: x86-newer\ndescription: d\narch: x86_64\nsm: 90\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
         "precisions: [fp16]\nkv_cache_precisions: [fp16]\n"
     )
     (directory / "bad-sm.yaml").write_text(
-        "name: bad-sm\ndescription: d\narch: riscv\nsm: 75\nmemory_gb: 8\nbackends: [tensorrt]\n"
+        "name: bad-sm\ndescription: d\narch: riscv\nsm: 75\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
         "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\ncolour: green\n"
     )
     (directory / "broken.yaml").write_text("name: [unclosed\n")
@@ -75,7 +78,7 @@ def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     lines = message.splitlines()
     valid_precisions = ", ".join(Precision)
     assert f"{orin}: precisions: unknown precision 'fp9'; valid: {valid_precisions}" in lines
-    assert f"{orin}: backends: unknown backend 'cuda'; valid: ort, tensorrt" in lines
+    assert f"{orin}: toolchains: unknown toolchain 'cuda'; valid: {', '.join(Toolchain)}" in lines
     assert f"{directory / 'x86-new.yaml'}: name: 'x86-newer' must equal the file name 'x86-new'" in lines
     assert f"{directory / 'bad-sm.yaml'}: arch: unknown arch 'riscv'; valid: x86_64, aarch64" in lines
     assert any(line.startswith(f"{directory / 'bad-sm.yaml'}: unknown key 'colour'") for line in lines)
@@ -86,7 +89,7 @@ def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
 def test_precision_inconsistent_with_sm_is_refused(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     (directory / "old-gpu.yaml").write_text(
-        "name: old-gpu\ndescription: d\narch: x86_64\nsm: 75\nmemory_gb: 8\nbackends: [tensorrt]\n"
+        "name: old-gpu\ndescription: d\narch: x86_64\nsm: 75\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
         "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\n"
     )
     with pytest.raises(ConfigurationError, match="precision fp8 needs SM89\\+ but sm is 75"):
@@ -96,7 +99,7 @@ def test_precision_inconsistent_with_sm_is_refused(tmp_path: Path) -> None:
 def test_a_new_device_type_is_one_yaml_file(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     (directory / "x86-l4.yaml").write_text(
-        "name: x86-l4\ndescription: NVIDIA L4\narch: x86_64\nsm: 89\nmemory_gb: 24\nbackends: [tensorrt]\n"
+        "name: x86-l4\ndescription: NVIDIA L4\narch: x86_64\nsm: 89\nmemory_gb: 24\ntoolchains: [tensorrt-edgellm]\n"
         "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16, fp8]\n"
     )
     types = load_device_types(directory)

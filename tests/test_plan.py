@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
+from edgellm.types import Precision
 from flows.catalog import Catalog
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
@@ -25,10 +29,13 @@ def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
     assert orin_fp8.decision is Decision.NOT_APPLICABLE and "needs SM89+" in orin_fp8.reason
     thor_fp16 = by[("tiny-qwen3", "fp16", "thor")]
     assert thor_fp16.decision is Decision.SKIPPED and "no device of platform thor" in thor_fp16.reason
+    assert thor_fp16.toolchain == "tensorrt-edgellm"
     thor_fp8 = by[("tiny-qwen2", "fp8", "thor")]
-    assert thor_fp8.decision is Decision.SKIPPED and "cannot produce fp8" in thor_fp8.reason
-    # export once per (model, precision), whatever the number of platforms
-    assert len(plan.exports()) == len({(j.model, j.precision) for j in plan.runnable()})
+    assert thor_fp8.decision is Decision.SKIPPED
+    assert "toolchain tensorrt-edgellm is not installed in this farm" in thor_fp8.reason
+    assert by[("stories260K", "fp32", "x86-cpu")].toolchain == "edgellm-ort"
+    # export once per (model, precision, toolchain), whatever the number of platforms
+    assert len(plan.exports()) == len({(j.model, j.precision, j.toolchain) for j in plan.runnable()})
     assert all(j.decision is not Decision.RUN or j.platform == "x86-cpu" for j in plan.jobs)
 
 
@@ -73,3 +80,71 @@ def test_l0_list_plan_runs_on_local_cpu_and_hardware_lists_wait_for_devices() ->
     assert orin.jobs and not orin.runnable()
     reasons = {j.decision for j in orin.jobs}
     assert reasons <= {Decision.SKIPPED, Decision.WAIVED, Decision.NOT_APPLICABLE}
+
+
+def _inventory_with(tmp_path: Path, platform: str) -> Path:
+    """The shipped local CPU device plus a stand-in device of ``platform`` (planning only: nothing is run)."""
+    directory = tmp_path / "inventory"
+    directory.mkdir()
+    (directory / "local-cpu.yaml").write_text("type: x86-cpu\ntransport: local\nwork_dir: devices/local-cpu\n")
+    (directory / f"{platform}-1.yaml").write_text(f"type: {platform}\ntransport: local\nwork_dir: devices/x\n")
+    return directory
+
+
+def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: Path) -> None:
+    plan = plan_matrix(DEFAULT_MATRIX, load_inventory(_inventory_with(tmp_path, "orin")), Catalog.load())
+    orin = [j for j in plan.jobs if j.platform == "orin"]
+    assert orin and all(j.toolchain == "tensorrt-edgellm" for j in orin)
+    assert not [j for j in orin if j.decision is Decision.RUN]
+    fp16 = next(j for j in orin if j.precision.value == "fp16")
+    assert fp16.decision is Decision.SKIPPED and fp16.devices == ("orin-1",)
+    assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not installed in "
+                           "this farm (no driver registered)")
+    assert all(j.toolchain == "edgellm-ort" for j in plan.jobs if j.platform == "x86-cpu")
+
+
+def test_a_precision_the_toolchain_cannot_produce_is_skipped_naming_it(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yml"
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["int4_wo"],
+                                      "platforms": ["x86-cpu"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
+                                                                             "max_input_len": 32}}))
+    [job] = plan_matrix(matrix, load_inventory(), Catalog.load()).jobs
+    assert (job.decision, job.toolchain) == (Decision.SKIPPED, "edgellm-ort")
+    assert job.reason == "no device/toolchain can run it here: toolchain edgellm-ort cannot produce int4_wo yet " \
+                         "(produces: fp32, fp16)"
+
+
+def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice is the registry's answer: a stand-in driver (planning only, it never builds anything) makes
+    orin fp16 runnable, and still with tensorrt-edgellm, never ONNX Runtime."""
+    import toolchains.base as base
+
+    class StandInTensorrtEdgellm(base.ToolchainDriver):
+        name = base.Toolchain.TENSORRT_EDGELLM
+
+        def precisions(self) -> tuple[Precision, ...]:
+            return (Precision.FP16,)
+
+        def available(self) -> base.Availability:
+            return base.Availability(True)
+
+        def version(self, env: Mapping[str, Any]) -> str:
+            return "stand-in"
+
+        def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
+                          params: Mapping[str, int]) -> list[str]:
+            raise AssertionError("a planning stand-in is never run")
+
+    base.installed()  # discover the real drivers first
+    registry = base.Registry[type[base.ToolchainDriver]]("toolchain")
+    for name, cls in base._DRIVERS.items():
+        if name != "tensorrt-edgellm":  # the real driver (issue 9) answers for this host; the stand-in says yes
+            registry.add(name, cls)
+    registry.add("tensorrt-edgellm", StandInTensorrtEdgellm)
+    monkeypatch.setattr(base, "_DRIVERS", registry)
+    plan = plan_matrix(DEFAULT_MATRIX, load_inventory(_inventory_with(tmp_path, "orin")), Catalog.load())
+    by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
+    fp16 = by[("stories260K", "fp16", "orin")]
+    assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))
+    assert by[("stories260K", "fp8", "orin")].decision is Decision.NOT_APPLICABLE

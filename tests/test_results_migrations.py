@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,38 @@ def test_unparseable_url_is_named_without_its_password() -> None:
     from results.db import redact
 
     assert redact("bad url://user:pw@host") == "bad url://user:***@host"
+
+
+def test_0004_makes_existing_rows_edgellm_ort_with_the_version_they_recorded(db_url: str) -> None:
+    from sqlalchemy import text
+
+    engine = make_engine(db_url)
+    assert upgrade(engine, "0003") == "0003"
+    build_inputs = {"stage": "build", "edgellm": "0.1.0", "backend": "ort", "backend_version": "1.20.1"}
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO runs (id, kind, trigger, code_version, started_at, status) "
+                          "VALUES (1, 'nightly', 'cron', 'v1', :t, 'passed')"), {"t": "2026-11-01 02:00:00"})
+        conn.execute(text("INSERT INTO toolchain_versions (run_id, name, version) VALUES "
+                          "(1, 'edgellm-farm', '0.1.0'), (1, 'onnxruntime', '1.20.1'), (1, 'torch', '2.11')"))
+        conn.execute(text("INSERT INTO results (run_id, model, precision, platform, stage, test_id, status, "
+                          "recorded_at) VALUES (1, 'm', 'fp16', 'x86-cpu', 'infer', 't', 'pass', :t)"),
+                     {"t": "2026-11-01 02:01:00"})
+        conn.execute(text("INSERT INTO attempts (run_id, model, precision, platform, stage, test_id, status, "
+                          "recorded_at) VALUES (1, 'm', 'fp16', 'x86-cpu', 'infer', 't', 'pass', :t)"),
+                     {"t": "2026-11-01 02:01:00"})
+        for key, inputs in (("b" * 64, build_inputs), ("e" * 64, {"stage": "export", "edgellm": "0.1.0"}),
+                            ("r" * 64, {"stage": "reference", "transformers": "4.56"})):
+            conn.execute(text("INSERT INTO cache_entries (key, kind, sha256, inputs, created_at, last_used_at, hits) "
+                              "VALUES (:k, 'engine', :s, :i, :t, :t, 0)"),
+                         {"k": key, "s": "ab" * 32, "i": json.dumps(inputs), "t": "2026-11-01 02:01:00"})
+    assert upgrade(engine) == head_revision()
+    with engine.connect() as conn:
+        for table in ("results", "attempts"):
+            assert conn.execute(text(f"SELECT toolchain, toolchain_version FROM {table}")).one() == (
+                "edgellm-ort", "0.1.0+onnxruntime-1.20.1")
+        cache = dict(((k, (tc, v)) for k, tc, v in conn.execute(
+            text("SELECT key, toolchain, toolchain_version FROM cache_entries"))))
+    assert cache == {"b" * 64: ("edgellm-ort", "0.1.0+onnxruntime-1.20.1"), "e" * 64: ("edgellm-ort", "0.1.0"),
+                     "r" * 64: (None, None)}
+    assert schema_diff(engine) == []
+    engine.dispose()

@@ -24,6 +24,7 @@ from results.queries import (
 from results.recorder import ArtifactLink, Recorder, rebuild_row_latest
 
 SHA = "ab" * 32
+TC = "edgellm-ort"
 P, FP16 = "x86-cpu", Precision.FP16
 
 
@@ -38,7 +39,7 @@ def _row(rec: Recorder, run: int, model: str, stages: dict[str, str], precision:
          platform: str = P, metrics: dict[str, tuple[float, str]] | None = None) -> None:
     for stage, status in stages.items():
         rec.record_result(run, model=model, precision=precision, platform=platform, stage=stage, test_id="t",
-                          status=status, metrics=metrics if stage == "bench" else None)
+                          status=status, toolchain=TC, metrics=metrics if stage == "bench" else None)
 
 
 def _count(rec: Recorder, table: type) -> int:
@@ -49,7 +50,8 @@ def _count(rec: Recorder, table: type) -> int:
 def test_record_is_idempotent_and_complete(rec: Recorder) -> None:
     run = rec.start_run("nightly", "cron", "abc123", toolchain={"onnxruntime": "1.32", "python": "3.11"})
     kw = dict(model="stories", precision="fp16", platform=P, stage="bench", test_id="bench-128",
-              device="cpu-1", model_revision=SHA, duration_s=1.5)
+              device="cpu-1", model_revision=SHA, duration_s=1.5, toolchain=TC,
+              toolchain_version="0.1.0+onnxruntime-1.32")
     art = ArtifactLink(SHA, 10, ArtifactKind.ONNX, Packing.FILE, "model.onnx")
     rid = rec.record_result(run, status="fail", reason="slow", error_kind=ErrorKind.TEST_FAILURE,
                             metrics={"tokens_per_s": (10.0, "tok/s"), "ms_per_token": (100.0, "ms")},
@@ -78,16 +80,18 @@ def test_result_and_metrics_are_one_transaction(rec: Recorder) -> None:
     run = rec.start_run("l0", "pr", "abc")
     with pytest.raises(ConfigurationError, match="metric name"):
         rec.record_result(run, model="m", precision="fp32", platform=P, stage="bench", test_id="t", status="pass",
-                          metrics={"tokens_per_s": (1.0, "tok/s"), "": (2.0, "x")})
+                          toolchain=TC, metrics={"tokens_per_s": (1.0, "tok/s"), "": (2.0, "x")})
     assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
     # a database-level failure mid-transaction (bad artifact kind reaches the CHECK) also leaves nothing
     with pytest.raises(ConfigurationError, match="artifact kind"):
         rec.record_result(run, model="m", precision="fp32", platform=P, stage="bench", test_id="t", status="pass",
-                          metrics={"tokens_per_s": (1.0, "tok/s")}, artifacts=[ArtifactLink(SHA, 1, "tarball")])
+                          toolchain=TC, metrics={"tokens_per_s": (1.0, "tok/s")},
+                          artifacts=[ArtifactLink(SHA, 1, "tarball")])
     assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
 
 
-BAD = [("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"), ("status", "ok", "'ok'"),
+BAD = [("toolchain", "tensorrt", "tensorrt"), ("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"),
+       ("status", "ok", "'ok'"),
        ("model_revision", "abc", "abc"), ("error_kind", "oops", "oops"), ("platform", "", "platform")]
 
 
@@ -95,12 +99,13 @@ def test_bad_values_are_named(rec: Recorder) -> None:
     run = rec.start_run("adhoc", "me", "abc")
     for field, value, named in BAD:
         kw: dict[str, object] = dict(model="m", precision="fp32", platform=P, stage="infer", test_id="t",
-                                     status="pass")
+                                     status="pass", toolchain=TC)
         kw[field] = value
         with pytest.raises(ConfigurationError, match=named):
             rec.record_result(run, **kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="unknown run id 999"):
-        rec.record_result(999, model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass")
+        rec.record_result(999, model="m", precision="fp32", platform=P, stage="infer", test_id="t", status="pass",
+                          toolchain=TC)
     with pytest.raises(ConfigurationError, match="weekly"):
         rec.start_run("weekly", "me", "abc")
     assert _count(rec, Result) == 0
@@ -120,10 +125,10 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     _row(rec, r2, "flip", {"infer": "pass", "accuracy": "fail"})
     _row(rec, r2, "fixed", {"infer": "pass", "accuracy": "pass"})
     rec.record_result(r2, model="good", precision="fp16", platform="orin", stage="infer", test_id="t",
-                      status="pass")  # same model elsewhere: another row, incomplete there
+                      status="pass", toolchain=TC)  # same model elsewhere: another row, incomplete there
     # a second test id of a required stage that is not applicable does not block
     rec.record_result(r2, model="fixed", precision="fp16", platform=P, stage="accuracy", test_id="long-ctx",
-                      status="not_applicable")
+                      status="not_applicable", toolchain=TC)
 
     status = {(s.key.model, s.key.platform): s for s in latest_status(rec.engine)}
     assert {k: s.verdict for k, s in status.items()} == {
@@ -162,7 +167,8 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
 def test_regressions(rec: Recorder) -> None:
     def bench(run: int, tps: float, ppl: float, status: str = "pass") -> None:
         rec.record_result(run, model="m", precision="int4_awq", platform=P, stage="bench", test_id="b",
-                          status=status, metrics={"tokens_per_s": (tps, "tok/s"), "perplexity": (ppl, "")})
+                          status=status, toolchain=TC,
+                          metrics={"tokens_per_s": (tps, "tok/s"), "perplexity": (ppl, "")})
 
     r1 = rec.start_run("nightly", "cron", "v1")
     bench(r1, 100.0, 10.0)

@@ -1,0 +1,1 @@
+"""Farm-side toolchains: what turns a checkpoint into evidence on a platform (see ``toolchains.base``)."""

@@ -1,0 +1,142 @@
+"""What a toolchain is to the farm, and the one registry of them.
+
+A toolchain turns a checkpoint into evidence on a platform: it produces engines at some precisions, runs them, and
+has a version. Device types name the toolchains their devices run (``toolchains:`` in ``devices/types/*.yaml``);
+the plan asks this registry which of them can run a (model, precision) here and records why none can.
+
+A toolchain is one module (or subpackage) of this package with a class decorated ``@register_toolchain``; the
+package is walked once on first use, so nothing else lists them. This module imports only the library (device
+types import the ``Toolchain`` enum from here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from edgellm.errors import BugError, UnsupportedError
+from edgellm.registry import Registry
+from edgellm.types import Precision, _ChoiceEnum
+
+
+class Toolchain(_ChoiceEnum):
+    """Every toolchain name the farm knows (a column of every result); a driver may or may not be installed."""
+
+    EDGELLM_ORT = "edgellm-ort"  # this library, engines built and run with ONNX Runtime
+    EDGELLM_TORCH_CUDA = "edgellm-torch-cuda"  # this library, the torch-CUDA backend
+    TENSORRT_EDGELLM = "tensorrt-edgellm"  # NVIDIA's TensorRT Edge-LLM
+
+
+@dataclass(frozen=True)
+class Availability:
+    ok: bool
+    reason: str | None = None  # why not, naming what is missing
+
+
+class ToolchainDriver(ABC):
+    """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce."""
+
+    name: ClassVar[Toolchain]
+
+    @abstractmethod
+    def precisions(self) -> tuple[Precision, ...]:
+        """Weight precisions this toolchain can produce an engine at and run."""
+
+    @abstractmethod
+    def available(self) -> Availability:
+        """Whether the orchestrating host can drive this toolchain at all (its tools installed), and if not why."""
+
+    @abstractmethod
+    def version(self, env: Mapping[str, Any]) -> str:
+        """The toolchain's version on a machine, from that machine's ``edgellm env`` JSON."""
+
+    @abstractmethod
+    def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
+                      params: Mapping[str, int]) -> list[str]:
+        """argv that builds an engine on a device from a staged ONNX dir (params: max_batch_size, max_input_len,
+        max_seq_len)."""
+
+    def host_version(self) -> str:
+        """The version on the orchestrating host (stages that run there: quantize, export)."""
+        from edgellm.cli.env import collect
+
+        return self.version(collect())
+
+    def accepts(self, precision: Precision) -> tuple[bool, str]:
+        """``(True, "")`` when this toolchain can run ``precision`` here; else ``(False, reason)``."""
+        state = self.available()
+        if not state.ok:
+            return False, f"toolchain {self.name} is not available: {state.reason}"
+        produced = self.precisions()
+        if precision not in produced:
+            return False, (f"toolchain {self.name} cannot produce {precision} yet "
+                           f"(produces: {', '.join(p.value for p in produced)})")
+        return True, ""
+
+
+_DRIVERS: Registry[type[ToolchainDriver]] = Registry("toolchain")
+_loaded = threading.Lock()
+_discovered = False
+
+
+def register_toolchain(cls: type[ToolchainDriver]) -> type[ToolchainDriver]:
+    if not isinstance(getattr(cls, "name", None), Toolchain) or cls.__abstractmethods__:
+        raise BugError(f"toolchain driver {cls.__qualname__} must set name to a Toolchain member and implement "
+                       f"{', '.join(sorted(cls.__abstractmethods__)) or 'everything'}")
+    _DRIVERS.add(cls.name.value, cls)
+    return cls
+
+
+def _discover() -> None:
+    """Import every module and subpackage of ``toolchains`` once: their decorators fill the registry."""
+    global _discovered
+    with _loaded:
+        if _discovered:
+            return
+        import toolchains
+
+        for info in sorted(pkgutil.iter_modules(toolchains.__path__), key=lambda m: m.name):
+            if info.name != "base":
+                importlib.import_module(f"toolchains.{info.name}")
+        _discovered = True
+
+
+def driver(name: Toolchain | str) -> ToolchainDriver | None:
+    """The installed driver of toolchain ``name``; None when the farm has none (the plan says so)."""
+    _discover()
+    key = Toolchain.parse(name, what="toolchain")
+    return _DRIVERS.get(key.value)() if key.value in _DRIVERS else None
+
+
+def require(name: Toolchain | str) -> ToolchainDriver:
+    """Like :func:`driver`, but a missing driver is an UnsupportedError naming the installed ones."""
+    found = driver(name)
+    if found is None:
+        raise UnsupportedError(f"toolchain {name!s} has no driver in this farm; installed: {', '.join(_DRIVERS)}")
+    return found
+
+
+def installed() -> list[str]:
+    _discover()
+    return list(_DRIVERS)
+
+
+def choose(candidates: tuple[Toolchain, ...], precision: Precision) -> tuple[Toolchain | None, list[str]]:
+    """The first of ``candidates`` (a device type's toolchains, in its order) that can run ``precision`` here,
+    and the reason each one before it could not."""
+    reasons: list[str] = []
+    for name in candidates:
+        found = driver(name)
+        if found is None:
+            reasons.append(f"toolchain {name} is not installed in this farm (no driver registered)")
+            continue
+        ok, why = found.accepts(precision)
+        if ok:
+            return name, reasons
+        reasons.append(why)
+    return None, reasons

@@ -1,0 +1,51 @@
+"""The toolchains made of this library: ``edgellm`` exports on the host, ``edgellm build --backend B`` builds on the
+device, ``edgellm infer|eval|bench`` run there. One class per backend; what each can produce is the library's
+own answer (its export precisions and the backend's), never a list kept here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from edgellm.compiler.export import EXPORT_PRECISIONS
+from edgellm.types import Backend, Precision
+from toolchains.base import Availability, Toolchain, ToolchainDriver, register_toolchain
+
+
+class EdgellmToolchain(ToolchainDriver):
+    backend: ClassVar[str]  # the `edgellm build --backend` value
+    package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return tuple(EXPORT_PRECISIONS)
+
+    def available(self) -> Availability:
+        if self.backend not in {b.value for b in Backend}:
+            return Availability(False, f"this edgellm has no {self.backend} backend")
+        return Availability(True)
+
+    def version(self, env: Mapping[str, Any]) -> str:
+        packages = env.get("packages") or {}
+        backend = packages.get(self.package) if isinstance(packages, Mapping) else None
+        return f"{env.get('edgellm')}+{self.package}-{backend}"
+
+    def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
+                      params: Mapping[str, int]) -> list[str]:
+        return [interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend", self.backend,
+                "--max-batch-size", str(params["max_batch_size"]), "--max-input-len", str(params["max_input_len"]),
+                "--max-seq-len", str(params["max_seq_len"])]
+
+
+@register_toolchain
+class EdgellmOrt(EdgellmToolchain):
+    name = Toolchain.EDGELLM_ORT
+    backend = "ort"
+    package = "onnxruntime"
+
+
+@register_toolchain
+class EdgellmTorchCuda(EdgellmToolchain):
+    name = Toolchain.EDGELLM_TORCH_CUDA
+    backend = "torch-cuda"
+    package = "torch"
