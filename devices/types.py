@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from devices._yaml import read_yaml_mapping, validation_problems
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, _ChoiceEnum
+from edgellm.types import KVCachePrecision, Precision, _ChoiceEnum
 from toolchains.base import Toolchain
 
 DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
@@ -32,17 +32,6 @@ MIN_SM: dict[Precision, int] = {
 class Arch(_ChoiceEnum):
     X86_64 = "x86_64"
     AARCH64 = "aarch64"
-
-
-class KVCachePrecision(_ChoiceEnum):
-    """Storage format of the KV cache (int8 here is a plain per-tensor int8 cache, not a weight scheme)."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    INT8 = "int8"
-    NVFP4 = "nvfp4"
 
 
 def _parse_list(enum_cls: type[_ChoiceEnum], what: str, value: Any) -> list[Any]:

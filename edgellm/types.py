@@ -22,7 +22,7 @@ class _ChoiceEnum(enum.StrEnum):
 
 
 class Precision(_ChoiceEnum):
-    """Numeric format of a model's weights/compute (or of its LM head / KV cache)."""
+    """Numeric format of a model's weights and compute (the LM head and KV cache have their own enums)."""
 
     FP32 = "fp32"
     FP16 = "fp16"
@@ -35,6 +35,33 @@ class Precision(_ChoiceEnum):
     INT4_WO = "int4_wo"
     NVFP4 = "nvfp4"
     MXFP8 = "mxfp8"
+
+
+# Weight precisions that need no quantizer: the checkpoint is only cast (quantize is the identity for them).
+UNQUANTIZED: frozenset[Precision] = frozenset({Precision.FP32, Precision.FP16, Precision.BF16})
+
+
+class LMHeadPrecision(_ChoiceEnum):
+    """Numeric format of the LM head (output projection) when it differs from the weights."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8_WO = "int8_wo"
+    INT4_WO = "int4_wo"
+    NVFP4 = "nvfp4"
+
+
+class KVCachePrecision(_ChoiceEnum):
+    """Storage format of the KV cache (int8 here is a plain per-tensor int8 cache, not a weight scheme)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    NVFP4 = "nvfp4"
 
 
 class QuantMethod(_ChoiceEnum):

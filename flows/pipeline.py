@@ -80,7 +80,8 @@ def job_spec(job: Job, checkpoint_dir: str) -> JobSpec:
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
                    test_id=e.test_id,
                    checkpoint_dir=checkpoint_dir, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
-                   max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts))
+                   max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
+                   lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision)
 
 
 def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
@@ -101,20 +102,19 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
 def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport) -> None:
     """Submit every runnable job (with its checkpoint dir) and wait for all of them to be recorded."""
     submitted_at = time.time()
-    prepared: dict[tuple[str, Precision, str], tuple[PrefectFuture[Any], PrefectFuture[Any], str]] = {}
+    prepared: dict[tuple[Any, ...], tuple[PrefectFuture[Any], PrefectFuture[Any], str]] = {}
     references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the checkpoint only
     records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
     for job, ckpt_dir in jobs:
         spec = job_spec(job, ckpt_dir)
         pair = (job.model, job.precision)
         report.job_models[spec.key] = pair
-        made = (job.model, job.precision, job.toolchain.value)
+        made = spec.export_variant
         if Stage.ACCURACY in spec.stages and job.model not in references:
             references[job.model] = reference.submit(ctx, job.model, ckpt_dir, spec.timeout(Stage.ACCURACY))
         if made not in prepared:
             q = quantize.submit(ctx, job.model, job.precision, job.toolchain, ckpt_dir)
-            x = export.submit(ctx, job.model, job.precision, job.toolchain, ckpt_dir, allow_failure(q),
-                              spec.timeout(Stage.EXPORT))
+            x = export.submit(ctx, spec, ckpt_dir, allow_failure(q), spec.timeout(Stage.EXPORT))
             prepared[made] = (q, x, ckpt_dir)
         q, x, _ = prepared[made]
         futures: dict[Stage, PrefectFuture[Any]] = {Stage.QUANTIZE: q, Stage.EXPORT: x}

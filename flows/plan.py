@@ -22,7 +22,7 @@ from edgellm.types import Precision, Stage
 from flows.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
-from toolchains.base import Toolchain, choose
+from toolchains.base import Toolchain, choose, require
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -119,6 +119,9 @@ def _decide(
     if entry.waived and entry.waiver is not None:
         return Decision.WAIVED, preferred, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
     toolchain, refusals = choose(dtype.toolchains, entry.precision)
+    if toolchain is not None and (problem := require(toolchain).variant_problem(
+            entry.precision, entry.lm_head_precision, entry.kv_cache_precision)) is not None:
+        return Decision.NOT_APPLICABLE, toolchain, problem, ()
     devices = tuple(d.id for d in inventory.select(platform=platform))
     missing = list(refusals) if toolchain is None else []
     if not devices:

@@ -17,27 +17,40 @@ from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
 from edgellm.compiler.export import OPSET
-from edgellm.types import Precision, Stage
+from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
 from tasks.common import guarded, stage_task, upstream_problem
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
-from toolchains.base import Toolchain, require
+from tasks.spec import JobSpec
+from toolchains.base import require
 
 log = logging.getLogger(__name__)
 
 
-def export_key_inputs(checkpoint_sha: str, precision: Precision, toolchain: Toolchain,
-                      toolchain_version: str) -> dict[str, object]:
+def export_key_inputs(checkpoint_sha: str, job: JobSpec, toolchain_version: str) -> dict[str, object]:
+    _, precision, toolchain, lm_head, kv_cache = job.export_variant
     return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value, "opset": OPSET,
+            "lm_head_precision": lm_head and lm_head.value, "kv_cache_precision": kv_cache and kv_cache.value,
             "toolchain": toolchain.value, "toolchain_version": toolchain_version, "edgellm_build": build_id()}
 
 
+def variant_flags(job: JobSpec) -> list[str]:
+    """The LM-head and KV-cache precisions a test asks for reach the exporter (which refuses what it cannot)."""
+    flags = []
+    if job.lm_head_precision is not None:
+        flags += ["--lm-head-precision", job.lm_head_precision.value]
+    if job.kv_cache_precision is not None:
+        flags += ["--kv-cache-precision", job.kv_cache_precision.value]
+    return flags
+
+
 @stage_task("export")
-def export(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolchain, checkpoint_dir: str,
-           quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
+def export(ctx: FarmContext, job: JobSpec, checkpoint_dir: str, quantized: StageOutcome | BaseException,
+           timeout_s: int) -> StageOutcome:
+    model, precision, toolchain = job.model, job.precision, job.toolchain
     if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:
         return skip
     assert isinstance(quantized, StageOutcome)
@@ -46,7 +59,7 @@ def export(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolch
         farm = Farm.get(ctx)
         ckpt = quantized.outputs["checkpoint"]
         version = require(toolchain).host_version()
-        inputs = export_key_inputs(ckpt.sha256, precision, toolchain, version)
+        inputs = export_key_inputs(ckpt.sha256, job, version)
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
         if hit is not None and farm.store.has(hit.sha256):
@@ -61,24 +74,26 @@ def export(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolch
             out.metrics["cache_hit"] = (1.0, "")
             return out
         with farm.host_slots:
-            out = _export(farm, model, precision, Path(checkpoint_dir), key, inputs, timeout_s)
+            out = _export(farm, job, Path(checkpoint_dir), key, inputs, timeout_s)
         out.toolchain_version = version
         return out
 
     return guarded(Stage.EXPORT, body)
 
 
-def _export(farm: Farm, model: str, precision: Precision, ckpt_dir: Path, key: str, inputs: dict[str, object],
+def _export(farm: Farm, job: JobSpec, ckpt_dir: Path, key: str, inputs: dict[str, object],
             timeout_s: int) -> StageOutcome:
+    model, precision = job.model, job.precision
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=work, prefix="export-"))
     try:
         logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
         logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"export-{model.replace('/', '--')}-{precision}.log"
+        variant = "-".join(str(x) for x in job.export_variant[1:] if x is not None)
+        log_path = logs / f"export-{model.replace('/', '--')}-{variant}.log"
         argv = [sys.executable, "-m", "edgellm", "export", str(ckpt_dir), str(tmp / "onnx"),
-                "--precision", precision.value]
+                "--precision", precision.value, *variant_flags(job)]
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
         # the same edgellm the orchestrator imported, whatever the subprocess's cwd
         env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}

@@ -7,23 +7,21 @@ from pathlib import Path
 
 from artifacts.kinds import ArtifactKind
 from edgellm.errors import UnsupportedError
-from edgellm.types import Precision, Stage
+from edgellm.types import UNQUANTIZED, Precision, Stage
 from results.models import ResultStatus
 from tasks.common import guarded, stage_task
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from toolchains.base import Toolchain, require
 
-IDENTITY = (Precision.FP32, Precision.FP16, Precision.BF16)
-
 
 @stage_task("quantize")
 def quantize(ctx: FarmContext, model: str, precision: Precision, toolchain: Toolchain,
              checkpoint_dir: str) -> StageOutcome:
     def body() -> StageOutcome:
-        if precision not in IDENTITY:
+        if precision not in UNQUANTIZED:
             raise UnsupportedError(f"no quantizer for {precision} yet; identity precisions: "
-                                   f"{', '.join(p.value for p in IDENTITY)}")
+                                   f"{', '.join(sorted(p.value for p in UNQUANTIZED))}")
         farm = Farm.get(ctx)
         ref = farm.store.put(Path(checkpoint_dir), ArtifactKind.CHECKPOINT)
         out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, reason=f"identity for {precision}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgellm.types import Precision, Stage
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, Stage
 from toolchains.base import Toolchain
 
 
@@ -21,6 +21,13 @@ class JobSpec:
     max_input_len: int
     stages: tuple[Stage, ...]
     timeouts: dict[Stage, int] = field(hash=False, default_factory=dict)
+    lm_head_precision: LMHeadPrecision | None = None  # None: whatever the toolchain makes at ``precision``
+    kv_cache_precision: KVCachePrecision | None = None
+
+    @property
+    def export_variant(self) -> tuple[str, Precision, Toolchain, LMHeadPrecision | None, KVCachePrecision | None]:
+        """What one export is made for: shared by every job (and platform) that asks the same."""
+        return self.model, self.precision, self.toolchain, self.lm_head_precision, self.kv_cache_precision
 
     @property
     def key(self) -> str:

@@ -13,14 +13,20 @@ import re
 from dataclasses import dataclass
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 
-_PREC = "|".join(sorted((re.escape(p.value) for p in Precision), key=len, reverse=True))
+
+def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCachePrecision]) -> str:
+    return "|".join(sorted((re.escape(p.value) for p in enum_cls), key=len, reverse=True))
+
+
+_PREC = _alternatives(Precision)
+_LM = _alternatives(LMHeadPrecision)
 _PREC_RE = re.compile(rf"^(?:{_PREC})$")
-_LM_RE = re.compile(rf"^lm(?P<p>{_PREC})$")
-_KV_RE = re.compile(rf"^(?P<p>{_PREC})kv$")
+_LM_RE = re.compile(rf"^lm(?P<p>{_LM})$")
+_KV_RE = re.compile(rf"^(?P<p>{_alternatives(KVCachePrecision)})kv$")
 _LIMIT_RE = re.compile(r"^(?P<key>mxsl|mxbs|mxil)(?P<n>[1-9][0-9]*)$")
-_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_PREC}))$")
+_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_LM}))$")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
 _CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
 
@@ -62,8 +68,8 @@ class TestId:
     max_seq_len: int
     max_batch_size: int
     max_input_len: int
-    lm_head_precision: Precision | None = None
-    kv_cache_precision: Precision | None = None
+    lm_head_precision: LMHeadPrecision | None = None
+    kv_cache_precision: KVCachePrecision | None = None
     case: str | None = None
 
     def __post_init__(self) -> None:
@@ -107,7 +113,7 @@ class TestId:
         head = tokens[:anchor]
         lm = None
         if head and (m := _LM_RE.match(head[-1])):
-            lm = Precision(m["p"])
+            lm = LMHeadPrecision(m["p"])
             head = head[:-1]
         if len(head) < 2 or not _PREC_RE.match(head[-1]):
             found = head[-1] if head else ""
@@ -119,7 +125,7 @@ class TestId:
         extras = tokens[anchor + 3 :]
         kv = None
         if extras and (m := _KV_RE.match(extras[0])):
-            kv = Precision(m["p"])
+            kv = KVCachePrecision(m["p"])
             extras = extras[1:]
         return cls(
             model="-".join(head[:-1]),

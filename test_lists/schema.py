@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, Stage
+from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, Stage
 from test_lists.ids import case_name_problem, model_name_problem, short_model_name
 
 
@@ -42,7 +42,6 @@ STAGE_NEEDS: dict[Stage, Stage] = {
     Stage.ACCURACY: Stage.INFER,
     Stage.BENCH: Stage.BUILD,
 }
-UNQUANTIZED = frozenset({Precision.FP32, Precision.FP16, Precision.BF16})
 _STAGE_ORDER = {s: i for i, s in enumerate(Stage)}
 _MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -60,6 +59,8 @@ def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:
 
 
 PrecisionField = Annotated[Precision, BeforeValidator(_enum_parser(Precision, "precision"))]
+LMHeadField = Annotated[LMHeadPrecision, BeforeValidator(_enum_parser(LMHeadPrecision, "LM-head precision"))]
+KVCacheField = Annotated[KVCachePrecision, BeforeValidator(_enum_parser(KVCachePrecision, "KV-cache precision"))]
 StageField = Annotated[Stage, BeforeValidator(_enum_parser(Stage, "stage"))]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 TimeoutSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_TIMEOUT)]
@@ -91,8 +92,8 @@ class Selector(_Strict):
 
 class _EntryFields(_Strict):
     precision: PrecisionField | None = None
-    lm_head_precision: PrecisionField | None = None
-    kv_cache_precision: PrecisionField | None = None
+    lm_head_precision: LMHeadField | None = None
+    kv_cache_precision: KVCacheField | None = None
     max_seq_len: PositiveInt | None = None
     max_batch_size: PositiveInt | None = None
     max_input_len: PositiveInt | None = None

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgellm.types import Precision, Stage
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, Stage
 from test_lists.ids import TestId, short_model_name
 from test_lists.schema import ListStage, Selector
 from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
@@ -29,8 +29,8 @@ class TestEntry:
     max_input_len: int
     stages: tuple[Stage, ...]
     timeouts: dict[Stage, int] = field(hash=False)
-    lm_head_precision: Precision | None = None
-    kv_cache_precision: Precision | None = None
+    lm_head_precision: LMHeadPrecision | None = None
+    kv_cache_precision: KVCachePrecision | None = None
     case: str | None = None
     source: str = ""  # "file:line" where the entry is written
     waived: bool = False

@@ -133,8 +133,12 @@ def test_fp16_stories_is_close_to_fp32(stories_engine, stories_engine_fp16):
 
 def test_cli_export_build_round_trip_and_overwrite(ckpts, tmp_path, capsys):
     onnx_dir, engine_dir = tmp_path / "onnx", tmp_path / "engine"
-    assert main(["export", str(ckpts.qwen3), str(onnx_dir), "--precision", "fp16"]) == 0
-    assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
+    assert main(["export", str(ckpts.qwen3), str(onnx_dir), "--precision", "fp16", "--lm-head-precision", "fp16",
+                 "--kv-cache-precision", "fp16"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["precision"], printed["lm_head_precision"], printed["kv_cache_precision"]) == ("fp16",) * 3
+    manifest = json.loads((onnx_dir / "export_manifest.json").read_text())
+    assert (manifest["lm_head_precision"], manifest["kv_cache_precision"]) == ("fp16", "fp16")
     assert main(["build", str(onnx_dir), str(engine_dir), "--backend", "ort", "--max-batch-size", "2",
                  "--max-input-len", "16", "--max-seq-len", "64"]) == 0
     assert json.loads(capsys.readouterr().out)["max_seq_len"] == 64

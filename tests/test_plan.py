@@ -129,6 +129,9 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
         def available(self) -> base.Availability:
             return base.Availability(True)
 
+        def variant_problem(self, precision: Precision, lm_head: Any, kv_cache: Any) -> str | None:
+            return None
+
         def version(self, env: Mapping[str, Any]) -> str:
             return "stand-in"
 
@@ -148,3 +151,16 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
     fp16 = by[("stories260K", "fp16", "orin")]
     assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))
     assert by[("stories260K", "fp8", "orin")].decision is Decision.NOT_APPLICABLE
+
+
+def test_an_lm_head_or_kv_cache_the_toolchain_cannot_give_is_not_applicable_with_the_reason(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yml"
+    defaults = {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16", "fp32"],
+                                      "platforms": ["x86-cpu"],
+                                      "defaults": {**defaults, "lm_head_precision": "fp32"}}))
+    by = {j.precision.value: j for j in plan_matrix(matrix, load_inventory(), Catalog.load()).jobs}
+    assert by["fp32"].decision is Decision.RUN  # fp32 exports hold an fp32 LM head: it reaches export
+    assert by["fp16"].decision is Decision.NOT_APPLICABLE
+    assert by["fp16"].reason == ("toolchain edgellm-ort: LM-head precision 'fp32' is not supported by export at "
+                                 "fp16; supported: fp16 (the weights' precision)")

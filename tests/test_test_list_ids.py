@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from test_lists.ids import TestId, case_name_problem, model_name_problem
 
 EXAMPLES = {
@@ -16,15 +16,15 @@ EXAMPLES = {
     ),
     "Llama-3.2-1B-Instruct-int4_awq-lmfp16-mxsl2048-mxbs1-mxil1024-fp8kv": TestId(
         "Llama-3.2-1B-Instruct", Precision.INT4_AWQ, 2048, 1, 1024,
-        lm_head_precision=Precision.FP16, kv_cache_precision=Precision.FP8,
+        lm_head_precision=LMHeadPrecision.FP16, kv_cache_precision=KVCachePrecision.FP8,
     ),
     "Mistral-7B-v0.3-fp8-mxsl8192-mxbs4-mxil4096-fp8kv-long-ctx": TestId(
-        "Mistral-7B-v0.3", Precision.FP8, 8192, 4, 4096, kv_cache_precision=Precision.FP8, case="long-ctx"
+        "Mistral-7B-v0.3", Precision.FP8, 8192, 4, 4096, kv_cache_precision=KVCachePrecision.FP8, case="long-ctx"
     ),
     "stories260K-fp32-mxsl256-mxbs2-mxil128": TestId("stories260K", Precision.FP32, 256, 2, 128),
     # a model whose last token is itself a precision name
     "foo-fp16-fp16-lmfp32-mxsl8-mxbs1-mxil8-batch8": TestId(
-        "foo-fp16", Precision.FP16, 8, 1, 8, lm_head_precision=Precision.FP32, case="batch8"
+        "foo-fp16", Precision.FP16, 8, 1, 8, lm_head_precision=LMHeadPrecision.FP32, case="batch8"
     ),
     "Qwen3-0.6B-nvfp4-mxsl4096-mxbs4-mxil2048": TestId("Qwen3-0.6B", Precision.NVFP4, 4096, 4, 2048),
 }
@@ -77,8 +77,8 @@ _limit = st.integers(min_value=1, max_value=1_000_000)
 @given(
     model=_name,
     precision=_prec,
-    lm=st.none() | _prec,
-    kv=st.none() | _prec,
+    lm=st.none() | st.sampled_from(list(LMHeadPrecision)),
+    kv=st.none() | st.sampled_from(list(KVCachePrecision)),
     limits=st.tuples(_limit, _limit, _limit),
     case=st.none() | _case,
 )

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from edgellm.errors import BugError, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import Precision, _ChoiceEnum
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
 
 class Toolchain(_ChoiceEnum):
@@ -46,6 +46,12 @@ class ToolchainDriver(ABC):
     @abstractmethod
     def precisions(self) -> tuple[Precision, ...]:
         """Weight precisions this toolchain can produce an engine at and run."""
+
+    @abstractmethod
+    def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
+                        kv_cache: KVCachePrecision | None) -> str | None:
+        """Why this toolchain cannot give the LM head and KV cache asked for at ``precision`` (None: it can, and
+        they reach its export and build). The plan records such a combination as not applicable."""
 
     @abstractmethod
     def available(self) -> Availability:

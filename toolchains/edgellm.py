@@ -1,6 +1,7 @@
 """The toolchains made of this library: ``edgellm`` exports on the host, ``edgellm build --backend B`` builds on the
 device, ``edgellm infer|eval|bench`` run there. One class per backend; what each can produce is the library's
-own answer (its export precisions and the backend's), never a list kept here.
+own answer (edgellm/capabilities.py: its export precisions and variants, and the backend's declaration), never a
+list kept here.
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from edgellm.compiler.export import EXPORT_PRECISIONS
-from edgellm.types import Backend, Precision
+from edgellm.capabilities import buildable
+from edgellm.compiler.export import check_variant
+from edgellm.errors import UnsupportedError
+from edgellm.types import Backend, KVCachePrecision, LMHeadPrecision, Precision
 from toolchains.base import Availability, Toolchain, ToolchainDriver, register_toolchain
 
 
@@ -18,7 +21,17 @@ class EdgellmToolchain(ToolchainDriver):
     package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
 
     def precisions(self) -> tuple[Precision, ...]:
-        return tuple(EXPORT_PRECISIONS)
+        if self.backend not in {b.value for b in Backend}:
+            return ()
+        return buildable(self.backend)
+
+    def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
+                        kv_cache: KVCachePrecision | None) -> str | None:
+        try:
+            check_variant(precision, lm_head, kv_cache)
+        except UnsupportedError as exc:
+            return f"toolchain {self.name}: {exc}"
+        return None
 
     def available(self) -> Availability:
         if self.backend not in {b.value for b in Backend}:

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import Backend
+from edgellm.types import Backend, Precision
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,17 @@ class Session(ABC):
 
 class EngineBackend(ABC):
     backend: ClassVar[Backend]
+    precisions: ClassVar[tuple[Precision, ...]]  # weight precisions it can build an engine at and run
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """None when the backend can build and run here; else why not (what is missing)."""
         return None
+
+    @classmethod
+    def available(cls) -> tuple[bool, str | None]:
+        reason = cls.unavailable_reason()
+        return reason is None, reason
 
     @abstractmethod
     def version(self) -> str: ...
@@ -99,5 +105,19 @@ def get_backend(name: str | Backend) -> EngineBackend:
     return cls()
 
 
+def registered_backends() -> dict[str, type[EngineBackend]]:
+    """Every backend implemented in this package (found by importing its modules), by name."""
+    _load_builtin_backends()
+    return dict(BACKENDS.items())
+
+
 def _load_builtin_backends() -> None:
-    from edgellm.backends import ort  # noqa: F401
+    """Import every module of this package once: their ``@register_backend`` classes fill the registry."""
+    import importlib
+    import pkgutil
+
+    import edgellm.backends as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name != "base":
+            importlib.import_module(f"edgellm.backends.{info.name}")

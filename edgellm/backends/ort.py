@@ -17,7 +17,7 @@ import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
 from edgellm.errors import ConfigurationError
-from edgellm.types import Backend
+from edgellm.types import Backend, Precision
 
 ENGINE_MODEL = "model.onnx"
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -53,6 +53,7 @@ class OrtSession(Session):
 @register_backend
 class OrtBackend(EngineBackend):
     backend = Backend.ORT
+    precisions = (Precision.FP32, Precision.FP16)
 
     def version(self) -> str:
         import onnxruntime

@@ -1,4 +1,4 @@
-"""``edgellm env``: what this machine offers the library (versions and backends), as JSON.
+"""``edgellm env``: what this machine offers the library (versions, backends and capabilities), as JSON.
 
 The farm runs it on each device for health checks and to key engine caches by the backend version.
 """
@@ -26,15 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def collect() -> dict[str, object]:
+    from edgellm.capabilities import capabilities
+
     versions: dict[str, str | None] = {}
     for pkg in _PACKAGES:
         try:
             versions[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
-    backends = ["ort"] if versions["onnxruntime"] else []
-    if versions["tensorrt"]:
-        backends.append("tensorrt")
+    caps = capabilities()
+    backends = [name for name, b in caps["backends"].items() if b["available"]]
     return {
         "edgellm": __version__,
         "edgellm_build": build_id(),
@@ -45,6 +46,7 @@ def collect() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "packages": versions,
         "backends": backends,
+        "capabilities": caps,
     }
 
 

@@ -15,15 +15,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt_dir", type=Path, help="checkpoint directory (config.json, safetensors, tokenizer)")
     parser.add_argument("onnx_dir", type=Path, help="output directory (written whole or not at all)")
     parser.add_argument("--precision", default="fp32", help="fp32 or fp16 (default fp32)")
+    parser.add_argument("--lm-head-precision", help="LM-head precision (default and only choice: the precision's)")
+    parser.add_argument("--kv-cache-precision", help="KV-cache precision (default and only choice: the precision's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgellm.compiler.export import export_checkpoint, parse_export_precision
+    from edgellm.compiler.export import check_variant, export_checkpoint, parse_export_precision
 
     precision = parse_export_precision(args.precision)  # before any heavy import or file read
-    manifest = export_checkpoint(args.ckpt_dir, args.onnx_dir, precision, overwrite=args.overwrite)
+    check_variant(precision, args.lm_head_precision, args.kv_cache_precision)
+    manifest = export_checkpoint(args.ckpt_dir, args.onnx_dir, precision, lm_head_precision=args.lm_head_precision,
+                                 kv_cache_precision=args.kv_cache_precision, overwrite=args.overwrite)
     summary = {"onnx_dir": str(args.onnx_dir), "precision": manifest["precision"],
+               "lm_head_precision": manifest["lm_head_precision"],
+               "kv_cache_precision": manifest["kv_cache_precision"],
                "export_seconds": manifest["export_seconds"], "checkpoint_sha256": manifest["checkpoint"]["sha256"]}
     print(json.dumps(summary), file=sys.stdout)
     return 0

@@ -39,7 +39,7 @@ from edgellm.compiler.files import file_table, staged_dir, tree_sha256, write_js
 from edgellm.config import ModelConfig, QuantConfig, read_json_object
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.models import family_for
-from edgellm.types import Precision
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,25 @@ def output_names(num_layers: int) -> list[str]:
     return names
 
 
+def export_variant(precision: Precision) -> tuple[LMHeadPrecision, KVCachePrecision]:
+    """The LM head and KV cache an export at ``precision`` holds: both at the weights' precision (the decoder is
+    cast whole and its cache tensors take the same dtype)."""
+    return LMHeadPrecision(precision.value), KVCachePrecision(precision.value)
+
+
+def check_variant(precision: Precision, lm_head: LMHeadPrecision | str | None,
+                  kv_cache: KVCachePrecision | str | None) -> tuple[LMHeadPrecision, KVCachePrecision]:
+    """The (LM head, KV cache) an export at ``precision`` will hold; asking for another is UnsupportedError."""
+    made = export_variant(precision)
+    asked = (None if lm_head is None else LMHeadPrecision.parse(lm_head, what="LM-head precision"),
+             None if kv_cache is None else KVCachePrecision.parse(kv_cache, what="KV-cache precision"))
+    for what, want, have in (("LM-head", asked[0], made[0]), ("KV-cache", asked[1], made[1])):
+        if want is not None and want is not have:
+            raise UnsupportedError(f"{what} precision {want.value!r} is not supported by export at "
+                                   f"{precision.value}; supported: {have.value} (the weights' precision)")
+    return made
+
+
 def parse_export_precision(value: str | Precision) -> Precision:
     precision = Precision.parse(value, what="precision")
     if precision not in EXPORT_PRECISIONS:
@@ -79,6 +98,8 @@ def parse_export_precision(value: str | Precision) -> Precision:
 
 
 def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision = Precision.FP32, *,
+                      lm_head_precision: LMHeadPrecision | str | None = None,
+                      kv_cache_precision: KVCachePrecision | str | None = None,
                       overwrite: bool = False) -> dict[str, Any]:
     """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure."""
     import onnx
@@ -89,6 +110,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     from edgellm.weights import load_weights
 
     precision = parse_export_precision(precision)
+    lm_head, kv_cache = check_variant(precision, lm_head_precision, kv_cache_precision)
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise ConfigurationError(f"{ckpt_dir}: checkpoint directory not found")
@@ -153,6 +175,8 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
             "onnx_opset": OPSET,
             "exporter": "torch.onnx.export(dynamo=False), weights as inputs + edgellm attach_weights",
             "precision": precision.value,
+            "lm_head_precision": lm_head.value,
+            "kv_cache_precision": kv_cache.value,
             "checkpoint": {
                 "path": str(ckpt_dir.resolve()),
                 "sha256": tree_sha256(ckpt_files),

@@ -1,0 +1,56 @@
+"""What this edgellm can produce and build, asked of the parts themselves (export and each backend class).
+
+``edgellm capabilities`` prints it as JSON; the farm's plan (toolchains/edgellm.py), ``edgefarm lists validate``
+and ``edgellm env`` read it. The shape is a contract between the two halves::
+
+    {"edgellm": "0.1.0",
+     "export_precisions": ["fp32", "fp16"],
+     "export_variants": {"fp16": {"lm_head_precision": "fp16", "kv_cache_precision": "fp16"}, ...},
+     "backends": {"ort": {"available": true, "reason": null, "precisions": ["fp32", "fp16"]},
+                  "tensorrt": {"available": false, "reason": "needs ...", "precisions": []}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgellm import __version__
+from edgellm.backends.base import NOT_IMPLEMENTED_HERE, registered_backends
+from edgellm.compiler.export import EXPORT_PRECISIONS, export_variant
+from edgellm.types import Backend, Precision
+
+
+def backend_capabilities() -> dict[str, dict[str, Any]]:
+    """Every backend the project names: the precisions it builds, whether it runs here and if not why."""
+    found = registered_backends()
+    out: dict[str, dict[str, Any]] = {}
+    for backend in Backend:
+        cls = found.get(backend.value)
+        if cls is None:
+            reason = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered in this edgellm")
+            out[backend.value] = {"available": False, "reason": reason, "precisions": []}
+            continue
+        ok, reason = cls.available()
+        out[backend.value] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions]}
+    return out
+
+
+def buildable(backend: Backend | str) -> tuple[Precision, ...]:
+    """Weight precisions this edgellm can export *and* ``backend`` can build (whether or not it runs here)."""
+    name = Backend.parse(backend, what="backend").value
+    cls = registered_backends().get(name)
+    built = set(cls.precisions) if cls is not None else set()
+    return tuple(p for p in EXPORT_PRECISIONS if p in built)
+
+
+def capabilities() -> dict[str, Any]:
+    variants = {}
+    for p in EXPORT_PRECISIONS:
+        lm_head, kv_cache = export_variant(p)
+        variants[p.value] = {"lm_head_precision": lm_head.value, "kv_cache_precision": kv_cache.value}
+    return {
+        "edgellm": __version__,
+        "export_precisions": [p.value for p in EXPORT_PRECISIONS],
+        "export_variants": variants,
+        "backends": backend_capabilities(),
+    }
