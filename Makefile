@@ -27,8 +27,9 @@ nightly: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# GPU tests are deselected here (pytest's summary counts them); run them on a GPU machine with `pytest -m gpu`.
 test: install system-deps lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not gpu"
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache

@@ -92,3 +92,4 @@ class Stage(_ChoiceEnum):
 class Backend(_ChoiceEnum):
     ORT = "ort"
     TENSORRT = "tensorrt"
+    TORCH_CUDA = "torch-cuda"

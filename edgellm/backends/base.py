@@ -8,15 +8,19 @@ by the ``Backend`` enum. A backend that cannot run on this machine says why in `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import Backend, Precision
+
+if TYPE_CHECKING:
+    from edgellm.runtime.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,25 @@ class Session(ABC):
 
     @abstractmethod
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class DeviceSession(Session):
+    """A session that keeps its KV cache on its device and generates there; the runtime hands it whole steps
+    and batches instead of feeding the cache through ``run``."""
+
+    @abstractmethod
+    def new_cache(self, batch_size: int) -> Any:
+        """A cache handle with ``batch_size``, ``length``, ``num_layers``, ``truncate(n)`` and ``nbytes()``."""
+
+    @abstractmethod
+    def step(self, input_ids: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray, cache: Any, *,
+             last_only: bool) -> np.ndarray:
+        """int64 [B, S] ids and positions, mask [B, cache.length + S] -> float32 logits [B, S or 1, vocab]."""
+
+    @abstractmethod
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, steps: int,
+                 sampling: list[SamplingParams]) -> Iterator[np.ndarray]:
+        """Prefill the left-padded batch, then yield each step's chosen tokens, int64 [B]."""
 
 
 class EngineBackend(ABC):

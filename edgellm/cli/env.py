@@ -36,6 +36,11 @@ def collect() -> dict[str, object]:
             versions[pkg] = None
     caps = capabilities()
     backends = [name for name, b in caps["backends"].items() if b["available"]]
+    gpu, gpu_reason = None, "torch is not installed"
+    if versions["torch"]:
+        from edgellm.backends.torch_cuda import cuda_unavailable_reason, gpu_info
+
+        gpu, gpu_reason = gpu_info(), cuda_unavailable_reason()
     return {
         "edgellm": __version__,
         "edgellm_build": build_id(),
@@ -47,6 +52,8 @@ def collect() -> dict[str, object]:
         "packages": versions,
         "backends": backends,
         "capabilities": caps,
+        "gpu": gpu,  # name, SM (compute capability), memory of the GPU torch-cuda runs on; null without one
+        "gpu_unavailable_reason": gpu_reason,
     }
 
 

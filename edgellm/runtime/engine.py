@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.backends.base import Session, get_backend
+from edgellm.backends.base import DeviceSession, Session, get_backend
 from edgellm.compiler.build import ENGINE_MANIFEST
 from edgellm.compiler.export import GENERATION_SETTINGS, LOGITS_POSITIONS
 from edgellm.compiler.files import verify_files
@@ -23,7 +23,7 @@ from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.runtime.kv_cache import KVCache
 from edgellm.runtime.requests import GenerationRequest, GenerationResult, check_requests
-from edgellm.runtime.sampling import choose
+from edgellm.runtime.sampling import SamplingParams, choose
 from edgellm.runtime.tokenizer import TextCodec
 
 
@@ -96,6 +96,8 @@ class Engine:
     # --- one graph step ----------------------------------------------------------------------------------
     def new_cache(self, batch_size: int) -> KVCache:
         self._check_batch(batch_size)
+        if isinstance(self.session, DeviceSession):  # the cache lives on the device (a handle with KVCache's API)
+            return self.session.new_cache(batch_size)  # type: ignore[no-any-return]
         c = self.config
         return KVCache(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim, self.kv_dtype)
 
@@ -124,6 +126,10 @@ class Engine:
         elif attention_mask.shape != (b, total):
             raise ConfigurationError(f"attention_mask shape {list(attention_mask.shape)} must be [{b}, {total}]")
         positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)[:, -s:]
+        if isinstance(self.session, DeviceSession):
+            return self.session.step(np.ascontiguousarray(input_ids, dtype=np.int64),
+                                     np.ascontiguousarray(positions, dtype=np.int64),
+                                     np.ascontiguousarray(attention_mask, dtype=np.int64), cache, last_only=last_only)
         feeds: dict[str, np.ndarray] = {
             "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
@@ -206,34 +212,53 @@ class Engine:
         for i, r in enumerate(rows):
             ids[i, plen - len(r.prompt):] = r.prompt
             mask[i, plen - len(r.prompt):] = 1
-        cache = self.new_cache(b)
         t0 = time.perf_counter()
-        logits = self.step(ids, cache, mask, last_only=True)[:, -1]
         steps = max(r.req.max_new_tokens for r in rows)
-        next_ids = np.full((b, 1), self.pad_id, dtype=np.int64)
-        ones = np.ones((b, 1), dtype=np.int64)
-        for n in range(steps):
-            now = time.perf_counter()
-            for i, r in enumerate(rows):
-                if r.finish is not None:
-                    continue
-                tok = choose(logits[i], temperature=r.req.temperature, top_k=r.req.top_k, top_p=r.req.top_p,
-                             rng=r.rng)
-                r.out.append(tok)
-                if n == 0:
-                    r.t_first = now - t0
-                self._check_finish(r, tok)
-                if r.finish is not None:
-                    r.t_done = now - t0
-                next_ids[i, 0] = tok
-                yield i, tok
-            if all(r.finish is not None for r in rows):
-                break
-            mask = np.concatenate([mask, ones], axis=1)
-            logits = self.step(next_ids, cache, mask, last_only=True)[:, -1]
+        if isinstance(self.session, DeviceSession):  # chooses on the device, running ahead of this loop
+            tokens: Iterator[np.ndarray] = self.session.generate(ids, mask, steps, [SamplingParams(
+                r.req.temperature, r.req.top_k, r.req.top_p, r.req.seed) for r in rows])
+        else:
+            tokens = self._host_tokens(rows, ids, mask, steps)
+        try:
+            for n, chosen in enumerate(tokens):
+                now = time.perf_counter()
+                for i, r in enumerate(rows):
+                    if r.finish is not None:
+                        continue
+                    tok = int(chosen[i])
+                    r.out.append(tok)
+                    if n == 0:
+                        r.t_first = now - t0
+                    self._check_finish(r, tok)
+                    if r.finish is not None:
+                        r.t_done = now - t0
+                    yield i, tok
+                if all(r.finish is not None for r in rows):
+                    break
+        finally:
+            close = getattr(tokens, "close", None)
+            if close is not None:
+                close()
         for r in rows:
             if r.finish is None:  # unreachable: every row ends by length at the latest
                 raise BugError(f"request {r.req.id!r} did not finish")
+
+    def _host_tokens(self, rows: list[_Row], ids: np.ndarray, mask: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        """Each step's tokens [B], chosen here from the logits the session returns (unfinished rows only)."""
+        b = len(rows)
+        cache = self.new_cache(b)
+        logits = self.step(ids, cache, mask, last_only=True)[:, -1]
+        next_ids = np.full((b, 1), self.pad_id, dtype=np.int64)
+        ones = np.ones((b, 1), dtype=np.int64)
+        for n in range(steps):
+            for i, r in enumerate(rows):
+                if r.finish is None:
+                    next_ids[i, 0] = choose(logits[i], temperature=r.req.temperature, top_k=r.req.top_k,
+                                            top_p=r.req.top_p, rng=r.rng)
+            yield next_ids[:, 0].copy()
+            if n + 1 < steps:
+                mask = np.concatenate([mask, ones], axis=1)
+                logits = self.step(next_ids, cache, mask, last_only=True)[:, -1]
 
     def _check_finish(self, r: _Row, tok: int) -> None:
         if tok in self.eos_ids:

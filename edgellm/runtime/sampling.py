@@ -3,6 +3,8 @@ numpy Generator (seeded -> reproducible)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -26,3 +28,13 @@ def choose(logits: np.ndarray, *, temperature: float, top_k: int, top_p: float,
         mask[keep] = p[keep]
         p = mask / mask.sum()
     return int(rng.choice(p.shape[0], p=p))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's choice rule, for runtimes that sample on their device."""
+
+    temperature: float = 0.0  # 0 -> greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 12's verification on an NVIDIA GPU machine without network (run from the repository root):
+#   bash benchmarks/gpu_verify.sh [all|tests|flow|bench]
+# export -> build (torch-cuda) -> infer -> eval -> bench through the CLI on stories260K (fp32, fp16) and on the
+# random Qwen2.5-0.5B-shaped checkpoint bench_gpu.py makes; the test file's gpu tests; the benchmark.
+# Logs and JSON land in $OUT (default /tmp/gpu_out). A step's failure is reported and the next one still runs.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}
+W=${EDGELLM_GPU_WORK:-/tmp/edgellm_gpu}
+WHAT=${1:-all}
+mkdir -p "$OUT" "$W"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+E=(python3 -m edgellm)
+FAILED=()
+step() {  # step NAME CMD...: run, keep the log, record a failure
+  local name=$1; shift
+  echo "== $name: $*"
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 4 "$OUT/$name.log"
+  echo "== $name rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc -eq 0 ] || FAILED+=("$name")
+}
+REQ=$W/requests.json
+cat >"$REQ" <<'JSON'
+{"requests": [{"id": "g", "prompt": "Once upon a time", "max_new_tokens": 48},
+              {"id": "s", "prompt": "The little dog", "max_new_tokens": 32, "temperature": 0.8, "top_p": 0.9, "seed": 1}]}
+JSON
+
+flow() {  # flow NAME CKPT PRECISION BUILD_ARGS...
+  local n=$1 ckpt=$2 prec=$3; shift 3
+  step "$n-export" "${E[@]}" export "$ckpt" "$W/$n/onnx" --precision "$prec" --overwrite
+  step "$n-build" "${E[@]}" build "$W/$n/onnx" "$W/$n/engine" --backend torch-cuda --overwrite "$@"
+  step "$n-infer" "${E[@]}" infer --engine-dir "$W/$n/engine" --input-file "$REQ" --output-file "$OUT/$n-infer.json"
+  step "$n-eval" "${E[@]}" eval --engine-dir "$W/$n/engine" --checkpoint "$ckpt" --output "$OUT/$n-eval.json"
+  step "$n-bench-decode" "${E[@]}" bench --engine-dir "$W/$n/engine" --mode decode --batch-size 1 --past-len 128 \
+    --iterations 50 --output "$OUT/$n-bench-decode.json"
+  step "$n-bench-prefill" "${E[@]}" bench --engine-dir "$W/$n/engine" --mode prefill --batch-size 1 \
+    --input-len 128 --iterations 20 --output "$OUT/$n-bench-prefill.json"
+}
+
+step env "${E[@]}" env --output "$OUT/env.json"
+if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+  step pytest python3 -m pytest tests/test_torch_cuda.py --noconftest -p no:cacheprovider -q -rA
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = flow ]; then
+  flow stories-fp32 edgellm/assets/stories260K fp32 --max-batch-size 4
+  flow stories-fp16 edgellm/assets/stories260K fp16 --max-batch-size 4
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
+  step bench-gpu python3 benchmarks/bench_gpu.py "$W/qwen" --output "$OUT/gpu.json"
+  cat "$OUT/bench-gpu.log"
+  # the CLI flow on the engine the benchmark built (export and build timed there)
+  n=qwen
+  step "$n-infer" "${E[@]}" infer --engine-dir "$W/$n/engine" --input-file "$REQ" --output-file "$OUT/$n-infer.json"
+  step "$n-eval" "${E[@]}" eval --engine-dir "$W/$n/engine" --checkpoint "$W/$n/qwen25_05b_bf16" \
+    --output "$OUT/$n-eval.json"
+  step "$n-bench-decode" "${E[@]}" bench --engine-dir "$W/$n/engine" --mode decode --batch-size 16 \
+    --past-len 128 --iterations 50 --output "$OUT/$n-bench-decode.json"
+fi
+echo "failed steps: ${FAILED[*]:-none}"

@@ -1,0 +1,278 @@
+"""The torch-CUDA session: one ``GpuDecoder`` on the GPU, its decode step captured as a CUDA graph per batch
+size (greedy and sampling variants), sampling on the GPU, and a generation loop that keeps the GPU ahead of the
+host: step n+1 is queued before the host reads step n's token, so no step waits for the host.
+
+Everything runs on the session's own stream. Each graph reads and writes only the session's static buffers
+(tokens, positions, cache column, sampling parameters, logits), so a replay needs no host data and no sync; the
+host copies each step's tokens out through pinned memory and an event per step.
+
+Sampling is Gumbel-max over the temperature-scaled, top-k / top-p filtered distribution, with noise hashed from
+(request seed, position, token id): exact sampling from that distribution, reproducible per request and seed
+whatever batch it runs in (not the same stream of numbers as the CPU runtime's numpy Generator).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgellm.backends.base import DeviceSession, TensorSpec
+from edgellm.config import ModelConfig
+from edgellm.errors import BugError, ConfigurationError
+from edgellm.runtime.gpu_decoder import GpuDecoder, attn_in, attn_out_mlp, lm_head, load_parameters
+from edgellm.runtime.sampling import SamplingParams
+
+COMPILE_DECODE = True  # torch.compile the decode step's per-layer math before capture (fuses the pointwise ops)
+LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the host's reading of tokens
+_M32 = 0xFFFFFFFF
+
+
+def compiled_fns() -> dict[str, Any]:
+    """The per-layer functions through torch.compile (shapes specialize on first use, then go dynamic)."""
+    return {name: torch.compile(fn, fullgraph=True)
+            for name, fn in (("attn_in", attn_in), ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
+
+
+def _uniform(seeds: torch.Tensor, nonce: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Uniform (0, 1) float32 from a 32-bit integer hash of (seed, nonce, token id); int64 arithmetic kept below
+    2^63 (multipliers < 2^31 after the first mix)."""
+    x = ((seeds[:, None] & 0x3FFFFFFF) * 0x9E3779B1 + (nonce[:, None] & 0xFFFFF) * 0x85EBCA77
+         + tokens * 0x27D4EB2F) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    x = x ^ (x >> 16)
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           seeds: torch.Tensor, nonce: torch.Tensor) -> torch.Tensor:
+    """logits float32 [B, V]; per-row temperature (0 = greedy), top_k (0 = off), top_p, seed, nonce -> [B]."""
+    vocab = logits.shape[-1]
+    z = logits / temperature.clamp_min(1e-6)[:, None]
+    sz, idx = z.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)
+    keep = rank[None] < torch.where(top_k > 0, top_k, vocab)[:, None]
+    sz = sz.masked_fill(~keep, float("-inf"))
+    p = torch.softmax(sz, dim=-1)
+    keep = keep & ((p.cumsum(dim=-1) - p) < top_p[:, None])  # the smallest prefix reaching top_p
+    gumbel = -torch.log(-torch.log(_uniform(seeds, nonce, idx)))
+    choice = torch.where(keep, sz + gumbel, float("-inf")).argmax(dim=-1, keepdim=True)
+    return torch.where(temperature > 0, idx.gather(1, choice)[:, 0], logits.argmax(dim=-1))
+
+
+class DeviceCache:
+    """A handle on the session's preallocated KV cache (its first ``batch_size`` rows, ``length`` positions).
+    One handle is live at a time: a new one retires the previous."""
+
+    def __init__(self, session: TorchCudaSession, batch_size: int, epoch: int) -> None:
+        self.session, self.batch_size, self.epoch = session, batch_size, epoch
+        self.length = 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.session.config.num_hidden_layers
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"truncate length {length} must be between 0 and the cache length {self.length}")
+        self.session.check_live(self)
+        self.length = length
+
+    def nbytes(self) -> int:
+        c = self.session.config
+        item = self.session.model.dtype.itemsize
+        return 2 * c.num_hidden_layers * self.batch_size * c.num_key_value_heads * self.length * c.head_dim * item
+
+
+class TorchCudaSession(DeviceSession):
+    def __init__(self, data_file: Path, table: list[dict[str, Any]], config: ModelConfig, *, io: dict[str, Any],
+                 max_batch_size: int, max_seq_len: int, compile_decode: bool) -> None:
+        self.config = config
+        self.inputs = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in io["inputs"]]
+        self.outputs = [TensorSpec(o["name"], o["dtype"], tuple(o["shape"])) for o in io["outputs"]]
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.compile_decode = compile_decode
+        self.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.stream):
+            params = load_parameters(data_file, table, self.device)
+            self.model = GpuDecoder(config, params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                                    device=self.device, fns=compiled_fns() if compile_decode else None)
+            del params
+            bmax, d = max_batch_size, self.device
+            self.tokens = torch.zeros(bmax, dtype=torch.int64, device=d)
+            self.positions = torch.zeros(bmax, dtype=torch.int64, device=d)
+            self.write_idx = torch.zeros(1, dtype=torch.int64, device=d)
+            self.logits = torch.zeros((bmax, config.vocab_size), dtype=torch.float32, device=d)
+            self.temperature = torch.zeros(bmax, dtype=torch.float32, device=d)
+            self.top_k = torch.zeros(bmax, dtype=torch.int64, device=d)
+            self.top_p = torch.ones(bmax, dtype=torch.float32, device=d)
+            self.seeds = torch.zeros(bmax, dtype=torch.int64, device=d)
+        self.stream.synchronize()
+        torch.cuda.empty_cache()
+        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self._epoch = 0
+
+    # --- caches ----------------------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int) -> DeviceCache:
+        if not 1 <= batch_size <= self.model.max_batch_size:
+            raise ConfigurationError(f"batch size {batch_size} must be between 1 and the engine's max_batch_size "
+                                     f"{self.model.max_batch_size}")
+        self._epoch += 1
+        return DeviceCache(self, batch_size, self._epoch)
+
+    def check_live(self, cache: DeviceCache) -> None:
+        if cache.session is not self or cache.epoch != self._epoch:
+            raise BugError("a torch-cuda KV cache handle was used after a newer one replaced it (the session holds "
+                           "one preallocated cache)")
+
+    # --- one step (the runtime's generic interface: numpy in, numpy out) --------------------------------------
+    def step(self, input_ids: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray, cache: Any, *,
+             last_only: bool) -> np.ndarray:
+        self.check_live(cache)
+        b, s = input_ids.shape
+        start = cache.length
+        with torch.cuda.stream(self.stream):
+            if s == 1 and bool(attention_mask[:, -1].all()):
+                graph = self._graph(b, greedy=True)
+                self.tokens[:b].copy_(torch.from_numpy(input_ids[:, 0]))
+                self.positions[:b].copy_(torch.from_numpy(positions[:, 0]))
+                self.write_idx.fill_(start)
+                self.model.valid[:b, start:] = False
+                graph.replay()
+                logits = self.logits[:b, None]
+            else:
+                logits = self._prefill(input_ids, positions, attention_mask, start, s - 1 if last_only else 0)
+            out = logits.to("cpu", non_blocking=False).numpy()
+        cache.length = start + s
+        return out
+
+    def _prefill(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, start: int,
+                 logits_from: int) -> torch.Tensor:
+        d = self.device
+        new_valid = torch.from_numpy(np.ascontiguousarray(mask[:, start:] > 0)).to(d)
+        return self.model.prefill(torch.from_numpy(ids).to(d), torch.from_numpy(positions).to(d), start, new_valid,
+                                  logits_from, causal_only=start == 0 and bool(mask.all()))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The export's signature on numpy (past in, present out): correct, but copies the whole cache each call;
+        the runtime uses ``step``/``generate`` instead."""
+        ids, mask, pos = feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"]
+        L = self.config.num_hidden_layers
+        b, s = ids.shape
+        past = int(feeds["past_key_values.0.key"].shape[2])
+        cache = self.new_cache(b)
+        m = self.model
+        with torch.cuda.stream(self.stream):
+            for i in range(L):
+                m.keys[i][:b, :, :past] = torch.from_numpy(feeds[f"past_key_values.{i}.key"]).to(self.device)
+                m.values[i][:b, :, :past] = torch.from_numpy(feeds[f"past_key_values.{i}.value"]).to(self.device)
+            m.valid[:b, :past] = torch.from_numpy(mask[:, :past] > 0).to(self.device)
+            logits = self._prefill(ids, pos, mask, past, 0)
+            sel = feeds.get("logits_positions")
+            if sel is not None:
+                logits = logits[:, torch.from_numpy(sel).to(self.device)]
+            out = {"logits": logits.cpu().numpy()}
+            for i in range(L):
+                out[f"present.{i}.key"] = m.keys[i][:b, :, :past + s].cpu().numpy()
+                out[f"present.{i}.value"] = m.values[i][:b, :, :past + s].cpu().numpy()
+        cache.length = past + s
+        return out
+
+    # --- graphs ----------------------------------------------------------------------------------------------
+    def _decode_body(self, b: int, greedy: bool) -> None:
+        logits = self.model.decode(self.tokens[:b], self.positions[:b], self.write_idx)
+        self.logits[:b].copy_(logits)
+        self.write_idx.add_(1)
+        self.positions[:b].add_(1)
+        nxt = logits.argmax(dim=-1) if greedy else sample(
+            logits, self.temperature[:b], self.top_k[:b], self.top_p[:b], self.seeds[:b], self.positions[:b])
+        self.tokens[:b].copy_(nxt)
+
+    def _graph(self, b: int, greedy: bool) -> torch.cuda.CUDAGraph:
+        """The decode graph for batch ``b``, captured on first use. Warm-up runs (which compile, when enabled)
+        move the state; it is saved and put back, and the cache columns they wrote lie past the valid ones."""
+        key = (b, greedy)
+        if key not in self._graphs:
+            m = self.model
+            saved = [t.clone() for t in (self.tokens, self.positions, self.write_idx, m.valid, self.logits)]
+            self.write_idx.clamp_(max=m.capacity - 3)  # room for the warm-up columns and positions
+            self.positions.clamp_(max=m.capacity - 3)
+            for _ in range(2):
+                self._decode_body(b, greedy)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=self.stream):
+                self._decode_body(b, greedy)
+            for t, s in zip((self.tokens, self.positions, self.write_idx, m.valid, self.logits), saved, strict=True):
+                t.copy_(s)
+            self._graphs[key] = graph
+        return self._graphs[key]
+
+    def warm_up(self, batch_sizes: list[int], *, greedy: bool = True) -> None:
+        """Capture the decode graphs of these batch sizes now (compiling first, when enabled)."""
+        with torch.cuda.stream(self.stream):
+            for b in batch_sizes:
+                self._graph(b, greedy)
+        self.stream.synchronize()
+
+    # --- generation ------------------------------------------------------------------------------------------
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, steps: int,
+                 sampling: list[SamplingParams]) -> Iterator[np.ndarray]:
+        """Prefill the left-padded batch, then ``steps`` tokens per row ([B] int64 each, yielded in order). The
+        GPU runs up to LOOKAHEAD steps ahead; closing the iterator stops queueing more."""
+        b, s = input_ids.shape
+        if s + steps - 1 > self.model.max_seq_len:
+            raise ConfigurationError(f"prompt {s} + {steps} new tokens exceed the engine's max_seq_len "
+                                     f"{self.model.max_seq_len}")
+        cache = self.new_cache(b)
+        greedy = all(p.temperature <= 0 for p in sampling)
+        positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)
+        host = torch.empty((steps, b), dtype=torch.int64, pin_memory=True)
+        events = [torch.cuda.Event() for _ in range(steps)]
+        with torch.cuda.stream(self.stream):
+            self.temperature[:b].copy_(torch.tensor([p.temperature for p in sampling], dtype=torch.float32))
+            self.top_k[:b].copy_(torch.tensor([p.top_k for p in sampling], dtype=torch.int64))
+            self.top_p[:b].copy_(torch.tensor([p.top_p for p in sampling], dtype=torch.float32))
+            self.seeds[:b].copy_(torch.tensor([_seed(p.seed) for p in sampling], dtype=torch.int64))
+            graph = self._graph(b, greedy) if steps > 1 else None
+            logits = self._prefill(input_ids, positions, attention_mask, 0, s - 1)[:, -1]
+            self.write_idx.fill_(s)
+            self.positions[:b].copy_(torch.from_numpy(positions[:, -1] + 1))
+            first = logits.argmax(dim=-1) if greedy else sample(
+                logits, self.temperature[:b], self.top_k[:b], self.top_p[:b], self.seeds[:b], self.positions[:b])
+            self.tokens[:b].copy_(first)
+        launched = consumed = 0
+        try:
+            while consumed < steps:
+                with torch.cuda.stream(self.stream):
+                    while launched < steps and launched - consumed < LOOKAHEAD:
+                        if launched:
+                            graph.replay()  # type: ignore[union-attr]
+                        host[launched].copy_(self.tokens[:b], non_blocking=True)
+                        events[launched].record(self.stream)
+                        launched += 1
+                events[consumed].synchronize()
+                yield host[consumed].numpy().copy()
+                consumed += 1
+        finally:
+            cache.length = s + max(launched - 1, 0)
+
+    # --- facts for reports -----------------------------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"weights_bytes": self.model.weight_bytes(), "kv_cache_bytes": self.model.kv_bytes(),
+                "allocated_bytes": torch.cuda.memory_allocated(self.device),
+                "max_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
+                "reserved_bytes": torch.cuda.memory_reserved(self.device), "device_used_bytes": total - free,
+                "device_total_bytes": total}
+
+
+def _seed(seed: int | None) -> int:
+    return int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)

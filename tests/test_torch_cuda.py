@@ -1,0 +1,272 @@
+"""The torch-CUDA backend: what needs no GPU runs everywhere (the weight table read from the export, the decoder
+math and the GPU sampler on the CPU, the refusal without CUDA); ``@pytest.mark.gpu`` tests need an NVIDIA GPU
+(``make test`` deselects them; run them with ``pytest -m gpu`` on a GPU machine).
+
+Self-contained (no conftest fixtures) so the GPU machine can run it with ``--noconftest``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgellm import BUNDLED_MODEL_DIR
+from edgellm.backends.torch_cuda import _members, check_table, weight_table
+from edgellm.cli import main
+from edgellm.compiler.export import export_checkpoint
+from edgellm.config import ModelConfig
+from edgellm.errors import ConfigurationError
+from edgellm.models import family_for
+from edgellm.runtime.cuda_graph import sample
+from edgellm.runtime.gpu_decoder import GpuDecoder, load_parameters
+from edgellm.synth import make_checkpoint
+from edgellm.weights import load_weights
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """name -> (checkpoint, fp32 export): the trained stories260K (tied), qwen2 (q/k/v bias, untied), qwen3 (q/k
+    norm, explicit head_dim, tied)."""
+    root = tmp_path_factory.mktemp("torch_cuda_exports")
+    ckpts = {"stories": BUNDLED_MODEL_DIR,
+             "qwen2": make_checkpoint(root / "qwen2", "qwen2"),
+             "qwen3": make_checkpoint(root / "qwen3", "qwen3", tie_word_embeddings=True)}
+    out = {}
+    for name, ckpt in ckpts.items():
+        export_checkpoint(ckpt, root / f"onnx_{name}", "fp32")
+        out[name] = (ckpt, root / f"onnx_{name}")
+    return out
+
+
+# --- no GPU needed ---------------------------------------------------------------------------------------------
+
+def test_weight_table_gives_back_every_checkpoint_tensor(exports) -> None:
+    for name, (ckpt, onnx_dir) in exports.items():
+        cfg = ModelConfig.load(onnx_dir)
+        table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+        assert data_file == onnx_dir / "model.onnx.data"
+        assert any(len(t["members"]) > 1 for t in table), f"{name}: the export fuses q/k/v and gate/up"
+        params = load_parameters(data_file, table, torch.device("cpu"))
+        source = load_weights(ckpt, family_for(cfg), cfg)
+        assert set(params) == set(source), name
+        for k, v in source.items():
+            assert torch.equal(params[k], v.float()), f"{name}: {k} differs from the checkpoint"
+
+
+def test_fused_names_map_back_to_the_family_parameters() -> None:
+    cfg = ModelConfig.load(BUNDLED_MODEL_DIR)
+    expected = family_for(cfg).expected_parameters(cfg)
+    p = "model.layers.3.self_attn."
+    assert _members(p + "q_proj+k_proj+v_proj.weight.T", expected) == [
+        p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"]
+    assert _members("model.layers.0.mlp.gate_proj+up_proj.weight.T", expected) == [
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert _members("model.layers.0.mlp.gate_proj+nope.weight.T", expected) is None
+    assert _members("model.layers.99.mlp.down_proj.weight.T", expected) is None
+
+
+def test_weight_table_refuses_a_wrong_shape_or_a_missing_parameter(exports) -> None:
+    _, onnx_dir = exports["stories"]
+    cfg = ModelConfig.load(onnx_dir)
+    table, _ = weight_table(onnx_dir / "model.onnx", cfg)
+    bad = [dict(t) for t in table]
+    bad[0] = {**bad[0], "shape": [int(bad[0]["shape"][0]) + 1]}
+    with pytest.raises(ConfigurationError, match=rf"tensor {bad[0]['name']!r} has shape"):
+        check_table(bad, cfg)
+    with pytest.raises(ConfigurationError, match=rf"no stored tensor holds {table[0]['members'][0]['param']}"):
+        check_table(table[1:], cfg)
+
+
+def test_decoder_math_matches_transformers_on_the_cpu(exports) -> None:
+    """The GPU runtime's math (prefill with and without left padding, then decode steps on the preallocated
+    cache) equals transformers' fp32 forward pass; here on the CPU, on the GPU in the gpu tests below."""
+    import transformers
+
+    for name, (ckpt, onnx_dir) in exports.items():
+        cfg = ModelConfig.load(onnx_dir)
+        table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+        model = GpuDecoder(cfg, load_parameters(data_file, table, torch.device("cpu")), max_batch_size=2,
+                           max_seq_len=32, device=torch.device("cpu"))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        ids = torch.tensor([[1, 5, 9, 33, 70, 100, 4, 8]])
+        pos = torch.arange(8)[None]
+        with torch.no_grad():
+            ref = hf(ids).logits[0].float()
+            whole = model.prefill(ids, pos, 0, torch.ones(1, 8, dtype=torch.bool), 0, causal_only=True)[0]
+            model.prefill(ids[:, :6], pos[:, :6], 0, torch.ones(1, 6, dtype=torch.bool), 5, causal_only=True)
+            step6 = model.decode(ids[0, 6:7], pos[0, 6:7], torch.tensor([6]))[0]
+            step7 = model.decode(ids[0, 7:8], pos[0, 7:8], torch.tensor([7]))[0]
+            padded_ids = torch.stack([torch.cat([torch.zeros(2, dtype=torch.long), ids[0, :6]]), ids[0]])
+            mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8], dtype=torch.bool)
+            padded = model.prefill(padded_ids, (mask.long().cumsum(1) - 1).clamp_min(0), 0, mask, 0,
+                                   causal_only=False)
+        for what, got, want in (("prefill", whole, ref), ("decode 6", step6, ref[6]), ("decode 7", step7, ref[7]),
+                                ("left-padded row", padded[0, 2:], ref[:6]), ("full row", padded[1], ref)):
+            assert float((got - want).abs().max()) < 1e-4, f"{name}: {what}"
+
+
+def test_gpu_sampler_is_greedy_at_zero_and_samples_the_filtered_distribution() -> None:
+    gen = torch.Generator().manual_seed(0)
+    vocab = 40
+    logits = torch.randn(3, vocab, generator=gen) * 2
+    temperature, top_k, top_p = torch.tensor([0.0, 1.0, 0.8]), torch.tensor([0, 0, 4]), torch.tensor([1.0, 0.9, 1.0])
+    seeds = torch.tensor([11, 12, 13])
+    counts: list[Counter[int]] = [Counter(), Counter(), Counter()]
+    n = 4000
+    for step in range(n):
+        out = sample(logits, temperature, top_k, top_p, seeds, torch.full((3,), step))
+        for row in range(3):
+            counts[row][int(out[row])] += 1
+    assert counts[0] == Counter({int(logits[0].argmax()): n})
+    probs = torch.softmax(logits[1], -1)
+    sp, si = probs.sort(descending=True)
+    kept = (sp.cumsum(0) - sp) < 0.9
+    want = torch.zeros(vocab)
+    want[si[kept]] = sp[kept] / sp[kept].sum()
+    got = torch.tensor([counts[1][i] for i in range(vocab)]) / n
+    assert float((got - want).abs().max()) < 0.03  # ~4 sigma at n = 4000
+    assert set(counts[2]) <= set(logits[2].topk(4).indices.tolist())
+    again = sample(logits, temperature, top_k, top_p, seeds, torch.full((3,), 7))
+    assert torch.equal(again, sample(logits, temperature, top_k, top_p, seeds, torch.full((3,), 7)))
+    # a row's draw does not depend on the rows beside it
+    alone = sample(logits[1:2], temperature[1:2], top_k[1:2], top_p[1:2], seeds[1:2], torch.full((1,), 7))
+    assert int(alone[0]) == int(again[1])
+
+
+def test_build_without_cuda_is_refused_in_one_line(exports, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, onnx_dir = exports["stories"]
+    code = main(["build", str(onnx_dir), str(tmp_path / "engine"), "--backend", "torch-cuda"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "backend 'torch-cuda' is not available on this machine" in err
+    assert "needs" in err and "GPU" in err
+    assert not (tmp_path / "engine").exists()
+
+
+def test_env_reports_the_gpu_or_why_there_is_none(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["env"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpu"] is None
+    assert "torch-cuda" not in report["backends"]
+    assert "GPU" in report["gpu_unavailable_reason"]
+
+
+# --- on an NVIDIA GPU ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cuda_engines(exports, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, Path]]:
+    """name -> (checkpoint, torch-cuda engine, ORT engine) for stories260K fp32 and fp16."""
+    from edgellm.compiler.build import build_engine
+
+    root = tmp_path_factory.mktemp("torch_cuda_engines")
+    ckpt, onnx32 = exports["stories"]
+    export_checkpoint(ckpt, root / "onnx16", "fp16")
+    out = {}
+    for name, onnx_dir in (("fp32", onnx32), ("fp16", root / "onnx16")):
+        cuda, ort = root / f"cuda_{name}", root / f"ort_{name}"
+        build_engine(onnx_dir, cuda, "torch-cuda", max_batch_size=4, max_seq_len=256)
+        build_engine(onnx_dir, ort, "ort", max_batch_size=4, max_seq_len=256)
+        out[name] = (ckpt, cuda, ort)
+    return out
+
+
+@pytest.mark.gpu
+def test_engine_manifest_reuses_the_export_weights(cuda_engines) -> None:
+    _, engine_dir, _ = cuda_engines["fp16"]
+    manifest = json.loads((engine_dir / "engine_manifest.json").read_text())
+    assert manifest["backend"] == "torch-cuda"
+    assert manifest["precision"] == "fp16"
+    export = json.loads((Path(manifest["source_export"]["path"]) / "export_manifest.json").read_text())
+    assert manifest["files"]["model.onnx.data"]["sha256"] == export["files"]["model.onnx.data"]["sha256"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_eval_passes_against_transformers(cuda_engines, precision, tmp_path) -> None:
+    ckpt, engine_dir, _ = cuda_engines[precision]
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--engine-dir", str(engine_dir), "--checkpoint", str(ckpt), "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["precision"] == precision
+
+
+@pytest.mark.gpu
+def test_greedy_generation_equals_the_ort_engine_and_ignores_batching(cuda_engines) -> None:
+    from edgellm.runtime import Engine, GenerationRequest
+
+    _, cuda_dir, ort_dir = cuda_engines["fp32"]
+    prompts = ["Once upon a time", "The little dog", "Lily and Tom went to the park to"]
+    reqs = [GenerationRequest(id=str(i), prompt=p, max_new_tokens=40) for i, p in enumerate(prompts)]
+    cuda, ort = Engine.open(cuda_dir), Engine.open(ort_dir)
+    batched = cuda.generate(reqs)
+    assert [r.output_ids for r in batched] == [r.output_ids for r in ort.generate(reqs)]
+    assert [r.output_ids for r in batched] == [cuda.generate([r])[0].output_ids for r in reqs]
+    assert all(r.ttft_ms > 0 for r in batched)
+
+
+@pytest.mark.gpu
+def test_sampling_is_reproducible_per_seed_whatever_the_batch(cuda_engines) -> None:
+    from edgellm.runtime import Engine, GenerationRequest
+
+    _, cuda_dir, _ = cuda_engines["fp16"]
+    engine = Engine.open(cuda_dir)
+
+    def req(i: int, seed: int) -> GenerationRequest:
+        return GenerationRequest(id=str(i), prompt="Once upon a time", max_new_tokens=24, temperature=0.9,
+                                 top_k=50, top_p=0.95, seed=seed)
+
+    alone = engine.generate([req(0, 7)])[0].output_ids
+    together = engine.generate([req(0, 7), req(1, 8), req(2, 7)])
+    assert together[0].output_ids == alone == together[2].output_ids
+    assert together[1].output_ids != alone
+
+
+@pytest.mark.gpu
+def test_graphed_decode_step_equals_a_prefill_of_the_same_positions(cuda_engines) -> None:
+    from edgellm.runtime import Engine
+
+    _, cuda_dir, _ = cuda_engines["fp32"]
+    engine = Engine.open(cuda_dir)
+    ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
+    whole = engine.logits(ids[0].tolist())
+    cache = engine.new_cache(1)
+    engine.step(ids[:, :-2], cache)
+    stepped = [engine.step(ids[:, i:i + 1], cache)[0, 0] for i in (ids.shape[1] - 2, ids.shape[1] - 1)]
+    assert cache.length == ids.shape[1]
+    np.testing.assert_allclose(np.stack(stepped), whole[-2:], atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_infer_and_bench_cli_run_unchanged(cuda_engines, tmp_path, capsys) -> None:
+    _, cuda_dir, _ = cuda_engines["fp16"]
+    requests = tmp_path / "req.json"
+    requests.write_text(json.dumps({"requests": [
+        {"id": "a", "prompt": "Once upon a time", "max_new_tokens": 16},
+        {"id": "b", "prompt": "The cat", "max_new_tokens": 8, "temperature": 0.8, "seed": 3}]}))
+    assert main(["infer", "--engine-dir", str(cuda_dir), "--input-file", str(requests),
+                 "--output-file", str(tmp_path / "out.json")]) == 0
+    responses = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert [len(r["output_ids"]) for r in responses] == [16, 8] or any(r["finish_reason"] == "eos" for r in responses)
+    capsys.readouterr()
+    assert main(["bench", "--engine-dir", str(cuda_dir), "--mode", "decode", "--batch-size", "4",
+                 "--past-len", "64", "--iterations", "5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens_per_step"] == 4 and report["tokens_per_s"] > 0
+
+
+@pytest.mark.gpu
+def test_env_reports_the_gpu_and_its_sm(capsys) -> None:
+    assert main(["env"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "torch-cuda" in report["backends"]
+    major, minor = (int(x) for x in report["gpu"]["sm"].split("."))
+    assert (major, minor) == torch.cuda.get_device_capability(0)
+
