@@ -24,7 +24,7 @@ import torch
 from edgellm.backends.base import DeviceSession, TensorSpec
 from edgellm.config import ModelConfig
 from edgellm.errors import BugError, ConfigurationError
-from edgellm.runtime.gpu_decoder import GpuDecoder, attn_in, attn_out_mlp, lm_head, load_parameters
+from edgellm.runtime.gpu_decoder import GpuDecoder, attn_in_decode, attn_out_mlp, lm_head, load_parameters
 from edgellm.runtime.sampling import SamplingParams
 
 COMPILE_DECODE = True  # torch.compile the decode step's per-layer math before capture (fuses the pointwise ops)
@@ -35,7 +35,7 @@ _M32 = 0xFFFFFFFF
 def compiled_fns() -> dict[str, Any]:
     """The per-layer functions through torch.compile (shapes specialize on first use, then go dynamic)."""
     return {name: torch.compile(fn, fullgraph=True)
-            for name, fn in (("attn_in", attn_in), ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
+            for name, fn in (("attn_in_decode", attn_in_decode), ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
 
 
 def _uniform(seeds: torch.Tensor, nonce: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,8 +203,9 @@ class TorchCudaSession(DeviceSession):
         if key not in self._graphs:
             m = self.model
             saved = [t.clone() for t in (self.tokens, self.positions, self.write_idx, m.valid, self.logits)]
-            self.write_idx.clamp_(max=m.capacity - 3)  # room for the warm-up columns and positions
-            self.positions.clamp_(max=m.capacity - 3)
+            # warm-ups write the scratch columns past max_seq_len, never a column holding the sequence
+            self.write_idx.fill_(m.max_seq_len)
+            self.positions.clamp_(max=m.max_seq_len - 1)
             for _ in range(2):
                 self._decode_body(b, greedy)
             graph = torch.cuda.CUDAGraph()

@@ -25,6 +25,7 @@ from edgellm.models.decoder import rope_inv_freq
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CAPACITY_ALIGN = 64  # cache length rounded up so SDPA's masked kernels need no padded copy of the mask
+SCRATCH_COLUMNS = 2  # cache columns past max_seq_len that graph warm-ups may write (never valid)
 
 
 def load_parameters(data_file: Path, table: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
@@ -74,6 +75,14 @@ def attn_in(x: torch.Tensor, ln: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.T
     return q, k, v
 
 
+def attn_in_decode(x: torch.Tensor, ln: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
+                   qn: torch.Tensor | None, kn: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   eps: float, heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attn_in`` for one token per row, k and v stacked for one cache write: q [B, Hq, D], kv [2, B, KV, 1, D]."""
+    q, k, v = attn_in(x, ln, wqkv, bqkv, qn, kn, cos, sin, eps, heads)
+    return q, torch.stack([k, v])[:, :, :, None]
+
+
 def attn_out_mlp(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, bo: torch.Tensor | None, ln: torch.Tensor,
                  wgu: torch.Tensor, bgu: torch.Tensor | None, wd: torch.Tensor, bd: torch.Tensor | None,
                  eps: float) -> torch.Tensor:
@@ -111,7 +120,7 @@ class GpuDecoder:
         self.cfg, self.device = cfg, device
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.fns = fns or {"attn_in": attn_in, "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
+        self.fns = fns or {"attn_in_decode": attn_in_decode, "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
         family_for(cfg)  # refuses configs the math below does not implement
 
         def io(name: str) -> torch.Tensor:  # [in, out] contiguous
@@ -147,7 +156,7 @@ class GpuDecoder:
         self.norm = params["model.norm.weight"]
         self.dtype = self.embed.dtype
         # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype
-        self.capacity = -(-max_seq_len // CAPACITY_ALIGN) * CAPACITY_ALIGN
+        self.capacity = -(-(max_seq_len + SCRATCH_COLUMNS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
         freqs = torch.arange(self.capacity, dtype=torch.float32)[:, None] * rope_inv_freq(cfg)[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         half = cfg.head_dim // 2
@@ -155,13 +164,14 @@ class GpuDecoder:
         sin = emb.sin().to(self.dtype)
         self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        kv_shape = (max_batch_size, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
-        self.keys = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
-        self.values = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
+        kv_shape = (2, max_batch_size, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
+        self.kv = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.keys = [kv[0] for kv in self.kv]
+        self.values = [kv[1] for kv in self.kv]
         self.valid = torch.zeros((max_batch_size, self.capacity), dtype=torch.bool, device=device)
 
     def kv_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k in self.keys)
+        return sum(kv.numel() * kv.element_size() for kv in self.kv)
 
     def weight_bytes(self) -> int:
         seen: dict[int, int] = {}
@@ -214,14 +224,15 @@ class GpuDecoder:
         n_q, n_kv, d = self.heads
         valid = self.valid[:b]
         valid.index_fill_(1, write_idx, True)
-        mask = valid[:, None, None, :]  # [B, 1, 1, T]
+        # additive mask built once per step (a bool mask would be converted by SDPA in every layer)
+        mask = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype, device=self.device).masked_fill_(
+            ~valid[:, None, None, :], float("-inf"))
         x = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions], self.sin[positions]
         f = self.fns
-        for lw, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
-            q, k, v = f["attn_in"](x, lw.ln1, lw.wqkv, lw.bqkv, lw.qn, lw.kn, cos, sin, self.eps, self.heads)
-            kc[:b].index_copy_(2, write_idx, k.view(b, n_kv, 1, d))
-            vc[:b].index_copy_(2, write_idx, v.reshape(b, n_kv, 1, d))
+        for lw, kv, kc, vc in zip(self.layers, self.kv, self.keys, self.values, strict=True):
+            q, new_kv = f["attn_in_decode"](x, lw.ln1, lw.wqkv, lw.bqkv, lw.qn, lw.kn, cos, sin, self.eps, self.heads)
+            kv[:, :b].index_copy_(3, write_idx, new_kv)
             # the query heads of one kv head are its rows: [B, KV, rep, D] against [B, KV, T, D], no repeat
             o = F.scaled_dot_product_attention(q.reshape(b, n_kv, n_q // n_kv, d), kc[:b], vc[:b], attn_mask=mask)
             x = f["attn_out_mlp"](x, o.reshape(b, n_q * d), lw.wo, lw.bo, lw.ln2, lw.wgu, lw.bgu, lw.wd, lw.bd,
