@@ -24,7 +24,14 @@ import torch
 from edgellm.backends.base import DeviceSession, TensorSpec
 from edgellm.config import ModelConfig
 from edgellm.errors import BugError, ConfigurationError
-from edgellm.runtime.gpu_decoder import GpuDecoder, attn_in_decode, attn_out_mlp, lm_head, load_parameters
+from edgellm.runtime.gpu_decoder import (
+    GpuDecoder,
+    attn_in_decode,
+    attn_out_mlp,
+    decode_attention,
+    lm_head,
+    load_parameters,
+)
 from edgellm.runtime.sampling import SamplingParams
 
 COMPILE_DECODE = True  # torch.compile the decode step's per-layer math before capture (fuses the pointwise ops)
@@ -35,7 +42,8 @@ _M32 = 0xFFFFFFFF
 def compiled_fns() -> dict[str, Any]:
     """The per-layer functions through torch.compile (shapes specialize on first use, then go dynamic)."""
     return {name: torch.compile(fn, fullgraph=True)
-            for name, fn in (("attn_in_decode", attn_in_decode), ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
+            for name, fn in (("attn_in_decode", attn_in_decode), ("decode_attention", decode_attention),
+                             ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
 
 
 def _uniform(seeds: torch.Tensor, nonce: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -93,7 +101,7 @@ class DeviceCache:
 
 class TorchCudaSession(DeviceSession):
     def __init__(self, data_file: Path, table: list[dict[str, Any]], config: ModelConfig, *, io: dict[str, Any],
-                 max_batch_size: int, max_seq_len: int, compile_decode: bool) -> None:
+                 max_batch_size: int, max_seq_len: int, compile_decode: bool, decode_sdpa: bool = False) -> None:
         self.config = config
         self.inputs = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in io["inputs"]]
         self.outputs = [TensorSpec(o["name"], o["dtype"], tuple(o["shape"])) for o in io["outputs"]]
@@ -103,7 +111,8 @@ class TorchCudaSession(DeviceSession):
         with torch.cuda.stream(self.stream):
             params = load_parameters(data_file, table, self.device)
             self.model = GpuDecoder(config, params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                                    device=self.device, fns=compiled_fns() if compile_decode else None)
+                                    device=self.device, fns=compiled_fns() if compile_decode else None,
+                                    decode_sdpa=decode_sdpa)
             del params
             bmax, d = max_batch_size, self.device
             self.tokens = torch.zeros(bmax, dtype=torch.int64, device=d)

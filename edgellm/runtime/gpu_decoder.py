@@ -83,6 +83,15 @@ def attn_in_decode(x: torch.Tensor, ln: torch.Tensor, wqkv: torch.Tensor, bqkv: 
     return q, torch.stack([k, v])[:, :, :, None]
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per row against the whole cache, as transformers' eager attention computes it (scores in the
+    model dtype, softmax in fp32): q [B, KV, rep, D], k/v [B, KV, T, D], mask [B, 1, 1, T] additive -> [B, Hq*D].
+    Two batched matmuls parallel over T (a fused kernel with one query block per head would walk T serially)."""
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    probs = torch.softmax(scores.float() + mask, dim=-1).to(v.dtype)
+    return (probs @ v).reshape(q.shape[0], -1)
+
+
 def attn_out_mlp(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, bo: torch.Tensor | None, ln: torch.Tensor,
                  wgu: torch.Tensor, bgu: torch.Tensor | None, wd: torch.Tensor, bd: torch.Tensor | None,
                  eps: float) -> torch.Tensor:
@@ -116,11 +125,15 @@ class GpuDecoder:
     """Weights and KV cache on one device; ``prefill`` (eager) and ``decode`` (graph-capturable) write the cache."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, torch.Tensor], *, max_batch_size: int,
-                 max_seq_len: int, device: torch.device, fns: dict[str, Any] | None = None) -> None:
+                 max_seq_len: int, device: torch.device, fns: dict[str, Any] | None = None,
+                 decode_sdpa: bool = False) -> None:
         self.cfg, self.device = cfg, device
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.fns = fns or {"attn_in_decode": attn_in_decode, "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
+        self.fns = fns or {"attn_in_decode": attn_in_decode, "decode_attention": decode_attention,
+                           "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
+        if decode_sdpa and "decode_attention" in self.fns:
+            del self.fns["decode_attention"]
         family_for(cfg)  # refuses configs the math below does not implement
 
         def io(name: str) -> torch.Tensor:  # [in, out] contiguous
@@ -225,8 +238,9 @@ class GpuDecoder:
         valid = self.valid[:b]
         valid.index_fill_(1, write_idx, True)
         # additive mask built once per step (a bool mask would be converted by SDPA in every layer)
-        mask = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype, device=self.device).masked_fill_(
-            ~valid[:, None, None, :], float("-inf"))
+        sdpa = "decode_attention" not in self.fns
+        mask = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype if sdpa else torch.float32,
+                           device=self.device).masked_fill_(~valid[:, None, None, :], float("-inf"))
         x = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions], self.sin[positions]
         f = self.fns
@@ -234,7 +248,10 @@ class GpuDecoder:
             q, new_kv = f["attn_in_decode"](x, lw.ln1, lw.wqkv, lw.bqkv, lw.qn, lw.kn, cos, sin, self.eps, self.heads)
             kv[:, :b].index_copy_(3, write_idx, new_kv)
             # the query heads of one kv head are its rows: [B, KV, rep, D] against [B, KV, T, D], no repeat
-            o = F.scaled_dot_product_attention(q.reshape(b, n_kv, n_q // n_kv, d), kc[:b], vc[:b], attn_mask=mask)
-            x = f["attn_out_mlp"](x, o.reshape(b, n_q * d), lw.wo, lw.bo, lw.ln2, lw.wgu, lw.bgu, lw.wd, lw.bd,
-                                  self.eps)
+            qg = q.reshape(b, n_kv, n_q // n_kv, d)
+            if sdpa:
+                o = F.scaled_dot_product_attention(qg, kc[:b], vc[:b], attn_mask=mask).reshape(b, n_q * d)
+            else:
+                o = f["decode_attention"](qg, kc[:b], vc[:b], mask)
+            x = f["attn_out_mlp"](x, o, lw.wo, lw.bo, lw.ln2, lw.wgu, lw.bgu, lw.wd, lw.bd, self.eps)
         return f["lm_head"](x, self.norm, self.lm_w, self.eps)
