@@ -270,3 +270,27 @@ def test_env_reports_the_gpu_and_its_sm(capsys) -> None:
     major, minor = (int(x) for x in report["gpu"]["sm"].split("."))
     assert (major, minor) == torch.cuda.get_device_capability(0)
 
+
+
+@pytest.mark.gpu
+def test_session_run_takes_the_export_signature(cuda_engines) -> None:
+    """``run`` (numpy past in, present out, like the ORT session) gives the logits of a whole-sequence prefill."""
+    from edgellm.runtime import Engine
+
+    _, cuda_dir, _ = cuda_engines["fp32"]
+    engine = Engine.open(cuda_dir)
+    cfg = engine.config
+    ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
+    n = ids.shape[1]
+    whole = engine.logits(ids[0].tolist())
+    empty = np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), dtype=np.float32)
+    past = {f"past_key_values.{i}.{kv}": empty for i in range(cfg.num_hidden_layers) for kv in ("key", "value")}
+    first = engine.session.run({"input_ids": ids[:, :-1], "attention_mask": np.ones((1, n - 1), dtype=np.int64),
+                                "position_ids": np.arange(n - 1)[None], **past})
+    present = {f"past_key_values.{i}.{kv}": first[f"present.{i}.{kv}"]
+               for i in range(cfg.num_hidden_layers) for kv in ("key", "value")}
+    assert first["present.0.key"].shape == (1, cfg.num_key_value_heads, n - 1, cfg.head_dim)
+    last = engine.session.run({"input_ids": ids[:, -1:], "attention_mask": np.ones((1, n), dtype=np.int64),
+                               "position_ids": np.array([[n - 1]]), "logits_positions": np.array([0]), **present})
+    np.testing.assert_allclose(first["logits"][0], whole[:-1], atol=1e-4)
+    np.testing.assert_allclose(last["logits"][0, 0], whole[-1], atol=1e-4)
