@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from edgellm.errors import EdgeLLMError
-from flows.catalog import Catalog
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
 from flows.settings import Settings, code_version
@@ -17,6 +16,7 @@ from results.migrate import upgrade
 from results.models import RunKind, RunStatus
 from results.recorder import Recorder
 from tasks.farm import Farm, FarmContext
+from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

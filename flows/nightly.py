@@ -10,11 +10,11 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.catalog import Catalog
 from flows.docs import write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
 from flows.settings import Settings
+from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism

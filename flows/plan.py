@@ -19,7 +19,7 @@ from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, Stage
-from flows.catalog import Catalog
+from test_lists.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains.base import Toolchain, choose, require

@@ -8,11 +8,11 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.catalog import Catalog
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, plan_test_list
 from flows.settings import Settings
+from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 

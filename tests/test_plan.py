@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
 from edgellm.types import Precision
-from flows.catalog import Catalog
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 DATA = Path(__file__).parent / "data"
