@@ -62,6 +62,15 @@ class Job:
     def key(self) -> str:
         return f"{self.test_id}@{self.platform}"
 
+    def to_json(self) -> dict[str, Any]:
+        """The job as ``edgefarm nightly --dry-run --format json`` prints it."""
+        e = self.entry
+        return {"model": e.model, "precision": e.precision.value, "platform": self.platform,
+                "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
+                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
+                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
+                "stages": [s.value for s in e.stages], "devices": list(self.devices)}
+
 
 @dataclass
 class Plan:
@@ -82,6 +91,13 @@ class Plan:
         for j in self.jobs:
             out[j.decision.value] = out.get(j.decision.value, 0) + 1
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole plan, jobs in a stable order (platform, model, precision, test id)."""
+        jobs = sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id))
+        return {"name": self.name, "kind": self.kind, "counts": dict(sorted(self.counts().items())),
+                "exports": [{"model": m, "precision": p.value, "toolchain": t.value} for m, p, t in self.exports()],
+                "jobs": [j.to_json() for j in jobs]}
 
     def describe(self) -> list[str]:
         lines = [f"plan {self.name} ({self.kind}): {len(self.jobs)} jobs "

@@ -23,9 +23,13 @@ def make_plan(priority: str, settings: Settings) -> tuple[Plan, Catalog]:
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
 def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None = None,
-                  inventory: str | None = None, trigger: str = "deployment") -> dict[str, Any]:
-    """Run the list's tests for every platform it selects that has devices; record everything."""
+                  inventory: str | None = None, trigger: str = "deployment",
+                  plan: Plan | None = None) -> dict[str, Any]:
+    """Run the list's tests for every platform it selects that has devices; record everything (with the plan
+    the caller already made, if any)."""
     settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory)
-    plan, catalog = make_plan(priority, settings)
+    if plan is None:
+        plan, _ = make_plan(priority, settings)
+    catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
     return summary(plan, report, timing, None)
