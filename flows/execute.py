@@ -8,7 +8,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from edgellm.errors import EdgeLLMError
 from edgellm.reference import checkpoint_digest
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
@@ -53,8 +52,6 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
         status = RunStatus.FAILED if report.failed else RunStatus.PASSED
         slots = {d.id: d.max_jobs for d in farm.inventory}
         timing = timing_summary(report, jobs, host_slots, slots)
-    except EdgeLLMError:
-        raise
     finally:
         recorder.finish_run(run_id, status)
         Farm.close(ctx)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from test_lists.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
@@ -248,7 +248,3 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
         plan.jobs.append(job)
     return plan
 
-
-def required_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
-    """Stages whose pass makes a row supported: inference and its accuracy baseline (when they were run)."""
-    return tuple(s for s in (Stage.INFER, Stage.ACCURACY) if s in stages) or tuple(stages)
