@@ -26,10 +26,6 @@ class EdgeLLMError(Exception):
         if kind is not None:
             self.kind = kind
 
-    @property
-    def retryable(self) -> bool:
-        return self.kind is ErrorKind.INFRASTRUCTURE
-
 
 class ConfigurationError(EdgeLLMError):
     """Input the user can fix: a bad flag, file, config key or an unsupported model."""

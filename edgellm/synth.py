@@ -17,18 +17,6 @@ from edgellm.errors import ConfigurationError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-# Tiny shapes; vocab 512 so the bundled tokenizer can drive them.
-TINY: dict[str, dict[str, Any]] = {
-    "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256),
-    "mistral": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, sliding_window=None),
-    "qwen2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256),
-    "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=256),
-}
-
 # Qwen2.5-0.5B's shape (random weights): the benchmark's mid-size model.
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -37,18 +25,16 @@ QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def _config_class(family: str) -> Any:
+def _family(family: str) -> tuple[Any, dict[str, Any]]:
+    """The transformers config class and tiny shape a family declares on its class (edgellm/models)."""
     import transformers
 
-    classes = {
-        "llama": transformers.LlamaConfig,
-        "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config,
-        "qwen3": transformers.Qwen3Config,
-    }
-    if family not in classes:
-        raise ConfigurationError(f"unknown family {family!r} for a synthetic checkpoint; valid: {', '.join(classes)}")
-    return classes[family]
+    from edgellm.models.base import family_named
+
+    cls = family_named(family)
+    if cls.hf_config is None:
+        raise ConfigurationError(f"model family {family!r} declares no hf_config: no synthetic checkpoint of it")
+    return getattr(transformers, cls.hf_config), dict(cls.tiny_config)
 
 
 def make_checkpoint(
@@ -73,8 +59,9 @@ def make_checkpoint(
     transformers.utils.logging.disable_progress_bar()
     if dtype not in _DTYPES:
         raise ConfigurationError(f"unknown dtype {dtype!r}; valid: {', '.join(_DTYPES)}")
-    shape = {**(TINY.get(family, {})), **overrides}
-    cfg = _config_class(family)(tie_word_embeddings=tie_word_embeddings, bos_token_id=1, eos_token_id=2,
+    config_class, tiny = _family(family)
+    shape = {**tiny, **overrides}
+    cfg = config_class(tie_word_embeddings=tie_word_embeddings, bos_token_id=1, eos_token_id=2,
                                 **shape)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

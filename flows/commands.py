@@ -91,9 +91,23 @@ class Progress:
         return t
 
 
-def _print_plan(plan: Any) -> None:
+PlanFormatOption = Annotated[str, typer.Option("--format", help="how --dry-run prints the plan: text | json")]
+
+
+def _print_plan(plan: Any, fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+        return
     for line in plan.describe():
         out.print(line, markup=False)
+
+
+def _plan_format(fmt: str) -> str:
+    from edgellm.errors import ConfigurationError
+
+    if fmt not in ("text", "json"):
+        raise ConfigurationError(f"unknown --format {fmt!r}; valid: text, json")
+    return fmt
 
 
 def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -157,9 +171,11 @@ def nightly(
     docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where docs are written (default: "
                                                                      "<data dir>/docs)", file_okay=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the run summary as JSON")] = False,
+    fmt: PlanFormatOption = "text",
 ) -> None:
     """Run the nightly support matrix (models x precisions x platforms) and publish the docs."""
     with farm_errors("nightly"):
+        fmt = _plan_format(fmt)
         from flows.plan import DEFAULT_MATRIX
         from flows.settings import Settings
 
@@ -170,13 +186,13 @@ def nightly(
         matrix_path = matrix or DEFAULT_MATRIX
         plan, _ = make_plan(matrix_path, settings)
         if dry_run:
-            _print_plan(plan)
+            _print_plan(plan, fmt)
             return
         result = _run_with_progress(
             plan,
             lambda: nightly_support_matrix(matrix=str(matrix_path), db_url=settings.db_url,
                                            data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
-                                           docs_dir=str(settings.docs_dir), trigger="cli"),
+                                           docs_dir=str(settings.docs_dir), trigger="cli", plan=plan),
         )
     if json_out:
         out.print_json(json.dumps(result, default=str))
@@ -191,9 +207,11 @@ def run(
     db: DbOption = None,
     data_dir: DataDirOption = None,
     inventory: InventoryOption = None,
+    fmt: PlanFormatOption = "text",
 ) -> None:
     """Run one priority list on the devices its platform selector matches."""
     with farm_errors("run"):
+        fmt = _plan_format(fmt)
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
@@ -202,12 +220,12 @@ def run(
 
         plan, _ = make_plan(priority, settings)
         if dry_run:
-            _print_plan(plan)
+            _print_plan(plan, fmt)
             return
         result = _run_with_progress(
             plan,
             lambda: run_test_list(priority=priority, db_url=settings.db_url, data_dir=str(settings.data_dir),
-                                  inventory=str(settings.inventory_dir), trigger="cli"),
+                                  inventory=str(settings.inventory_dir), trigger="cli", plan=plan),
         )
     raise typer.Exit(_print_summary(result))
 

@@ -1,4 +1,4 @@
-"""publish_docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
+"""The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
 from the results database only. A combination is "supported" only when inference and its accuracy baseline
 passed on that platform in the latest run that tested it.
 """
@@ -11,7 +11,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -134,8 +133,3 @@ def write_docs(db_url: str, out_dir: Path) -> dict[str, Any]:
     supported = [r for r in rows if r.status == "pass"]
     return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported), "trend_images": images}
 
-
-@flow(name="publish-docs", log_prints=False)
-def publish_docs(db_url: str, out_dir: str) -> dict[str, Any]:
-    """Regenerate the supported-models docs from the results database."""
-    return write_docs(db_url, Path(out_dir))

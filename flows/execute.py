@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from edgellm.errors import EdgeLLMError
-from flows.catalog import Catalog
+from edgellm.reference import checkpoint_digest
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
 from flows.settings import Settings, code_version
@@ -17,8 +17,19 @@ from results.migrate import upgrade
 from results.models import RunKind, RunStatus
 from results.recorder import Recorder
 from tasks.farm import Farm, FarmContext
+from tasks.spec import CheckpointRef
+from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+
+def locate_checkpoints(models: list[str], catalog: Catalog, data_dir: Path) -> dict[str, CheckpointRef]:
+    """Each model's checkpoint, located (synthetic ones made) and digested once for the whole run; the digests
+    run in parallel (hashlib releases the GIL)."""
+    paths = {m: Path(catalog.get(m).locate(data_dir)).resolve() for m in models}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        digests = dict(zip(paths, pool.map(checkpoint_digest, paths.values()), strict=True))
+    return {m: CheckpointRef(model=m, path=str(p), sha256=digests[m]) for m, p in paths.items()}
 
 
 def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: str,
@@ -35,16 +46,12 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
     try:
         farm = Farm.get(ctx)
         record_plan_decisions(ctx, plan, report)
-        jobs = []
-        for job in plan.runnable():
-            ckpt = catalog.get(job.model).locate(settings.data_dir)
-            jobs.append((job, str(Path(ckpt).resolve())))
+        checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), catalog, settings.data_dir)
+        jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
         submit_jobs(ctx, jobs, report)
         status = RunStatus.FAILED if report.failed else RunStatus.PASSED
         slots = {d.id: d.max_jobs for d in farm.inventory}
         timing = timing_summary(report, jobs, host_slots, slots)
-    except EdgeLLMError:
-        raise
     finally:
         recorder.finish_run(run_id, status)
         Farm.close(ctx)

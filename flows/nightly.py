@@ -10,11 +10,11 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.catalog import Catalog
 from flows.docs import write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
 from flows.settings import Settings
+from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism
@@ -30,10 +30,13 @@ def make_plan(matrix: str | Path, settings: Settings) -> tuple[Plan, Catalog]:
 def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None = None,
                            data_dir: str | None = None, inventory: str | None = None,
                            docs_dir: str | None = None, trigger: str = "schedule",
-                           publish: bool = True) -> dict[str, Any]:
-    """Plan the matrix (every problem reported at once), run it across the devices, publish the docs."""
+                           publish: bool = True, plan: Plan | None = None) -> dict[str, Any]:
+    """Plan the matrix (every problem reported at once), run it across the devices, publish the docs. A caller
+    that already planned (the CLI, which printed the plan) hands it over: the matrix is planned once."""
     settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
-    plan, catalog = make_plan(matrix, settings)
+    if plan is None:
+        plan, _ = make_plan(matrix, settings)
+    catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
     docs = write_docs(settings.db_url, settings.docs_dir) if publish else None
     return summary(plan, report, timing, docs)

@@ -33,7 +33,7 @@ from tasks.outcome import StageOutcome
 from tasks.quantize import quantize
 from tasks.record import record
 from tasks.reference import reference
-from tasks.spec import JobSpec
+from tasks.spec import CheckpointRef, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,11 @@ class RunReport:
         return dict(counts)
 
 
-def job_spec(job: Job, checkpoint_dir: str) -> JobSpec:
+def job_spec(job: Job, checkpoint: CheckpointRef) -> JobSpec:
     e = job.entry
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
                    test_id=e.test_id,
-                   checkpoint_dir=checkpoint_dir, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
+                   checkpoint=checkpoint, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision)
 
@@ -99,24 +99,24 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
     farm.recorder.record_results(ctx.run_id, rows)
 
 
-def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport) -> None:
-    """Submit every runnable job (with its checkpoint dir) and wait for all of them to be recorded."""
+def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport) -> None:
+    """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded."""
     submitted_at = time.time()
-    prepared: dict[tuple[Any, ...], tuple[PrefectFuture[Any], PrefectFuture[Any], str]] = {}
+    prepared: dict[tuple[Any, ...], tuple[PrefectFuture[Any], PrefectFuture[Any]]] = {}
     references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the checkpoint only
     records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
-    for job, ckpt_dir in jobs:
-        spec = job_spec(job, ckpt_dir)
+    for job, checkpoint in jobs:
+        spec = job_spec(job, checkpoint)
         pair = (job.model, job.precision)
         report.job_models[spec.key] = pair
         made = spec.export_variant
         if Stage.ACCURACY in spec.stages and job.model not in references:
-            references[job.model] = reference.submit(ctx, job.model, ckpt_dir, spec.timeout(Stage.ACCURACY))
+            references[job.model] = reference.submit(ctx, checkpoint, spec.timeout(Stage.ACCURACY))
         if made not in prepared:
-            q = quantize.submit(ctx, job.model, job.precision, job.toolchain, ckpt_dir)
-            x = export.submit(ctx, spec, ckpt_dir, allow_failure(q), spec.timeout(Stage.EXPORT))
-            prepared[made] = (q, x, ckpt_dir)
-        q, x, _ = prepared[made]
+            q = quantize.submit(ctx, spec)
+            x = export.submit(ctx, spec, allow_failure(q), spec.timeout(Stage.EXPORT))
+            prepared[made] = (q, x)
+        q, x = prepared[made]
         futures: dict[Stage, PrefectFuture[Any]] = {Stage.QUANTIZE: q, Stage.EXPORT: x}
         stages = set(spec.stages)
         if Stage.BUILD in stages:
@@ -129,7 +129,7 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, str]], report: RunReport
         if Stage.BENCH in stages:
             futures[Stage.BENCH] = bench.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
         for stage in spec.stages:
-            rec = record.submit(ctx, spec, stage, allow_failure(futures[stage]), allow_failure(q))
+            rec = record.submit(ctx, spec, stage, allow_failure(futures[stage]))
             records.append((spec.key, stage, rec))
     wait([r for _, _, r in records])
     for key, stage, fut in records:
@@ -169,7 +169,7 @@ def engine_overheads(report: RunReport) -> list[float]:
             for r in runs if r.start_time and r.end_time and str(r.id) in bodies]
 
 
-def timing_summary(report: RunReport, jobs: list[tuple[Job, str]], host_slots: int,
+def timing_summary(report: RunReport, jobs: list[tuple[Job, CheckpointRef]], host_slots: int,
                    device_slots: dict[str, int]) -> dict[str, float]:
     """Wall time vs the critical path (the longest dependent chain, or the busiest resource's work divided by
     its slots, whichever is longer); Prefect's overhead per task (around the body); and the per-task start latency

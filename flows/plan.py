@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, Stage
-from flows.catalog import Catalog
+from edgellm.types import Precision
+from test_lists.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains.base import Toolchain, choose, require
@@ -62,6 +62,15 @@ class Job:
     def key(self) -> str:
         return f"{self.test_id}@{self.platform}"
 
+    def to_json(self) -> dict[str, Any]:
+        """The job as ``edgefarm nightly --dry-run --format json`` prints it."""
+        e = self.entry
+        return {"model": e.model, "precision": e.precision.value, "platform": self.platform,
+                "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
+                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
+                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
+                "stages": [s.value for s in e.stages], "devices": list(self.devices)}
+
 
 @dataclass
 class Plan:
@@ -82,6 +91,13 @@ class Plan:
         for j in self.jobs:
             out[j.decision.value] = out.get(j.decision.value, 0) + 1
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole plan, jobs in a stable order (platform, model, precision, test id)."""
+        jobs = sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id))
+        return {"name": self.name, "kind": self.kind, "counts": dict(sorted(self.counts().items())),
+                "exports": [{"model": m, "precision": p.value, "toolchain": t.value} for m, p, t in self.exports()],
+                "jobs": [j.to_json() for j in jobs]}
 
     def describe(self) -> list[str]:
         lines = [f"plan {self.name} ({self.kind}): {len(self.jobs)} jobs "
@@ -232,7 +248,3 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
         plan.jobs.append(job)
     return plan
 
-
-def required_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
-    """Stages whose pass makes a row supported: inference and its accuracy baseline (when they were run)."""
-    return tuple(s for s in (Stage.INFER, Stage.ACCURACY) if s in stages) or tuple(stages)

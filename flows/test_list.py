@@ -8,11 +8,11 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.catalog import Catalog
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, plan_test_list
 from flows.settings import Settings
+from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 
@@ -23,9 +23,13 @@ def make_plan(priority: str, settings: Settings) -> tuple[Plan, Catalog]:
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
 def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None = None,
-                  inventory: str | None = None, trigger: str = "deployment") -> dict[str, Any]:
-    """Run the list's tests for every platform it selects that has devices; record everything."""
+                  inventory: str | None = None, trigger: str = "deployment",
+                  plan: Plan | None = None) -> dict[str, Any]:
+    """Run the list's tests for every platform it selects that has devices; record everything (with the plan
+    the caller already made, if any)."""
     settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory)
-    plan, catalog = make_plan(priority, settings)
+    if plan is None:
+        plan, _ = make_plan(priority, settings)
+    catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
     return summary(plan, report, timing, None)

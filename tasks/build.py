@@ -102,7 +102,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
             out.artifacts.append(ref)  # type: ignore[arg-type]
             out.metrics["cache_hit"] = (0.0, "")
             out.metrics["engine_bytes"] = (float(ref.size), "B")  # type: ignore[attr-defined]
-            build_s = manifest.get("build_time_s") or manifest.get("build_seconds")
+            build_s = manifest.get("build_seconds")
             if isinstance(build_s, (int, float)):
                 out.metrics["build_s"] = (float(build_s), "s")
             found = manifest.get("precision")

@@ -6,6 +6,7 @@ with the same inputs reuses the stored ONNX artifact (verified) and says so; any
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -16,7 +17,8 @@ import edgellm
 from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
-from edgellm.compiler.export import OPSET
+from edgellm.compiler.export import EXPORT_MANIFEST, OPSET
+from edgellm.errors import ConfigurationError
 from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
@@ -24,7 +26,7 @@ from tasks.common import guarded, stage_task, upstream_problem
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
-from tasks.spec import JobSpec
+from tasks.spec import CheckpointRef, JobSpec
 from toolchains.base import require
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,7 @@ def variant_flags(job: JobSpec) -> list[str]:
 
 
 @stage_task("export")
-def export(ctx: FarmContext, job: JobSpec, checkpoint_dir: str, quantized: StageOutcome | BaseException,
-           timeout_s: int) -> StageOutcome:
+def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
     model, precision, toolchain = job.model, job.precision, job.toolchain
     if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:
         return skip
@@ -57,7 +58,7 @@ def export(ctx: FarmContext, job: JobSpec, checkpoint_dir: str, quantized: Stage
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
-        ckpt = quantized.outputs["checkpoint"]
+        ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
         version = require(toolchain).host_version()
         inputs = export_key_inputs(ckpt.sha256, job, version)
         key = cache.cache_key(inputs)
@@ -74,14 +75,14 @@ def export(ctx: FarmContext, job: JobSpec, checkpoint_dir: str, quantized: Stage
             out.metrics["cache_hit"] = (1.0, "")
             return out
         with farm.host_slots:
-            out = _export(farm, job, Path(checkpoint_dir), key, inputs, timeout_s)
+            out = _export(farm, job, ckpt, key, inputs, timeout_s)
         out.toolchain_version = version
         return out
 
     return guarded(Stage.EXPORT, body)
 
 
-def _export(farm: Farm, job: JobSpec, ckpt_dir: Path, key: str, inputs: dict[str, object],
+def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dict[str, object],
             timeout_s: int) -> StageOutcome:
     model, precision = job.model, job.precision
     work = farm.ctx.host_work_dir / "scratch"
@@ -92,7 +93,7 @@ def _export(farm: Farm, job: JobSpec, ckpt_dir: Path, key: str, inputs: dict[str
         logs.mkdir(parents=True, exist_ok=True)
         variant = "-".join(str(x) for x in job.export_variant[1:] if x is not None)
         log_path = logs / f"export-{model.replace('/', '--')}-{variant}.log"
-        argv = [sys.executable, "-m", "edgellm", "export", str(ckpt_dir), str(tmp / "onnx"),
+        argv = [sys.executable, "-m", "edgellm", "export", ckpt.path, str(tmp / "onnx"),
                 "--precision", precision.value, *variant_flags(job)]
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
         # the same edgellm the orchestrator imported, whatever the subprocess's cwd
@@ -103,6 +104,10 @@ def _export(farm: Farm, job: JobSpec, ckpt_dir: Path, key: str, inputs: dict[str
                            duration_s=result.duration)
         out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
         if status is ResultStatus.PASS:
+            recorded = json.loads((tmp / "onnx" / EXPORT_MANIFEST).read_text())["checkpoint"]["sha256"]
+            if recorded != ckpt.sha256:  # the checkpoint changed during the run: its evidence would be another's
+                raise ConfigurationError(f"checkpoint {ckpt.path} changed during the run: digest {ckpt.sha256} at "
+                                         f"the start, {recorded} when exported")
             ref = farm.store.put(tmp / "onnx", ArtifactKind.ONNX)
             cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs,
                            toolchain=str(inputs["toolchain"]), toolchain_version=str(inputs["toolchain_version"]))

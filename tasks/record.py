@@ -29,11 +29,9 @@ def as_outcome(stage: Stage, outcome: StageOutcome | BaseException) -> StageOutc
 
 
 @task(name="record", retries=2, retry_delay_seconds=1.0, retry_condition_fn=infra_only, cache_policy=NO_CACHE)
-def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome | BaseException,
-           quantized: StageOutcome | BaseException) -> StageOutcome:
+def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome | BaseException) -> StageOutcome:
     result = as_outcome(stage, outcome)
-    checkpoint = quantized.outputs.get("checkpoint") if isinstance(quantized, StageOutcome) else None
-    model_revision = checkpoint.sha256 if checkpoint is not None else None
+    model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
     farm = Farm.get(ctx)
     farm.recorder.record_result(
         ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,

@@ -21,7 +21,7 @@ from devices.transport.local import LocalTransport
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
-from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS, checkpoint_digest
+from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
 from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
@@ -29,6 +29,7 @@ from tasks.common import guarded, stage_task
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
+from tasks.spec import CheckpointRef
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,12 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
 
 
 @stage_task("reference")
-def reference(ctx: FarmContext, model: str, checkpoint_dir: str, timeout_s: int) -> StageOutcome:
+def reference(ctx: FarmContext, checkpoint: CheckpointRef, timeout_s: int) -> StageOutcome:
+    model = checkpoint.model
+
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
-        inputs = reference_key_inputs(checkpoint_digest(Path(checkpoint_dir)))
+        inputs = reference_key_inputs(checkpoint.sha256)
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
         if hit is not None and farm.store.has(hit.sha256):
@@ -69,7 +72,7 @@ def reference(ctx: FarmContext, model: str, checkpoint_dir: str, timeout_s: int)
             out.metrics["reference_cache_hit"] = (1.0, "")
             return out
         with farm.host_slots:
-            return _reference(farm, model, Path(checkpoint_dir), key, inputs, timeout_s)
+            return _reference(farm, model, Path(checkpoint.path), key, inputs, timeout_s)
 
     return guarded(Stage.ACCURACY, body)
 

@@ -1,4 +1,5 @@
-"""The job a stage task works on: one test of one model at one precision on one platform (serializable)."""
+"""The job a stage task works on: one test of one model at one precision on one platform (serializable), and the
+one reference by which a checkpoint is known in a run."""
 
 from __future__ import annotations
 
@@ -9,13 +10,24 @@ from toolchains.base import Toolchain
 
 
 @dataclass(frozen=True)
+class CheckpointRef:
+    """A checkpoint as every stage knows it: where it is on the orchestrating host and its one digest (the tree
+    sha256 of its files, as ``edgellm export`` records it in manifests), computed once per checkpoint per run.
+    Cache keys, ``model_revision`` and manifests all carry this digest."""
+
+    model: str
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class JobSpec:
     model: str
     precision: Precision
     platform: str
     toolchain: Toolchain
     test_id: str
-    checkpoint_dir: str
+    checkpoint: CheckpointRef  # the source checkpoint (quantize returns the one export reads)
     max_seq_len: int
     max_batch_size: int
     max_input_len: int

@@ -9,9 +9,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edgellm.errors import ConfigurationError
+from test_lists.catalog import Catalog
 from test_lists.platforms import PlatformCatalog
 from test_lists.testlist import TestList
-from test_lists.validate import WAIVERS_STEM, Problem, Report, Validator
+from test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
 from test_lists.waivers import utc_today
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,10 @@ class TestListError(ConfigurationError):
 
 
 def list_names(lists_dir: Path | None = None) -> list[str]:
-    """Names of the lists in ``lists_dir`` (default: the shipped ones): ``*.yml`` stems except waivers.yml."""
+    """Names of the lists in ``lists_dir`` (default: the shipped ones): ``*.yml`` stems except waivers.yml and
+    the model catalog."""
     lists_dir = Path(lists_dir) if lists_dir is not None else LISTS_DIR
-    return sorted(p.stem for p in lists_dir.glob("*.yml") if p.stem != WAIVERS_STEM)
+    return sorted(p.stem for p in lists_dir.glob("*.yml") if p.stem not in NOT_LISTS)
 
 
 def _list_path(name_or_path: str | Path, lists_dir: Path | None) -> Path:
@@ -91,12 +93,22 @@ def validate_paths(
     platforms: PlatformCatalog | Iterable[str] | None = None,
     today: dt.date | None = None,
 ) -> Report:
-    """Validate list files and waivers.yml files (directories expand to their ``*.yml``); collect every problem."""
+    """Validate list files and waivers.yml files (directories expand to their ``*.yml``); collect every problem.
+    Models are checked against the catalog among ``paths`` (a directory's ``models.yml``), else the shipped one."""
     files, missing = _expand([Path(p) for p in paths] if paths else [LISTS_DIR])
-    validator = Validator(platforms, today or utc_today())
-    report = Report(files=files, errors=missing, today=validator.today)
+    catalog, catalog_problems = None, []
+    for f in files:
+        if f.stem == CATALOG_STEM:
+            try:
+                catalog = Catalog.load(f)
+            except ConfigurationError as exc:
+                catalog_problems += [Problem(f, line) for line in str(exc).splitlines()]
+    validator = Validator(platforms, today or utc_today(), models=catalog)
+    report = Report(files=files, errors=missing + catalog_problems, today=validator.today)
     built: dict[Path, TestList | None] = {}
     for f in files:
+        if f.stem == CATALOG_STEM:
+            continue
         if f.stem == WAIVERS_STEM:
             continue
         test_list, errors, warnings = validator.list_file(f)
@@ -111,7 +123,7 @@ def validate_paths(
             continue
         siblings = []
         for sib in sorted(f.parent.glob("*.yml")):
-            if sib.stem == WAIVERS_STEM:
+            if sib.stem in NOT_LISTS:
                 continue
             if sib.resolve() not in built:  # needed only to see which tests the waivers can match
                 built[sib.resolve()] = validator.list_file(sib)[0]

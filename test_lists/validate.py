@@ -1,7 +1,8 @@
 """Validate test list files and build TestList objects, collecting EVERY problem before reporting.
 
 Each problem names the file, line, entry (index and test id when known), field and reason. YAML that does not parse
-is an error naming its line, never skipped. Expired waivers and waivers that match nothing are warnings.
+is an error naming its line, never skipped. Every test's model must be in the model catalog (``models.yml`` beside the
+lists). Expired waivers and waivers that match nothing are warnings.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from test_lists.catalog import Catalog
 from test_lists.ids import short_model_name
 from test_lists.platforms import PlatformCatalog
 from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
@@ -23,6 +25,8 @@ from test_lists.waivers import SourcedWaiver, Waiver
 from test_lists.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
 
 WAIVERS_STEM = "waivers"
+CATALOG_STEM = "models"  # the model catalog lives beside the lists; neither it nor waivers.yml is a list
+NOT_LISTS = (WAIVERS_STEM, CATALOG_STEM)
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,11 @@ def _validate(model: type[BaseModel], data: Any, file: Path, raw: Any, where: st
 class Validator:
     """Validates list, fragment and waiver files against one platform catalog and one 'today'."""
 
-    def __init__(self, platforms: PlatformCatalog | Iterable[str] | None = None, today: dt.date | None = None):
+    def __init__(self, platforms: PlatformCatalog | Iterable[str] | None = None, today: dt.date | None = None,
+                 models: Catalog | None = None):
         self.catalog = PlatformCatalog.coerce(platforms)
         self.today = today or dt.date.today()
+        self.models = models if models is not None else Catalog.load()
 
     # ---------------------------------------------------------------- platforms
     def _selection(
@@ -260,6 +266,10 @@ class Validator:
                 continue
             entry = _entry(str(name), spec, f"{src}:{line_of(item, ())}")
             where = f"tests[{i}] {entry.test_id}"
+            if spec.model not in self.models:
+                errors.append(Problem(src, f"unknown model {spec.model!r}; the model catalog {self.models.path} has: "
+                                           f"{', '.join(sorted(self.models.sources))}",
+                                      line_of(item, ("model",)), where, "model"))
             for fname, reason in self._capability_problems(spec, platforms):
                 errors.append(Problem(src, reason, line_of(item, (fname,)), where, fname))
             if entry.test_id in first_seen:

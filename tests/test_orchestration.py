@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from results.db import make_engine
-from results.models import Attempt, CacheEntry, Result, Run
+from results.models import ArtifactRecord, Attempt, CacheEntry, Result, Run
 from results.queries import passing_rows
 from toolchains.base import require
 
@@ -69,6 +69,12 @@ def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs:
         assert planned == {"tensorrt-edgellm"}  # never ONNX Runtime on an Orin, even for a not-applicable row
         revisions = set(s.scalars(select(Result.model_revision).where(Result.status == "pass")))
         assert None not in revisions and len(revisions) == 2  # one checkpoint sha256 per model
+        # one digest per checkpoint: the tree sha256 that keys exports and references is the model revision, and
+        # an identity quantize keeps no copy of the checkpoint
+        keyed = {(e["stage"], e.get("checkpoint_sha256")) for e in s.scalars(select(CacheEntry.inputs))}
+        assert {sha for stage, sha in keyed if stage == "export"} == revisions
+        assert {sha for stage, sha in keyed if stage == "reference"} == revisions
+        assert not s.scalars(select(ArtifactRecord).where(ArtifactRecord.kind == "checkpoint")).all()
     docs = Path(summary["docs"]["out_dir"])
     md = (docs / "supported-models.md").read_text()
     for model in ("stories260K", "tiny-qwen3"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,9 @@ from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
 from edgellm.types import Precision
-from flows.catalog import Catalog
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 DATA = Path(__file__).parent / "data"
@@ -164,3 +165,17 @@ def test_an_lm_head_or_kv_cache_the_toolchain_cannot_give_is_not_applicable_with
     assert by["fp16"].decision is Decision.NOT_APPLICABLE
     assert by["fp16"].reason == ("toolchain edgellm-ort: LM-head precision 'fp32' is not supported by export at "
                                  "fp16; supported: fp16 (the weights' precision)")
+
+
+def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "json", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3
+    for job in plan["jobs"]:
+        assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
+        assert job["decision"] in ("run", "not_applicable", "skipped")
+        assert (job["decision"] == "run") == (job["reason"] == "")
+    assert not (tmp_path / "edgefarm.db").exists()
+    bad = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "yaml", "--data-dir", str(tmp_path)])
+    assert bad.exit_code == 2 and "unknown --format 'yaml'; valid: text, json" in bad.output

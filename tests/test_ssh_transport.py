@@ -183,7 +183,7 @@ def test_wrong_host_key_is_refused_not_retryable(live_ssh_hosts: SshHosts) -> No
     link = open_transport(_device(host_a, host_key=host_b.host_key))
     with pytest.raises(HostKeyError) as caught:
         link.run(["true"], timeout=30)
-    assert caught.value.kind is ErrorKind.CONFIGURATION and not caught.value.retryable
+    assert caught.value.kind is ErrorKind.CONFIGURATION  # not infrastructure: never retried
     assert "host key mismatch" in str(caught.value)
     assert f"127.0.0.1:{host_a.port}" in str(caught.value)
 
@@ -200,7 +200,7 @@ def test_unreachable_port_and_bad_key_are_infrastructure(live_ssh_hosts: SshHost
     host = live_ssh_hosts[0]
     with pytest.raises(InfrastructureError, match="unreachable") as caught:
         open_transport(_device(host, port=free_port())).run(["true"], timeout=30)
-    assert caught.value.retryable
+    assert caught.value.kind is ErrorKind.INFRASTRUCTURE  # the only kind that is retried
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
     with pytest.raises(InfrastructureError, match="authentication refused"):
@@ -232,7 +232,7 @@ def test_host_killed_mid_upload_leaves_no_file_and_cleans_up(live_ssh_hosts: Ssh
     worker.join(timeout=60)
     assert not worker.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], InfrastructureError), errors
-    assert errors[0].retryable
+    assert errors[0].kind is ErrorKind.INFRASTRUCTURE
     assert not (dest_dir / "big.bin").exists()
     with pytest.raises(InfrastructureError):
         link.run(["true"], timeout=10)  # still down

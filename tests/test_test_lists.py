@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from test_lists import (
     load_list,
     validate_paths,
 )
+from test_lists.catalog import Catalog
+from test_lists.loader import LISTS_DIR
 
 BROKEN = Path(__file__).parent / "data" / "test_lists_broken"
 SHIPPED = ["l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu", "l1_pipeline_x86cpu"]
@@ -47,7 +50,7 @@ LIST = """\
     tests:
       - model: stories260K
         precision: fp32
-      - model: org/tiny-llama
+      - model: meta-llama/Llama-3.2-1B-Instruct
         precision: fp16
         case: smoke
 {extra}"""
@@ -118,6 +121,9 @@ BROKEN_REASONS = [
     # duplicate test id: same short name from another org
     "bad_entries.yml:23: tests[3] Llama-3.2-1B-Instruct-int4_awq-lmfp16-mxsl2048-mxbs4-mxil1024: duplicate test id "
     "(first at ",
+    # a model the catalog does not have
+    "bad_entries.yml:23: tests[3] Llama-3.2-1B-Instruct-int4_awq-lmfp16-mxsl2048-mxbs4-mxil1024: model: unknown "
+    "model 'other-org/Llama-3.2-1B-Instruct'; the model catalog ",
     # unknown key in an entry
     "tests[4] (Qwen3-0.6B): max_seqlen: unknown key 'max_seqlen'; valid: precision,",
     # stage order, and a stage whose input is not produced
@@ -150,8 +156,8 @@ def test_broken_lists_report_every_problem(monkeypatch: pytest.MonkeyPatch) -> N
     missing = [r for r in BROKEN_REASONS if r not in result.output]
     assert not missing, f"not reported: {missing}\n--- output:\n{result.output}"
     errors = [line for line in result.output.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 20, result.output
-    assert "FAILED: 20 error(s), 3 warning(s) in 4 file(s)" in result.output
+    assert len(errors) == 21, result.output
+    assert "FAILED: 21 error(s), 3 warning(s) in 4 file(s)" in result.output
     assert "Traceback" not in result.output
 
 
@@ -171,7 +177,8 @@ def test_entries_defaults_timeouts_and_sources(tmp_path: Path) -> None:
     tl = load_list(make_list(tmp_path))
     first, second = tl.entries
     assert first.test_id == "stories260K-fp32-mxsl256-mxbs2-mxil128"
-    assert second.test_id == "tiny-llama-fp16-mxsl256-mxbs2-mxil128-smoke" and second.model == "org/tiny-llama"
+    assert second.test_id == "Llama-3.2-1B-Instruct-fp16-mxsl256-mxbs2-mxil128-smoke"
+    assert second.model == "meta-llama/Llama-3.2-1B-Instruct"
     assert first.timeouts == {Stage.EXPORT: 1200, Stage.BUILD: 1200, Stage.INFER: 6000, Stage.ACCURACY: 6000}
     assert first.source.endswith("mine.yml:11")
     extra = """\
@@ -371,3 +378,25 @@ def test_waiver_problems_are_errors(tmp_path: Path) -> None:
     assert "waivers[1]: bug: required key is missing" in text
     assert "waivers[1]: expires: Input should be a valid date" in text
     assert "waivers[1]: owner: unknown key 'owner'; valid: pattern, platforms, bug, expires, reason" in text
+
+
+def test_every_model_is_checked_against_the_catalog_beside_the_lists(tmp_path: Path) -> None:
+    """Without their catalog entries, l0_pipeline_h200's models are an error naming file:line and the catalog."""
+    lists = tmp_path / "lists"
+    shutil.copytree(LISTS_DIR, lists)
+    catalog = lists / "models.yml"
+    text = catalog.read_text()
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "mistralai/Mistral-7B-v0.3"):
+        start = text.index(f"  {name}:")
+        text = text[:start] + text[text.index("\n", text.index("path:", start)) + 1:]
+    catalog.write_text(text)
+    result = runner.invoke(app, ["lists", "validate", str(lists)])
+    assert result.exit_code == 2, result.output
+    h200 = (lists / "l0_pipeline_h200.yml").read_text().splitlines()
+    line = h200.index("  - model: mistralai/Mistral-7B-v0.3") + 1
+    names = ", ".join(sorted(Catalog.load(catalog).sources))
+    assert (f"ERROR {lists / 'l0_pipeline_h200.yml'}:{line}: tests[1] Mistral-7B-v0.3-fp8-mxsl8192-mxbs4-mxil4096"
+            f"-fp8kv: model: unknown model 'mistralai/Mistral-7B-v0.3'; the model catalog {catalog} has: {names}"
+            in result.output.splitlines())
+    assert "unknown model 'meta-llama/Llama-3.1-8B-Instruct'" in result.output
+    assert "FAILED: 2 error(s)" in result.output

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from edgellm.config import ModelConfig
-from edgellm.errors import BugError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 
 
@@ -40,6 +40,10 @@ class ModelFamily:
     rope_types: ClassVar[tuple[str, ...]] = ("llama3",)  # rope_scaling types implemented besides "default"
     hidden_acts: ClassVar[tuple[str, ...]] = ("silu",)
     ignore_rules: ClassVar[tuple[IgnoreRule, ...]] = (ROTARY_BUFFERS,)
+    # A tiny checkpoint of the family for tests and the embedded nightly (edgellm.synth): the transformers config
+    # class that writes it and its shape (vocab 512 so the bundled tokenizer can drive it).
+    hf_config: ClassVar[str | None] = None
+    tiny_config: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
@@ -154,5 +158,22 @@ def family_for(cfg: ModelConfig) -> type[ModelFamily]:
 
 
 def _load_builtin_families() -> None:
-    # Importing the modules runs their decorators; a sorted import keeps registration order stable.
-    from edgellm.models import llama, mistral, qwen2, qwen3  # noqa: F401
+    """Import every module of this package once (sorted: a stable registration order); their decorators fill
+    the registries. A family is one module: nothing here lists them."""
+    import importlib
+    import pkgutil
+
+    import edgellm.models as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name not in ("base", "decoder"):
+            importlib.import_module(f"edgellm.models.{info.name}")
+
+
+def family_named(name: str) -> type[ModelFamily]:
+    """The registered family called ``name`` (its ``name``, e.g. "qwen3"); unknown: every valid name."""
+    _load_builtin_families()
+    found = {cls.name: cls for _, cls in FAMILIES.items()}
+    if name not in found:
+        raise ConfigurationError(f"unknown model family {name!r}; valid: {', '.join(sorted(found))}")
+    return found[name]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from edgellm.models.base import ModelFamily, register_family
 
 
@@ -10,3 +12,7 @@ class Llama(ModelFamily):
     name = "llama"
     model_types = ("llama",)
     architectures = ("LlamaForCausalLM",)
+    hf_config = "LlamaConfig"
+    tiny_config: ClassVar[dict[str, Any]] = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=512, max_position_embeddings=256)

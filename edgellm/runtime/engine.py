@@ -63,8 +63,10 @@ class Engine:
         if missing or "input_ids" not in specs:
             raise ConfigurationError(f"{engine_dir}: engine inputs do not match the model config "
                                      f"(missing {', '.join(missing[:4]) or 'input_ids'})")
+        if LOGITS_POSITIONS not in specs:
+            raise ConfigurationError(f"{engine_dir}: engine has no {LOGITS_POSITIONS} input (exported by an older "
+                                     f"edgellm); export and build it again")
         self.kv_dtype = np.dtype(specs[self._past_names[0][0]].dtype)
-        self._has_logits_positions = LOGITS_POSITIONS in specs  # engines exported before it existed lack it
 
     @classmethod
     def open(cls, engine_dir: str | Path, *, num_threads: int | None = None) -> Engine:
@@ -135,8 +137,7 @@ class Engine:
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
             "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
         }
-        if self._has_logits_positions:
-            feeds[LOGITS_POSITIONS] = np.arange(s - 1 if last_only else 0, s, dtype=np.int64)
+        feeds[LOGITS_POSITIONS] = np.arange(s - 1 if last_only else 0, s, dtype=np.int64)
         for (kn, vn), k, v in zip(self._past_names, cache.keys, cache.values, strict=True):
             feeds[kn], feeds[vn] = k, v
         out = self.session.run(feeds)

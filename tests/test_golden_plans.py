@@ -1,0 +1,71 @@
+"""Golden plans: what the shipped matrix and test lists decide against a few inventories, pinned as JSON.
+
+A change to device types, toolchains, capabilities, lists or the planner shows up here as a diff of decisions and
+reasons. After an intended change, regenerate with ``EDGEFARM_UPDATE_GOLDEN=1 pytest tests/test_golden_plans.py``
+and review the diff of ``tests/data/golden_plans/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devices.inventory import default_inventory_dir, load_inventory
+from flows.plan import DEFAULT_MATRIX, plan_matrix, plan_test_list
+from test_lists.catalog import Catalog
+from test_lists.loader import list_names, load_list
+
+GOLDEN = Path(__file__).parent / "data" / "golden_plans"
+TODAY = dt.date(2026, 11, 30)  # waivers are judged against a fixed day
+# inventory name -> the stand-in device added beside the shipped local CPU (planning only: nothing runs)
+INVENTORIES = {"local": None, "orin": "orin", "x86-h200": "x86-h200"}
+
+
+def _inventory(tmp_path: Path, extra: str | None) -> Path:
+    if extra is None:
+        return default_inventory_dir()
+    directory = tmp_path / "inventory"
+    directory.mkdir()
+    (directory / "local-cpu.yaml").write_text((default_inventory_dir() / "local-cpu.yaml").read_text())
+    (directory / f"{extra}-1.yaml").write_text(f"type: {extra}\ntransport: local\nwork_dir: devices/{extra}-1\n")
+    return directory
+
+
+def shipped_plans(inventory_dir: Path) -> dict[str, Any]:
+    inventory, catalog = load_inventory(inventory_dir), Catalog.load()
+    plans = {f"matrix {DEFAULT_MATRIX.stem}": plan_matrix(DEFAULT_MATRIX, inventory, catalog).to_json()}
+    for name in list_names():
+        plans[f"list {name}"] = plan_test_list(load_list(name, today=TODAY), inventory, catalog, today=TODAY).to_json()
+    # the inventory's place on this machine is not part of the decision
+    return json.loads(json.dumps(plans).replace(str(inventory.directory), "<inventory>"))
+
+
+@pytest.mark.parametrize("name", sorted(INVENTORIES))
+def test_shipped_plans_match_the_golden_files(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEFARM_MODELS_DIR", raising=False)  # real checkpoints: absent here, and said so
+    monkeypatch.delenv("EDGEFARM_INVENTORY", raising=False)
+    plans = shipped_plans(_inventory(tmp_path, INVENTORIES[name]))
+    golden = GOLDEN / f"{name}.json"
+    if os.environ.get("EDGEFARM_UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
+    assert plans == json.loads(golden.read_text())
+
+
+def test_golden_plans_keep_the_evidence_rules() -> None:
+    """Read from the pinned files: no Orin or GPU job ever runs on ONNX Runtime, and with an x86-h200 in the
+    inventory its fp16 jobs are tensorrt-edgellm's: run by it, or skipped saying what it lacks."""
+    for name in INVENTORIES:
+        for plan in json.loads((GOLDEN / f"{name}.json").read_text()).values():
+            for job in plan["jobs"]:
+                assert (job["toolchain"] == "edgellm-ort") == (job["platform"] == "x86-cpu"), job
+    h200 = json.loads((GOLDEN / "x86-h200.json").read_text())["list l0_pipeline_h200"]["jobs"]
+    fp16 = [j for j in h200 if j["precision"] == "fp16"]
+    assert fp16 and all(j["devices"] == ["x86-h200-1"] for j in fp16)
+    assert all(j["decision"] == "run" or "toolchain tensorrt-edgellm" in j["reason"] for j in fp16)
+    local = json.loads((GOLDEN / "local.json").read_text())["matrix nightly"]
+    assert {(j["platform"], j["decision"]) for j in local["jobs"] if j["decision"] == "run"} == {("x86-cpu", "run")}
