@@ -58,7 +58,8 @@ def test_shipped_plans_match_the_golden_files(name: str, tmp_path: Path, monkeyp
 
 def test_golden_plans_keep_the_evidence_rules() -> None:
     """Read from the pinned files: no Orin or GPU job ever runs on ONNX Runtime, and with an x86-h200 in the
-    inventory its fp16 jobs are tensorrt-edgellm's: run by it, or skipped saying what it lacks."""
+    inventory its fp16 jobs go to a GPU toolchain (tensorrt-edgellm, or edgellm-torch-cuda while TensorRT is not
+    installed): run by it, or skipped saying what it lacks."""
     for name in INVENTORIES:
         for plan in json.loads((GOLDEN / f"{name}.json").read_text()).values():
             for job in plan["jobs"]:
@@ -66,6 +67,7 @@ def test_golden_plans_keep_the_evidence_rules() -> None:
     h200 = json.loads((GOLDEN / "x86-h200.json").read_text())["list l0_pipeline_h200"]["jobs"]
     fp16 = [j for j in h200 if j["precision"] == "fp16"]
     assert fp16 and all(j["devices"] == ["x86-h200-1"] for j in fp16)
-    assert all(j["decision"] == "run" or "toolchain tensorrt-edgellm" in j["reason"] for j in fp16)
+    assert all(j["toolchain"] in ("tensorrt-edgellm", "edgellm-torch-cuda") for j in fp16)
+    assert all(j["decision"] == "run" or "not available" in j["reason"] or "toolchain" in j["reason"] for j in fp16)
     local = json.loads((GOLDEN / "local.json").read_text())["matrix nightly"]
     assert {(j["platform"], j["decision"]) for j in local["jobs"] if j["decision"] == "run"} == {("x86-cpu", "run")}
