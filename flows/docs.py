@@ -1,6 +1,8 @@
 """The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
 from the results database only. A combination is "supported" only when inference and its accuracy baseline
 passed on that platform in the latest run that tested it.
+
+Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
 """
 
 from __future__ import annotations
@@ -12,33 +14,71 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from flows.docs_html import html_status, render_html
 from flows.docs_render import (
     MatrixRow,
     TrendPoint,
-    render_html,
     render_markdown,
     render_run_page,
     render_trends,
+    scrub,
     write_atomic,
 )
-from results.db import make_engine, redact
+from results.db import make_engine
 from results.migrate import upgrade
 from results.models import ArtifactRecord, Metric, Result, Run, RunKind
 from results.queries import latest_status
 
 log = logging.getLogger(__name__)
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
-_BAD = ("fail", "error")
+BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
 
-def matrix_rows(engine: Engine) -> list[MatrixRow]:
+def db_label(db_url: str) -> str:
+    """The database backend only: published pages never carry its path, host or credentials."""
+    backend = make_url(db_url).get_backend_name()
+    return BACKEND_NAMES.get(backend, backend)
+
+
+def model_parameters(models: set[str], data_dir: Path | None) -> dict[str, int]:
+    """Parameter counts (headers only) of the catalog models whose checkpoint is already here; nothing is
+    materialized or downloaded for the docs, so a model whose checkpoint is absent has no count."""
+    from edgellm.checkpoint.checkpoint import Checkpoint
+    from edgellm.errors import EdgeLLMError
+    from test_lists.catalog import Catalog
+
+    catalog = Catalog.load()
+    counts = {}
+    for name in sorted(models):
+        if name not in catalog:
+            continue
+        src = catalog.get(name)
+        try:
+            if src.kind == "synthetic":
+                if data_dir is None:
+                    continue
+                path = data_dir / "checkpoints" / name.replace("/", "--")
+                if not (path / "config.json").is_file():
+                    continue
+            else:
+                path = src.locate(data_dir or Path("."))
+            counts[name] = Checkpoint.open(path).parameter_count
+        except EdgeLLMError as exc:
+            log.warning("no parameter count for %s: %s", name, exc)
+    return counts
+
+
+def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]:
     """The latest evidence per (model, precision, platform), with the key metrics of that run."""
     rows = []
     with Session(engine) as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
-        for st in latest_status(s):
+        statuses = latest_status(s)
+        params = model_parameters({st.key.model for st in statuses}, data_dir)
+        for st in statuses:
             results = s.scalars(select(Result).where(
                 Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
                 Result.platform == st.key.platform)).all()
@@ -58,9 +98,10 @@ def matrix_rows(engine: Engine) -> list[MatrixRow]:
                 model=st.key.model, precision=st.key.precision.value, platform=st.key.platform,
                 status=display_status(st.verdict.value, {k.value: v.value for k, v in st.stages.items()}),
                 run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
-                device=", ".join(devices) or None, reason="; ".join(reasons) or None,
+                device=scrub(", ".join(devices), data_dir) or None,
+                reason=scrub("; ".join(reasons), data_dir) or None,
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
-                toolchain=st.toolchain, toolchain_version=st.toolchain_version,
+                toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
             ))
     return rows
 
@@ -86,11 +127,12 @@ def trend_points(engine: Engine) -> list[TrendPoint]:
                            value=v) for r, t, m, p, pl, n, v in s.execute(stmt)]
 
 
-def run_evidence(engine: Engine, run_id: int) -> tuple[dict[str, object], list[dict[str, object]]]:
+def run_evidence(engine: Engine, run_id: int,
+                 data_dir: Path | None = None) -> tuple[dict[str, object], list[dict[str, object]]]:
     with Session(engine) as s:
         run = s.get(Run, run_id)
         assert run is not None
-        info = {"id": run.id, "kind": run.kind.value, "status": run.status.value, "trigger": run.trigger,
+        info = {"id": run.id, "kind": run.kind.value, "status": run.status.value, "trigger": scrub(run.trigger),
                 "code_version": run.code_version, "started_at": run.started_at.isoformat(timespec="seconds"),
                 "finished_at": run.finished_at.isoformat(timespec="seconds") if run.finished_at else None}
         metrics: dict[int, list[tuple[str, float, str]]] = defaultdict(list)
@@ -106,30 +148,49 @@ def run_evidence(engine: Engine, run_id: int) -> tuple[dict[str, object], list[d
         results = []
         for r in s.scalars(select(Result).where(Result.run_id == run_id).order_by(Result.id)):
             results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
-                            "stage": r.stage.value, "status": r.status.value, "device": r.device,
+                            "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
                             "toolchain": r.toolchain.value, "toolchain_version": r.toolchain_version,
-                            "reason": r.reason, "duration_s": r.duration_s, "metrics": sorted(metrics[r.id]),
-                            "artifacts": arts[r.id]})
+                            "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
+                            "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})
     return info, results
 
 
-def write_docs(db_url: str, out_dir: Path) -> dict[str, Any]:
+def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        rows = matrix_rows(engine)
+        rows = matrix_rows(engine, data_dir)
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        label = redact(db_url)
+        label = db_label(db_url)
         out_dir.mkdir(parents=True, exist_ok=True)
-        images = render_trends(trend_points(engine), out_dir)
+        trends = render_trends(trend_points(engine), out_dir)
         write_atomic(out_dir / "supported-models.md", render_markdown(rows, generated_at=now, db_label=label))
         write_atomic(out_dir / "support-matrix.html",
-                     render_html(rows, generated_at=now, db_label=label, trend_images=images))
+                     render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
         for run_id in sorted({r.run_id for r in rows}):
-            info, results = run_evidence(engine, run_id)
+            info, results = run_evidence(engine, run_id, data_dir)
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
     finally:
         engine.dispose()
     supported = [r for r in rows if r.status == "pass"]
-    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported), "trend_images": images}
+    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported),
+            "trend_images": [t.file for t in trends]}
 
+
+def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
+    """Inside a flow run: the support matrix as a Prefect table artifact and the supported rows as a markdown
+    artifact, so the run's page in Prefect's UI shows the result."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    engine = make_engine(db_url)
+    try:
+        rows = matrix_rows(engine, data_dir)
+    finally:
+        engine.dispose()
+    table = [{"model": r.model, "precision": r.precision, "platform": r.platform, "status": html_status(r),
+              "toolchain": r.made_by or "-", "run": r.run_id, "reason": r.reason or ""} for r in rows]
+    create_table_artifact(table=table, key="support-matrix",
+                          description="Latest evidence per model x precision x platform")
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    create_markdown_artifact(markdown=render_markdown(rows, generated_at=now, db_label=db_label(db_url), links=False),
+                             key="supported-models", description="Supported models, one table per platform")

@@ -1,10 +1,13 @@
-"""Render the support matrix from evidence rows: supported-models.md, a static HTML page, per-run evidence pages
-and perf-trend PNGs. Pure functions of their inputs (rows read from the results database by flows/docs.py).
+"""Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
+one row per model, one column per precision), per-run evidence pages and perf-trend PNGs. Pure functions of their
+inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py.
+
+Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is applied to every free-text field.
 """
 
 from __future__ import annotations
 
-import html
+import enum
 import os
 import re
 import tempfile
@@ -12,6 +15,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgellm.types import Precision
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -21,14 +30,23 @@ CELL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("logits_max_abs_diff", "max abs Δlogit", "{:.1e}"),
     ("greedy_match_fraction", "greedy match", "{:.0%}"),
 )
-STATUS_COLOURS = {
-    "pass": "#2e9e44",
-    "fail": "#d1342f",
-    "error": "#e07b00",
-    "waived": "#8a6fd1",
-    "skipped": "#9aa0a6",
-    "not_applicable": "#e8eaed",
-}
+EXPORT_STAGES = frozenset({"quantize", "export"})  # evidence of these alone proves an export, never support
+_NOT_RUN = frozenset({"skipped", "not_applicable", "waived"})
+SUPPORTED_MARK = "✓"
+EXPORT_ONLY_MARK = "◇"
+LEGEND = (
+    f"{SUPPORTED_MARK} supported: inference and its accuracy baseline passed on that platform in the latest run "
+    "that tested it; the link opens that run's evidence.",
+    f"{EXPORT_ONLY_MARK} export verified only: quantize and export passed with the named toolchain version, but "
+    "the model has not run on that platform (not support).",
+    "empty: no passing evidence.",
+)
+
+
+class CellKind(enum.StrEnum):
+    SUPPORTED = "supported"
+    EXPORT_ONLY = "export_verified"
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,7 @@ class MatrixRow:
     metrics: dict[str, float] = field(default_factory=dict)
     toolchain: str | None = None  # what made the evidence, and its version
     toolchain_version: str | None = None
+    params: int | None = None  # the model's parameter count, when its checkpoint could be read
 
     @property
     def made_by(self) -> str:
@@ -60,6 +79,10 @@ class MatrixRow:
     def evidence_link(self) -> str:
         return f"runs/run-{self.run_id}.md#{self.anchor}"
 
+    @property
+    def kind(self) -> CellKind:
+        return cell_kind(self)
+
 
 @dataclass(frozen=True)
 class TrendPoint:
@@ -72,98 +95,139 @@ class TrendPoint:
     value: float
 
 
+@dataclass(frozen=True)
+class TrendImage:
+    platform: str
+    metric: str
+    file: str  # name inside the docs dir
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def cell_kind(r: MatrixRow) -> CellKind:
+    """Supported = inference and accuracy passed in the latest run; export verified only = the only passing stages
+    are quantize/export and nothing failed (the later stages were not run here, e.g. no TensorRT)."""
+    if r.status == "pass" and r.stages.get("infer") == "pass" and r.stages.get("accuracy") == "pass":
+        return CellKind.SUPPORTED
+    passed = {s for s, st in r.stages.items() if st == "pass"}
+    others = {st for s, st in r.stages.items() if s not in EXPORT_STAGES}
+    if "export" in passed and passed <= EXPORT_STAGES and others <= _NOT_RUN:
+        return CellKind.EXPORT_ONLY
+    return CellKind.NONE
+
+
 def supported(rows: Iterable[MatrixRow]) -> list[MatrixRow]:
-    """Rows that may appear in supported-models.md: inference and accuracy passed in the latest run."""
-    return [r for r in rows if r.status == "pass" and r.stages.get("infer") == "pass"
-            and r.stages.get("accuracy") == "pass"]
+    """Rows that count as supported (see :func:`cell_kind`); export-verified rows never do."""
+    return [r for r in rows if cell_kind(r) is CellKind.SUPPORTED]
 
 
-def _metrics_text(metrics: dict[str, float], sep: str) -> str:
+def precision_order(precisions: Iterable[str]) -> list[str]:
+    order = [p.value for p in Precision]
+    return sorted(set(precisions), key=lambda p: (order.index(p) if p in order else len(order), p))
+
+
+def format_params(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.1f}{suffix}" if value < 10 else f"{value:.0f}{suffix}"
+    return str(n)
+
+
+def platform_toolchains(rows: Iterable[MatrixRow]) -> list[str]:
+    """'name version' of every toolchain that produced a shown cell, sorted."""
+    return sorted({r.made_by for r in rows if r.made_by})
+
+
+def metrics_text(metrics: dict[str, float], sep: str) -> str:
     parts = [f"{label} {fmt.format(metrics[name])}" for name, label, fmt in CELL_METRICS if name in metrics]
     return sep.join(parts)
 
 
-def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str) -> str:
-    ok = sorted(supported(rows), key=lambda r: (r.model.lower(), r.precision, r.platform))
-    platforms = sorted({r.platform for r in ok})
+# --- no orchestrator paths, hosts or URLs in published text ---------------------------------------------------
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)]+")
+_USER_HOST = re.compile(r"\b[\w.-]+@[\w-]+(?:\.[\w-]+)*(?::\d+)?")
+_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
+_ABS_PATH = re.compile(r"(?<![\w.~/])/(?:[\w.@+~-]+/)*[\w.@+~-]+/?")
+
+
+def scrub(text: str | None, data_dir: Path | str | None = None) -> str | None:
+    """Paths under the data dir become relative to it; other absolute paths keep their last part only; URLs,
+    user@host and IP addresses are replaced by placeholders."""
+    if text is None:
+        return None
+    if data_dir is not None:
+        for root in {str(Path(data_dir)), str(Path(data_dir).resolve())}:
+            text = text.replace(root.rstrip("/") + "/", "").replace(root, ".")
+    text = _URL.sub("<url>", text)
+    text = _USER_HOST.sub("<host>", text)
+    text = _IPV4.sub("<host>", text)
+    return _ABS_PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
+
+
+# --- supported-models.md -----------------------------------------------------------------------------------------
+def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool = True) -> str:
+    """One cell: a link to the evidence when supported, the export mark with its toolchain version, else empty."""
+    if r is None:
+        return ""
+    kind = cell_kind(r)
+    if kind is CellKind.SUPPORTED:
+        text = f"{SUPPORTED_MARK} {r.toolchain}" if several_toolchains and r.toolchain else SUPPORTED_MARK
+        return f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})"
+    if kind is CellKind.EXPORT_ONLY:
+        return f"{EXPORT_ONLY_MARK} export only, {r.made_by or 'toolchain unknown'} (run {r.run_id})"
+    return ""
+
+
+def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True) -> str:
+    """One section per platform with a shown cell: its toolchain(s), then Model | Params | one column per precision
+    tested there. ``links=False`` writes run numbers instead of links (for pages that do not sit beside runs/)."""
     lines = [
         "# Supported models",
         "",
         f"Generated {generated_at} from the results database ({db_label}); do not edit by hand.",
-        "A combination appears only when inference and its accuracy baseline passed on that platform in the latest",
-        "run that tested it. Each cell links to its evidence.",
+        "",
+        "Legend:",
+        "",
+        *(f"- {item}" for item in LEGEND),
         "",
     ]
-    if not ok:
+    by_platform: dict[str, list[MatrixRow]] = defaultdict(list)
+    for r in rows:
+        by_platform[r.platform].append(r)
+    without = []
+    for platform in sorted(by_platform):
+        tested = by_platform[platform]
+        shown = [r for r in tested if cell_kind(r) is not CellKind.NONE]
+        if not shown:
+            without.append(platform)
+            continue
+        toolchains = platform_toolchains(shown)
+        several = len({r.toolchain for r in shown if r.toolchain}) > 1
+        precisions = precision_order(r.precision for r in tested)
+        cells = {(r.model, r.precision): r for r in shown}
+        params = {r.model: r.params for r in tested}
+        lines += [f"## {platform}", "",
+                  f"Toolchain{'s' if len(toolchains) > 1 else ''}: {', '.join(toolchains) or 'not recorded'}", "",
+                  "| Model | Params | " + " | ".join(p.upper() for p in precisions) + " |",
+                  "|---|---:|" + ":-:|" * len(precisions)]
+        for model in sorted({r.model for r in shown}, key=str.lower):
+            row = [model, format_params(params.get(model))]
+            row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links) for p in precisions]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    if not any(cell_kind(r) is not CellKind.NONE for r in rows):
         lines += ["No combination has passing evidence yet.", ""]
-        return "\n".join(lines)
-    by_model: dict[tuple[str, str], dict[str, MatrixRow]] = defaultdict(dict)
-    for r in ok:
-        by_model[(r.model, r.precision)][r.platform] = r
-    lines.append("| Model | Precision | " + " | ".join(platforms) + " |")
-    lines.append("|---|---|" + "---|" * len(platforms))
-    for (model, precision), cells in sorted(by_model.items(), key=lambda kv: (kv[0][0].lower(), kv[0][1])):
-        row = [model, precision]
-        for p in platforms:
-            r = cells.get(p)
-            row.append(f"[✓ run {r.run_id}]({r.evidence_link}) {r.made_by}".rstrip() if r else "")
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "## Key metrics", "", "| Model | Precision | Platform | Toolchain | Run | Metrics |",
-              "|---|---|---|---|---|---|"]
-    for r in ok:
-        lines.append(f"| {r.model} | {r.precision} | {r.platform} | {r.made_by or '-'} | "
-                     f"[{r.run_id}]({r.evidence_link}) | {_metrics_text(r.metrics, ', ') or '-'} |")
-    lines.append("")
+    if without:
+        lines += [f"Tested, no passing evidence yet: {', '.join(without)}.", ""]
     return "\n".join(lines)
 
 
-def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, trend_images: Sequence[str]) -> str:
-    platforms = sorted({r.platform for r in rows})
-    keys = sorted({(r.model, r.precision) for r in rows}, key=lambda k: (k[0].lower(), k[1]))
-    cell = {(r.model, r.precision, r.platform): r for r in rows}
-    e = html.escape
-    out = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>edgellm-farm support matrix</title><style>",
-        "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:6px 8px;vertical-align:top;font-size:13px}"
-        "td.c{min-width:150px;color:#fff}td.c a{color:inherit}td.not_applicable,td.skipped{color:#333}"
-        ".m{font-size:11px;opacity:.9}.legend span{display:inline-block;padding:2px 8px;margin-right:4px}",
-        "</style></head><body>",
-        "<h1>Support matrix</h1>",
-        f"<p>Generated {e(generated_at)} from the results database ({e(db_label)}). Each cell is the latest "
-        "evidence for that model, precision and platform; click it for the run.</p>",
-        "<p class='legend'>" + "".join(
-            f"<span style='background:{c};color:{'#333' if s in ('not_applicable', 'skipped') else '#fff'}'>"
-            f"{e(s)}</span>" for s, c in STATUS_COLOURS.items()) + "</p>",
-        "<table><tr><th>Model</th><th>Precision</th>" + "".join(f"<th>{e(p)}</th>" for p in platforms) + "</tr>",
-    ]
-    for model, precision in keys:
-        out.append(f"<tr><th>{e(model)}</th><td>{e(precision)}</td>")
-        for p in platforms:
-            r = cell.get((model, precision, p))
-            if r is None:
-                out.append("<td></td>")
-                continue
-            colour = STATUS_COLOURS.get(r.status, "#666")
-            detail = _metrics_text(r.metrics, "<br>") if r.status == "pass" else e(r.reason or "")
-            out.append(
-                f"<td class='c {e(r.status)}' style='background:{colour}' title='{e(r.reason or r.status)}'>"
-                f"<a href='{e(r.evidence_link)}'><b>{e(r.status)}</b> · run {r.run_id}</a>"
-                f"<div class='m'>{e(r.made_by)}</div><div class='m'>{detail}</div></td>"
-            )
-        out.append("</tr>")
-    out.append("</table>")
-    if trend_images:
-        out.append("<h2>Performance trends (nightly runs)</h2>")
-        out += [f"<p><img src='{e(img)}' alt='{e(img)}' style='max-width:900px'></p>" for img in trend_images]
-    out.append("</body></html>")
-    return "\n".join(out)
-
-
+# --- per-run evidence pages -------------------------------------------------------------------------------------
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
     """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
@@ -182,10 +246,9 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
             metrics = ", ".join(f"{n}={v:.6g}{(' ' + u) if u else ''}" for n, v, u in res.get("metrics", []))
             arts = ", ".join(f"{k}:{s[:12]}" for k, s in res.get("artifacts", []))
             dur = res.get("duration_s")
+            made_by = " ".join(str(x) for x in (res.get("toolchain"), res.get("toolchain_version")) if x)
             lines.append(
-                f"| {res['stage']} | {res['status']} | "
-                f"{' '.join(str(x) for x in (res.get('toolchain'), res.get('toolchain_version')) if x) or '-'} | "
-                f"{res.get('device') or '-'} | "
+                f"| {res['stage']} | {res['status']} | {made_by or '-'} | {res.get('device') or '-'} | "
                 f"{f'{dur:.2f}' if isinstance(dur, (int, float)) else '-'} | "
                 f"{str(res.get('reason') or '').replace('|', '/')} | {metrics} | {arts} |"
             )
@@ -193,40 +256,57 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     return "\n".join(lines)
 
 
-def render_trends(points: Sequence[TrendPoint], out_dir: Path) -> list[str]:
-    """One PNG per metric: a line per (model, precision, platform) over nightly runs. Returns file names."""
-    if not points:
-        return []
+# --- trend plots ---------------------------------------------------------------------------------------------------
+def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[TrendPoint]]) -> Figure:
+    """One figure: a line per (model, precision) over nightly runs; the x axis shows the run ids as integers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    by_metric: dict[str, dict[tuple[str, str, str], list[TrendPoint]]] = defaultdict(lambda: defaultdict(list))
-    for p in points:
-        by_metric[p.metric][(p.model, p.precision, p.platform)].append(p)
-    names = []
     from matplotlib.ticker import MaxNLocator
 
-    for metric, series in sorted(by_metric.items()):
-        fig, ax = plt.subplots(figsize=(11, 4.5))
-        colours = plt.get_cmap("tab20")
-        for i, ((model, precision, platform), pts) in enumerate(sorted(series.items())):
-            pts = sorted(pts, key=lambda x: x.run_id)
-            ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
-                    label=f"{model} {precision} {platform}")
-        ax.set_xlabel("nightly run id")
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    colours = plt.get_cmap("tab20")
+    run_ids: set[int] = set()
+    for i, ((model, precision), pts) in enumerate(sorted(series.items())):
+        pts = sorted(pts, key=lambda x: x.run_id)
+        run_ids |= {x.run_id for x in pts}
+        ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
+                label=f"{model} {precision}")
+    ids = sorted(run_ids)
+    ax.set_xlim(ids[0] - 0.5, ids[-1] + 0.5)  # a single run still gets a readable, integer axis
+    if len(ids) <= 20:
+        ax.set_xticks(ids, labels=[str(i) for i in ids])
+    else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} over nightly runs")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-        name = f"trend-{slug(metric)}.png"
+    ax.set_xlabel("nightly run id")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} on {platform} over nightly runs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    return fig
+
+
+def render_trends(points: Sequence[TrendPoint], out_dir: Path) -> list[TrendImage]:
+    """One PNG per (metric, platform); earlier trend-*.png files in out_dir are replaced. Returns what was written."""
+    for old in out_dir.glob("trend-*.png"):
+        old.unlink()
+    if not points:
+        return []
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], dict[tuple[str, str], list[TrendPoint]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        groups[(p.metric, p.platform)][(p.model, p.precision)].append(p)
+    images = []
+    for (metric, platform), series in sorted(groups.items()):
+        fig = trend_figure(metric, platform, series)
+        name = f"trend-{slug(platform)}-{slug(metric)}.png"
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
-        names.append(name)
-    return names
+        images.append(TrendImage(platform=platform, metric=metric, file=name))
+    return images
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -235,6 +315,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # published pages: readable by the web server, like the trend PNGs
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

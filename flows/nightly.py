@@ -10,7 +10,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.docs import write_docs
+from flows.docs import publish_matrix_artifacts, write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
 from flows.settings import Settings
@@ -38,7 +38,10 @@ def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None
         plan, _ = make_plan(matrix, settings)
     catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
-    docs = write_docs(settings.db_url, settings.docs_dir) if publish else None
+    docs = None
+    if publish:
+        docs = write_docs(settings.db_url, settings.docs_dir, settings.data_dir)
+        publish_matrix_artifacts(settings.db_url, settings.data_dir)
     return summary(plan, report, timing, docs)
 
 

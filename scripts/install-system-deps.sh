@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Installs the OpenSSH server and PostgreSQL binaries the tests need. Starts no daemon: the test harness starts
-# its own sshd hosts and PostgreSQL cluster on 127.0.0.1 and stops them at the end.
+# Installs the system packages the tests need: the OpenSSH server and PostgreSQL binaries (the test harness starts
+# its own sshd hosts and PostgreSQL cluster on 127.0.0.1 and stops them at the end; no daemon is started here) and
+# Debian's Chromium, which the browser tests drive headless to look at the published pages and Prefect's UI.
 set -euo pipefail
 
 need=()
 command -v /usr/sbin/sshd >/dev/null 2>&1 || need+=(openssh-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)
 if ((${#need[@]} == 0)); then
+  echo "system packages present: sshd, PostgreSQL, $(chromium --version 2>/dev/null || echo chromium)"
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -24,3 +27,5 @@ echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.d/ci.c
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${need[@]}"
+# Fail here, visibly, rather than in the browser tests.
+chromium --version

@@ -1,0 +1,129 @@
+"""The published docs, from a real SQLite results database: supported-models.md in the field's layout (one table
+per platform, models x precisions), export-verified-only cells, no orchestrator paths/hosts/URLs, trend plots with
+integer run ids, one per metric and platform."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.docs import db_label, write_docs
+from flows.docs_render import (
+    EXPORT_ONLY_MARK,
+    SUPPORTED_MARK,
+    CellKind,
+    MatrixRow,
+    TrendPoint,
+    cell_kind,
+    format_params,
+    render_markdown,
+    scrub,
+    trend_figure,
+)
+from tests.helpers.docs_db import build_docs_db
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs")
+    data = root / "data"
+    url = build_docs_db(root / "edgefarm.db", data)
+    out = root / "published"
+    summary = write_docs(url, out, data)
+    assert summary["rows"] == 5 and summary["supported"] == 2
+    return out
+
+
+def _section(md: str, platform: str) -> str:
+    return md.split(f"## {platform}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_supported_models_has_one_table_per_platform_with_precisions_as_columns(docs: Path) -> None:
+    md = (docs / "supported-models.md").read_text()
+    cpu = _section(md, "x86-cpu")
+    assert "Toolchain: edgellm-ort 0.1.0+onnxruntime-1.22.0" in cpu
+    header = next(line for line in cpu.splitlines() if line.startswith("| Model"))
+    assert header == "| Model | Params | FP32 | FP16 |"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in cpu.splitlines() if line.startswith("| ")}
+    stories = rows["stories260K"].strip("| ").split(" | ")
+    assert stories[1] == format_params(_stories_params()) and stories[1].endswith("K")
+    assert stories[2] == f"[{SUPPORTED_MARK}](runs/run-2.md#stories260k-fp32-x86-cpu)"
+    assert stories[3] == f"[{SUPPORTED_MARK}](runs/run-2.md#stories260k-fp16-x86-cpu)"
+    assert "tiny-qwen3" not in rows  # it failed: no row, no link
+    orin = _section(md, "orin")
+    assert "| Model | Params | FP8 | INT4_AWQ |" in orin
+    line = next(x for x in orin.splitlines() if x.startswith("| tiny-qwen3"))
+    cells = line.strip("| ").split(" | ")
+    assert cells[2] == ""  # fp8 on orin is not applicable: empty
+    assert cells[3].startswith(EXPORT_ONLY_MARK) and "edgellm-ort 0.1.0+onnxruntime-1.22.0" in cells[3]
+    assert "](" not in line  # export-only evidence is not support: never a link
+    assert "Legend:" in md and SUPPORTED_MARK in md and EXPORT_ONLY_MARK in md
+    evidence = (docs / "runs" / "run-2.md").read_text()
+    assert "<a id='stories260k-fp32-x86-cpu'></a>" in evidence
+
+
+def _stories_params() -> int:
+    from edgellm import ASSETS_DIR
+    from edgellm.checkpoint.checkpoint import Checkpoint
+
+    return Checkpoint.open(ASSETS_DIR / "stories260K").parameter_count
+
+
+def test_published_pages_carry_no_orchestrator_paths_hosts_or_urls(docs: Path) -> None:
+    pages = {p: p.read_text() for p in [docs / "supported-models.md", docs / "support-matrix.html",
+                                        *sorted((docs / "runs").glob("*.md"))]}
+    data_dir = str(docs.parent / "data")
+    for path, text in pages.items():
+        assert str(docs.parent) not in text, path
+        assert "10.1.2.3" not in text and "http://" not in text and "/home/ci" not in text, path
+        assert "sqlite:" not in text and "edgefarm.db" not in text, path
+    assert "(SQLite)" in pages[docs / "supported-models.md"]
+    run = pages[docs / "runs" / "run-2.md"]
+    assert "log devices/local-cpu/logs/run-2/accuracy.log" in run  # relative to the data dir
+    assert "<host>" in run and "<url>" in run and "…/notes.txt" in run
+    assert data_dir not in run
+    assert db_label("postgresql+psycopg://u:secret@db.example:5432/farm") == "PostgreSQL"
+
+
+def test_scrub_keeps_ordinary_text() -> None:
+    text = "build/infer: decode 12 tok/s, ratio 1/2 (fp16)"
+    assert scrub(text, "/data") == text
+    assert scrub("/data/artifacts/ab/cd in /data", "/data") == "artifacts/ab/cd in ."
+
+
+def test_trend_plots_one_per_metric_and_platform_with_integer_run_ids(docs: Path) -> None:
+    names = sorted(p.name for p in docs.glob("trend-*.png"))
+    assert names == ["trend-x86-cpu-decode-tokens-per-s.png", "trend-x86-cpu-perplexity-ratio.png",
+                     "trend-x86-cpu-prefill-tokens-per-s.png"]
+    import matplotlib.pyplot as plt
+
+    one = {("stories260K", "fp32"): [TrendPoint(7, "t", "stories260K", "fp32", "x86-cpu", "m", 1.0)]}
+    fig = trend_figure("decode_tokens_per_s", "x86-cpu", one)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert list(ax.get_xticks()) == [7]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["7"]
+    plt.close(fig)
+
+
+def test_export_only_cells_never_count_as_supported() -> None:
+    base = dict(model="m", precision="int4_awq", platform="orin", run_id=1, run_started="t")
+    export_only = MatrixRow(status="incomplete", stages={"quantize": "pass", "export": "pass", "build": "skipped"},
+                            **base)
+    assert cell_kind(export_only) is CellKind.EXPORT_ONLY
+    failed_build = MatrixRow(status="fail", stages={"export": "pass", "build": "fail"}, **base)
+    assert cell_kind(failed_build) is CellKind.NONE
+    ran = MatrixRow(status="incomplete", stages={"export": "pass", "build": "pass", "infer": "skipped"}, **base)
+    assert cell_kind(ran) is CellKind.NONE
+    md = render_markdown([export_only], generated_at="now", db_label="SQLite")
+    assert "## orin" in md and "[" + SUPPORTED_MARK not in md
+    assert re.search(r"\| m \| - \| ◇ export only", md)
+    empty = render_markdown([failed_build], generated_at="now", db_label="SQLite")
+    assert "No combination has passing evidence yet." in empty and "Tested, no passing evidence yet: orin." in empty
+
+
+def test_format_params() -> None:
+    assert [format_params(n) for n in (None, 999, 260_000, 1_540_000, 494_000_000, 7_620_000_000)] == [
+        "-", "999", "260K", "1.5M", "494M", "7.6B"]
