@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.prefect",
     "tests.fixtures.farm",
     "tests.fixtures.toolchain",
+    "tests.fixtures.browser",
 ]

@@ -35,7 +35,8 @@ def build_docs_db(db_path: Path, data_dir: Path) -> str:
         metrics = {"decode_tokens_per_s": (decode, "tok/s"), "prefill_tokens_per_s": (9000.0 + 100 * i, "tok/s"),
                    "perplexity_ratio": (1.0001, "")}
         _row(rec, run, "stories260K", "fp32", "x86-cpu", passed, metrics=metrics, device="local-cpu")
-        _row(rec, run, "stories260K", "fp16", "x86-cpu", passed, metrics=metrics, device="local-cpu")
+        half = {k: (v * (0.8 if k.endswith("per_s") else 1.0), u) for k, (v, u) in metrics.items()}
+        _row(rec, run, "stories260K", "fp16", "x86-cpu", passed, metrics=half, device="local-cpu")
         _row(rec, run, "tiny-qwen3", "fp32", "x86-cpu",
              {"export": "pass", "build": "pass", "infer": "pass", "accuracy": "fail", "bench": "skipped"},
              reason=f"perplexity ratio 1.9 > 1.2; log {data_dir}/devices/local-cpu/logs/run-{run}/accuracy.log "

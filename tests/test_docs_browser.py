@@ -1,0 +1,90 @@
+"""The HTML support matrix as people see it: opened from a file in headless Chromium (offline, no external assets),
+its cells, links, details and filters checked in the live DOM, a screenshot kept under .data/test-artifacts/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.docs import write_docs
+from tests.fixtures.browser import Tab
+from tests.helpers.docs_db import build_docs_db
+
+
+@pytest.fixture(scope="module")
+def matrix_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs-browser")
+    data = root / "data"
+    out = root / "published"
+    write_docs(build_docs_db(root / "edgefarm.db", data), out, data)
+    return out / "support-matrix.html"
+
+
+def _visible_cells(tab: Tab) -> list[str]:
+    return tab.js("[...document.querySelectorAll('td.cell[data-key]')].filter(td => td.offsetParent !== null "
+                  "&& !td.classList.contains('filtered')).map(td => td.dataset.key).sort()")
+
+
+def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Path) -> None:
+    html = matrix_page.read_text()
+    assert "src='http" not in html and "href='http" not in html and "<link" not in html  # nothing external
+    tab.send("Network.enable")
+    tab.goto(matrix_page.as_uri())
+    # one table per platform, models as rows, precisions as columns
+    sections = tab.js("[...document.querySelectorAll('section.platform')].map(s => s.dataset.platform)")
+    assert sections == ["orin", "x86-cpu"]
+    headers = tab.js("[...document.querySelectorAll(\"section[data-platform='x86-cpu'] thead th\")]"
+                     ".map(th => th.textContent)")
+    assert headers == ["Model", "Params", "FP32", "FP16"]
+    toolchain = tab.js("document.querySelector(\"section[data-platform='x86-cpu'] .toolchains\").textContent")
+    assert toolchain == "Toolchain: edgellm-ort 0.1.0+onnxruntime-1.22.0"
+    params = tab.js("document.querySelector(\"tr[data-model='stories260K'] td.params\").textContent")
+    assert params.endswith("K")
+    cells = tab.js("Object.fromEntries([...document.querySelectorAll('td.cell[data-key]')]"
+                   ".map(td => [td.dataset.key, [td.dataset.status, td.querySelector('a').getAttribute('href')]]))")
+    assert cells == {
+        "stories260k-fp32-x86-cpu": ["pass", "runs/run-2.md#stories260k-fp32-x86-cpu"],
+        "stories260k-fp16-x86-cpu": ["pass", "runs/run-2.md#stories260k-fp16-x86-cpu"],
+        "tiny-qwen3-fp32-x86-cpu": ["fail", "runs/run-2.md#tiny-qwen3-fp32-x86-cpu"],
+        "stories260k-fp8-orin": ["not_applicable", "runs/run-2.md#stories260k-fp8-orin"],
+        "tiny-qwen3-int4-awq-orin": ["export_verified", "runs/run-2.md#tiny-qwen3-int4-awq-orin"],
+    }
+    # empty where nothing was tested (tiny-qwen3 x fp16 on x86-cpu)
+    assert tab.js("document.querySelectorAll('td.cell:not([data-key])').length") == 3
+    # trend images are inline data, one per metric of the platform
+    assert tab.js("[...document.images].every(i => i.complete && i.naturalWidth > 0 && "
+                  "i.src.startsWith('data:image/png'))")
+    assert tab.js("document.querySelectorAll(\"section[data-platform='x86-cpu'] img.trend\").length") == 3
+    # hover text and click details
+    title = tab.js("document.querySelector(\"td[data-key='tiny-qwen3-fp32-x86-cpu']\").title")
+    assert "perplexity ratio 1.9 > 1.2" in title and "status: fail" in title
+    tab.js("document.querySelector(\"td[data-key='tiny-qwen3-fp32-x86-cpu'] .m\").click()")
+    assert tab.js("!document.getElementById('details').hidden")
+    details = tab.js("document.getElementById('details').innerText")
+    assert "tiny-qwen3 · fp32 · x86-cpu" in details and "perplexity ratio 1.9" in details
+    assert "evidence: run 2" in details
+    shot = tab.screenshot("support-matrix-details.png")
+    assert shot.stat().st_size > 10_000
+    tab.js("document.getElementById('close-details').click()")
+    # filters: status, then platform, then precision
+    assert len(_visible_cells(tab)) == 5
+    tab.js("(() => { for (const i of document.querySelectorAll('#f-status input')) { i.checked = i.value === "
+           "'pass'; } document.querySelector('#f-status input').dispatchEvent(new Event('change')); })()")
+    assert _visible_cells(tab) == ["stories260k-fp16-x86-cpu", "stories260k-fp32-x86-cpu"]
+    assert tab.js("document.querySelector(\"section[data-platform='orin'] .none-shown\").offsetParent !== null")
+    tab.screenshot("support-matrix-filter-pass.png")
+    tab.js("(() => { for (const i of document.querySelectorAll('#f-status input')) i.checked = true; "
+           "const p = document.getElementById('f-platform'); p.value = 'orin'; "
+           "p.dispatchEvent(new Event('change')); })()")
+    assert _visible_cells(tab) == ["stories260k-fp8-orin", "tiny-qwen3-int4-awq-orin"]
+    tab.js("(() => { const p = document.getElementById('f-precision'); p.value = 'int4_awq'; "
+           "p.dispatchEvent(new Event('change')); })()")
+    assert _visible_cells(tab) == ["tiny-qwen3-int4-awq-orin"]
+    assert tab.js("document.querySelector(\"section[data-platform='orin'] th[data-precision='fp8']\")"
+                  ".offsetParent === null")
+    # a supported cell's link opens its evidence page
+    tab.js("(() => { for (const s of ['f-platform', 'f-precision']) { const el = document.getElementById(s); "
+           "el.value = 'all'; el.dispatchEvent(new Event('change')); } })()")
+    tab.js("document.querySelector(\"td[data-key='stories260k-fp32-x86-cpu'] a\").click()")
+    tab.wait_for("location.href.includes('runs/run-2.md')")
