@@ -91,6 +91,19 @@ class Progress:
         return t
 
 
+def _announce_flow_run(flow: Any) -> Any:
+    """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
+    from flows.prefect_env import flow_run_ui_url, reporting_server
+
+    if reporting_server() is None:
+        return flow
+
+    def announce(_flow: Any, flow_run: Any, _state: Any) -> None:
+        out.print(f"flow run: {flow_run_ui_url(flow_run.id)}", markup=False)
+
+    return flow.with_options(on_running=[announce])
+
+
 PlanFormatOption = Annotated[str, typer.Option("--format", help="how --dry-run prints the plan: text | json")]
 
 
@@ -190,9 +203,9 @@ def nightly(
             return
         result = _run_with_progress(
             plan,
-            lambda: nightly_support_matrix(matrix=str(matrix_path), db_url=settings.db_url,
-                                           data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
-                                           docs_dir=str(settings.docs_dir), trigger="cli", plan=plan),
+            lambda: _announce_flow_run(nightly_support_matrix)(
+                matrix=str(matrix_path), db_url=settings.db_url, data_dir=str(settings.data_dir),
+                inventory=str(settings.inventory_dir), docs_dir=str(settings.docs_dir), trigger="cli", plan=plan),
         )
     if json_out:
         out.print_json(json.dumps(result, default=str))
@@ -224,8 +237,10 @@ def run(
             return
         result = _run_with_progress(
             plan,
-            lambda: run_test_list(priority=priority, db_url=settings.db_url, data_dir=str(settings.data_dir),
-                                  inventory=str(settings.inventory_dir), trigger="cli", plan=plan),
+            lambda: _announce_flow_run(run_test_list)(priority=priority, db_url=settings.db_url,
+                                                      data_dir=str(settings.data_dir),
+                                                      inventory=str(settings.inventory_dir), trigger="cli",
+                                                      plan=plan),
         )
     raise typer.Exit(_print_summary(result))
 
@@ -347,6 +362,10 @@ def docs(
               f"{len(result['trend_images'])} trend plot(s): {result['supported']} supported of {result['rows']} rows")
 
 
+def _announce_ui(url: str) -> None:
+    out.print(f"Prefect UI: {url} (deployments, schedules, runs, logs); stop with Ctrl-C", markup=False)
+
+
 def serve(
     port: Annotated[int, typer.Option("--port", help="Prefect server port on 127.0.0.1")] = 4200,
     data_dir: DataDirOption = None,
@@ -354,7 +373,7 @@ def serve(
                                                                               "to serve (default: nightly, "
                                                                               "l0-x86-cpu)")] = None,
 ) -> None:
-    """A local Prefect server plus a runner serving the nightly schedule (02:00) and the L0 deployment."""
+    """A local Prefect server with its UI plus a runner serving the nightly schedule (02:00) and the L0 deployment."""
     with farm_errors("serve"):
         from flows.settings import Settings
 
@@ -362,7 +381,7 @@ def serve(
         _prefect(settings.data_dir)
         from flows.serve import serve as run_serve
 
-        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment))
+        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui))
 
 
 def gc(

@@ -1,7 +1,8 @@
 """Prefect settings for the farm: offline, quiet, state under the project's data dir.
 
 Must run before ``import prefect`` (Prefect reads its settings at import). With no ``PREFECT_API_URL`` a flow run
-starts a temporary local server; with one (``edgefarm serve``, or a production server) runs are reported there.
+starts a temporary local server, without UI (it lives for one command); with one (``edgefarm serve``, whose server
+serves the UI, or a production server) runs are reported there and the commands print each flow run's URL.
 """
 
 from __future__ import annotations
@@ -27,3 +28,17 @@ def configure_prefect(data_dir: Path) -> dict[str, str]:
         os.environ.setdefault(key, value)
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     return {k: os.environ[k] for k in ("PREFECT_HOME", *QUIET_OFFLINE)}
+
+
+def reporting_server() -> str | None:
+    """The API URL of the server runs are reported to, or None when a command starts its own temporary one."""
+    return os.environ.get("PREFECT_API_URL") or None
+
+
+def flow_run_ui_url(flow_run_id: object) -> str | None:
+    """Where a person watches a flow run in the UI of the reporting server (None without one)."""
+    api = reporting_server()
+    if api is None:
+        return None
+    ui = os.environ.get("PREFECT_UI_URL") or api.rstrip("/").removesuffix("/api")
+    return f"{ui}/runs/flow-run/{flow_run_id}"

@@ -1,6 +1,6 @@
-"""``edgefarm serve``: a local Prefect server plus a runner serving the deployments of infra/prefect.yaml, so the
-nightly cron schedule fires on one machine. Production runs the same deployments on a shared server with one
-worker per platform pool (infra/README.md).
+"""``edgefarm serve``: a local Prefect server with its UI plus a runner serving the deployments of infra/prefect.yaml,
+so the nightly cron schedule fires on one machine and people watch runs, read logs and retry in the UI. Production
+runs the same deployments on a shared server with one worker per platform pool (infra/README.md).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,32 @@ def wait_healthy(api_url: str, timeout_s: float = 60.0, proc: subprocess.Popen[b
     raise InfrastructureError(f"Prefect server at {api_url} not healthy after {timeout_s:.0f} s")
 
 
-def start_server(host: str, port: int, log_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+def ui_env(api_url: str, static_dir: Path) -> dict[str, str]:
+    """Settings for a server that serves Prefect's UI: the UI's build is copied under the farm's data dir (not into
+    the installed package), it talks to this server's API, and shows no promotional content (offline)."""
+    return {"PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": api_url, "PREFECT_UI_STATIC_DIRECTORY": str(static_dir),
+            "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}
+
+
+def start_server(host: str, port: int, log_file: Path, *, ui: bool = False,
+                 timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+    """A Prefect server on loopback, healthy when this returns; with ``ui`` it also serves the UI at the API's
+    root (the UI's files go next to ``log_file``)."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ConfigurationError(f"serve binds to loopback only; got host {host!r} (valid: 127.0.0.1, localhost)")
     api_url = f"http://{host}:{port}/api"
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    env = os.environ.copy()
+    if ui:
+        env.update(ui_env(api_url, log_file.parent / "ui"))
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy(),
+            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+             "--ui" if ui else "--no-ui"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )
     try:
-        wait_healthy(api_url, proc=proc)
+        wait_healthy(api_url, timeout_s, proc=proc)
     except BaseException:
         stop_server(proc)
         raise
@@ -79,9 +94,11 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None) -> int:
-    """Start the server, then serve the chosen deployments (default: nightly and l0-x86-cpu) until interrupted.
-    Prefect must not have been imported yet: its API URL is set here."""
+def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None,
+          announce: Callable[[str], None] | None = None) -> int:
+    """Start the server with its UI, then serve the chosen deployments (default: nightly and l0-x86-cpu) until
+    interrupted; ``announce`` gets the UI's URL once the server is healthy. Prefect must not have been imported
+    yet: its API URL is set here."""
     if "prefect" in sys.modules:
         raise ConfigurationError("serve must run before Prefect is imported (its API URL is set at start)")
     specs = {d["name"]: d for d in load_deployment_specs()}
@@ -92,13 +109,17 @@ def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None) 
     # Started in the background by a non-interactive shell, SIGINT is ignored, and Prefect's runner turns SIGTERM
     # into SIGINT: restore the default so `kill` stops serve (and the server with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log")
+    # a first start migrates a new database and copies the UI's files: minutes on a busy small machine
+    proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log", ui=True, timeout_s=300)
     os.environ["PREFECT_API_URL"] = api_url
+    os.environ["PREFECT_UI_URL"] = api_url.removesuffix("/api")
     try:
         from prefect import serve as prefect_serve
 
         deployments = [_to_deployment(specs[n]) for n in wanted]
-        log.warning("Prefect server at %s; serving %s", api_url.removesuffix("/api"), ", ".join(wanted))
+        log.info("Prefect server at %s; serving %s", api_url, ", ".join(wanted))
+        if announce is not None:
+            announce(api_url.removesuffix("/api"))
         prefect_serve(*deployments, print_starting_message=False)
     finally:
         stop_server(proc)

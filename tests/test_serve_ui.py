@@ -1,0 +1,91 @@
+"""`edgefarm serve` as a person meets it: it prints the URL of Prefect's UI; the UI (a JS app, opened in headless
+Chromium) lists both deployments and the nightly 02:00 schedule; a `nightly` reporting to that server prints its
+flow run's URL, and that run's page shows the support matrix artifacts. Screenshots under .data/test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.browser import Tab
+from tests.fixtures.sshd import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A running `edgefarm serve`: (the UI URL it printed, an environment without Prefect settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path / "serve"))
+    log = tmp_path / "serve.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--port", str(free_port()),
+                                 "--data-dir", str(tmp_path / "serve")], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"Prefect UI: (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None, f"serve exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"serve printed no UI URL:\n{log.read_text()}"
+            time.sleep(0.5)
+        yield m.group(1), env
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _text(tab: Tab) -> str:
+    return tab.js("document.body.innerText")
+
+
+def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(served: tuple[str, dict[str, str]],
+                                                                           tab: Tab, tmp_path: Path) -> None:
+    ui, env = served
+    want = ["l0-x86-cpu run-test-list Ready l0", "nightly nightly-support-matrix Ready nightly At 02:00 AM every day"]
+    rows_js = "[...document.querySelectorAll('tbody tr')].map(tr => tr.innerText.replace(/\\s+/g, ' ').trim()).sort()"
+    # the runner registers the deployments just after the server is up, and the UI fetches the flow names after
+    # the deployments: reload until the table is complete
+    deadline = time.monotonic() + 120
+    rows: list[str] = []
+    while rows != want:
+        assert time.monotonic() < deadline, f"deployments not shown by the UI: {rows}\n{_text(tab)[:2000]}"
+        tab.goto(f"{ui}/deployments")
+        tab.poll(f"JSON.stringify({rows_js}) === {json.dumps(json.dumps(want))}", timeout=15)
+        rows = tab.js(rows_js)
+    tab.screenshot("prefect-ui-deployments.png")
+
+    # a nightly reporting to this server prints its run's URL; nothing runnable here (no orin), so it is quick
+    matrix = tmp_path / "orin.yml"
+    matrix.write_text(yaml.safe_dump({
+        "name": "ui-check", "models": ["stories260K"], "precisions": ["fp16", "fp8"], "platforms": ["orin"],
+        "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
+                     "stages": ["export", "build", "infer", "accuracy", "bench"]}}))
+    run = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--matrix", str(matrix), "--data-dir",
+                          str(tmp_path / "nightly")], cwd=REPO, env={**env, "PREFECT_API_URL": f"{ui}/api"},
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    m = re.search(rf"flow run: ({re.escape(ui)}/runs/flow-run/[0-9a-f-]{{36}})", run.stdout)
+    assert m, run.stdout
+    tab.goto(m.group(1))
+    tab.wait_for("document.querySelectorAll('li.p-tab').length > 0", timeout=60)
+    tab.js("[...document.querySelectorAll('li.p-tab')].find(t => t.textContent.trim() === 'Artifacts').click()")
+    tab.wait_for("document.body.innerText.includes('support-matrix') && "
+                 "document.body.innerText.includes('supported-models')", timeout=60)
+    assert "nightly-support-matrix" in _text(tab)
+    tab.screenshot("prefect-ui-nightly-run-artifacts.png")
