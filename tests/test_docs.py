@@ -57,7 +57,8 @@ def test_supported_models_has_one_table_per_platform_with_precisions_as_columns(
     line = next(x for x in orin.splitlines() if x.startswith("| tiny-qwen3"))
     cells = line.strip("| ").split(" | ")
     assert cells[2] == ""  # fp8 on orin is not applicable: empty
-    assert cells[3].startswith(EXPORT_ONLY_MARK) and "edgellm-ort 0.1.0+onnxruntime-1.22.0" in cells[3]
+    assert "Toolchain: tensorrt-edgellm 0.11.0" in orin
+    assert cells[3] == f"{EXPORT_ONLY_MARK} export only, tensorrt-edgellm 0.11.0 (run 2)"
     assert "](" not in line  # export-only evidence is not support: never a link
     assert "Legend:" in md and SUPPORTED_MARK in md and EXPORT_ONLY_MARK in md
     evidence = (docs / "runs" / "run-2.md").read_text()

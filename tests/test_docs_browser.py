@@ -39,6 +39,8 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
     assert headers == ["Model", "Params", "FP32", "FP16"]
     toolchain = tab.js("document.querySelector(\"section[data-platform='x86-cpu'] .toolchains\").textContent")
     assert toolchain == "Toolchain: edgellm-ort 0.1.0+onnxruntime-1.22.0"
+    orin = tab.js("document.querySelector(\"section[data-platform='orin'] .toolchains\").textContent")
+    assert orin == "Toolchain: tensorrt-edgellm 0.11.0"
     params = tab.js("document.querySelector(\"tr[data-model='stories260K'] td.params\").textContent")
     assert params.endswith("K")
     cells = tab.js("Object.fromEntries([...document.querySelectorAll('td.cell[data-key]')]"

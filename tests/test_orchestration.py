@@ -77,9 +77,13 @@ def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs:
         assert not s.scalars(select(ArtifactRecord).where(ArtifactRecord.kind == "checkpoint")).all()
     docs = Path(summary["docs"]["out_dir"])
     md = (docs / "supported-models.md").read_text()
-    for model in ("stories260K", "tiny-qwen3"):
-        assert f"| {model} | fp32 |" in md and f"| {model} | fp16 |" in md
-    assert "orin" not in md.split("## Key metrics")[0]  # nothing passed there: no column
+    x86 = md.split("## x86-cpu\n", 1)[1]  # one table per platform: models x precisions, cells link the evidence
+    assert "| Model | Params | FP32 | FP16 |" in x86
+    for model, anchor in (("stories260K", "stories260k"), ("tiny-qwen3", "tiny-qwen3")):
+        line = next(x for x in x86.splitlines() if x.startswith(f"| {model} | "))
+        assert line.split(" | ")[1] != "-"  # its parameter count
+        assert f"(runs/run-1.md#{anchor}-fp32-x86-cpu)" in line and f"(runs/run-1.md#{anchor}-fp16-x86-cpu)" in line
+    assert "## orin" not in md  # nothing passed there: no table
     html = (docs / "support-matrix.html").read_text()
     assert "not_applicable" in html and "run 1" in html
     assert f"edgellm-ort {require('edgellm-ort').host_version()}" in html and "edgellm-ort" in md

@@ -11,14 +11,18 @@ from results.recorder import Recorder
 
 PIPELINE = ("export", "build", "infer", "accuracy", "bench")
 VERSIONS = {"edgellm-farm": "0.1.0", "onnxruntime": "1.22.0"}
+ORT = ("edgellm-ort", "0.1.0+onnxruntime-1.22.0")
+TRT = ("tensorrt-edgellm", "0.11.0")
 
 
 def _row(rec: Recorder, run: int, model: str, precision: str, platform: str, stages: dict[str, str],
          reason: str | None = None, metrics: dict[str, tuple[float, str]] | None = None,
-         device: str | None = None) -> None:
+         device: str | None = None, toolchain: tuple[str, str | None] = ORT) -> None:
     for stage, status in stages.items():
+        ran = status in ("pass", "fail", "error")
         rec.record_result(run, model=model, precision=precision, platform=platform, stage=stage,
-                          test_id=f"{model}-{precision}", status=status, device=device,
+                          test_id=f"{model}-{precision}", status=status, device=device, toolchain=toolchain[0],
+                          toolchain_version=toolchain[1] if ran else None,
                           reason=reason if status not in ("pass",) else None,
                           metrics=metrics if stage in ("bench", "accuracy") else None)
 
@@ -43,10 +47,10 @@ def build_docs_db(db_path: Path, data_dir: Path) -> str:
                     "(ssh edge@10.1.2.3:2222, server http://10.1.2.3:4200/api, /home/ci/secret/notes.txt)",
              device="local-cpu")
         _row(rec, run, "stories260K", "fp8", "orin", dict.fromkeys(PIPELINE, "not_applicable"),
-             reason="fp8 needs SM89+; orin is SM87")
+             reason="fp8 needs SM89+; orin is SM87", toolchain=(TRT[0], None))
         _row(rec, run, "tiny-qwen3", "int4_awq", "orin",
              {"quantize": "pass", "export": "pass", "build": "skipped", "infer": "skipped", "accuracy": "skipped"},
-             reason="no orin device in the inventory")
+             reason="no orin device in the inventory", toolchain=TRT)
         rec.finish_run(run, "failed")
     engine.dispose()
     return url
