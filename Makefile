@@ -15,7 +15,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# OpenSSH server and PostgreSQL binaries for the test services (the tests start and stop them on 127.0.0.1).
+# OpenSSH server and PostgreSQL binaries for the test services (the tests start and stop them on 127.0.0.1), and
+# Chromium for the browser tests.
 system-deps:
 	bash scripts/install-system-deps.sh
 
