@@ -67,7 +67,7 @@ def model_parameters(models: set[str], data_dir: Path | None) -> dict[str, int]:
                 path = src.locate(data_dir or Path("."))
             counts[name] = Checkpoint.open(path).parameter_count
         except EdgeLLMError as exc:
-            log.warning("no parameter count for %s: %s", name, exc)
+            log.info("no parameter count for %s: %s", name, exc)
     return counts
 
 
