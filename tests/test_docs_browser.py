@@ -90,3 +90,11 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
            "el.value = 'all'; el.dispatchEvent(new Event('change')); } })()")
     tab.js("document.querySelector(\"td[data-key='stories260k-fp32-x86-cpu'] a\").click()")
     tab.wait_for("location.href.includes('runs/run-2.md')")
+
+
+def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.fixtures.browser import chromium_binary
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no chromium on it
+    with pytest.raises(pytest.fail.Exception, match=r"Chromium is missing.*install-system-deps\.sh"):
+        chromium_binary()

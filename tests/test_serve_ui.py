@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +90,14 @@ def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(serv
                  "document.body.innerText.includes('supported-models')", timeout=60)
     assert "nightly-support-matrix" in _text(tab)
     tab.screenshot("prefect-ui-nightly-run-artifacts.png")
+    run_id = m.group(1).rsplit("/", 1)[1]
+    query = {"artifacts": {"flow_run_id": {"any_": [run_id]}}}
+    req = urllib.request.Request(f"{ui}/api/artifacts/filter", method="POST", data=json.dumps(query).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        artifacts = {a["key"]: a for a in json.loads(resp.read())}
+    assert set(artifacts) == {"support-matrix", "supported-models"}
+    table = json.loads(artifacts["support-matrix"]["data"])
+    assert {(r["model"], r["precision"], r["platform"], r["status"]) for r in table} == {
+        ("stories260K", "fp16", "orin", "skipped"), ("stories260K", "fp8", "orin", "not_applicable")}
+    assert "# Supported models" in artifacts["supported-models"]["data"]
