@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from devices.inventory import Device, TransportKind
-from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult, HostKeyError, Transport
+from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult, HostKeyError, RemoteNameError, Transport
 from devices.transport.local import LocalTransport
 
-__all__ = ["TIMEOUT_EXIT_CODE", "CommandResult", "HostKeyError", "Transport", "open_transport"]
+__all__ = ["TIMEOUT_EXIT_CODE", "CommandResult", "HostKeyError", "RemoteNameError", "Transport", "open_transport"]
 
 
 def open_transport(device: Device) -> Transport:

@@ -6,6 +6,10 @@ Failure kinds (callers decide retries by kind, never by message):
 - ``HostKeyError`` (a ConfigurationError, NOT retryable): the device's host key differs from the pinned one, or
   none is pinned. Either the device was reinstalled or someone is in the middle; a person must check and update
   the inventory. Retrying would only hammer a possibly hostile host.
+- ``RemoteNameError`` (a ConfigurationError, NOT retryable): the device listed a name that is not a plain
+  relative path in the fixed charset (``/`` tricks, ``..``, NUL, control characters), as OpenSSH's scp refuses
+  since CVE-2019-6111. Our own ``edgellm`` writes only such names, so the device's tools are broken or hostile:
+  a person must look at it; retrying (here or elsewhere) would hide that. Nothing is written outside the target.
 - ``ConfigurationError``: a transfer's source does not exist.
 - A command that ran and exited non-zero is not an exception: it is ``CommandResult.exit_code``.
   A command that ran past its ``timeout`` is killed (with its process group) and reported as
@@ -17,6 +21,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -32,6 +37,36 @@ _CHUNK = 1 << 20
 
 class HostKeyError(ConfigurationError):
     """The device's host key is not the pinned one (or none is pinned). Security/configuration: not retried."""
+
+
+class RemoteNameError(ConfigurationError):
+    """A device listed an unsafe file name. Security/configuration: not retried."""
+
+
+# One path component: a fixed charset (no separators, NUL, control characters or shell/terminal specials).
+_NAME_PART = re.compile(r"[A-Za-z0-9._+=@,-]{1,255}\Z")
+MAX_REMOTE_PATH = 1024
+
+
+def check_remote_name(rel: str, *, where: str) -> str:
+    """``rel`` (a relative POSIX path a device reported) if every component is a plain name, else RemoteNameError."""
+    parts = rel.split("/")
+    plain = all(_NAME_PART.match(part) and part not in (".", "..") for part in parts)
+    if len(rel) > MAX_REMOTE_PATH or not plain:
+        raise RemoteNameError(
+            f"{where}: refusing the remote name {rel!r}: each '/'-separated part must match "
+            f"[A-Za-z0-9._+=@,-]+ and not be '.' or '..' (no absolute path, NUL or control characters), "
+            f"at most {MAX_REMOTE_PATH} characters in all"
+        )
+    return rel
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root / rel``, verified (after resolving symlinks) to stay under ``root``."""
+    target = root / rel
+    if not target.resolve().is_relative_to(root.resolve()):
+        raise RemoteNameError(f"{rel!r} resolves to {target.resolve()}, outside {root}")
+    return target
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,11 @@ from devices.transport.base import (
     TIMEOUT_EXIT_CODE,
     CommandResult,
     HostKeyError,
+    RemoteNameError,
     Transport,
     check_argv,
+    check_remote_name,
+    inside,
     local_tree,
     make_local_temp,
     remove_local,
@@ -44,6 +47,7 @@ GRACE_S = 30.0  # beyond the command's own timeout, before the transport is decl
 KEEPALIVE_S = 15
 SHA_BATCH = 200
 KILLED_BY_TIMEOUT = 128 + 9
+NO_EXIT_STATUS = -1  # paramiko's exit status when the session closed without sending one
 
 
 def remote_command(argv: list[str], *, timeout: float, cwd: str, env: dict[str, str] | None = None) -> str:
@@ -245,6 +249,9 @@ class SSHTransport(Transport):
                     code = channel.recv_exit_status()  # ready: _drain returned after exit_status_ready()
                 finally:
                     channel.close()
+                if code == NO_EXIT_STATUS:
+                    # the session ended without an exit status: the device (or its sshd) died under the command
+                    raise EOFError(f"the device ended the session before {argv[0]} reported its exit status")
         finally:
             if log_file is not None:
                 log_file.close()
@@ -388,9 +395,9 @@ class SSHTransport(Transport):
             tmp = make_local_temp(dst, directory=stat.S_ISDIR(mode))
             try:
                 for rel in dirs:
-                    (tmp / rel).mkdir()
+                    inside(tmp, rel).mkdir()
                 for rel, digest in zip(files, expected, strict=True):
-                    target = tmp / rel if rel else tmp
+                    target = inside(tmp, rel) if rel else tmp
                     sftp.get(posixpath.join(src, rel) if rel else src, str(target))
                     if sha256_file(target) != digest:
                         raise InfrastructureError(f"{self._where}: sha256 of the downloaded {rel or src} differs")
@@ -407,10 +414,15 @@ class SSHTransport(Transport):
         dirs, files = [], []
         for entry in filter(None, result.stdout.split("\0")):
             kind, rel = entry[0], entry[2:]
+            check_remote_name(rel, where=f"{self._where}: listing {root}")
             if kind == "d":
                 dirs.append(rel)
             elif kind == "f":
                 files.append(rel)
             else:
                 raise ConfigurationError(f"{self._where}: {root}/{rel}: only regular files and directories are copied")
+        known = set(dirs)
+        orphans = [rel for rel in [*dirs, *files] if posixpath.dirname(rel) not in known | {""}]
+        if orphans:
+            raise RemoteNameError(f"{self._where}: listing {root} names {orphans[0]!r} but not its directory")
         return sorted(dirs), sorted(files)
