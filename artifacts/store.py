@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.files import atomic_output
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -176,14 +177,8 @@ class ArtifactStore:
     def get_file(self, sha256: str, dest: Path | str) -> Path:
         """Copy a blob to ``dest`` (atomically: nothing is written at ``dest`` unless it verifies)."""
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self._verified_copy(sha256, out)
-            os.replace(tmp_name, dest)
-        finally:
-            Path(tmp_name).unlink(missing_ok=True)
+        with atomic_output(dest) as out:
+            self._verified_copy(sha256, out)
         return dest
 
     def extract(self, sha256: str, dest: Path | str) -> Path:

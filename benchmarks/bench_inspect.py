@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from edgellm import BUNDLED_MODEL_DIR  # noqa: E402
 from edgellm.checkpoint import Checkpoint, build_inventory  # noqa: E402
+from edgellm.files import write_json_atomic  # noqa: E402
 
 # ~267M parameters: 1.07 GB in fp32.
 BIG = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=12, num_attention_heads=16,
@@ -135,10 +136,7 @@ def main() -> int:
     result = {"benchmark": "inspect", "runs": args.runs, "python": platform.python_version(),
               "machine": platform.machine(), "cpus": os.cpu_count(), "write_1gb_s": round(write_s, 2),
               "rows": rows, "data_ratio": round(data_ratio, 1), "lib_time_ratio": round(ratio, 2)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.output.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, args.output)
+    write_json_atomic(args.output, result)
     print(f"wrote {args.output}")
     return 0
 

@@ -406,10 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "models": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    tmp.replace(args.output)
+    from edgellm.files import write_json_atomic
+
+    write_json_atomic(args.output, json.loads(json.dumps(report, default=str)))
     print(f"\nwrote {args.output}")
     return 0
 

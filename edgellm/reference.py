@@ -22,8 +22,6 @@ import hashlib
 import inspect
 import io
 import json
-import os
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ import numpy as np
 from edgellm import BUNDLED_TEXT_FILE, __version__
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError
+from edgellm.files import write_bytes_atomic
 
 FORMAT = "edgellm-reference/1"
 PROMPTS: tuple[str, ...] = (
@@ -196,20 +195,10 @@ class ReferenceData:
 
     def save(self, path: Path) -> str:
         """Write atomically (temp file + rename); returns the file's sha256."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         np.savez(buf, allow_pickle=False, **self.arrays())
         data = buf.getvalue()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from the device's other users
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_bytes_atomic(Path(path), data)
         return hashlib.sha256(data).hexdigest()
 
 

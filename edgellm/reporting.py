@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgellm.errors import ConfigurationError
+from edgellm import files
 
 
 def json_safe(data: Any) -> Any:
@@ -25,25 +22,8 @@ def json_safe(data: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and a rename: never a half-written report."""
-    path = Path(path)
-    data = json_safe(data)
-    if path.is_dir():
-        raise ConfigurationError(f"output {path} is a directory; give a file path such as {path / 'report.json'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write output {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` (non-finite floats as strings) as JSON to ``path``: whole or not at all (edgellm.files)."""
+    files.write_json_atomic(Path(path), json_safe(data))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -8,15 +8,14 @@ Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is ap
 from __future__ import annotations
 
 import enum
-import os
 import re
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgellm.files import write_text_atomic
 from edgellm.types import Precision
 
 if TYPE_CHECKING:
@@ -310,13 +309,4 @@ def render_trends(points: Sequence[TrendPoint], out_dir: Path) -> list[TrendImag
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # published pages: readable by the web server, like the trend PNGs
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)

@@ -28,6 +28,8 @@ HOSTILE_NAMES = [
     "tab\tname",
     "caf\u00e9",
     "a//b",
+    "back\\slash",
+    "",
 ]
 
 
@@ -51,7 +53,14 @@ def test_remote_names_checked_like_openssh() -> None:
     for name in HOSTILE_NAMES:
         with pytest.raises(RemoteNameError, match="refusing the remote name"):
             check_remote_name(name, where="dev")
-    for name in ["model.onnx", "model.onnx.data", "tokenizer.json", "sub/x-1_2+3=4@5,6", ".hidden"]:
+    for name in [
+        "model.onnx",
+        "model.onnx.data",
+        "tokenizer.json",
+        "sub/x-1_2+3=4@5,6",
+        ".hidden",
+        "sub dir/it's b.bin",
+    ]:
         assert check_remote_name(name, where="dev") == name
     assert issubclass(RemoteNameError, ConfigurationError)  # not retried: a person must look at the device
 

@@ -43,8 +43,9 @@ class RemoteNameError(ConfigurationError):
     """A device listed an unsafe file name. Security/configuration: not retried."""
 
 
-# One path component: a fixed charset (no separators, NUL, control characters or shell/terminal specials).
-_NAME_PART = re.compile(r"[A-Za-z0-9._+=@,-]{1,255}\Z")
+# One path component: printable ASCII but '/' and '\\' (no separators, NUL, control or terminal characters;
+# no backslash, which sha256sum would escape). Quotes and spaces are harmless: argv is always shlex-quoted.
+_NAME_PART = re.compile(r"[\x20-\x2e\x30-\x5b\x5d-\x7e]{1,255}\Z")
 MAX_REMOTE_PATH = 1024
 
 
@@ -54,8 +55,8 @@ def check_remote_name(rel: str, *, where: str) -> str:
     plain = all(_NAME_PART.match(part) and part not in (".", "..") for part in parts)
     if len(rel) > MAX_REMOTE_PATH or not plain:
         raise RemoteNameError(
-            f"{where}: refusing the remote name {rel!r}: each '/'-separated part must match "
-            f"[A-Za-z0-9._+=@,-]+ and not be '.' or '..' (no absolute path, NUL or control characters), "
+            f"{where}: refusing the remote name {rel!r}: each '/'-separated part must be printable ASCII "
+            f"without '\\', and not '.' or '..' (no absolute path, NUL or control characters), "
             f"at most {MAX_REMOTE_PATH} characters in all"
         )
     return rel

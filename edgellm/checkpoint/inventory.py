@@ -3,15 +3,13 @@ reconciliation, quantization, problems). This is the contract ``edgellm inspect 
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from edgellm import files
 from edgellm.checkpoint.checkpoint import Checkpoint
 from edgellm.checkpoint.header import TensorInfo
 from edgellm.config import QuantConfig
@@ -112,17 +110,5 @@ def failed_inventory(ckpt_dir: Path, problem: str) -> dict[str, Any]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and a rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` whole or not at all, never through a planted link (edgellm.files)."""
+    files.write_json_atomic(Path(path), data)

@@ -11,9 +11,11 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 
 from edgellm import __version__
 from edgellm.build_id import build_id
+from edgellm.files import write_text_atomic
 
 NAME = "env"
 HELP = "print versions of edgellm, Python and the inference backends on this machine, as JSON"
@@ -61,6 +63,5 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(collect(), indent=2, sort_keys=True)
     print(text)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_text_atomic(Path(args.output), text + "\n")
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError
+from edgellm.files import write_json_atomic
 
 MAX_REQUEST_FILE_BYTES = 64 * 1024 * 1024
 FINISH_REASONS = ("length", "stop", "eos")
@@ -144,8 +145,4 @@ def check_requests(requests: list[GenerationRequest]) -> list[str]:
 
 
 def write_response_file(path: Path, results: list[GenerationResult]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"responses": [r.to_json() for r in results]}, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(Path(path), {"responses": [r.to_json() for r in results]})
