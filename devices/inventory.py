@@ -33,7 +33,7 @@ from edgellm.errors import ConfigurationError
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"
 DATA_DIR_ENV = "EDGEFARM_DATA_DIR"
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 class TransportKind(enum.StrEnum):

@@ -96,12 +96,9 @@ def _load_file(path: Path) -> dict[str, Any]:
         raise ConfigurationError(f"thresholds file {path} is over {MAX_THRESHOLDS_BYTES} bytes")
     text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
+        from edgellm.yamlio import loads_yaml
 
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigurationError(f"thresholds file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        data = loads_yaml(text, path)
     elif path.suffix.lower() == ".json":
         import json
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
+from edgellm.yamlio import read_yaml
 from test_lists.catalog import Catalog
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
@@ -155,12 +155,7 @@ def _decide(
 
 def load_matrix(path: Path, catalog: Catalog) -> tuple[str, list[tuple[TestEntry, str]]]:
     """Expand a matrix file into (entry, platform) pairs; every problem of the file in one ConfigurationError."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigurationError(f"{path}: cannot read matrix file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigurationError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
+    data = read_yaml(Path(path))
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path}: a matrix file is a mapping with name, models, precisions, platforms")
     problems: list[str] = []

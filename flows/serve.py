@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.yamlio import read_yaml
 
 PREFECT_YAML = Path(__file__).resolve().parent.parent / "infra" / "prefect.yaml"
 log = logging.getLogger(__name__)
@@ -27,10 +26,7 @@ log = logging.getLogger(__name__)
 
 def load_deployment_specs(path: Path = PREFECT_YAML) -> list[dict[str, Any]]:
     """The deployments declared in prefect.yaml (YAML anchors resolved)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"{path}: cannot read deployments: {exc}".replace("\n", " ")) from None
+    data = read_yaml(path, aliases=True)  # Prefect's format shares settings through anchors: bounded expansion
     deployments = data.get("deployments") if isinstance(data, dict) else None
     if not isinstance(deployments, list) or not deployments:
         raise ConfigurationError(f"{path}: no 'deployments' list")

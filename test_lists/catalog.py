@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from edgellm import ASSETS_DIR
 from edgellm.errors import ConfigurationError
+from edgellm.yamlio import read_yaml
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -116,10 +116,7 @@ class Catalog:
 
     @classmethod
     def load(cls, path: Path = CATALOG_FILE) -> Catalog:
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigurationError(f"{path}: cannot read model catalog: {exc}".replace("\n", " ")) from None
+        data = read_yaml(Path(path)) or {}
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):
             raise ConfigurationError(f"{path}: expected a mapping 'models: {{NAME: SOURCE}}'")

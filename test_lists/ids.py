@@ -22,13 +22,13 @@ def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCac
 
 _PREC = _alternatives(Precision)
 _LM = _alternatives(LMHeadPrecision)
-_PREC_RE = re.compile(rf"^(?:{_PREC})$")
-_LM_RE = re.compile(rf"^lm(?P<p>{_LM})$")
-_KV_RE = re.compile(rf"^(?P<p>{_alternatives(KVCachePrecision)})kv$")
-_LIMIT_RE = re.compile(r"^(?P<key>mxsl|mxbs|mxil)(?P<n>[1-9][0-9]*)$")
-_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_LM}))$")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
-_CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+$")
+_PREC_RE = re.compile(rf"^(?:{_PREC})\Z")
+_LM_RE = re.compile(rf"^lm(?P<p>{_LM})\Z")
+_KV_RE = re.compile(rf"^(?P<p>{_alternatives(KVCachePrecision)})kv\Z")
+_LIMIT_RE = re.compile(r"^(?P<key>mxsl|mxbs|mxil)(?P<n>[1-9][0-9]*)\Z")
+_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_LM}))\Z")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
+_CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 
 
 def model_name_problem(short_name: str) -> str | None:
@@ -101,7 +101,7 @@ class TestId:
         """Parse a compact id; the error names the id and the part that does not fit the grammar."""
         grammar = "Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-<prec>kv][-case]"
         tokens = text.split("-")
-        anchor = next((i for i, t in enumerate(tokens) if re.match(r"^mxsl[0-9]+$", t)), None)
+        anchor = next((i for i, t in enumerate(tokens) if re.match(r"^mxsl[0-9]+\Z", t)), None)
         if anchor is None or anchor + 2 >= len(tokens):
             raise ConfigurationError(f"test id {text!r} lacks 'mxslN-mxbsN-mxilN'; expected {grammar}")
         limits: dict[str, int] = {}

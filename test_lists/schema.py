@@ -43,7 +43,7 @@ STAGE_NEEDS: dict[Stage, Stage] = {
     Stage.BENCH: Stage.BUILD,
 }
 _STAGE_ORDER = {s: i for i, s in enumerate(Stage)}
-_MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:

@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
 from test_lists.catalog import Catalog
 from test_lists.ids import short_model_name
 from test_lists.platforms import PlatformCatalog
 from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
 from test_lists.testlist import TestEntry, TestList
 from test_lists.waivers import SourcedWaiver, Waiver
-from test_lists.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
 
 WAIVERS_STEM = "waivers"
 CATALOG_STEM = "models"  # the model catalog lives beside the lists; neither it nor waivers.yml is a list

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from test_lists.schema import NonEmptyStr, _Strict
 
-_URL_RE = re.compile(r"^https?://[^\s/]+\.[^\s/]+(?:/\S*)?$")
+_URL_RE = re.compile(r"^https?://[^\s/]+\.[^\s/]+(?:/\S*)?\Z")
 
 
 class Waiver(_Strict):

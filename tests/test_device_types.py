@@ -82,7 +82,7 @@ def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     assert f"{directory / 'x86-new.yaml'}: name: 'x86-newer' must equal the file name 'x86-new'" in lines
     assert f"{directory / 'bad-sm.yaml'}: arch: unknown arch 'riscv'; valid: x86_64, aarch64" in lines
     assert any(line.startswith(f"{directory / 'bad-sm.yaml'}: unknown key 'colour'") for line in lines)
-    assert any("broken.yaml: invalid YAML (line" in line for line in lines)
+    assert any("broken.yaml:2: invalid YAML: while parsing a flow sequence" in line for line in lines)
     assert len(lines) == 1 + 6
 
 
