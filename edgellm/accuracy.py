@@ -41,6 +41,7 @@ from edgellm.reference import (
     make_windows,
     window_nll,
 )
+from edgellm.runtime.engine import threads_problem
 from edgellm.thresholds import Thresholds, resolve_thresholds
 from edgellm.types import Precision
 
@@ -121,8 +122,8 @@ class EvalOptions:
                 problems.append(f"{', '.join(given).replace('--text-file', '--text')}: the reference file "
                                 f"{self.reference} fixes these settings (remake it with `edgellm reference` "
                                 f"to change them)")
-        if self.num_threads is not None and self.num_threads < 1:
-            problems.append(f"--threads {self.num_threads}: must be >= 1")
+        if (problem := threads_problem(self.num_threads)) is not None:
+            problems.append(problem)
         if problems:
             raise ConfigurationError("; ".join(problems))
         if self.checkpoint is not None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.reporting import latency_stats, percentile
+from edgellm.runtime.engine import threads_problem
 
 
 class BenchMode(enum.StrEnum):
@@ -47,8 +48,8 @@ class BenchOptions:
             value = getattr(self, name)
             if value < minimum:
                 problems.append(f"--{name.replace('_', '-')} {value}: must be >= {minimum}")
-        if self.num_threads is not None and self.num_threads < 1:
-            problems.append(f"--threads {self.num_threads}: must be >= 1")
+        if (problem := threads_problem(self.num_threads)) is not None:
+            problems.append(problem)
         if not Path(self.engine_dir).is_dir():
             problems.append(f"engine dir {self.engine_dir} not found")
         if problems:

@@ -45,14 +45,36 @@ def tree_sha256(table: dict[str, dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
-def verify_files(root: Path, manifest_name: str) -> dict[str, Any]:
-    """Load ``root/manifest_name`` and check every listed file's size and sha256; the error names the file."""
+def _listed_path(root: Path, rel: Any, manifest_name: str) -> Path:
+    """``root / rel`` for a name a manifest lists, refused unless it is a plain relative path that stays in
+    ``root`` (after resolving links). Checked before anything is read, so nothing outside leaks (not even a size)."""
+    parts = rel.split("/") if isinstance(rel, str) else []
+    plain = bool(parts) and all(p not in ("", ".", "..") and "\\" not in p and "\0" not in p for p in parts)
+    if not plain or not (root / rel).resolve().is_relative_to(root.resolve()):
+        raise ConfigurationError(
+            f"{root / manifest_name}: lists {rel!r}, which is not a file inside {root}; "
+            "a manifest may only list relative paths within its directory"
+        )
+    return root / rel
+
+
+def verify_files(root: Path, manifest_name: str, *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Load ``root/manifest_name`` and check every listed file's size and sha256; the error names the file.
+
+    ``required``: files the caller will read, which the manifest must list (so they are verified too)."""
     manifest = read_json_object(root / manifest_name, what=manifest_name, max_bytes=16 * 1024 * 1024)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ConfigurationError(f"{root / manifest_name}: 'files' must be a non-empty object")
+    paths = {rel: _listed_path(root, rel, manifest_name) for rel in files}
+    unlisted = [name for name in required if name not in files]
+    if unlisted:
+        raise ConfigurationError(
+            f"{root / manifest_name}: does not list {', '.join(unlisted)}, which the runtime reads; "
+            "rebuild the directory so its manifest covers every file"
+        )
     for rel, entry in files.items():
-        path = root / rel
+        path = paths[rel]
         if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
             raise ConfigurationError(f"{root / manifest_name}: entry for {rel!r} has no sha256")
         if not path.is_file():

@@ -7,6 +7,7 @@ per request (seeded -> reproducible, independent of the batch it runs in).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,23 @@ from edgellm.runtime.kv_cache import KVCache
 from edgellm.runtime.requests import GenerationRequest, GenerationResult, check_requests
 from edgellm.runtime.sampling import SamplingParams, choose
 from edgellm.runtime.tokenizer import TextCodec
+
+# Files Engine.open reads itself (the backend's own model file is checked by the manifest as a whole).
+ENGINE_RUNTIME_FILES = ("config.json", GENERATION_SETTINGS, "tokenizer.json")
+
+
+def max_threads() -> int:
+    """Most intra-op threads an engine may ask for: 4 per logical CPU (more only thrashes, or hangs ORT)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def threads_problem(num_threads: int | None) -> str | None:
+    """Why ``--threads num_threads`` is invalid, or None (None means the runtime's default)."""
+    if num_threads is None:
+        return None
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or not 1 <= num_threads <= max_threads():
+        return f"--threads {num_threads!r}: must be an integer in 1..{max_threads()} (4 x this machine's CPUs)"
+    return None
 
 
 @dataclass
@@ -71,9 +89,11 @@ class Engine:
     @classmethod
     def open(cls, engine_dir: str | Path, *, num_threads: int | None = None) -> Engine:
         engine_dir = Path(engine_dir)
+        if (problem := threads_problem(num_threads)) is not None:
+            raise ConfigurationError(problem)
         if not engine_dir.is_dir():
             raise ConfigurationError(f"{engine_dir}: engine directory not found")
-        manifest = verify_files(engine_dir, ENGINE_MANIFEST)
+        manifest = verify_files(engine_dir, ENGINE_MANIFEST, required=ENGINE_RUNTIME_FILES)
         for key in ("backend", "build_params", "precision"):
             if key not in manifest:
                 raise ConfigurationError(f"{engine_dir / ENGINE_MANIFEST}: missing key {key!r}")

@@ -16,6 +16,9 @@ from edgellm.errors import ConfigurationError
 from edgellm.files import write_json_atomic
 
 MAX_REQUEST_FILE_BYTES = 64 * 1024 * 1024
+# Smallest sampling temperature: logits / T must stay finite in float64 (1e-310 made every probability NaN).
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
 FINISH_REASONS = ("length", "stop", "eos")
 
 
@@ -41,8 +44,13 @@ class GenerationRequest:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             out.append(f"max_new_tokens {self.max_new_tokens!r} must be an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
-            out.append(f"temperature {self.temperature!r} must be a number in [0, 100] (0 = greedy)")
+        if not isinstance(self.temperature, (int, float)) or not (
+            self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
+        ):
+            out.append(
+                f"temperature {self.temperature!r} must be 0 (greedy) or a number in "
+                f"[{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             out.append(f"top_k {self.top_k!r} must be an integer >= 0 (0 = off)")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
@@ -59,7 +67,25 @@ class GenerationRequest:
             out.append("messages must be a non-empty list")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append("stop must be a list of non-empty strings")
+        out += _text_problems(self)
         return [f"request {self.id!r}: {p}" for p in out]
+
+
+def _text_problems(req: GenerationRequest) -> list[str]:
+    """Text that is not valid Unicode (a lone surrogate such as JSON's "\\ud800") cannot be tokenized."""
+    texts: list[tuple[str, object]] = [("prompt", req.prompt)]
+    texts += [(f"messages[{i}].content", m.get("content")) for i, m in enumerate(req.messages or [])
+              if isinstance(m, dict)]
+    texts += [(f"stop[{i}]", s) for i, s in enumerate(req.stop)]
+    out = []
+    for where, text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                out.append(f"{where} has a lone surrogate {text[exc.start]!r} at index {exc.start}: "
+                           "not valid Unicode text")
+    return out
 
 
 @dataclass
