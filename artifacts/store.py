@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,8 @@ from typing import BinaryIO
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.files import atomic_output
+
+log = logging.getLogger(__name__)
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -95,7 +98,20 @@ class ArtifactStore:
         return self.blobs / sha256[:2] / sha256[2:]
 
     def has(self, sha256: str) -> bool:
-        return self.path(sha256).is_file()
+        """Whether a blob is here *and* its content still hashes to its name (a cache hit is trusted only after
+        its digest is checked, as ccache and Bazel do). A corrupt blob is evicted, so the caller rebuilds it."""
+        blob = self.path(sha256)
+        if not blob.is_file():
+            return False
+        actual = self._hash_file(blob)
+        if actual != sha256:
+            self._evict(sha256, actual)
+            return False
+        return True
+
+    def _evict(self, sha256: str, actual: str) -> None:
+        log.warning("artifact sha256:%s is corrupt (content hashes to %s): evicted, it will be rebuilt", sha256, actual)
+        self.path(sha256).unlink(missing_ok=True)
 
     def ref(self, sha256: str, kind: ArtifactKind, packing: Packing) -> ArtifactRef:
         """The reference of a stored blob (for a cache hit); MissingArtifactError if it is not here."""
@@ -166,8 +182,9 @@ class ArtifactStore:
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
+            self._evict(sha256, h.hexdigest())  # the next run rebuilds it instead of failing again
             raise CorruptArtifactError(f"artifact sha256:{sha256} at {str(blob)!r} is corrupt (content hashes to "
-                                       f"{h.hexdigest()}); not served: restore or re-create it")
+                                       f"{h.hexdigest()}); evicted, not served: the stage that makes it reruns")
 
     def read_bytes(self, sha256: str) -> bytes:
         buf = io.BytesIO()

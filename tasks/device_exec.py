@@ -28,6 +28,7 @@ from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, Transport, open_
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from results import leases
 from results.models import ResultStatus
+from tasks import device_cache
 from tasks.farm import Farm
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,10 @@ def last_line(text: str) -> str:
 
 
 def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:
-    """Stage an artifact into the device cache once; returns its path relative to the work dir."""
-    remote = f"cache/{ref.sha256}"
-    if transport.run(["test", "-e", remote], timeout=60).exit_code == 0:
+    """Stage an artifact into the device cache once (a damaged entry is evicted and staged again); returns its
+    path relative to the work dir."""
+    remote = device_cache.entry(ref.sha256)
+    if device_cache.usable(transport, ref.sha256, ref.packing):
         return remote
     with tempfile.TemporaryDirectory(dir=_scratch(farm)) as tmp:
         local = Path(tmp) / ref.sha256
@@ -97,6 +99,7 @@ def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:
             # another stage staged the same artifact meanwhile: the cache entry is there and verified
             if transport.run(["test", "-e", remote], timeout=60).exit_code != 0:
                 raise
+        device_cache.seal(transport, ref.sha256, ref.packing)  # put verified every file: record their digests
     return remote
 
 
@@ -225,10 +228,11 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
 
 
 def promote_to_cache(transport: Transport, job_path: str, sha256: str) -> None:
-    """Move a directory the device built into its cache under the sha256 the store gave it."""
-    target = f"cache/{sha256}"
-    if transport.run(["test", "-e", target], timeout=60).exit_code == 0:
+    """Move a directory the device built (fetched and stored as ``sha256``) into its cache, sealed."""
+    target = device_cache.entry(sha256)
+    if device_cache.usable(transport, sha256, Packing.TAR):
         transport.run(["rm", "-rf", "--", job_path], timeout=300)
         return
     transport.run(["mkdir", "-p", "cache"], timeout=60)
     transport.run(["mv", "-T", "--", job_path, target], timeout=300)
+    device_cache.seal(transport, sha256, Packing.TAR)

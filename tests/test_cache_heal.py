@@ -1,0 +1,110 @@
+"""Caches heal: a corrupt store blob or device cache entry is found by its digest, evicted and made again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from artifacts.kinds import ArtifactKind, Packing
+from artifacts.store import ArtifactStore, CorruptArtifactError
+from devices.inventory import load_inventory
+from devices.transport import open_transport
+from edgellm.errors import InfrastructureError
+from tasks import device_cache
+from tasks.device_exec import ensure_on_device, promote_to_cache
+from tasks.farm import Farm, FarmContext
+
+
+def _corrupt(path: Path) -> None:
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_blob_is_no_cache_hit_and_is_rebuilt(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    ref = store.put(b"engine bytes " * 1000, ArtifactKind.ENGINE)
+    assert store.has(ref.sha256)
+    _corrupt(store.path(ref.sha256))
+    assert not store.has(ref.sha256)  # a cache miss, not a failure
+    assert not store.path(ref.sha256).exists()  # evicted
+    again = store.put(b"engine bytes " * 1000, ArtifactKind.ENGINE)  # the stage reruns and stores it
+    assert again.sha256 == ref.sha256 and store.has(ref.sha256)
+
+
+def test_corrupt_blob_read_is_infrastructure_and_evicted(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    ref = store.put(b"x" * 4096)
+    _corrupt(store.path(ref.sha256))
+    with pytest.raises(CorruptArtifactError, match=r"corrupt .* evicted") as caught:
+        store.get_file(ref.sha256, tmp_path / "out.bin")
+    assert isinstance(caught.value, InfrastructureError) and caught.value.retryable
+    assert not (tmp_path / "out.bin").exists() and not store.path(ref.sha256).exists()
+
+
+@pytest.fixture
+def local_farm(tmp_path: Path):
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "box.yaml").write_text(f"type: x86-cpu\ntransport: local\nwork_dir: {tmp_path / 'device'}\n")
+    ctx = FarmContext(run_id=1, db_url=f"sqlite:///{tmp_path / 'farm.db'}", data_dir=str(tmp_path / "data"),
+                      inventory_dir=str(inventory))
+    farm = Farm.get(ctx)
+    yield farm, next(iter(load_inventory(inventory))), tmp_path / "device"
+    Farm.close(ctx)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_device_cache_entries_are_verified_evicted_and_restaged(local_farm, tmp_path: Path) -> None:
+    farm, device, work = local_farm
+    engine = tmp_path / "engine"
+    (engine / "sub").mkdir(parents=True)
+    (engine / "model.onnx").write_bytes(os.urandom(10_000))
+    (engine / "sub" / "tokenizer.json").write_text('{"v": 1}')
+    tar_ref = farm.store.put(engine, ArtifactKind.ENGINE)
+    file_ref = farm.store.put(b"weights" * 1000, ArtifactKind.ONNX)
+    assert tar_ref.packing is Packing.TAR
+    with open_transport(device) as link:
+        remote = ensure_on_device(farm, link, tar_ref)
+        cached = work / remote
+        assert _files(cached) == _files(engine)
+        assert (work / "cache" / f"{tar_ref.sha256}.sha256sums").is_file()  # sealed
+        assert device_cache.usable(link, tar_ref.sha256, Packing.TAR)
+
+        (cached / "model.onnx").write_bytes(b"flipped")  # a corrupt entry: restaged, not used
+        assert ensure_on_device(farm, link, tar_ref) == remote
+        assert _files(cached) == _files(engine)
+        (cached / "extra.bin").write_text("planted")  # an unlisted file also fails the check
+        ensure_on_device(farm, link, tar_ref)
+        assert _files(cached) == _files(engine)
+        (work / "cache" / f"{tar_ref.sha256}.sha256sums").unlink()  # no seal: not trusted
+        assert not device_cache.usable(link, tar_ref.sha256, Packing.TAR) and not cached.exists()
+
+        file_remote = ensure_on_device(farm, link, file_ref)
+        (work / file_remote).write_bytes(b"not the weights")
+        ensure_on_device(farm, link, file_ref)
+        assert (work / file_remote).read_bytes() == b"weights" * 1000
+
+
+def test_promoted_engine_is_sealed_and_a_corrupt_one_replaced(local_farm, tmp_path: Path) -> None:
+    farm, device, work = local_farm
+    built = work / "jobs" / "j1" / "engine"
+    built.mkdir(parents=True)
+    (built / "model.onnx").write_bytes(b"engine")
+    ref = farm.store.put(built, ArtifactKind.ENGINE)
+    with open_transport(device) as link:
+        promote_to_cache(link, "jobs/j1/engine", ref.sha256)
+        assert device_cache.usable(link, ref.sha256, Packing.TAR)
+        (work / "cache" / ref.sha256 / "model.onnx").write_bytes(b"bitrot")
+        rebuilt = work / "jobs" / "j2" / "engine"
+        rebuilt.mkdir(parents=True)
+        (rebuilt / "model.onnx").write_bytes(b"engine")
+        promote_to_cache(link, "jobs/j2/engine", ref.sha256)  # the corrupt entry gives way to the new build
+        assert (work / "cache" / ref.sha256 / "model.onnx").read_bytes() == b"engine"
+        assert device_cache.usable(link, ref.sha256, Packing.TAR)
