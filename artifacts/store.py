@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from artifacts.inuse import mark_in_use, release, remove_stale
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.files import atomic_output
@@ -130,6 +131,7 @@ class ArtifactStore:
         self.tmp.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="put-")
         tmp = Path(tmp_name)
+        lock = mark_in_use(tmp)  # gc leaves it alone while this put runs
         try:
             with os.fdopen(fd, "wb") as out:
                 packing = self._write(src, out)
@@ -146,6 +148,7 @@ class ArtifactStore:
                 os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
+            release(lock)
         return ArtifactRef(sha, size, kind, packing)
 
     @staticmethod
@@ -232,7 +235,8 @@ class ArtifactStore:
 
     def gc(self, referenced: set[str], older_than_s: float) -> list[str]:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
-        files); returns the removed sha256s. Referenced or young blobs are never removed."""
+        files of puts no longer running); returns the removed sha256s. Referenced or young blobs are never
+        removed."""
         if older_than_s < 0:
             raise ConfigurationError(f"bad gc age {older_than_s!r}: need >= 0 seconds")
         cutoff = time.time() - older_than_s
@@ -245,9 +249,5 @@ class ArtifactStore:
                 if blob.stat().st_mtime < cutoff:
                     blob.unlink()
                     removed.append(sha)
-        if self.tmp.is_dir():
-            for stale in self.tmp.iterdir():
-                with contextlib.suppress(FileNotFoundError):
-                    if stale.stat().st_mtime < cutoff:
-                        stale.unlink()
+        remove_stale(self.tmp, "*", older_than_s)  # never a put still in progress (it holds its lock)
         return removed

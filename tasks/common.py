@@ -14,7 +14,7 @@ from prefect.runtime import task_run as prefect_task_run
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
 from edgellm.types import Stage
 from results.models import ResultStatus
-from tasks.device_exec import DeviceRun
+from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
@@ -49,7 +49,8 @@ def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
     outcome with its error kind, so one broken model never stops the run."""
     started = time.time()
     try:
-        outcome = body().done()
+        with fetch_scope():  # what the stage fetched from its device is gone when it ends
+            outcome = body().done()
     except InfrastructureError:
         raise
     except EdgeLLMError as exc:

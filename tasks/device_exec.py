@@ -15,12 +15,14 @@ import logging
 import re
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifacts.inuse import mark_in_use, release
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
@@ -101,6 +103,35 @@ def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:
                 raise
         device_cache.seal(transport, ref.sha256, ref.packing)  # put verified every file: record their digests
     return remote
+
+
+FETCH_PREFIX = "fetch-"
+_fetches = threading.local()  # the fetch dirs made by the stage running in this thread
+
+
+@contextlib.contextmanager
+def fetch_scope() -> Iterator[None]:
+    """Fetch dirs made inside this block (by run_stage, for the stage body to read) are removed when it ends;
+    while it runs they are marked in use, so gc leaves them alone."""
+    outer = getattr(_fetches, "dirs", None)
+    _fetches.dirs = []
+    try:
+        yield
+    finally:
+        for path, lock in _fetches.dirs:
+            shutil.rmtree(path, ignore_errors=True)
+            release(lock)
+        _fetches.dirs = outer
+
+
+def _fetch_dir(farm: Farm) -> Path:
+    path = Path(tempfile.mkdtemp(dir=_scratch(farm), prefix=FETCH_PREFIX))
+    held = getattr(_fetches, "dirs", None)
+    if held is None:
+        log.warning("%s made outside a fetch scope: only gc will remove it", path)
+    else:
+        held.append((path, mark_in_use(path)))
+    return path
 
 
 def _scratch(farm: Farm) -> Path:
@@ -212,7 +243,7 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     status, kind, reason = classify(result, timeout)
     fetched: dict[str, Path] = {}
     if status in fetch_on and fetch:
-        local_dir = Path(tempfile.mkdtemp(dir=_scratch(farm), prefix="fetch-"))
+        local_dir = _fetch_dir(farm)
         for name, rel in fetch.items():
             dest = local_dir / name
             with contextlib.suppress(ConfigurationError):

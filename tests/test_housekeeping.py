@@ -1,0 +1,106 @@
+"""Housekeeping never touches work in progress: a running put's temp file and a running stage's fetch dir survive
+``gc`` (even ``--older-than-days 0``); what killed runs left behind is removed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from artifacts.inuse import in_use, remove_stale
+from artifacts.store import ArtifactStore
+from flows.cli import app
+from tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
+from tasks.farm import Farm, FarmContext
+
+MB = 1 << 20
+
+
+def test_gc_spares_a_put_in_progress(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    src = tmp_path / "big.bin"
+    with src.open("wb") as f:
+        f.truncate(300 * MB)
+    errors: list[BaseException] = []
+    refs = []
+
+    def put() -> None:
+        try:
+            refs.append(store.put(src))
+        except BaseException as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=put)
+    worker.start()
+    collections = 0
+    while worker.is_alive():
+        store.gc(set(), older_than_s=0)  # `gc --older-than-days 0` in a loop while the put runs
+        collections += 1
+    worker.join()
+    assert errors == [] and len(refs) == 1, errors
+    assert collections > 1 and store.has(refs[0].sha256)
+    assert list(store.tmp.iterdir()) == []
+
+
+def test_gc_removes_what_a_dead_put_left(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    store.tmp.mkdir(parents=True)
+    held, dead = store.tmp / "put-held", store.tmp / "put-dead"
+    held.write_bytes(b"x")
+    dead.write_bytes(b"y")
+    for path in (held, dead):
+        os.utime(path, (0, 0))
+    with in_use(held):
+        store.gc(set(), older_than_s=0)
+        assert held.exists() and not dead.exists()
+    store.gc(set(), older_than_s=0)
+    assert not held.exists()
+
+
+@pytest.fixture
+def farm(tmp_path: Path) -> Iterator[Farm]:
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "box.yaml").write_text(f"type: x86-cpu\ntransport: local\nwork_dir: {tmp_path / 'device'}\n")
+    ctx = FarmContext(run_id=1, db_url=f"sqlite:///{tmp_path / 'farm.db'}", data_dir=str(tmp_path / "data"),
+                      inventory_dir=str(inventory))
+    yield Farm.get(ctx)
+    Farm.close(ctx)
+
+
+def test_fetch_dirs_are_removed_after_the_stage_and_spared_while_it_runs(farm: Farm) -> None:
+    scratch = farm.ctx.host_work_dir / "scratch"
+    with fetch_scope():
+        fetched = _fetch_dir(farm)
+        (fetched / "engine").mkdir()
+        os.utime(fetched, (0, 0))
+        assert remove_stale(scratch, f"{FETCH_PREFIX}*", 0) == []  # in use: gc leaves it
+        assert (fetched / "engine").is_dir()
+    assert not fetched.exists()  # removed when the stage ended
+    with pytest.raises(RuntimeError), fetch_scope():
+        failed = _fetch_dir(farm)
+        raise RuntimeError("stage crashed")
+    assert not failed.exists()
+
+
+def test_edgefarm_gc_removes_stale_fetch_dirs(tmp_path: Path) -> None:
+    data, db = tmp_path / "data", tmp_path / "data" / "edgefarm.db"
+    data.mkdir()
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", f"sqlite:///{db}"]).exit_code == 0
+    scratch = FarmContext(run_id=0, db_url="", data_dir=str(data), inventory_dir="").host_work_dir / "scratch"
+    left = scratch / f"{FETCH_PREFIX}killedrun"
+    (left / "engine").mkdir(parents=True)
+    (left / "engine" / "model.onnx").write_bytes(b"gigabytes in production")
+    fresh = scratch / f"{FETCH_PREFIX}running"
+    fresh.mkdir()
+    os.utime(left, (0, 0))
+    result = CliRunner().invoke(
+        app, ["gc", "--older-than-days", "1", "--data-dir", str(data), "--db", f"sqlite:///{db}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 stale fetch dir(s) removed" in result.output
+    assert not left.exists() and fresh.exists()
