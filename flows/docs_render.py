@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgellm.files import write_text_atomic
+from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 
 if TYPE_CHECKING:
@@ -302,7 +302,8 @@ def render_trends(points: Sequence[TrendPoint], out_dir: Path) -> list[TrendImag
     for (metric, platform), series in sorted(groups.items()):
         fig = trend_figure(metric, platform, series)
         name = f"trend-{slug(platform)}-{slug(metric)}.png"
-        fig.savefig(out_dir / name, dpi=100)
+        with atomic_output(out_dir / name) as f:
+            fig.savefig(f, dpi=100, format="png")
         plt.close(fig)
         images.append(TrendImage(platform=platform, metric=metric, file=name))
     return images

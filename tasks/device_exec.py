@@ -26,7 +26,7 @@ from artifacts.inuse import mark_in_use, release
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
-from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, Transport, open_transport
+from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from results import leases
 from results.models import ResultStatus
@@ -246,9 +246,13 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
         local_dir = _fetch_dir(farm)
         for name, rel in fetch.items():
             dest = local_dir / name
-            with contextlib.suppress(ConfigurationError):
+            try:
                 transport.get(f"{job_dir}/{rel}", dest)
                 fetched[name] = dest
+            except RemoteNameError:
+                raise  # a hostile or broken device: never mistaken for a missing output
+            except ConfigurationError:
+                pass  # not written (the stage failed before it): judged below
             if name not in fetched and status is ResultStatus.PASS:
                 shutil.rmtree(local_dir, ignore_errors=True)
                 raise ConfigurationError(f"{what}: {device.id} passed but wrote no {rel}")
