@@ -11,7 +11,7 @@ from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactStore, CorruptArtifactError
 from devices.inventory import load_inventory
 from devices.transport import open_transport
-from edgellm.errors import InfrastructureError
+from edgellm.errors import ErrorKind, InfrastructureError
 from tasks import device_cache
 from tasks.device_exec import ensure_on_device, promote_to_cache
 from tasks.farm import Farm, FarmContext
@@ -41,7 +41,7 @@ def test_corrupt_blob_read_is_infrastructure_and_evicted(tmp_path: Path) -> None
     _corrupt(store.path(ref.sha256))
     with pytest.raises(CorruptArtifactError, match=r"corrupt .* evicted") as caught:
         store.get_file(ref.sha256, tmp_path / "out.bin")
-    assert isinstance(caught.value, InfrastructureError) and caught.value.retryable
+    assert isinstance(caught.value, InfrastructureError) and caught.value.kind is ErrorKind.INFRASTRUCTURE
     assert not (tmp_path / "out.bin").exists() and not store.path(ref.sha256).exists()
 
 

@@ -14,7 +14,7 @@ from devices.inventory import Device
 from devices.transport import RemoteNameError
 from devices.transport.base import check_remote_name, inside
 from devices.transport.ssh import SSHTransport
-from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from tests.fixtures.sshd import SshHost, SshHosts, _descendants, variant_host
 
 HOSTILE_NAMES = [
@@ -99,7 +99,7 @@ def test_device_listing_hostile_names_writes_nothing_outside(ssh_hosts: SshHosts
                 with pytest.raises(RemoteNameError, match=r"refusing the remote name|but not its directory") as got:
                     link.get("engine", dest_root / "deep" / "engine")
                 assert repr(name)[1:-1] in str(got.value) or name in str(got.value)
-                assert not got.value.retryable
+                assert got.value.kind is ErrorKind.CONFIGURATION  # not retried
             written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*escape*"))
             assert written == []
             assert sorted(p.relative_to(dest_root).as_posix() for p in dest_root.rglob("*")) == []  # no partial
@@ -159,6 +159,6 @@ def test_host_killed_while_a_command_runs_is_infrastructure(live_ssh_hosts: SshH
     assert not worker.is_alive()
     assert results == [], f"a dead device returned a result: {results}"
     assert len(errors) == 1 and isinstance(errors[0], InfrastructureError), errors
-    assert errors[0].retryable and "sleep" in str(errors[0])
+    assert errors[0].kind is ErrorKind.INFRASTRUCTURE and "sleep" in str(errors[0])
     host.start()
     link.close()
