@@ -75,8 +75,10 @@ def test_failure_mid_write_keeps_the_old_file_and_no_temp(tmp_path: Path) -> Non
     assert stat.S_IMODE((tmp_path / "fresh.txt").stat().st_mode) == 0o644
 
 
-def test_cli_refuses_a_device_node_output_exit_2() -> None:
-    proc = _edgellm("inspect", str(BUNDLED_MODEL_DIR), "--output", "/dev/null")
+@pytest.mark.parametrize("command", [["inspect", str(BUNDLED_MODEL_DIR)], ["env"], ["capabilities"]])
+def test_cli_refuses_a_device_node_output_exit_2(command: list[str]) -> None:
+    proc = _edgellm(*command, "--output", "/dev/null")
+    assert proc.stdout == ""  # refused before anything is printed or written
     assert proc.returncode == 2, proc.stderr
     assert "output /dev/null is a character device; refusing to replace it" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

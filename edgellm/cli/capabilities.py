@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 NAME = "capabilities"
 HELP = "print what this edgellm can export and build (precisions, backends present and why others are not), as JSON"
@@ -15,10 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edgellm.capabilities import capabilities
+    from edgellm.files import write_text_atomic
 
     text = json.dumps(capabilities(), indent=2, sort_keys=True)
+    if args.output:  # first: a refused output path prints nothing
+        write_text_atomic(Path(args.output), text + "\n")
     print(text)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
     return 0

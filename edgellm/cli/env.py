@@ -61,7 +61,7 @@ def collect() -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     text = json.dumps(collect(), indent=2, sort_keys=True)
-    print(text)
-    if args.output:
+    if args.output:  # first: a refused output path prints nothing
         write_text_atomic(Path(args.output), text + "\n")
+    print(text)
     return 0
