@@ -185,9 +185,10 @@ class ArtifactStore:
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
-            self._evict(sha256, h.hexdigest())  # the next run rebuilds it instead of failing again
-            raise CorruptArtifactError(f"artifact sha256:{sha256} at {str(blob)!r} is corrupt (content hashes to "
-                                       f"{h.hexdigest()}); evicted, not served: the stage that makes it reruns")
+            raise CorruptArtifactError(
+                f"artifact sha256:{sha256} at {str(blob)!r} is corrupt (content hashes to {h.hexdigest()}); "
+                "not served; the next cache lookup evicts it and its stage runs again"
+            )
 
     def read_bytes(self, sha256: str) -> bytes:
         buf = io.BytesIO()

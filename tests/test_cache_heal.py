@@ -35,14 +35,15 @@ def test_corrupt_blob_is_no_cache_hit_and_is_rebuilt(tmp_path: Path) -> None:
     assert again.sha256 == ref.sha256 and store.has(ref.sha256)
 
 
-def test_corrupt_blob_read_is_infrastructure_and_evicted(tmp_path: Path) -> None:
+def test_corrupt_blob_read_is_infrastructure_then_a_cache_miss(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
     ref = store.put(b"x" * 4096)
     _corrupt(store.path(ref.sha256))
-    with pytest.raises(CorruptArtifactError, match=r"corrupt .* evicted") as caught:
+    with pytest.raises(CorruptArtifactError, match=r"corrupt .* next cache lookup evicts it") as caught:
         store.get_file(ref.sha256, tmp_path / "out.bin")
     assert isinstance(caught.value, InfrastructureError) and caught.value.kind is ErrorKind.INFRASTRUCTURE
-    assert not (tmp_path / "out.bin").exists() and not store.path(ref.sha256).exists()
+    assert not (tmp_path / "out.bin").exists()
+    assert not store.has(ref.sha256) and not store.path(ref.sha256).exists()  # the next lookup: miss, evicted
 
 
 @pytest.fixture
