@@ -406,6 +406,11 @@ def summarize(results: dict[str, Any]) -> None:
            f"{'new':>4} {'RSS MB':>8}")
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for model, m in results.items():
+        bw = m.get("copy_bytes_per_s")
+        for e in m["stacks"].values():
+            if bw and e.get("weight_bytes") and e.get("decode_tokens_per_s"):
+                e["ceiling_tokens_per_s"] = bw / e["weight_bytes"]
+                e["fraction_of_ceiling"] = e["decode_tokens_per_s"] / e["ceiling_tokens_per_s"]
         for stack, e in m["stacks"].items():
             if "error" in e:
                 print(f"{model:<20} {stack:<24} n/a ({e['error'][:90]})")
@@ -414,11 +419,6 @@ def summarize(results: dict[str, Any]) -> None:
             ceil = f"{e['ceiling_tokens_per_s']:.1f}" if e.get("ceiling_tokens_per_s") else "-"
             print(f"{model:<20} {stack:<24} {b:>9} {e['ttft_ms']:>9.1f} {e['decode_tokens_per_s'] or 0:>13.1f} "
                   f"{ceil:>8} {e['new_tokens']:>4} {e['peak_rss_bytes'] / 2**20:>8.0f}")
-        bw = m.get("copy_bytes_per_s")
-        for e in m["stacks"].values():
-            if bw and e.get("weight_bytes") and e.get("decode_tokens_per_s"):
-                e["ceiling_tokens_per_s"] = bw / e["weight_bytes"]
-                e["fraction_of_ceiling"] = e["decode_tokens_per_s"] / e["ceiling_tokens_per_s"]
         ours = m["stacks"].get("edgellm", {})
         ratios: dict[str, Any] = {}
         for peer in ("transformers", "onnxruntime-genai"):
