@@ -1,4 +1,7 @@
-"""Side-by-side: edgellm vs Hugging Face transformers vs onnxruntime-genai, fp32 on CPU, batch 1, greedy.
+"""Side-by-side: edgellm vs Hugging Face transformers vs onnxruntime-genai on CPU, batch 1, greedy: fp32, and the
+quantized rows (edgellm-int4 / edgellm-int8: the checkpoint quantized int4_awq block 128 / int8_sq by NVIDIA's
+tensorrt-edgellm-quantize, then edgellm export + build; onnxruntime-genai-int4: its builder's `-p int4 -e cpu`).
+Each row also gets its memory-bandwidth ceiling (measured copy bandwidth / weight bytes read per token).
 
 For each model (the bundled stories260K; a random checkpoint with Qwen2.5-0.5B's shape, made once into .data/bench/):
   - build time: `edgellm export` + `edgellm build` vs `python -m onnxruntime_genai.models.builder -p fp32 -e cpu`
@@ -20,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -35,7 +37,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 MODELS = ("stories260K", "qwen2.5-0.5b-shape")
-STACKS = ("edgellm", "transformers", "onnxruntime-genai")
+STACKS = ("edgellm", "transformers", "onnxruntime-genai", "edgellm-int4", "edgellm-int8", "onnxruntime-genai-int4")
+QUANT_METHODS = {"edgellm-int4": "int4_awq", "edgellm-int8": "int8_sq"}
+DEFAULT_TRT_ENV = Path.home() / ".cache" / "edgellm-farm" / "toolchains" / "tensorrt-edgellm-0.11.0"
 DEFAULT_DATA = REPO / ".data" / "bench"
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "peers.json"
 STEP_TIMEOUT_S = 1800
@@ -43,7 +47,12 @@ STEP_TIMEOUT_S = 1800
 
 # --------------------------------------------------------------------------------------------- workers ----
 def _peak_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """This process's own peak RSS. Not ru_maxrss: Linux carries the parent's peak across fork + exec, so every
+    worker reported the orchestrator's (checkpoint-generating) peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("/proc/self/status has no VmHWM line: peak RSS cannot be measured here")
 
 
 def _timed_stream(tokens: Callable[[], Any]) -> dict[str, float | int]:
@@ -134,7 +143,29 @@ def _worker_onnxruntime_genai(model_dir: Path, prompt: list[int], new: int, thre
 
 
 WORKERS = {"edgellm": _worker_edgellm, "transformers": _worker_transformers,
-           "onnxruntime-genai": _worker_onnxruntime_genai}
+           "onnxruntime-genai": _worker_onnxruntime_genai, "edgellm-int4": _worker_edgellm,
+           "edgellm-int8": _worker_edgellm, "onnxruntime-genai-int4": _worker_onnxruntime_genai}
+
+
+def bandwidth_main(args: argparse.Namespace) -> int:
+    """Copy bandwidth (read + write bytes / s) of ``args.threads`` threads over 256 MiB each: the decode ceiling."""
+    import threading
+
+    import numpy as np
+
+    n = 256 * 2**20 // 8
+    pairs = [(np.ones(n), np.empty(n)) for _ in range(args.threads)]
+    best = 0.0
+    for _ in range(5):
+        threads = [threading.Thread(target=np.copyto, args=(dst, src)) for src, dst in pairs]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        best = max(best, 2 * 8 * n * args.threads / (time.perf_counter() - t0))
+    Path(args.result).write_text(json.dumps({"copy_bytes_per_s": best}))
+    return 0
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -212,30 +243,63 @@ def prompt_ids(ckpt: Path, length: int) -> list[int]:
     return ids[:length]
 
 
-def _build_edgellm(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int) -> dict[str, Any]:
-    onnx_dir, engine_dir = work / "edgellm-onnx", work / "edgellm-engine"
+def quantized_checkpoint(ckpt: Path, method: str, args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """``ckpt`` quantized by the real tensorrt-edgellm-quantize (offline calibration on the bundled text), cached."""
+    from edgellm import BUNDLED_TEXT_FILE
+
+    out = args.data_dir / "ckpt" / f"{ckpt.name}-{method}"
+    if (out / ".complete").is_file():
+        return out, None
+    tool = args.trt_env / "bin" / "tensorrt-edgellm-quantize"
+    if not tool.is_file():
+        return None, f"{tool} not found (install the toolchain or pass --trt-env)"
+    calib = args.data_dir / "calibration.jsonl"
+    rows = [ln.strip() for ln in BUNDLED_TEXT_FILE.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    calib.write_text("".join(json.dumps({"article": r}) + "\n" for r in rows))
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"[{ckpt.name}] quantizing {method} with {tool} ...", flush=True)
+    os.environ.update({"EDGELLM_QUANT_DATASET_CNN_DAILYMAIL": str(calib), "HF_DATASETS_OFFLINE": "1"})
+    _, err = _run_cmd([str(tool), "llm", "--model_dir", str(ckpt), "--output_dir", str(out), "--quantization",
+                       method, "--device", "cpu", "--num_samples", str(args.calib_samples)],
+                      args.data_dir / f"quantize-{ckpt.name}-{method}.log", args.threads)
+    if err:
+        return None, f"quantize {method} failed: {err}"
+    (out / ".complete").write_text("ok\n")
+    return out, None
+
+
+def _build_edgellm(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int,
+                   stack: str = "edgellm") -> dict[str, Any]:
+    onnx_dir, engine_dir = work / f"{stack}-onnx", work / f"{stack}-engine"
     shutil.rmtree(onnx_dir, ignore_errors=True)
     shutil.rmtree(engine_dir, ignore_errors=True)
     py = [sys.executable, "-m", "edgellm"]
-    t_export, err = _run_cmd([*py, "export", str(ckpt), str(onnx_dir), "--precision", "fp32"],
-                             work / "edgellm-export.log", args.threads)
+    precision: list[str] = ["--precision", "fp32"]
+    if stack in QUANT_METHODS:
+        qckpt, err = quantized_checkpoint(ckpt, QUANT_METHODS[stack], args)
+        if err:
+            return {"error": err}
+        ckpt, precision = qckpt, []  # type: ignore[assignment]  # a quantized checkpoint exports as its method
+    t_export, err = _run_cmd([*py, "export", str(ckpt), str(onnx_dir), *precision],
+                             work / f"{stack}-export.log", args.threads)
     if err:
         return {"error": f"export failed: {err}"}
     t_build, err = _run_cmd([*py, "build", str(onnx_dir), str(engine_dir), "--max-batch-size", "1",
                              "--max-input-len", str(prompt_len),
                              "--max-seq-len", str(prompt_len + args.new_tokens)],
-                            work / "edgellm-build.log", args.threads)
+                            work / f"{stack}-build.log", args.threads)
     if err:
         return {"error": f"build failed: {err}"}
     return {"build_s": t_export + t_build, "export_s": t_export, "engine_s": t_build, "model_dir": engine_dir}
 
 
-def _build_onnxruntime_genai(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int) -> dict[str, Any]:
-    out = work / "ortgenai"
+def _build_onnxruntime_genai(ckpt: Path, work: Path, args: argparse.Namespace, prompt_len: int,
+                             precision: str = "fp32") -> dict[str, Any]:
+    out = work / f"ortgenai-{precision}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out),
-           "-p", "fp32", "-e", "cpu", "-c", str(work / "ortgenai-cache")]
-    t, err = _run_cmd(cmd, work / "ortgenai-build.log", args.threads)
+           "-p", precision, "-e", "cpu", "-c", str(work / "ortgenai-cache")]
+    t, err = _run_cmd(cmd, work / f"ortgenai-{precision}-build.log", args.threads)
     if err:
         return {"error": f"builder failed: {err}"}
     return {"build_s": t, "model_dir": out}
@@ -263,6 +327,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "edgellm": lambda: _build_edgellm(ckpt, work, args, len(prompt)),
         "transformers": lambda: {"build_s": None, "model_dir": ckpt},
         "onnxruntime-genai": lambda: _build_onnxruntime_genai(ckpt, work, args, len(prompt)),
+        "edgellm-int4": lambda: _build_edgellm(ckpt, work, args, len(prompt), "edgellm-int4"),
+        "edgellm-int8": lambda: _build_edgellm(ckpt, work, args, len(prompt), "edgellm-int8"),
+        "onnxruntime-genai-int4": lambda: _build_onnxruntime_genai(ckpt, work, args, len(prompt), "int4"),
     }
     out: dict[str, Any] = {"checkpoint": str(ckpt), "parameters": cfg.num_parameters_estimate,
                            "head_dim": cfg.head_dim, "stacks": {}}
@@ -279,6 +346,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
         else:
             ready[stack] = b["model_dir"]
+            entry["weight_bytes"] = _weight_bytes(Path(b["model_dir"]))
     # Rounds alternate the stacks, so a burst of load from elsewhere on the machine hits all of them alike.
     rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in ready}
     for r in range(args.repeats):
@@ -315,22 +383,42 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _weight_bytes(model_dir: Path) -> int | None:
+    """Bytes a decode step reads: the model's data files (weights; a tied embedding is one matrix)."""
+    files = [p for p in model_dir.iterdir() if p.suffix in (".data", ".safetensors", ".onnx_data")]
+    return sum(p.stat().st_size for p in files) or None
+
+
+def measure_bandwidth(args: argparse.Namespace) -> float | None:
+    result = args.data_dir / "bandwidth.json"
+    _, err = _run_cmd([sys.executable, str(Path(__file__).resolve()), "--worker-bandwidth", "--threads",
+                       str(args.threads), "--result", str(result)], args.data_dir / "bandwidth.log", args.threads)
+    return None if err else float(json.loads(result.read_text())["copy_bytes_per_s"])
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
 def summarize(results: dict[str, Any]) -> None:
     """Ratios and targets per model, in place; print the table."""
-    hdr = f"{'model':<20} {'stack':<18} {'build s':>9} {'TTFT ms':>9} {'decode tok/s':>13} {'new':>4} {'RSS MB':>8}"
+    hdr = (f"{'model':<20} {'stack':<24} {'build s':>9} {'TTFT ms':>9} {'decode tok/s':>13} {'ceiling':>8} "
+           f"{'new':>4} {'RSS MB':>8}")
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for model, m in results.items():
+        bw = m.get("copy_bytes_per_s")
+        for e in m["stacks"].values():
+            if bw and e.get("weight_bytes") and e.get("decode_tokens_per_s"):
+                e["ceiling_tokens_per_s"] = bw / e["weight_bytes"]
+                e["fraction_of_ceiling"] = e["decode_tokens_per_s"] / e["ceiling_tokens_per_s"]
         for stack, e in m["stacks"].items():
             if "error" in e:
-                print(f"{model:<20} {stack:<18} n/a ({e['error'][:90]})")
+                print(f"{model:<20} {stack:<24} n/a ({e['error'][:90]})")
                 continue
             b = f"{e['build_s']:.1f}" if e.get("build_s") is not None else "-"
-            print(f"{model:<20} {stack:<18} {b:>9} {e['ttft_ms']:>9.1f} {e['decode_tokens_per_s'] or 0:>13.1f} "
-                  f"{e['new_tokens']:>4} {e['peak_rss_bytes'] / 2**20:>8.0f}")
+            ceil = f"{e['ceiling_tokens_per_s']:.1f}" if e.get("ceiling_tokens_per_s") else "-"
+            print(f"{model:<20} {stack:<24} {b:>9} {e['ttft_ms']:>9.1f} {e['decode_tokens_per_s'] or 0:>13.1f} "
+                  f"{ceil:>8} {e['new_tokens']:>4} {e['peak_rss_bytes'] / 2**20:>8.0f}")
         ours = m["stacks"].get("edgellm", {})
         ratios: dict[str, Any] = {}
         for peer in ("transformers", "onnxruntime-genai"):
@@ -353,10 +441,30 @@ def summarize(results: dict[str, Any]) -> None:
             targets["export+build time <= onnxruntime-genai builder"] = og["build_time_ratio"] <= 1.0
         if hf.get("decode_speedup") is not None:
             targets["decode >= 2x transformers"] = hf["decode_speedup"] >= 2.0
+        int4, og4, int8 = (m["stacks"].get(k, {}) for k in ("edgellm-int4", "onnxruntime-genai-int4", "edgellm-int8"))
+        q = {"int4 decode vs onnxruntime-genai int4": _ratio(int4.get("decode_tokens_per_s"),
+                                                              og4.get("decode_tokens_per_s")),
+             "int4 ttft speedup vs onnxruntime-genai int4": _ratio(og4.get("ttft_ms"), int4.get("ttft_ms")),
+             "int4 export+build time vs onnxruntime-genai int4 builder": _ratio(int4.get("build_s"),
+                                                                               og4.get("build_s")),
+             "int8 decode vs edgellm fp32": _ratio(int8.get("decode_tokens_per_s"), ours.get("decode_tokens_per_s"))}
+        ratios["quantized"] = {k: v for k, v in q.items() if v is not None}
+        if q["int4 decode vs onnxruntime-genai int4"] is not None:
+            targets["int4 decode >= 1.0x onnxruntime-genai int4"] = q["int4 decode vs onnxruntime-genai int4"] >= 1.0
+        if int4.get("fraction_of_ceiling") is not None:
+            targets["int4 decode >= 60% of its bandwidth ceiling"] = int4["fraction_of_ceiling"] >= 0.6
+        if q["int8 decode vs edgellm fp32"] is not None:
+            targets["int8 decode >= 1.8x edgellm fp32"] = q["int8 decode vs edgellm fp32"] >= 1.8
+        if ours.get("fraction_of_ceiling") is not None:
+            targets["fp32 decode >= 90% of its bandwidth ceiling"] = ours["fraction_of_ceiling"] >= 0.9
         m["ratios_vs_peers"], m["targets_met"] = ratios, targets
     print()
     for model, m in results.items():
         for peer, r in m["ratios_vs_peers"].items():
+            if peer == "quantized":
+                for k, v in r.items():
+                    print(f"{model}: {k}: {v:.2f}x")
+                continue
             if "n/a" in r:
                 print(f"{model}: edgellm vs {peer}: n/a ({r['n/a'][:100]})")
                 continue
@@ -378,11 +486,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="cache of checkpoints and builds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     # worker mode (internal): one stack in its own process
+    p.add_argument("--trt-env", type=Path, default=DEFAULT_TRT_ENV,
+                   help="tensorrt-edgellm environment whose quantizer makes the int4/int8 checkpoints")
+    p.add_argument("--calib-samples", type=int, default=16, help="calibration rows for the quantizer")
     p.add_argument("--worker", choices=STACKS, help=argparse.SUPPRESS)
+    p.add_argument("--worker-bandwidth", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--prompt-file", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker_bandwidth:
+        return bandwidth_main(args)
     if args.worker:
         return worker_main(args)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -396,9 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     args.stacks = stacks
     args.data_dir = args.data_dir.resolve()
     results = {m: bench_model(m, args) for m in models}
+    bandwidth = measure_bandwidth(args)
+    for m in results.values():
+        m["copy_bytes_per_s"] = bandwidth
     summarize(results)
     report = {
-        "settings": {"precision": "fp32", "batch_size": 1, "prompt_len": args.prompt_len,
+        "settings": {"precisions": "fp32; int4_awq / int8_sq for the -int4 / -int8 stacks", "batch_size": 1,
+                     "prompt_len": args.prompt_len,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
                      "greedy": True, "quick": args.quick},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_end": os.getloadavg(),

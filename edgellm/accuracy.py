@@ -212,7 +212,9 @@ def _reference_for(engine: Any, opts: EvalOptions, timings: dict[str, float]) ->
         ref = load_reference(Path(opts.reference))
         timings["reference_load_s"] = time.perf_counter() - t0
         engine_sha = (engine.manifest.get("source_export") or {}).get("checkpoint_sha256")
-        if engine_sha and engine_sha != ref.checkpoint_sha256:
+        # a quantized engine is scored against its float source: its own checkpoint is the quantizer's output
+        quantized = bool(engine.manifest.get("quantization"))
+        if engine_sha and engine_sha != ref.checkpoint_sha256 and not quantized:
             raise ConfigurationError(
                 f"reference file {opts.reference} was made from checkpoint sha256 {ref.checkpoint_sha256[:16]}... "
                 f"but engine {opts.engine_dir} was built from checkpoint sha256 {engine_sha[:16]}...: make the "
@@ -294,6 +296,7 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
         "failed_checks": [c.name for c in checks if not c.passed],
         "thresholds": thresholds.enabled(),
         "reference_perplexity": ppl["reference"],
+        "perplexity_ratio": ppl["engine"] / ppl["reference"],
         "engine_perplexity": ppl["engine"],
         "perplexity_tokens": ppl["tokens"],
         "perplexity_windows": len(windows),

@@ -315,6 +315,7 @@ class QuantConfig:
     kv_cache: str | None = None  # KV-cache quantization: fp8 | int8 | nvfp4 | None
     exclude_modules: tuple[str, ...] = ()
     producer: str | None = None
+    modelopt: bool = False  # ModelOpt's unified format: per-layer layout read by edgellm.checkpoint.modelopt
 
     @property
     def is_quantized(self) -> bool:
@@ -356,13 +357,14 @@ class QuantConfig:
         producer = data.get("producer", {})
         producer_name = producer.get("name") if isinstance(producer, dict) else None
         return cls(method=method, source=source, group_size=group, kv_cache=kv_cache,
-                   exclude_modules=tuple(excl), producer=producer_name)
+                   exclude_modules=tuple(excl), producer=producer_name, modelopt=True)
 
     @classmethod
     def from_hf(cls, data: dict[str, Any], *, source: str) -> QuantConfig:
         qm = data.get("quant_method")
-        if qm == "modelopt":
-            return cls.from_modelopt({"quantization": data}, source=source)
+        if qm == "modelopt":  # config.json spells exclude_modules "ignore"
+            excl = {"exclude_modules": data["ignore"]} if "ignore" in data and "exclude_modules" not in data else {}
+            return cls.from_modelopt({"quantization": {**data, **excl}}, source=source)
         bits = data.get("bits")
         hashable = isinstance(qm, str) and (bits is None or (isinstance(bits, int) and not isinstance(bits, bool)))
         key = (qm, bits if hashable and (qm, bits) in HF_QUANT_METHODS else None) if hashable else None

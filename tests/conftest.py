@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.farm",
     "tests.fixtures.toolchain",
     "tests.fixtures.browser",
+    "tests.fixtures.quantized",
 ]

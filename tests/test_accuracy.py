@@ -152,9 +152,11 @@ def test_thresholds_defaults_overrides_and_errors(tmp_path) -> None:
     mixed.write_text('{"fp32": {}, "logits_min_cosine": 0.9}')
     with pytest.raises(ConfigurationError, match="mixes precision keys"):
         resolve_thresholds(Precision.FP32, mixed)
-    with pytest.raises(ConfigurationError, match="no default accuracy thresholds for precision 'int4_awq'"):
-        resolve_thresholds(Precision.INT4_AWQ)
-    assert resolve_thresholds(Precision.INT4_AWQ, overrides={"ppl_max_rel_diff": 0.1}).ppl_max_rel_diff == 0.1
+    with pytest.raises(ConfigurationError, match="no default accuracy thresholds for precision 'int4_gptq'"):
+        resolve_thresholds(Precision.INT4_GPTQ)
+    assert resolve_thresholds(Precision.INT4_GPTQ, overrides={"ppl_max_rel_diff": 0.1}).ppl_max_rel_diff == 0.1
+    assert resolve_thresholds(Precision.INT4_AWQ).enabled() == {"ppl_max_rel_diff": 0.05, "top1_min_agreement": 0.85,
+                                                                "tokenizer_match": True}
     with pytest.raises(ConfigurationError, match="every check is disabled"):
         Thresholds(tokenizer_match=None)
     txt = tmp_path / "t.txt"

@@ -42,7 +42,7 @@ def test_tied_alias_with_wrong_shape_is_a_problem(ckpts: Ckpts, tmp_path: Path) 
                     "[512, 32] != [512, 64]"]
 
 
-def test_quantized_checkpoint_with_scales_still_unsupported(ckpts: Ckpts, tmp_path: Path) -> None:
+def test_fp8_declaration_over_float_weights_with_scales(ckpts: Ckpts, tmp_path: Path) -> None:
     d = ckpts.copy("stories", tmp_path / "s")
     scales = {f"model.layers.{i}.{m}.weight_scale": torch.ones(())
               for i in range(5) for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -51,7 +51,8 @@ def test_quantized_checkpoint_with_scales_still_unsupported(ckpts: Ckpts, tmp_pa
     (d / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
     ck = Checkpoint.open(d)
     msgs = [str(p) for p in ck.problems]
-    assert len(msgs) == 1 and "quantized checkpoints are not yet supported by the llama family" in msgs[0]
+    # every linear (the tied lm_head is the embedding) is named: declared fp8 but stored as float
+    assert len(msgs) == 35 and all("declared fp8-quantized" in m and "unpacked float F32" in m for m in msgs)
     assert len(ck.reconciliation.quantization_tensors) == 35
 
 

@@ -211,8 +211,12 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[Path], None], list[str]]] = {
                                                     "known: FP8, INT8_SQ, MXFP8, NVFP4"]),
     "quantized_without_scales": ("llama", lambda d: write_json(d, "hf_quant_config.json", lambda _: {
         "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}),
-        ["problem: checkpoint declares fp8 quantization", "quantized checkpoints are not yet supported by the llama",
-         f"problem: {L}: tensor '{Q_PROJ}': declared fp8-quantized but has no scale tensor"]),
+        [f"problem: {L}: tensor '{Q_PROJ}': declared fp8-quantized", "but stored as unpacked float F32 [64, 64]; "
+         "fp8 stores weight F8_E4M3 [64, 64], weight_scale [] (scalar), input_scale [] (scalar)"]),
+    "hf_awq_format_unread": ("llama", lambda d: write_json(d, "config.json", lambda c: {
+        **c, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}),
+        ["problem: checkpoint declares int4_awq quantization", "only ModelOpt's unified format",
+         f"problem: {L}: tensor '{Q_PROJ}': declared int4_awq-quantized but has no scale tensor"]),
     "missing_shard": (SHARDED, lambda d: (d / shard_of(d, Q_PROJ)).unlink(),
                       ["problem: model-0000", "shard named by model.safetensors.index.json for",
                        "tensor(s) does not exist"]),

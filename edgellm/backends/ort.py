@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,6 +24,8 @@ ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
 OWNED_DATA = "model.engine.data"  # initializers the optimizer wrote (norm weights, folded constants)
 # EXTENDED: fusions valid for any CPU ORT build; ALL would add layout ops tied to this CPU's instruction set.
 OPT_LEVEL = "ORT_ENABLE_EXTENDED"
+
+INT8_GEMMS = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul")
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(bfloat16)": "bfloat16"}
@@ -53,7 +55,11 @@ class OrtSession(Session):
 @register_backend
 class OrtBackend(EngineBackend):
     backend = Backend.ORT
-    precisions = (Precision.FP32, Precision.FP16)
+    # What this backend builds: float exports, and ModelOpt-quantized ones on ONNX Runtime's integer kernels
+    # (int4 MatMulNBits, int8 MatMulIntegerToFloat) or emulated (fp8 through DequantizeLinear: no fp8 GEMM on CPU).
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
+                                                   Precision.INT8_SQ, Precision.FP8)
+    emulated_precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP8,)
 
     def version(self) -> str:
         import onnxruntime
@@ -138,7 +144,31 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
     float_types = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
     floats = {float_types[k]: v for k, v in weight_bytes.items() if k in float_types}
     precision = max(floats, key=lambda k: floats[k]) if floats else "unknown"
-    return {"precision": precision, "weight_bytes": dict(weight_bytes), "op_counts": dict(sorted(ops.items()))}
+    return {"precision": precision, "weight_bytes": dict(weight_bytes), "op_counts": dict(sorted(ops.items())),
+            "quantized_gemms": quantized_gemms(model)}
+
+
+def quantized_gemms(model: Any) -> dict[str, int]:
+    """Quantized GEMMs of a graph by kind (``edgellm.compiler.quantized.GemmKind``), read from its nodes: int4
+    MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8)."""
+    import onnx
+
+    from edgellm.compiler.quantized import GemmKind
+
+    fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2}
+    fp8_weights = {i.name for i in model.graph.initializer if i.data_type in fp8}
+    fp8_weights |= {i.name for i in model.graph.input if i.type.tensor_type.elem_type in fp8}
+    dequantized = {n.output[0] for n in model.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in fp8_weights}
+    counts: Counter[str] = Counter()
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            counts[GemmKind.INT4.value] += 1
+        elif n.op_type in INT8_GEMMS:
+            counts[GemmKind.INT8.value] += 1
+        elif n.op_type in ("MatMul", "Gemm") and any(i in dequantized for i in n.input):
+            counts[GemmKind.FP8_EMULATED.value] += 1
+    return dict(counts)
 
 
 def _weights_as_inputs(onnx_model: Path) -> tuple[Any, dict[str, Any], Path]:

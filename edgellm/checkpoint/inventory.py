@@ -12,6 +12,7 @@ from typing import Any
 from edgellm import files
 from edgellm.checkpoint.checkpoint import Checkpoint
 from edgellm.checkpoint.header import TensorInfo
+from edgellm.checkpoint.modelopt import QuantLayout
 from edgellm.config import QuantConfig
 
 SCHEMA = "edgellm.inventory/1"
@@ -67,6 +68,20 @@ def quant_summary(quant: QuantConfig) -> dict[str, Any]:
     }
 
 
+def layer_table(layout: QuantLayout) -> list[dict[str, Any]]:
+    """Linear layers grouped by name pattern and stored precision: ``model.layers.{0..4}.self_attn.q_proj``."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for module, lin in layout.linears.items():
+        nums = [int(m) for m in _NUMERIC_SEGMENT.findall(module + ".")]
+        groups[(_NUMERIC_SEGMENT.sub("{}", module + ".").removesuffix("."), lin.precision.value)].append(
+            nums[0] if nums else -1)
+    rows = []
+    for (template, precision), layers in sorted(groups.items()):
+        name = template.replace("{}", "{" + collapse_ranges(layers) + "}", 1) if "{}" in template else template
+        rows.append({"module": name, "precision": precision, "count": len(layers)})
+    return rows
+
+
 def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
     dtypes: dict[str, dict[str, int]] = {}
     for info in ckpt.tensors.values():
@@ -90,7 +105,7 @@ def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
         "problems": [str(p) for p in ckpt.problems],
         "config": ckpt.config.summary(),
         "family": ckpt.family.name,
-        "quantization": quant_summary(ckpt.quant),
+        "quantization": quant_summary(ckpt.quant) | _layout_summary(ckpt.reconciliation.quant_layout),
         "parameters": ckpt.parameter_count,
         "tensor_count": len(ckpt.tensors),
         "stored_parameters": sum(t.numel for t in ckpt.tensors.values()),
@@ -101,6 +116,12 @@ def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
         "patterns": name_patterns(ckpt.tensors),
         "reconciliation": ckpt.reconciliation.to_json(),
     }
+
+
+def _layout_summary(layout: QuantLayout | None) -> dict[str, Any]:
+    if layout is None:
+        return {}
+    return {"layout": layout.to_json(), "layer_table": layer_table(layout)}
 
 
 def failed_inventory(ckpt_dir: Path, problem: str) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Weight reconciliation: the checkpoint's tensors against the parameters its model family needs, both ways.
 
 Every checkpoint-only tensor must be explained (tied to another parameter, or ignored by a named rule); every
-missing required parameter, shape mismatch or non-float weight is a problem. A checkpoint that declares
-quantization is never treated as FP16: the families do not implement quantized weights yet, so it is a problem,
-and layers lacking their scale tensors are listed.
+missing required parameter, shape mismatch or non-float weight is a problem. A ModelOpt-quantized checkpoint's
+linear layers are checked by ``edgellm.checkpoint.modelopt`` (packed weight, scales, per-layer precision); any other
+quantized format is a problem (it would otherwise be misread as float weights), and layers lacking scales are listed.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgellm.checkpoint.header import FLOAT_DTYPES, TensorInfo
+from edgellm.checkpoint.modelopt import QuantLayout, linear_modules, quant_layout
 from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
 from edgellm.models.base import ModelFamily
@@ -35,6 +36,7 @@ class Reconciliation:
     tied: dict[str, str] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)  # tensor -> rule name
     quantization_tensors: list[str] = field(default_factory=list)
+    quant_layout: QuantLayout | None = None
     problems: list[CheckpointError] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -64,9 +66,16 @@ def reconcile(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg:
         info = tensors.get(name) if name else None
         rec.problems.append(CheckpointError(msg, file=info.file.name if info else None, tensor=name))
 
-    if quant.is_quantized:
-        bad(f"checkpoint declares {quant.method.value} quantization ({quant.source}); quantized checkpoints are "
-            f"not yet supported by the {family.name} family (it would otherwise be misread as unquantized weights)")
+    # weights whose shape and dtype the quantization layout checks (packed, with scales)
+    packed: set[str] = set()
+    if quant.is_quantized and quant.modelopt:
+        rec.quant_layout = quant_layout(tensors, family, cfg, quant)
+        rec.problems.extend(rec.quant_layout.problems)
+        packed = {m + ".weight" for m in linear_modules(family, cfg)
+                  if not any(fnmatch.fnmatchcase(m, ex) for ex in quant.exclude_modules)}
+    elif quant.is_quantized:
+        bad(f"checkpoint declares {quant.method.value} quantization ({quant.source}); only ModelOpt's unified "
+            f"format (hf_quant_config.json) is read (it would otherwise be misread as unquantized weights)")
     for name, shape in expected.items():
         info = tensors.get(name)
         if info is None and name in unknown:
@@ -74,6 +83,9 @@ def reconcile(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg:
         if info is None:
             rec.missing[name] = shape
             bad(f"missing: family {family.name} needs it with shape {list(shape)}", name)
+            continue
+        if name in packed:
+            rec.matched.append(name)
             continue
         if info.shape != shape:
             rec.shape_mismatches[name] = (shape, info.shape)
@@ -102,7 +114,7 @@ def reconcile(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg:
         rules = "; ".join(f"{r.name} /{r.pattern}/" for r in family.ignore_rules) or "none"
         bad(f"unexplained tensor: family {family.name} does not use it, it is not tied, and no ignore rule "
             f"matches it (rules: {rules})", name)
-    if quant.is_quantized:
+    if quant.is_quantized and not quant.modelopt:
         _missing_scales(tensors, expected, quant, bad)
     return rec
 

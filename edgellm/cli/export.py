@@ -1,4 +1,7 @@
-"""``edgellm export CKPT_DIR ONNX_DIR [--precision fp32|fp16]``: checkpoint -> ONNX graph + runtime artifacts."""
+"""``edgellm export CKPT_DIR ONNX_DIR [--precision P]``: checkpoint -> ONNX graph + runtime artifacts.
+
+A float checkpoint exports as fp32 (default) or fp16; a ModelOpt-quantized one as its own method (int4_awq,
+int8_sq, fp8), which is also the default."""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ HELP = "export a Hugging Face checkpoint to an ONNX graph with an explicit KV ca
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt_dir", type=Path, help="checkpoint directory (config.json, safetensors, tokenizer)")
     parser.add_argument("onnx_dir", type=Path, help="output directory (written whole or not at all)")
-    parser.add_argument("--precision", default="fp32", help="fp32 or fp16 (default fp32)")
+    parser.add_argument("--precision", default=None,
+                        help="fp32 or fp16 for a float checkpoint (default fp32); a quantized checkpoint's own "
+                             "method (int4_awq, int8_sq, fp8; the default)")
     parser.add_argument("--lm-head-precision", help="LM-head precision (default and only choice: the precision's)")
     parser.add_argument("--kv-cache-precision", help="KV-cache precision (default and only choice: the precision's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
@@ -24,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from edgellm.compiler.export import check_variant, export_checkpoint, parse_export_precision
 
     precision = parse_export_precision(args.precision)  # before any heavy import or file read
-    check_variant(precision, args.lm_head_precision, args.kv_cache_precision)
+    if precision is not None:  # otherwise the checkpoint decides, and the export checks the variant
+        check_variant(precision, args.lm_head_precision, args.kv_cache_precision)
     manifest = export_checkpoint(args.ckpt_dir, args.onnx_dir, precision, lm_head_precision=args.lm_head_precision,
                                  kv_cache_precision=args.kv_cache_precision, overwrite=args.overwrite)
     summary = {"onnx_dir": str(args.onnx_dir), "precision": manifest["precision"],

@@ -63,6 +63,14 @@ def _human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _layout_line(q: dict[str, Any]) -> str:
+    lay = q.get("layout")
+    if not lay:
+        return ""
+    return (f"; {lay['quantized_linears']}/{lay['linears']} linears quantized, "
+            + ", ".join(f"{k} {v}" for k, v in sorted(lay["precision_counts"].items())))
+
+
 def _print_summary(inv: dict[str, Any]) -> None:
     cfg = inv["config"]
     rec = inv["reconciliation"]
@@ -76,7 +84,8 @@ def _print_summary(inv: dict[str, Any]) -> None:
         f"parameters  {inv['parameters']:,} ({inv['tensor_count']} tensors, {_human_bytes(inv['bytes'])})",
         "dtypes      " + ", ".join(f"{d} {v['tensors']} tensors {_human_bytes(v['bytes'])}"
                                    for d, v in inv["dtypes"].items()),
-        f"quant       {q['method']}" + (f" (kv cache {q['kv_cache']})" if q["kv_cache"] else ""),
+        f"quant       {q['method']}" + (f", group size {q['group_size']}" if q["group_size"] else "")
+        + (f" (kv cache {q['kv_cache']})" if q["kv_cache"] else "") + _layout_line(q),
         f"shards      {len(inv['shards'])}" + (" (indexed)" if inv["sharded"] else ""),
         f"reconcile   {rec['matched']}/{rec['expected']} matched, {len(rec['missing'])} missing, "
         f"{len(rec['shape_mismatches'])} wrong shape, {len(rec['unexpected'])} unexplained, "
@@ -86,5 +95,8 @@ def _print_summary(inv: dict[str, Any]) -> None:
     for p in inv["patterns"]:
         shapes = " | ".join("x".join(map(str, s)) or "scalar" for s in p["shapes"])
         lines.append(f"  {p['pattern']:<56} {p['count']:>4} x {'/'.join(p['dtypes'])} [{shapes}]")
+    if q.get("layer_table"):
+        lines.append("linear layers (stored precision):")
+        lines.extend(f"  {r['module']:<56} {r['count']:>4} x {r['precision']}" for r in q["layer_table"])
     lines.append("status      " + ("OK" if inv["ok"] else f"{len(inv['problems'])} problem(s)"))
     print("\n".join(lines))

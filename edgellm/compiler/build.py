@@ -16,6 +16,7 @@ from edgellm import __version__
 from edgellm.backends.base import BuildParams, EngineBackend, get_backend
 from edgellm.compiler.export import EXPORT_MANIFEST, GENERATION_SETTINGS, MODEL_FILE, RUNTIME_FILES
 from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_files, write_json
+from edgellm.compiler.quantized import check_gemm_readback
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
@@ -80,7 +81,12 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, verified: Fu
             if (onnx_dir / name).is_file():
                 shutil.copyfile(onnx_dir / name, out / name)
         exported = export_manifest.get("precision")
-        if built["precision"] != exported:
+        quant = export_manifest.get("quantization")
+        if quant:  # quantized GEMMs counted by kind in the built graph: never a silently float engine
+            check_gemm_readback(quant["quantized_gemms"], built["graph"].get("quantized_gemms", {}),
+                                f"{engine.backend.value} build of {onnx_dir}")
+            built["precision"] = exported
+        elif built["precision"] != exported:
             raise TestFailure(f"built engine holds {built['precision']} weights but the export is {exported}: "
                               f"the backend changed the precision")
         # Files the backend took unchanged from the export (hard links): their digests were just verified.
@@ -95,6 +101,8 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, verified: Fu
                              "max_seq_len": params.max_seq_len},
             "precision": built["precision"],
             "export_precision": exported,
+            **({"quantization": {"method": quant["method"], "declared_gemms": quant["quantized_gemms"],
+                                 "emulated": quant["emulated"]}} if quant else {}),
             "model": export_manifest.get("model", {}),
             "io": built["io"],
             "graph": built["graph"],

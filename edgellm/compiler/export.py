@@ -43,8 +43,9 @@ from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 
 log = logging.getLogger(__name__)
 
-EXPORT_PRECISIONS = (Precision.FP32, Precision.FP16)
+EXPORT_PRECISIONS = (Precision.FP32, Precision.FP16)  # from a float checkpoint
 OPSET = 17
+FP8_OPSET = 19  # float8 QuantizeLinear / DequantizeLinear
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 EXPORT_MANIFEST = "export_manifest.json"
@@ -70,7 +71,10 @@ def output_names(num_layers: int) -> list[str]:
 
 def export_variant(precision: Precision) -> tuple[LMHeadPrecision, KVCachePrecision]:
     """The LM head and KV cache an export at ``precision`` holds: both at the weights' precision (the decoder is
-    cast whole and its cache tensors take the same dtype)."""
+    cast whole and its cache tensors take the same dtype); a quantized export runs its float parts (the LM head the
+    quantizer leaves in float among them) and its cache in fp32."""
+    if precision in quantized_export_precisions():
+        return LMHeadPrecision.FP32, KVCachePrecision.FP32
     return LMHeadPrecision(precision.value), KVCachePrecision(precision.value)
 
 
@@ -87,21 +91,61 @@ def check_variant(precision: Precision, lm_head: LMHeadPrecision | str | None,
     return made
 
 
-def parse_export_precision(value: str | Precision) -> Precision:
+def quantized_export_precisions() -> tuple[Precision, ...]:
+    """Precisions exported from a checkpoint quantized by ModelOpt (ONNX Runtime integer / emulated kernels)."""
+    from edgellm.compiler.quantized import GEMM_KIND
+
+    return tuple(GEMM_KIND)
+
+
+def parse_export_precision(value: str | Precision | None) -> Precision | None:
+    """None: the checkpoint's own (its quantization method, else fp32)."""
+    if value is None:
+        return None
     precision = Precision.parse(value, what="precision")
-    if precision not in EXPORT_PRECISIONS:
-        raise UnsupportedError(
-            f"precision {precision.value!r} is not supported by export yet; "
-            f"supported: {', '.join(p.value for p in EXPORT_PRECISIONS)}"
-        )
+    valid = (*EXPORT_PRECISIONS, *quantized_export_precisions())
+    if precision not in valid:
+        from edgellm.compiler.quantized import REFUSED
+
+        why = f" ({REFUSED[precision]})" if precision in REFUSED else ""
+        raise UnsupportedError(f"precision {precision.value!r} is not supported by export{why}; "
+                               f"supported: {', '.join(p.value for p in valid)}")
     return precision
 
 
-def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision = Precision.FP32, *,
+def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | None) -> tuple[Precision, Any]:
+    """The export precision and, for a quantized checkpoint, its validated layout."""
+    from edgellm.checkpoint import Checkpoint
+    from edgellm.compiler.quantized import check_exportable
+
+    quantized = quantized_export_precisions()
+    if not quant.is_quantized:
+        if asked in quantized:
+            raise ConfigurationError(f"{ckpt_dir}: precision {asked.value} needs a checkpoint quantized with it (this "
+                                     f"one is not quantized): run tensorrt-edgellm-quantize --quantization "
+                                     f"{asked.value} first; a float checkpoint exports as "
+                                     f"{', '.join(p.value for p in EXPORT_PRECISIONS)}")
+        return asked or Precision.FP32, None
+    ckpt = Checkpoint.open(ckpt_dir)
+    ckpt.validate()
+    layout = ckpt.reconciliation.quant_layout
+    if layout is None:
+        raise UnsupportedError(f"{quant.source}: only ModelOpt's unified format is exported among quantized "
+                               f"checkpoints")
+    check_exportable(layout)
+    own = Precision(quant.method.value)
+    if asked is not None and asked is not own:
+        raise ConfigurationError(f"{ckpt_dir}: checkpoint is quantized {own.value} ({quant.source}); export it "
+                                 f"with --precision {own.value} or without --precision, not {asked.value}")
+    return own, layout
+
+
+def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision | None = None, *,
                       lm_head_precision: LMHeadPrecision | str | None = None,
                       kv_cache_precision: KVCachePrecision | str | None = None,
                       overwrite: bool = False) -> dict[str, Any]:
-    """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure."""
+    """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure.
+    ``precision`` None: the checkpoint's quantization method, else fp32."""
     import onnx
     import torch
 
@@ -109,17 +153,15 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     from edgellm.models.decoder import Decoder
     from edgellm.weights import load_weights
 
-    precision = parse_export_precision(precision)
-    lm_head, kv_cache = check_variant(precision, lm_head_precision, kv_cache_precision)
+    asked = parse_export_precision(precision)
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise ConfigurationError(f"{ckpt_dir}: checkpoint directory not found")
     cfg = ModelConfig.load(ckpt_dir)
     family = family_for(cfg)
     quant = QuantConfig.load(ckpt_dir, cfg.raw)
-    if quant.is_quantized:
-        raise UnsupportedError(f"{quant.source}: quantized checkpoints ({quant.method.value}) are not supported by "
-                               f"export yet; supported: unquantized fp32, fp16 or bf16 checkpoints")
+    precision, layout = _resolve_precision(ckpt_dir, quant, asked)
+    lm_head, kv_cache = check_variant(precision, lm_head_precision, kv_cache_precision)
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise ConfigurationError(f"{ckpt_dir}: tokenizer.json not found (the runtime needs it)")
     started = time.perf_counter()
@@ -127,7 +169,14 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     pool = ThreadPoolExecutor(max_workers=1)
     ckpt_files_future = pool.submit(file_table, ckpt_dir)
     dtype = torch.float16 if precision is Precision.FP16 else torch.float32
-    model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
+    opset = OPSET
+    if layout is not None:
+        from edgellm.compiler.quantized import load_quantized_decoder
+
+        model = load_quantized_decoder(ckpt_dir, cfg, family, layout, dtype=torch.float32)
+        opset = FP8_OPSET if Precision.FP8 in {lin.precision for lin in layout.quantized} else OPSET
+    else:
+        model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
     model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
 
     L = cfg.num_hidden_layers
@@ -156,7 +205,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(traced, (*args, *weights.values()), buf, input_names=[*ins, *weights],
-                              output_names=outs, dynamic_axes=dynamic, opset_version=OPSET, dynamo=False,
+                              output_names=outs, dynamic_axes=dynamic, opset_version=opset, dynamo=False,
                               do_constant_folding=False, custom_opsets={"com.microsoft": 1})
         graph = onnx.load_from_string(buf.getvalue())
         data_sha = attach_weights(graph, weights, ins, out / DATA_FILE)
@@ -172,11 +221,12 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
             "format": "edgellm-export/1",
             "edgellm_version": __version__,
             "torch_version": torch.__version__,
-            "onnx_opset": OPSET,
+            "onnx_opset": opset,
             "exporter": "torch.onnx.export(dynamo=False), weights as inputs + edgellm attach_weights",
             "precision": precision.value,
             "lm_head_precision": lm_head.value,
             "kv_cache_precision": kv_cache.value,
+            **(_quantization_manifest(layout) if layout is not None else {}),
             "checkpoint": {
                 "path": str(ckpt_dir.resolve()),
                 "sha256": tree_sha256(ckpt_files),
@@ -192,6 +242,14 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
         write_json(out / EXPORT_MANIFEST, manifest)
     log.info("exported %s to %s (%s) in %.1f s", ckpt_dir, onnx_dir, precision.value, export_s)
     return manifest
+
+
+def _quantization_manifest(layout: Any) -> dict[str, Any]:
+    from edgellm.compiler.quantized import EMULATED, declared_gemms
+
+    return {"activation_dtype": "fp32",
+            "quantization": {**layout.to_json(), "quantized_gemms": declared_gemms(layout),
+                             "emulated": any(lin.precision in EMULATED for lin in layout.quantized)}}
 
 
 def _traced(decoder: Any, weight_names: list[str], num_past: int) -> Any:

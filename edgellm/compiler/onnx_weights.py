@@ -227,8 +227,9 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
                 hashing.append(hasher.submit(_update, h, pad, buf))
                 if len(hashing) > LOOKAHEAD:
                     hashing.popleft().result()
-                init = onnx.TensorProto(name=name, dims=list(arr.shape),
-                                        data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                data_type = (onnx.TensorProto.FLOAT8E4M3FN if _is_fp8(plan[i][1])
+                             else helper.np_dtype_to_tensor_dtype(arr.dtype))
+                init = onnx.TensorProto(name=name, dims=list(arr.shape), data_type=data_type)
                 init.data_location = onnx.TensorProto.EXTERNAL
                 for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
                     init.external_data.add(key=k, value=v)
@@ -250,7 +251,18 @@ def _numel(tensor: Any) -> int:
     return n
 
 
+def _is_fp8(tensor: Any) -> bool:
+    import torch
+
+    return getattr(tensor, "dtype", None) == torch.float8_e4m3fn
+
+
 def _as_array(tensor: Any) -> Any:
+    """numpy has no float8: those tensors are written as their bytes (uint8), typed FLOAT8E4M3FN in the graph."""
+    import torch
+
+    if _is_fp8(tensor):
+        return tensor.contiguous().view(torch.uint8).numpy()
     return tensor.contiguous().numpy()
 
 

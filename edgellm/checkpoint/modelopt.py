@@ -1,0 +1,219 @@
+"""ModelOpt's unified Hugging Face checkpoint format (what ``tensorrt-edgellm-quantize`` writes), read from headers.
+
+``hf_quant_config.json`` (or ``config.json``'s ``quantization_config`` with ``quant_method: modelopt``) names one
+``quant_algo`` for the model and the modules left in float (``exclude_modules``, fnmatch patterns). Each quantized
+linear ``<module>`` then stores, instead of a float ``weight [out, in]``:
+
+    W4A16_AWQ             weight U8 [out/2, in] (two signed int4 output rows per byte, row 2r in the low nibble),
+                          weight_scale [out, ceil(in/group)], pre_quant_scale [in] (multiplies the activation)
+    W8A8_SQ_PER_CHANNEL   weight I8 [out, in], weight_scale [out], input_scale [] (static), pre_quant_scale [in]
+    FP8                   weight F8_E4M3 [out, in], weight_scale [], input_scale []
+    NVFP4                 weight U8 [out, in/2] (e2m1 pairs), weight_scale F8_E4M3 [out, in/16],
+                          weight_scale_2 [], input_scale []
+    MXFP8                 weight F8_E4M3 [out, in], weight_scale U8 (e8m0) [out, in/32]
+
+``read_quant_layout(dir)`` gives the method, group size, KV-cache quantization and, per linear layer, the precision
+actually stored there, plus every problem found (a quantized layer without its scales, scales whose shape does not
+fit the weight and group size, a quantized declaration over unpacked float weights).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgellm.checkpoint.header import FLOAT_DTYPES, TensorInfo
+from edgellm.config import ModelConfig, QuantConfig
+from edgellm.errors import CheckpointError
+from edgellm.models.base import ModelFamily
+from edgellm.types import Precision, QuantMethod
+
+_FLOAT_PRECISION = {"F32": Precision.FP32, "F16": Precision.FP16, "BF16": Precision.BF16}
+SCALAR = ((), (1,))  # a per-tensor scale is stored as a 0-d or a 1-element tensor
+
+ShapeRule = Callable[[int, int, int | None], tuple[int, ...] | None]  # (out, in, group) -> shape; None: scalar
+
+
+@dataclass(frozen=True)
+class StoredFormat:
+    """How one quantization method stores a linear layer: the packed weight and each companion tensor."""
+
+    method: QuantMethod
+    weight_dtypes: tuple[str, ...]
+    weight_shape: Callable[[int, int], tuple[int, ...]]
+    scales: Mapping[str, ShapeRule]  # suffix -> expected shape
+    needs_group: bool = False
+
+    def shape_note(self, out: int, inp: int, group: int | None) -> str:
+        parts = [f"weight {'/'.join(self.weight_dtypes)} {list(self.weight_shape(out, inp))}"]
+        for suffix, rule in self.scales.items():
+            shape = rule(out, inp, group)
+            parts.append(f"{suffix} {list(shape) if shape is not None else '[] (scalar)'}")
+        return ", ".join(parts)
+
+
+def _scalar(out: int, inp: int, group: int | None) -> None:
+    return None
+
+
+FORMATS: dict[QuantMethod, StoredFormat] = {f.method: f for f in (
+    StoredFormat(QuantMethod.INT4_AWQ, ("U8",), lambda o, i: (o // 2, i),
+                 {"weight_scale": lambda o, i, g: (o, math.ceil(i / (g or i))),
+                  "pre_quant_scale": lambda o, i, g: (i,)},
+                 needs_group=True),
+    StoredFormat(QuantMethod.INT8_SQ, ("I8",), lambda o, i: (o, i),
+                 {"weight_scale": lambda o, i, g: (o,), "input_scale": _scalar,
+                  "pre_quant_scale": lambda o, i, g: (i,)}),
+    StoredFormat(QuantMethod.FP8, ("F8_E4M3",), lambda o, i: (o, i),
+                 {"weight_scale": _scalar, "input_scale": _scalar}),
+    StoredFormat(QuantMethod.NVFP4, ("U8",), lambda o, i: (o, i // 2),
+                 {"weight_scale": lambda o, i, g: (o, i // (g or 16)), "weight_scale_2": _scalar,
+                  "input_scale": _scalar}),
+    StoredFormat(QuantMethod.MXFP8, ("F8_E4M3",), lambda o, i: (o, i),
+                 {"weight_scale": lambda o, i, g: (o, i // (g or 32))}),
+)}
+OPTIONAL_SCALES = {(QuantMethod.INT8_SQ, "pre_quant_scale")}  # SmoothQuant without smoothing stores none
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One linear layer as stored: ``precision`` is a float precision for a layer left unquantized."""
+
+    module: str  # model.layers.0.self_attn.q_proj
+    precision: Precision
+    out_features: int
+    in_features: int
+    tensors: Mapping[str, str]  # role (weight, weight_scale, ...) -> tensor name
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision not in _FLOAT_PRECISION.values()
+
+
+@dataclass
+class QuantLayout:
+    method: QuantMethod
+    source: str
+    group_size: int | None
+    kv_cache: str | None
+    exclude_modules: tuple[str, ...]
+    linears: dict[str, LinearLayer] = field(default_factory=dict)  # module -> layer, in checkpoint order
+    problems: list[CheckpointError] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> list[LinearLayer]:
+        return [lin for lin in self.linears.values() if lin.quantized]
+
+    def precision_counts(self) -> dict[str, int]:
+        return dict(Counter(lin.precision.value for lin in self.linears.values()))
+
+    def to_json(self) -> dict[str, Any]:
+        total = len(self.linears)
+        return {
+            "method": self.method.value,
+            "group_size": self.group_size,
+            "kv_cache": self.kv_cache,
+            "linears": total,
+            "quantized_linears": len(self.quantized),
+            "unquantized_share": round(1 - len(self.quantized) / total, 4) if total else 0.0,
+            "precision_counts": self.precision_counts(),
+            "layers": {m: lin.precision.value for m, lin in self.linears.items()},
+        }
+
+
+def read_quant_layout(checkpoint_dir: Path | str) -> QuantLayout:
+    """The quantization layout of a checkpoint, from its headers only (see ``QuantLayout.problems``)."""
+    from edgellm.checkpoint.checkpoint import Checkpoint
+
+    ckpt = Checkpoint.open(checkpoint_dir)
+    return quant_layout(ckpt.tensors, ckpt.family, ckpt.config, ckpt.quant)
+
+
+def linear_modules(family: type[ModelFamily], cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Every linear layer the family has (a 2-D ``weight`` that is not the embedding): module -> (out, in)."""
+    return {name.removesuffix(".weight"): shape for name, shape in family.expected_parameters(cfg).items()
+            if len(shape) == 2 and name.endswith(".weight") and name != "model.embed_tokens.weight"}
+
+
+def quant_layout(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg: ModelConfig,
+                 quant: QuantConfig) -> QuantLayout:
+    layout = QuantLayout(method=quant.method, source=quant.source, group_size=quant.group_size,
+                         kv_cache=quant.kv_cache, exclude_modules=quant.exclude_modules)
+    fmt = FORMATS.get(quant.method)
+    if quant.is_quantized and fmt is None:
+        known = ", ".join(m.value for m in FORMATS)
+        layout.problems.append(CheckpointError(
+            f"{quant.source}: quantization {quant.method.value} is recognised but its stored layout is not read by "
+            f"edgellm; readable: {known}"))
+        return layout
+    if fmt is not None and fmt.needs_group and quant.group_size is None:
+        layout.problems.append(CheckpointError(f"{quant.source}: {quant.method.value} needs a group_size"))
+        return layout
+    for module, (out, inp) in linear_modules(family, cfg).items():
+        weight = tensors.get(module + ".weight")
+        if weight is None:
+            continue  # reported by reconciliation as missing
+        excluded = any(fnmatch.fnmatchcase(module, p) for p in quant.exclude_modules)
+        if fmt is None or excluded:
+            precision = _FLOAT_PRECISION.get(weight.dtype)
+            if precision is None:
+                why = "excluded from quantization" if excluded else "the checkpoint declares no quantization"
+                layout.problems.append(_bad(weight, f"dtype {weight.dtype} is not a float type "
+                                                    f"({', '.join(sorted(FLOAT_DTYPES))}) and {why}"))
+                continue
+            layout.linears[module] = LinearLayer(module, precision, out, inp, {"weight": weight.name})
+            continue
+        layer = _quantized_layer(module, out, inp, weight, tensors, fmt, quant, layout.problems)
+        if layer is not None:
+            layout.linears[module] = layer
+    return layout
+
+
+def _bad(info: TensorInfo, msg: str) -> CheckpointError:
+    return CheckpointError(msg, file=info.file.name, tensor=info.name)
+
+
+def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensors: Mapping[str, TensorInfo],
+                     fmt: StoredFormat, quant: QuantConfig, problems: list[CheckpointError]) -> LinearLayer | None:
+    method, group = fmt.method.value, quant.group_size
+    expect = fmt.shape_note(out, inp, group)
+    if weight.dtype in FLOAT_DTYPES:
+        problems.append(_bad(weight, f"declared {method}-quantized ({quant.source}) but stored as unpacked float "
+                                     f"{weight.dtype} {list(weight.shape)}; {method} stores {expect}"))
+        return None
+    ok = True
+    want = fmt.weight_shape(out, inp)
+    if weight.dtype not in fmt.weight_dtypes or weight.shape != want:
+        problems.append(_bad(weight, f"{method} weight is {weight.dtype} {list(weight.shape)}; for a [{out}, {inp}] "
+                                     f"linear {method} stores {expect}"))
+        ok = False
+    names = {"weight": weight.name}
+    missing = []
+    for suffix, rule in fmt.scales.items():
+        info = tensors.get(f"{module}.{suffix}")
+        if info is None:
+            if (fmt.method, suffix) not in OPTIONAL_SCALES:
+                missing.append(f"{module}.{suffix}")
+            continue
+        names[suffix] = info.name
+        shape = rule(out, inp, group)
+        allowed = SCALAR if shape is None else (shape,)
+        if info.shape not in allowed:
+            problems.append(_bad(info, f"scale shape {list(info.shape)} does not fit the [{out}, {inp}] weight"
+                                       + (f" and group_size {group}" if fmt.needs_group else "")
+                                       + f"; {method} needs {list(shape) if shape is not None else '[] (scalar)'}"))
+            ok = False
+        elif info.dtype not in (*FLOAT_DTYPES, "F8_E4M3", "U8") or (info.dtype == "U8" and suffix != "weight_scale"):
+            problems.append(_bad(info, f"scale dtype {info.dtype} is not a float type"))
+            ok = False
+    if missing:
+        problems.append(_bad(weight, f"declared {method}-quantized but its scales are missing: {', '.join(missing)}"))
+        ok = False
+    if not ok:
+        return None
+    return LinearLayer(module, Precision(fmt.method.value), out, inp, names)
