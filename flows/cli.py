@@ -13,6 +13,7 @@ import typer
 
 from devices.cli import app as devices_app
 from flows import commands
+from flows.toolchains_cli import app as toolchains_app
 from results.cli import app as db_app
 from test_lists.cli import app as lists_app
 
@@ -28,6 +29,7 @@ for command in (commands.nightly, commands.run, commands.query, commands.docs, c
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")
+app.add_typer(toolchains_app, name="toolchains")
 
 
 def main() -> None:

@@ -1,0 +1,97 @@
+"""Toolchain environments (``edgefarm toolchains install | list``) and the shipped calibration text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgellm import BUNDLED_TEXT_FILE
+from edgellm.errors import ConfigurationError, InfrastructureError
+from flows.cli import app
+from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
+from toolchains.tensorrt_edgellm.env import _relocate, _swap_into_place, check_version, health, install
+
+VERSION = "0.11.0"
+
+
+@pytest.fixture
+def registry_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip pointed at a closed port, with no config files or local wheel directories to fall back on."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "3")
+    for var in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_unreachable_registry_fails_with_the_reason_and_leaves_nothing(registry_down: None, tmp_path: Path) -> None:
+    with pytest.raises(InfrastructureError, match=r"package registry unreachable at 'install torch==2\.13\.0'"):
+        install(tmp_path, VERSION)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_install_reports_an_unreachable_registry(registry_down: None, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["toolchains", "install", f"tensorrt-edgellm=={VERSION}",
+                                      "--data-dir", str(tmp_path)])
+    assert result.exit_code == 3, result.output
+    assert "error (infrastructure)" in result.output and "package registry unreachable" in result.output
+    assert list((tmp_path / "toolchains").iterdir()) == []
+
+
+def test_cli_install_rejects_bad_specs(tmp_path: Path) -> None:
+    for spec, message in (("trtllm==1.0", "unknown toolchain 'trtllm'"),
+                          ("tensorrt-edgellm", "give a pinned version"),
+                          ("tensorrt-edgellm==0.11;rm", "bad tensorrt-edgellm version '0.11;rm'")):
+        result = CliRunner().invoke(app, ["toolchains", "install", spec, "--data-dir", str(tmp_path)])
+        assert result.exit_code == 2 and message in result.output, result.output
+    with pytest.raises(ConfigurationError):
+        check_version("../0.11.0")
+
+
+def test_list_shows_version_and_health(trt_env: Path, tmp_path: Path) -> None:
+    root = tmp_path / "toolchains"
+    root.mkdir()
+    (root / f"tensorrt-edgellm-{VERSION}").symlink_to(trt_env)
+    started = time.monotonic()
+    assert install(root, VERSION).healthy  # a healthy environment is reused, not rebuilt
+    assert time.monotonic() - started < 120
+    result = CliRunner().invoke(app, ["toolchains", "list", "--data-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)
+    assert (row["toolchain"], row["version"], row["healthy"]) == ("tensorrt-edgellm", VERSION, True)
+    (root / "tensorrt-edgellm-0.10.0").mkdir()  # a broken leftover is listed as unhealthy
+    result = CliRunner().invoke(app, ["toolchains", "list", "--data-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 1
+    broken = next(r for r in json.loads(result.output) if r["path"].endswith("0.10.0"))
+    assert broken["healthy"] is False and "not an environment" in broken["problems"][0]
+
+
+def test_a_built_environment_works_after_the_move(tmp_path: Path) -> None:
+    built, dest = tmp_path / ".tensorrt-edgellm-9.9.9.tmp", tmp_path / "tensorrt-edgellm-9.9.9"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(built)], check=True, timeout=120)
+    tool = built / "bin" / "tensorrt-edgellm-quantize"
+    tool.write_text(f"#!{built}/bin/python\nimport sys\nprint(sys.prefix)\n")
+    tool.chmod(0o755)
+    _relocate(built, dest)
+    _swap_into_place(built, dest)
+    assert not built.exists()
+    out = subprocess.run([str(dest / "bin" / "tensorrt-edgellm-quantize")], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == str(dest)
+    problems = health(dest).problems
+    assert not any("tensorrt-edgellm-quantize" in p for p in problems)  # its script points at dest now
+    assert any("import probe failed" in p for p in problems)  # no packages: unhealthy, and says why
+
+
+def test_shipped_calibration_text_is_made_from_the_bundled_sample() -> None:
+    rows = [json.loads(line) for line in CALIBRATION_FILE.read_text(encoding="utf-8").splitlines()]
+    assert CALIBRATION_FILE.read_text(encoding="utf-8") == render(
+        calibration_rows(BUNDLED_TEXT_FILE.read_text(encoding="utf-8")))
+    assert len(rows) >= 50 and all(set(r) == {"article"} and r["article"] for r in rows)

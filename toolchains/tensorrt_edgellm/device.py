@@ -1,0 +1,219 @@
+"""The device side of TensorRT Edge-LLM: argument lists, environments and file translations for its C++ tools.
+
+On a TensorRT device the toolchain is a CMake build of TensorRT-Edge-LLM (tools under ``<build>/examples/llm/``):
+``llm_build --onnxDir D --engineDir E --maxBatchSize N --maxInputLen N --maxKVCacheCapacity N``;
+``llm_inference --engineDir E --inputFile I --outputFile O [--checkpointDir C --warmup N --maxGenerateLength N]``;
+``llm_bench --engineDir E --mode prefill|decode (--inputLen N | --pastKVLen N) --iterations N --warmup N
+[--batchSize N --outputDir D]``. The ONNX-less route builds straight from a checkpoint with the wheel's
+``tensorrt-edgellm-build --model-dir C --engine-dir E --plugin-path P --max-input-len N --max-kv-cache-capacity N
+--max-batch-size N`` (it needs TensorRT's Python bindings). Option names were checked against the tools' sources and
+the published input-format guide. Paths are device paths (POSIX strings); only direct_route_unavailable looks at
+the local toolchain environment.
+"""
+
+from __future__ import annotations
+
+import enum
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.runtime.requests import GenerationRequest
+
+TOOLS = ("llm_build", "llm_inference", "llm_bench")
+INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")
+# What llm_inference writes as output_text for a request it could not handle.
+FAILED_TEXT = "TensorRT Edge LLM cannot handle this request. Fails."
+
+
+class Route(enum.StrEnum):
+    """How the engine was made: from the exported ONNX (llm_build) or straight from the checkpoint."""
+
+    ONNX = "onnx"
+    DIRECT = "direct"
+
+
+class BenchMode(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class DeviceInstall:
+    """Where a device's TensorRT Edge-LLM lives (inventory data)."""
+
+    build_dir: PurePosixPath  # the CMake build directory of TensorRT-Edge-LLM
+    trt_package_dir: PurePosixPath  # TensorRT's install (lib/ holds libnvinfer)
+    plugin_path: PurePosixPath  # the plugin library, found by the tools through EDGELLM_PLUGIN_PATH
+
+    @classmethod
+    def from_inventory(cls, data: Mapping[str, Any], *, device: str) -> DeviceInstall:
+        missing = [k for k in INSTALL_KEYS if not data.get(k)]
+        unknown = sorted(set(data) - set(INSTALL_KEYS))
+        if missing or unknown:
+            raise ConfigurationError(
+                f"device {device!r}: tensorrt-edgellm install needs {', '.join(INSTALL_KEYS)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+            )
+        paths = {k: PurePosixPath(str(data[k])) for k in INSTALL_KEYS}
+        relative = [f"{k}={v}" for k, v in paths.items() if not v.is_absolute()]
+        if relative:
+            raise ConfigurationError(f"device {device!r}: install paths must be absolute: {', '.join(relative)}")
+        return cls(**paths)
+
+    def tool(self, name: str) -> str:
+        if name not in TOOLS:
+            raise ConfigurationError(f"unknown TensorRT Edge-LLM tool {name!r}; valid: {', '.join(TOOLS)}")
+        return str(self.build_dir / "examples" / "llm" / name)
+
+    def env(self, ld_library_path: str | None = None) -> dict[str, str]:
+        """Environment for the tools: TensorRT's libraries first on LD_LIBRARY_PATH, the plugin by path."""
+        libs = str(self.trt_package_dir / "lib")
+        return {"TRT_PACKAGE_DIR": str(self.trt_package_dir), "EDGELLM_PLUGIN_PATH": str(self.plugin_path),
+                "LD_LIBRARY_PATH": f"{libs}:{ld_library_path}" if ld_library_path else libs}
+
+
+def _positive(**values: int) -> None:
+    bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise ConfigurationError(f"engine limits must be integers >= 1: {', '.join(bad)}")
+
+
+def build_argv(install: DeviceInstall, onnx_dir: str, engine_dir: str, *, max_batch_size: int, max_input_len: int,
+               max_kv_cache_capacity: int) -> list[str]:
+    """``llm_build`` on the export's ``llm/`` directory (it holds model.onnx and the runtime config.json)."""
+    _positive(max_batch_size=max_batch_size, max_input_len=max_input_len, max_kv_cache_capacity=max_kv_cache_capacity)
+    if max_input_len > max_kv_cache_capacity:
+        raise ConfigurationError(f"max_input_len {max_input_len} exceeds max_kv_cache_capacity "
+                                 f"{max_kv_cache_capacity}")
+    return [install.tool("llm_build"), "--onnxDir", onnx_dir, "--engineDir", engine_dir,
+            "--maxBatchSize", str(max_batch_size), "--maxInputLen", str(max_input_len),
+            "--maxKVCacheCapacity", str(max_kv_cache_capacity)]
+
+
+def direct_build_argv(build_script: str, checkpoint_dir: str, engine_dir: str, *, plugin_path: str,
+                      max_batch_size: int, max_input_len: int, max_kv_cache_capacity: int) -> list[str]:
+    """``tensorrt-edgellm-build`` (the ONNX-less route) from a (quantized) checkpoint."""
+    _positive(max_batch_size=max_batch_size, max_input_len=max_input_len, max_kv_cache_capacity=max_kv_cache_capacity)
+    return [build_script, "--model-dir", checkpoint_dir, "--engine-dir", engine_dir, "--plugin-path", plugin_path,
+            "--max-input-len", str(max_input_len), "--max-kv-cache-capacity", str(max_kv_cache_capacity),
+            "--max-batch-size", str(max_batch_size)]
+
+
+def inference_argv(install: DeviceInstall, engine_dir: str, input_file: str, output_file: str, *,
+                   route: Route = Route.ONNX, checkpoint_dir: str | None = None, warmup: int = 0) -> list[str]:
+    """``llm_inference``; the direct route's engines load weights from the checkpoint (``--checkpointDir``)."""
+    if (route is Route.DIRECT) != (checkpoint_dir is not None):
+        raise ConfigurationError(f"route {route.value} {'needs' if route is Route.DIRECT else 'takes no'} "
+                                 f"checkpoint_dir (got {checkpoint_dir!r})")
+    argv = [install.tool("llm_inference"), "--engineDir", engine_dir, "--inputFile", input_file,
+            "--outputFile", output_file]
+    if checkpoint_dir is not None:
+        argv += ["--checkpointDir", checkpoint_dir]
+    if warmup:
+        argv += ["--warmup", str(warmup)]
+    return argv
+
+
+def bench_argv(install: DeviceInstall, engine_dir: str, mode: str | BenchMode, *, input_len: int | None = None,
+               past_kv_len: int | None = None, iterations: int = 10, warmup: int = 3, batch_size: int = 1,
+               output_dir: str | None = None) -> list[str]:
+    """``llm_bench``: prefill needs ``input_len``, decode needs ``past_kv_len``."""
+    try:
+        parsed = BenchMode(mode)
+    except ValueError:
+        raise ConfigurationError(f"bad bench mode {mode!r}; valid: {', '.join(m.value for m in BenchMode)}") from None
+    _positive(iterations=iterations, batch_size=batch_size)
+    prefill = parsed is BenchMode.PREFILL
+    length_flag, length = ("--inputLen", input_len) if prefill else ("--pastKVLen", past_kv_len)
+    if length is None:
+        raise ConfigurationError(f"llm_bench {parsed.value} needs {'input_len' if prefill else 'past_kv_len'}")
+    argv = [install.tool("llm_bench"), "--engineDir", engine_dir, "--mode", parsed.value, length_flag, str(length),
+            "--iterations", str(iterations), "--warmup", str(warmup), "--batchSize", str(batch_size)]
+    if output_dir is not None:
+        argv += ["--outputDir", output_dir]
+    return argv
+
+
+def _same(requests: list[GenerationRequest], attr: str) -> Any:
+    values = {getattr(r, attr) if not isinstance(getattr(r, attr), list) else tuple(getattr(r, attr))
+              for r in requests}
+    if len(values) != 1:
+        raise ConfigurationError(f"llm_inference takes one {attr} for all requests; got {sorted(map(str, values))}")
+    return values.pop()
+
+
+def to_trt_requests(requests: list[GenerationRequest], *, batch_size: int = 1) -> dict[str, Any]:
+    """Our requests (``edgellm infer``'s file) -> llm_inference's OpenAI-like input file.
+
+    Plain prompts are sent as one user message without the chat template (a completion, like ours); messages go
+    through the engine's chat template. Greedy (temperature 0) is sent as top_k 1.
+    """
+    if not requests:
+        raise ConfigurationError("no requests to translate")
+    with_ids = [r.id for r in requests if r.input_ids is not None]
+    if with_ids:
+        raise ConfigurationError(f"llm_inference takes text, not input_ids (requests {', '.join(with_ids)})")
+    kinds = {r.prompt is not None for r in requests}
+    if len(kinds) != 1:
+        raise ConfigurationError("llm_inference applies the chat template to all requests or none: do not mix "
+                                 "prompt and messages requests in one file")
+    temperature, top_k, top_p = (_same(requests, a) for a in ("temperature", "top_k", "top_p"))
+    greedy = temperature == 0.0
+    plain = kinds.pop()
+    out: dict[str, Any] = {
+        "batch_size": batch_size,
+        "temperature": 1.0 if greedy else temperature,
+        "top_p": 1.0 if greedy else top_p,
+        "top_k": 1 if greedy else top_k,
+        "max_generate_length": _same(requests, "max_new_tokens"),
+        "apply_chat_template": not plain,
+        "add_generation_prompt": not plain,
+        "requests": [],
+    }
+    seed = _same(requests, "seed")
+    if seed is not None:
+        out["sampling_seed"] = seed
+    for r in requests:
+        messages = [{"role": "user", "content": r.prompt}] if plain else r.messages
+        entry: dict[str, Any] = {"messages": messages}
+        if r.stop:
+            entry["stop"] = list(r.stop)
+        out["requests"].append(entry)
+    return out
+
+
+def from_trt_responses(output: Mapping[str, Any], requests: list[GenerationRequest], *,
+                       batch_size: int = 1) -> dict[str, Any]:
+    """llm_inference's output file -> our ``{"responses": [...]}`` in request order. Token ids, finish reasons
+    and timings are not in its file: they are null, never guessed. A request it could not handle is a TestFailure."""
+    responses = output.get("responses")
+    if not isinstance(responses, list):
+        raise TestFailure("llm_inference output has no 'responses' list")
+    by_index: dict[int, str] = {}
+    for item in responses:
+        index = int(item["request_idx"]) * batch_size + int(item["batch_idx"])
+        by_index[index] = item["output_text"]
+    missing = [r.id for i, r in enumerate(requests) if i not in by_index]
+    if missing:
+        raise TestFailure(f"llm_inference returned no output for request(s) {', '.join(missing)}")
+    failed = [r.id for i, r in enumerate(requests) if by_index[i] == FAILED_TEXT]
+    if failed:
+        raise TestFailure(f"llm_inference could not handle request(s) {', '.join(failed)}")
+    return {"responses": [{"id": r.id, "text": by_index[i], "output_ids": None, "finish_reason": None,
+                           "timings": None} for i, r in enumerate(requests)]}
+
+
+def direct_route_unavailable(env: Path) -> str | None:
+    """Why ``tensorrt-edgellm-build`` cannot run in the toolchain environment ``env`` (None when it can):
+    it stops at once without TensorRT's Python bindings, which the package registry here does not carry."""
+    python = Path(env) / "bin" / "python"
+    done = subprocess.run([str(python), "-c", "import tensorrt"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    if done.returncode == 0:
+        return None
+    return f"tensorrt-edgellm-build needs TensorRT's Python bindings, not installed in {env}"

@@ -1,0 +1,196 @@
+"""One isolated Python environment per tensorrt-edgellm version, under ``<root>/tensorrt-edgellm-<version>/``.
+
+Its pins (transformers, onnx, numpy, nvidia-modelopt) clash with the farm's, so it never shares our environment.
+Recipe (measured on a CPU-only host): CPU torch first (any other torch pulls multi-GB CUDA builds), then
+``tensorrt-edgellm[tools]==V`` with that torch pinned, then remove torchvision (the registry's build is CUDA-linked
+and breaks every command next to a CPU torch: ``operator torchvision::nms does not exist``).
+
+Installs are atomic: the environment is built in a temporary sibling directory and renamed into place, so a failed
+or interrupted install leaves nothing that looks installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgellm.errors import ConfigurationError, InfrastructureError
+from toolchains.tensorrt_edgellm import TOOLCHAIN
+
+CPU_TORCH = "torch==2.13.0"
+CONSOLE_SCRIPTS = ("tensorrt-edgellm-quantize", "tensorrt-edgellm-export")
+IMPORTS = ("tensorrt_edgellm", "modelopt", "torch", "onnx")
+STEP_TIMEOUT_S = 1800
+_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?$")
+# Lines pip prints when it cannot reach the index (the install then fails with "from versions: none").
+_UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+                "Name or service not known", "ConnectTimeoutError", "Network is unreachable", "ProxyError",
+                "Connection refused", "ReadTimeoutError", "SSLError")
+
+
+@dataclass(frozen=True)
+class EnvHealth:
+    """What ``edgefarm toolchains list`` shows for one environment."""
+
+    path: Path
+    version: str | None  # read back from the installed distribution, None when unreadable
+    healthy: bool
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "path": str(self.path), "toolchain": TOOLCHAIN}
+
+
+def check_version(version: str) -> str:
+    if not _VERSION.match(version):
+        raise ConfigurationError(f"bad {TOOLCHAIN} version {version!r}; expected a release like 0.11.0")
+    return version
+
+
+def toolchains_root(data_dir: Path) -> Path:
+    """Where the farm keeps toolchain environments: ``<data dir>/toolchains``."""
+    return Path(data_dir) / "toolchains"
+
+
+def env_dir(root: Path, version: str) -> Path:
+    return Path(root) / f"{TOOLCHAIN}-{check_version(version)}"
+
+
+def script(env: Path, name: str) -> Path:
+    """A console script of the environment (``tensorrt-edgellm-quantize`` ...)."""
+    return Path(env) / "bin" / name
+
+
+def health(env: Path, *, timeout: float = 300) -> EnvHealth:
+    """Imports work, console scripts exist and point at this environment's interpreter; version read back."""
+    env = Path(env)
+    python = env / "bin" / "python"
+    if not python.exists():
+        return EnvHealth(env, None, False, [f"{python} is missing (not an environment)"])
+    problems = []
+    for name in CONSOLE_SCRIPTS:
+        path = script(env, name)
+        if not path.is_file():
+            problems.append(f"console script {name} is missing")
+        elif str(env.resolve() / "bin" / "python") not in path.read_text(encoding="utf-8", errors="replace")[:512]:
+            problems.append(f"console script {name} runs another interpreter (moved environment?)")
+    probe = ("import importlib, importlib.metadata as m, json\n"
+             f"for name in {IMPORTS!r}: importlib.import_module(name)\n"
+             f"print(json.dumps({{'version': m.version({TOOLCHAIN!r})}}))")
+    try:
+        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return EnvHealth(env, None, False, [*problems, f"import probe timed out after {timeout:.0f} s"])
+    version = None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        problems.append(f"import probe failed: {last}")
+    else:
+        version = json.loads(done.stdout.strip().splitlines()[-1])["version"]
+    expected = env.name.removeprefix(f"{TOOLCHAIN}-")
+    if version is not None and version != expected:
+        problems.append(f"installed version {version} does not match directory {env.name}")
+    return EnvHealth(env, version, not problems, problems)
+
+
+def list_envs(root: Path) -> list[EnvHealth]:
+    """Every installed environment under ``root`` (temporary build directories are not listed)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [health(p) for p in sorted(root.glob(f"{TOOLCHAIN}-*")) if p.is_dir()]
+
+
+def install(root: Path, version: str, *, log: Path | None = None) -> EnvHealth:
+    """Install ``tensorrt-edgellm[tools]==version`` into ``<root>/tensorrt-edgellm-<version>`` unless a healthy one
+    is there. Raises InfrastructureError when the package registry is unreachable, ConfigurationError for a
+    version the registry does not have."""
+    dest = env_dir(root, version)
+    if dest.is_dir():
+        existing = health(dest)
+        if existing.healthy:
+            return existing
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
+    try:
+        _build(tmp, version, log)
+        _relocate(tmp, dest)
+        _swap_into_place(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = health(dest)
+    if not result.healthy:
+        raise InfrastructureError(f"{TOOLCHAIN} {version} installed into {dest} but is unhealthy: "
+                                  f"{'; '.join(result.problems)}")
+    return result
+
+
+def _build(env: Path, version: str, log: Path | None) -> None:
+    python = str(env / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    steps: list[tuple[str, list[str]]] = [
+        ("create the environment", [sys.executable, "-m", "venv", "--clear", str(env)]),
+        (f"install {CPU_TORCH}", [*pip, CPU_TORCH]),
+        (f"install {TOOLCHAIN}[tools]=={version}", [*pip, f"{TOOLCHAIN}[tools]=={version}", CPU_TORCH]),
+        ("remove torchvision", [python, "-m", "pip", "uninstall", "-y", "torchvision"]),
+    ]
+    for what, argv in steps:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
+                                      f"(slow package registry?)") from None
+        if log is not None:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}\n")
+        if done.returncode != 0:
+            raise _pip_error(what, version, done.stdout + done.stderr)
+
+
+def _pip_error(what: str, version: str, output: str) -> ConfigurationError | InfrastructureError:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    unreachable = next((ln for ln in lines if any(m in ln for m in _UNREACHABLE)), None)
+    # Both packages are on the public registry: "no versions at all" means pip could not reach one that has them.
+    unreachable = unreachable or next((ln for ln in lines if "(from versions: none)" in ln), None)
+    if unreachable is not None:
+        return InfrastructureError(f"installing {TOOLCHAIN} {version}: package registry unreachable at "
+                                   f"'{what}': {unreachable[:300]}")
+    missing = next((ln for ln in lines if "Could not find a version that satisfies the requirement" in ln), None)
+    if missing is not None and TOOLCHAIN in missing:
+        return ConfigurationError(f"{TOOLCHAIN} version {version!r} is not on the package registry: {missing}")
+    errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:] or ["(no output)"]
+    return InfrastructureError(f"installing {TOOLCHAIN} {version} failed at '{what}': {errors[-1][:300]}")
+
+
+def _relocate(built: Path, dest: Path) -> None:
+    # venv and pip write absolute paths into console-script shebangs and activate scripts: point them at dest.
+    old, new = str(built).encode(), str(dest).encode()
+    for path in [*sorted((built / "bin").iterdir()), built / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if old in data:
+            path.write_bytes(data.replace(old, new))
+
+
+def _swap_into_place(built: Path, dest: Path) -> None:
+    stale = None
+    if dest.exists():  # an unhealthy leftover: move it aside, then drop it once the new one is in place
+        stale = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.stale."))
+        os.replace(dest, stale / "env")
+    try:
+        os.replace(built, dest)
+    except OSError:
+        if not health(dest).healthy:  # not a concurrent install that won the race
+            raise
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)

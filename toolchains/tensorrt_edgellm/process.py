@@ -1,0 +1,62 @@
+"""Run one toolchain command: its own process group, output to a log file, wall time and peak RSS of the child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgellm.errors import InfrastructureError
+
+LOG_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    argv: list[str]
+    returncode: int
+    wall_s: float
+    peak_rss_bytes: int  # the child's maximum resident set (Linux ru_maxrss, KiB -> bytes)
+    log: Path
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        text = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def error_line(self) -> str:
+        """The most telling line of a failed run: the last exception or error line of the log."""
+        text = [ln.strip() for ln in self.log.read_text(encoding="utf-8", errors="replace").splitlines()]
+        for line in reversed(text):
+            if line and (line.split(":", 1)[0].endswith(("Error", "Exception")) or line.startswith("ERROR")):
+                return line[:400]
+        return next((ln for ln in reversed(text) if ln), "(no output)")[:400]
+
+
+def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float, cwd: Path | None = None) -> ToolRun:
+    """Run ``argv`` with ``env`` added to ours; stdout and stderr go to ``log``. A run past ``timeout`` is killed
+    with its whole process group and raises InfrastructureError."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env}, cwd=cwd, start_new_session=True)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                break
+            if time.monotonic() - start > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                os.wait4(proc.pid, 0)
+                proc.returncode = -signal.SIGKILL
+                raise InfrastructureError(f"{Path(argv[0]).name} ran past its {timeout:.0f} s limit and was "
+                                          f"killed (log: {log})")
+            time.sleep(0.1)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ToolRun(list(argv), proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024, log)
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and not p.is_symlink())
