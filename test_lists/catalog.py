@@ -32,6 +32,7 @@ class _Entry(BaseModel):
     bundled: str | None = None
     synthetic: _Synthetic | None = None
     path: str | None = None
+    chat_template: str | None = None  # a Jinja file (relative to the catalog) for checkpoints that ship none
 
     @model_validator(mode="after")
     def _exactly_one(self) -> _Entry:
@@ -46,6 +47,7 @@ class ModelSource:
     name: str
     kind: str  # bundled | synthetic | path
     spec: dict[str, Any] = field(default_factory=dict)
+    chat_template: Path | None = None  # what export supplies when the checkpoint has no chat template
 
     def describe(self) -> str:
         if self.kind == "bundled":
@@ -129,12 +131,17 @@ class Catalog:
                     loc = ".".join(str(x) for x in err["loc"])
                     problems.append(f"{path}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
                 continue
+            template = None
+            if entry.chat_template is not None:
+                template = (Path(path).parent / entry.chat_template).resolve()
+                if not template.is_file():
+                    problems.append(f"{path}: model {name!r} chat_template: no file {template}")
             if entry.bundled is not None:
-                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled})
+                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled}, template)
             elif entry.synthetic is not None:
-                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump())
+                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump(), template)
             else:
-                sources[name] = ModelSource(name, "path", {"path": entry.path})
+                sources[name] = ModelSource(name, "path", {"path": entry.path}, template)
         if problems:
             raise ConfigurationError("\n".join(problems))
         return cls(sources, Path(path))

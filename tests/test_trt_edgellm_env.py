@@ -95,3 +95,17 @@ def test_shipped_calibration_text_is_made_from_the_bundled_sample() -> None:
     assert CALIBRATION_FILE.read_text(encoding="utf-8") == render(
         calibration_rows(BUNDLED_TEXT_FILE.read_text(encoding="utf-8")))
     assert len(rows) >= 50 and all(set(r) == {"article"} and r["article"] for r in rows)
+
+
+def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
+    from flows.catalog import Catalog
+
+    (tmp_path / "plain.jinja").write_text("{% for message in messages %}{{ message.content }}{% endfor %}")
+    catalog = tmp_path / "models.yml"
+    catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    chat_template: plain.jinja\n"
+                       "  n:\n    bundled: stories260K\n    chat_template: missing.jinja\n")
+    with pytest.raises(ConfigurationError, match=r"model 'n' chat_template: no file .*missing\.jinja"):
+        Catalog.load(catalog)
+    catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    chat_template: plain.jinja\n")
+    assert Catalog.load(catalog).get("m").chat_template == tmp_path / "plain.jinja"
+    assert Catalog.load().get("tiny-qwen3-128").chat_template is None  # the export default applies

@@ -31,7 +31,7 @@ class OnnxReport:
     attention_plugins: int
     layers: int
     quantized_linears: list[str]  # checkpoint linear names whose GEMM reads a dequantized/packed weight
-    float_linears: list[str]
+    float_linears: list[str]  # float GEMM weights (unquantized exports name most of them val_N and fuse q/k/v)
     inputs: dict[str, list[Any]]
     outputs: dict[str, list[Any]]
     problems: list[str] = field(default_factory=list)
