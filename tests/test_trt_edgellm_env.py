@@ -15,7 +15,14 @@ from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
 from flows.cli import app
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
-from toolchains.tensorrt_edgellm.env import _relocate, _swap_into_place, check_version, health, install
+from toolchains.tensorrt_edgellm.env import (
+    _relocate,
+    _swap_into_place,
+    check_version,
+    health,
+    install,
+    installed_version,
+)
 
 VERSION = "0.11.0"
 
@@ -66,7 +73,10 @@ def test_list_shows_version_and_health(trt_env: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.output)
     assert (row["toolchain"], row["version"], row["healthy"]) == ("tensorrt-edgellm", VERSION, True)
+    assert installed_version(trt_env) == VERSION
     (root / "tensorrt-edgellm-0.10.0").mkdir()  # a broken leftover is listed as unhealthy
+    with pytest.raises(ConfigurationError, match="no tensorrt-edgellm installed"):
+        installed_version(root / "tensorrt-edgellm-0.10.0")
     result = CliRunner().invoke(app, ["toolchains", "list", "--data-dir", str(tmp_path), "--json"])
     assert result.exit_code == 1
     broken = next(r for r in json.loads(result.output) if r["path"].endswith("0.10.0"))

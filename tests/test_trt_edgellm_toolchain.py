@@ -68,7 +68,9 @@ def test_every_method_quantizes_and_exports_tiny_qwen3_128(quantized, method: st
     assert report.quant_algo == METHODS[report.method].quant_algo
     assert q.wall_s > 0 and q.peak_rss_bytes > 100 * 2**20 and q.size_bytes > 0
     assert q.argv[q.argv.index("--device") + 1] == "cpu"
-    assert json.loads((q.checkpoint.parent / "quantize.json").read_text())["report"]["quantized"] == TINY_LINEARS
+    recorded = json.loads((q.checkpoint.parent / "quantize.json").read_text())
+    assert recorded["report"]["quantized"] == TINY_LINEARS and recorded["toolchain_version"] == "0.11.0"
+    assert x.toolchain_version == q.toolchain_version == "0.11.0"
 
     onnx = check_onnx(x.onnx_dir, expected_quantized=len(report.quantized))
     assert onnx.problems == []

@@ -101,6 +101,17 @@ def health(env: Path, *, timeout: float = 300) -> EnvHealth:
     return EnvHealth(env, version, not problems, problems)
 
 
+def installed_version(env: Path) -> str:
+    """The tensorrt-edgellm version installed in ``env``, read from its distribution metadata (no imports: fast)."""
+    found = sorted(Path(env).glob("lib/python3*/site-packages/tensorrt_edgellm-*.dist-info/METADATA"))
+    for metadata in found:
+        for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version: "):
+                return line.removeprefix("Version: ").strip()
+    raise ConfigurationError(f"{env} has no {TOOLCHAIN} installed (no tensorrt_edgellm dist-info); "
+                             f"run: edgefarm toolchains install {TOOLCHAIN}==VERSION")
+
+
 def list_envs(root: Path) -> list[EnvHealth]:
     """Every installed environment under ``root`` (temporary build directories are not listed)."""
     root = Path(root)

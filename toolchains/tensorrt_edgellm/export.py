@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgellm.errors import ConfigurationError, TestFailure
+from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import offline_env
-from toolchains.tensorrt_edgellm.env import script
+from toolchains.tensorrt_edgellm.env import installed_version, script
 from toolchains.tensorrt_edgellm.process import run_tool, tree_bytes
 from toolchains.tensorrt_edgellm.quantize import has_chat_template
 
@@ -29,6 +30,7 @@ TIMEOUT_S = 1200  # the reference CI's export stage limit
 @dataclass(frozen=True)
 class ExportResult:
     onnx_dir: Path  # <out>/llm: what llm_build's --onnxDir takes
+    toolchain_version: str
     argv: list[str]
     wall_s: float
     peak_rss_bytes: int
@@ -37,7 +39,8 @@ class ExportResult:
     log: Path
 
     def to_dict(self) -> dict[str, object]:
-        return {"onnx_dir": str(self.onnx_dir), "argv": self.argv, "wall_s": round(self.wall_s, 3),
+        return {"onnx_dir": str(self.onnx_dir), "toolchain": TOOLCHAIN, "toolchain_version": self.toolchain_version,
+                "argv": self.argv, "wall_s": round(self.wall_s, 3),
                 "peak_rss_bytes": self.peak_rss_bytes, "size_bytes": self.size_bytes,
                 "chat_template": self.chat_template, "log": str(self.log)}
 
@@ -85,7 +88,8 @@ def export(env: Path, checkpoint: Path, out_dir: Path, *, chat_template: Path | 
         raise
     onnx_dir = out_dir / "onnx" / "llm"
     argv = [a.replace(str(work), str(out_dir)) for a in argv]
-    result = ExportResult(onnx_dir, argv, run.wall_s, run.peak_rss_bytes, tree_bytes(out_dir / "onnx"),
-                          "checkpoint" if own_template else str(chat_template), out_dir / "export.log")
+    result = ExportResult(onnx_dir, installed_version(env), argv, run.wall_s, run.peak_rss_bytes,
+                          tree_bytes(out_dir / "onnx"), "checkpoint" if own_template else str(chat_template),
+                          out_dir / "export.log")
     (out_dir / "export.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result

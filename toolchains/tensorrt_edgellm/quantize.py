@@ -20,7 +20,7 @@ from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.types import QuantMethod
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, offline_env
-from toolchains.tensorrt_edgellm.env import script
+from toolchains.tensorrt_edgellm.env import installed_version, script
 from toolchains.tensorrt_edgellm.process import run_tool, tree_bytes
 
 
@@ -206,6 +206,7 @@ def quant_report(checkpoint: Path, method: str | QuantMethod, *, lm_head: str | 
 class QuantizeResult:
     checkpoint: Path  # the quantized ModelOpt checkpoint
     method: str
+    toolchain_version: str
     argv: list[str]
     wall_s: float
     peak_rss_bytes: int
@@ -214,9 +215,22 @@ class QuantizeResult:
     log: Path
 
     def to_dict(self) -> dict[str, object]:
-        return {"checkpoint": str(self.checkpoint), "method": self.method, "argv": self.argv,
+        return {"checkpoint": str(self.checkpoint), "method": self.method, "toolchain": TOOLCHAIN,
+                "toolchain_version": self.toolchain_version, "argv": self.argv,
                 "wall_s": round(self.wall_s, 3), "peak_rss_bytes": self.peak_rss_bytes,
                 "size_bytes": self.size_bytes, "report": self.report.to_dict(), "log": str(self.log)}
+
+
+def quantize_options(method: str | QuantMethod, *, device: str = "cpu", num_samples: int = DEFAULT_NUM_SAMPLES,
+                     lm_head: str | None = None, kv_cache: str | None = None,
+                     calibration: Path = CALIBRATION_FILE) -> dict[str, object]:
+    """Everything besides the checkpoint digest and the toolchain version that decides quantize's output: with
+    those two, the cache key of a quantized checkpoint."""
+    import hashlib
+
+    return {"method": parse_method(method).value, "device": device, "num_samples": num_samples,
+            "lm_head": lm_head, "kv_cache": kv_cache,
+            "calibration_sha256": hashlib.sha256(Path(calibration).read_bytes()).hexdigest()}
 
 
 def quantize_argv(env: Path, checkpoint: Path, out_dir: Path, method: QuantMethod, *, device: str,
@@ -270,8 +284,8 @@ def quantize(env: Path, checkpoint: Path, out_dir: Path, method: str | QuantMeth
     quantized = out_dir / "checkpoint"
     argv = [a.replace(str(work), str(out_dir)) for a in argv]
     report = quant_report(quantized, parsed, lm_head=lm_head)
-    result = QuantizeResult(quantized, parsed.value, argv, run.wall_s, run.peak_rss_bytes, tree_bytes(quantized),
-                            report, out_dir / "quantize.log")
+    result = QuantizeResult(quantized, parsed.value, installed_version(env), argv, run.wall_s, run.peak_rss_bytes,
+                            tree_bytes(quantized), report, out_dir / "quantize.log")
     (out_dir / "quantize.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     report.check(max_unquantized_share)
     return result
