@@ -119,3 +119,17 @@ def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
     catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    chat_template: plain.jinja\n")
     assert Catalog.load(catalog).get("m").chat_template == tmp_path / "plain.jinja"
     assert Catalog.load().get("tiny-qwen3-128").chat_template is None  # the export default applies
+
+
+def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> None:
+    from toolchains.tensorrt_edgellm.process import run_tool
+
+    marker = tmp_path / "child-survived"
+    script = f"sleep 3; touch {marker}"
+    with pytest.raises(InfrastructureError, match="sh ran past its 1 s limit and was killed"):
+        run_tool(["/bin/sh", "-c", f"({script}) & wait"], env={}, log=tmp_path / "tool.log", timeout=1)
+    time.sleep(3.5)
+    assert not marker.exists()  # the whole process group went
+    done = run_tool([sys.executable, "-c", "b = bytearray(300 * 2**20); print('ok')"], env={},
+                    log=tmp_path / "ok.log", timeout=60)
+    assert done.returncode == 0 and done.peak_rss_bytes > 300 * 2**20 and "ok" in done.tail()

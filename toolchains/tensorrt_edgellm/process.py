@@ -43,17 +43,20 @@ def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float,
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **env}, cwd=cwd, start_new_session=True)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid == proc.pid:
-                break
-            if time.monotonic() - start > timeout:
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.wait4(proc.pid, 0)
-                proc.returncode = -signal.SIGKILL
-                raise InfrastructureError(f"{Path(argv[0]).name} ran past its {timeout:.0f} s limit and was "
-                                          f"killed (log: {log})")
-            time.sleep(0.1)
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if time.monotonic() - start > timeout:
+                    raise InfrastructureError(f"{Path(argv[0]).name} ran past its {timeout:.0f} s limit and was "
+                                              f"killed (log: {log})")
+                time.sleep(0.1)
+        except BaseException:  # timeout, Ctrl-C, cancellation: never leave the tool running
+            os.killpg(proc.pid, signal.SIGKILL)
+            os.wait4(proc.pid, 0)
+            proc.returncode = -signal.SIGKILL
+            raise
     proc.returncode = os.waitstatus_to_exitcode(status)
     return ToolRun(list(argv), proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024, log)
 
