@@ -5,8 +5,8 @@ size the hosts that run ``l0_checkpoint_export``. Each row runs the real tools t
 (toolchains.tensorrt_edgellm): quantize (``--device cpu``, shipped calibration text, no hub) then export; ``fp16``
 is the unquantized export alone. Peak memory is the child process's maximum RSS.
 Usage: ``python benchmarks/bench_toolchain.py [--models tiny,qwen05b] [--methods fp16,fp8,...] [--num-samples 16]
-[--env DIR] [--output benchmarks/results/toolchain.json]``. The JSON is rewritten after every row, so a long run
-stopped part-way keeps what finished. Rows on a shared 2-core machine are noisy (+-15%): compare within one run.
+[--timeout 1200] [--env DIR] [--output benchmarks/results/toolchain.json]``. The JSON is rewritten after every row,
+so a long run stopped part-way keeps what finished. Rows on a shared 2-core machine are noisy: compare within one run.
 """
 
 from __future__ import annotations
@@ -46,18 +46,19 @@ def make_model(name: str, root: Path) -> Path:
     raise SystemExit(f"unknown model {name!r}; valid: tiny, qwen05b")
 
 
-def bench_row(env: Path, model: str, checkpoint: Path, method: str, work: Path, num_samples: int) -> dict[str, Any]:
+def bench_row(env: Path, model: str, checkpoint: Path, method: str, work: Path, num_samples: int,
+              timeout: float) -> dict[str, Any]:
     row: dict[str, Any] = {"model": model, "method": method}
     source = checkpoint
     expected = 0
     try:
         if method != "fp16":
             q = quantize(env, checkpoint, work / f"{model}-{method}-q", method, chat_template=DEFAULT_CHAT_TEMPLATE,
-                         num_samples=num_samples)
+                         num_samples=num_samples, timeout=timeout)
             row.update(quantize_s=round(q.wall_s, 2), quantize_peak_mb=round(q.peak_rss_bytes / MB),
                        checkpoint_mb=round(q.size_bytes / MB, 1), quantized_linears=len(q.report.quantized))
             source, expected = q.checkpoint, len(q.report.quantized)
-        x = export(env, source, work / f"{model}-{method}-x")
+        x = export(env, source, work / f"{model}-{method}-x", timeout=timeout)
         onnx = check_onnx(x.onnx_dir, expected_quantized=expected)
         row.update(export_s=round(x.wall_s, 2), export_peak_mb=round(x.peak_rss_bytes / MB),
                    onnx_mb=round(x.size_bytes / MB, 1), onnx_problems=onnx.problems)
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,qwen05b")
     parser.add_argument("--methods", default=",".join(["fp16", *(m.value for m in METHODS)]))
     parser.add_argument("--num-samples", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per tool run (reference CI: 1200)")
     parser.add_argument("--env", type=Path, help="an installed tensorrt-edgellm environment (default: install one "
                                                  "under ~/.cache/edgellm-farm/toolchains)")
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "toolchain.json")
@@ -88,14 +90,15 @@ def main() -> None:
     env = args.env or install(Path.home() / ".cache" / "edgellm-farm" / "toolchains", DEFAULT_VERSION).path
     result: dict[str, Any] = {"benchmark": "tensorrt-edgellm host stages (CPU)", "toolchain_version": DEFAULT_VERSION,
                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                              "num_samples": args.num_samples, "rows": []}
+                              "num_samples": args.num_samples, "timeout_s": args.timeout,
+                              "load_average_at_start": os.getloadavg()[0], "rows": []}
     work = Path(tempfile.mkdtemp(prefix="bench-toolchain-"))
     try:
         for model in args.models.split(","):
             checkpoint = make_model(model, work)
             for method in args.methods.split(","):
                 started = time.monotonic()
-                row = bench_row(env, model, checkpoint, method, work, args.num_samples)
+                row = bench_row(env, model, checkpoint, method, work, args.num_samples, args.timeout)
                 row["total_s"] = round(time.monotonic() - started, 2)
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
