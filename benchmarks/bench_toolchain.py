@@ -37,7 +37,7 @@ MB = 2**20
 
 def make_model(name: str, root: Path) -> Path:
     from edgellm.synth import QWEN25_05B, make_checkpoint
-    from flows.catalog import Catalog
+    from test_lists.catalog import Catalog
 
     if name == "tiny":
         return Catalog.load().get("tiny-qwen3-128").locate(root)

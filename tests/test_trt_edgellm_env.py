@@ -108,7 +108,7 @@ def test_shipped_calibration_text_is_made_from_the_bundled_sample() -> None:
 
 
 def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
-    from flows.catalog import Catalog
+    from test_lists.catalog import Catalog
 
     (tmp_path / "plain.jinja").write_text("{% for message in messages %}{{ message.content }}{% endfor %}")
     catalog = tmp_path / "models.yml"

@@ -13,7 +13,7 @@ import pytest
 
 from edgellm import BUNDLED_MODEL_DIR
 from edgellm.errors import ConfigurationError, TestFailure
-from flows.catalog import Catalog
+from test_lists.catalog import Catalog
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, ExportResult, export
 from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 from toolchains.tensorrt_edgellm.quantize import (
