@@ -133,3 +133,16 @@ def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> No
     done = run_tool([sys.executable, "-c", "b = bytearray(300 * 2**20); print('ok')"], env={},
                     log=tmp_path / "ok.log", timeout=60)
     assert done.returncode == 0 and done.peak_rss_bytes > 300 * 2**20 and "ok" in done.tail()
+
+
+def test_quantize_options_name_everything_that_changes_the_output() -> None:
+    import hashlib
+
+    from toolchains.tensorrt_edgellm.quantize import quantize_options
+
+    fp8 = quantize_options("fp8")
+    assert fp8["calibration_sha256"] == hashlib.sha256(CALIBRATION_FILE.read_bytes()).hexdigest()
+    assert fp8 != quantize_options("int4_awq") and fp8 != quantize_options("fp8", num_samples=8)
+    assert quantize_options("fp8", kv_cache="fp8")["kv_cache"] == "fp8"
+    with pytest.raises(ConfigurationError, match="valid: fp8, int4_awq, int8_sq, nvfp4, mxfp8"):
+        quantize_options("int4_gptq")
