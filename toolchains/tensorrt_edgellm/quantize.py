@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgellm.checkpoint.header import TensorInfo, read_header
+from edgellm.checkpoint.modelopt import read_quant_layout
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.types import QuantMethod
 from toolchains.tensorrt_edgellm import TOOLCHAIN
@@ -34,8 +35,8 @@ class MethodSpec:
 # The methods tensorrt-edgellm-quantize accepts (its --quantization choices) and what each must produce.
 METHODS: dict[QuantMethod, MethodSpec] = {
     QuantMethod.FP8: MethodSpec("FP8", "fp8", None),
-    QuantMethod.INT4_AWQ: MethodSpec("W4A16_AWQ", "int4", None),  # misaligned linears silently stay fp16
-    QuantMethod.INT8_SQ: MethodSpec("W8A8_SQ_PER_CHANNEL", "int8", None),
+    QuantMethod.INT4_AWQ: MethodSpec("W4A16_AWQ", "int4_awq", None),  # misaligned linears silently stay fp16
+    QuantMethod.INT8_SQ: MethodSpec("W8A8_SQ_PER_CHANNEL", "int8_sq", None),
     QuantMethod.NVFP4: MethodSpec("NVFP4", "nvfp4", 16),
     QuantMethod.MXFP8: MethodSpec("MXFP8", "mxfp8", 32),
 }
@@ -128,7 +129,7 @@ class QuantReport:
     method: str
     quant_algo: str | None  # as declared by hf_quant_config.json
     expected: str  # the precision the method should store
-    linears: dict[str, str]  # module name -> stored precision (fp16, int4, int8, fp8, nvfp4, mxfp8, ...)
+    linears: dict[str, str]  # module name -> stored precision (fp16, int4_awq, int8_sq, fp8, nvfp4, mxfp8, ...)
     by_design: list[str] = field(default_factory=list)  # left unquantized on purpose (lm_head unless requested)
 
     @property
@@ -171,23 +172,11 @@ class QuantReport:
 
 
 def _stored_precisions(checkpoint: Path) -> dict[str, str]:
-    # TODO(issue 10): replace with edgellm.checkpoint.modelopt.read_quant_layout(checkpoint) once it lands on main.
-    tensors = _tensors(checkpoint)
-    out = {}
-    for name, t in tensors.items():
-        if not name.endswith(".weight") or len(t.shape) != 2 or any(e in name for e in _EMBEDDINGS):
-            continue
-        module = name.removesuffix(".weight")
-        scale = tensors.get(f"{module}.weight_scale")
-        if t.dtype == "F8_E4M3":
-            out[module] = "mxfp8" if scale is not None and scale.dtype == "U8" else "fp8"
-        elif t.dtype == "I8":
-            out[module] = "int8"
-        elif t.dtype == "U8":
-            out[module] = "nvfp4" if scale is not None and scale.dtype == "F8_E4M3" else "int4"
-        else:
-            out[module] = {"F16": "fp16", "BF16": "bf16", "F32": "fp32"}.get(t.dtype, t.dtype.lower())
-    return out
+    """Per linear layer, the precision stored (the library's reading of the ModelOpt layout, headers only)."""
+    layout = read_quant_layout(checkpoint)
+    if layout.problems:  # e.g. a declared quantized layer without its scales: never a silent fp16 reading
+        raise TestFailure(f"{checkpoint}: quantized checkpoint does not read back: {layout.problems[0]}")
+    return {name: linear.precision.value for name, linear in layout.linears.items()}
 
 
 def quant_report(checkpoint: Path, method: str | QuantMethod, *, lm_head: str | None = None) -> QuantReport:
