@@ -191,6 +191,10 @@ def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], l
 
 def check_exportable(layout: QuantLayout) -> None:
     """Refuse what this export cannot build, naming the reason, before anything is loaded."""
+    if layout.kv_cache is not None:  # never a silently float cache
+        raise UnsupportedError(f"{layout.source}: a {layout.kv_cache} KV cache (kv_cache_quant_algo) is not "
+                               f"exported; the ONNX Runtime engine keeps its cache in fp32: quantize without "
+                               f"--kv_cache_quantization")
     for precision in sorted({lin.precision for lin in layout.quantized}):
         if precision in REFUSED:
             raise UnsupportedError(f"{layout.source}: {precision.value} is refused on this platform: "
