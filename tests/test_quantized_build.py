@@ -130,3 +130,15 @@ def test_nvfp4_mxfp8_understood_by_inspect_refused_by_build(quantized: Quantized
     assert rc == 2 and f"{method} is refused on this platform" in err and reason in err
     assert "buildable here: int4_awq, int8_sq, fp8" in err and "Traceback" not in err
     assert not (tmp_path / "onnx").exists()
+
+
+def test_quantized_kv_cache_refused_not_ignored(quantized: Quantized, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = quantized.copy("qwen3_128", "int8_sq", tmp_path / "ck")
+    cfg = json.loads((ckpt / "hf_quant_config.json").read_text())
+    cfg["quantization"]["kv_cache_quant_algo"] = "FP8"
+    (ckpt / "hf_quant_config.json").write_text(json.dumps(cfg))
+    rc = main(["export", str(ckpt), str(tmp_path / "onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "a fp8 KV cache (kv_cache_quant_algo) is not exported" in err and "Traceback" not in err
+    assert not (tmp_path / "onnx").exists()
