@@ -45,7 +45,7 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots)
     report = RunReport(run_id=run_id)
-    status = RunStatus.ERROR  # unless the plan ran to its end
+    status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()
     try:
         with heartbeat(recorder, run_id):
@@ -57,13 +57,14 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
             submit_jobs(ctx, jobs, report)
             if plan.kind == RunKind.NIGHTLY.value:
                 fail_regressed(report, flag_regressions(engine, run_id))
-            status = RunStatus.FAILED if report.failed else RunStatus.PASSED
+            status = run_status(report)
+            completed = True
             slots = {d.id: d.max_jobs for d in farm.inventory}
             timing = timing_summary(report, jobs, host_slots, slots)
     finally:
         try:
             # A run that broke off is ended but not published: its partial results never become evidence.
-            recorder.finish_run(run_id, status, publish=status is not RunStatus.ERROR)
+            recorder.finish_run(run_id, status, publish=completed)
             for q in update_quarantine(engine):
                 log.warning("device %s quarantined: %s", q.device_id, q.reason)
         finally:
@@ -82,3 +83,11 @@ def fail_regressed(report: RunReport, flags: list[Flag]) -> None:
             outcome.reason = f"accuracy regression: {f.describe()}"
         elif outcome is not None:
             log.warning("performance regression in %s %s: %s", f.test_id, f.platform, f.describe())
+
+
+def run_status(report: RunReport) -> RunStatus:
+    """``failed`` when a test failed; else ``error`` when a stage broke (infrastructure, bug); else ``passed``."""
+    seen = {o.status for stages in report.outcomes.values() for o in stages.values()}
+    if ResultStatus.FAIL in seen:
+        return RunStatus.FAILED
+    return RunStatus.ERROR if ResultStatus.ERROR in seen else RunStatus.PASSED

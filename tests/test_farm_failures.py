@@ -6,6 +6,8 @@ database gives the same files."""
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,38 @@ def test_a_failing_stage_is_tried_once_recorded_and_kept_out_of_the_docs(farm_di
     assert regenerated.exit_code == 0, regenerated.output
     assert _text_files(again) == _text_files(docs)
     assert sorted(p.name for p in again.rglob("*.png")) == sorted(p.name for p in docs.rglob("*.png"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: the orchestrator's data dir fills up on the first export."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_infrastructure_and_the_run_ends(farm_dirs: dict[str, Path], tiny_disk: Path,
+                                                        tmp_path: Path) -> None:
+    matrix = tmp_path / "full.yml"
+    matrix.write_text(yaml.safe_dump({**FAILING, "name": "full", "defaults": {
+        **FAILING["defaults"], "timeout": 600}}))  # type: ignore[dict-item]
+    db = f"sqlite:///{tmp_path / 'full.db'}"  # the database lives elsewhere (PostgreSQL in production)
+    result = CliRunner().invoke(app, ["nightly", "--json", "--matrix", str(matrix), "--db", db, "--inventory",
+                                      str(farm_dirs["inventory"]), "--data-dir", str(tiny_disk),
+                                      "--docs-dir", str(tmp_path / "docs")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 1, result.output
+    engine = make_engine(db)
+    with Session(engine) as s:
+        run = s.scalars(select(Run)).one()
+        assert run.status.value == "error" and run.finished_at is not None  # ended, never left running
+        export = s.scalars(select(Result).where(Result.run_id == run.id, Result.stage == "export")).one()
+        assert (export.status.value, export.error_kind.value) == ("error", "infrastructure"), export.reason
+        assert "No space left on device" in (export.reason or "")
+        later = s.scalars(select(Result).where(Result.run_id == run.id, Result.stage != "export")).all()
+        assert later and all(r.status.value == "skipped" for r in later)
+    engine.dispose()
