@@ -120,3 +120,34 @@ def test_a_full_disk_is_infrastructure_and_the_run_ends(farm_dirs: dict[str, Pat
         later = s.scalars(select(Result).where(Result.run_id == run.id, Result.stage != "export")).all()
         assert later and all(r.status.value == "skipped" for r in later)
     engine.dispose()
+
+
+def test_an_active_waiver_waives_and_an_expired_one_runs(farm_dirs: dict[str, Path], tmp_path: Path) -> None:
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    defaults = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128, "stages": ["export", "build", "infer"]}
+    (lists / "l0_waived.yml").write_text(yaml.safe_dump({
+        "name": "l0_waived", "stage": "l0", "description": "waivers reach a run", "platforms": {"terms": ["x86-cpu"]},
+        "defaults": defaults, "tests": [{"model": "stories260K", "precision": "fp32"},
+                                        {"model": "stories260K", "precision": "fp16"}]}))
+    (lists / "waivers.yml").write_text(yaml.safe_dump({"waivers": [
+        {"pattern": "stories260K-fp32-*", "platforms": ["x86-cpu"], "bug": "https://example.invalid/bugs/1",
+         "expires": "2099-01-01", "reason": "active: known issue"},
+        {"pattern": "stories260K-fp16-*", "platforms": ["x86-cpu"], "bug": "https://example.invalid/bugs/2",
+         "expires": "2020-01-01", "reason": "expired: must run again"},
+    ]}))
+    db = f"sqlite:///{tmp_path / 'waived.db'}"
+    result = CliRunner().invoke(app, ["run", "--priority", str(lists / "l0_waived.yml"), "--db", db,
+                                      "--inventory", str(farm_dirs["inventory"]), "--data-dir", str(farm_dirs["data"])])
+    assert result.exit_code == 0, result.output
+    engine = make_engine(db)
+    with Session(engine) as s:
+        got = {(r.precision.value, r.stage.value): r for r in s.scalars(select(Result))}
+        tries = {(a.precision.value, a.stage.value) for a in s.scalars(select(Attempt))}
+    engine.dispose()
+    assert {st: got[("fp32", st)].status.value for st in ("export", "build", "infer")} == {
+        "export": "waived", "build": "waived", "infer": "waived"}
+    assert "bugs/1" in (got[("fp32", "infer")].reason or "")
+    assert not any(p == "fp32" for p, _ in tries)  # the waived job never ran
+    assert {st: got[("fp16", st)].status.value for st in ("export", "build", "infer")} == {
+        "export": "pass", "build": "pass", "infer": "pass"}  # the expired waiver waives nothing
