@@ -151,3 +151,50 @@ def test_an_active_waiver_waives_and_an_expired_one_runs(farm_dirs: dict[str, Pa
     assert not any(p == "fp32" for p, _ in tries)  # the waived job never ran
     assert {st: got[("fp16", st)].status.value for st in ("export", "build", "infer")} == {
         "export": "pass", "build": "pass", "infer": "pass"}  # the expired waiver waives nothing
+
+
+def test_a_bench_never_shares_its_device_with_another_lease(farm_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    from results.models import DeviceLease
+
+    matrix = tmp_path / "bench.yml"
+    matrix.write_text(yaml.safe_dump({"name": "bench", "models": ["stories260K", "tiny-qwen3"],
+                                      "precisions": ["fp32", "fp16"], "platforms": ["x86-cpu"],
+                                      "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
+                                                   "stages": ["export", "build", "infer", "bench"]}}))
+    path = tmp_path / "bench.db"
+    db = f"sqlite:///{path}"
+    seen: list[list[tuple[str, int]]] = []  # every sample of the leases held: (device, slots)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            if path.exists():
+                engine = make_engine(db)
+                try:
+                    while not stop.wait(0.02):
+                        with Session(engine) as s:
+                            seen.append([(lease.device_id, lease.slots) for lease in s.scalars(select(DeviceLease))])
+                except OperationalError:  # the schema is not there yet: sample again
+                    stop.wait(0.1)
+                finally:
+                    engine.dispose()
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = CliRunner().invoke(app, ["nightly", "--json", "--matrix", str(matrix), "--db", db, "--inventory",
+                                          str(farm_dirs["inventory"]), "--data-dir", str(farm_dirs["data"]),
+                                          "--docs-dir", str(tmp_path / "docs")])
+    finally:
+        stop.set()
+        sampler.join()
+    assert result.exit_code == 0, result.output
+    exclusive = [held for held in seen if any(slots == 2 for _, slots in held)]  # local-cpu has max_jobs 2
+    assert exclusive, f"no bench lease was ever seen in {len(seen)} samples"
+    assert all(len(held) == 1 for held in exclusive), [held for held in exclusive if len(held) > 1]
+    assert any(len(held) == 2 for held in seen), "the device never ran two jobs at once: nothing was tested"
