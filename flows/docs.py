@@ -196,7 +196,7 @@ def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
     artifact, so the run's page in Prefect's UI shows the result."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    engine = make_engine(db_url)
+    engine = read_only_engine(db_url)
     try:
         rows = matrix_rows(engine, data_dir)
     finally:
