@@ -59,6 +59,7 @@ def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
     from sqlalchemy import inspect
     from sqlalchemy.exc import DBAPIError, OperationalError
 
+    from results import quarantine
     from results.db import redact
     from results.recorder import Recorder
 
@@ -68,8 +69,9 @@ def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
             raise ConfigurationError(
                 f"database {redact(db_url)!r} has no device_health table; run: edgefarm db upgrade --db URL"
             )
-        return [
-            recorder.record_health(
+        ids = []
+        for r in reports:
+            ids.append(recorder.record_health(
                 r.device_id,
                 reachable=r.reachable,
                 disk_free_bytes=r.disk_free_bytes,
@@ -77,9 +79,10 @@ def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
                 edgellm_version=r.edgellm_version,
                 checked_at=r.checked_at,
                 details={k: v for k, v in r.to_dict().items() if k not in _STORED_AS_COLUMNS},
-            )
-            for r in reports
-        ]
+            ))
+            if r.healthy:  # a passing health check ends a quarantine (results/quarantine.py)
+                quarantine.release(recorder.engine, [r.device_id], ids[-1])
+        return ids
     except OperationalError as exc:
         raise InfrastructureError(f"cannot write to database {redact(db_url)!r}: {str(exc.orig).strip()}") from None
     except DBAPIError as exc:
@@ -93,16 +96,46 @@ def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
 _STORED_AS_COLUMNS = {"device_id", "reachable", "disk_free_bytes", "python_version", "edgellm_version", "checked_at"}
 
 
+def quarantined(db: str | None) -> dict[str, str] | None:
+    """Device id -> why it is quarantined, from the results database (None when there is none to read)."""
+    from results import quarantine
+    from results.db import read_only_engine, resolve_url
+    from results.migrate import require_current
+
+    try:
+        engine = read_only_engine(resolve_url(db))
+        try:
+            require_current(engine)
+            return {d: f"since {q.since:%Y-%m-%d %H:%M} UTC: {q.reason}"
+                    for d, q in quarantine.active(engine).items()}
+        finally:
+            engine.dispose()
+    except EdgeLLMError:
+        if db is not None:
+            raise
+        return None  # the default database is absent or unreadable: listing the inventory still works
+
+
 @app.command("list")
-def list_devices(inventory: InventoryDir = None) -> None:
-    """Every device: id, type (platform), transport, address, labels, max parallel jobs."""
+def list_devices(
+    inventory: InventoryDir = None,
+    db: Annotated[str | None, typer.Option("--db", help="results database that holds quarantines (default: "
+                                                         "$EDGEFARM_DB_URL, else <data dir>/edgefarm.db)")] = None,
+) -> None:
+    """Every device: id, type (platform), transport, address, labels, max parallel jobs, and whether (and why)
+    it is quarantined."""
     devices = _load(inventory)
+    try:
+        held = quarantined(db)
+    except EdgeLLMError as err:
+        raise _fail(err) from None
     table = Table(title=f"{len(devices)} device(s) in {devices.directory}")
-    for column in ("id", "type", "transport", "host:port", "labels", "max jobs"):
+    for column in ("id", "type", "transport", "host:port", "labels", "max jobs", "quarantine"):
         table.add_column(column, no_wrap=column in ("id", "host:port"))
     for d in devices:
-        table.add_row(d.id, str(d.platform), str(d.transport), d.address, ", ".join(d.labels), str(d.max_jobs))
-    Console().print(table)
+        why = "unknown (no results database)" if held is None else held.get(d.id, "no")
+        table.add_row(d.id, str(d.platform), str(d.transport), d.address, ", ".join(d.labels), str(d.max_jobs), why)
+    Console(soft_wrap=True).print(table)
 
 
 def _health_table(reports: list[HealthReport]) -> Table:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -51,6 +52,31 @@ def farm_errors(command: str) -> Iterator[None]:
     except ValidationError as exc:  # a flow parameter of the wrong type
         err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
         raise typer.Exit(2) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # database, migration, disk, memory...: its kind decides the exit code
+        from results.errors import classify
+
+        known = classify(exc)
+        err.print(f"edgefarm {command}: error ({known.kind.value}): {known}", markup=False)
+        raise typer.Exit(EXIT_BY_KIND[known.kind]) from None
+
+
+@contextmanager
+def flow_db_parameter(db_url: str) -> Iterator[str]:
+    """The database as a flow parameter: password hidden; the flow reads the real URL from $EDGEFARM_DB_URL,
+    which this process (where the flow runs) holds while the block runs."""
+    from results.db import ENV_DB_URL, for_parameters
+
+    before = os.environ.get(ENV_DB_URL)
+    os.environ[ENV_DB_URL] = db_url
+    try:
+        yield for_parameters(db_url)
+    finally:
+        if before is None:
+            os.environ.pop(ENV_DB_URL, None)
+        else:
+            os.environ[ENV_DB_URL] = before
 
 
 def _prefect(data_dir: Path | None) -> None:
@@ -58,6 +84,30 @@ def _prefect(data_dir: Path | None) -> None:
     from results.db import data_dir as default_data_dir
 
     configure_prefect(Path(data_dir) if data_dir else default_data_dir())
+
+
+TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
+
+
+@contextmanager
+def _temporary_server(data_dir: Path) -> Iterator[None]:
+    """With no Prefect API configured, run the command's flow against a temporary server started here (Prefect's
+    own ephemeral one would outlive a killed orchestrator): it dies with this process, or when the block ends."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if get_current_settings().api.url:
+        yield
+        return
+    from flows.prefect_env import free_port
+    from flows.serve import start_server, stop_server
+
+    proc, api_url = start_server("127.0.0.1", free_port(), data_dir / "prefect" / "temporary-server.log",
+                                 timeout_s=TEMPORARY_SERVER_STARTUP_S)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield
+    finally:
+        stop_server(proc)
 
 
 class Progress:
@@ -201,12 +251,14 @@ def nightly(
         if dry_run:
             _print_plan(plan, fmt)
             return
-        result = _run_with_progress(
-            plan,
-            lambda: _announce_flow_run(nightly_support_matrix)(
-                matrix=str(matrix_path), db_url=settings.db_url, data_dir=str(settings.data_dir),
-                inventory=str(settings.inventory_dir), docs_dir=str(settings.docs_dir), trigger="cli", plan=plan),
-        )
+        with _temporary_server(settings.data_dir), flow_db_parameter(settings.db_url) as db_param:
+            result = _run_with_progress(
+                plan,
+                lambda: _announce_flow_run(nightly_support_matrix)(
+                    matrix=str(matrix_path), db_url=db_param, data_dir=str(settings.data_dir),
+                    inventory=str(settings.inventory_dir), docs_dir=str(settings.docs_dir), trigger="cli",
+                    plan=plan),
+            )
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(1 if result["failed"] else 0)
@@ -235,13 +287,14 @@ def run(
         if dry_run:
             _print_plan(plan, fmt)
             return
-        result = _run_with_progress(
-            plan,
-            lambda: _announce_flow_run(run_test_list)(priority=priority, db_url=settings.db_url,
-                                                      data_dir=str(settings.data_dir),
-                                                      inventory=str(settings.inventory_dir), trigger="cli",
-                                                      plan=plan),
-        )
+        with _temporary_server(settings.data_dir), flow_db_parameter(settings.db_url) as db_param:
+            result = _run_with_progress(
+                plan,
+                lambda: _announce_flow_run(run_test_list)(priority=priority, db_url=db_param,
+                                                          data_dir=str(settings.data_dir),
+                                                          inventory=str(settings.inventory_dir), trigger="cli",
+                                                          plan=plan),
+            )
     raise typer.Exit(_print_summary(result))
 
 
@@ -254,8 +307,8 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
     from sqlalchemy.orm import Session
 
     from flows.docs import display_status
-    from results.db import make_engine
-    from results.migrate import upgrade
+    from results.db import read_only_engine, redact
+    from results.migrate import require_current
     from results.models import Run
     from results.queries import Verdict, latest_status
 
@@ -264,9 +317,9 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
         from edgellm.errors import ConfigurationError
 
         raise ConfigurationError(f"unknown status {status!r}; valid: {', '.join(valid)}")
-    engine = make_engine(db_url)
+    engine = read_only_engine(db_url)
     try:
-        upgrade(engine)
+        require_current(engine, redact(db_url))
         with Session(engine) as s:
             rows = latest_status(s, model=model, precision=precision, platform=platform)
             runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
@@ -291,6 +344,8 @@ def query(
     status: Annotated[str | None, typer.Option("--status", help="pass | fail | error | incomplete | "
                                                                  "not_applicable | skipped | waived")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
+    show_regressions: Annotated[bool, typer.Option("--regressions", help="the metrics outside their baseline in "
+                                                                         "each row's latest run instead")] = False,
     db: DbOption = None,
 ) -> None:
     """Which rows pass? The latest status of every (model, precision, platform), from the results database."""
@@ -303,6 +358,10 @@ def query(
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
         if precision is not None:
             precision = Precision.parse(precision, what="precision").value
+        if show_regressions:
+            _print_regressions(regression_rows(resolve_url(db), model=model, precision=precision,
+                                               platform=platform), fmt)
+            return
         rows = query_rows(resolve_url(db), model=model, precision=precision, platform=platform, status=status)
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -324,6 +383,53 @@ def query(
             t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]", made_by,
                       str(r["run_id"]), bad)
         out.print(t)
+
+
+REGRESSION_FIELDS = ("model", "precision", "platform", "stage", "test_id", "metric", "severity", "value",
+                     "baseline", "spread", "change", "baseline_runs", "run_id", "previous_run_id")
+
+
+def regression_rows(db_url: str, *, model: str | None, precision: str | None,
+                    platform: str | None) -> list[dict[str, Any]]:
+    from sqlalchemy.orm import Session
+
+    from results.db import read_only_engine, redact
+    from results.migrate import require_current
+    from results.regressions import published_regressions
+
+    engine = read_only_engine(db_url)
+    try:
+        require_current(engine, redact(db_url))
+        with Session(engine) as s:
+            flags = published_regressions(s, model=model, platform=platform)
+    finally:
+        engine.dispose()
+    return [{k: (v.value if hasattr(v, "value") else v) for k, v in
+             ((k, getattr(f, k)) for k in REGRESSION_FIELDS)}
+            for f in flags if precision is None or f.precision.value == precision]
+
+
+def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=REGRESSION_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+        return
+    t = Table(title=f"regressions in the latest runs ({len(rows)})")
+    for col in ("model", "precision", "platform", "metric", "severity", "value", "baseline (median)", "change",
+                "runs"):
+        t.add_column(col)
+    for r in rows:
+        colour = "red" if r["severity"] == "fail" else "yellow"
+        t.add_row(r["model"], r["precision"], r["platform"], r["metric"], f"[{colour}]{r['severity']}[/]",
+                  f"{r['value']:.4g}", f"{r['baseline']:.4g}", f"{r['change']:.1%} worse",
+                  f"{r['previous_run_id']} -> {r['run_id']}")
+    out.print(t)
 
 
 def _print_matrix(db_url: str) -> None:
@@ -397,8 +503,8 @@ def gc(
         from edgellm.errors import ConfigurationError
         from flows.settings import Settings
         from results import cache
-        from results.db import make_engine
-        from results.migrate import upgrade
+        from results.db import read_only_engine, redact
+        from results.migrate import require_current
         from results.recorder import Recorder
         from tasks.device_exec import FETCH_PREFIX
         from tasks.farm import FarmContext
@@ -406,9 +512,9 @@ def gc(
         if older_than_days < 0:
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
         settings = Settings.resolve(db=db, data_dir=data_dir)
-        engine = make_engine(settings.db_url)
+        engine = read_only_engine(settings.db_url)
         try:
-            upgrade(engine)
+            require_current(engine, redact(settings.db_url))
             referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
         finally:
             engine.dispose()

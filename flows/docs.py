@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from flows.docs_html import html_status, render_html
+from flows.docs_regressions import RegressionMark
 from flows.docs_render import (
     MatrixRow,
     TrendPoint,
@@ -27,10 +28,11 @@ from flows.docs_render import (
     scrub,
     write_atomic,
 )
-from results.db import make_engine
-from results.migrate import upgrade
+from results.db import read_only_engine, redact
+from results.migrate import require_current
 from results.models import ArtifactRecord, Metric, Result, Run, RunKind
 from results.queries import latest_status
+from results.regressions import published_regressions
 
 log = logging.getLogger(__name__)
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
@@ -76,6 +78,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
     rows = []
     with Session(engine) as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
+        marks = regression_marks(s)
         statuses = latest_status(s)
         params = model_parameters({st.key.model for st in statuses}, data_dir)
         for st in statuses:
@@ -102,8 +105,18 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                 reason=scrub("; ".join(reasons), data_dir) or None,
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
                 toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
+                regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform), ())),
             ))
     return rows
+
+
+def regression_marks(s: Session) -> dict[tuple[str, str, str], list[RegressionMark]]:
+    """Regressions flagged in each row's latest published run."""
+    marks: dict[tuple[str, str, str], list[RegressionMark]] = defaultdict(list)
+    for f in published_regressions(s):
+        marks[(f.model, f.precision.value, f.platform)].append(RegressionMark(
+            f.metric, f.value, f.baseline, f.change, f.severity.value, f.run_id, f.previous_run_id))
+    return marks
 
 
 def display_status(verdict: str, stages: dict[str, str]) -> str:
@@ -121,7 +134,7 @@ def trend_points(engine: Engine) -> list[TrendPoint]:
     stmt = (select(Run.id, Run.started_at, Result.model, Result.precision, Result.platform, Metric.name,
                    Metric.value)
             .join(Result, Result.run_id == Run.id).join(Metric, Metric.result_id == Result.id)
-            .where(Run.kind == RunKind.NIGHTLY, Metric.name.in_(TREND_METRICS)))
+            .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None), Metric.name.in_(TREND_METRICS)))
     with Session(engine) as s:
         return [TrendPoint(run_id=r, started=t.isoformat(), model=m, precision=p.value, platform=pl, metric=n,
                            value=v) for r, t, m, p, pl, n, v in s.execute(stmt)]
@@ -156,9 +169,9 @@ def run_evidence(engine: Engine, run_id: int,
 
 
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
-    engine = make_engine(db_url)
+    engine = read_only_engine(db_url)
     try:
-        upgrade(engine)
+        require_current(engine, redact(db_url))
         rows = matrix_rows(engine, data_dir)
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         label = db_label(db_url)
@@ -167,7 +180,8 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         write_atomic(out_dir / "supported-models.md", render_markdown(rows, generated_at=now, db_label=label))
         write_atomic(out_dir / "support-matrix.html",
                      render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
-        for run_id in sorted({r.run_id for r in rows}):
+        linked = {m.previous_run_id for r in rows for m in r.regressions if m.previous_run_id is not None}
+        for run_id in sorted({r.run_id for r in rows} | linked):
             info, results = run_evidence(engine, run_id, data_dir)
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
     finally:
@@ -182,7 +196,7 @@ def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
     artifact, so the run's page in Prefect's UI shows the result."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    engine = make_engine(db_url)
+    engine = read_only_engine(db_url)
     try:
         rows = matrix_rows(engine, data_dir)
     finally:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from flows.docs_regressions import mark_html
 from flows.docs_render import (
     EXPORT_ONLY_MARK,
     LEGEND,
@@ -151,7 +152,7 @@ def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
             f"style='background:{colour};color:{fg}' title='{e(hover)}'>"
             f"<a href='{e(r.evidence_link)}'>{mark}<b>{e(status)}</b> · run {r.run_id}</a>"
             f"<div class='m'>{e(metrics_text(r.metrics, ' · ') if r.kind is CellKind.SUPPORTED else r.made_by)}"
-            f"</div></td>")
+            f"</div>{mark_html(r.regressions)}</td>")
 
 
 def _section(platform: str, rows: list[MatrixRow], trends: Sequence[TrendImage], docs_dir: Path | None) -> list[str]:

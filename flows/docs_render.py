@@ -21,6 +21,8 @@ from edgellm.types import Precision
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+from flows.docs_regressions import RegressionMark, mark_markdown
+
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
@@ -65,6 +67,7 @@ class MatrixRow:
     toolchain: str | None = None  # what made the evidence, and its version
     toolchain_version: str | None = None
     params: int | None = None  # the model's parameter count, when its checkpoint could be read
+    regressions: tuple[RegressionMark, ...] = ()  # metrics outside their baseline in this run
 
     @property
     def made_by(self) -> str:
@@ -176,7 +179,8 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
     kind = cell_kind(r)
     if kind is CellKind.SUPPORTED:
         text = f"{SUPPORTED_MARK} {r.toolchain}" if several_toolchains and r.toolchain else SUPPORTED_MARK
-        return f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})"
+        regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
+        return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + regressed
     if kind is CellKind.EXPORT_ONLY:
         return f"{EXPORT_ONLY_MARK} export only, {r.made_by or 'toolchain unknown'} (run {r.run_id})"
     return ""

@@ -12,10 +12,13 @@ from edgellm.reference import checkpoint_digest
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
 from flows.settings import Settings, code_version
-from results.db import make_engine
-from results.migrate import upgrade
-from results.models import RunKind, RunStatus
+from results.db import for_parameters, make_engine
+from results.liveness import heartbeat, reap_stale_runs
+from results.migrate import prepare_for_run
+from results.models import RegressionSeverity, ResultStatus, RunKind, RunStatus
+from results.quarantine import update_quarantine
 from results.recorder import Recorder
+from results.regressions import Flag, flag_regressions
 from tasks.farm import Farm, FarmContext
 from tasks.spec import CheckpointRef
 from test_lists.catalog import Catalog
@@ -35,26 +38,56 @@ def locate_checkpoints(models: list[str], catalog: Catalog, data_dir: Path) -> d
 def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: str,
                  host_slots: int = 2) -> tuple[RunReport, dict[str, float]]:
     engine = make_engine(settings.db_url)
-    upgrade(engine)
+    prepare_for_run(engine)
+    reap_stale_runs(engine)
     recorder = Recorder(engine)
     run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
-    ctx = FarmContext(run_id=run_id, db_url=settings.db_url, data_dir=str(settings.data_dir),
+    ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots)
     report = RunReport(run_id=run_id)
-    status = RunStatus.ERROR
+    status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()
     try:
-        farm = Farm.get(ctx)
-        record_plan_decisions(ctx, plan, report)
-        checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), catalog, settings.data_dir)
-        jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
-        submit_jobs(ctx, jobs, report)
-        status = RunStatus.FAILED if report.failed else RunStatus.PASSED
-        slots = {d.id: d.max_jobs for d in farm.inventory}
-        timing = timing_summary(report, jobs, host_slots, slots)
+        with heartbeat(recorder, run_id):
+            farm = Farm.get(ctx)
+            record_plan_decisions(ctx, plan, report)
+            checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), catalog,
+                                             settings.data_dir)
+            jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
+            submit_jobs(ctx, jobs, report)
+            if plan.kind == RunKind.NIGHTLY.value:
+                fail_regressed(report, flag_regressions(engine, run_id))
+            status = run_status(report)
+            completed = True
+            slots = {d.id: d.max_jobs for d in farm.inventory}
+            timing = timing_summary(report, jobs, host_slots, slots)
     finally:
-        recorder.finish_run(run_id, status)
-        Farm.close(ctx)
-        engine.dispose()
+        try:
+            # A run that broke off is ended but not published: its partial results never become evidence.
+            recorder.finish_run(run_id, status, publish=completed)
+            for q in update_quarantine(engine):
+                log.warning("device %s quarantined: %s", q.device_id, q.reason)
+        finally:
+            Farm.close(ctx)
+            engine.dispose()
     timing["run_wall_s"] = round(time.time() - started, 3)
     return report, timing
+
+
+def fail_regressed(report: RunReport, flags: list[Flag]) -> None:
+    """An accuracy regression fails its job in the report too (the database already says so)."""
+    for f in flags:
+        outcome = report.outcomes.get(f"{f.test_id}@{f.platform}", {}).get(f.stage)
+        if f.severity is RegressionSeverity.FAIL and outcome is not None:
+            outcome.status = ResultStatus.FAIL
+            outcome.reason = f"accuracy regression: {f.describe()}"
+        elif outcome is not None:
+            log.warning("performance regression in %s %s: %s", f.test_id, f.platform, f.describe())
+
+
+def run_status(report: RunReport) -> RunStatus:
+    """``failed`` when a test failed; else ``error`` when a stage broke (infrastructure, bug); else ``passed``."""
+    seen = {o.status for stages in report.outcomes.values() for o in stages.values()}
+    if ResultStatus.FAIL in seen:
+        return RunStatus.FAILED
+    return RunStatus.ERROR if ResultStatus.ERROR in seen else RunStatus.PASSED

@@ -14,6 +14,7 @@ from flows.docs import publish_matrix_artifacts, write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
 from flows.settings import Settings
+from results.db import from_parameter
 from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None
                            publish: bool = True, plan: Plan | None = None) -> dict[str, Any]:
     """Plan the matrix (every problem reported at once), run it across the devices, publish the docs. A caller
     that already planned (the CLI, which printed the plan) hands it over: the matrix is planned once."""
-    settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
+    settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory,
+                                docs_dir=docs_dir)
     if plan is None:
         plan, _ = make_plan(matrix, settings)
     catalog = Catalog.load()

@@ -8,6 +8,7 @@ serves the UI, or a production server) runs are reported there and the commands 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 QUIET_OFFLINE = {
@@ -42,3 +43,10 @@ def flow_run_ui_url(flow_run_id: object) -> str | None:
         return None
     ui = os.environ.get("PREFECT_UI_URL") or api.rstrip("/").removesuffix("/api")
     return f"{ui}/runs/flow-run/{flow_run_id}"
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback (for a temporary Prefect server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

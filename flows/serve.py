@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devices.lifetime import die_with_parent
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.yamlio import read_yaml
 
@@ -71,6 +72,7 @@ def start_server(host: str, port: int, log_file: Path, *, ui: bool = False,
             [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
              "--ui" if ui else "--no-ui"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            preexec_fn=die_with_parent,  # never outlives serve (or a run's temporary server, its runner)
         )
     try:
         wait_healthy(api_url, timeout_s, proc=proc)

@@ -12,6 +12,7 @@ from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, plan_test_list
 from flows.settings import Settings
+from results.db import from_parameter
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
@@ -27,7 +28,7 @@ def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None
                   plan: Plan | None = None) -> dict[str, Any]:
     """Run the list's tests for every platform it selects that has devices; record everything (with the plan
     the caller already made, if any)."""
-    settings = Settings.resolve(db=db_url, data_dir=data_dir, inventory=inventory)
+    settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
     if plan is None:
         plan, _ = make_plan(priority, settings)
     catalog = Catalog.load()

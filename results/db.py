@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
@@ -52,6 +53,24 @@ def redact(url: str | URL) -> str:
         return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
 
 
+def for_parameters(url: str) -> str:
+    """What a flow or task parameter may carry: the URL with its password replaced (Prefect stores and serves
+    parameters). :func:`from_parameter` gives the real URL back from ``$EDGEFARM_DB_URL``."""
+    return redact(url)
+
+
+def from_parameter(value: str | None) -> str | None:
+    """The real database URL for a parameter made by :func:`for_parameters` (a URL with no password, or None
+    for the default, is returned as is)."""
+    if value is None or "***" not in value:
+        return value
+    env = os.environ.get(ENV_DB_URL)
+    if env and redact(env) == value:
+        return env
+    raise ConfigurationError(f"database URL {value!r} has its password hidden and ${ENV_DB_URL} does not hold "
+                             f"the matching URL; set ${ENV_DB_URL} to the full URL where the flow runs")
+
+
 def parse_url(url: str | URL) -> URL:
     """Validate a URL's syntax and backend; the error names it (password hidden) and the valid forms."""
     valid = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
@@ -80,6 +99,33 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous = NORMAL")
     cur.execute("PRAGMA foreign_keys = ON")
     cur.close()
+
+
+def _on_sqlite_connect_read_only(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cur.close()
+
+
+def read_only_engine(url: str) -> Engine:
+    """An engine for commands that only read (query, docs, gc): a SQLite file must already exist (a mistyped
+    path is never created) and is opened read-only, so a read-only file or medium works."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return make_engine(parsed)
+    path = Path(str(parsed.database)).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigurationError(f"database file {str(path)!r} does not exist (a mistyped --db?); create one "
+                                 f"with `edgefarm db upgrade --db {redact(url)}`")
+    query = {"uri": "true", "mode": "ro"}
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        query["immutable"] = "1"  # nobody can write on a read-only medium; WAL needs no -shm file then
+    ro = URL.create("sqlite", database=f"file:{quote(str(path))}", query=query)
+    engine = create_engine(ro, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+    event.listen(engine, "connect", _on_sqlite_connect_read_only)
+    event.listen(engine, "begin", _on_sqlite_begin)
+    return engine
 
 
 def _on_sqlite_begin(conn: Any) -> None:

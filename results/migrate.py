@@ -7,8 +7,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
+from sqlalchemy.exc import DBAPIError
 
+from edgellm.errors import InfrastructureError
+from results.db import redact
 from results.models import Base
 
 SCRIPT_LOCATION = "results:migrations"
@@ -46,3 +49,40 @@ def schema_diff(engine: Engine) -> list[object]:
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         return list(compare_metadata(ctx, Base.metadata))
+
+
+def _revisions() -> set[str]:
+    return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def require_current(engine: Engine, label: str | None = None) -> str:
+    """Refuse (InfrastructureError, exit 3) a database this code cannot read as is: empty or not a results
+    database, older than this code (run ``edgefarm db upgrade``), or newer (upgrade edgefarm). One line each."""
+    label = label or redact(engine.url)
+    try:
+        at = current_revision(engine)
+    except DBAPIError as exc:
+        raise InfrastructureError(f"cannot read database {label!r}: {str(exc.orig).strip()}") from None
+    head = head_revision()
+    if at == head:
+        return at
+    if at is None:
+        raise InfrastructureError(f"database {label!r} has no edgefarm schema (empty, or not a results database); "
+                                  f"create it with `edgefarm db upgrade --db URL`")
+    if at not in _revisions():
+        raise InfrastructureError(f"database {label!r} is at revision {at!r}, newer than this edgefarm "
+                                  f"(head {head!r}); install a newer edgefarm")
+    raise InfrastructureError(f"database {label!r} is at revision {at!r}, older than this edgefarm (head "
+                              f"{head!r}); migrate it with `edgefarm db upgrade --db URL`")
+
+
+def prepare_for_run(engine: Engine) -> str:
+    """What a run (nightly, a test list) does first: create the schema in a brand-new database (no tables at
+    all); any other database must already be at head (only ``edgefarm db upgrade`` migrates)."""
+    try:
+        empty = not inspect(engine).get_table_names()
+    except DBAPIError as exc:
+        raise InfrastructureError(f"cannot read database {redact(engine.url)!r}: {str(exc.orig).strip()}") from None
+    if empty:
+        upgrade(engine)
+    return require_current(engine)

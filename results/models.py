@@ -58,6 +58,11 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class RegressionSeverity(enum.StrEnum):
+    FAIL = "fail"  # accuracy got worse: the row fails
+    WARN = "warn"  # performance got worse: shown, the row still passes
+
+
 class ResultStatus(enum.StrEnum):
     PASS = "pass"
     FAIL = "fail"
@@ -118,6 +123,10 @@ class Run(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     status: Mapped[RunStatus] = mapped_column(db_enum(RunStatus, "run_status"), default=RunStatus.RUNNING)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # refreshed while the orchestrator lives
+    host: Mapped[str | None] = mapped_column(String(200))  # the orchestrator's host and process
+    pid: Mapped[int | None] = mapped_column(Integer)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its results are evidence from then on
 
     results: Mapped[list[Result]] = relationship(back_populates="run", passive_deletes=True)
     toolchain: Mapped[list[ToolchainVersion]] = relationship(passive_deletes=True)
@@ -155,7 +164,7 @@ class Result(Base):
 
 
 class RowLatest(Base):
-    """Latest run id per (model, precision, platform), maintained by every result insert (see recorder)."""
+    """Latest published run id per (model, precision, platform), moved when a run is published (see recorder)."""
 
     __tablename__ = "row_latest"
 
@@ -292,3 +301,43 @@ class CacheEntry(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     hits: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Regression(Base):
+    """A metric of a finished run outside its baseline (median +- k * MAD of the last N finished nightly runs)."""
+
+    __tablename__ = "regressions"
+    __table_args__ = (UniqueConstraint("run_id", "model", "precision", "platform", "stage", "test_id", "metric"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(200))
+    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
+    platform: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
+    test_id: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(100))
+    unit: Mapped[str] = mapped_column(String(32))
+    value: Mapped[float] = mapped_column(Float)
+    baseline: Mapped[float] = mapped_column(Float)  # median of the baseline runs
+    spread: Mapped[float] = mapped_column(Float)  # their median absolute deviation
+    baseline_runs: Mapped[int] = mapped_column(Integer)
+    previous_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    change: Mapped[float] = mapped_column(Float)  # relative, positive = worse
+    severity: Mapped[RegressionSeverity] = mapped_column(db_enum(RegressionSeverity, "regression_severity"))
+
+
+class DeviceQuarantine(Base):
+    """A device taken out of leasing because too many of its recent attempts failed for infrastructure reasons;
+    released by the first passing health check after ``since``."""
+
+    __tablename__ = "device_quarantine"
+    __table_args__ = (Index("ix_device_quarantine_device_released", "device_id", "released_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(200))
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    reason: Mapped[str] = mapped_column(Text)
+    error_rate: Mapped[float] = mapped_column(Float)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    released_by: Mapped[int | None] = mapped_column(ForeignKey("device_health.id", ondelete="SET NULL"))

@@ -1,7 +1,8 @@
 """Read-side questions about the results database, answered as plain dataclasses.
 
-A *row* is one (model, precision, platform). Its *latest run* is the highest run id that has a result for it
-(run ids are assigned in start order), kept in the ``row_latest`` table by the recorder.
+A *row* is one (model, precision, platform). Its *latest run* is the highest published run id that has a result
+for it (run ids are assigned in start order; a run is published when it finishes, never while it runs or when it
+is reaped), kept in the ``row_latest`` table by the recorder.
 
 Verdict of a row in one run, given its required stages (default: infer and accuracy):
   - ``fail``  if any result failed; else ``error`` if any result errored (the run broke, not the model);
@@ -19,14 +20,14 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import Engine, Select, and_, func, literal, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import Engine, Select, and_, func, select
+from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, Stage
-from results.models import Metric, MetricBaseline, Result, ResultStatus, RowLatest, Run, RunKind
+from results.models import Result, ResultStatus, RowLatest, Run, RunKind
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)
@@ -42,22 +43,6 @@ class Verdict(enum.StrEnum):
     ERROR = "error"
     INCOMPLETE = "incomplete"
     NOT_APPLICABLE = "not_applicable"
-
-
-class Direction(enum.StrEnum):
-    HIGHER_IS_BETTER = "higher"
-    LOWER_IS_BETTER = "lower"
-
-
-DEFAULT_DIRECTIONS: dict[str, Direction] = {
-    "tokens_per_s": Direction.HIGHER_IS_BETTER,
-    "prefill_tokens_per_s": Direction.HIGHER_IS_BETTER,
-    "accuracy": Direction.HIGHER_IS_BETTER,
-    "ms_per_token": Direction.LOWER_IS_BETTER,
-    "time_to_first_token_ms": Direction.LOWER_IS_BETTER,
-    "perplexity": Direction.LOWER_IS_BETTER,
-    "peak_memory_bytes": Direction.LOWER_IS_BETTER,
-}
 
 
 @dataclass(frozen=True, order=True)
@@ -77,20 +62,6 @@ class RowStatus:
     run_started_at: datetime | None = None
     toolchain: str | None = None  # the toolchain that made the evidence ("a, b" if a run mixed several)
     toolchain_version: str | None = None  # its version where the latest stage that ran ran
-
-
-@dataclass(frozen=True)
-class Regression:
-    key: RowKey
-    stage: Stage
-    test_id: str
-    metric: str
-    unit: str
-    value: float
-    baseline: float
-    baseline_source: str  # "run <id>" or "stored"
-    direction: Direction
-    change: float  # relative, positive = worse (0.10 = 10 % worse)
 
 
 @dataclass
@@ -225,14 +196,15 @@ def row_history(
     *,
     required: Iterable[Stage | str] = DEFAULT_REQUIRED,
 ) -> list[RowStatus]:
-    """The row's verdict in every run that has a result for it, oldest first."""
+    """The row's verdict in every published run that has a result for it, oldest first."""
     req = _required(required)
     key = RowKey(model, Precision.parse(precision), platform)
     stmt = (
         select(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
                Result.toolchain_version, func.count())
         .join(Run, Run.id == Result.run_id)
-        .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform)
+        .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform,
+               Run.published_at.is_not(None))
         .group_by(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
                   Result.toolchain_version)
     )
@@ -244,72 +216,3 @@ def row_history(
             runs[run_id] = (kind, started)
     return [RowStatus(key, rid, tallies[rid].verdict(req), tallies[rid].worst(), *runs[rid],
                       *tallies[rid].toolchain()) for rid in sorted(runs)]
-
-
-def regressions(
-    db: Engine | Session,
-    run_id: int,
-    *,
-    against: Literal["previous", "stored"] | int = "previous",
-    threshold: float = 0.05,
-    directions: dict[str, Direction] | None = None,
-) -> list[Regression]:
-    """Metrics of ``run_id`` worse than their baseline by more than ``threshold`` (relative).
-
-    Baseline: ``"previous"`` = the same metric of the same (row, stage, test id) in the most recent earlier run
-    where that result passed; an int = that run; ``"stored"`` = the metric_baselines table. Metrics whose name has
-    no known direction are not judged (pass ``directions`` to add some).
-    """
-    if threshold < 0:
-        raise ConfigurationError(f"bad regression threshold {threshold!r}: need >= 0 (0.05 = 5 %)")
-    dirs = DEFAULT_DIRECTIONS | (directions or {})
-    cols = (Result.model, Result.precision, Result.platform, Result.stage, Result.test_id, Metric.name)
-    current = (
-        select(*cols, Metric.value, Metric.unit)
-        .join(Metric, Metric.result_id == Result.id)
-        .where(Result.run_id == run_id, Metric.name.in_(list(dirs)))
-    )
-    base: dict[tuple[Any, ...], tuple[float, str]] = {}
-    with _session(db) as s:
-        cur = {tuple(r[:6]): (r[6], r[7]) for r in s.execute(current)}
-        if not cur:
-            return []
-        if against == "stored":
-            b = MetricBaseline
-            stmt = select(b.model, b.precision, b.platform, b.stage, b.test_id, b.name, b.value, literal("stored"))
-            base = {tuple(r[:6]): (r[6], r[7]) for r in s.execute(stmt.where(b.name.in_(list(dirs))))}
-        else:
-            mine = aliased(Result)
-            ranked = (
-                select(*cols, Metric.value, Result.run_id,
-                       func.row_number().over(partition_by=cols, order_by=Result.run_id.desc()).label("rn"))
-                .join(Metric, Metric.result_id == Result.id)
-                .where(Result.status == ResultStatus.PASS, Metric.name.in_(list(dirs)))
-                .where(Result.run_id == against if isinstance(against, int) else Result.run_id < run_id)
-                .where(
-                    select(mine.id).where(mine.run_id == run_id, mine.model == Result.model,
-                                          mine.precision == Result.precision, mine.platform == Result.platform,
-                                          mine.stage == Result.stage, mine.test_id == Result.test_id).exists()
-                )
-                .subquery()
-            )
-            stmt = select(*ranked.c[:7], ranked.c.run_id).where(ranked.c.rn == 1)
-            base = {tuple(r[:6]): (r[6], f"run {r[7]}") for r in s.execute(stmt)}
-    found = []
-    for k, (value, unit) in sorted(cur.items()):
-        if k not in base:
-            continue
-        baseline, source = base[k]
-        direction = dirs[k[5]]
-        change = _worse_by(value, baseline, direction)
-        if change > threshold:
-            found.append(Regression(RowKey(*k[:3]), k[3], k[4], k[5], unit, value, baseline, source, direction,
-                                    change))
-    return found
-
-
-def _worse_by(value: float, baseline: float, direction: Direction) -> float:
-    delta = baseline - value if direction is Direction.HIGHER_IS_BETTER else value - baseline
-    if baseline == 0:
-        return float("inf") if delta > 0 else 0.0
-    return delta / abs(baseline)

@@ -1,14 +1,17 @@
 """Writing to the results database: runs, results (+ metrics, artifact refs), health, baselines.
 
 Idempotent: a result is unique on (run, model, precision, platform, stage, test id); recording it again (a retried
-task) replaces its status, reason and metrics instead of adding a row. A result, its metrics, its artifact refs
-and the row's "latest run" pointer are written in one transaction, so a crash leaves nothing half-written.
+task) replaces its status, reason and metrics instead of adding a row. A result, its metrics and its artifact refs
+are written in one transaction, so a crash leaves nothing half-written. A run's results become evidence (the
+rows' "latest run" pointers move to it) only when it finishes and is published, in the transaction that ends it.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -113,6 +116,9 @@ class Recorder:
             code_version=_nonempty(code_version, "code version", 100),
             started_at=started_at or utcnow(),
             status=RunStatus.RUNNING,
+            heartbeat_at=utcnow(),
+            host=socket.gethostname()[:200],
+            pid=os.getpid(),
         )
         with write_session(self.engine) as s:
             s.add(run)
@@ -129,11 +135,31 @@ class Recorder:
                 stmt = ins.values(run_id=run_id, name=_nonempty(name, "tool name", 100), version=version)
                 s.execute(stmt.on_conflict_do_update(index_elements=["run_id", "name"], set_={"version": version}))
 
-    def finish_run(self, run_id: int, status: RunStatus | str, *, finished_at: datetime | None = None) -> None:
+    def finish_run(self, run_id: int, status: RunStatus | str, *, finished_at: datetime | None = None,
+                   publish: bool = True) -> None:
+        """End the run; unless it was cancelled (or ``publish`` is False), publish its results: every row it
+        tested points at it unless a newer published run already tested that row."""
         st = parse_choice(RunStatus, status, "run status")
+        if st is RunStatus.RUNNING:
+            raise ConfigurationError(f"cannot finish run {run_id} as {st.value!r}; valid: "
+                                     f"{', '.join(m.value for m in RunStatus if m is not RunStatus.RUNNING)}")
+        now = finished_at or utcnow()
+        publish = publish and st is not RunStatus.CANCELLED
         with write_session(self.engine) as s:
             self._run(s, run_id)
-            s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=finished_at or utcnow()))
+            s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=now,
+                                                                   published_at=now if publish else None))
+            if publish:
+                rows = s.execute(select(Result.model, Result.precision, Result.platform).distinct()
+                                 .where(Result.run_id == run_id)).all()
+                for model, precision, platform in rows:
+                    self._bump_latest(s, model, precision, platform, run_id)
+
+    def heartbeat(self, run_id: int) -> None:
+        """The orchestrator of ``run_id`` is alive (see results.liveness)."""
+        with write_session(self.engine) as s:
+            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+                      .values(heartbeat_at=utcnow()))
 
     @staticmethod
     def _run(s: Session, run_id: int) -> Run:
@@ -210,7 +236,6 @@ class Recorder:
             s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
         for link in links:
             self._add_link(s, values["run_id"], result_id, link)
-        self._bump_latest(s, values["model"], values["precision"], values["platform"], values["run_id"])
         return result_id
 
     def record_attempt(
@@ -341,11 +366,12 @@ class Recorder:
 
 
 def rebuild_row_latest(engine: Engine) -> int:
-    """Recompute the latest-run-per-row table from the results (after bulk loads or deletes); returns its size."""
+    """Recompute the latest-run-per-row table from the published runs' results (after bulk loads or deletes);
+    returns its size."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
-        agg = select(Result.model, Result.precision, Result.platform, func.max(Result.run_id)).group_by(
-            Result.model, Result.precision, Result.platform
-        )
+        agg = (select(Result.model, Result.precision, Result.platform, func.max(Result.run_id))
+               .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
+               .group_by(Result.model, Result.precision, Result.platform))
         s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "run_id"], agg))
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

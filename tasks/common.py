@@ -11,8 +11,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 
-from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from edgellm.types import Stage
+from results.errors import classify
 from results.models import ResultStatus
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm
@@ -55,9 +56,12 @@ def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
         raise
     except EdgeLLMError as exc:
         outcome = StageOutcome.from_error(stage, exc)
-    except Exception as exc:  # a bug in the farm: record it as one, keep going
+    except Exception as exc:  # a full disk or a lost database is infrastructure (retried); the rest a bug
+        known = classify(exc)
+        if isinstance(known, InfrastructureError):
+            raise known from exc
         log.exception("%s stage crashed", stage)
-        outcome = StageOutcome.from_error(stage, exc)
+        outcome = StageOutcome.from_error(stage, known if isinstance(known, ConfigurationError) else exc)
     outcome.started_at = min(outcome.started_at, started)
     outcome.task_run_id = str(prefect_task_run.id) if prefect_task_run.id else None
     return outcome

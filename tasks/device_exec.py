@@ -28,7 +28,7 @@ from artifacts.store import ArtifactRef
 from devices.inventory import Device
 from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from results import leases
+from results import leases, quarantine
 from results.models import ResultStatus
 from tasks import device_cache
 from tasks.farm import Farm
@@ -197,6 +197,12 @@ def run_stage(
     candidates = farm.inventory.select(platform=platform)
     if not candidates:
         raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}")
+    held = quarantine.active(farm.engine)
+    if held:
+        candidates = [d for d in candidates if d.id not in held]
+        if not candidates:
+            raise InfrastructureError(f"every {platform} device is quarantined: " + "; ".join(
+                f"{d}: {q.reason}" for d, q in sorted(held.items())))
     tried: set[str] = set()
     failures: list[str] = []
     while len(tried) < len(candidates):

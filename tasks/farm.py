@@ -14,14 +14,14 @@ from sqlalchemy import Engine
 
 from artifacts.store import ArtifactStore
 from devices.inventory import Inventory, load_inventory
-from results.db import make_engine
+from results.db import from_parameter, make_engine
 from results.recorder import Recorder
 
 
 @dataclass(frozen=True)
 class FarmContext:
     run_id: int
-    db_url: str
+    db_url: str  # password hidden (results.db.for_parameters): tasks' parameters are stored by Prefect
     data_dir: str
     inventory_dir: str
     host_slots: int = 2  # stages that run on the orchestrating host (export, reference) at once
@@ -55,7 +55,7 @@ class Farm:
         with cls._guard:
             farm = cls._instances.get(ctx)
             if farm is None:
-                engine = make_engine(ctx.db_url)
+                engine = make_engine(from_parameter(ctx.db_url) or ctx.db_url)
                 farm = cls(ctx=ctx, engine=engine, store=ArtifactStore(ctx.store_dir), recorder=Recorder(engine),
                            inventory=load_inventory(ctx.inventory_dir),
                            host_slots=threading.BoundedSemaphore(ctx.host_slots))

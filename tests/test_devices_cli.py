@@ -22,7 +22,7 @@ from tests.fixtures.sshd import SshHosts, free_port
 WIDE = {"COLUMNS": "250"}
 
 
-def _invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def _invoke(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, str, str]:
     result = CliRunner().invoke(app, list(args), env={**WIDE, **(env or {})})
     return result.exit_code, result.stdout, result.stderr
 
@@ -95,13 +95,16 @@ def test_missing_inventory_dir_exit_2(tmp_path: Path) -> None:
 def test_list_shows_every_device(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     directory = live_ssh_hosts.write_inventory(tmp_path / "inv", extra={"max_jobs": 2})
     _write(directory, "local-cpu.yaml", {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")})
-    code, out, err = _invoke("devices", "list", env={"EDGEFARM_INVENTORY": str(directory)})
+    code, out, err = _invoke("devices", "list", env={"EDGEFARM_INVENTORY": str(directory),
+                                                     "EDGEFARM_DATA_DIR": str(tmp_path / "data"),
+                                                     "EDGEFARM_DB_URL": None})
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
     assert sorted(rows) == ["dev-a", "dev-b", "dev-c", "local-cpu"]
     for host in live_ssh_hosts:
         cells = [c.strip() for c in rows[host.id].split("│")[1:-1]]
-        assert cells == [host.id, "x86-cpu", "ssh", f"127.0.0.1:{host.port}", f"test, {host.id}", "2"]
+        assert cells == [host.id, "x86-cpu", "ssh", f"127.0.0.1:{host.port}", f"test, {host.id}", "2",
+                         "unknown (no results database)"]
 
 
 def test_check_reports_healthy_and_unreachable(live_ssh_hosts: SshHosts, device_python, tmp_path: Path) -> None:

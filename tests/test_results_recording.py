@@ -11,17 +11,26 @@ from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, ErrorKind
 from edgellm.types import Precision, Stage
 from results.db import make_engine, read_session
-from results.models import ArtifactRecord, DeviceHealth, Metric, Result, ResultStatus, Run, RunStatus, ToolchainVersion
+from results.models import (
+    ArtifactRecord,
+    DeviceHealth,
+    Metric,
+    RegressionSeverity,
+    Result,
+    ResultStatus,
+    Run,
+    RunStatus,
+    ToolchainVersion,
+)
 from results.queries import (
-    Direction,
     RowKey,
     Verdict,
     latest_status,
     passing_rows,
-    regressions,
     row_history,
 )
 from results.recorder import ArtifactLink, Recorder, rebuild_row_latest
+from results.regressions import find_regressions, flag_regressions, published_regressions
 
 SHA = "ab" * 32
 TC = "edgellm-ort"
@@ -121,6 +130,8 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     _row(rec, r1, "skipped", {"infer": "pass", "accuracy": "skipped"})
     _row(rec, r1, "errored", {"infer": "error", "accuracy": "pass"})
     _row(rec, r1, "fixed", {"infer": "fail", "accuracy": "pass"})  # fails, then passes in run 2
+    assert latest_status(rec.engine) == [] and passing_rows(rec.engine) == []  # nothing published while it runs
+    rec.finish_run(r1, "failed")
     r2 = rec.start_run("l0", "pr", "v2")
     _row(rec, r2, "flip", {"infer": "pass", "accuracy": "fail"})
     _row(rec, r2, "fixed", {"infer": "pass", "accuracy": "pass"})
@@ -129,6 +140,11 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     # a second test id of a required stage that is not applicable does not block
     rec.record_result(r2, model="fixed", precision="fp16", platform=P, stage="accuracy", test_id="long-ctx",
                       status="not_applicable", toolchain=TC)
+    unfinished = {(s.key.model, s.run_id) for s in latest_status(rec.engine)}
+    assert ("flip", r1) in unfinished and ("fixed", r1) in unfinished  # run 2 is still running: run 1 stands
+    assert passing_rows(rec.engine) == [RowKey("flip", FP16, P), RowKey("good", FP16, P)]
+    assert [h.run_id for h in row_history(rec.engine, "flip", "fp16", P)] == [r1]
+    rec.finish_run(r2, "failed")
 
     status = {(s.key.model, s.key.platform): s for s in latest_status(rec.engine)}
     assert {k: s.verdict for k, s in status.items()} == {
@@ -164,34 +180,44 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     assert passing_rows(rec.engine) == passing
 
 
-def test_regressions(rec: Recorder) -> None:
-    def bench(run: int, tps: float, ppl: float, status: str = "pass") -> None:
-        rec.record_result(run, model="m", precision="int4_awq", platform=P, stage="bench", test_id="b",
-                          status=status, toolchain=TC,
-                          metrics={"tokens_per_s": (tps, "tok/s"), "perplexity": (ppl, "")})
+def test_regressions_against_the_median_of_finished_nightly_runs(rec: Recorder) -> None:
+    def run(tps: float, ratio: float, *, kind: str = "nightly", status: str = "pass", finish: bool = True) -> int:
+        r = rec.start_run(kind, "cron", "v")
+        rec.record_result(r, model="m", precision="fp16", platform=P, stage="bench", test_id="b", status=status,
+                          toolchain=TC, metrics={"decode_tokens_per_s": (tps, "tokens/s")})
+        rec.record_result(r, model="m", precision="fp16", platform=P, stage="accuracy", test_id="b",
+                          status=status, toolchain=TC, metrics={"perplexity_ratio": (ratio, "")})
+        rec.record_result(r, model="m", precision="fp16", platform=P, stage="infer", test_id="b", status="pass",
+                          toolchain=TC)
+        if finish:
+            rec.finish_run(r, "passed" if status == "pass" else "failed")
+        return r
 
-    r1 = rec.start_run("nightly", "cron", "v1")
-    bench(r1, 100.0, 10.0)
-    r2 = rec.start_run("nightly", "cron", "v2")
-    bench(r2, 1.0, 99.0, status="fail")  # a failed run is never a baseline
-    r3 = rec.start_run("nightly", "cron", "v3")
-    bench(r3, 90.0, 10.4)  # tps 10 % worse (regression), ppl 4 % worse (within 5 %)
-    regs = regressions(rec.engine, r3)
-    assert [(g.metric, g.baseline, g.baseline_source, g.direction) for g in regs] == [
-        ("tokens_per_s", 100.0, f"run {r1}", Direction.HIGHER_IS_BETTER)]
-    assert regs[0].change == pytest.approx(0.10)
-    assert {g.metric for g in regressions(rec.engine, r3, threshold=0.01)} == {"tokens_per_s", "perplexity"}
-    assert regressions(rec.engine, r3, threshold=0.2) == []
-    assert [g.metric for g in regressions(rec.engine, r3, against=r2)] == []  # r2 failed: no baseline
-    assert regressions(rec.engine, r1) == []  # nothing earlier
+    first = run(100.0, 1.00)
+    assert find_regressions(rec.engine, run(50.0, 2.0, finish=False)) == []  # fewer than 3 baseline runs
+    base = [first] + [run(tps, ratio) for tps, ratio in ((104.0, 1.01), (98.0, 1.00), (101.0, 1.02))]
+    run(1.0, 9.0, status="fail")  # a failed result is never a baseline
+    run(1.0, 9.0, kind="l0")  # nor an L0 run
+    run(1.0, 9.0, finish=False)  # nor an unfinished one
+    assert find_regressions(rec.engine, run(97.0, 1.015, finish=False)) == []  # inside the spread
 
-    rec.set_baseline(model="m", precision="int4_awq", platform=P, stage="bench", test_id="b", name="perplexity",
-                     value=9.0, unit="")
-    regs = regressions(rec.engine, r3, against="stored")
-    assert [(g.metric, g.baseline_source) for g in regs] == [("perplexity", "stored")]
-    assert regs[0].direction is Direction.LOWER_IS_BETTER and regs[0].change == pytest.approx(1.4 / 9.0)
-    with pytest.raises(ConfigurationError, match="-1"):
-        regressions(rec.engine, r3, threshold=-1)
+    bad = run(80.0, 1.30, finish=False)  # both worse than the median by far more than 3 x 1.4826 x MAD
+    flags = flag_regressions(rec.engine, bad)
+    assert [(f.metric, f.severity, f.baseline, f.baseline_runs, f.previous_run_id) for f in flags] == [
+        ("perplexity_ratio", RegressionSeverity.FAIL, pytest.approx(1.005), 4, base[-1]),
+        ("decode_tokens_per_s", RegressionSeverity.WARN, pytest.approx(100.5), 4, base[-1])]
+    assert flags[1].change == pytest.approx((100.5 - 80.0) / 100.5)
+    rec.finish_run(bad, "failed")
+    with read_session(rec.engine) as s:  # the accuracy regression failed its row; the bench one only warns
+        got = {r.stage: r for r in s.scalars(select(Result).where(Result.run_id == bad))}
+    assert got[Stage.ACCURACY].status is ResultStatus.FAIL and "perplexity_ratio 1.3 vs 1.005" in got[
+        Stage.ACCURACY].reason
+    assert got[Stage.BENCH].status is ResultStatus.PASS
+    assert latest_status(rec.engine)[0].verdict is Verdict.FAIL
+    assert [f.metric for f in published_regressions(rec.engine)] == ["perplexity_ratio", "decode_tokens_per_s"]
+    assert published_regressions(rec.engine, model="other") == []
+    with pytest.raises(ConfigurationError, match="baseline run count 1"):
+        find_regressions(rec.engine, bad, runs=1)
 
 
 def test_record_health(rec: Recorder) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from devices.lifetime import die_with_parent
 from devices.transport.base import (
     TIMEOUT_EXIT_CODE,
     CommandResult,
@@ -75,6 +76,7 @@ class LocalTransport(Transport):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: a timeout kills everything it started
+                preexec_fn=die_with_parent,  # and it dies with the orchestrator (kill -9 included)
             )
         except FileNotFoundError:
             return CommandResult(127, "", f"{argv[0]}: command not found\n", time.monotonic() - start)

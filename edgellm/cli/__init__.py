@@ -8,6 +8,7 @@ Exit codes: 0 success, 1 test failure (the model ran and a check failed), 2 bad 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The machine is short of something or its storage broke: infrastructure, never the model's or the code's fault.
+MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ENOMEM})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -62,6 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edgellm {args.command}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # the machine ran out, not the code: infrastructure (the farm retries elsewhere)
+        print(f"edgellm {args.command}: error (infrastructure): out of memory", file=sys.stderr)
+        return EXIT_BY_KIND[ErrorKind.INFRASTRUCTURE]
+    except OSError as exc:
+        if exc.errno not in MACHINE_ERRNOS:
+            print(f"edgellm {args.command}: internal error (bug): {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_BUG
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"edgellm {args.command}: error (infrastructure): {exc.strerror}{where}", file=sys.stderr)
+        return EXIT_BY_KIND[ErrorKind.INFRASTRUCTURE]
     except Exception as exc:  # a bug: say so in one line; the traceback is one flag away
         print(f"edgellm {args.command}: internal error (bug): {type(exc).__name__}: {exc}", file=sys.stderr)
         if args.debug or os.environ.get("EDGELLM_DEBUG"):

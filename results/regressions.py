@@ -1,0 +1,185 @@
+"""Regressions: a metric of a finished run outside its row's baseline.
+
+Baseline of (row, stage, test id, metric) = the values of the last ``BASELINE_RUNS`` published nightly runs
+before this one where that result passed: their median, and their median absolute deviation (MAD) as a robust
+spread. A value is flagged when it is worse than the median by more than ``max(K_MAD * 1.4826 * MAD,
+floor * |median|)`` (the floor keeps a run of identical values from flagging noise). Accuracy metrics that
+regress fail the row (the accuracy result becomes ``fail``); performance ones only warn.
+
+The metric names are those the stage tasks emit (tasks/accuracy.py, tasks/bench.py, tasks/infer.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from edgellm.errors import ConfigurationError, ErrorKind
+from edgellm.types import Precision, Stage
+from results.db import write_session
+from results.models import Metric, Regression, RegressionSeverity, Result, ResultStatus, RowLatest, Run, RunKind
+
+BASELINE_RUNS = 7
+MIN_BASELINE_RUNS = 3
+K_MAD = 3.0
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
+
+
+class Direction(enum.StrEnum):
+    HIGHER_IS_BETTER = "higher"
+    LOWER_IS_BETTER = "lower"
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    direction: Direction
+    severity: RegressionSeverity
+    floor: float  # smallest relative change that counts, whatever the spread
+
+
+_ACC = RegressionSeverity.FAIL
+_PERF = RegressionSeverity.WARN
+# The judged metrics: name as emitted by its stage -> rule. Others (sizes, cache hits, lease waits) are not judged.
+RULES: dict[str, MetricRule] = {
+    "perplexity_ratio": MetricRule(Direction.LOWER_IS_BETTER, _ACC, 0.01),
+    "decode_tokens_per_s": MetricRule(Direction.HIGHER_IS_BETTER, _PERF, 0.05),
+    "prefill_tokens_per_s": MetricRule(Direction.HIGHER_IS_BETTER, _PERF, 0.05),
+    "decode_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "prefill_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "decode_peak_rss_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "ttft_ms": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "infer_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flagged regression (as stored in the ``regressions`` table)."""
+
+    run_id: int
+    model: str
+    precision: Precision
+    platform: str
+    stage: Stage
+    test_id: str
+    metric: str
+    unit: str
+    value: float
+    baseline: float
+    spread: float
+    baseline_runs: int
+    previous_run_id: int | None
+    change: float  # relative, positive = worse
+    severity: RegressionSeverity
+
+    def describe(self) -> str:
+        """``perplexity_ratio 1.3 vs 1.01 (+28.7 %, median of 5 nightly runs; last: run 7)``."""
+        rel = (self.value - self.baseline) / max(abs(self.baseline), 1e-12)
+        return (f"{self.metric} {self.value:.4g} vs {self.baseline:.4g} ({rel:+.1%}, median of {self.baseline_runs} "
+                f"nightly runs; last: run {self.previous_run_id})")
+
+
+def worse_by(value: float, baseline: float, direction: Direction) -> float:
+    """Relative change, positive = worse."""
+    delta = baseline - value if direction is Direction.HIGHER_IS_BETTER else value - baseline
+    if baseline == 0:
+        return float("inf") if delta > 0 else 0.0
+    return delta / abs(baseline)
+
+
+def judge(value: float, history: Sequence[float], rule: MetricRule) -> tuple[float, float, float] | None:
+    """(median, MAD, relative change) when ``value`` falls outside the baseline of ``history``, else None."""
+    if len(history) < MIN_BASELINE_RUNS:
+        return None
+    median = statistics.median(history)
+    mad = statistics.median(abs(x - median) for x in history)
+    delta = median - value if rule.direction is Direction.HIGHER_IS_BETTER else value - median
+    allowed = max(K_MAD * MAD_TO_SIGMA * mad, rule.floor * abs(median))
+    if delta <= allowed:
+        return None
+    return median, mad, worse_by(value, median, rule.direction)
+
+
+def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_RUNS) -> list[Flag]:
+    """The regressions of ``run_id``'s passing results against the published nightly runs before it."""
+    if runs < MIN_BASELINE_RUNS:
+        raise ConfigurationError(f"bad baseline run count {runs!r}: need >= {MIN_BASELINE_RUNS}")
+    cols = (Result.model, Result.precision, Result.platform, Result.stage, Result.test_id, Metric.name)
+    names = list(RULES)
+    current = (select(*cols, Metric.value, Metric.unit).join(Metric, Metric.result_id == Result.id)
+               .where(Result.run_id == run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names)))
+    ranked = (
+        select(*cols, Metric.value, Result.run_id,
+               func.row_number().over(partition_by=cols, order_by=Result.run_id.desc()).label("rn"))
+        .join(Metric, Metric.result_id == Result.id).join(Run, Run.id == Result.run_id)
+        .where(Result.run_id < run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names),
+               Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None))
+        .subquery()
+    )
+    history: dict[tuple[object, ...], list[tuple[int, float]]] = defaultdict(list)
+    with _session(db) as s:
+        cur = {tuple(r[:6]): (r[6], r[7]) for r in s.execute(current)}
+        if not cur:
+            return []
+        for row in s.execute(select(ranked).where(ranked.c.rn <= runs)):
+            history[tuple(row[:6])].append((row[7], row[6]))
+    flags = []
+    for key, (value, unit) in sorted(cur.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        past = history.get(key, [])
+        rule = RULES[str(key[5])]
+        verdict = judge(value, [v for _, v in past], rule)
+        if verdict is None:
+            continue
+        median, mad, change = verdict
+        model, precision, platform, stage, test_id, metric = key
+        flags.append(Flag(run_id, str(model), Precision(precision), str(platform), Stage(stage), str(test_id),
+                          str(metric), unit, value, median, mad, len(past), max(r for r, _ in past), change,
+                          rule.severity))
+    return flags
+
+
+def _session(db: Engine | Session) -> AbstractContextManager[Session]:
+    return nullcontext(db) if isinstance(db, Session) else Session(db)
+
+
+def flag_regressions(engine: Engine, run_id: int) -> list[Flag]:
+    """Find and store ``run_id``'s regressions (replacing earlier ones of that run); an accuracy regression turns
+    its result into a ``fail`` naming the change. Call it before the run is finished and published."""
+    flags = find_regressions(engine, run_id)
+    with write_session(engine) as s:
+        s.execute(delete(Regression).where(Regression.run_id == run_id))
+        for f in flags:
+            s.add(Regression(**{k: getattr(f, k) for k in Flag.__dataclass_fields__}))
+            if f.severity is RegressionSeverity.FAIL:
+                s.execute(update(Result).where(
+                    Result.run_id == run_id, Result.model == f.model, Result.precision == f.precision,
+                    Result.platform == f.platform, Result.stage == f.stage, Result.test_id == f.test_id,
+                ).values(status=ResultStatus.FAIL, error_kind=ErrorKind.TEST_FAILURE,
+                         reason=f"accuracy regression: {f.describe()}"))
+    return flags
+
+
+def published_regressions(db: Engine | Session, *, model: str | None = None, platform: str | None = None,
+                          run_id: int | None = None) -> list[Flag]:
+    """The stored regressions of every row's latest published run (or of one run)."""
+    r = Regression
+    stmt = select(r)
+    if run_id is not None:
+        stmt = stmt.where(r.run_id == run_id)
+    else:
+        stmt = stmt.join(RowLatest, (RowLatest.model == r.model) & (RowLatest.precision == r.precision)
+                         & (RowLatest.platform == r.platform) & (RowLatest.run_id == r.run_id))
+    if model is not None:
+        stmt = stmt.where(r.model == model)
+    if platform is not None:
+        stmt = stmt.where(r.platform == platform)
+    stmt = stmt.order_by(r.model, r.precision, r.platform, r.stage, r.test_id, r.metric)
+    with _session(db) as s:
+        return [Flag(**{k: getattr(row, k) for k in Flag.__dataclass_fields__}) for row in s.scalars(stmt)]
