@@ -11,6 +11,7 @@ types import the ``Toolchain`` enum from here).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import threading
@@ -69,9 +70,7 @@ class ToolchainDriver(ABC):
 
     def host_version(self) -> str:
         """The version on the orchestrating host (stages that run there: quantize, export)."""
-        from edgellm.cli.env import collect
-
-        return self.version(collect())
+        return self.version(_host_env())
 
     def accepts(self, precision: Precision) -> tuple[bool, str]:
         """``(True, "")`` when this toolchain can run ``precision`` here; else ``(False, reason)``."""
@@ -83,6 +82,14 @@ class ToolchainDriver(ABC):
             return False, (f"toolchain {self.name} cannot produce {precision} yet "
                            f"(produces: {', '.join(p.value for p in produced)})")
         return True, ""
+
+
+@functools.cache
+def _host_env() -> dict[str, Any]:
+    """``edgellm env`` of this process, once (package versions do not change while it runs)."""
+    from edgellm.cli.env import collect
+
+    return collect()
 
 
 _DRIVERS: Registry[type[ToolchainDriver]] = Registry("toolchain")
