@@ -153,7 +153,7 @@ def quantized_gemms(model: Any) -> dict[str, int]:
     MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8)."""
     import onnx
 
-    from edgellm.compiler.quantized import GemmKind
+    from edgellm.compiler.quant_kinds import GemmKind
 
     fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2}
     fp8_weights = {i.name for i in model.graph.initializer if i.data_type in fp8}

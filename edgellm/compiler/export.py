@@ -93,7 +93,7 @@ def check_variant(precision: Precision, lm_head: LMHeadPrecision | str | None,
 
 def quantized_export_precisions() -> tuple[Precision, ...]:
     """Precisions exported from a checkpoint quantized by ModelOpt (ONNX Runtime integer / emulated kernels)."""
-    from edgellm.compiler.quantized import GEMM_KIND
+    from edgellm.compiler.quant_kinds import GEMM_KIND
 
     return tuple(GEMM_KIND)
 
@@ -105,7 +105,7 @@ def parse_export_precision(value: str | Precision | None) -> Precision | None:
     precision = Precision.parse(value, what="precision")
     valid = (*EXPORT_PRECISIONS, *quantized_export_precisions())
     if precision not in valid:
-        from edgellm.compiler.quantized import REFUSED
+        from edgellm.compiler.quant_kinds import REFUSED
 
         why = f" ({REFUSED[precision]})" if precision in REFUSED else ""
         raise UnsupportedError(f"precision {precision.value!r} is not supported by export{why}; "
@@ -116,7 +116,7 @@ def parse_export_precision(value: str | Precision | None) -> Precision | None:
 def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | None) -> tuple[Precision, Any]:
     """The export precision and, for a quantized checkpoint, its validated layout."""
     from edgellm.checkpoint import Checkpoint
-    from edgellm.compiler.quantized import check_exportable
+    from edgellm.compiler.quant_kinds import check_exportable
 
     quantized = quantized_export_precisions()
     if not quant.is_quantized:
@@ -245,7 +245,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
 
 
 def _quantization_manifest(layout: Any) -> dict[str, Any]:
-    from edgellm.compiler.quantized import EMULATED, declared_gemms
+    from edgellm.compiler.quant_kinds import EMULATED, declared_gemms
 
     return {"activation_dtype": "fp32",
             "quantization": {**layout.to_json(), "quantized_gemms": declared_gemms(layout),

@@ -17,7 +17,6 @@ Activations are fp32. The eager forward computes the same arithmetic in torch (u
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,8 +26,9 @@ import torch
 from torch import nn
 
 from edgellm.checkpoint.modelopt import LinearLayer, QuantLayout
+from edgellm.compiler.quant_kinds import REFUSED
 from edgellm.config import ModelConfig
-from edgellm.errors import BugError, TestFailure, UnsupportedError
+from edgellm.errors import BugError, UnsupportedError
 from edgellm.models.base import ModelFamily
 from edgellm.types import Precision
 
@@ -37,25 +37,6 @@ INT8_ZERO_POINT = 128  # uint8 activations: the symmetric int8 grid shifted (MLA
 # MatMulNBits accuracy_level: 0 computes in fp32 from the dequantized weights (no activation rounding); 4 would
 # quantize activations to int8 per block (faster, but a second rounding the checkpoint did not calibrate for).
 INT4_ACCURACY_LEVEL = 0
-
-
-class GemmKind(enum.StrEnum):
-    """What a quantized GEMM runs as in the engine (the read-back counts these)."""
-
-    INT4 = "int4"  # MatMulNBits
-    INT8 = "int8"  # MatMulIntegerToFloat / MatMulInteger / QLinearMatMul
-    FP8_EMULATED = "fp8_emulated"  # MatMul of DequantizeLinear'd float8 weights
-
-
-GEMM_KIND: dict[Precision, GemmKind] = {Precision.INT4_AWQ: GemmKind.INT4, Precision.INT8_SQ: GemmKind.INT8,
-                                        Precision.FP8: GemmKind.FP8_EMULATED}
-EMULATED = frozenset({Precision.FP8})
-# Understood by inspect, refused by export on this platform, with the reason.
-REFUSED: dict[Precision, str] = {
-    Precision.NVFP4: "NVFP4 (e2m1 weights with fp8 block scales) needs Blackwell tensor cores; ONNX Runtime's CPU "
-                     "provider has no fp4 type or kernel",
-    Precision.MXFP8: "MXFP8 (e8m0 block scales) has no ONNX Runtime CPU kernel and no ONNX scale type before opset 23",
-}
 
 
 def int4_block(in_features: int, group: int) -> int:
@@ -189,21 +170,6 @@ def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], l
                            f"{REFUSED.get(layer.precision, 'no ONNX Runtime kernel')}")
 
 
-def check_exportable(layout: QuantLayout) -> None:
-    """Refuse what this export cannot build, naming the reason, before anything is loaded."""
-    if layout.kv_cache is not None:  # never a silently float cache
-        raise UnsupportedError(f"{layout.source}: a {layout.kv_cache} KV cache (kv_cache_quant_algo) is not "
-                               f"exported; the ONNX Runtime engine keeps its cache in fp32: quantize without "
-                               f"--kv_cache_quantization")
-    for precision in sorted({lin.precision for lin in layout.quantized}):
-        if precision in REFUSED:
-            raise UnsupportedError(f"{layout.source}: {precision.value} is refused on this platform: "
-                                   f"{REFUSED[precision]}; buildable here: {', '.join(p.value for p in GEMM_KIND)}")
-        if precision not in GEMM_KIND:
-            raise UnsupportedError(f"{layout.source}: {precision.value} checkpoints are not exported yet; "
-                                   f"buildable here: {', '.join(p.value for p in GEMM_KIND)}")
-
-
 def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelFamily], layout: QuantLayout,
                            dtype: torch.dtype = torch.float32) -> Any:
     """The torch decoder of a quantized checkpoint: float tensors cast to ``dtype``, quantized linears replaced by
@@ -238,22 +204,3 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
     if missing:
         raise BugError(f"quantized decoder parameters not loaded: {', '.join(missing[:5])}")
     return model.eval()
-
-
-def declared_gemms(layout: QuantLayout) -> dict[str, int]:
-    """Quantized GEMMs the engine must hold, by kind (one per quantized linear; they are never fused)."""
-    counts: dict[str, int] = {}
-    for lin in layout.quantized:
-        kind = GEMM_KIND[lin.precision].value
-        counts[kind] = counts.get(kind, 0) + 1
-    return counts
-
-
-def check_gemm_readback(declared: Mapping[str, int], found: Mapping[str, int], where: str) -> None:
-    """A build with fewer quantized GEMMs of a kind than the checkpoint declares is a failure, never a silently
-    float engine."""
-    short = {k: (n, int(found.get(k, 0))) for k, n in declared.items() if int(found.get(k, 0)) < n}
-    if short:
-        raise TestFailure(f"{where}: the built engine holds fewer quantized GEMMs than the checkpoint declares: "
-                          + ", ".join(f"{k} {f} of {n}" for k, (n, f) in short.items())
-                          + "; the build lost quantized layers (they would run in float)")
