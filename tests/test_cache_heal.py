@@ -35,6 +35,20 @@ def test_corrupt_blob_is_no_cache_hit_and_is_rebuilt(tmp_path: Path) -> None:
     assert again.sha256 == ref.sha256 and store.has(ref.sha256)
 
 
+def test_putting_the_content_of_a_corrupt_blob_again_heals_it(tmp_path: Path) -> None:
+    """A stage input stored again every run (the infer request) is never looked up first: before the fix its put
+    deduplicated against the corrupt blob and returned a reference every device then failed to stage."""
+    store = ArtifactStore(tmp_path / "store")
+    ref = store.put(b'{"requests": []}', ArtifactKind.REPORT)
+    _corrupt(store.path(ref.sha256))
+    assert store.verify() == [ref.sha256]
+    again = store.put(b'{"requests": []}', ArtifactKind.REPORT)
+    assert again == ref
+    assert store.verify() == []
+    assert store.read_bytes(ref.sha256) == b'{"requests": []}'
+    assert oct(store.path(ref.sha256).stat().st_mode & 0o777) == oct(0o444)  # read-only again
+
+
 def test_corrupt_blob_read_is_infrastructure_then_a_cache_miss(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
     ref = store.put(b"x" * 4096)
