@@ -202,6 +202,15 @@ def _processes_in(dirs: list[Path]) -> list[psutil.Process]:
     return found
 
 
+def _lingering(dirs: list[Path], grace_s: float = 5.0) -> list[psutil.Process]:
+    """Processes in ``dirs`` that are still there after ``grace_s`` (a finished command's watcher may take its last
+    one-second ``sleep``)."""
+    deadline = time.monotonic() + grace_s
+    while (left := _processes_in(dirs)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()
@@ -327,6 +336,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
                                                  "infrastructure (no bug, configuration or test failure)")
     consistent = sc.check("database consistent", "no run left running; no lease held after the rerun; one "
                                                   "result per (run, row, stage, test)")
+    orchestrator: subprocess.Popen[bytes] | None = None
     try:
         # -- run 1: dev-a killed mid-upload, cpu-0 full ------------------------------------------------------------
         t0 = time.monotonic()
@@ -397,10 +407,11 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
         os.kill(orchestrator.pid, signal.SIGKILL)
         orchestrator.wait()
         killed_at = time.monotonic()
-        doomed = tree + remote
-        while time.monotonic() < killed_at + 30 and (any(_alive(p) for p in doomed) or _processes_in(stage_dirs)):
+        survivors = [p for p in tree + remote if _alive(p)]
+        while time.monotonic() < killed_at + 30 and survivors:
             time.sleep(0.2)
-        survivors = [p for p in doomed if _alive(p)] + _processes_in(stage_dirs)
+            survivors = [p for p in survivors if _alive(p)]
+        survivors += _lingering(stage_dirs)
         f4.see(not survivors,
                f"killed pid {orchestrator.pid} with its children {children}; on the SSH devices {on_device} "
                f"({len(remote)} processes with their shells): "
@@ -475,7 +486,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
                     f"another blob ({str(_engine_blob(engine, run3, MODELS[0]))[:12]}; engine manifests carry "
                     f"created_unix and build_seconds)" if missing == [engine_sha]
                     else f"; missing or corrupt: {missing}"))
-        leftovers = _processes_in(stage_dirs)
+        leftovers = _lingering(stage_dirs)
         lost.see(not leftovers, f"processes left in device work dirs: {[_describe(p) for p in leftovers]}")
 
         rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
@@ -507,6 +518,9 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
                        f"running runs {running}; leases held {held}; {len(keys)} results, "
                        f"{len(keys) - len(set(keys))} duplicates")
     finally:
+        if orchestrator is not None and orchestrator.poll() is None:  # the test broke off before its kill
+            orchestrator.kill()
+            orchestrator.wait()
         sc.write()
         engine.dispose()
         postgres.drop_database(db_url.rsplit("/", 1)[1])
