@@ -3,7 +3,8 @@
 Layout: ``<root>/sha256/ab/cdef...`` (the first two hex digits fan out), ``<root>/tmp/`` for writes in progress.
 A blob is written to a temp file while hashed, fsynced, then renamed into place (atomic; a crash leaves only a
 temp file, which gc removes) and made read-only. Same content is stored once: putting it again only refreshes
-the blob's mtime, so a fresh reference is never garbage collected before the caller records it.
+the blob's mtime, so a fresh reference is never garbage collected before the caller records it; if the stored
+copy no longer verifies, the new one replaces it (a put never hands out a reference to a corrupt blob).
 
 A directory is stored as ONE blob: a deterministic tar (members sorted by path, mtimes/uids/gids zeroed, owner
 names empty, modes 0644/0755 keeping only the executable bit; symlinks and special files are refused). The same
@@ -140,9 +141,11 @@ class ArtifactStore:
             sha = self._hash_file(tmp)
             size = tmp.stat().st_size
             dest = self.path(sha)
-            if dest.is_file():
+            if dest.is_file() and self._hash_file(dest) == sha:
                 os.utime(dest)  # deduplicated: refresh its age so gc spares the new reference
             else:
+                if dest.is_file():  # the stored copy rotted: the verified new one replaces it
+                    log.warning("artifact sha256:%s was corrupt: replaced by the content just stored", sha)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.chmod(tmp, 0o444)
                 os.replace(tmp, dest)

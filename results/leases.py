@@ -3,8 +3,10 @@ and hosts.
 
 Each acquire is one write transaction that serialises on the device: on PostgreSQL an upsert plus
 ``SELECT ... FOR UPDATE`` of the device's ``lease_devices`` row; on SQLite ``BEGIN IMMEDIATE`` (the database-wide
-write lock). Inside it, leases whose last heartbeat is older than their TTL (a dead holder) are deleted, the live
-ones counted, and a new one inserted if there is room. Times come from the database host's clock on PostgreSQL
+write lock). Inside it, leases of dead holders are deleted (those whose last heartbeat is older than their TTL,
+and at once those whose holder is a process of this host that is gone, as dead runs are reaped: a rerun after a
+killed orchestrator gets its devices back without waiting out the TTL), the live ones counted, and a new one
+inserted if there is room. Times come from the database host's clock on PostgreSQL
 (so hosts with skewed clocks agree) and from the local clock on SQLite (which is local anyway).
 """
 
@@ -26,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from edgellm.errors import ConfigurationError, InfrastructureError
 from results.db import writer
+from results.liveness import process_gone
 from results.models import DeviceLease, LeaseDevice
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,12 @@ class Lease:
 def default_holder() -> str:
     """``host:pid:token``: unique per acquirer, readable in the table."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+
+def _gone(holder: str) -> bool:
+    """Whether a ``host:pid:token`` holder is a process of this host that no longer exists."""
+    parts = holder.rsplit(":", 2)
+    return len(parts) == 3 and parts[1].isdigit() and process_gone(parts[0], int(parts[1]))
 
 
 def _now(conn: Connection) -> float:
@@ -93,6 +102,12 @@ def try_acquire(
         ).scalars().all()
         for dead in expired:
             log.warning("reclaimed expired lease on %s held by %s", device_id, dead)
+        orphaned = [(lease_id, who) for lease_id, who in conn.execute(
+            select(DeviceLease.id, DeviceLease.holder).where(DeviceLease.device_id == device_id)) if _gone(who)]
+        if orphaned:
+            conn.execute(delete(DeviceLease).where(DeviceLease.id.in_([lease_id for lease_id, _ in orphaned])))
+        for _, dead in orphaned:
+            log.warning("reclaimed the lease on %s held by %s: that process is gone", device_id, dead)
         held = conn.scalar(select(func.coalesce(func.sum(DeviceLease.slots), 0))
                            .where(DeviceLease.device_id == device_id))
         if int(held or 0) + slots > max_jobs:

@@ -37,12 +37,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def process_gone(host: str | None, pid: int | None) -> bool:
+    """Whether process ``pid`` of ``host`` is known to be gone: only this host's processes can be asked (never
+    this process itself); anything else may live."""
+    return host == socket.gethostname() and pid is not None and pid != os.getpid() and not _pid_alive(pid)
+
+
 def is_dead(run: Run, now: datetime, stale_after_s: float = STALE_AFTER_S) -> str | None:
     """Why the run's orchestrator is dead, or None while it may live."""
     beat = run.heartbeat_at or run.started_at
     age = (now - beat).total_seconds()
-    if run.host == socket.gethostname() and run.pid is not None and run.pid != os.getpid() \
-            and not _pid_alive(run.pid):
+    if process_gone(run.host, run.pid):
         return f"its orchestrator (pid {run.pid} on {run.host}) is gone"
     if age > stale_after_s:
         return f"no heartbeat for {age:.0f} s (stale after {stale_after_s:.0f} s)"

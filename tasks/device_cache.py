@@ -4,6 +4,8 @@ A file entry is checked with ``sha256sum`` against its name. A directory entry (
 cannot re-make the tar's digest) is sealed with ``cache/<sha256>.sha256sums`` when it is made from verified
 content, and checked against that list (every file, and no extra one) before each use. An entry that fails
 its check (or has no seal) is evicted, so the caller stages it again instead of every later run failing on it.
+What an upload left when it died with its orchestrator or its device (``.<sha>.partial-*``, which only the
+transport that made it knew) is swept once it has not been written for ``STALE_PARTIAL_MIN`` minutes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ log = logging.getLogger(__name__)
 
 SUMS_SUFFIX = ".sha256sums"
 CHECK_TIMEOUT_S = 3600.0
+STALE_PARTIAL_MIN = 360  # an upload writes all the time: a partial untouched for 6 h is a dead upload's
 
 # $1 = entry dir, $2 = its sums file relative to $1: every listed file matches, and no file is unlisted
 _CHECK_DIR = (
@@ -27,6 +30,11 @@ _CHECK_DIR = (
 _SEAL_DIR = (
     'cd -- "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum -- > "$2.$$" '
     '&& mv -f -- "$2.$$" "$2"'
+)
+# $1 = cache dir, $2 = minutes: remove each partial in which nothing was written for that long; print its name
+_SWEEP = (
+    'cd -- "$1" 2>/dev/null || exit 0; for p in .*.partial-*; do [ -e "$p" ] || continue; '
+    'if [ -z "$(find "$p" -mmin -"$2" -print | head -n 1)" ]; then rm -rf -- "$p" && echo "$p"; fi; done'
 )
 
 
@@ -71,3 +79,16 @@ def seal(transport: Transport, sha256: str, packing: Packing) -> None:
                            timeout=CHECK_TIMEOUT_S)
     if not result.ok:
         raise InfrastructureError(f"{transport.device_id}: cannot seal {entry(sha256)}: {result.stderr.strip()}")
+
+
+def sweep_partials(transport: Transport, older_than_min: int = STALE_PARTIAL_MIN) -> list[str]:
+    """Remove what dead uploads left in the device cache; returns the names removed."""
+    result = transport.run(["sh", "-c", _SWEEP, "sh", "cache", str(older_than_min)], timeout=600)
+    if not result.ok:  # housekeeping: never fails a stage
+        log.warning("%s: sweeping dead uploads from cache/ failed: %s", transport.device_id,
+                    result.stderr.strip()[:200])
+        return []
+    swept = result.stdout.split()
+    if swept:
+        log.info("%s: removed %d dead upload(s) from cache/: %s", transport.device_id, len(swept), ", ".join(swept))
+    return swept

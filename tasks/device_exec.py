@@ -141,7 +141,8 @@ def _scratch(farm: Farm) -> Path:
 
 
 def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[str, Any]:
-    """``edgellm env`` on the device, once per run (keys engine caches by the backend version there)."""
+    """``edgellm env`` on the device, once per run (keys engine caches by the backend version there); the first
+    contact of the run also sweeps what dead uploads left in its cache."""
     with farm.lock:
         known = farm.backend_versions.get(device.id)
     if known is not None:
@@ -155,6 +156,7 @@ def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[st
         raise InfrastructureError(f"{device.id}: `edgellm env` printed no JSON: {res.stdout[:200]!r}") from None
     with farm.lock:
         farm.backend_versions[device.id] = info
+    device_cache.sweep_partials(transport)  # once per device and run, like this probe
     return info
 
 

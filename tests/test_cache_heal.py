@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from devices.inventory import load_inventory
 from devices.transport import open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
 from tasks import device_cache
-from tasks.device_exec import ensure_on_device, promote_to_cache
+from tasks.device_exec import device_env_info, ensure_on_device, promote_to_cache
 from tasks.farm import Farm, FarmContext
 
 
@@ -33,6 +34,20 @@ def test_corrupt_blob_is_no_cache_hit_and_is_rebuilt(tmp_path: Path) -> None:
     assert not store.path(ref.sha256).exists()  # evicted
     again = store.put(b"engine bytes " * 1000, ArtifactKind.ENGINE)  # the stage reruns and stores it
     assert again.sha256 == ref.sha256 and store.has(ref.sha256)
+
+
+def test_putting_the_content_of_a_corrupt_blob_again_heals_it(tmp_path: Path) -> None:
+    """A stage input stored again every run (the infer request) is never looked up first: before the fix its put
+    deduplicated against the corrupt blob and returned a reference every device then failed to stage."""
+    store = ArtifactStore(tmp_path / "store")
+    ref = store.put(b'{"requests": []}', ArtifactKind.REPORT)
+    _corrupt(store.path(ref.sha256))
+    assert store.verify() == [ref.sha256]
+    again = store.put(b'{"requests": []}', ArtifactKind.REPORT)
+    assert again == ref
+    assert store.verify() == []
+    assert store.read_bytes(ref.sha256) == b'{"requests": []}'
+    assert oct(store.path(ref.sha256).stat().st_mode & 0o777) == oct(0o444)  # read-only again
 
 
 def test_corrupt_blob_read_is_infrastructure_then_a_cache_miss(tmp_path: Path) -> None:
@@ -109,3 +124,35 @@ def test_promoted_engine_is_sealed_and_a_corrupt_one_replaced(local_farm, tmp_pa
         promote_to_cache(link, "jobs/j2/engine", ref.sha256)  # the corrupt entry gives way to the new build
         assert (work / "cache" / ref.sha256 / "model.onnx").read_bytes() == b"engine"
         assert device_cache.usable(link, ref.sha256, Packing.TAR)
+
+
+def test_dead_uploads_are_swept_from_the_device_cache(local_farm) -> None:
+    """A device that died mid-upload (or an orchestrator killed mid-upload) leaves `.<sha>.partial-*` behind, known
+    only to the transport that made it; the next run's first contact removes it once nothing wrote to it for
+    STALE_PARTIAL_MIN minutes, and leaves an upload in progress alone."""
+    farm, device, work = local_farm
+    cache = work / "cache"
+    dead_dir = cache / f".{'a' * 64}.partial-0123456789ab"
+    (dead_dir / "sub").mkdir(parents=True)
+    (dead_dir / "sub" / "model.onnx").write_bytes(b"half an engine")
+    dead_file = cache / f".{'b' * 64}.partial-ba9876543210"
+    dead_file.write_bytes(b"half a blob")
+    old = time.time() - (device_cache.STALE_PARTIAL_MIN + 5) * 60
+    for path in (dead_dir / "sub" / "model.onnx", dead_dir / "sub", dead_dir, dead_file):
+        os.utime(path, (old, old))
+    writing = cache / f".{'c' * 64}.partial-00000000000a"  # an old dir whose file is still being written
+    writing.mkdir()
+    (writing / "model.onnx").write_bytes(b"still arriving")
+    os.utime(writing, (old, old))
+    kept = cache / ("d" * 64)
+    kept.write_bytes(b"a cache entry")
+    os.utime(kept, (old, old))
+    with open_transport(device) as link:
+        swept = device_cache.sweep_partials(link)
+    assert sorted(swept) == sorted([dead_dir.name, dead_file.name])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([writing.name, kept.name])
+    dead_file.write_bytes(b"half a blob")
+    os.utime(dead_file, (old, old))
+    with open_transport(device) as link:
+        device_env_info(farm, device, link)  # a run's first contact with the device sweeps too
+    assert not dead_file.exists() and writing.exists()

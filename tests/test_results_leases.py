@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,17 @@ from sqlalchemy import Engine
 
 from edgellm.errors import ConfigurationError
 from results.db import make_engine
-from results.leases import LeaseLost, LeaseTimeout, acquire, heartbeat, hold, live_leases, release, try_acquire
+from results.leases import (
+    Lease,
+    LeaseLost,
+    LeaseTimeout,
+    acquire,
+    heartbeat,
+    hold,
+    live_leases,
+    release,
+    try_acquire,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -60,23 +71,43 @@ def test_processes_never_exceed_max_jobs(engine: Engine, migrated_db_url: str, t
     assert live_leases(engine, "one") == live_leases(engine, "two") == []
 
 
-def test_dead_holder_expires_and_is_reclaimed(engine: Engine, migrated_db_url: str) -> None:
-    p = subprocess.Popen([sys.executable, "-m", "tests.helpers.lease_worker", "die", migrated_db_url, "thor-1", "1",
-                          "1.0"], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+def _dead_holder(engine: Engine, url: str, device: str, ttl_s: float, *holder: str) -> Lease:
+    """A lease whose holder process was killed (SIGKILL: it never released it)."""
+    p = subprocess.Popen([sys.executable, "-m", "tests.helpers.lease_worker", "die", url, device, "1", str(ttl_s),
+                          *holder], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     try:
         assert p.stdout is not None
         dead_id = int(p.stdout.readline())
-        (dead,) = live_leases(engine, "thor-1")
+        (dead,) = live_leases(engine, device)
     finally:
         p.kill()
         p.wait()
-    assert try_acquire(engine, "thor-1", 1) is None  # still within its TTL
     assert dead.id == dead_id
+    return dead
+
+
+def test_dead_holder_of_another_host_expires_and_is_reclaimed(engine: Engine, migrated_db_url: str) -> None:
+    # a process elsewhere cannot be asked whether it lives: only its missed heartbeats say it died
+    dead = _dead_holder(engine, migrated_db_url, "thor-1", 1.0, f"elsewhere-{os.getpid()}:1:feedface")
+    assert try_acquire(engine, "thor-1", 1) is None  # still within its TTL
     lease = acquire(engine, "thor-1", 1, ttl_s=30, wait_s=5)  # reclaimed once the TTL passed
     assert lease.holder != dead.holder
     assert [x.holder for x in live_leases(engine, "thor-1")] == [lease.holder]
     assert release(engine, lease)
     assert not release(engine, lease)
+
+
+def test_dead_holder_of_this_host_is_reclaimed_at_once(engine: Engine, migrated_db_url: str) -> None:
+    """A killed orchestrator's leases: its process is gone, so its slots are free again without waiting out the
+    TTL (before, a rerun found the devices the dead run held busy for a minute)."""
+    dead = _dead_holder(engine, migrated_db_url, "orin-1", 3600.0)
+    assert dead.holder.startswith(f"{socket.gethostname()}:")
+    lease = try_acquire(engine, "orin-1", 1)
+    assert lease is not None
+    assert [x.holder for x in live_leases(engine, "orin-1")] == [lease.holder]
+    mine = try_acquire(engine, "orin-2", 1)  # a live holder (this very process) is never reclaimed
+    assert mine is not None and try_acquire(engine, "orin-2", 1) is None
+    assert release(engine, lease) and release(engine, mine)
 
 
 def test_heartbeat_keeps_a_lease_and_a_missed_one_loses_it(engine: Engine) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -148,6 +149,37 @@ def test_background_leftovers_are_killed_when_the_command_ends(live_ssh_hosts: S
     while not _dead(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _dead(pid)
+
+
+def test_a_client_killed_mid_command_takes_the_remote_command_with_it(live_ssh_hosts: SshHosts,
+                                                                     tmp_path: Path) -> None:
+    """kill -9 of the orchestrator while a stage runs on a device: sshd's session ends, and the watcher beside the
+    command kills its process group (before the fix the command ran on until its own timeout)."""
+    host = live_ssh_hosts[1]
+    pid_file = f"victim-{os.getpid()}-{time.monotonic_ns()}.pid"
+    device = _device(host).model_dump_json()
+    client = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\n"
+         "from devices.inventory import Device\n"
+         "from devices.transport.ssh import SSHTransport\n"
+         "link = SSHTransport(Device.model_validate_json(sys.argv[1]))\n"
+         "link.run(['sh', '-c', 'echo $$ > \"$0\"; exec sleep 300', sys.argv[2]], timeout=600)\n",
+         device, pid_file], cwd=Path(__file__).parents[1])
+    remote = host.work_dir / pid_file
+    deadline = time.monotonic() + 60
+    while not (remote.exists() and remote.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.poll() is None and remote.exists(), "the remote command never started"
+    victim = int(remote.read_text())
+    assert not _dead(victim)
+    client.kill()
+    client.wait()
+    deadline = time.monotonic() + 15
+    while not _dead(victim) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _dead(victim), "the remote command outlived the client that started it"
+    remote.unlink()
 
 
 def test_50mb_file_both_ways_and_directory(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
 Each command runs on the device as ``timeout --signal=KILL T argv...`` in the background of a POSIX login
 shell, which waits for it and then SIGKILLs what is left of its process group. ``timeout`` puts the command
 in a process group of its own and kills that whole group when T runs out, so a timed-out command and its
-children are gone even if the connection dropped. The client waits T + a grace period; past that the
+children are gone even if the connection dropped. A watcher beside it SIGKILLs that group as soon as the
+shell's parent (sshd's session process) is gone: an orchestrator killed mid-command, or a dropped connection,
+leaves no stage process running on the device until T. The client waits T + a grace period; past that the
 transport itself is stuck: InfrastructureError. One transport is used by one thread at a time.
 """
 
@@ -48,6 +50,7 @@ KEEPALIVE_S = 15
 SHA_BATCH = 200
 KILLED_BY_TIMEOUT = 128 + 9
 NO_EXIT_STATUS = -1  # paramiko's exit status when the session closed without sending one
+WATCH_S = 1  # how often a command's watcher checks that its session is still there
 
 
 def remote_command(argv: list[str], *, timeout: float, cwd: str, env: dict[str, str] | None = None) -> str:
@@ -59,9 +62,13 @@ def remote_command(argv: list[str], *, timeout: float, cwd: str, env: dict[str, 
             raise ConfigurationError(f"invalid environment variable names {bad}; use letters, digits and _")
         inner += ["env", *(f"{k}={v}" for k, v in env.items())]
     inner += argv
+    # sshd's session process (the shell's parent) exits when the connection is gone; the shell and its command
+    # would not. kill -0 can be refused by a parent of another user, so /proc is asked too (devices run Linux).
+    parent_alive = 'kill -0 "$PPID" 2>/dev/null || [ -d "/proc/$PPID" ]'
     return (
-        f"cd -- {shlex.quote(cwd)} || exit 1; {shlex.join(inner)} & pid=$!; wait $pid; rc=$?; "
-        "kill -KILL -- -$pid 2>/dev/null; exit $rc"
+        f"cd -- {shlex.quote(cwd)} || exit 1; {shlex.join(inner)} & pid=$!; "
+        f"(while {parent_alive}; do sleep {WATCH_S}; done; kill -KILL -- -$pid) </dev/null >/dev/null 2>&1 & "
+        "watch=$!; wait $pid; rc=$?; kill -KILL -- -$pid 2>/dev/null; kill -KILL $watch 2>/dev/null; exit $rc"
     )
 
 

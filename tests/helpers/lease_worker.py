@@ -3,7 +3,8 @@
 hammer URL DEVICE:MAX_JOBS[,DEVICE:MAX_JOBS...] N HOLD_S GO_FILE: prints "ready", waits for GO_FILE, then per
 device N times acquires, holds, releases; prints one JSON line {device: [[start, end], ...]} (measured inside
 the held period).
-die URL DEVICE MAX_JOBS TTL_S: acquires, prints the lease id, then sleeps until killed (a dead holder).
+die URL DEVICE MAX_JOBS TTL_S [HOLDER]: acquires (as HOLDER if given), prints the lease id, then sleeps until
+killed (a dead holder).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def main(argv: list[str]) -> int:
     mode, url = argv[0], argv[1]
     engine = make_engine(url)
     if mode == "die":
-        lease = acquire(engine, argv[2], int(argv[3]), ttl_s=float(argv[4]), wait_s=10)
+        holder = argv[5] if len(argv) > 5 else None
+        lease = acquire(engine, argv[2], int(argv[3]), ttl_s=float(argv[4]), wait_s=10, holder=holder)
         print(lease.id, flush=True)
         time.sleep(600)
         return 1
