@@ -229,24 +229,24 @@ def main() -> int:
             report["machine"].update(gpu=props.name, sm=f"{props.major}.{props.minor}",
                                      hbm_copy_bytes_per_s=copy_bandwidth())
         save()
-        for precision in precisions:
-            report["engines"][precision] = measure_engine(work, ckpt, precision, a.repeats, a.variants)
+        vocab = int(json.loads((ckpt / "config.json").read_text())["vocab_size"])
+        # the first engine, then its baseline (the headline ratio), then the others: a run cut short keeps the row
+        for step in [("engine", precisions[0]), *(("transformers", d) for d in hf_dtypes),
+                     *(("engine", p) for p in precisions[1:])]:
+            if step[0] == "engine":
+                report["engines"][step[1]] = e = measure_engine(work, ckpt, step[1], a.repeats, a.variants)
+                print(f"engine {step[1]}: batch-1 {e['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
+                      f"{e[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s, TTFT@{LONG_PROMPT} "
+                      f"{e['ttft_ms_prompt_1024']:.2f} ms, build {e['times_s']['build']:.2f} s, capture "
+                      f"{e['times_s']['capture_b1_b16']['compiled_graph']:.1f} s, weights "
+                      f"{e['memory']['weights_bytes'] / 2**30:.2f} GiB, peak "
+                      f"{e['memory']['max_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+            else:
+                report["transformers_eager"][step[1]] = h = hf_decode(ckpt, DTYPES[step[1]], a.repeats, vocab)
+                release(None)
+                print(f"transformers eager {step[1]}: batch-1 {h['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
+                      f"{h[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s", flush=True)
             save()
-            e = report["engines"][precision]
-            print(f"engine {precision}: batch-1 {e['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
-                  f"{e[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s, TTFT@{LONG_PROMPT} "
-                  f"{e['ttft_ms_prompt_1024']:.2f} ms, build {e['times_s']['build']:.2f} s, capture "
-                  f"{e['times_s']['capture_b1_b16']['compiled_graph']:.1f} s, weights "
-                  f"{e['memory']['weights_bytes'] / 2**30:.2f} GiB, peak "
-                  f"{e['memory']['max_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
-        vocab = SHAPES[a.shape].get("vocab_size") or json.loads((ckpt / "config.json").read_text())["vocab_size"]
-        for name in hf_dtypes:
-            report["transformers_eager"][name] = hf_decode(ckpt, DTYPES[name], a.repeats, int(vocab))
-            release(None)
-            save()
-            h = report["transformers_eager"][name]
-            print(f"transformers eager {name}: batch-1 {h['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
-                  f"{h[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s", flush=True)
     except EdgeLLMError as exc:
         report["error"] = {"kind": exc.kind.value, "message": str(exc)}
         save()

@@ -66,7 +66,7 @@ if [ "$WHAT" = quick ]; then
   step bench-gpu timeout "${QUICK_BENCH_S:-100}" python3 benchmarks/bench_gpu.py "$W/qwen" \
     --output "$OUT/gpu-bf16.json" --precisions bf16,fp16 --transformers bf16 --repeats 2
   cat "$OUT/bench-gpu.log"
-  step pytest-gpu timeout "${QUICK_TESTS_S:-85}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
+  step pytest-gpu timeout "${QUICK_TESTS_S:-80}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
     -p no:cacheprovider -q -rA
   grep -E "^(PASSED|FAILED|ERROR)|EVAL|passed|failed" "$OUT/pytest-gpu.log"
 fi
