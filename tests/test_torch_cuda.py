@@ -29,7 +29,7 @@ from edgellm.backends.torch_cuda import (
 )
 from edgellm.cli import main
 from edgellm.compiler.build import applied_precision
-from edgellm.compiler.export import export_checkpoint
+from edgellm.compiler.export import export_checkpoint, input_names
 from edgellm.config import ModelConfig
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.models import family_for
@@ -93,6 +93,9 @@ def test_bf16_build_reads_its_precision_back_and_open_refuses_a_manifest_that_di
     assert set(built["graph"]["weight_bytes"]) == {"bfloat16"}
     kv = {s["dtype"] for s in built["io"]["inputs"] if s["name"].startswith("past_key_values")}
     assert kv == {"bfloat16"}
+    # the export's signature, every input (Engine.open refuses an engine without logits_positions)
+    cfg = ModelConfig.load(onnx_dir)
+    assert [s["name"] for s in built["io"]["inputs"]] == input_names(cfg.num_hidden_layers)
     assert applied_precision(export, built, "here") == "bf16"
     with pytest.raises(TestFailure, match="holds bf16 weights but the export is fp16: the backend did not apply"):
         applied_precision({**export, "precision": "fp16"}, built, "here")

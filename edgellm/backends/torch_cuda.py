@@ -97,6 +97,7 @@ class TorchCudaBackend(EngineBackend):
         kv_shape = ["batch", cfg.num_key_value_heads, "past", cfg.head_dim]
         inputs = [{"name": n, "dtype": "int64", "shape": ["batch", "seq"]} for n in input_names(L)[:3]]
         inputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in input_names(L)[3:-1]]
+        inputs.append({"name": input_names(L)[-1], "dtype": "int64", "shape": ["logits_len"]})  # logits_positions
         outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_len", cfg.vocab_size]}]
         outputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in output_names(L)[1:]]
         from edgellm.runtime.cuda_graph import COMPILE_DECODE
