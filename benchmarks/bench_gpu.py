@@ -1,25 +1,30 @@
 """The torch-CUDA engine on an NVIDIA GPU against transformers eager on the same GPU, one run (issue 12).
 
-    python benchmarks/bench_gpu.py WORK_DIR [--output benchmarks/results/gpu.json] [--quick]
+    python benchmarks/bench_gpu.py WORK_DIR [--output benchmarks/results/gpu-bf16.json] [--precisions bf16,fp16]
+        [--transformers bf16] [--repeats 3] [--variants] [--shape qwen2.5-0.5b|tiny]
 
-A random checkpoint with Qwen2.5-0.5B's shape (bf16, tied embeddings) is exported (fp16: the export's GPU
-precision; bf16 export is not implemented) and built with ``--backend torch-cuda``. Measured, prompt 128 and 128
-new tokens, greedy, end-of-sequence ignored:
-- batch-1 decode tok/s: CUDA graph + torch.compile (the engine as built), the same with the decode attention
-  through SDPA's fused kernel instead of two batched matmuls, CUDA graph only, transformers eager
-  (fp16 and bf16, ``generate`` with its dynamic cache); ratios against transformers fp16;
-- batch-16 aggregate decode tok/s (16 x the per-row decode rate) for the engine and transformers;
-- TTFT at a 1,024-token prompt; export and engine build time; graph capture (+ compile) time; GPU memory;
-- the weight-bandwidth each decode rate implies, against the device's HBM ceiling measured here by a copy.
-Prints a table and writes the JSON.
+A random checkpoint with Qwen2.5-0.5B's shape (bf16, tied embeddings) is exported at each engine precision (bf16 first:
+the issue's benchmark row; fp16 beside it) and built with ``--backend torch-cuda``. Measured per engine, prompt 128
+and 128 new tokens, greedy, end-of-sequence ignored:
+- batch-1 decode tok/s and batch-16 aggregate decode tok/s (16 x the per-row rate), the engine as built (decode
+  step compiled by torch.compile and captured as a CUDA graph per batch size);
+- TTFT at a 1,024-token prompt; export and engine build time; engine open and graph capture (+ compile) time;
+- GPU memory (weights, KV cache, peak allocated, device used);
+- with ``--variants``: the same engine with the decode step as a CUDA graph only, and with its attention by SDPA.
+transformers eager ``generate`` (dynamic cache) at each ``--transformers`` dtype, batch 1 and 16, gives the ratios;
+the weight bandwidth a decode rate implies is set against the device's HBM ceiling, measured here by a copy.
+The JSON is rewritten after every stage, so a run cut short keeps what it measured. ``--shape tiny`` (a small
+Qwen2 shape) exercises the script where there is no GPU: it exports, then stops with the build's refusal.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +34,17 @@ import torch
 
 from edgellm.compiler.build import build_engine
 from edgellm.compiler.export import export_checkpoint
+from edgellm.errors import EdgeLLMError
 from edgellm.runtime import Engine, GenerationRequest
 from edgellm.synth import QWEN25_05B, make_checkpoint
 
 PROMPT, NEW, LONG_PROMPT, BATCH = 128, 128, 1024, 16
+SHAPES = {"qwen2.5-0.5b": QWEN25_05B,
+          "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048)}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# the issue's closing targets (bf16): batch-1 >= 15x transformers eager and >= 750 tok/s; batch-16 >= 8,000 tok/s
+TARGETS = {"batch1_vs_transformers": 15.0, "batch1_tok_s": 750.0, "batch16_tok_s": 8000.0}
 
 
 def copy_bandwidth() -> float:
@@ -48,6 +60,7 @@ def copy_bandwidth() -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     del a, b
+    torch.cuda.empty_cache()
     return 2 * (1 << 31) / statistics.median(times[2:])
 
 
@@ -79,12 +92,60 @@ def engine_ttft(engine: Engine, repeats: int) -> float:
     return statistics.median(times)
 
 
-def hf_decode(ckpt: Path, dtype: torch.dtype, batch: int, repeats: int, vocab: int) -> dict[str, float]:
-    """transformers eager ``generate`` on the GPU: (time for 1 + NEW tokens - time for 1 token) / NEW."""
+def release(engine: Engine | None) -> None:
+    """Free the GPU memory of an engine's session (one session on the GPU at a time)."""
+    if engine is not None:
+        engine.session = None  # type: ignore[assignment]
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def measure_engine(work: Path, ckpt: Path, precision: str, repeats: int, variants: bool) -> dict[str, Any]:
+    onnx_dir, engine_dir = work / f"onnx_{precision}", work / f"engine_{precision}"
+    t = time.perf_counter()
+    export_checkpoint(ckpt, onnx_dir, precision, overwrite=True)
+    export_s = time.perf_counter() - t
+    manifest = build_engine(onnx_dir, engine_dir, "torch-cuda", max_batch_size=BATCH, max_input_len=LONG_PROMPT,
+                            max_seq_len=LONG_PROMPT + NEW, overwrite=True)
+    release(None)
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    engine = Engine.open(engine_dir)
+    open_s = time.perf_counter() - t
+    engine.eos_ids = frozenset()  # exactly NEW tokens every time
+    t = time.perf_counter()
+    engine.session.warm_up([1, BATCH])  # type: ignore[attr-defined]
+    capture = {"compiled_graph": round(time.perf_counter() - t, 2)}
+    out: dict[str, Any] = {
+        "manifest_precision": manifest["precision"], "export_precision": manifest["export_precision"],
+        "batch1": engine_decode(engine, 1, repeats), f"batch{BATCH}": engine_decode(engine, BATCH, repeats),
+        "ttft_ms_prompt_1024": engine_ttft(engine, 5),
+        "memory": engine.session.memory(),  # type: ignore[attr-defined]
+        "times_s": {"export": round(export_s, 2), "build": manifest["build_seconds"], "engine_open": round(open_s, 2),
+                    "capture_b1_b16": capture}}
+    if variants:
+        from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
+        from edgellm.runtime.cuda_graph import TorchCudaSession
+
+        for name, compile_decode, sdpa in (("graph_only", False, False), ("compiled_graph_sdpa", True, True)):
+            release(engine)
+            engine.session = TorchCudaSession(
+                engine_dir / ENGINE_DATA, read_table(engine_dir / WEIGHT_TABLE), engine.config, io=manifest["io"],
+                max_batch_size=BATCH, max_seq_len=LONG_PROMPT + NEW, compile_decode=compile_decode, decode_sdpa=sdpa)
+            t = time.perf_counter()
+            engine.session.warm_up([1, BATCH])
+            capture[name] = round(time.perf_counter() - t, 2)
+            out[f"variant_{name}"] = {"batch1": engine_decode(engine, 1, repeats),
+                                      f"batch{BATCH}": engine_decode(engine, BATCH, repeats)}
+    release(engine)
+    return out
+
+
+def hf_decode(ckpt: Path, dtype: torch.dtype, repeats: int, vocab: int) -> dict[str, dict[str, float]]:
+    """transformers eager ``generate`` on the GPU, batch 1 and 16: (time for 1 + NEW tokens - time for 1) / NEW."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).cuda().eval()
-    rates = []
 
     def timed(ids: torch.Tensor, n: int) -> float:
         torch.cuda.synchronize()
@@ -96,122 +157,113 @@ def hf_decode(ckpt: Path, dtype: torch.dtype, batch: int, repeats: int, vocab: i
         assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - t
 
-    for r in range(repeats + 1):
-        ids = torch.tensor(prompts(batch, PROMPT, vocab, r), device="cuda")
-        first = timed(ids, 1)
-        whole = timed(ids, NEW + 1)
-        if r:  # the first pass warms up
-            rates.append(NEW / (whole - first))
-    row = statistics.median(rates)
-    return {"row_tok_s": row, "aggregate_tok_s": row * batch}
+    results = {}
+    for batch in (1, BATCH):
+        rates = []
+        for r in range(repeats + 1):
+            ids = torch.tensor(prompts(batch, PROMPT, vocab, r), device="cuda")
+            first = timed(ids, 1)
+            whole = timed(ids, NEW + 1)
+            if r:  # the first pass warms up
+                rates.append(NEW / (whole - first))
+        row = statistics.median(rates)
+        results[f"batch{batch}"] = {"row_tok_s": row, "aggregate_tok_s": row * batch}
+    return results  # the model goes with this frame; the caller releases its memory
 
 
-def main() -> None:
+def ratios(report: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    hf, engines = report["transformers_eager"], report["engines"]
+    for p, e in engines.items():
+        for b in ("batch1", f"batch{BATCH}"):
+            for ref, h in hf.items():
+                if b in e and b in h:
+                    out[f"{p}_{b}_vs_transformers_{ref}"] = e[b]["aggregate_tok_s"] / h[b]["aggregate_tok_s"]
+    bf16, hf16 = engines.get("bf16"), hf.get("bf16")
+    if bf16 and hf16:
+        b1, b16 = bf16["batch1"]["row_tok_s"], bf16[f"batch{BATCH}"]["aggregate_tok_s"]
+        out["targets"] = {
+            "batch1_vs_transformers_bf16": {"value": b1 / hf16["batch1"]["row_tok_s"],
+                                            "target": TARGETS["batch1_vs_transformers"]},
+            "batch1_tok_s": {"value": b1, "target": TARGETS["batch1_tok_s"]},
+            "batch16_tok_s": {"value": b16, "target": TARGETS["batch16_tok_s"]}}
+        for t in out["targets"].values():
+            t["met"] = t["value"] >= t["target"]
+    return out
+
+
+def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("work_dir", type=Path)
-    p.add_argument("--output", type=Path, default=Path("benchmarks/results/gpu.json"))
+    p.add_argument("--output", type=Path, default=Path("benchmarks/results/gpu-bf16.json"))
+    p.add_argument("--precisions", default="bf16,fp16", help="engine precisions, in order (bf16 is the issue's row)")
+    p.add_argument("--transformers", default="bf16", help="dtypes of the transformers eager baseline")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variants", action="store_true", help="also time the graph-only and SDPA decode steps")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     a = p.parse_args()
+    precisions = [x for x in a.precisions.split(",") if x]
+    hf_dtypes = [x for x in a.transformers.split(",") if x]
     work = a.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    ckpt = work / "qwen25_05b_bf16"
-    t = time.perf_counter()
-    if not (ckpt / "config.json").is_file():
-        make_checkpoint(ckpt, "qwen2", dtype="bf16", seed=0, **QWEN25_05B)
-    make_s = time.perf_counter() - t
-    t = time.perf_counter()
-    export_checkpoint(ckpt, work / "onnx", "fp16", overwrite=True)
-    export_s = time.perf_counter() - t
-    manifest = build_engine(work / "onnx", work / "engine", "torch-cuda", max_batch_size=BATCH,
-                            max_input_len=LONG_PROMPT, max_seq_len=LONG_PROMPT + NEW, overwrite=True)
-    ceiling = copy_bandwidth()
-    torch.cuda.reset_peak_memory_stats()
-
-    t = time.perf_counter()
-    engine = Engine.open(work / "engine")
-    open_s = time.perf_counter() - t
-    engine.eos_ids = frozenset()  # exactly NEW tokens every time
-    session: Any = engine.session
-    t = time.perf_counter()
-    session.warm_up([1, BATCH])
-    capture_compiled_s = time.perf_counter() - t
-    results: dict[str, Any] = {"engine_compiled_graph": {
-        "batch1": engine_decode(engine, 1, a.repeats), f"batch{BATCH}": engine_decode(engine, BATCH, a.repeats),
-        "ttft_ms_prompt_1024": engine_ttft(engine, 5)}}
-    memory = session.memory()
-    weight_bytes = memory["weights_bytes"]
-
-    # the same engine with the decode step built other ways (one session on the GPU at a time)
-    from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
-    from edgellm.runtime.cuda_graph import TorchCudaSession
-
-    del session
-    capture_s = {"compiled_graph": round(capture_compiled_s, 2)}
-    for name, compile_decode, sdpa in (("graph_only", False, False), ("compiled_graph_sdpa", True, True)):
-        engine.session = None  # type: ignore[assignment]
-        torch.cuda.empty_cache()
-        engine.session = TorchCudaSession(
-            work / "engine" / ENGINE_DATA, read_table(work / "engine" / WEIGHT_TABLE), engine.config,
-            io=manifest["io"], max_batch_size=BATCH, max_seq_len=LONG_PROMPT + NEW, compile_decode=compile_decode,
-            decode_sdpa=sdpa)
-        t = time.perf_counter()
-        engine.session.warm_up([1, BATCH])
-        capture_s[name] = round(time.perf_counter() - t, 2)
-        results[f"engine_{name}"] = {"batch1": engine_decode(engine, 1, a.repeats),
-                                     f"batch{BATCH}": engine_decode(engine, BATCH, a.repeats)}
-    engine.session = None  # type: ignore[assignment]
-    torch.cuda.empty_cache()
-
-    vocab = engine.config.vocab_size
-    results["transformers_eager_fp16"] = {"batch1": hf_decode(ckpt, torch.float16, 1, a.repeats, vocab),
-                                          f"batch{BATCH}": hf_decode(ckpt, torch.float16, BATCH, 2, vocab)}
-    torch.cuda.empty_cache()
-    results["transformers_eager_bf16"] = {"batch1": hf_decode(ckpt, torch.bfloat16, 1, a.repeats, vocab)}
-
-    hf1 = results["transformers_eager_fp16"]["batch1"]["row_tok_s"]
-    hf16 = results["transformers_eager_fp16"][f"batch{BATCH}"]["aggregate_tok_s"]
-    ours1 = results["engine_compiled_graph"]["batch1"]["row_tok_s"]
-    ours16 = results["engine_compiled_graph"][f"batch{BATCH}"]["aggregate_tok_s"]
-    props = torch.cuda.get_device_properties(0)
-    report = {
-        "settings": {"model": "random Qwen2.5-0.5B shape (qwen2, tied), checkpoint bf16, engine fp16",
+    report: dict[str, Any] = {
+        "settings": {"model": f"random {a.shape} shape (qwen2, tied), checkpoint bf16", "engines": precisions,
                      "prompt_len": PROMPT, "new_tokens": NEW, "batch": BATCH, "ttft_prompt_len": LONG_PROMPT,
-                     "repeats": a.repeats, "greedy": True},
-        "machine": {"gpu": props.name, "sm": f"{props.major}.{props.minor}", "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "python": platform.python_version(),
-                    "hbm_copy_bytes_per_s": ceiling},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "times_s": {"make_checkpoint": round(make_s, 2), "export": round(export_s, 2),
-                    "build": manifest["build_seconds"], "engine_open": round(open_s, 2),
-                    "capture_b1_b16": capture_s},
-        "gpu_memory": memory,
-        "results": results,
-        "ratios": {"batch1_vs_transformers_fp16": ours1 / hf1, f"batch{BATCH}_vs_transformers_fp16": ours16 / hf16,
-                   "batch1_compiled_vs_graph_only": ours1 / results["engine_graph_only"]["batch1"]["row_tok_s"]},
-        "bandwidth": {"weight_bytes": weight_bytes, "ceiling_tok_s": ceiling / weight_bytes,
-                      "batch1_fraction_of_ceiling": ours1 * weight_bytes / ceiling},
-    }
-    a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(report, indent=2) + "\n")
-    rows = [("engine: CUDA graph + torch.compile", results["engine_compiled_graph"]),
-            ("engine: same, decode attention by SDPA", results["engine_compiled_graph_sdpa"]),
-            ("engine: CUDA graph only", results["engine_graph_only"]),
-            ("transformers eager fp16", results["transformers_eager_fp16"]),
-            ("transformers eager bf16", results["transformers_eager_bf16"])]
-    print(f"{'decode (prompt 128, 128 new)':44} {'batch-1 tok/s':>14} {f'batch-{BATCH} agg tok/s':>18}")
-    for name, r in rows:
-        b16 = r.get(f"batch{BATCH}", {}).get("aggregate_tok_s")
-        print(f"{name:44} {r['batch1']['row_tok_s']:14.1f} {b16 if b16 is None else round(b16, 1)!s:>18}")
-    print(f"ratio batch-1 vs transformers fp16: {ours1 / hf1:.1f}x; batch-{BATCH}: {ours16 / hf16:.1f}x; "
-          f"batch-1 at {100 * ours1 * weight_bytes / ceiling:.1f}% of the copy-bandwidth ceiling "
-          f"({ceiling / weight_bytes:.0f} tok/s)")
-    print(f"TTFT prompt {LONG_PROMPT}: {results['engine_compiled_graph']['ttft_ms_prompt_1024']:.2f} ms; "
-          f"export {export_s:.1f} s, build {manifest['build_seconds']:.2f} s, open {open_s:.2f} s, "
-          f"capture+compile b1,b16 {capture_compiled_s:.1f} s; GPU memory: weights "
-          f"{weight_bytes / 2**30:.2f} GiB, KV {memory['kv_cache_bytes'] / 2**30:.2f} GiB, "
-          f"peak allocated {memory['max_allocated_bytes'] / 2**30:.2f} GiB")
+                     "repeats": a.repeats, "greedy": True, "command": " ".join(sys.argv)},
+        "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "times_s": {}, "engines": {}, "transformers_eager": {}}
+
+    def save() -> None:
+        report["ratios"] = ratios(report)
+        a.output.parent.mkdir(parents=True, exist_ok=True)
+        a.output.write_text(json.dumps(report, indent=2) + "\n")
+
+    ckpt = work / f"{a.shape}_bf16"
+    try:
+        t = time.perf_counter()
+        if not (ckpt / "config.json").is_file():
+            make_checkpoint(ckpt, "qwen2", dtype="bf16", seed=0, **SHAPES[a.shape])
+        report["times_s"]["make_checkpoint"] = round(time.perf_counter() - t, 2)
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            report["machine"].update(gpu=props.name, sm=f"{props.major}.{props.minor}",
+                                     hbm_copy_bytes_per_s=copy_bandwidth())
+        save()
+        vocab = int(json.loads((ckpt / "config.json").read_text())["vocab_size"])
+        # the first engine, then its baseline (the headline ratio), then the others: a run cut short keeps the row
+        for step in [("engine", precisions[0]), *(("transformers", d) for d in hf_dtypes),
+                     *(("engine", p) for p in precisions[1:])]:
+            if step[0] == "engine":
+                report["engines"][step[1]] = e = measure_engine(work, ckpt, step[1], a.repeats, a.variants)
+                print(f"engine {step[1]}: batch-1 {e['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
+                      f"{e[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s, TTFT@{LONG_PROMPT} "
+                      f"{e['ttft_ms_prompt_1024']:.2f} ms, build {e['times_s']['build']:.2f} s, capture "
+                      f"{e['times_s']['capture_b1_b16']['compiled_graph']:.1f} s, weights "
+                      f"{e['memory']['weights_bytes'] / 2**30:.2f} GiB, peak "
+                      f"{e['memory']['max_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+            else:
+                report["transformers_eager"][step[1]] = h = hf_decode(ckpt, DTYPES[step[1]], a.repeats, vocab)
+                release(None)
+                print(f"transformers eager {step[1]}: batch-1 {h['batch1']['row_tok_s']:.1f} tok/s, batch-{BATCH} "
+                      f"{h[f'batch{BATCH}']['aggregate_tok_s']:.1f} tok/s", flush=True)
+            save()
+    except EdgeLLMError as exc:
+        report["error"] = {"kind": exc.kind.value, "message": str(exc)}
+        save()
+        print(f"bench_gpu: stopped ({exc.kind.value}): {exc}", file=sys.stderr)
+        return 2
+    if "bf16" in report["engines"] and report.get("machine", {}).get("hbm_copy_bytes_per_s"):
+        weights = report["engines"]["bf16"]["memory"]["weights_bytes"]
+        ceiling = report["machine"]["hbm_copy_bytes_per_s"]
+        report["bandwidth"] = {"weight_bytes": weights, "ceiling_tok_s": ceiling / weights,
+                               "bf16_batch1_fraction_of_ceiling":
+                                   report["engines"]["bf16"]["batch1"]["row_tok_s"] * weights / ceiling}
+    save()
+    for name, t in report["ratios"].get("targets", {}).items():
+        print(f"target {name}: {t['value']:.1f} (>= {t['target']:g}: {'met' if t['met'] else 'NOT met'})")
     print(f"wrote {a.output}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

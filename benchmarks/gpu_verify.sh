@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 12's verification on an NVIDIA GPU machine without network (run from the repository root):
-#   bash benchmarks/gpu_verify.sh [all|tests|flow|bench]
-# export -> build (torch-cuda) -> infer -> eval -> bench through the CLI on stories260K (fp32, fp16) and on the
-# random Qwen2.5-0.5B-shaped checkpoint bench_gpu.py makes; the test file's gpu tests; the benchmark.
+#   bash benchmarks/gpu_verify.sh [all|tests|flow|bench|quick]
+# export -> build (torch-cuda) -> infer -> eval -> bench through the CLI on stories260K (fp32, fp16, bf16) and on
+# the random Qwen2.5-0.5B-shaped checkpoint bench_gpu.py makes; the test file's tests; the benchmark.
+# quick: one short lease: the bf16 (+ fp16) benchmark with 2 repeats, then the gpu-marked tests, each under a
+# time limit (QUICK_BENCH_S, QUICK_TESTS_S seconds) so partial results still come back.
 # Logs and JSON land in $OUT (default /tmp/gpu_out). A step's failure is reported and the next one still runs.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
@@ -12,7 +14,7 @@ mkdir -p "$OUT" "$W"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 E=(python3 -m edgellm)
 FAILED=()
-step() {  # step NAME CMD...: run, keep the log, record a failure
+step() {  # step NAME CMD...: run, keep the log, record a failure (124: its time limit)
   local name=$1; shift
   echo "== $name: $*"
   local t0=$SECONDS
@@ -47,16 +49,25 @@ fi
 if [ "$WHAT" = all ] || [ "$WHAT" = flow ]; then
   flow stories-fp32 edgellm/assets/stories260K fp32 --max-batch-size 4
   flow stories-fp16 edgellm/assets/stories260K fp16 --max-batch-size 4
+  flow stories-bf16 edgellm/assets/stories260K bf16 --max-batch-size 4
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
-  step bench-gpu python3 benchmarks/bench_gpu.py "$W/qwen" --output "$OUT/gpu.json"
+  step bench-gpu python3 benchmarks/bench_gpu.py "$W/qwen" --output "$OUT/gpu-bf16.json" --variants
   cat "$OUT/bench-gpu.log"
-  # the CLI flow on the engine the benchmark built (export and build timed there)
-  n=qwen
-  step "$n-infer" "${E[@]}" infer --engine-dir "$W/$n/engine" --input-file "$REQ" --output-file "$OUT/$n-infer.json"
-  step "$n-eval" "${E[@]}" eval --engine-dir "$W/$n/engine" --checkpoint "$W/$n/qwen25_05b_bf16" \
+  # the CLI flow on the bf16 engine the benchmark built (export and build timed there)
+  n=qwen e=$W/qwen/engine_bf16
+  step "$n-infer" "${E[@]}" infer --engine-dir "$e" --input-file "$REQ" --output-file "$OUT/$n-infer.json"
+  step "$n-eval" "${E[@]}" eval --engine-dir "$e" --checkpoint "$W/qwen/qwen2.5-0.5b_bf16" \
     --output "$OUT/$n-eval.json"
-  step "$n-bench-decode" "${E[@]}" bench --engine-dir "$W/$n/engine" --mode decode --batch-size 16 \
+  step "$n-bench-decode" "${E[@]}" bench --engine-dir "$e" --mode decode --batch-size 16 \
     --past-len 128 --iterations 50 --output "$OUT/$n-bench-decode.json"
+fi
+if [ "$WHAT" = quick ]; then
+  step bench-gpu timeout "${QUICK_BENCH_S:-100}" python3 benchmarks/bench_gpu.py "$W/qwen" \
+    --output "$OUT/gpu-bf16.json" --precisions bf16,fp16 --transformers bf16 --repeats 2
+  cat "$OUT/bench-gpu.log"
+  step pytest-gpu timeout "${QUICK_TESTS_S:-80}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
+    -p no:cacheprovider -q -rA
+  grep -E "^(PASSED|FAILED|ERROR)|EVAL|passed|failed" "$OUT/pytest-gpu.log"
 fi
 echo "failed steps: ${FAILED[*]:-none}"

@@ -1,7 +1,9 @@
-"""Accuracy of a built engine against Hugging Face transformers running the same checkpoint (fp32, CPU).
+"""Accuracy of a built engine against Hugging Face transformers running the same checkpoint in fp32.
 
 The reference (``edgellm.reference``) is either computed in this process from ``--checkpoint`` or loaded from a
-file ``edgellm reference`` wrote (``--reference``: no torch or transformers needed here). Either way one
+file ``edgellm reference`` wrote (``--reference``: no torch or transformers needed here). Computed here, it runs
+where the engine runs (the backend's declared ``device``: cuda for torch-cuda, cpu for ort) unless
+``--reference-device`` says otherwise; an absent device is an error, never a fall back. Either way one
 comparison path runs, on the reference's token ids:
   1. logits on a few fixed prompts: max abs diff and min per-position cosine similarity;
   2. greedy generation of N tokens per prompt: tokens matching before the first divergence, and the reference's
@@ -24,19 +26,22 @@ from typing import Any
 import numpy as np
 
 from edgellm import BUNDLED_TEXT_FILE
+from edgellm.backends.base import backend_class
 from edgellm.config import ModelConfig
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.reference import (
     CONFIG_KEYS,
     DEFAULT_GREEDY_TOKENS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_WINDOW,
     PROMPTS,
+    REFERENCE_DEVICES,
     ReferenceData,
     ReferenceSettings,
     TopLogits,
     checkpoint_eos_ids,
     compute_reference,
+    device_problem,
     load_reference,
     make_windows,
     window_nll,
@@ -97,6 +102,7 @@ class EvalOptions:
     threshold_overrides: dict[str, Any] = field(default_factory=dict)
     prompts: tuple[str, ...] = PROMPTS
     num_threads: int | None = None
+    reference_device: str | None = None  # None: where the engine runs (its backend's device)
 
     def settings(self) -> ReferenceSettings:
         return ReferenceSettings(
@@ -116,14 +122,16 @@ class EvalOptions:
         if self.checkpoint is not None and not (Path(self.checkpoint) / "config.json").is_file():
             problems.append(f"checkpoint {self.checkpoint} has no config.json (give a Hugging Face checkpoint dir)")
         if self.reference is not None:
-            given = [f"--{n.replace('_', '-')}" for n in ("text_file", "max_tokens", "greedy_tokens", "window")
-                     if getattr(self, n) is not None]
+            given = [f"--{n.replace('_', '-')}" for n in ("text_file", "max_tokens", "greedy_tokens", "window",
+                                                          "reference_device") if getattr(self, n) is not None]
             if given:
                 problems.append(f"{', '.join(given).replace('--text-file', '--text')}: the reference file "
                                 f"{self.reference} fixes these settings (remake it with `edgellm reference` "
                                 f"to change them)")
         if (problem := threads_problem(self.num_threads)) is not None:
             problems.append(problem)
+        if self.reference_device is not None and self.reference_device not in REFERENCE_DEVICES:
+            problems.append(f"--reference-device {self.reference_device!r}: valid: {', '.join(REFERENCE_DEVICES)}")
         if problems:
             raise ConfigurationError("; ".join(problems))
         if self.checkpoint is not None:
@@ -191,6 +199,20 @@ def _config_differences(engine_cfg: ModelConfig, ref_cfg: dict[str, Any]) -> dic
             if getattr(engine_cfg, k) != ref_cfg.get(k)}
 
 
+def reference_device(backend: str, asked: str | None) -> tuple[str, str]:
+    """Where transformers computes the reference for an engine of ``backend``, and why there: ``asked`` (the
+    --reference-device flag) when given, else the device the backend declares its engines run on. Raises
+    UnsupportedError when that device is absent here (no silent fall back to the CPU)."""
+    if asked is not None:
+        device, source = asked, "--reference-device"
+    else:
+        device, source = backend_class(backend).device, f"where the {backend} engine runs"
+    if (problem := device_problem(device)) is not None:
+        hint = "" if asked == "cpu" else "; pass --reference-device cpu to compute it on the CPU"
+        raise UnsupportedError(f"{problem}: it was chosen as {source}{hint}")
+    return device, source
+
+
 def _check_engine_limits(engine: Any, prompt_lens: list[int], greedy_tokens: int, window: int, where: str) -> None:
     if max(prompt_lens) > engine.max_input_len:
         raise ConfigurationError(f"a fixed prompt is {max(prompt_lens)} tokens, over the engine's max_input_len "
@@ -229,6 +251,7 @@ def _reference_for(engine: Any, opts: EvalOptions, timings: dict[str, float]) ->
                              f"fixed by reference file {opts.reference}")
         return ref, differences
     ckpt = Path(opts.checkpoint)  # type: ignore[arg-type]
+    device, source = reference_device(str(engine.manifest["backend"]), opts.reference_device)
     ckpt_cfg = ModelConfig.load(ckpt)
     differences = _config_differences(engine.config, {k: getattr(ckpt_cfg, k) for k in CONFIG_KEYS})
     if "vocab_size" in differences:
@@ -241,7 +264,8 @@ def _reference_for(engine: Any, opts: EvalOptions, timings: dict[str, float]) ->
     # fail fast on the engine's limits before paying for transformers (the engine's own tokens approximate)
     _check_engine_limits(engine, [len(engine.encode(p)) for p in settings.prompts], settings.greedy_tokens,
                          settings.window, "--window")
-    ref = compute_reference(ckpt, settings)
+    ref = compute_reference(ckpt, settings, device)
+    ref.header["device"]["chosen_as"] = source
     timings["reference_load_s"] = time.perf_counter() - t0
     _check_engine_limits(engine, [len(i) for i in ref.prompt_ids], settings.greedy_tokens, settings.window,
                          "--window")
@@ -291,6 +315,8 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
         "checkpoint_sha256": ref.checkpoint_sha256,
         "reference_file": str(opts.reference) if opts.reference is not None else None,
         "reference_versions": ref.header["versions"],
+        "reference_device": ref.device,
+        "engine_backend": engine.manifest["backend"],
         "text_file": s["text_file"],
         "checks": {c.name: c.to_json() for c in checks},
         "failed_checks": [c.name for c in checks if not c.passed],

@@ -4,10 +4,14 @@
 and ``edgellm env`` read it. The shape is a contract between the two halves::
 
     {"edgellm": "0.1.0",
-     "export_precisions": ["fp32", "fp16"],
+     "export_precisions": ["fp32", "fp16", "bf16"],
      "export_variants": {"fp16": {"lm_head_precision": "fp16", "kv_cache_precision": "fp16"}, ...},
-     "backends": {"ort": {"available": true, "reason": null, "precisions": ["fp32", "fp16"]},
-                  "tensorrt": {"available": false, "reason": "needs ...", "precisions": []}}}
+     "backends": {"ort": {"available": true, "reason": null, "precisions": ["fp32", "fp16", ...],
+                          "refused": {"bf16": "ONNX Runtime's CPU execution provider has no bf16 kernels ..."}},
+                  "tensorrt": {"available": false, "reason": "needs ...", "precisions": [], "refused": {}}}}
+
+``precisions`` and ``refused`` are the backend class's own declarations (``EngineBackend.precisions`` /
+``.refused``), the same ones ``edgellm build`` checks an export against.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ def backend_capabilities() -> dict[str, dict[str, Any]]:
         cls = found.get(backend.value)
         if cls is None:
             reason = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered in this edgellm")
-            out[backend.value] = {"available": False, "reason": reason, "precisions": []}
+            out[backend.value] = {"available": False, "reason": reason, "precisions": [], "refused": {}}
             continue
         ok, reason = cls.available()
-        out[backend.value] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions]}
+        out[backend.value] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions],
+                              "refused": {p.value: why for p, why in cls.refused.items()}}
     return out
 
 

@@ -14,6 +14,13 @@ Windows are non-overlapping runs of ``settings.window`` tokens over the first ``
 engine is evaluated on the same windows whatever its own limits (eval refuses one whose max_input_len is smaller).
 K = min(vocab, GREEDY_TOP_K): exact for small vocabularies; for large ones a divergence to a token outside the
 top K gets the lead over the K-th logit, a lower bound of the true margin.
+
+Device and dtype policy: transformers always runs the checkpoint in fp32, whatever the engine's precision (the
+thresholds are keyed by the engine's precision against an fp32 reference). It runs on the device it is told
+(``REFERENCE_DEVICES``; eval defaults to where the engine runs: a torch-cuda engine's reference runs on that GPU);
+on CUDA its float32 matmuls run at full IEEE precision (TF32 off), so a GPU reference equals the CPU one up to
+float32 summation order and the same checks and thresholds apply. A device that is asked for and absent is an
+error, never a fall back to another. The header records the device, its name and the dtype.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ DEFAULT_GREEDY_TOKENS = 64
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_WINDOW = 128
 GREEDY_TOP_K = 1024
+REFERENCE_DEVICES = ("cpu", "cuda")
+REFERENCE_DTYPE = "fp32"
 CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "vocab_size", "rope_theta", "tie_word_embeddings")
 
@@ -163,6 +172,11 @@ class ReferenceData:
     def checkpoint_sha256(self) -> str:
         return str(self.header["checkpoint"]["sha256"])
 
+    @property
+    def device(self) -> dict[str, Any]:
+        """Where transformers ran: ``{device, name, dtype}`` (files made before the header said so ran on the CPU)."""
+        return dict(self.header.get("device") or {"device": "cpu", "name": None, "dtype": REFERENCE_DTYPE})
+
     def windows(self) -> list[list[int]]:
         s = self.header["settings"]
         return make_windows(self.text_ids, int(s["window"]), int(s["max_tokens"]))
@@ -203,12 +217,28 @@ class ReferenceData:
 
 
 # --- computing it (the only part that needs torch and transformers) ------------------------------------------
-class HFModel:
-    """transformers' model and tokenizer for a checkpoint, fp32 on CPU."""
+def device_problem(device: str) -> str | None:
+    """None when transformers can run the reference on ``device`` here; else why not."""
+    if device not in REFERENCE_DEVICES:
+        return f"unknown reference device {device!r}; valid: {', '.join(REFERENCE_DEVICES)}"
+    if device == "cuda":
+        from edgellm.backends.torch_cuda import cuda_unavailable_reason
 
-    def __init__(self, checkpoint: Path) -> None:
+        reason = cuda_unavailable_reason()
+        if reason:
+            return f"reference device cuda is not available here ({reason})"
+    return None
+
+
+class HFModel:
+    """transformers' model and tokenizer for a checkpoint, fp32 on ``device`` (see the module's dtype policy)."""
+
+    def __init__(self, checkpoint: Path, device: str = "cpu") -> None:
         import torch
         import transformers
+
+        if (problem := device_problem(device)) is not None:
+            raise ConfigurationError(problem)
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
@@ -224,7 +254,12 @@ class HFModel:
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigurationError(f"transformers cannot load checkpoint {checkpoint}: "
                                      f"{str(exc).splitlines()[0]}") from None
-        self.model.eval()
+        self.device = torch.device(device)
+        self.model.to(self.device).eval()
+        self.device_name = torch.cuda.get_device_name(self.device) if device == "cuda" else None
+        # fp32 means fp32 on the GPU too: no TF32 in the reference's matmuls (put back by close())
+        self._matmul_precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
         # transformers >= 5.2x names the KV argument ``cache``; older releases ``past_key_values``
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         # Tiny models are dominated by per-op overhead, which extra threads only add to (and which collapses when
@@ -235,8 +270,12 @@ class HFModel:
         self.versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
     def close(self) -> None:
-        """Give the process its thread setting back (callers may be long-lived, e.g. a test session)."""
+        """Give the process its thread and matmul settings back (callers may be long-lived, e.g. a test session)."""
         self.torch.set_num_threads(self._threads)
+        self.torch.set_float32_matmul_precision(self._matmul_precision)
+
+    def tensor(self, ids: list[int] | list[list[int]]) -> Any:
+        return self.torch.tensor(ids, dtype=self.torch.long, device=self.device)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
@@ -247,8 +286,8 @@ class HFModel:
     def logits(self, ids: list[int]) -> np.ndarray:
         """float32 [S, vocab] for one sequence."""
         with self.torch.inference_mode():
-            out = self.model(input_ids=self.torch.tensor([ids], dtype=self.torch.long), use_cache=False)
-        return out.logits[0].float().numpy()
+            out = self.model(input_ids=self.tensor([ids]), use_cache=False)
+        return out.logits[0].float().cpu().numpy()
 
     def greedy(self, ids: list[int], n: int, eos: set[int]) -> tuple[list[int], list[np.ndarray]]:
         """Plain greedy loop (no generation_config: no repetition penalty or other defaults a checkpoint carries).
@@ -259,18 +298,18 @@ class HFModel:
         out: list[int] = []
         steps: list[np.ndarray] = []
         past = None
-        inp = torch.tensor([ids], dtype=torch.long)
+        inp = self.tensor([ids])
         with torch.inference_mode():
             for _ in range(n):
                 res = self.model(input_ids=inp, use_cache=True, **{self._cache_arg: past})
                 past = getattr(res, self._cache_arg)
-                logits = res.logits[0, -1].float().numpy()
+                logits = res.logits[0, -1].float().cpu().numpy()
                 tok = int(np.argmax(logits))
                 out.append(tok)
                 steps.append(logits)
                 if tok in eos:
                     break
-                inp = torch.tensor([[tok]], dtype=torch.long)
+                inp = self.tensor([[tok]])
         return out, steps
 
 
@@ -290,9 +329,12 @@ def checkpoint_digest(ckpt: Path) -> str:
     return tree_sha256(file_table(ckpt))
 
 
-def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> ReferenceData:
-    """Run transformers on the checkpoint once and keep everything eval compares an engine against."""
+def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str = "cpu") -> ReferenceData:
+    """Run transformers on the checkpoint once (fp32 on ``device``) and keep everything eval compares an engine
+    against."""
     settings.validate()
+    if (problem := device_problem(device)) is not None:
+        raise ConfigurationError(problem)
     checkpoint = Path(checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise ConfigurationError(f"checkpoint {checkpoint} has no config.json (give a Hugging Face checkpoint dir)")
@@ -305,7 +347,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
     digest = checkpoint_digest(checkpoint)
     timings["checkpoint_digest_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    hf = HFModel(checkpoint)
+    hf = HFModel(checkpoint, device)
     timings["model_load_s"] = time.perf_counter() - t0
     try:
         t0 = time.perf_counter()
@@ -335,6 +377,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
         timings["perplexity_s"] = time.perf_counter() - t0
         auto_class = type(hf.auto_tokenizer).__name__
         versions = hf.versions
+        where = {"device": device, "name": hf.device_name, "dtype": REFERENCE_DTYPE}
     finally:
         hf.close()
     count = sum(len(w) - 1 for w in windows)
@@ -342,6 +385,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings) -> Referenc
         "format": FORMAT,
         "edgellm_version": __version__,
         "versions": versions,
+        "device": where,
         "created_unix": int(time.time()),
         "checkpoint": {"path": str(checkpoint.resolve()), "sha256": digest,
                        "config": {k: getattr(cfg, k) for k in CONFIG_KEYS}},

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from edgellm.accuracy import greedy_compare, make_windows, window_nll
+from edgellm.accuracy import EvalOptions, greedy_compare, make_windows, reference_device, window_nll
 from edgellm.cli import main
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.synth import make_checkpoint
 from edgellm.thresholds import DEFAULTS, Thresholds, resolve_thresholds
 from edgellm.types import Precision
@@ -47,6 +47,10 @@ def test_eval_fp32_passes_with_every_check_reported(stories_engine, tmp_path, ca
     assert report["perplexity_tokens"] > 2000
     assert report["timings"]["reference_load_s"] > 0
     assert report["auto_tokenizer"] == {"class": "LlamaTokenizer", "matches_engine": True}
+    # transformers ran where the ORT engine runs, in fp32
+    assert report["engine_backend"] == "ort"
+    assert report["reference_device"] == {"device": "cpu", "name": None, "dtype": "fp32",
+                                          "chosen_as": "where the ort engine runs"}
 
 
 def test_eval_fp16_perplexity_within_one_percent(stories_engine_fp16, tmp_path, capsys) -> None:
@@ -126,6 +130,7 @@ def test_eval_thresholds_file_per_precision_takes_effect(stories_engine, tmp_pat
         (["--greedy-tokens", "600"], "over the engine's max_seq_len 512"),
         (["--thresholds", "{bad_thresholds}"], "unknown threshold(s) 'logit_diff'"),
         (["--min-cosine", "1.5"], "logits_min_cosine=1.5: expected a fraction in [0, 1]"),
+        (["--reference-device", "cuda"], "reference device cuda is not available here (needs"),
     ],
 )
 def test_eval_bad_input_exits_2(stories_engine, tmp_path, capsys, args, needle) -> None:
@@ -141,6 +146,33 @@ def test_eval_bad_input_exits_2(stories_engine, tmp_path, capsys, args, needle) 
 
 
 # --- the pieces, on hand-made numbers -----------------------------------------------------------------------
+def test_reference_device_is_where_the_engine_runs_or_the_flag_never_a_fallback(tmp_path, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a GPU machine
+    assert reference_device("ort", None) == ("cpu", "where the ort engine runs")
+    assert reference_device("torch-cuda", "cpu") == ("cpu", "--reference-device")
+    with pytest.raises(UnsupportedError, match="reference device cuda is not available here") as err:
+        reference_device("torch-cuda", None)
+    assert "chosen as where the torch-cuda engine runs; pass --reference-device cpu" in str(err.value)
+    with pytest.raises(UnsupportedError, match="chosen as --reference-device"):
+        reference_device("ort", "cuda")
+    with pytest.raises(ConfigurationError, match="unknown backend 'tpu'"):
+        reference_device("tpu", None)
+    # a stored reference fixed its device when it was made
+    with pytest.raises(ConfigurationError, match="--reference-device: the reference file"):
+        EvalOptions(engine_dir=tmp_path, reference=tmp_path / "ref.npz", reference_device="cpu").validate()
+    with pytest.raises(ConfigurationError, match="--reference-device 'gpu': valid: cpu, cuda"):
+        EvalOptions(engine_dir=tmp_path, checkpoint=tmp_path, reference_device="gpu").validate()
+
+
+def test_bf16_has_its_own_default_thresholds_with_the_fp16_checks() -> None:
+    bf16, fp16 = resolve_thresholds(Precision.BF16), DEFAULTS[Precision.FP16]
+    assert set(bf16.enabled()) == set(fp16.enabled())
+    assert bf16.top1_min_agreement < fp16.top1_min_agreement  # bf16 rounds 8x coarser than fp16
+    assert bf16.greedy_max_divergence_margin > fp16.greedy_max_divergence_margin
+
+
 def test_thresholds_defaults_overrides_and_errors(tmp_path) -> None:
     assert resolve_thresholds(Precision.FP32) == DEFAULTS[Precision.FP32]
     assert resolve_thresholds(Precision.FP16, overrides={"ppl_max_rel_diff": 0.02}).ppl_max_rel_diff == 0.02

@@ -22,11 +22,19 @@ def test_capabilities_json_names_precisions_backends_and_why_absent(capsys: pyte
     assert main(["capabilities", "--output", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text()) == capabilities()
-    assert printed["export_precisions"] == ["fp32", "fp16"]
+    assert printed["export_precisions"] == ["fp32", "fp16", "bf16"]
     assert printed["export_variants"]["fp16"] == {"lm_head_precision": "fp16", "kv_cache_precision": "fp16"}
-    # the ORT backend also builds ModelOpt-quantized exports (issue 10); the farm plans those through quantize
-    assert printed["backends"]["ort"] == {"available": True, "reason": None,
-                                          "precisions": ["fp32", "fp16", "int4_awq", "int8_sq", "fp8"]}
+    assert printed["export_variants"]["bf16"] == {"lm_head_precision": "bf16", "kv_cache_precision": "bf16"}
+    # the ORT backend also builds ModelOpt-quantized exports (issue 10); the farm plans those through quantize.
+    # bf16 is exported for torch-cuda; ORT's CPU provider has no bf16 kernels, and says so
+    ort = printed["backends"]["ort"]
+    assert {k: ort[k] for k in ("available", "reason", "precisions")} == {
+        "available": True, "reason": None, "precisions": ["fp32", "fp16", "int4_awq", "int8_sq", "fp8"]}
+    assert list(ort["refused"]) == ["bf16"] and "no bf16 kernels" in ort["refused"]["bf16"]
+    cuda = printed["backends"]["torch-cuda"]
+    assert cuda["precisions"] == ["fp32", "fp16", "bf16"]
+    assert sorted(cuda["refused"]) == ["fp8", "int4_awq", "int8_sq"]
+    assert all("has no" in why and "--backend ort" in why for why in cuda["refused"].values())
     trt = printed["backends"]["tensorrt"]
     assert trt["available"] is False and "TensorRT" in trt["reason"] and trt["precisions"] == []
     assert main(["env"]) == 0
@@ -39,6 +47,14 @@ def test_the_backend_class_is_the_one_home_of_what_it_builds(monkeypatch: pytest
     assert require("edgellm-ort").precisions() == (Precision.FP32,)  # the farm's plan asks the same declaration
     ok, why = require("edgellm-ort").accepts(Precision.FP16)
     assert not ok and why == "toolchain edgellm-ort cannot produce fp16 yet (produces: fp32)"
+
+
+def test_each_backend_builds_the_export_precisions_it_declares() -> None:
+    """What the farm plans (buildable) is the export's precisions intersected with the backend's declaration."""
+    assert require("edgellm-ort").precisions() == (Precision.FP32, Precision.FP16)
+    assert require("edgellm-torch-cuda").precisions() == (Precision.FP32, Precision.FP16, Precision.BF16)
+    ok, why = require("edgellm-ort").accepts(Precision.BF16)
+    assert not ok and "cannot produce bf16" in why
 
 
 def test_export_refuses_an_lm_head_it_cannot_make_before_reading_anything(tmp_path: Path,

@@ -153,7 +153,8 @@ def test_cli_export_build_round_trip_and_overwrite(ckpts, tmp_path, capsys):
                  "tensorrt-edgellm-quantize --quantization int4_awq first"),
     ("nvfp4", "precision 'nvfp4' is not supported by export (NVFP4 (e2m1 weights with fp8 block scales) needs "
               "Blackwell tensor cores"),
-    ("int4_gptq", "precision 'int4_gptq' is not supported by export; supported: fp32, fp16, int4_awq, int8_sq, fp8"),
+    ("int4_gptq", "precision 'int4_gptq' is not supported by export; supported: fp32, fp16, bf16, int4_awq, int8_sq, "
+                  "fp8"),
     ("fp64", "unknown precision 'fp64'; valid: fp32, fp16"),
 ])
 def test_export_rejects_precisions(ckpts, tmp_path, capsys, precision, fragment):

@@ -142,3 +142,18 @@ def test_quantized_kv_cache_refused_not_ignored(quantized: Quantized, tmp_path: 
     err = capsys.readouterr().err
     assert rc == 2 and "a fp8 KV cache (kv_cache_quant_algo) is not exported" in err and "Traceback" not in err
     assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.parametrize(("method", "kind"), [("int4_awq", "int4 (AWQ, MatMulNBits)"),
+                                              ("int8_sq", "int8 (SmoothQuant)"), ("fp8", "fp8")])
+def test_torch_cuda_refuses_quantized_exports_saying_why(quantized: Quantized, method: str, kind: str,
+                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The precision is checked against the backend's declaration before whether it runs here: the same refusal on
+    a CPU-only machine and on a GPU, never a silently dequantized float engine."""
+    onnx_dir, _ = quantized.engine("qwen3_128", method)
+    rc = main(["build", str(onnx_dir), str(tmp_path / "engine"), "--backend", "torch-cuda"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"backend 'torch-cuda' does not build {method} engines" in err
+    assert f"the torch-cuda runtime has no {kind} GEMM" in err and "--backend ort" in err
+    assert "it builds fp32, fp16, bf16" in err and "not available on this machine" not in err
+    assert not (tmp_path / "engine").exists()

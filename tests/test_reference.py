@@ -61,6 +61,7 @@ def test_reference_mode_matches_checkpoint_mode(which, stories_engine, stories_e
     _same_report(by_ref, by_ckpt)
     assert by_ref["precision"] == which and by_ref["window_tokens"] == 128 and by_ref["greedy_tokens"] == 64
     assert by_ref["reference_file"] == str(stories_reference) and by_ckpt["reference_file"] is None
+    assert by_ref["reference_device"]["device"] == by_ckpt["reference_device"]["device"] == "cpu"
     assert 1.5 < by_ref["reference_perplexity"] < 20 and by_ref["perplexity_tokens"] > 3000
     if which == "fp32":
         assert by_ref["checks"]["logits_max_abs_diff"]["value"] <= 1e-3
@@ -186,6 +187,20 @@ def test_reference_file_contents(stories_reference, ckpts) -> None:
     windows = ref.windows()
     assert all(len(w) <= 128 for w in windows) and sum(len(w) - 1 for w in windows) == h["perplexity_tokens"]
     assert all(s.exact for steps in ref.greedy_steps for s in steps)  # 512-token vocab < top-K: stored whole
+    assert ref.device == {"device": "cpu", "name": None, "dtype": "fp32"}  # `edgellm reference` default
+    del h["device"]  # a file made before the header said where: it ran on the CPU
+    assert ref.device == {"device": "cpu", "name": None, "dtype": "fp32"}
+
+
+def test_reference_on_an_absent_gpu_is_refused_not_moved_to_the_cpu(ckpts, tmp_path, capsys, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "ref.npz"
+    assert main(["reference", str(ckpts.stories), "--output", str(out), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "reference device cuda is not available here (needs" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_sparse_greedy_margin_is_exact_in_top_k_and_a_lower_bound_outside() -> None:

@@ -16,11 +16,22 @@ import pytest
 import torch
 
 from edgellm import BUNDLED_MODEL_DIR
-from edgellm.backends.torch_cuda import _members, check_table, weight_table
+from edgellm.backends.base import BuildParams
+from edgellm.backends.torch_cuda import (
+    WEIGHT_TABLE,
+    TorchCudaBackend,
+    _members,
+    check_precision,
+    check_table,
+    read_table,
+    table_precision,
+    weight_table,
+)
 from edgellm.cli import main
-from edgellm.compiler.export import export_checkpoint
+from edgellm.compiler.build import applied_precision
+from edgellm.compiler.export import export_checkpoint, input_names
 from edgellm.config import ModelConfig
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.models import family_for
 from edgellm.runtime.cuda_graph import sample
 from edgellm.runtime.gpu_decoder import GpuDecoder, load_parameters
@@ -43,10 +54,18 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     return out
 
 
+@pytest.fixture(scope="module")
+def bf16_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stories260K exported at bf16 (the precision only torch-cuda builds)."""
+    out = tmp_path_factory.mktemp("torch_cuda_bf16") / "onnx"
+    export_checkpoint(BUNDLED_MODEL_DIR, out, "bf16")
+    return out
+
+
 # --- no GPU needed ---------------------------------------------------------------------------------------------
 
-def test_weight_table_gives_back_every_checkpoint_tensor(exports) -> None:
-    for name, (ckpt, onnx_dir) in exports.items():
+def test_weight_table_gives_back_every_checkpoint_tensor(exports, bf16_export) -> None:
+    for name, (ckpt, onnx_dir) in {**exports, "stories_bf16": (BUNDLED_MODEL_DIR, bf16_export)}.items():
         cfg = ModelConfig.load(onnx_dir)
         table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
         assert data_file == onnx_dir / "model.onnx.data"
@@ -54,8 +73,69 @@ def test_weight_table_gives_back_every_checkpoint_tensor(exports) -> None:
         params = load_parameters(data_file, table, torch.device("cpu"))
         source = load_weights(ckpt, family_for(cfg), cfg)
         assert set(params) == set(source), name
+        dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
+        assert table_precision(table)[0] == ("bf16" if name.endswith("bf16") else "fp32")
         for k, v in source.items():
-            assert torch.equal(params[k], v.float()), f"{name}: {k} differs from the checkpoint"
+            assert params[k].dtype == dtype and torch.equal(params[k], v.to(dtype)), f"{name}: {k} differs"
+
+
+def test_bf16_build_reads_its_precision_back_and_open_refuses_a_manifest_that_disagrees(bf16_export,
+                                                                                       tmp_path) -> None:
+    """The torch-cuda build needs no GPU itself (the engine is the export's data plus a weight table): its precision
+    is read back from the table the runtime loads, checked against the export's, and checked again at open."""
+    onnx_dir = bf16_export
+    export = json.loads((onnx_dir / "export_manifest.json").read_text())
+    assert (export["precision"], export["lm_head_precision"], export["kv_cache_precision"]) == ("bf16",) * 3
+    out = tmp_path / "engine"
+    out.mkdir()
+    built = TorchCudaBackend().build(onnx_dir / "model.onnx", out, BuildParams(2, 64, 128))
+    assert built["precision"] == built["graph"]["precision"] == "bf16"
+    assert set(built["graph"]["weight_bytes"]) == {"bfloat16"}
+    kv = {s["dtype"] for s in built["io"]["inputs"] if s["name"].startswith("past_key_values")}
+    assert kv == {"bfloat16"}
+    # the export's signature, every input (Engine.open refuses an engine without logits_positions)
+    cfg = ModelConfig.load(onnx_dir)
+    assert [s["name"] for s in built["io"]["inputs"]] == input_names(cfg.num_hidden_layers)
+    assert applied_precision(export, built, "here") == "bf16"
+    with pytest.raises(TestFailure, match="holds bf16 weights but the export is fp16: the backend did not apply"):
+        applied_precision({**export, "precision": "fp16"}, built, "here")
+    table = read_table(out / WEIGHT_TABLE)
+    check_precision(table, {"precision": "bf16"}, out)
+    (out / "config.json").write_bytes((onnx_dir / "config.json").read_bytes())
+    manifest = {"precision": "fp16", "build_params": {"max_batch_size": 2, "max_seq_len": 128}, "io": built["io"],
+                "backend_options": built["options"]}
+    with pytest.raises(ConfigurationError, match=r"states precision 'fp16' but torch_cuda_weights\.json holds bf16"):
+        TorchCudaBackend().open(out, manifest)
+
+
+def test_ort_refuses_a_bf16_export_saying_why(bf16_export, tmp_path, capsys) -> None:
+    assert main(["build", str(bf16_export), str(tmp_path / "engine"), "--backend", "ort"]) == 2
+    err = capsys.readouterr().err
+    assert "backend 'ort' does not build bf16 engines (ONNX Runtime's CPU execution provider has no bf16" in err
+    assert "--backend torch-cuda" in err and "Traceback" not in err
+    assert not (tmp_path / "engine").exists()
+
+
+def test_bf16_decoder_math_tracks_transformers_fp32_on_the_cpu(bf16_export) -> None:
+    """The same math in bf16 (the weights exactly the checkpoint's rounded to bf16): close to the fp32 reference
+    by bf16's rounding."""
+    import transformers
+
+    ckpt, onnx_dir = BUNDLED_MODEL_DIR, bf16_export
+    cfg = ModelConfig.load(onnx_dir)
+    table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+    model = GpuDecoder(cfg, load_parameters(data_file, table, torch.device("cpu")), max_batch_size=1,
+                       max_seq_len=64, device=torch.device("cpu"))
+    assert model.dtype == torch.bfloat16 and model.kv[0].dtype == torch.bfloat16
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 33, 70, 100, 4, 8, 200, 13, 17, 42]])
+    with torch.no_grad():
+        ref = hf(ids).logits[0].float()
+        got = model.prefill(ids, torch.arange(12)[None], 0, torch.ones(1, 12, dtype=torch.bool), 0,
+                            causal_only=True)[0]
+    cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
+    assert float(cos.min()) > 0.999 and float((got - ref).abs().max()) < 0.5
+    assert float((got - ref).abs().max()) > 1e-3  # really computed in bf16, not fp32
 
 
 def test_fused_names_map_back_to_the_family_parameters() -> None:
@@ -162,19 +242,21 @@ def test_env_reports_the_gpu_or_why_there_is_none(capsys, monkeypatch) -> None:
 # --- on an NVIDIA GPU ------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cuda_engines(exports, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, Path]]:
-    """name -> (checkpoint, torch-cuda engine, ORT engine) for stories260K fp32 and fp16."""
+def cuda_engines(exports, bf16_export, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, Path]]:
+    """name -> (checkpoint, torch-cuda engine, ORT engine) for stories260K fp32, fp16 and bf16 (ORT builds no bf16:
+    its slot holds the fp32 ORT engine)."""
     from edgellm.compiler.build import build_engine
 
     root = tmp_path_factory.mktemp("torch_cuda_engines")
     ckpt, onnx32 = exports["stories"]
     export_checkpoint(ckpt, root / "onnx16", "fp16")
     out = {}
-    for name, onnx_dir in (("fp32", onnx32), ("fp16", root / "onnx16")):
+    for name, onnx_dir in (("fp32", onnx32), ("fp16", root / "onnx16"), ("bf16", bf16_export)):
         cuda, ort = root / f"cuda_{name}", root / f"ort_{name}"
         build_engine(onnx_dir, cuda, "torch-cuda", max_batch_size=4, max_seq_len=256)
-        build_engine(onnx_dir, ort, "ort", max_batch_size=4, max_seq_len=256)
-        out[name] = (ckpt, cuda, ort)
+        if name != "bf16":
+            build_engine(onnx_dir, ort, "ort", max_batch_size=4, max_seq_len=256)
+        out[name] = (ckpt, cuda, ort if name != "bf16" else root / "ort_fp32")
     return out
 
 
@@ -189,13 +271,52 @@ def test_engine_manifest_reuses_the_export_weights(cuda_engines) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_eval_passes_against_transformers(cuda_engines, precision, tmp_path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_eval_passes_against_transformers_on_the_same_gpu(cuda_engines, precision, tmp_path) -> None:
+    """The reference runs where the engine runs (transformers fp32 on this GPU, TF32 off), with the CPU's checks
+    and thresholds of the engine's precision."""
+    from edgellm.thresholds import DEFAULTS
+    from edgellm.types import Precision
+
     ckpt, engine_dir, _ = cuda_engines[precision]
     out = tmp_path / "eval.json"
     assert main(["eval", "--engine-dir", str(engine_dir), "--checkpoint", str(ckpt), "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["passed"] and report["precision"] == precision
+    assert report["reference_device"] == {"device": "cuda", "name": torch.cuda.get_device_name(0), "dtype": "fp32",
+                                          "chosen_as": "where the torch-cuda engine runs"}
+    assert report["thresholds"] == DEFAULTS[Precision(precision)].enabled()
+    # the numbers, for the log (pytest -rA shows a passing test's output)
+    print("EVAL", json.dumps({"precision": precision, "perplexity_ratio": report["perplexity_ratio"],
+                              **{k: c["value"] for k, c in report["checks"].items()}}))
+
+
+@pytest.mark.gpu
+def test_bf16_engine_states_and_computes_in_bf16(cuda_engines) -> None:
+    from edgellm.runtime import Engine, GenerationRequest
+
+    _, cuda_dir, _ = cuda_engines["bf16"]
+    manifest = json.loads((cuda_dir / "engine_manifest.json").read_text())
+    assert (manifest["precision"], manifest["export_precision"]) == ("bf16", "bf16")
+    engine = Engine.open(cuda_dir)
+    session = engine.session
+    assert session.model.dtype == torch.bfloat16 and session.model.kv[0].dtype == torch.bfloat16
+    weights = [t for lw in session.model.layers for t in vars(lw).values() if isinstance(t, torch.Tensor)]
+    assert {t.dtype for t in [*weights, session.model.lm_w, session.model.embed]} == {torch.bfloat16}
+    cfg = engine.config
+    ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
+    n = ids.shape[1]
+    empty = np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), dtype=np.float32)
+    past = {f"past_key_values.{i}.{kv}": empty for i in range(cfg.num_hidden_layers) for kv in ("key", "value")}
+    out = session.run({"input_ids": ids, "attention_mask": np.ones((1, n), dtype=np.int64),
+                       "position_ids": np.arange(n)[None], **past})
+    assert out["present.0.key"].dtype == np.float32  # numpy has no bf16: the cache crosses as float32, exactly
+    key = out["present.0.key"]
+    assert np.array_equal(torch.from_numpy(key).to(torch.bfloat16).float().numpy(), key)  # bf16 values, exactly
+    whole = engine.logits(ids[0].tolist())
+    np.testing.assert_allclose(out["logits"][0], whole, atol=1e-2)
+    res = engine.generate([GenerationRequest(id="g", prompt="Once upon a time", max_new_tokens=24)])[0]
+    assert len(res.output_ids) == 24 or res.finish_reason == "eos"
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ by the ``Backend`` enum. A backend that cannot run on this machine says why in `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,6 +77,19 @@ class DeviceSession(Session):
 class EngineBackend(ABC):
     backend: ClassVar[Backend]
     precisions: ClassVar[tuple[Precision, ...]]  # weight precisions it can build an engine at and run
+    # why it refuses precisions the project exports but it does not build (capabilities and the build say it)
+    refused: ClassVar[Mapping[Precision, str]] = {}
+    # where its engines run ("cpu" or "cuda"): eval runs the transformers reference there unless told otherwise
+    device: ClassVar[str]
+
+    @classmethod
+    def precision_problem(cls, precision: Precision) -> str | None:
+        """None when this backend builds ``precision`` engines; else one line saying why not and what it builds."""
+        if precision in cls.precisions:
+            return None
+        why = cls.refused.get(precision, "not implemented")
+        return (f"backend {cls.backend.value!r} does not build {precision.value} engines ({why}); it builds "
+                f"{', '.join(p.value for p in cls.precisions)}")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -114,14 +127,20 @@ def register_backend(cls: type[EngineBackend]) -> type[EngineBackend]:
     return cls
 
 
-def get_backend(name: str | Backend) -> EngineBackend:
+def backend_class(name: str | Backend) -> type[EngineBackend]:
+    """The implementation of a backend, whether or not it can run on this machine (its declarations)."""
     backend = Backend.parse(name, what="backend")
     _load_builtin_backends()
     if backend.value not in BACKENDS:
         need = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered")
         raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({need}); "
                                f"available: {', '.join(BACKENDS)}")
-    cls = BACKENDS.get(backend.value)
+    return BACKENDS.get(backend.value)
+
+
+def get_backend(name: str | Backend) -> EngineBackend:
+    cls = backend_class(name)
+    backend = cls.backend
     reason = cls.unavailable_reason()
     if reason:
         raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({reason})")

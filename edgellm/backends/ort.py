@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -60,6 +61,12 @@ class OrtBackend(EngineBackend):
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
                                                    Precision.INT8_SQ, Precision.FP8)
     emulated_precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP8,)
+    refused: ClassVar[Mapping[Precision, str]] = {
+        Precision.BF16: "ONNX Runtime's CPU execution provider has no bf16 kernels (its MatMul, Mul and "
+                        "RotaryEmbedding take fp32/fp16 only); build bf16 exports with --backend torch-cuda, or "
+                        "export at fp32 or fp16 for ort",
+    }
+    device: ClassVar[str] = "cpu"
 
     def version(self) -> str:
         import onnxruntime

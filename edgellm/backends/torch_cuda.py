@@ -6,19 +6,24 @@ export's, already verified) and ``torch_cuda_weights.json`` maps every external 
 back to the Hugging Face parameters it holds (the export stores linear weights transposed ``[in, out]`` and fuses
 q/k/v and gate/up along the output axis). The mapping is checked against the model family's expected parameters
 and shapes, at build and again at open, so a graph this runtime does not understand fails the build by name.
+
+Precisions are the export's (fp32, fp16, bf16: the runtime computes in the dtype the table's weights hold, read
+back at build into the manifest and checked against it at open); quantized exports are refused by the build with
+the reason (``refused``).
 """
 
 from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, register_backend
 from edgellm.compiler.export import input_names, output_names
 from edgellm.config import ModelConfig, read_json_object
-from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.models import family_for
 from edgellm.types import Backend, Precision
 
@@ -54,10 +59,23 @@ def gpu_info() -> dict[str, Any] | None:
             "cuda": torch.version.cuda}
 
 
+# The quantized exports hold ONNX Runtime's integer / Q-DQ graphs; torch has kernels of the kind (int4
+# ``_weight_int4pack_mm``, int8 ``_int_mm``, fp8 ``_scaled_mm``) but this runtime wires none of them in, and running
+# the weights dequantized would be a float engine under a quantized name.
+_NO_QUANTIZED_GEMM = ("the torch-cuda runtime has no {kind} GEMM (the weights would have to run dequantized, a "
+                      "float engine under a quantized name); build this export with --backend ort, or export the "
+                      "float checkpoint at bf16/fp16 for torch-cuda")
+
+
 @register_backend
 class TorchCudaBackend(EngineBackend):
     backend = Backend.TORCH_CUDA
-    precisions = (Precision.FP32, Precision.FP16)  # what the export writes; the weight table also reads bf16
+    precisions = (Precision.FP32, Precision.FP16, Precision.BF16)
+    refused: ClassVar[Mapping[Precision, str]] = {
+        Precision.INT4_AWQ: _NO_QUANTIZED_GEMM.format(kind="int4 (AWQ, MatMulNBits)"),
+        Precision.INT8_SQ: _NO_QUANTIZED_GEMM.format(kind="int8 (SmoothQuant)"),
+        Precision.FP8: _NO_QUANTIZED_GEMM.format(kind="fp8")}
+    device = "cuda"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -73,16 +91,13 @@ class TorchCudaBackend(EngineBackend):
         table, data_file = weight_table(onnx_model, cfg)
         shutil.copyfile(data_file, out_dir / ENGINE_DATA)  # in-kernel copy; the digest is the export's
         write_table(out_dir / WEIGHT_TABLE, table)
-        weight_bytes: Counter[str] = Counter()
-        for t in table:
-            if len(t["shape"]) >= 2:
-                weight_bytes[t["dtype"]] += int(t["length"])
-        precision = PRECISIONS[max(weight_bytes, key=lambda k: weight_bytes[k])] if weight_bytes else "unknown"
+        precision, weight_bytes = table_precision(table)  # what the runtime will load, read back from the table
         kv = precision_dtype(precision)
         L = cfg.num_hidden_layers
         kv_shape = ["batch", cfg.num_key_value_heads, "past", cfg.head_dim]
         inputs = [{"name": n, "dtype": "int64", "shape": ["batch", "seq"]} for n in input_names(L)[:3]]
         inputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in input_names(L)[3:-1]]
+        inputs.append({"name": input_names(L)[-1], "dtype": "int64", "shape": ["logits_len"]})  # logits_positions
         outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_len", cfg.vocab_size]}]
         outputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in output_names(L)[1:]]
         from edgellm.runtime.cuda_graph import COMPILE_DECODE
@@ -91,7 +106,7 @@ class TorchCudaBackend(EngineBackend):
             "engine_files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
             "io": {"inputs": inputs, "outputs": outputs},
             "precision": precision,
-            "graph": {"precision": precision, "weight_bytes": dict(weight_bytes), "stored_tensors": len(table),
+            "graph": {"precision": precision, "weight_bytes": weight_bytes, "stored_tensors": len(table),
                       "parameters": sum(len(t["members"]) for t in table)},
             "reused_files": {ENGINE_DATA: data_file.name},
             "options": {"device": "cuda", "weights": "export data file, mapped by " + WEIGHT_TABLE,
@@ -107,15 +122,39 @@ class TorchCudaBackend(EngineBackend):
         cfg = ModelConfig.load(engine_dir)
         table = read_table(engine_dir / WEIGHT_TABLE)
         check_table(table, cfg)
+        check_precision(table, manifest, engine_dir)
         params = manifest["build_params"]
-        return TorchCudaSession(engine_dir / ENGINE_DATA, table, cfg, io=manifest["io"],
-                                max_batch_size=int(params["max_batch_size"]),
-                                max_seq_len=int(params["max_seq_len"]),
-                                compile_decode=bool(manifest["backend_options"].get("torch_compile_decode")))
+        session = TorchCudaSession(engine_dir / ENGINE_DATA, table, cfg, io=manifest["io"],
+                                   max_batch_size=int(params["max_batch_size"]),
+                                   max_seq_len=int(params["max_seq_len"]),
+                                   compile_decode=bool(manifest["backend_options"].get("torch_compile_decode")))
+        loaded = PRECISIONS[str(session.model.dtype).removeprefix("torch.")]
+        if loaded != manifest["precision"]:
+            raise BugError(f"{engine_dir}: the session computes in {loaded}, the engine is {manifest['precision']}")
+        return session
 
 
 def precision_dtype(precision: str) -> str:
     return {v: k for k, v in PRECISIONS.items()}.get(precision, "float32")
+
+
+def table_precision(table: list[dict[str, Any]]) -> tuple[str, dict[str, int]]:
+    """The precision the runtime loads (the dtype of most bytes of the weight matrices; it computes in the
+    embedding's, which the export casts with them) and the matrices' bytes per dtype."""
+    weight_bytes: Counter[str] = Counter()
+    for t in table:
+        if len(t["shape"]) >= 2:
+            weight_bytes[t["dtype"]] += int(t["length"])
+    precision = PRECISIONS[max(weight_bytes, key=lambda k: weight_bytes[k])] if weight_bytes else "unknown"
+    return precision, dict(weight_bytes)
+
+
+def check_precision(table: list[dict[str, Any]], manifest: dict[str, Any], engine_dir: Path) -> None:
+    """An engine whose weights are not at the precision its manifest states is refused (never run as another)."""
+    held, _ = table_precision(table)
+    if held != manifest.get("precision"):
+        raise ConfigurationError(f"{engine_dir}: the manifest states precision {manifest.get('precision')!r} but "
+                                 f"{WEIGHT_TABLE} holds {held} weights; rebuild the engine")
 
 
 # --- the weight table -----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from edgellm.accuracy import DEFAULT_GREEDY_TOKENS, DEFAULT_MAX_TOKENS, DEFAULT_WINDOW, EvalOptions, run_eval
 from edgellm.errors import TestFailure
+from edgellm.reference import REFERENCE_DEVICES
 from edgellm.reporting import json_safe, write_json_atomic
 
 NAME = "eval"
@@ -32,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None,
                    help=f"with --checkpoint: perplexity window in tokens (default {DEFAULT_WINDOW}; must fit the "
                         f"engine's max_input_len)")
+    p.add_argument("--reference-device", choices=REFERENCE_DEVICES, default=None,
+                   help="with --checkpoint: where transformers computes the (always fp32) reference (default: where "
+                        "the engine runs: cuda for torch-cuda engines, cpu for ort); an absent device is an error")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: runtime's)")
     p.add_argument("--thresholds", type=Path, default=None,
                    help="JSON/YAML thresholds, flat or keyed by precision (fp32: {...}); null disables a check")
@@ -61,11 +65,13 @@ def run(args: argparse.Namespace) -> int:
         thresholds_file=args.thresholds,
         threshold_overrides={k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None},
         num_threads=args.threads,
+        reference_device=args.reference_device,
     )
     report = run_eval(opts)
     if args.output is not None:
         write_json_atomic(args.output, report)
-    summary = {k: report[k] for k in ("passed", "precision", "reference_perplexity", "engine_perplexity")}
+    summary = {k: report[k] for k in ("passed", "precision", "reference_device", "reference_perplexity",
+                                      "engine_perplexity", "perplexity_ratio")}
     summary["checks"] = {k: {f: c[f] for f in ("value", "threshold", "passed")} for k, c in report["checks"].items()}
     json.dump(json_safe(summary), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

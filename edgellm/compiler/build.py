@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from edgellm import __version__
-from edgellm.backends.base import BuildParams, EngineBackend, get_backend
+from edgellm.backends.base import BuildParams, EngineBackend, backend_class, get_backend
 from edgellm.compiler.export import EXPORT_MANIFEST, GENERATION_SETTINGS, MODEL_FILE, RUNTIME_FILES
 from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_files, write_json
 from edgellm.compiler.quant_kinds import check_gemm_readback
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
-from edgellm.types import Backend
+from edgellm.types import Backend, Precision
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +37,50 @@ def default_params(cfg: ModelConfig, *, max_batch_size: int | None, max_input_le
     )
 
 
+def applied_precision(export_manifest: dict[str, Any], built: dict[str, Any], where: str) -> str:
+    """The precision the engine really holds, read back from what the backend built; it must be the one the
+    export asked for (a quantized one: every declared quantized GEMM counted by kind in the built graph)."""
+    exported = export_manifest.get("precision")
+    quant = export_manifest.get("quantization")
+    if quant:  # quantized GEMMs counted by kind in the built graph: never a silently float engine
+        check_gemm_readback(quant["quantized_gemms"], built["graph"].get("quantized_gemms", {}), where)
+        return str(exported)
+    if built["precision"] != exported:
+        raise TestFailure(f"{where}: the built engine holds {built['precision']} weights but the export is "
+                          f"{exported}: the backend did not apply the requested precision")
+    return str(exported)
+
+
 def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Backend.ORT, *,
                  max_batch_size: int | None = None, max_input_len: int | None = None,
                  max_seq_len: int | None = None, overwrite: bool = False) -> dict[str, Any]:
     onnx_dir = Path(onnx_dir)
-    engine = get_backend(backend)
+    declared = backend_class(backend)
     if not onnx_dir.is_dir():
         raise ConfigurationError(f"{onnx_dir}: ONNX export directory not found")
+    # what the backend builds is decided before whether it runs here: a refused precision says why on any machine
+    export_manifest = read_json_object(onnx_dir / EXPORT_MANIFEST, what=EXPORT_MANIFEST, max_bytes=16 * 1024 * 1024)
+    problem = declared.precision_problem(Precision.parse(str(export_manifest.get("precision")),
+                                                         what="export precision"))
+    if problem:
+        raise UnsupportedError(f"{onnx_dir}: {problem}")
+    engine = get_backend(backend)
     # The files' digests are checked (hashing ~all the export's bytes) beside the backend's build; a mismatch
     # fails the build before anything is published, and is reported in preference to what it may have caused.
     verifier = ThreadPoolExecutor(max_workers=1)
     verified = verifier.submit(verify_files, onnx_dir, EXPORT_MANIFEST)
     verifier.shutdown(wait=False)
     try:
-        return _build(onnx_dir, engine_dir, engine, verified, max_batch_size=max_batch_size,
+        return _build(onnx_dir, engine_dir, engine, export_manifest, verified, max_batch_size=max_batch_size,
                       max_input_len=max_input_len, max_seq_len=max_seq_len, overwrite=overwrite)
     except BaseException:
         verified.result()  # raises the verification error, if there is one
         raise
 
 
-def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, verified: Future[dict[str, Any]], *,
-           max_batch_size: int | None, max_input_len: int | None, max_seq_len: int | None,
-           overwrite: bool) -> dict[str, Any]:
-    export_manifest = read_json_object(onnx_dir / EXPORT_MANIFEST, what=EXPORT_MANIFEST, max_bytes=16 * 1024 * 1024)
+def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manifest: dict[str, Any],
+           verified: Future[dict[str, Any]], *, max_batch_size: int | None, max_input_len: int | None,
+           max_seq_len: int | None, overwrite: bool) -> dict[str, Any]:
     cfg = ModelConfig.load(onnx_dir)
     family = family_for(cfg)
     params = default_params(cfg, max_batch_size=max_batch_size, max_input_len=max_input_len,
@@ -82,13 +102,7 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, verified: Fu
                 shutil.copyfile(onnx_dir / name, out / name)
         exported = export_manifest.get("precision")
         quant = export_manifest.get("quantization")
-        if quant:  # quantized GEMMs counted by kind in the built graph: never a silently float engine
-            check_gemm_readback(quant["quantized_gemms"], built["graph"].get("quantized_gemms", {}),
-                                f"{engine.backend.value} build of {onnx_dir}")
-            built["precision"] = exported
-        elif built["precision"] != exported:
-            raise TestFailure(f"built engine holds {built['precision']} weights but the export is {exported}: "
-                              f"the backend changed the precision")
+        built["precision"] = applied_precision(export_manifest, built, f"{engine.backend.value} build of {onnx_dir}")
         # Files the backend took unchanged from the export (hard links): their digests were just verified.
         known = {name: export_manifest["files"][src]["sha256"] for name, src in built.get("reused_files", {}).items()
                  if src in export_manifest["files"]}

@@ -1,6 +1,7 @@
 """Checkpoint -> ONNX export: one graph serving prefill and decode, with an explicit KV cache.
 
-Graph signature (L = num_hidden_layers; ``dtype`` = fp32 or fp16 per the export precision):
+Graph signature (L = num_hidden_layers; ``dtype`` = fp32, fp16 or bf16 per the export precision; a quantized
+export computes in fp32):
 
     inputs   input_ids                       int64  [batch, seq]
              attention_mask                  int64  [batch, total]   total = past + seq; 1 real, 0 padding
@@ -43,7 +44,10 @@ from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 
 log = logging.getLogger(__name__)
 
-EXPORT_PRECISIONS = (Precision.FP32, Precision.FP16)  # from a float checkpoint
+# From a float checkpoint: the decoder is cast whole to this dtype. Which backend builds which is the backend's
+# declaration (``EngineBackend.precisions``): bf16 graphs are built by torch-cuda, not by ONNX Runtime's CPU provider.
+EXPORT_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+EXPORT_PRECISIONS = tuple(EXPORT_DTYPES)
 OPSET = 17
 FP8_OPSET = 19  # float8 QuantizeLinear / DequantizeLinear
 MODEL_FILE = "model.onnx"
@@ -168,7 +172,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     # The checkpoint digest (hashing ~all its bytes) runs beside loading and tracing; hashlib releases the GIL.
     pool = ThreadPoolExecutor(max_workers=1)
     ckpt_files_future = pool.submit(file_table, ckpt_dir)
-    dtype = torch.float16 if precision is Precision.FP16 else torch.float32
+    dtype = getattr(torch, EXPORT_DTYPES.get(precision, "float32"))
     opset = OPSET
     if layout is not None:
         from edgellm.compiler.quantized import load_quantized_decoder

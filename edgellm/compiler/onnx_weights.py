@@ -201,7 +201,6 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
     """Write the tensors in order, 4096-aligned; transposing the next tensor and hashing the last one run in two
     threads beside the write (torch copies, hashlib and file writes release the GIL). Returns the sha256."""
     import onnx
-    from onnx import helper
 
     h = hashlib.sha256()
     offset = 0
@@ -216,7 +215,7 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
     try:
         with open(data_path, "wb") as f:
             for i, (name, _) in enumerate(plan):
-                arr = ready.popleft().result() if i < len(plan) - 1 else last.result()  # type: ignore[union-attr]
+                arr, data_type = ready.popleft().result() if i < len(plan) - 1 else last.result()  # type: ignore[union-attr]
                 if i + LOOKAHEAD < len(plan) - 1:
                     ready.append(prep.submit(_as_array, plan[i + LOOKAHEAD][1]))
                 pad = b"\0" * (-offset % ALIGN)
@@ -227,8 +226,6 @@ def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
                 hashing.append(hasher.submit(_update, h, pad, buf))
                 if len(hashing) > LOOKAHEAD:
                     hashing.popleft().result()
-                data_type = (onnx.TensorProto.FLOAT8E4M3FN if _is_fp8(plan[i][1])
-                             else helper.np_dtype_to_tensor_dtype(arr.dtype))
                 init = onnx.TensorProto(name=name, dims=list(arr.shape), data_type=data_type)
                 init.data_location = onnx.TensorProto.EXTERNAL
                 for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
@@ -251,19 +248,20 @@ def _numel(tensor: Any) -> int:
     return n
 
 
-def _is_fp8(tensor: Any) -> bool:
+def _as_array(tensor: Any) -> tuple[Any, int]:
+    """The tensor's bytes as a numpy array and its ONNX data type. numpy has neither float8 nor bfloat16: those
+    are written as their raw bits (uint8 / int16), typed FLOAT8E4M3FN / BFLOAT16 in the graph."""
+    import onnx
     import torch
+    from onnx import helper
 
-    return getattr(tensor, "dtype", None) == torch.float8_e4m3fn
-
-
-def _as_array(tensor: Any) -> Any:
-    """numpy has no float8: those tensors are written as their bytes (uint8), typed FLOAT8E4M3FN in the graph."""
-    import torch
-
-    if _is_fp8(tensor):
-        return tensor.contiguous().view(torch.uint8).numpy()
-    return tensor.contiguous().numpy()
+    t = tensor.contiguous()
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy(), onnx.TensorProto.FLOAT8E4M3FN
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), onnx.TensorProto.BFLOAT16
+    arr = t.numpy()
+    return arr, helper.np_dtype_to_tensor_dtype(arr.dtype)
 
 
 def _update(h: Any, pad: bytes, buf: memoryview) -> None:

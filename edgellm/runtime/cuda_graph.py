@@ -172,7 +172,8 @@ class TorchCudaSession(DeviceSession):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The export's signature on numpy (past in, present out): correct, but copies the whole cache each call;
-        the runtime uses ``step``/``generate`` instead."""
+        the runtime uses ``step``/``generate`` instead. numpy has no bfloat16: a bf16 engine's cache crosses as
+        float32 (exact), and fed-back float32 is rounded to bf16 on the way in."""
         ids, mask, pos = feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"]
         L = self.config.num_hidden_layers
         b, s = ids.shape
@@ -190,8 +191,8 @@ class TorchCudaSession(DeviceSession):
                 logits = logits[:, torch.from_numpy(sel).to(self.device)]
             out = {"logits": logits.cpu().numpy()}
             for i in range(L):
-                out[f"present.{i}.key"] = m.keys[i][:b, :, :past + s].cpu().numpy()
-                out[f"present.{i}.value"] = m.values[i][:b, :, :past + s].cpu().numpy()
+                out[f"present.{i}.key"] = _host(m.keys[i][:b, :, :past + s])
+                out[f"present.{i}.value"] = _host(m.values[i][:b, :, :past + s])
         cache.length = past + s
         return out
 
@@ -282,6 +283,10 @@ class TorchCudaSession(DeviceSession):
                 "max_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
                 "reserved_bytes": torch.cuda.memory_reserved(self.device), "device_used_bytes": total - free,
                 "device_total_bytes": total}
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
 
 
 def _seed(seed: int | None) -> int:

@@ -84,7 +84,8 @@ class Engine:
         if LOGITS_POSITIONS not in specs:
             raise ConfigurationError(f"{engine_dir}: engine has no {LOGITS_POSITIONS} input (exported by an older "
                                      f"edgellm); export and build it again")
-        self.kv_dtype = np.dtype(specs[self._past_names[0][0]].dtype)
+        # the host cache's dtype; a device session keeps its own (bf16 among them, which numpy has not)
+        self.kv_dtype = None if isinstance(session, DeviceSession) else np.dtype(specs[self._past_names[0][0]].dtype)
 
     @classmethod
     def open(cls, engine_dir: str | Path, *, num_threads: int | None = None) -> Engine:
