@@ -19,6 +19,15 @@ from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 DATA = Path(__file__).parent / "data"
+INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"
+
+
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Plans depend on the toolchains installed in the data dir: each test has its own (none installed)."""
+    data = tmp_path / "data-dir"
+    monkeypatch.setenv("EDGEFARM_DATA_DIR", str(data))
+    return data
 
 
 def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
@@ -33,7 +42,11 @@ def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
     assert thor_fp16.toolchain == "tensorrt-edgellm"
     thor_fp8 = by[("tiny-qwen2", "fp8", "thor")]
     assert thor_fp8.decision is Decision.SKIPPED
-    assert "toolchain tensorrt-edgellm is not installed in this farm" in thor_fp8.reason
+    assert f"toolchain tensorrt-edgellm is not available: tensorrt-edgellm 0.11.0 is not installed in the farm's " \
+           f"data dir (run: {INSTALL})" in thor_fp8.reason
+    cpu_fp8 = by[("tiny-qwen2", "fp8", "x86-cpu")]
+    assert (cpu_fp8.decision, cpu_fp8.reason) == (Decision.NOT_APPLICABLE,
+                                                  "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)")
     assert by[("stories260K", "fp32", "x86-cpu")].toolchain == "edgellm-ort"
     # export once per (model, precision, toolchain), whatever the number of platforms
     assert len(plan.exports()) == len({(j.model, j.precision, j.toolchain) for j in plan.runnable()})
@@ -99,8 +112,8 @@ def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: P
     assert not [j for j in orin if j.decision is Decision.RUN]
     fp16 = next(j for j in orin if j.precision.value == "fp16")
     assert fp16.decision is Decision.SKIPPED and fp16.devices == ("orin-1",)
-    assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not installed in "
-                           "this farm (no driver registered)")
+    assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not available: "
+                           f"tensorrt-edgellm 0.11.0 is not installed in the farm's data dir (run: {INSTALL})")
     assert all(j.toolchain == "edgellm-ort" for j in plan.jobs if j.platform == "x86-cpu")
 
 
@@ -112,7 +125,7 @@ def test_a_precision_the_toolchain_cannot_produce_is_skipped_naming_it(tmp_path:
     [job] = plan_matrix(matrix, load_inventory(), Catalog.load()).jobs
     assert (job.decision, job.toolchain) == (Decision.SKIPPED, "edgellm-ort")
     assert job.reason == "no device/toolchain can run it here: toolchain edgellm-ort cannot produce int4_wo yet " \
-                         "(produces: fp32, fp16)"
+                         "(produces: fp32, fp16, int4_awq, int8_sq, fp8)"
 
 
 def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path,
@@ -179,3 +192,4 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     assert not (tmp_path / "edgefarm.db").exists()
     bad = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "yaml", "--data-dir", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown --format 'yaml'; valid: text, json" in bad.output
+
