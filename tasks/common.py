@@ -75,6 +75,8 @@ def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None
         kind = upstream.kind if isinstance(upstream, EdgeLLMError) else ErrorKind.BUG
         return StageOutcome(stage=stage, status=ResultStatus.SKIPPED, error_kind=kind,
                             reason=f"upstream stage did not finish: {str(upstream).splitlines()[0][:500]}").done()
+    if upstream.status is ResultStatus.NOT_APPLICABLE:  # what cannot apply upstream cannot apply here either
+        return StageOutcome(stage=stage, status=ResultStatus.NOT_APPLICABLE, reason=upstream.reason).done()
     if not upstream.passed:
         return StageOutcome.skipped(stage, f"upstream {upstream.stage.value} {upstream.status.value}")
     return None
