@@ -80,3 +80,11 @@ def test_golden_plans_keep_the_evidence_rules() -> None:
     assert {(j["platform"], j["decision"]) for j in local["jobs"] if j["decision"] == "run"} == {("x86-cpu", "run")}
     assert all("edgefarm toolchains install tensorrt-edgellm==0.11.0" in j["reason"] for j in local["jobs"]
                if j["precision"] in ("int4_awq", "int8_sq") and j["decision"] == "skipped")
+    # with the pinned toolchain: the CPU's quantized rows run end to end, the export rows run on the host alone
+    trt = json.loads((GOLDEN / "local-trt.json").read_text())
+    cpu = [j for j in trt["matrix nightly"]["jobs"] if j["platform"] == "x86-cpu" and j["precision"] != "fp8"]
+    assert all(j["decision"] == "run" and j["devices"] == ["local-cpu"] for j in cpu)
+    assert {j["precision"] for j in cpu} >= {"int4_awq", "int8_sq"}
+    exports = trt["list l0_checkpoint_export"]["jobs"]
+    assert exports and all(j["platform"] == "thor" and set(j["stages"]) <= {"quantize", "export"} for j in exports)
+    assert all(j["decision"] == "run" and j["devices"] == [] for j in exports if j["model"] == "stories260K")

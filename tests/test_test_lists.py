@@ -25,7 +25,8 @@ from test_lists.catalog import Catalog
 from test_lists.loader import LISTS_DIR
 
 BROKEN = Path(__file__).parent / "data" / "test_lists_broken"
-SHIPPED = ["l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu", "l1_pipeline_x86cpu"]
+SHIPPED = ["l0_checkpoint_export", "l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu",
+           "l1_pipeline_x86cpu"]
 TODAY = dt.date(2026, 11, 30)
 runner = CliRunner()
 
@@ -67,7 +68,7 @@ def test_shipped_lists_validate_through_the_cli() -> None:
     result = runner.invoke(app, ["lists", "validate"])
     assert result.exit_code == 0, result.output
     assert "ERROR" not in result.output
-    assert "OK: 5 list(s)" in result.output
+    assert "OK: 6 list(s)" in result.output
     assert "platforms: orin, thor, x86-cpu, x86-h200" in result.output
 
 
@@ -93,6 +94,11 @@ def test_shipped_lists_content() -> None:
     waived = {e.test_id for e in thor if e.waived}
     assert waived == {"Qwen3-0.6B-nvfp4-mxsl4096-mxbs4-mxil2048"}  # by the directory-wide waivers.yml
     assert load_list("l0_pipeline_h200").platforms == ("x86-h200",)
+    exports = load_list("l0_checkpoint_export")  # every catalog model x five precisions, host stages only
+    assert {(e.model, e.precision) for e in exports.entries} == {
+        (m, p) for m in Catalog.load().sources for p in (Precision.FP16, Precision.FP8, Precision.INT4_AWQ,
+                                                         Precision.INT8_SQ, Precision.NVFP4)}
+    assert all(set(e.stages) <= {Stage.QUANTIZE, Stage.EXPORT} for e in exports.entries)
 
 
 def test_known_platforms_come_from_device_types() -> None:
@@ -398,4 +404,4 @@ def test_every_model_is_checked_against_the_catalog_beside_the_lists(tmp_path: P
             f"-fp8kv: model: unknown model 'mistralai/Mistral-7B-v0.3'; the model catalog {catalog} has: {names}"
             in result.output.splitlines())
     assert "unknown model 'meta-llama/Llama-3.1-8B-Instruct'" in result.output
-    assert "FAILED: 2 error(s)" in result.output
+    assert "FAILED: 12 error(s)" in result.output  # and 5 precisions of each in l0_checkpoint_export
