@@ -56,12 +56,14 @@ def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
         raise
     except EdgeLLMError as exc:
         outcome = StageOutcome.from_error(stage, exc)
+        outcome.duration_s = outcome.ended_at - started  # the body's time until it raised
     except Exception as exc:  # a full disk or a lost database is infrastructure (retried); the rest a bug
         known = classify(exc)
         if isinstance(known, InfrastructureError):
             raise known from exc
         log.exception("%s stage crashed", stage)
         outcome = StageOutcome.from_error(stage, known if isinstance(known, ConfigurationError) else exc)
+        outcome.duration_s = outcome.ended_at - started
     outcome.started_at = min(outcome.started_at, started)
     outcome.task_run_id = str(prefect_task_run.id) if prefect_task_run.id else None
     return outcome
