@@ -56,6 +56,8 @@ class DeviceType(BaseModel):
     toolchains: tuple[Toolchain, ...] = Field(min_length=1)
     precisions: tuple[Precision, ...] = Field(min_length=1)
     kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
+    # precisions a toolchain of this type could make but that would not count as evidence here, with the reason
+    refuses: dict[Precision, str] = Field(default_factory=dict)
 
     @field_validator("arch", mode="before")
     @classmethod
@@ -75,6 +77,17 @@ class DeviceType(BaseModel):
     def _precisions(cls, value: Any) -> list[Precision]:
         return _parse_list(Precision, "precision", value)
 
+    @field_validator("refuses", mode="before")
+    @classmethod
+    def _refuses(cls, value: Any) -> dict[Precision, str]:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a mapping of precision to the reason it does not count, got {value!r}")
+        parsed = dict(zip(_parse_list(Precision, "precision", list(value)), value.values(), strict=True))
+        empty = [p.value for p, why in parsed.items() if not isinstance(why, str) or not why.strip()]
+        if empty:
+            raise ValueError(f"refuses: give a reason for {', '.join(empty)}")
+        return parsed
+
     @field_validator("kv_cache_precisions", mode="before")
     @classmethod
     def _kv(cls, value: Any) -> list[KVCachePrecision]:
@@ -86,6 +99,9 @@ class DeviceType(BaseModel):
         for needs_gpu in (Toolchain.TENSORRT_EDGELLM, Toolchain.EDGELLM_TORCH_CUDA):
             if self.sm is None and needs_gpu in self.toolchains:
                 problems.append(f"toolchain {needs_gpu} needs a GPU: set sm")
+        both = [p.value for p in self.precisions if p in self.refuses]
+        if both:
+            problems.append(f"precision(s) {', '.join(both)} both listed in precisions and refused")
         for precision in self.precisions:
             need = MIN_SM.get(precision)
             if need is not None and self.sm is not None and self.sm < need:
@@ -111,6 +127,8 @@ class DeviceType(BaseModel):
             if chain not in self.toolchains:
                 supported = ", ".join(self.toolchains)
                 return False, f"{self.label} does not run toolchain {chain} (runs: {supported})"
+        if wanted in self.refuses:
+            return False, self.refuses[wanted]
         if wanted not in self.precisions:
             need = MIN_SM.get(wanted)
             if need is not None and self.sm is not None and self.sm < need:

@@ -247,7 +247,7 @@ def nightly(
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or DEFAULT_MATRIX
-        plan, _ = make_plan(matrix_path, settings)
+        plan, _ = make_plan(matrix_path, settings, install=not dry_run)
         if dry_run:
             _print_plan(plan, fmt)
             return
@@ -283,7 +283,7 @@ def run(
         _prefect(settings.data_dir)
         from flows.test_list import make_plan, run_test_list
 
-        plan, _ = make_plan(priority, settings)
+        plan, _ = make_plan(priority, settings, install=not dry_run)
         if dry_run:
             _print_plan(plan, fmt)
             return

@@ -43,7 +43,9 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
     recorder = Recorder(engine)
     run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
-                      inventory_dir=str(settings.inventory_dir), host_slots=host_slots)
+                      inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
+                      quantize_device=settings.quantize_device,
+                      max_unquantized_share=settings.max_unquantized_share)
     report = RunReport(run_id=run_id)
     status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()
@@ -54,7 +56,7 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
             checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), catalog,
                                              settings.data_dir)
             jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
-            submit_jobs(ctx, jobs, report)
+            submit_jobs(ctx, jobs, report, catalog)
             if plan.kind == RunKind.NIGHTLY.value:
                 fail_regressed(report, flag_regressions(engine, run_id))
             status = run_status(report)

@@ -12,7 +12,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from devices.inventory import load_inventory
 from flows.docs import publish_matrix_artifacts, write_docs
 from flows.execute import execute_plan
-from flows.plan import DEFAULT_MATRIX, Plan, plan_matrix
+from flows.plan import DEFAULT_MATRIX, Plan, installing_toolchains, plan_matrix
 from flows.settings import Settings
 from results.db import from_parameter
 from test_lists.catalog import Catalog
@@ -21,9 +21,12 @@ log = logging.getLogger(__name__)
 MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism
 
 
-def make_plan(matrix: str | Path, settings: Settings) -> tuple[Plan, Catalog]:
+def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
+    """The matrix's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
     inventory = load_inventory(settings.inventory_dir)
+    if install:
+        return installing_toolchains(lambda: plan_matrix(Path(matrix), inventory, catalog), settings.data_dir), catalog
     return plan_matrix(Path(matrix), inventory, catalog), catalog
 
 
@@ -37,7 +40,7 @@ def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory,
                                 docs_dir=docs_dir)
     if plan is None:
-        plan, _ = make_plan(matrix, settings)
+        plan, _ = make_plan(matrix, settings, install=True)
     catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
     docs = None

@@ -34,6 +34,7 @@ from tasks.quantize import quantize
 from tasks.record import record
 from tasks.reference import reference
 from tasks.spec import CheckpointRef, JobSpec
+from test_lists.catalog import Catalog, ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,17 @@ class RunReport:
         return dict(counts)
 
 
-def job_spec(job: Job, checkpoint: CheckpointRef) -> JobSpec:
+def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = None) -> JobSpec:
+    """``source``: the model's catalog entry (its chat template and accuracy thresholds, when it names them)."""
     e = job.entry
+    template = source.chat_template if source is not None else None
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
                    test_id=e.test_id,
                    checkpoint=checkpoint, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
-                   lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision)
+                   lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
+                   chat_template=None if template is None else str(template),
+                   thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {})
 
 
 def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
@@ -99,24 +104,26 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
     farm.recorder.record_results(ctx.run_id, rows)
 
 
-def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport) -> None:
+def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport,
+                catalog: Catalog | None = None) -> None:
     """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded."""
     submitted_at = time.time()
-    prepared: dict[tuple[Any, ...], tuple[PrefectFuture[Any], PrefectFuture[Any]]] = {}
-    references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the checkpoint only
+    quantized: dict[tuple[Any, ...], PrefectFuture[Any]] = {}  # once per checkpoint to make, whoever consumes it
+    exported: dict[tuple[Any, ...], PrefectFuture[Any]] = {}  # once per export, whatever the number of platforms
+    references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the (float source) checkpoint only
     records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
     for job, checkpoint in jobs:
-        spec = job_spec(job, checkpoint)
+        spec = job_spec(job, checkpoint, catalog.get(job.model) if catalog is not None else None)
         pair = (job.model, job.precision)
         report.job_models[spec.key] = pair
-        made = spec.export_variant
         if Stage.ACCURACY in spec.stages and job.model not in references:
             references[job.model] = reference.submit(ctx, checkpoint, spec.timeout(Stage.ACCURACY))
-        if made not in prepared:
-            q = quantize.submit(ctx, spec)
-            x = export.submit(ctx, spec, allow_failure(q), spec.timeout(Stage.EXPORT))
-            prepared[made] = (q, x)
-        q, x = prepared[made]
+        if spec.quantize_variant not in quantized:
+            quantized[spec.quantize_variant] = quantize.submit(ctx, spec)
+        q = quantized[spec.quantize_variant]
+        if spec.export_variant not in exported:
+            exported[spec.export_variant] = export.submit(ctx, spec, allow_failure(q), spec.timeout(Stage.EXPORT))
+        x = exported[spec.export_variant]
         futures: dict[Stage, PrefectFuture[Any]] = {Stage.QUANTIZE: q, Stage.EXPORT: x}
         stages = set(spec.stages)
         if Stage.BUILD in stages:

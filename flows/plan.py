@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 from test_lists.catalog import Catalog
-from test_lists.schema import EntryDefaults, TestSpec
+from test_lists.schema import HOST_STAGES, EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains.base import Toolchain, choose, require
 
@@ -112,9 +112,10 @@ class Plan:
         return lines
 
 
-class _Matrix(BaseModel):
+class _Block(BaseModel):
+    """Models x precisions x platforms, with defaults over the matrix's own."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str
     description: str = ""
     models: list[str]
     precisions: list[str]
@@ -122,11 +123,48 @@ class _Matrix(BaseModel):
     defaults: dict[str, Any] = {}
 
 
+class _ListShare(BaseModel):
+    """A test list run inside the matrix: all of it, or only its tests of ``models`` at ``precisions`` (the
+    matrix's share)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    models: list[str] | None = None
+    precisions: list[str] | None = None
+
+
+class _Matrix(_Block):
+    name: str
+    extra: list[_Block] = []  # further blocks (e.g. the quantized precisions on fewer models and platforms)
+    lists: list[_ListShare] = []
+
+
+@dataclass(frozen=True)
+class ListShare:
+    """A test list inside a matrix, and the part of it the matrix runs (None: all)."""
+
+    name: str
+    models: frozenset[str] | None = None
+    precisions: frozenset[Precision] | None = None
+
+    def takes(self, entry: TestEntry) -> bool:
+        return ((self.models is None or entry.model in self.models)
+                and (self.precisions is None or entry.precision in self.precisions))
+
+
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    pairs: list[tuple[TestEntry, str]]  # (entry, platform) of every block
+    lists: list[ListShare]
+
+
 def _decide(
     entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog
 ) -> tuple[Decision, Toolchain, str, tuple[str, ...]]:
     """Hardware first (not applicable), then the waiver, then who could run it here: a toolchain of the platform
-    that can produce the precision, and a device of the platform (skipped, naming every missing part)."""
+    that can produce the precision, and, when a stage runs on a device, a device of the platform that the toolchain
+    can drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device."""
     dtype = DEVICE_TYPES[platform]
     preferred = dtype.toolchains[0]
     ok, why = dtype.supports(entry.precision)
@@ -140,8 +178,13 @@ def _decide(
         return Decision.NOT_APPLICABLE, toolchain, problem, ()
     devices = tuple(d.id for d in inventory.select(platform=platform))
     missing = list(refusals) if toolchain is None else []
-    if not devices:
-        missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
+    if not set(entry.stages) <= HOST_STAGES:
+        if not devices:
+            missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
+        if toolchain is not None and (problem := require(toolchain).device_problem()) is not None:
+            missing.append(problem)
+    else:
+        devices = ()  # nothing of this job runs on a device
     if missing:
         return Decision.SKIPPED, toolchain or preferred, "no device/toolchain can run it here: " + "; ".join(
             missing), devices
@@ -153,52 +196,84 @@ def _decide(
     return Decision.RUN, toolchain, "", devices
 
 
-def load_matrix(path: Path, catalog: Catalog) -> tuple[str, list[tuple[TestEntry, str]]]:
-    """Expand a matrix file into (entry, platform) pairs; every problem of the file in one ConfigurationError."""
+def load_matrix(path: Path, catalog: Catalog) -> Matrix:
+    """Expand a matrix file into (entry, platform) pairs and the test lists it includes; every problem of the file
+    in one ConfigurationError."""
+    from test_lists.loader import list_names
+
     data = read_yaml(Path(path))
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path}: a matrix file is a mapping with name, models, precisions, platforms")
-    problems: list[str] = []
     try:
         m = _Matrix.model_validate(data)
     except ValidationError as exc:
         raise ConfigurationError("\n".join(
             f"{path}: {'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())) from None
-    for name in m.models:
-        if name not in catalog:
-            problems.append(f"{path}: models: unknown model {name!r}; known: {', '.join(sorted(catalog.sources))}")
+    problems: list[str] = []
+    pairs: list[tuple[TestEntry, str]] = []
+    for where, block, base in [("", m, {}), *((f"extra[{i}].", b, m.defaults) for i, b in enumerate(m.extra))]:
+        pairs += _block_pairs(Path(path), m.name, block, base, where, catalog, problems)
+    lists = []
+    known = list_names()
+    for i, share in enumerate(m.lists):
+        if share.name not in known:
+            problems.append(f"{path}: lists[{i}]: unknown test list {share.name!r}; known: {', '.join(known)}")
+        for name in share.models or []:
+            if name not in catalog:
+                problems.append(f"{path}: lists[{i}].models: unknown model {name!r}; known: "
+                                f"{', '.join(sorted(catalog.sources))}")
+        precisions = set()
+        for value in share.precisions or []:
+            try:
+                precisions.add(Precision.parse(value, what="precision"))
+            except ConfigurationError as exc:
+                problems.append(f"{path}: lists[{i}].precisions: {exc}")
+        lists.append(ListShare(share.name, None if share.models is None else frozenset(share.models),
+                               None if share.precisions is None else frozenset(precisions)))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return Matrix(m.name, pairs, lists)
+
+
+def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], where: str, catalog: Catalog,
+                 problems: list[str]) -> list[tuple[TestEntry, str]]:
+    """One block's (entry, platform) pairs; its problems are appended to ``problems``."""
+    found = len(problems)
+    for model in block.models:
+        if model not in catalog:
+            problems.append(f"{path}: {where}models: unknown model {model!r}; known: "
+                            f"{', '.join(sorted(catalog.sources))}")
     precisions: list[Precision] = []
-    for value in m.precisions:
+    for value in block.precisions:
         try:
             precisions.append(Precision.parse(value, what="precision"))
         except ConfigurationError as exc:
-            problems.append(f"{path}: precisions: {exc}")
-    for value in m.platforms:
+            problems.append(f"{path}: {where}precisions: {exc}")
+    for value in block.platforms:
         if value not in DEVICE_TYPES:
-            problems.append(f"{path}: platforms: unknown platform {value!r}; valid: {', '.join(DEVICE_TYPES)}")
+            problems.append(f"{path}: {where}platforms: unknown platform {value!r}; valid: {', '.join(DEVICE_TYPES)}")
     defaults: dict[str, Any] = {}
     try:
-        defaults = EntryDefaults.model_validate(m.defaults).model_dump(exclude_none=True)
+        defaults = EntryDefaults.model_validate({**base, **block.defaults}).model_dump(exclude_none=True)
     except ValidationError as exc:
-        problems += [f"{path}: defaults.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        problems += [f"{path}: {where}defaults.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+                     for e in exc.errors()]
     for key in ("max_seq_len", "max_batch_size", "max_input_len"):
-        if key not in defaults and not any(key in p for p in problems):
-            problems.append(f"{path}: defaults: missing {key} (engine limits for every combination)")
-    if problems:
-        raise ConfigurationError("\n".join(problems))
+        if key not in defaults and not any(key in p for p in problems[found:]):
+            problems.append(f"{path}: {where}defaults: missing {key} (engine limits for every combination)")
+    if len(problems) > found:
+        return []
     pairs: list[tuple[TestEntry, str]] = []
-    for model in m.models:
+    for model in block.models:
         for precision in precisions:
             try:
                 spec = TestSpec.model_validate({**defaults, "model": model, "precision": precision.value})
             except ValidationError as exc:
-                problems += [f"{path}: {model} {precision}: {e['msg']}" for e in exc.errors()]
+                problems += [f"{path}: {where}{model} {precision}: {e['msg']}" for e in exc.errors()]
                 continue
-            entry = _entry(m.name, spec, source=str(path))
-            pairs += [(entry, platform) for platform in m.platforms]
-    if problems:
-        raise ConfigurationError("\n".join(problems))
-    return m.name, pairs
+            entry = _entry(name, spec, source=str(path))
+            pairs += [(entry, platform) for platform in block.platforms]
+    return pairs
 
 
 def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
@@ -210,13 +285,42 @@ def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
     )
 
 
-def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog) -> Plan:
-    name, pairs = load_matrix(path, catalog)
-    return _plan(name, "nightly", pairs, inventory, catalog)
+def installing_toolchains(make: Callable[[], Plan], data_dir: Path) -> Plan:
+    """``make()``; when a job it skips would run with the pinned tensorrt-edgellm environment, install that under
+    ``data_dir`` (one-time, minutes) and plan again. An install that fails leaves those jobs skipped with its
+    reason (e.g. the package registry unreachable)."""
+    from toolchains.tensorrt_edgellm.driver import assume_installed, ensure_installed
+
+    plan = make()
+    skipped = {job.key for job in plan.jobs if job.decision is Decision.SKIPPED}
+    if not skipped:
+        return plan
+    with assume_installed():
+        would_run = [job for job in make().runnable() if job.key in skipped]
+    if not would_run:
+        return plan
+    ensure_installed(data_dir)
+    return make()
+
+
+def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, today: dt.date | None = None) -> Plan:
+    from test_lists.loader import load_list
+
+    matrix = load_matrix(path, catalog)
+    pairs = list(matrix.pairs)
+    for share in matrix.lists:
+        pairs += [(e, p) for e, p in _list_pairs(load_list(share.name, today=today), inventory, catalog, today)
+                  if share.takes(e)]
+    return _plan(matrix.name, "nightly", pairs, inventory, catalog)
 
 
 def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog,
                    today: dt.date | None = None) -> Plan:
+    return _plan(tlist.name, tlist.stage.value, _list_pairs(tlist, inventory, catalog, today), inventory, catalog)
+
+
+def _list_pairs(tlist: TestList, inventory: Inventory, catalog: Catalog,
+                today: dt.date | None) -> list[tuple[TestEntry, str]]:
     problems = [f"{e.source}: unknown model {e.model!r}; add it to {catalog.path}"
                 for e in tlist.entries if e.model not in catalog]
     if problems:
@@ -227,7 +331,7 @@ def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog,
         if not devices and inventory.select(platform=platform):
             continue  # devices exist but none carries the labels the list needs: not this list's platform here
         pairs += [(e, platform) for e in tlist.entries_for(platform, today)]
-    return _plan(tlist.name, tlist.stage.value, pairs, inventory, catalog)
+    return pairs
 
 
 def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventory: Inventory, catalog: Catalog) -> Plan:

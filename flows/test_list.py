@@ -10,16 +10,20 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from devices.inventory import load_inventory
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
-from flows.plan import Plan, plan_test_list
+from flows.plan import Plan, installing_toolchains, plan_test_list
 from flows.settings import Settings
 from results.db import from_parameter
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 
-def make_plan(priority: str, settings: Settings) -> tuple[Plan, Catalog]:
+def make_plan(priority: str, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
+    """The list's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
-    return plan_test_list(load_list(priority), load_inventory(settings.inventory_dir), catalog), catalog
+    tlist, inventory = load_list(priority), load_inventory(settings.inventory_dir)
+    if install:
+        return installing_toolchains(lambda: plan_test_list(tlist, inventory, catalog), settings.data_dir), catalog
+    return plan_test_list(tlist, inventory, catalog), catalog
 
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
@@ -30,7 +34,7 @@ def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None
     the caller already made, if any)."""
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
     if plan is None:
-        plan, _ = make_plan(priority, settings)
+        plan, _ = make_plan(priority, settings, install=True)
     catalog = Catalog.load()
     report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
     return summary(plan, report, timing, None)

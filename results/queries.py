@@ -60,8 +60,8 @@ class RowStatus:
     stages: dict[Stage, ResultStatus]  # worst status per stage
     run_kind: RunKind | None = None
     run_started_at: datetime | None = None
-    toolchain: str | None = None  # the toolchain that made the evidence ("a, b" if a run mixed several)
-    toolchain_version: str | None = None  # its version where the latest stage that ran ran
+    toolchain: str | None = None  # the toolchain that made the evidence: of the last stage that ran
+    toolchain_version: str | None = None  # its version where that stage ran
 
 
 @dataclass
@@ -76,11 +76,13 @@ class _Tally:
             self.made_by[stage] = (str(toolchain), version)
 
     def toolchain(self) -> tuple[str | None, str | None]:
-        """The toolchain(s) of the row, and the version recorded by its last stage (pipeline order) that ran."""
-        names = sorted({tc for tc, _ in self.made_by.values()})
-        versions = [v for stage in sorted(self.made_by, key=list(Stage).index)
-                    if (v := self.made_by[stage][1]) is not None]
-        return (", ".join(names) or None), (versions[-1] if versions else None)
+        """The toolchain that made the row's last stage (pipeline order) that ran, and its version there: the one
+        the evidence is about (a quantized row's quantize stage, made by the quantizer's toolchain, shows on the
+        evidence page). When no stage ran: the toolchain(s) named, no version."""
+        ran = [stage for stage in sorted(self.made_by, key=list(Stage).index) if self.made_by[stage][1] is not None]
+        if ran:
+            return self.made_by[ran[-1]]
+        return (", ".join(sorted({tc for tc, _ in self.made_by.values()})) or None), None
 
     def verdict(self, required: Sequence[Stage]) -> Verdict:
         seen = {st for per in self.counts.values() for st in per}

@@ -5,12 +5,18 @@ needs neither torch nor transformers. A reference that failed is this stage's er
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import math
+from collections.abc import Mapping
 
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
+from edgellm.cli import eval as eval_cli
+from edgellm.errors import ConfigurationError
+from edgellm.thresholds import FIELDS
 from edgellm.types import Stage
 from results.models import ResultStatus
 from tasks.common import (
@@ -60,6 +66,25 @@ def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
     return metrics
 
 
+@functools.cache
+def _flag_of() -> dict[str, str]:
+    """threshold name -> the ``edgellm eval`` option that overrides it (asked of the CLI's own parser)."""
+    parser = argparse.ArgumentParser()
+    eval_cli.add_arguments(parser)
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest in FIELDS and a.option_strings}
+
+
+def threshold_flags(limits: Mapping[str, float]) -> list[str]:
+    """``edgellm eval`` options for the catalog's limits of a model (over the library's per-precision defaults)."""
+    flags = []
+    for name, value in sorted(limits.items()):
+        if name not in _flag_of():
+            raise ConfigurationError(f"threshold {name!r} cannot be given to edgellm eval; valid: "
+                                     f"{', '.join(sorted(_flag_of()))}")
+        flags += [_flag_of()[name], repr(float(value))]
+    return flags
+
+
 @stage_task("accuracy")
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseException,
              reference: StageOutcome | BaseException) -> StageOutcome:
@@ -73,7 +98,8 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseExcept
 
         def argv(device: Device, transport: Transport, job_dir: str) -> list[str]:
             return [device.interpreter, "-m", "edgellm", "eval", "--engine-dir", f"cache/{engine.sha256}",
-                    "--reference", f"cache/{ref.sha256}", "--output", f"{job_dir}/eval.json"]
+                    "--reference", f"cache/{ref.sha256}", "--output", f"{job_dir}/eval.json",
+                    *threshold_flags(job.thresholds)]
 
         run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=argv, inputs=[engine, ref],
                         fetch={"eval.json": "eval.json"}, fetch_on=(ResultStatus.PASS, ResultStatus.FAIL),

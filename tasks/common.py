@@ -56,12 +56,14 @@ def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
         raise
     except EdgeLLMError as exc:
         outcome = StageOutcome.from_error(stage, exc)
+        outcome.duration_s = outcome.ended_at - started  # the body's time until it raised
     except Exception as exc:  # a full disk or a lost database is infrastructure (retried); the rest a bug
         known = classify(exc)
         if isinstance(known, InfrastructureError):
             raise known from exc
         log.exception("%s stage crashed", stage)
         outcome = StageOutcome.from_error(stage, known if isinstance(known, ConfigurationError) else exc)
+        outcome.duration_s = outcome.ended_at - started
     outcome.started_at = min(outcome.started_at, started)
     outcome.task_run_id = str(prefect_task_run.id) if prefect_task_run.id else None
     return outcome
@@ -75,6 +77,8 @@ def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None
         kind = upstream.kind if isinstance(upstream, EdgeLLMError) else ErrorKind.BUG
         return StageOutcome(stage=stage, status=ResultStatus.SKIPPED, error_kind=kind,
                             reason=f"upstream stage did not finish: {str(upstream).splitlines()[0][:500]}").done()
+    if upstream.status is ResultStatus.NOT_APPLICABLE:  # what cannot apply upstream cannot apply here either
+        return StageOutcome(stage=stage, status=ResultStatus.NOT_APPLICABLE, reason=upstream.reason).done()
     if not upstream.passed:
         return StageOutcome.skipped(stage, f"upstream {upstream.stage.value} {upstream.status.value}")
     return None

@@ -1,11 +1,18 @@
 """Export: checkpoint -> ONNX directory, on the orchestrating host, cached by content.
 
-Key = (checkpoint sha256, precision, export parameters, toolchain and its version, edgellm source digest): a rerun
-with the same inputs reuses the stored ONNX artifact (verified) and says so; anything changed exports again.
+The checkpoint is what quantize handed over (the source itself for unquantized precisions). edgellm's toolchains
+run ``edgellm export``; tensorrt-edgellm runs its own ``tensorrt-edgellm-export`` (with the catalog's chat template
+when the checkpoint ships none), then the export is checked structurally (``onnx_check``: one attention plugin per
+layer, as many quantized GEMMs as quantize's report counts quantized linears, the runtime's inputs and outputs).
+
+Key = (checkpoint sha256, precision, export parameters, toolchain and its version, edgellm source digest or the chat
+template): a rerun with the same inputs reuses the stored ONNX artifact (verified) and says so; anything changed
+exports again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -18,7 +25,7 @@ from artifacts.kinds import ArtifactKind, Packing
 from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
 from edgellm.compiler.export import EXPORT_MANIFEST, OPSET
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, ErrorKind
 from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
@@ -27,16 +34,31 @@ from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import CheckpointRef, JobSpec
-from toolchains.base import require
+from toolchains.base import Toolchain, require
+from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
+from toolchains.tensorrt_edgellm.export import export as trt_export
+from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 
 log = logging.getLogger(__name__)
+ONNX_CHECK = 1  # version of the structural check a cached tensorrt-edgellm export passed (bump when it tightens)
 
 
 def export_key_inputs(checkpoint_sha: str, job: JobSpec, toolchain_version: str) -> dict[str, object]:
     _, precision, toolchain, lm_head, kv_cache = job.export_variant
-    return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value, "opset": OPSET,
-            "lm_head_precision": lm_head and lm_head.value, "kv_cache_precision": kv_cache and kv_cache.value,
-            "toolchain": toolchain.value, "toolchain_version": toolchain_version, "edgellm_build": build_id()}
+    inputs: dict[str, object] = {
+        "stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": precision.value,
+        "lm_head_precision": lm_head and lm_head.value, "kv_cache_precision": kv_cache and kv_cache.value,
+        "toolchain": toolchain.value, "toolchain_version": toolchain_version}
+    if toolchain is Toolchain.TENSORRT_EDGELLM:
+        return {**inputs, "chat_template_sha256": hashlib.sha256(chat_template(job).read_bytes()).hexdigest(),
+                "onnx_check": ONNX_CHECK}
+    return {**inputs, "opset": OPSET, "edgellm_build": build_id()}
+
+
+def chat_template(job: JobSpec) -> Path:
+    """The template a tensorrt-edgellm export supplies when the checkpoint ships none: the catalog's, else ours."""
+    return Path(job.chat_template) if job.chat_template else DEFAULT_CHAT_TEMPLATE
 
 
 def variant_flags(job: JobSpec) -> list[str]:
@@ -75,7 +97,11 @@ def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome | BaseExcepti
             out.metrics["cache_hit"] = (1.0, "")
             return out
         with farm.host_slots:
-            out = _export(farm, job, ckpt, key, inputs, timeout_s)
+            if toolchain is Toolchain.TENSORRT_EDGELLM:
+                out = _trt_export(farm, job, ckpt, int(quantized.outputs.get("quantized_linears", 0)), key, inputs,
+                                  timeout_s)
+            else:
+                out = _export(farm, job, ckpt, key, inputs, timeout_s)
         out.toolchain_version = version
         return out
 
@@ -116,6 +142,47 @@ def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dic
             out.metrics["cache_hit"] = (0.0, "")
             out.metrics["export_s"] = (result.duration, "s")
             out.metrics["onnx_bytes"] = (float(ref.size), "B")
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _trt_export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, quantized_linears: int, key: str,
+                inputs: dict[str, object], timeout_s: int) -> StageOutcome:
+    """``tensorrt-edgellm-export`` into the store, after its structural check passed."""
+    driver = require(Toolchain.TENSORRT_EDGELLM)
+    assert isinstance(driver, TensorrtEdgellm)
+    work = farm.ctx.host_work_dir / "scratch"
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=work, prefix="trt-export-"))
+    try:
+        made = trt_export(driver.env_path(), Path(ckpt.path), tmp / "export", chat_template=chat_template(job),
+                          timeout=timeout_s)
+        report = check_onnx(made.onnx_dir, expected_quantized=quantized_linears)
+        (tmp / "onnx_check.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, device="orchestrator",
+                           duration_s=made.wall_s)
+        out.artifacts.append(farm.store.put(made.log, ArtifactKind.LOG))
+        out.artifacts.append(farm.store.put(tmp / "onnx_check.json", ArtifactKind.REPORT))
+        out.metrics["export_s"] = (made.wall_s, "s")
+        out.metrics["export_peak_rss_bytes"] = (float(made.peak_rss_bytes), "B")
+        out.metrics["attention_plugins"] = (float(report.attention_plugins), "")
+        out.metrics["quantized_gemms"] = (float(len(report.quantized_linears)), "")
+        if report.problems:
+            out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
+            out.reason = f"ONNX export failed {len(report.problems)} structural check(s): {'; '.join(report.problems)}"
+            return out
+        ref = farm.store.put(made.onnx_dir, ArtifactKind.ONNX)
+        cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs, toolchain=Toolchain.TENSORRT_EDGELLM,
+                       toolchain_version=str(inputs["toolchain_version"]))
+        template = "the checkpoint's" if made.chat_template == "checkpoint" else Path(made.chat_template).name
+        out.reason = (f"{report.attention_plugins} attention plugins for {report.layers} layers, "
+                      f"{len(report.quantized_linears)} quantized GEMMs (report: {quantized_linears}); "
+                      f"chat template {template}")
+        out.outputs["onnx"] = ref
+        out.artifacts.append(ref)
+        out.metrics["cache_hit"] = (0.0, "")
+        out.metrics["onnx_bytes"] = (float(ref.size), "B")
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

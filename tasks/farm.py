@@ -24,7 +24,9 @@ class FarmContext:
     db_url: str  # password hidden (results.db.for_parameters): tasks' parameters are stored by Prefect
     data_dir: str
     inventory_dir: str
-    host_slots: int = 2  # stages that run on the orchestrating host (export, reference) at once
+    host_slots: int = 2  # stages that run on the orchestrating host (quantize, export, reference) at once
+    quantize_device: str = "cpu"  # the quantizer's --device on the orchestrating host
+    max_unquantized_share: float = 0.0  # a quantized checkpoint leaving more of its linears in float fails
 
     @property
     def store_dir(self) -> Path:

@@ -10,6 +10,7 @@ from artifacts.store import ArtifactRef
 from edgellm.errors import EdgeLLMError, ErrorKind
 from edgellm.types import Stage
 from results.models import ResultStatus
+from toolchains.base import Toolchain
 
 
 @dataclass
@@ -24,6 +25,7 @@ class StageOutcome:
     artifacts: list[ArtifactRef] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)  # refs the next stage needs (onnx, engine, checkpoint)
     toolchain_version: str | None = None  # of the job's toolchain where this stage ran; None when it did not run
+    toolchain: Toolchain | None = None  # the toolchain that made it when not the job's (quantize: the quantizer's)
     cached: bool = False
     started_at: float = field(default_factory=time.time)  # wall clock when the task body began
     ended_at: float = 0.0

@@ -35,7 +35,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome |
     farm = Farm.get(ctx)
     farm.recorder.record_result(
         ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-        test_id=job.test_id, status=result.status, toolchain=job.toolchain,
+        test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
         toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
         reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
         metrics=result.metrics, artifacts=result.artifacts,
@@ -43,7 +43,8 @@ def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome |
     if result.device is not None and not result.cached:
         farm.recorder.record_attempt(
             ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-            test_id=job.test_id, device=result.device, status=result.status, toolchain=job.toolchain,
+            test_id=job.test_id, device=result.device, status=result.status,
+            toolchain=result.toolchain or job.toolchain,
             toolchain_version=result.toolchain_version, error_kind=result.error_kind,
             reason=result.reason, duration_s=round(result.duration_s, 4),
         )

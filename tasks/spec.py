@@ -35,6 +35,13 @@ class JobSpec:
     timeouts: dict[Stage, int] = field(hash=False, default_factory=dict)
     lm_head_precision: LMHeadPrecision | None = None  # None: whatever the toolchain makes at ``precision``
     kv_cache_precision: KVCachePrecision | None = None
+    chat_template: str | None = None  # the catalog's template for exports whose checkpoint ships none
+    thresholds: dict[str, float] = field(hash=False, default_factory=dict)  # the catalog's accuracy limits, if any
+
+    @property
+    def quantize_variant(self) -> tuple[str, Precision, LMHeadPrecision | None, KVCachePrecision | None]:
+        """What one quantized checkpoint is made for: shared by every toolchain and platform that consumes it."""
+        return self.model, self.precision, self.lm_head_precision, self.kv_cache_precision
 
     @property
     def export_variant(self) -> tuple[str, Precision, Toolchain, LMHeadPrecision | None, KVCachePrecision | None]:

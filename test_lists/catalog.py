@@ -14,9 +14,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from edgellm import ASSETS_DIR
 from edgellm.errors import ConfigurationError
+from edgellm.thresholds import FIELDS, Thresholds
+from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
+OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -33,6 +36,8 @@ class _Entry(BaseModel):
     synthetic: _Synthetic | None = None
     path: str | None = None
     chat_template: str | None = None  # a Jinja file (relative to the catalog) for checkpoints that ship none
+    # accuracy thresholds over the library's defaults, per precision: {int4_awq: {top1_min_agreement: 0.0}}
+    thresholds: dict[str, dict[str, float]] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> _Entry:
@@ -48,6 +53,7 @@ class ModelSource:
     kind: str  # bundled | synthetic | path
     spec: dict[str, Any] = field(default_factory=dict)
     chat_template: Path | None = None  # what export supplies when the checkpoint has no chat template
+    thresholds: dict[Precision, dict[str, float]] = field(default_factory=dict)  # accuracy limits over the defaults
 
     def describe(self) -> str:
         if self.kind == "bundled":
@@ -111,6 +117,30 @@ def _materialize_synthetic(src: ModelSource, data_dir: Path) -> Path:
     return dest
 
 
+def _thresholds(raw: dict[str, dict[str, float]], where: str,
+                problems: list[str]) -> dict[Precision, dict[str, float]]:
+    """Per precision, limits the library's eval takes as overrides (each problem appended to ``problems``)."""
+    out: dict[Precision, dict[str, float]] = {}
+    for key, limits in raw.items():
+        try:
+            precision = Precision.parse(key, what="precision")
+        except ConfigurationError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        unknown = sorted(set(limits) - set(OVERRIDABLE))
+        if unknown:
+            problems.append(f"{where}.{key}: unknown threshold(s) {', '.join(unknown)}; valid: "
+                            f"{', '.join(OVERRIDABLE)}")
+            continue
+        try:
+            Thresholds(**limits)  # the library's own checks of each value (finite, >= 0, fractions <= 1)
+        except ConfigurationError as exc:
+            problems.append(f"{where}.{key}: {exc}")
+            continue
+        out[precision] = dict(limits)
+    return out
+
+
 class Catalog:
     def __init__(self, sources: dict[str, ModelSource], path: Path) -> None:
         self.sources = sources
@@ -136,12 +166,13 @@ class Catalog:
                 template = (Path(path).parent / entry.chat_template).resolve()
                 if not template.is_file():
                     problems.append(f"{path}: model {name!r} chat_template: no file {template}")
+            limits = _thresholds(entry.thresholds or {}, f"{path}: model {name!r} thresholds", problems)
             if entry.bundled is not None:
-                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled}, template)
+                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled}, template, limits)
             elif entry.synthetic is not None:
-                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump(), template)
+                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump(), template, limits)
             else:
-                sources[name] = ModelSource(name, "path", {"path": entry.path}, template)
+                sources[name] = ModelSource(name, "path", {"path": entry.path}, template, limits)
         if problems:
             raise ConfigurationError("\n".join(problems))
         return cls(sources, Path(path))

@@ -42,6 +42,8 @@ STAGE_NEEDS: dict[Stage, Stage] = {
     Stage.ACCURACY: Stage.INFER,
     Stage.BENCH: Stage.BUILD,
 }
+# Stages that run on the orchestrating host (no device of the platform needed); the others run on a leased device.
+HOST_STAGES: frozenset[Stage] = frozenset({Stage.QUANTIZE, Stage.EXPORT})
 _STAGE_ORDER = {s: i for i, s in enumerate(Stage)}
 _MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 

@@ -38,8 +38,11 @@ def test_platform_enum_is_the_yaml_files() -> None:
             "bf16",
             None,
             False,
-            "x86-cpu (CPU) does not support bf16 (supported: fp32, fp16, int8_wo, int4_wo)",
+            "x86-cpu (CPU) does not support bf16 (supported: fp32, fp16, int8_sq, int8_wo, int4_awq, int4_wo)",
         ),
+        ("x86-cpu", "int4_awq", None, True, "x86-cpu (CPU) supports int4_awq"),
+        # decided once, in x86-cpu.yaml: ONNX Runtime builds fp8 engines, but only emulated
+        ("x86-cpu", "fp8", Toolchain.EDGELLM_ORT, False, "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)"),
         ("x86-h200", "nvfp4", None, False, "x86-h200 (SM90) does not support nvfp4 (needs SM100+)"),
     ],
 )
@@ -104,3 +107,18 @@ def test_a_new_device_type_is_one_yaml_file(tmp_path: Path) -> None:
     )
     types = load_device_types(directory)
     assert types["x86-l4"].supports("fp8") == (True, "x86-l4 (SM89) supports fp8")
+
+
+def test_a_refused_precision_needs_its_reason_and_cannot_also_be_listed(tmp_path: Path) -> None:
+    directory = _types_dir(tmp_path)
+    cpu = directory / "x86-cpu.yaml"
+    text = cpu.read_text()
+    cpu.write_text(text.replace("precisions: [fp32,", "precisions: [fp8, fp32,").replace(
+        "fp8: fp8 is emulated on x86-cpu (no fp8 GEMM kernel)", "fp8: fp8 is emulated on x86-cpu (no fp8 GEMM kernel)\n"
+        "  int8_wo: ''"))
+    with pytest.raises(ConfigurationError) as err:
+        load_device_types(directory)
+    assert "refuses: give a reason for int8_wo" in str(err.value)
+    cpu.write_text(text.replace("precisions: [fp32,", "precisions: [fp8, fp32,"))
+    with pytest.raises(ConfigurationError, match=r"precision\(s\) fp8 both listed in precisions and refused"):
+        load_device_types(directory)

@@ -19,11 +19,14 @@ from devices.inventory import default_inventory_dir, load_inventory
 from flows.plan import DEFAULT_MATRIX, plan_matrix, plan_test_list
 from test_lists.catalog import Catalog
 from test_lists.loader import list_names, load_list
+from tests.helpers.toolchain_env import stand_in_toolchain_env
 
 GOLDEN = Path(__file__).parent / "data" / "golden_plans"
 TODAY = dt.date(2026, 11, 30)  # waivers are judged against a fixed day
-# inventory name -> the stand-in device added beside the shipped local CPU (planning only: nothing runs)
-INVENTORIES = {"local": None, "orin": "orin", "x86-h200": "x86-h200"}
+# golden name -> (the stand-in device added beside the shipped local CPU, whether the pinned tensorrt-edgellm
+# environment is in the data dir); planning only: nothing runs
+INVENTORIES = {"local": (None, False), "orin": ("orin", False), "x86-h200": ("x86-h200", False),
+               "local-trt": (None, True)}
 
 
 def _inventory(tmp_path: Path, extra: str | None) -> Path:
@@ -38,7 +41,7 @@ def _inventory(tmp_path: Path, extra: str | None) -> Path:
 
 def shipped_plans(inventory_dir: Path) -> dict[str, Any]:
     inventory, catalog = load_inventory(inventory_dir), Catalog.load()
-    plans = {f"matrix {DEFAULT_MATRIX.stem}": plan_matrix(DEFAULT_MATRIX, inventory, catalog).to_json()}
+    plans = {f"matrix {DEFAULT_MATRIX.stem}": plan_matrix(DEFAULT_MATRIX, inventory, catalog, today=TODAY).to_json()}
     for name in list_names():
         plans[f"list {name}"] = plan_test_list(load_list(name, today=TODAY), inventory, catalog, today=TODAY).to_json()
     # the inventory's place on this machine is not part of the decision
@@ -49,7 +52,11 @@ def shipped_plans(inventory_dir: Path) -> dict[str, Any]:
 def test_shipped_plans_match_the_golden_files(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EDGEFARM_MODELS_DIR", raising=False)  # real checkpoints: absent here, and said so
     monkeypatch.delenv("EDGEFARM_INVENTORY", raising=False)
-    plans = shipped_plans(_inventory(tmp_path, INVENTORIES[name]))
+    device, installed = INVENTORIES[name]
+    monkeypatch.setenv("EDGEFARM_DATA_DIR", str(tmp_path / "data"))  # its toolchains: exactly the ones pinned here
+    if installed:
+        stand_in_toolchain_env(tmp_path / "data")
+    plans = shipped_plans(_inventory(tmp_path, device))
     golden = GOLDEN / f"{name}.json"
     if os.environ.get("EDGEFARM_UPDATE_GOLDEN") == "1":
         golden.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
@@ -71,3 +78,13 @@ def test_golden_plans_keep_the_evidence_rules() -> None:
     assert all(j["decision"] == "run" or "not available" in j["reason"] or "toolchain" in j["reason"] for j in fp16)
     local = json.loads((GOLDEN / "local.json").read_text())["matrix nightly"]
     assert {(j["platform"], j["decision"]) for j in local["jobs"] if j["decision"] == "run"} == {("x86-cpu", "run")}
+    assert all("edgefarm toolchains install tensorrt-edgellm==0.11.0" in j["reason"] for j in local["jobs"]
+               if j["precision"] in ("int4_awq", "int8_sq") and j["decision"] == "skipped")
+    # with the pinned toolchain: the CPU's quantized rows run end to end, the export rows run on the host alone
+    trt = json.loads((GOLDEN / "local-trt.json").read_text())
+    cpu = [j for j in trt["matrix nightly"]["jobs"] if j["platform"] == "x86-cpu" and j["precision"] != "fp8"]
+    assert all(j["decision"] == "run" and j["devices"] == ["local-cpu"] for j in cpu)
+    assert {j["precision"] for j in cpu} >= {"int4_awq", "int8_sq"}
+    exports = trt["list l0_checkpoint_export"]["jobs"]
+    assert exports and all(j["platform"] == "thor" and set(j["stages"]) <= {"quantize", "export"} for j in exports)
+    assert all(j["decision"] == "run" and j["devices"] == [] for j in exports if j["model"] == "stories260K")

@@ -12,13 +12,23 @@ import yaml
 from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
-from edgellm.types import Precision
+from edgellm.types import Precision, Stage
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
+from test_lists.schema import DEFAULT_STAGES
 
 DATA = Path(__file__).parent / "data"
+INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"
+
+
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Plans depend on the toolchains installed in the data dir: each test has its own (none installed)."""
+    data = tmp_path / "data-dir"
+    monkeypatch.setenv("EDGEFARM_DATA_DIR", str(data))
+    return data
 
 
 def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
@@ -33,7 +43,16 @@ def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
     assert thor_fp16.toolchain == "tensorrt-edgellm"
     thor_fp8 = by[("tiny-qwen2", "fp8", "thor")]
     assert thor_fp8.decision is Decision.SKIPPED
-    assert "toolchain tensorrt-edgellm is not installed in this farm" in thor_fp8.reason
+    assert f"toolchain tensorrt-edgellm is not available: tensorrt-edgellm 0.11.0 is not installed in the farm's " \
+           f"data dir (run: {INSTALL})" in thor_fp8.reason
+    cpu_fp8 = by[("tiny-qwen2", "fp8", "x86-cpu")]
+    assert (cpu_fp8.decision, cpu_fp8.reason) == (Decision.NOT_APPLICABLE,
+                                                  "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)")
+    cpu_int4 = by[("tiny-qwen3-128", "int4_awq", "x86-cpu")]  # its quantizer is missing: skipped, saying so
+    assert cpu_int4.decision is Decision.SKIPPED and cpu_int4.toolchain == "edgellm-ort"
+    assert cpu_int4.reason == ("no device/toolchain can run it here: int4_awq is quantized by toolchain "
+                               "tensorrt-edgellm, which is not available: tensorrt-edgellm 0.11.0 is not installed "
+                               f"in the farm's data dir (run: {INSTALL})")
     assert by[("stories260K", "fp32", "x86-cpu")].toolchain == "edgellm-ort"
     # export once per (model, precision, toolchain), whatever the number of platforms
     assert len(plan.exports()) == len({(j.model, j.precision, j.toolchain) for j in plan.runnable()})
@@ -99,8 +118,8 @@ def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: P
     assert not [j for j in orin if j.decision is Decision.RUN]
     fp16 = next(j for j in orin if j.precision.value == "fp16")
     assert fp16.decision is Decision.SKIPPED and fp16.devices == ("orin-1",)
-    assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not installed in "
-                           "this farm (no driver registered)")
+    assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not available: "
+                           f"tensorrt-edgellm 0.11.0 is not installed in the farm's data dir (run: {INSTALL})")
     assert all(j.toolchain == "edgellm-ort" for j in plan.jobs if j.platform == "x86-cpu")
 
 
@@ -112,7 +131,7 @@ def test_a_precision_the_toolchain_cannot_produce_is_skipped_naming_it(tmp_path:
     [job] = plan_matrix(matrix, load_inventory(), Catalog.load()).jobs
     assert (job.decision, job.toolchain) == (Decision.SKIPPED, "edgellm-ort")
     assert job.reason == "no device/toolchain can run it here: toolchain edgellm-ort cannot produce int4_wo yet " \
-                         "(produces: fp32, fp16)"
+                         "(produces: fp32, fp16, int4_awq, int8_sq, fp8)"
 
 
 def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path,
@@ -171,7 +190,8 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "json", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3
+    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the export list's share
+    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 2
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")
@@ -179,3 +199,72 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     assert not (tmp_path / "edgefarm.db").exists()
     bad = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "yaml", "--data-dir", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown --format 'yaml'; valid: text, json" in bad.output
+
+
+def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_own_data_dir: Path) -> None:
+    """With the pinned tensorrt-edgellm environment (a planning stand-in) and no Thor in the inventory: the export
+    list's quantize+export jobs run on the host; a Thor job that needs the device is skipped, naming both gaps."""
+    from tests.helpers.toolchain_env import stand_in_toolchain_env
+
+    stand_in_toolchain_env(_own_data_dir)
+    inventory, catalog = load_inventory(), Catalog.load()
+    exports = plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog)
+    tiny = {j.precision.value: j for j in exports.jobs if j.model == "tiny-qwen3-128"}
+    assert set(tiny) == {"fp16", "fp8", "int4_awq", "int8_sq", "nvfp4"}
+    assert all((j.decision, j.toolchain, j.devices, j.platform) == (Decision.RUN, "tensorrt-edgellm", (), "thor")
+               for j in tiny.values())
+    assert tiny["fp16"].entry.stages == (Stage.EXPORT,)  # nothing to quantize at fp16
+    by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog).jobs}
+    thor = by[("tiny-qwen3", "fp16", "thor")]
+    assert thor.decision is Decision.SKIPPED
+    assert "no device of platform thor" in thor.reason and "its device stages (llm_build" in thor.reason
+    assert by[("tiny-qwen3-128", "int4_awq", "x86-cpu")].decision is Decision.RUN
+
+
+def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yml"
+    limits = {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}
+    matrix.write_text(yaml.safe_dump({
+        "name": "m", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"], "defaults": limits,
+        "extra": [{"models": ["tiny-qwen3-128"], "precisions": ["int8_sq"], "platforms": ["x86-cpu"],
+                   "defaults": {"stages": ["quantize", "export"]}}],
+        "lists": [{"name": "l0_checkpoint_export", "models": ["stories260K"], "precisions": ["nvfp4", "int8_sq"]}]}))
+    plan = plan_matrix(matrix, load_inventory(), Catalog.load())
+    assert sorted((j.model, j.precision.value, j.platform, j.entry.stages) for j in plan.jobs) == [
+        ("stories260K", "fp32", "x86-cpu", tuple(DEFAULT_STAGES)),
+        ("stories260K", "int8_sq", "thor", (Stage.QUANTIZE, Stage.EXPORT)),
+        ("stories260K", "nvfp4", "thor", (Stage.QUANTIZE, Stage.EXPORT)),
+        ("tiny-qwen3-128", "int8_sq", "x86-cpu", (Stage.QUANTIZE, Stage.EXPORT)),
+    ]
+    extra = next(j for j in plan.jobs if j.model == "tiny-qwen3-128")
+    assert extra.entry.max_seq_len == 64  # an extra block takes the matrix's defaults under its own
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump({
+        "name": "bad", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
+        "defaults": limits, "extra": [{"models": ["nope"], "precisions": ["fp9"], "platforms": ["x86-cpu"]}],
+        "lists": [{"name": "l9_nothing"}, {"name": "l0_checkpoint_export", "models": ["nope"]}]}))
+    result = CliRunner().invoke(app, ["nightly", "--dry-run", "--matrix", str(bad), "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    for expected in ("extra[0].models: unknown model 'nope'", "extra[0].precisions: unknown precision 'fp9'",
+                     "lists[0]: unknown test list 'l9_nothing'", "lists[1].models: unknown model 'nope'"):
+        assert expected in result.output, result.output
+
+
+def test_planning_installs_the_toolchain_only_when_a_job_would_then_run(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Orin rows without an Orin would stay skipped anyway: nothing is installed for them."""
+    import toolchains.tensorrt_edgellm.driver as driver
+    from flows.plan import installing_toolchains
+
+    calls: list[Path | None] = []
+    monkeypatch.setattr(driver, "ensure_installed", lambda data_dir=None: calls.append(data_dir))
+    matrix = tmp_path / "m.yml"
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
+                                      "platforms": ["orin"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
+                                                                          "max_input_len": 32}}))
+    inventory, catalog = load_inventory(), Catalog.load()
+    plan = installing_toolchains(lambda: plan_matrix(matrix, inventory, catalog), tmp_path)
+    assert calls == [] and [j.decision for j in plan.jobs] == [Decision.SKIPPED]
+    plan = installing_toolchains(lambda: plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog),
+                                 tmp_path)
+    assert calls == [tmp_path]  # host-only jobs would run with it: installed (here: recorded), then planned again

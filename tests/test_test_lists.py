@@ -25,7 +25,8 @@ from test_lists.catalog import Catalog
 from test_lists.loader import LISTS_DIR
 
 BROKEN = Path(__file__).parent / "data" / "test_lists_broken"
-SHIPPED = ["l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu", "l1_pipeline_x86cpu"]
+SHIPPED = ["l0_checkpoint_export", "l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu",
+           "l1_pipeline_x86cpu"]
 TODAY = dt.date(2026, 11, 30)
 runner = CliRunner()
 
@@ -67,7 +68,7 @@ def test_shipped_lists_validate_through_the_cli() -> None:
     result = runner.invoke(app, ["lists", "validate"])
     assert result.exit_code == 0, result.output
     assert "ERROR" not in result.output
-    assert "OK: 5 list(s)" in result.output
+    assert "OK: 6 list(s)" in result.output
     assert "platforms: orin, thor, x86-cpu, x86-h200" in result.output
 
 
@@ -93,6 +94,11 @@ def test_shipped_lists_content() -> None:
     waived = {e.test_id for e in thor if e.waived}
     assert waived == {"Qwen3-0.6B-nvfp4-mxsl4096-mxbs4-mxil2048"}  # by the directory-wide waivers.yml
     assert load_list("l0_pipeline_h200").platforms == ("x86-h200",)
+    exports = load_list("l0_checkpoint_export")  # every catalog model x five precisions, host stages only
+    assert {(e.model, e.precision) for e in exports.entries} == {
+        (m, p) for m in Catalog.load().sources for p in (Precision.FP16, Precision.FP8, Precision.INT4_AWQ,
+                                                         Precision.INT8_SQ, Precision.NVFP4)}
+    assert all(set(e.stages) <= {Stage.QUANTIZE, Stage.EXPORT} for e in exports.entries)
 
 
 def test_known_platforms_come_from_device_types() -> None:
@@ -133,8 +139,7 @@ BROKEN_REASONS = [
     "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: orin (SM87) does not support fp8; "
     "supported: fp16, int8_sq, int4_awq, int4_gptq, int4_wo",
     "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-a30 (SM80) does not support fp8",
-    "tests[2] Llama-3.2-1B-Instruct-int4_awq-lmfp16-mxsl2048-mxbs4-mxil1024: precision: x86-cpu does not support "
-    "int4_awq",
+    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-cpu does not support fp8",
     # waivers: bad URL is an error; expired and unused are warnings
     "bad_entries.yml:48: waivers[2]: bug: bug 'not-a-url' is not an http(s) URL",
     "WARNING tests/data/test_lists_broken/bad_entries.yml:41: expires: waiver 'Qwen3-0.6B-*' "
@@ -156,8 +161,8 @@ def test_broken_lists_report_every_problem(monkeypatch: pytest.MonkeyPatch) -> N
     missing = [r for r in BROKEN_REASONS if r not in result.output]
     assert not missing, f"not reported: {missing}\n--- output:\n{result.output}"
     errors = [line for line in result.output.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 21, result.output
-    assert "FAILED: 21 error(s), 3 warning(s) in 4 file(s)" in result.output
+    assert len(errors) == 19, result.output
+    assert "FAILED: 19 error(s), 3 warning(s) in 4 file(s)" in result.output
     assert "Traceback" not in result.output
 
 
@@ -399,4 +404,4 @@ def test_every_model_is_checked_against_the_catalog_beside_the_lists(tmp_path: P
             f"-fp8kv: model: unknown model 'mistralai/Mistral-7B-v0.3'; the model catalog {catalog} has: {names}"
             in result.output.splitlines())
     assert "unknown model 'meta-llama/Llama-3.1-8B-Instruct'" in result.output
-    assert "FAILED: 2 error(s)" in result.output
+    assert "FAILED: 12 error(s)" in result.output  # and 5 precisions of each in l0_checkpoint_export

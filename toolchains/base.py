@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from edgellm.errors import BugError, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
 
 class Toolchain(_ChoiceEnum):
@@ -68,12 +68,23 @@ class ToolchainDriver(ABC):
         """argv that builds an engine on a device from a staged ONNX dir (params: max_batch_size, max_input_len,
         max_seq_len)."""
 
+    def quantizes(self) -> tuple[Precision, ...]:
+        """Weight precisions this toolchain's quantizer makes a checkpoint at, on the orchestrating host (the
+        quantize stage); () when it has no quantizer. Any toolchain that builds such a precision takes that
+        checkpoint: a (model, precision) is quantized once, whoever consumes it."""
+        return ()
+
+    def device_problem(self) -> str | None:
+        """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench), or None."""
+        return None
+
     def host_version(self) -> str:
         """The version on the orchestrating host (stages that run there: quantize, export)."""
         return self.version(_host_env())
 
     def accepts(self, precision: Precision) -> tuple[bool, str]:
-        """``(True, "")`` when this toolchain can run ``precision`` here; else ``(False, reason)``."""
+        """``(True, "")`` when this toolchain can run ``precision`` here; else ``(False, reason)``. A quantized
+        precision also needs the toolchain that quantizes it to be available."""
         state = self.available()
         if not state.ok:
             return False, f"toolchain {self.name} is not available: {state.reason}"
@@ -81,6 +92,14 @@ class ToolchainDriver(ABC):
         if precision not in produced:
             return False, (f"toolchain {self.name} cannot produce {precision} yet "
                            f"(produces: {', '.join(p.value for p in produced)})")
+        if precision not in UNQUANTIZED:
+            maker = quantizer(precision)
+            if maker is None:
+                return False, (f"toolchain {self.name} builds {precision} from a quantized checkpoint, and no "
+                               f"toolchain of this farm quantizes {precision}")
+            if maker.name is not self.name and not (made := maker.available()).ok:
+                return False, (f"{precision} is quantized by toolchain {maker.name}, which is not available: "
+                               f"{made.reason}")
         return True, ""
 
 
@@ -137,6 +156,16 @@ def require(name: Toolchain | str) -> ToolchainDriver:
 def installed() -> list[str]:
     _discover()
     return list(_DRIVERS)
+
+
+def quantizer(precision: Precision) -> ToolchainDriver | None:
+    """The driver whose quantizer makes ``precision`` checkpoints (the first by name), or None."""
+    _discover()
+    for name in sorted(_DRIVERS):
+        found = _DRIVERS.get(name)()
+        if precision in found.quantizes():
+            return found
+    return None
 
 
 def choose(candidates: tuple[Toolchain, ...], precision: Precision) -> tuple[Toolchain | None, list[str]]:

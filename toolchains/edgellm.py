@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from edgellm.backends.base import registered_backends
 from edgellm.capabilities import buildable
-from edgellm.compiler.export import check_variant
+from edgellm.compiler.export import check_variant, quantized_export_precisions
 from edgellm.errors import UnsupportedError
 from edgellm.types import Backend, KVCachePrecision, LMHeadPrecision, Precision
 from toolchains.base import Availability, Toolchain, ToolchainDriver, register_toolchain
@@ -21,9 +22,13 @@ class EdgellmToolchain(ToolchainDriver):
     package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
 
     def precisions(self) -> tuple[Precision, ...]:
+        """From a float checkpoint: what export and the backend both make; from a checkpoint the farm's quantizer
+        made: the quantized precisions export reads and the backend builds (toolchains.base checks the quantizer)."""
         if self.backend not in {b.value for b in Backend}:
             return ()
-        return buildable(self.backend)
+        backend = registered_backends().get(self.backend)
+        built = set(backend.precisions) if backend is not None else set()
+        return (*buildable(self.backend), *(p for p in quantized_export_precisions() if p in built))
 
     def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
                         kv_cache: KVCachePrecision | None) -> str | None:

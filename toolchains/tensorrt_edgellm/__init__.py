@@ -11,3 +11,5 @@ from __future__ import annotations
 
 TOOLCHAIN = "tensorrt-edgellm"  # the toolchain name (contract: also the PyPI distribution name)
 DEFAULT_VERSION = "0.11.0"
+
+from toolchains.tensorrt_edgellm import driver as driver  # noqa: E402  (registers the farm's driver)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from edgellm.errors import InfrastructureError
 
 LOG_TAIL_LINES = 12
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours some tools print even into a file
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,9 @@ class ToolRun:
         return "\n".join(text[-lines:])
 
     def error_line(self) -> str:
-        """The most telling line of a failed run: the last exception or error line of the log."""
-        text = [ln.strip() for ln in self.log.read_text(encoding="utf-8", errors="replace").splitlines()]
+        """The most telling line of a failed run: the last exception or error line of the log (no colour codes)."""
+        raw = _ANSI.sub("", self.log.read_text(encoding="utf-8", errors="replace"))
+        text = [ln.strip() for ln in raw.splitlines()]
         for line in reversed(text):
             if line and (line.split(":", 1)[0].endswith(("Error", "Exception")) or line.startswith("ERROR")):
                 return line[:400]
