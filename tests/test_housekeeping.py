@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ def test_gc_spares_a_put_in_progress(tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     with src.open("wb") as f:
         f.truncate(300 * MB)
+    # the finished blob is referenced, so only the in-progress temp file is at stake: a gc landing right after the
+    # put completes would otherwise (rightly) collect an unreferenced blob and race the final assertion
+    sha = hashlib.sha256(bytes(300 * MB)).hexdigest()
     errors: list[BaseException] = []
     refs = []
 
@@ -38,10 +42,10 @@ def test_gc_spares_a_put_in_progress(tmp_path: Path) -> None:
     worker.start()
     collections = 0
     while worker.is_alive():
-        store.gc(set(), older_than_s=0)  # `gc --older-than-days 0` in a loop while the put runs
+        store.gc({sha}, older_than_s=0)  # `gc --older-than-days 0` in a loop while the put runs
         collections += 1
     worker.join()
-    assert errors == [] and len(refs) == 1, errors
+    assert errors == [] and len(refs) == 1 and refs[0].sha256 == sha, errors
     assert collections > 1 and store.has(refs[0].sha256)
     assert list(store.tmp.iterdir()) == []
 
