@@ -50,8 +50,10 @@ def test_the_backend_class_is_the_one_home_of_what_it_builds(monkeypatch: pytest
 
 
 def test_each_backend_builds_the_export_precisions_it_declares() -> None:
-    """What the farm plans (buildable) is the export's precisions intersected with the backend's declaration."""
-    assert require("edgellm-ort").precisions() == (Precision.FP32, Precision.FP16)
+    """What the farm plans (buildable) is the export's precisions intersected with the backend's declaration, plus
+    the quantized precisions the backend builds from the farm quantizer's checkpoints."""
+    assert require("edgellm-ort").precisions() == (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
+                                                   Precision.INT8_SQ, Precision.FP8)
     assert require("edgellm-torch-cuda").precisions() == (Precision.FP32, Precision.FP16, Precision.BF16)
     ok, why = require("edgellm-ort").accepts(Precision.BF16)
     assert not ok and "cannot produce bf16" in why
