@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import Device
 from devices.transport import RemoteNameError
 from devices.transport.base import check_remote_name, inside
 from devices.transport.ssh import SSHTransport
@@ -31,22 +30,6 @@ HOSTILE_NAMES = [
     "back\\slash",
     "",
 ]
-
-
-def _device(host: SshHost) -> Device:
-    return Device.model_validate(
-        {
-            "id": host.id,
-            "type": "x86-cpu",
-            "transport": "ssh",
-            "host": "127.0.0.1",
-            "port": host.port,
-            "user": host.user,
-            "key_file": host.key_path,
-            "host_key": host.host_key,
-            "work_dir": str(host.work_dir),
-        }
-    )
 
 
 def test_remote_names_checked_like_openssh() -> None:
@@ -89,7 +72,7 @@ def test_device_listing_hostile_names_writes_nothing_outside(ssh_hosts: SshHosts
     listing.chmod(0o644)
     try:
         with variant_host(host, tmp_path / "sshd", {"PATH": f"{evil / 'bin'}:/usr/bin:/bin"}) as hostile:
-            link = SSHTransport(_device(hostile))
+            link = SSHTransport(hostile.device())
             assert link.run(["mkdir", "-p", "engine"], timeout=30).ok
             assert link.run(["sh", "-c", "echo hi > engine/ok.txt"], timeout=30).ok
             dest_root = tmp_path / "fetch"
@@ -113,7 +96,7 @@ def test_device_listing_hostile_names_writes_nothing_outside(ssh_hosts: SshHosts
 
 def test_real_file_named_with_a_newline_is_refused(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     host = live_ssh_hosts[1]
-    with SSHTransport(_device(host)) as link:
+    with SSHTransport(host.device()) as link:
         assert link.run(["rm", "-rf", "nl-engine"], timeout=30).ok
         assert link.run(["mkdir", "-p", "nl-engine"], timeout=30).ok
         assert link.run(["touch", "nl-engine/evil\nname", "nl-engine/ok"], timeout=30).ok
@@ -137,7 +120,7 @@ def _remote_sleep_pids(host: SshHost, marker: str) -> list[int]:
 
 def test_host_killed_while_a_command_runs_is_infrastructure(live_ssh_hosts: SshHosts) -> None:
     host = live_ssh_hosts[2]
-    link = SSHTransport(_device(host))
+    link = SSHTransport(host.device())
     marker = "97.5"  # a sleep no other test runs
     errors: list[BaseException] = []
     results: list[object] = []

@@ -12,29 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import Device, load_inventory
+from devices.inventory import load_inventory
 from devices.transport import TIMEOUT_EXIT_CODE, HostKeyError, open_transport
 from devices.transport.ssh import SSHTransport
 from edgellm.errors import ErrorKind, InfrastructureError
-from tests.fixtures.sshd import SshHost, SshHosts, free_port
+from tests.fixtures.sshd import SshHosts, free_port
 
 MB = 1 << 20
-
-
-def _device(host: SshHost, **overrides: object) -> Device:
-    fields: dict[str, object] = {
-        "id": host.id,
-        "type": "x86-cpu",
-        "transport": "ssh",
-        "host": "127.0.0.1",
-        "port": host.port,
-        "user": host.user,
-        "key_file": host.key_path,
-        "host_key": host.host_key,
-        "work_dir": str(host.work_dir),
-    }
-    fields.update(overrides)
-    return Device.model_validate(fields)
 
 
 def _sha(path: Path) -> str:
@@ -86,7 +70,7 @@ def test_argv_is_quoted_no_injection(live_ssh_hosts: SshHosts, tmp_path: Path) -
         "$HOME",
         "",
     ]
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         result = link.run(["printf", "%s\\0", *nasty], timeout=30, env={"X_VAL": "a b; c $(d)"})
         env_result = link.run(["sh", "-c", 'printf %s "$X_VAL"'], timeout=30, env={"X_VAL": "a b; c $(d)"})
         cwd_result = link.run(["pwd"], timeout=30, cwd="sub dir; x")
@@ -100,7 +84,7 @@ def test_argv_is_quoted_no_injection(live_ssh_hosts: SshHosts, tmp_path: Path) -
 
 def test_exit_code_streams_and_log(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     log = tmp_path / "logs" / "cmd.log"
-    with open_transport(_device(live_ssh_hosts[0])) as link:
+    with open_transport(live_ssh_hosts[0].device()) as link:
         seen_early: list[str] = []
 
         def watch() -> None:
@@ -126,7 +110,7 @@ def test_exit_code_streams_and_log(live_ssh_hosts: SshHosts, tmp_path: Path) -> 
 
 def test_timeout_kills_the_remote_process_group(live_ssh_hosts: SshHosts) -> None:
     host = live_ssh_hosts[0]
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         script = "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
         result = link.run(["sh", "-c", script], timeout=1.0)
         assert result.timed_out and result.exit_code == TIMEOUT_EXIT_CODE
@@ -141,7 +125,7 @@ def test_timeout_kills_the_remote_process_group(live_ssh_hosts: SshHosts) -> Non
 
 def test_background_leftovers_are_killed_when_the_command_ends(live_ssh_hosts: SshHosts) -> None:
     host = live_ssh_hosts[0]
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         result = link.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"], timeout=30)
     assert result.exit_code == 0 and result.duration < 10
     pid = int((host.work_dir / "bg.pid").read_text())
@@ -157,7 +141,7 @@ def test_a_client_killed_mid_command_takes_the_remote_command_with_it(live_ssh_h
     command kills its process group (before the fix the command ran on until its own timeout)."""
     host = live_ssh_hosts[1]
     pid_file = f"victim-{os.getpid()}-{time.monotonic_ns()}.pid"
-    device = _device(host).model_dump_json()
+    device = host.device().model_dump_json()
     client = subprocess.Popen(
         [sys.executable, "-c",
          "import sys\n"
@@ -191,7 +175,7 @@ def test_50mb_file_both_ways_and_directory(live_ssh_hosts: SshHosts, tmp_path: P
     (tree / "a.txt").write_text("alpha\n")
     (tree / "sub dir" / "it's b.bin").write_bytes(os.urandom(3 * MB + 7))
     (tree / "sub dir" / "deeper" / "zero").write_bytes(b"")
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         link.put(src, "xfer/blob.bin")
         remote = host.work_dir / "xfer" / "blob.bin"
         assert _sha(remote) == _sha(src)
@@ -212,7 +196,7 @@ def test_50mb_file_both_ways_and_directory(live_ssh_hosts: SshHosts, tmp_path: P
 
 def test_wrong_host_key_is_refused_not_retryable(live_ssh_hosts: SshHosts) -> None:
     host_a, host_b = live_ssh_hosts[0], live_ssh_hosts[1]
-    link = open_transport(_device(host_a, host_key=host_b.host_key))
+    link = open_transport(host_a.device(host_key=host_b.host_key))
     with pytest.raises(HostKeyError) as caught:
         link.run(["true"], timeout=30)
     assert caught.value.kind is ErrorKind.CONFIGURATION  # not infrastructure: never retried
@@ -223,7 +207,7 @@ def test_wrong_host_key_is_refused_not_retryable(live_ssh_hosts: SshHosts) -> No
 def test_unknown_host_in_known_hosts_is_refused(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text(f"[127.0.0.1]:1 {live_ssh_hosts[0].host_key}\n")
-    link = open_transport(_device(live_ssh_hosts[0], host_key=None, known_hosts=empty))
+    link = open_transport(live_ssh_hosts[0].device(host_key=None, known_hosts=empty))
     with pytest.raises(HostKeyError, match="pins none"):
         link.run(["true"], timeout=30)
 
@@ -231,12 +215,12 @@ def test_unknown_host_in_known_hosts_is_refused(live_ssh_hosts: SshHosts, tmp_pa
 def test_unreachable_port_and_bad_key_are_infrastructure(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     host = live_ssh_hosts[0]
     with pytest.raises(InfrastructureError, match="unreachable") as caught:
-        open_transport(_device(host, port=free_port())).run(["true"], timeout=30)
+        open_transport(host.device(port=free_port())).run(["true"], timeout=30)
     assert caught.value.kind is ErrorKind.INFRASTRUCTURE  # the only kind that is retried
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
     with pytest.raises(InfrastructureError, match="authentication refused"):
-        open_transport(_device(host, key_file=other_key)).run(["true"], timeout=30)
+        open_transport(host.device(key_file=other_key)).run(["true"], timeout=30)
 
 
 def test_host_killed_mid_upload_leaves_no_file_and_cleans_up(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
@@ -245,7 +229,7 @@ def test_host_killed_mid_upload_leaves_no_file_and_cleans_up(live_ssh_hosts: Ssh
     with src.open("wb") as f:
         f.truncate(400 * MB)  # zeros: cheap to make, still sent byte by byte
     dest_dir = host.work_dir / "up"
-    link = SSHTransport(_device(host))
+    link = SSHTransport(host.device())
     errors: list[BaseException] = []
 
     def upload() -> None:
@@ -276,9 +260,9 @@ def test_host_killed_mid_upload_leaves_no_file_and_cleans_up(live_ssh_hosts: Ssh
 
 def test_host_killed_mid_download_leaves_no_local_file(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     host = live_ssh_hosts[2]
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         assert link.run(["truncate", "-s", "400M", "down.bin"], timeout=30).exit_code == 0
-    link = SSHTransport(_device(host))
+    link = SSHTransport(host.device())
     dest = tmp_path / "dl" / "down.bin"
     errors: list[BaseException] = []
 
@@ -303,7 +287,7 @@ def test_host_killed_mid_download_leaves_no_local_file(live_ssh_hosts: SshHosts,
 
 def test_reconnect_after_restart(live_ssh_hosts: SshHosts) -> None:
     host = live_ssh_hosts[2]
-    with open_transport(_device(host)) as link:
+    with open_transport(host.device()) as link:
         assert link.run(["sh", "-c", 'echo "$DEVICE_NAME"'], timeout=30).stdout.strip() == host.id
         host.restart()
         again = link.run(["sh", "-c", 'echo "$DEVICE_NAME"'], timeout=30)
