@@ -174,7 +174,7 @@ def _plan_format(fmt: str) -> str:
 
 
 def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    from edgellm.types import Stage
+    from stages import Stage
     from tasks.progress import subscribe
 
     jobs = [j.key for j in plan.runnable()]

@@ -20,9 +20,10 @@ from typing import Any
 from prefect import allow_failure
 from prefect.futures import PrefectFuture, wait
 
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from flows.plan import Decision, Job, Plan
 from results.models import ResultStatus
+from stages import Stage
 from tasks.accuracy import accuracy
 from tasks.bench import bench
 from tasks.build import build

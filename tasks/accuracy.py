@@ -17,8 +17,8 @@ from devices.transport import Transport
 from edgellm.cli import eval as eval_cli
 from edgellm.errors import ConfigurationError
 from edgellm.thresholds import FIELDS
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,

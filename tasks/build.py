@@ -14,9 +14,9 @@ from artifacts.kinds import ArtifactKind, Packing
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,

@@ -12,9 +12,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results.errors import classify
 from results.models import ResultStatus
+from stages import Stage
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm
 from tasks.outcome import StageOutcome

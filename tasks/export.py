@@ -26,9 +26,9 @@ from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
 from edgellm.compiler.export import EXPORT_MANIFEST, OPSET
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import guarded, stage_task, upstream_problem
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext

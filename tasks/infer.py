@@ -8,8 +8,8 @@ import statistics
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,

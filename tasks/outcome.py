@@ -8,8 +8,8 @@ from typing import Any
 
 from artifacts.store import ArtifactRef
 from edgellm.errors import EdgeLLMError, ErrorKind
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from toolchains.base import Toolchain
 
 

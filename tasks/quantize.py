@@ -30,9 +30,10 @@ from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from edgellm.errors import TestFailure, UnsupportedError
 from edgellm.reference import checkpoint_digest
-from edgellm.types import UNQUANTIZED, Stage
+from edgellm.types import UNQUANTIZED
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import guarded, stage_task
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from edgellm.errors import EdgeLLMError, InfrastructureError
-from edgellm.types import Stage
+from stages import Stage
 from tasks.common import infra_only
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome

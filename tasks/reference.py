@@ -22,9 +22,9 @@ from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import guarded, stage_task
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, Stage
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from stages import Stage
 from toolchains.base import Toolchain
 
 

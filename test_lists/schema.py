@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, Stage
+from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
+from stages import Stage
 from test_lists.ids import case_name_problem, model_name_problem, short_model_name
 
 

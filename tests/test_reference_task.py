@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.accuracy import reference_problem
 from tasks.outcome import StageOutcome
 from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW, reference_key_inputs
