@@ -13,6 +13,7 @@ the database records also needs its name in ``Stage`` (and a migration: the colu
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 from collections.abc import Iterable, Iterator, Mapping
@@ -77,12 +78,14 @@ class StageSpec:
         return self.name in _RECORDED
 
 
+REFERENCE = "reference"  # the transformers reference accuracy compares with: a stage without result rows
 _RECORDED = frozenset(s.value for s in Stage)
 STAGES: dict[str, StageSpec] = {}
 
 
 def register(spec: StageSpec) -> StageSpec:
     """Add a stage to the table; its needs must be registered already (so the table is in a valid order)."""
+    spec = dataclasses.replace(spec, name=str(spec.name), needs=tuple(str(n) for n in spec.needs))  # plain names
     if spec.name in STAGES:
         raise ConfigurationError(f"stage {spec.name!r} is registered twice")
     missing = [n for n in spec.needs if n not in STAGES]
@@ -177,7 +180,7 @@ def finish_times(durations: Mapping[str, float]) -> Iterator[tuple[str, float]]:
 
 # Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
 register(StageSpec(
-    name="reference", needs=(), where=Where.HOST, runs="tasks.reference:reference",
+    name=REFERENCE, needs=(), where=Where.HOST, runs="tasks.reference:reference",
     command="edgellm reference <source checkpoint> (transformers, on the orchestrating host)",
     outputs=("reference",), cache_key=("checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
     timeout_s=6000, shared=Shared.MODEL, implied=True))
@@ -204,7 +207,7 @@ register(StageSpec(
     name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer",
     command="edgellm infer on a device", outputs=("engine",), cache_key=(), timeout_s=6000))
 register(StageSpec(
-    name=Stage.ACCURACY, needs=(Stage.INFER, "reference"), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
+    name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
     command="edgellm eval --reference on a device", outputs=(), cache_key=(), timeout_s=6000,
     parser="tasks.accuracy:eval_metrics"))
 register(StageSpec(
