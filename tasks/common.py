@@ -53,10 +53,10 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
     if len(upstream) != len(spec.needs):
         raise ValueError(f"stage {stage} needs {', '.join(spec.needs) or 'nothing'}; got {len(upstream)} outcome(s)")
     for need, outcome in zip(spec.needs, upstream, strict=True):
-        # a recorded stage's failure is on its own row: this one is skipped; an unrecorded one's (the reference)
-        # would vanish, so this stage reports it as its own error
-        problem = (upstream_problem(stage, outcome) if stages.spec(need).recorded
-                   else adopted_problem(stage, need, outcome))
+        # a need the job lists, or the database records, has its failure reported: this stage is skipped; one the
+        # job neither lists nor could record (the reference) would vanish, so this stage reports it as its own
+        reported = need in job.stages or stages.spec(need).recorded
+        problem = upstream_problem(stage, outcome) if reported else adopted_problem(stage, need, outcome)
         if problem is not None:
             log.info("%s %s: %s without running (%s)", stage, job.key, problem.status.value, problem.reason)
             return problem
