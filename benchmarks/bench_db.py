@@ -24,12 +24,13 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import Engine, text  # noqa: E402
 
-from edgellm.types import Precision, Stage  # noqa: E402
+from edgellm.types import Precision  # noqa: E402
 from results.db import make_engine  # noqa: E402
 from results.leases import release, try_acquire  # noqa: E402
 from results.migrate import upgrade  # noqa: E402
 from results.queries import DEFAULT_REQUIRED, latest_status, passing_rows, passing_rows_stmt  # noqa: E402
 from results.recorder import rebuild_row_latest  # noqa: E402
+from stages import Stage  # noqa: E402
 
 MODELS = [f"model-{i:02d}" for i in range(20)]
 PRECISIONS = list(Precision)[:10]

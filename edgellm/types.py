@@ -78,17 +78,6 @@ class QuantMethod(_ChoiceEnum):
     MXFP8 = "mxfp8"
 
 
-class Stage(_ChoiceEnum):
-    """Pipeline stages, in order."""
-
-    QUANTIZE = "quantize"
-    EXPORT = "export"
-    BUILD = "build"
-    INFER = "infer"
-    ACCURACY = "accuracy"
-    BENCH = "bench"
-
-
 class Backend(_ChoiceEnum):
     ORT = "ort"
     TENSORRT = "tensorrt"

@@ -174,11 +174,11 @@ def _plan_format(fmt: str) -> str:
 
 
 def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    from edgellm.types import Stage
+    from stages import progress_columns
     from tasks.progress import subscribe
 
     jobs = [j.key for j in plan.runnable()]
-    stages = [s.value for s in Stage if any(s in j.entry.stages for j in plan.runnable())]
+    stages = progress_columns(j.entry.stages for j in plan.runnable())
     progress = Progress(jobs, stages)
     unsubscribe = subscribe(progress.update)
     try:

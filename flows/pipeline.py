@@ -1,6 +1,7 @@
-"""Submit a plan's jobs as a DAG of stage tasks: the transformers reference once per model, quantize and export
-once per (model, precision), then per platform build -> infer -> accuracy (with the reference) and build -> bench,
-each stage recorded as it finishes.
+"""Submit a plan's jobs as a DAG of stage tasks, derived from the stage table (``stages.STAGES``): each job runs
+its listed stages and what they need, in pipeline order; a stage shared wider than one job runs once for all the
+jobs that share it (the transformers reference once per model, quantize once per checkpoint to make, export once per
+(model, precision, toolchain) whatever the platforms); each listed stage is recorded as it finishes.
 
 Tasks return outcomes for test failures and configuration errors (one broken model never stops the run); only
 infrastructure failures raise, and those are retried by Prefect. ``allow_failure`` lets a stage see why its
@@ -20,19 +21,14 @@ from typing import Any
 from prefect import allow_failure
 from prefect.futures import PrefectFuture, wait
 
-from edgellm.types import Precision, Stage
+import stages
 from flows.plan import Decision, Job, Plan
 from results.models import ResultStatus
-from tasks.accuracy import accuracy
-from tasks.bench import bench
-from tasks.build import build
-from tasks.export import export
+from stages import Where
+from tasks.common import stage_task
 from tasks.farm import Farm, FarmContext
-from tasks.infer import infer
 from tasks.outcome import StageOutcome
-from tasks.quantize import quantize
 from tasks.record import record
-from tasks.reference import reference
 from tasks.spec import CheckpointRef, JobSpec
 from test_lists.catalog import Catalog, ModelSource
 
@@ -48,10 +44,10 @@ PLAN_STATUS = {
 @dataclass
 class RunReport:
     run_id: int
-    outcomes: dict[str, dict[Stage, StageOutcome]] = field(default_factory=lambda: defaultdict(dict))
+    outcomes: dict[str, dict[str, StageOutcome]] = field(default_factory=lambda: defaultdict(dict))  # as recorded
     planned: dict[str, ResultStatus] = field(default_factory=dict)  # jobs decided at plan time
-    references: dict[str, StageOutcome] = field(default_factory=dict)  # model -> its reference outcome
-    job_models: dict[str, tuple[str, Precision]] = field(default_factory=dict)  # job key -> (model, precision)
+    runs: dict[tuple[str, tuple[object, ...]], StageOutcome] = field(default_factory=dict)  # each stage run, once
+    ran: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = field(default_factory=lambda: defaultdict(dict))
     engine_overheads_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -62,16 +58,16 @@ class RunReport:
 
     def cache_hits(self) -> dict[str, int]:
         hits: dict[str, int] = defaultdict(int)
-        for stages in self.outcomes.values():
-            for stage, o in stages.items():
+        for recorded in self.outcomes.values():
+            for stage, o in recorded.items():
                 if o.cached:
-                    hits[stage.value] += 1
+                    hits[str(stage)] += 1
         return dict(hits)
 
     def stage_counts(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
-        for stages in self.outcomes.values():
-            for o in stages.values():
+        for recorded in self.outcomes.values():
+            for o in recorded.values():
                 counts[o.status.value] += 1
         return dict(counts)
 
@@ -99,7 +95,7 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
             continue
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
                   "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain}
-                 for stage in job.entry.stages]
+                 for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status
     farm.recorder.record_results(ctx.run_id, rows)
 
@@ -108,43 +104,29 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
                 catalog: Catalog | None = None) -> None:
     """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded."""
     submitted_at = time.time()
-    quantized: dict[tuple[Any, ...], PrefectFuture[Any]] = {}  # once per checkpoint to make, whoever consumes it
-    exported: dict[tuple[Any, ...], PrefectFuture[Any]] = {}  # once per export, whatever the number of platforms
-    references: dict[str, PrefectFuture[Any]] = {}  # the reference depends on the (float source) checkpoint only
-    records: list[tuple[str, Stage, PrefectFuture[Any]]] = []
+    runs: dict[tuple[str, tuple[object, ...]], PrefectFuture[Any]] = {}  # (stage, what it serves) -> its one run
+    records: list[tuple[str, str, PrefectFuture[Any]]] = []
     for job, checkpoint in jobs:
         spec = job_spec(job, checkpoint, catalog.get(job.model) if catalog is not None else None)
-        pair = (job.model, job.precision)
-        report.job_models[spec.key] = pair
-        if Stage.ACCURACY in spec.stages and job.model not in references:
-            references[job.model] = reference.submit(ctx, checkpoint, spec.timeout(Stage.ACCURACY))
-        if spec.quantize_variant not in quantized:
-            quantized[spec.quantize_variant] = quantize.submit(ctx, spec)
-        q = quantized[spec.quantize_variant]
-        if spec.export_variant not in exported:
-            exported[spec.export_variant] = export.submit(ctx, spec, allow_failure(q), spec.timeout(Stage.EXPORT))
-        x = exported[spec.export_variant]
-        futures: dict[Stage, PrefectFuture[Any]] = {Stage.QUANTIZE: q, Stage.EXPORT: x}
-        stages = set(spec.stages)
-        if Stage.BUILD in stages:
-            futures[Stage.BUILD] = build.submit(ctx, spec, allow_failure(x))
-        if Stage.INFER in stages:
-            futures[Stage.INFER] = infer.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
-        if Stage.ACCURACY in stages:
-            futures[Stage.ACCURACY] = accuracy.submit(ctx, spec, allow_failure(futures[Stage.INFER]),
-                                                      allow_failure(references[job.model]))
-        if Stage.BENCH in stages:
-            futures[Stage.BENCH] = bench.submit(ctx, spec, allow_failure(futures[Stage.BUILD]))
-        for stage in spec.stages:
-            rec = record.submit(ctx, spec, stage, allow_failure(futures[stage]))
-            records.append((spec.key, stage, rec))
+        futures: dict[str, PrefectFuture[Any]] = {}
+        for name in stages.closure(spec.stages):
+            stage = stages.spec(name)
+            run = (name, spec.share(stage.shared))
+            if run not in runs:
+                upstream = tuple(allow_failure(futures[need]) for need in stage.needs)
+                runs[run] = stage_task(name).submit(ctx, name, spec, upstream)
+            futures[name] = runs[run]
+            report.ran[spec.key][name] = run
+        for name in spec.stages:
+            rec = record.submit(ctx, spec, name, allow_failure(futures[name]))
+            records.append((spec.key, name, rec))
     wait([r for _, _, r in records])
-    for key, stage, fut in records:
-        report.outcomes[key][stage] = fut.result()
-    for model, fut in references.items():
+    for key, name, fut in records:
+        report.outcomes[key][name] = fut.result()
+    for run, fut in runs.items():
         outcome = fut.result(raise_on_failure=False)
         if isinstance(outcome, StageOutcome):
-            report.references[model] = outcome
+            report.runs[run] = outcome
     report.wall_s = time.time() - submitted_at
     report.engine_overheads_s = engine_overheads(report)
 
@@ -178,39 +160,24 @@ def engine_overheads(report: RunReport) -> list[float]:
 
 def timing_summary(report: RunReport, jobs: list[tuple[Job, CheckpointRef]], host_slots: int,
                    device_slots: dict[str, int]) -> dict[str, float]:
-    """Wall time vs the critical path (the longest dependent chain, or the busiest resource's work divided by
-    its slots, whichever is longer); Prefect's overhead per task (around the body); and the per-task start latency
-    once its inputs were ready (which includes waiting for a worker thread)."""
+    """Wall time vs the critical path (the longest dependent chain through the stage table, or the busiest
+    resource's work divided by its slots, whichever is longer); Prefect's overhead per task (around the body); and
+    the per-task start latency once its inputs were ready (which includes waiting for a worker thread)."""
     chains, overheads = [], []
+    for ran in report.ran.values():
+        durations = {name: report.runs[run].duration_s for name, run in ran.items() if run in report.runs}
+        chains += [end for _, end in stages.finish_times(durations)]
     busy: dict[str, float] = defaultdict(float)
-    shared_done: set[str] = set()
-    for key, stages in report.outcomes.items():
-        o = stages
-
-        def d(stage: Stage, o: dict[Stage, StageOutcome] = o) -> float:
-            return o[stage].duration_s if stage in o else 0.0
-
-        model, precision = report.job_models[key]
-        ref = report.references[model].duration_s if model in report.references else 0.0
-        head = d(Stage.QUANTIZE) + d(Stage.EXPORT) + d(Stage.BUILD)
-        chains.append(max(head + d(Stage.INFER), ref) + d(Stage.ACCURACY))
-        chains.append(head + d(Stage.BENCH))
-        for stage, outcome in stages.items():
-            if stage in (Stage.QUANTIZE, Stage.EXPORT):
-                ident = f"{model}:{precision}:{stage}"
-                if ident in shared_done:
-                    continue
-                shared_done.add(ident)
-                busy["host"] += outcome.duration_s
-            elif outcome.device:
-                busy[outcome.device] += outcome.duration_s
-        upstream = {Stage.EXPORT: Stage.QUANTIZE, Stage.BUILD: Stage.EXPORT, Stage.INFER: Stage.BUILD,
-                    Stage.ACCURACY: Stage.INFER, Stage.BENCH: Stage.BUILD}
-        for stage, outcome in stages.items():
-            up = upstream.get(stage)
-            if up is not None and up in stages and stages[up].ended_at and outcome.started_at:
-                overheads.append(max(0.0, outcome.started_at - stages[up].ended_at))
-    busy["host"] += sum(o.duration_s for o in report.references.values() if not o.cached)
+    for (name, _), outcome in report.runs.items():  # a shared run's work counts once
+        if stages.spec(name).where is Where.HOST:
+            busy["host"] += 0.0 if outcome.cached else outcome.duration_s
+        elif outcome.device:
+            busy[outcome.device] += outcome.duration_s
+    for recorded in report.outcomes.values():
+        for name, outcome in recorded.items():
+            ready = [recorded[n].ended_at for n in stages.spec(name).needs if n in recorded and recorded[n].ended_at]
+            if ready and outcome.started_at:
+                overheads.append(max(0.0, outcome.started_at - max(ready)))
     loads = [busy["host"] / max(1, host_slots)] + [v / max(1, device_slots.get(k, 1))
                                                    for k, v in busy.items() if k != "host"]
     critical = max([*chains, *loads, 1e-9])

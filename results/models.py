@@ -31,7 +31,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ErrorKind
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
+from stages import Stage
 from toolchains.base import Toolchain
 
 NAMING = {

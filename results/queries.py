@@ -26,8 +26,9 @@ from sqlalchemy import Engine, Select, and_, func, select
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from results.models import Result, ResultStatus, RowLatest, Run, RunKind
+from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from results.db import make_engine, write_session
 from results.models import (
     ArtifactRecord,
@@ -40,6 +40,7 @@ from results.models import (
     ToolchainVersion,
     utcnow,
 )
+from stages import Stage
 from toolchains.base import Toolchain
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

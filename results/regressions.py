@@ -22,9 +22,10 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from results.db import write_session
 from results.models import Metric, Regression, RegressionSeverity, Result, ResultStatus, RowLatest, Run, RunKind
+from stages import Stage
 
 BASELINE_RUNS = 7
 MIN_BASELINE_RUNS = 3

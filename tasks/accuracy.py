@@ -17,37 +17,16 @@ from devices.transport import Transport
 from edgellm.cli import eval as eval_cli
 from edgellm.errors import ConfigurationError
 from edgellm.thresholds import FIELDS
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,
-    guarded,
-    stage_task,
-    upstream_problem,
 )
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
-
-
-def reference_problem(reference: StageOutcome | BaseException) -> StageOutcome | None:
-    """The accuracy outcome when the reference could not be made (its error kind, and why), else None."""
-    if isinstance(reference, BaseException):
-        out = StageOutcome.from_error(Stage.ACCURACY, reference, device="orchestrator")
-    elif not reference.passed:
-        out = StageOutcome(stage=Stage.ACCURACY, status=reference.status, device=reference.device,
-                           reason=reference.reason, error_kind=reference.error_kind,
-                           duration_s=reference.duration_s, artifacts=list(reference.artifacts))
-        if out.status is ResultStatus.SKIPPED:
-            return out.done()
-    else:
-        return None
-    out.reason = f"reference: {out.reason or 'failed'}"[:2000]
-    if out.status is ResultStatus.PASS:
-        out.status = ResultStatus.ERROR
-    return out.done()
 
 
 def eval_metrics(report: dict[str, object]) -> dict[str, tuple[float, str]]:
@@ -85,12 +64,8 @@ def threshold_flags(limits: Mapping[str, float]) -> list[str]:
     return flags
 
 
-@stage_task("accuracy")
-def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseException,
-             reference: StageOutcome | BaseException) -> StageOutcome:
-    if (skip := upstream_problem(Stage.ACCURACY, inferred) or reference_problem(reference)):
-        return skip
-    assert isinstance(inferred, StageOutcome) and isinstance(reference, StageOutcome)
+def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
+    """Compare the engine with the model's transformers reference on a device of the platform."""
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
@@ -118,4 +93,4 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome | BaseExcept
                 out.reason = "eval exit code and its report disagree"
         return out
 
-    return guarded(Stage.ACCURACY, body)
+    return body()

@@ -7,14 +7,11 @@ import json
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,
-    guarded,
-    stage_task,
-    upstream_problem,
 )
 from tasks.device_exec import DeviceRun, run_stage
 from tasks.farm import Farm, FarmContext
@@ -33,11 +30,8 @@ def bench_modes(job: JobSpec) -> dict[str, list[str]]:
     }
 
 
-@stage_task("bench")
-def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -> StageOutcome:
-    if (skip := upstream_problem(Stage.BENCH, built)) is not None:
-        return skip
-    assert isinstance(built, StageOutcome)
+def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
+    """Prefill, then decode throughput of the built engine, each on a device held alone."""
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
@@ -67,4 +61,4 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -
             out.metrics[f"{mode}_peak_rss_mb"] = (report["peak_rss_bytes"] / 2**20, "MiB")
         return out
 
-    return guarded(Stage.BENCH, body)
+    return body()

@@ -14,15 +14,12 @@ from artifacts.kinds import ArtifactKind, Packing
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,
-    guarded,
-    stage_task,
-    upstream_problem,
 )
 from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_stage
 from tasks.farm import Farm, FarmContext
@@ -47,11 +44,8 @@ def platform_env(farm: Farm, platform: str) -> dict[str, object]:
     raise InfrastructureError(f"no reachable {platform} device to ask for its backend version: {'; '.join(errors)}")
 
 
-@stage_task("build")
-def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException) -> StageOutcome:
-    if (skip := upstream_problem(Stage.BUILD, exported)) is not None:
-        return skip
-    assert isinstance(exported, StageOutcome)
+def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> StageOutcome:
+    """Build the export's ONNX into an engine on a device of the platform (cached by content)."""
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
@@ -113,4 +107,4 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome | BaseException
                 out.reason = f"engine precision {found} (read back from the built graph)"
         return out
 
-    return guarded(Stage.BUILD, body)
+    return body()

@@ -1,22 +1,27 @@
-"""Shared by the stage tasks: the retry rule (infrastructure errors only) and outcome bookkeeping."""
+"""The one task body every stage of the table (``stages.STAGES``) runs in: skip when a stage it needs did not pass
+(not applicable propagates), call the stage's own work with the outcomes it needs, turn errors into outcomes by kind
+(only infrastructure errors raise, and only they are retried), log the outcome and note the Prefect task run."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 
+import stages
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results.errors import classify
 from results.models import ResultStatus
+from stages import Stage, Where
 from tasks.device_exec import DeviceRun, fetch_scope
-from tasks.farm import Farm
+from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
 from toolchains.base import require
@@ -25,13 +30,6 @@ log = logging.getLogger(__name__)
 
 STAGE_RETRIES = 1  # after every device of the platform failed; a later attempt may find one back
 RETRY_DELAY_S = 2.0
-
-
-def stage_task(name: str) -> Callable[[Callable[..., StageOutcome]], Any]:
-    """The Prefect task decorator every stage shares: retried only after infrastructure failures, never cached by
-    Prefect (stages cache by content themselves: results/cache.py)."""
-    return task(name=name, retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
-                cache_policy=NO_CACHE)
 
 
 def infra_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -45,7 +43,54 @@ def infra_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
+Upstream: TypeAlias = StageOutcome | BaseException  # what a needed stage's future resolved to (``allow_failure``)
+StageWork: TypeAlias = Callable[..., StageOutcome]  # a stage's own work: (ctx, job, *outcomes of its needs) -> outcome
+
+
+def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> StageOutcome:
+    """The generic body: ``upstream`` holds the outcomes of the stage's needs, in the table's order."""
+    spec = stages.spec(stage)
+    if len(upstream) != len(spec.needs):
+        raise ValueError(f"stage {stage} needs {', '.join(spec.needs) or 'nothing'}; got {len(upstream)} outcome(s)")
+    for need, outcome in zip(spec.needs, upstream, strict=True):
+        # a need the job lists, or the database records, has its failure reported: this stage is skipped; one the
+        # job neither lists nor could record (the reference) would vanish, so this stage reports it as its own
+        reported = need in job.stages or stages.spec(need).recorded
+        problem = upstream_problem(stage, outcome) if reported else adopted_problem(stage, need, outcome)
+        if problem is not None:
+            log.info("%s %s: %s without running (%s)", stage, job.key, problem.status.value, problem.reason)
+            return problem
+    ready = [o for o in upstream if isinstance(o, StageOutcome)]
+    outcome = guarded(stage, lambda: stage_work(stage)(ctx, job, *ready))
+    log.info("%s %s: %s in %.2f s%s%s", stage, job.key, outcome.status.value, outcome.duration_s,
+             " (cached)" if outcome.cached else "", f": {outcome.reason}" if outcome.reason else "")
+    return outcome
+
+
+@task(name="stage", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
+      cache_policy=NO_CACHE)
+def _stage_task(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> StageOutcome:
+    return run_stage(ctx, stage, job, upstream)
+
+
+@functools.cache
+def stage_task(stage: str) -> Task[..., StageOutcome]:
+    """The Prefect task of a stage (named after it): retried only after infrastructure failures, never cached by
+    Prefect (stages cache by content themselves: results/cache.py)."""
+    return _stage_task.with_options(name=stages.spec(stage).name)
+
+
+@functools.cache
+def stage_work(stage: str) -> StageWork:
+    """The function the table names for a stage (``module:function``), imported when first run."""
+    module, _, name = stages.spec(stage).runs.partition(":")
+    work = getattr(importlib.import_module(module), name, None)
+    if not callable(work):
+        raise ConfigurationError(f"stage {stage}: {stages.spec(stage).runs} is not a function")
+    return work  # type: ignore[no-any-return]
+
+
+def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:
     """Run a stage body: infrastructure errors propagate (Prefect retries them); anything else becomes an
     outcome with its error kind, so one broken model never stops the run."""
     started = time.time()
@@ -69,7 +114,7 @@ def guarded(stage: Stage, body: Callable[[], StageOutcome]) -> StageOutcome:
     return outcome
 
 
-def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None) -> StageOutcome | None:
+def upstream_problem(stage: str, upstream: Upstream | None) -> StageOutcome | None:
     """The outcome to return without running, when the stage this one needs did not pass."""
     if upstream is None:
         return None
@@ -80,11 +125,31 @@ def upstream_problem(stage: Stage, upstream: StageOutcome | BaseException | None
     if upstream.status is ResultStatus.NOT_APPLICABLE:  # what cannot apply upstream cannot apply here either
         return StageOutcome(stage=stage, status=ResultStatus.NOT_APPLICABLE, reason=upstream.reason).done()
     if not upstream.passed:
-        return StageOutcome.skipped(stage, f"upstream {upstream.stage.value} {upstream.status.value}")
+        return StageOutcome.skipped(stage, f"upstream {upstream.stage} {upstream.status.value}")
     return None
 
 
-def from_device_run(stage: Stage, run: DeviceRun, job: JobSpec) -> StageOutcome:
+def adopted_problem(stage: str, need: str, upstream: Upstream) -> StageOutcome | None:
+    """This stage's outcome when ``need`` (a stage without its own result row: the reference) could not be made:
+    its error kind, and why, reported as this stage's; else None."""
+    if isinstance(upstream, BaseException):
+        where = "orchestrator" if stages.spec(need).where is Where.HOST else None
+        out = StageOutcome.from_error(stage, upstream, device=where)
+    elif not upstream.passed:
+        out = StageOutcome(stage=stage, status=upstream.status, device=upstream.device,
+                           reason=upstream.reason, error_kind=upstream.error_kind,
+                           duration_s=upstream.duration_s, artifacts=list(upstream.artifacts))
+        if out.status is ResultStatus.SKIPPED:
+            return out.done()
+    else:
+        return None
+    out.reason = f"{need}: {out.reason or 'failed'}"[:2000]
+    if out.status is ResultStatus.PASS:
+        out.status = ResultStatus.ERROR
+    return out.done()
+
+
+def from_device_run(stage: str, run: DeviceRun, job: JobSpec) -> StageOutcome:
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
                        error_kind=run.error_kind, duration_s=run.duration_s,
                        toolchain_version=require(job.toolchain).version(run.env))

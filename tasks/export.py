@@ -26,10 +26,9 @@ from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
 from edgellm.compiler.export import EXPORT_MANIFEST, OPSET
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
-from tasks.common import guarded, stage_task, upstream_problem
+from stages import Stage
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
@@ -71,12 +70,9 @@ def variant_flags(job: JobSpec) -> list[str]:
     return flags
 
 
-@stage_task("export")
-def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome | BaseException, timeout_s: int) -> StageOutcome:
+def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> StageOutcome:
     model, precision, toolchain = job.model, job.precision, job.toolchain
-    if (skip := upstream_problem(Stage.EXPORT, quantized)) is not None:
-        return skip
-    assert isinstance(quantized, StageOutcome)
+    timeout_s = job.timeout(Stage.EXPORT)
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
@@ -105,7 +101,7 @@ def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome | BaseExcepti
         out.toolchain_version = version
         return out
 
-    return guarded(Stage.EXPORT, body)
+    return body()
 
 
 def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dict[str, object],

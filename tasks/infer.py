@@ -8,14 +8,11 @@ import statistics
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
-from edgellm.types import Stage
 from results.models import ResultStatus
+from stages import Stage
 from tasks.common import (
     attempt_recorder,
     from_device_run,
-    guarded,
-    stage_task,
-    upstream_problem,
 )
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
@@ -37,11 +34,8 @@ def requests_for(job: JobSpec) -> dict[str, object]:
                           "temperature": 0.0} for i in range(job.max_batch_size)]}
 
 
-@stage_task("infer")
-def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -> StageOutcome:
-    if (skip := upstream_problem(Stage.INFER, built)) is not None:
-        return skip
-    assert isinstance(built, StageOutcome)
+def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
+    """Generate for the fixed prompts with the built engine on a device of the platform."""
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
@@ -70,4 +64,4 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome | BaseException) -
             out.metrics["generated_tokens"] = (float(sum(len(r["output_ids"]) for r in responses)), "tokens")
         return out
 
-    return guarded(Stage.INFER, body)
+    return body()

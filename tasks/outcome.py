@@ -8,14 +8,13 @@ from typing import Any
 
 from artifacts.store import ArtifactRef
 from edgellm.errors import EdgeLLMError, ErrorKind
-from edgellm.types import Stage
 from results.models import ResultStatus
 from toolchains.base import Toolchain
 
 
 @dataclass
 class StageOutcome:
-    stage: Stage
+    stage: str  # its name in the stage table (a recorded one is a Stage)
     status: ResultStatus
     device: str | None = None
     reason: str | None = None
@@ -42,7 +41,7 @@ class StageOutcome:
         return self
 
     @classmethod
-    def from_error(cls, stage: Stage, exc: BaseException, device: str | None = None) -> StageOutcome:
+    def from_error(cls, stage: str, exc: BaseException, device: str | None = None) -> StageOutcome:
         kind = exc.kind if isinstance(exc, EdgeLLMError) else ErrorKind.BUG
         reason = str(exc) if isinstance(exc, EdgeLLMError) else f"{type(exc).__name__}: {exc}"
         status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
@@ -50,5 +49,5 @@ class StageOutcome:
                    error_kind=kind).done()
 
     @classmethod
-    def skipped(cls, stage: Stage, reason: str) -> StageOutcome:
+    def skipped(cls, stage: str, reason: str) -> StageOutcome:
         return cls(stage=stage, status=ResultStatus.SKIPPED, reason=reason).done()

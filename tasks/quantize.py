@@ -30,10 +30,10 @@ from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from edgellm.errors import TestFailure, UnsupportedError
 from edgellm.reference import checkpoint_digest
-from edgellm.types import UNQUANTIZED, Stage
+from edgellm.types import UNQUANTIZED
 from results import cache
 from results.models import ResultStatus
-from tasks.common import guarded, stage_task
+from stages import Stage
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import CheckpointRef, JobSpec
@@ -50,7 +50,6 @@ NUM_SAMPLES = 32  # calibration rows of the shipped text (of ~60): enough for ti
 RECORD, LOG = "quantize.json", "quantize.log"  # what the quantizer's wrapper writes beside the checkpoint
 
 
-@stage_task("quantize")
 def quantize(ctx: FarmContext, job: JobSpec) -> StageOutcome:
     def body() -> StageOutcome:
         if job.precision in UNQUANTIZED:
@@ -66,7 +65,7 @@ def quantize(ctx: FarmContext, job: JobSpec) -> StageOutcome:
             raise UnsupportedError(f"the quantize stage drives tensorrt-edgellm's quantizer only, not {maker.name}")
         return _quantized(Farm.get(ctx), job, maker)
 
-    return guarded(Stage.QUANTIZE, body)
+    return body()
 
 
 def identity(job: JobSpec) -> StageOutcome:

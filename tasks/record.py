@@ -1,7 +1,8 @@
 """Record: write one stage's outcome (status, reason, error kind, metrics, artifact refs) to the results database.
 
 Idempotent: the result is keyed by (run, model, precision, platform, stage, test id), so a retried record never
-duplicates a row; the result and its metrics go in one transaction.
+duplicates a row; the result and its metrics go in one transaction. A stage the database does not record (one
+without a ``Stage`` of its own) is only reported (progress event, returned outcome).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import stages
 from edgellm.errors import EdgeLLMError, InfrastructureError
-from edgellm.types import Stage
 from tasks.common import infra_only
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
@@ -18,7 +19,7 @@ from tasks.progress import StageEvent, emit
 from tasks.spec import JobSpec
 
 
-def as_outcome(stage: Stage, outcome: StageOutcome | BaseException) -> StageOutcome:
+def as_outcome(stage: str, outcome: StageOutcome | BaseException) -> StageOutcome:
     if isinstance(outcome, StageOutcome):
         return outcome
     if not isinstance(outcome, EdgeLLMError):  # Prefect's own (a timeout, a crash) or a bug
@@ -29,25 +30,26 @@ def as_outcome(stage: Stage, outcome: StageOutcome | BaseException) -> StageOutc
 
 
 @task(name="record", retries=2, retry_delay_seconds=1.0, retry_condition_fn=infra_only, cache_policy=NO_CACHE)
-def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome | BaseException) -> StageOutcome:
+def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | BaseException) -> StageOutcome:
     result = as_outcome(stage, outcome)
-    model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
-    farm = Farm.get(ctx)
-    farm.recorder.record_result(
-        ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-        test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
-        toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
-        reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
-        metrics=result.metrics, artifacts=result.artifacts,
-    )
-    if result.device is not None and not result.cached:
-        farm.recorder.record_attempt(
+    if stages.spec(stage).recorded:
+        model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
+        farm = Farm.get(ctx)
+        farm.recorder.record_result(
             ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-            test_id=job.test_id, device=result.device, status=result.status,
-            toolchain=result.toolchain or job.toolchain,
-            toolchain_version=result.toolchain_version, error_kind=result.error_kind,
-            reason=result.reason, duration_s=round(result.duration_s, 4),
+            test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
+            toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
+            reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
+            metrics=result.metrics, artifacts=result.artifacts,
         )
-    emit(StageEvent(job=job.key, stage=stage.value, status=result.status.value, device=result.device,
+        if result.device is not None and not result.cached:
+            farm.recorder.record_attempt(
+                ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
+                test_id=job.test_id, device=result.device, status=result.status,
+                toolchain=result.toolchain or job.toolchain,
+                toolchain_version=result.toolchain_version, error_kind=result.error_kind,
+                reason=result.reason, duration_s=round(result.duration_s, 4),
+            )
+    emit(StageEvent(job=job.key, stage=str(stage), status=result.status.value, device=result.device,
                     cached=result.cached))
     return result

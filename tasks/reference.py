@@ -1,8 +1,8 @@
 """Reference: the transformers reference of a checkpoint (``edgellm reference``), computed on the orchestrating
 host once per model and cached by content, so accuracy on a device needs neither torch nor transformers.
 
-Key = (checkpoint sha256, reference settings, edgellm version, transformers version). A failure is returned as an
-outcome of the accuracy stage (there is no reference stage); the accuracy task records it with its reason.
+Key = (checkpoint sha256, reference settings, edgellm version, transformers version). The reference is a stage of
+its own without result rows: accuracy, which needs it, records a failure of it as its own error, with the reason.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
-from tasks.common import guarded, stage_task
+from stages import REFERENCE
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
-from tasks.spec import CheckpointRef
+from tasks.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,8 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
             "edgellm": edgellm_version, "edgellm_build": build_id(), "transformers": transformers_version()}
 
 
-@stage_task("reference")
-def reference(ctx: FarmContext, checkpoint: CheckpointRef, timeout_s: int) -> StageOutcome:
+def reference(ctx: FarmContext, job: JobSpec) -> StageOutcome:
+    checkpoint, timeout_s = job.checkpoint, job.timeout(REFERENCE)
     model = checkpoint.model
 
     def body() -> StageOutcome:
@@ -66,7 +65,7 @@ def reference(ctx: FarmContext, checkpoint: CheckpointRef, timeout_s: int) -> St
             cache.touch(farm.engine, key)
             ref = farm.store.ref(hit.sha256, ArtifactKind.OTHER, Packing.FILE)
             log.info("reference %s: cache hit (key %s, file sha256 %s)", model, key[:12], hit.sha256[:12])
-            out = StageOutcome(stage=Stage.ACCURACY, status=ResultStatus.PASS, reason="reference cache hit",
+            out = StageOutcome(stage=REFERENCE, status=ResultStatus.PASS, reason="reference cache hit",
                                device="orchestrator", cached=True)
             out.outputs["reference"] = ref
             out.metrics["reference_cache_hit"] = (1.0, "")
@@ -74,7 +73,7 @@ def reference(ctx: FarmContext, checkpoint: CheckpointRef, timeout_s: int) -> St
         with farm.host_slots:
             return _reference(farm, model, Path(checkpoint.path), key, inputs, timeout_s)
 
-    return guarded(Stage.ACCURACY, body)
+    return body()
 
 
 def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[str, object],
@@ -93,7 +92,7 @@ def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[st
         env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
         result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)
         status, kind, reason = classify(result, timeout_s)
-        out = StageOutcome(stage=Stage.ACCURACY, status=status, error_kind=kind, reason=reason,
+        out = StageOutcome(stage=REFERENCE, status=status, error_kind=kind, reason=reason,
                            device="orchestrator", duration_s=result.duration)
         out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
         if status is ResultStatus.PASS:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, Stage
+import stages
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from stages import Shared
 from toolchains.base import Toolchain
 
 
@@ -31,8 +33,8 @@ class JobSpec:
     max_seq_len: int
     max_batch_size: int
     max_input_len: int
-    stages: tuple[Stage, ...]
-    timeouts: dict[Stage, int] = field(hash=False, default_factory=dict)
+    stages: tuple[str, ...]  # the listed ones (recorded); stages.closure adds what they need
+    timeouts: dict[str, int] = field(hash=False, default_factory=dict)
     lm_head_precision: LMHeadPrecision | None = None  # None: whatever the toolchain makes at ``precision``
     kv_cache_precision: KVCachePrecision | None = None
     chat_template: str | None = None  # the catalog's template for exports whose checkpoint ships none
@@ -52,8 +54,19 @@ class JobSpec:
     def key(self) -> str:
         return f"{self.test_id}@{self.platform}"
 
-    def timeout(self, stage: Stage) -> int:
-        return int(self.timeouts.get(stage, 1200))
+    def timeout(self, stage: str) -> int:
+        given = self.timeouts.get(stage)
+        return int(given) if given is not None else stages.unlisted_timeout(stage, self.timeouts)
+
+    def share(self, shared: Shared) -> tuple[object, ...]:
+        """The jobs that get the same run of a stage shared this way have the same key."""
+        if shared is Shared.MODEL:
+            return (self.model,)
+        if shared is Shared.CHECKPOINT:
+            return self.quantize_variant
+        if shared is Shared.EXPORT:
+            return self.export_variant
+        return (self.key,)
 
     @property
     def build_params(self) -> dict[str, int]:

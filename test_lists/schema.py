@@ -12,8 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
+import stages
 from edgellm.errors import ConfigurationError
-from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, Stage
+from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
+from stages import Stage
 from test_lists.ids import case_name_problem, model_name_problem, short_model_name
 
 
@@ -25,26 +27,10 @@ class ListStage(enum.StrEnum):
 
 
 DEFAULT_STAGES: tuple[Stage, ...] = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY)
-# Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
-DEFAULT_TIMEOUTS: dict[Stage, int] = {
-    Stage.QUANTIZE: 1200,
-    Stage.EXPORT: 1200,
-    Stage.BUILD: 1200,
-    Stage.INFER: 6000,
-    Stage.ACCURACY: 6000,
-    Stage.BENCH: 1200,
-}
+DEFAULT_TIMEOUTS: dict[Stage, int] = {s: stages.spec(s).timeout_s for s in Stage}  # the stage table's
 MAX_TIMEOUT = 6000
-# A stage consumes what the named earlier stage produced; quantize is optional (pre-quantized checkpoints exist).
-STAGE_NEEDS: dict[Stage, Stage] = {
-    Stage.BUILD: Stage.EXPORT,
-    Stage.INFER: Stage.BUILD,
-    Stage.ACCURACY: Stage.INFER,
-    Stage.BENCH: Stage.BUILD,
-}
 # Stages that run on the orchestrating host (no device of the platform needed); the others run on a leased device.
-HOST_STAGES: frozenset[Stage] = frozenset({Stage.QUANTIZE, Stage.EXPORT})
-_STAGE_ORDER = {s: i for i, s in enumerate(Stage)}
+HOST_STAGES: frozenset[Stage] = frozenset(s for s in Stage if s in stages.host_stages())
 _MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
@@ -147,20 +133,16 @@ class TestSpec(_EntryFields):
         return {s: given.get(s, DEFAULT_TIMEOUTS[s]) for s in self.stages}
 
 
-def stage_problems(stages: list[Stage], precision: Precision) -> list[str]:
+def stage_problems(listed: list[Stage], precision: Precision) -> list[str]:
     """Why this stage list cannot run in this order, if it cannot."""
-    if not stages:
+    if not listed:
         return ["stages is empty; give at least one of " + ", ".join(s.value for s in Stage)]
-    order = [_STAGE_ORDER[s] for s in stages]
+    order = [stages.rank(s) for s in listed]
     if order != sorted(set(order)):
-        want = ", ".join(s.value for s in Stage)
-        return [f"stages {', '.join(stages)} are not in pipeline order ({want}) or repeat one"]
-    problems = []
-    for stage in stages:
-        need = STAGE_NEEDS.get(stage)
-        if need is not None and need not in stages:
-            problems.append(f"stage {stage.value} needs {need.value}, which is not in stages")
-    if Stage.QUANTIZE in stages and precision in UNQUANTIZED:
+        want = ", ".join(s.value for s in sorted(Stage, key=stages.rank))
+        return [f"stages {', '.join(listed)} are not in pipeline order ({want}) or repeat one"]
+    problems = stages.needs_problems(list(listed))  # quantize may be left out: it runs anyway (implied)
+    if Stage.QUANTIZE in listed and precision in UNQUANTIZED:
         problems.append(f"stage quantize makes no sense for precision {precision.value} (it is not quantized)")
     return problems
 

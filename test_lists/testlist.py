@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, Stage
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from stages import Stage
 from test_lists.ids import TestId, short_model_name
 from test_lists.schema import ListStage, Selector
 from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today

@@ -43,12 +43,13 @@ from typer.testing import CliRunner
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactStore
 from edgellm.errors import ErrorKind
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from flows.cli import app
 from flows.commands import query_rows
 from results.db import make_engine
 from results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
 from results.quarantine import active as quarantined
+from stages import Stage
 from tasks.device_cache import STALE_PARTIAL_MIN
 from tasks.infer import requests_for
 from tasks.spec import CheckpointRef, JobSpec

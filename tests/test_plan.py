@@ -12,9 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from stages import Stage
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 from test_lists.schema import DEFAULT_STAGES

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import stages
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from edgellm.types import Stage
 from results import cache
 from results.models import ResultStatus
-from tasks.accuracy import reference_problem
+from stages import REFERENCE, Stage
+from tasks.common import adopted_problem
 from tasks.outcome import StageOutcome
 from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW, reference_key_inputs
 
@@ -22,8 +23,14 @@ def test_reference_key_covers_checkpoint_settings_and_versions() -> None:
     assert len(a["settings"]["text_sha256"]) == 64 and a["stage"] == "reference"
 
 
+def reference_problem(reference: StageOutcome | BaseException) -> StageOutcome | None:
+    return adopted_problem(Stage.ACCURACY, REFERENCE, reference)
+
+
 def test_reference_failure_is_the_accuracy_stage_error_with_its_reason() -> None:
-    failed = StageOutcome(stage=Stage.ACCURACY, status=ResultStatus.ERROR, device="orchestrator",
+    # the reference is a stage without result rows, so the generic body has accuracy adopt its failure
+    assert REFERENCE in stages.spec(Stage.ACCURACY).needs and not stages.spec(REFERENCE).recorded
+    failed = StageOutcome(stage=REFERENCE, status=ResultStatus.ERROR, device="orchestrator",
                           error_kind=ErrorKind.CONFIGURATION,
                           reason="edgellm reference: error (configuration): checkpoint x has no config.json")
     out = reference_problem(failed)
@@ -34,5 +41,5 @@ def test_reference_failure_is_the_accuracy_stage_error_with_its_reason() -> None
     assert crashed.reason == "reference: bad checkpoint"
     infra = reference_problem(InfrastructureError("host disk full"))
     assert infra is not None and infra.error_kind is ErrorKind.INFRASTRUCTURE and "host disk full" in infra.reason
-    ok = StageOutcome(stage=Stage.ACCURACY, status=ResultStatus.PASS)
+    ok = StageOutcome(stage=REFERENCE, status=ResultStatus.PASS)
     assert reference_problem(ok) is None

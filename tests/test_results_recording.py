@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from results.db import make_engine, read_session
 from results.models import (
     ArtifactRecord,
@@ -31,6 +31,7 @@ from results.queries import (
 )
 from results.recorder import ArtifactLink, Recorder, rebuild_row_latest
 from results.regressions import find_regressions, flag_regressions, published_regressions
+from stages import Stage
 
 SHA = "ab" * 32
 TC = "edgellm-ort"

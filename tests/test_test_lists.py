@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, Stage
+from edgellm.types import Precision
 from flows.cli import app
+from stages import Stage
 from test_lists import (
     PlatformCatalog,
     TestListError,

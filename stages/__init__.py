@@ -1,0 +1,216 @@
+"""The farm's stages, each declared once: what it needs, where it runs, what runs it, what it hands on, what its
+cache key is made of, its default timeout and what one run of it serves.
+
+Pipeline order, the DAG ``flows.pipeline`` submits, the timing summary's critical path, default timeouts, the
+stages a test list may name and the CLI's progress columns all derive from ``STAGES``. This module imports nothing
+else from the farm (results/, devices/ and test_lists/ import it); the module a stage names is imported only where
+stages run (``tasks.common``).
+
+Adding a stage: one ``register(StageSpec(...))`` here and one module with its work,
+``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order). A stage whose results
+the database records also needs its name in ``Stage`` (and a migration: the column is constrained to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from edgellm.errors import ConfigurationError
+
+
+class Stage(enum.StrEnum):
+    """The stages the results database records (a column constrained to these values), in pipeline order."""
+
+    QUANTIZE = "quantize"
+    EXPORT = "export"
+    BUILD = "build"
+    INFER = "infer"
+    ACCURACY = "accuracy"
+    BENCH = "bench"
+
+    @classmethod
+    def parse(cls, value: str | Stage, *, what: str | None = None) -> Stage:
+        """Parse a user-given value; the error names the bad value and every valid one."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ConfigurationError(f"unknown {what or 'stage'} {value!r}; valid: "
+                                     f"{', '.join(m.value for m in cls)}") from None
+
+
+class Where(enum.StrEnum):
+    HOST = "host"  # the orchestrating host, under its host slots
+    DEVICE = "device"  # a leased device of the job's platform
+
+
+class Shared(enum.StrEnum):
+    """What one run of a stage serves: the jobs that ask the same get the same run (and outcome)."""
+
+    MODEL = "model"  # every job of the model (it reads the source checkpoint only)
+    CHECKPOINT = "checkpoint"  # every job of (model, precision, LM head, KV cache), whatever the toolchain
+    EXPORT = "export"  # every job of (model, precision, toolchain, LM head, KV cache), whatever the platform
+    JOB = "job"  # one job: one test on one platform
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    needs: tuple[str, ...]  # stages whose outcomes it reads, in the order its work function takes them
+    where: Where
+    runs: str  # "module:function": the stage's own work, called by the one generic task body
+    command: str  # what that work runs, for people (the library's CLI on a device, a tool on the host)
+    outputs: tuple[str, ...]  # keys of StageOutcome.outputs the stages after it read
+    cache_key: tuple[str, ...]  # what its content cache key is made of (empty: not cached)
+    timeout_s: int  # default; a test list may set its own per listed stage
+    shared: Shared = Shared.JOB
+    implied: bool = False  # runs whenever a stage of the job needs it, listed or not (recorded only if listed)
+    parser: str | None = None  # "module:function" reading its report into metrics, where one is separate
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the results database records this stage (a test list may name only these)."""
+        return self.name in _RECORDED
+
+
+REFERENCE = "reference"  # the transformers reference accuracy compares with: a stage without result rows
+_RECORDED = frozenset(s.value for s in Stage)
+STAGES: dict[str, StageSpec] = {}
+
+
+def register(spec: StageSpec) -> StageSpec:
+    """Add a stage to the table; its needs must be registered already (so the table is in a valid order)."""
+    spec = dataclasses.replace(spec, name=str(spec.name), needs=tuple(str(n) for n in spec.needs))  # plain names
+    if spec.name in STAGES:
+        raise ConfigurationError(f"stage {spec.name!r} is registered twice")
+    missing = [n for n in spec.needs if n not in STAGES]
+    if missing:
+        raise ConfigurationError(f"stage {spec.name!r} needs unregistered stage(s) {', '.join(missing)}; "
+                                 f"registered: {', '.join(STAGES)}")
+    if ":" not in spec.runs or (spec.parser is not None and ":" not in spec.parser):
+        raise ConfigurationError(f"stage {spec.name!r}: runs/parser must be 'module:function', got {spec.runs!r}")
+    if spec.timeout_s < 1:
+        raise ConfigurationError(f"stage {spec.name!r}: timeout_s must be >= 1, got {spec.timeout_s}")
+    STAGES[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a stage nothing else needs (tests that register a throwaway stage clean up with it)."""
+    users = [s.name for s in STAGES.values() if name in s.needs]
+    if users:
+        raise ConfigurationError(f"stage {name!r} is needed by {', '.join(users)}")
+    STAGES.pop(name, None)
+
+
+def spec(name: str) -> StageSpec:
+    try:
+        return STAGES[name]
+    except KeyError:
+        near = difflib.get_close_matches(str(name), STAGES, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ConfigurationError(f"unknown stage {name!r}{hint} valid: {', '.join(STAGES)}") from None
+
+
+def order() -> list[str]:
+    """Pipeline order: the table's (registration) order, which puts every stage after the ones it needs."""
+    return list(STAGES)
+
+
+def rank(name: str) -> int:
+    return order().index(spec(name).name)
+
+
+def host_stages() -> frozenset[str]:
+    return frozenset(s.name for s in STAGES.values() if s.where is Where.HOST)
+
+
+def default_timeouts() -> dict[str, int]:
+    return {s.name: s.timeout_s for s in STAGES.values()}
+
+
+def closure(listed: Iterable[str]) -> list[str]:
+    """Every stage a job with these listed stages runs (its listed ones and what they need), in pipeline order."""
+    want: set[str] = set()
+    todo = list(listed)
+    while todo:
+        name = todo.pop()
+        if name not in want:
+            want.add(name)
+            todo += spec(name).needs
+    return [s for s in order() if s in want]
+
+
+def needs_problems(listed: list[str]) -> list[str]:
+    """Listed stages whose needs are neither listed nor implied (run anyway), one line each."""
+    return [f"stage {name} needs {need}, which is not in stages"
+            for name in listed for need in spec(name).needs if need not in listed and not spec(need).implied]
+
+
+def unlisted_timeout(name: str, timeouts: Mapping[str, int]) -> int:
+    """The timeout of a stage a job runs without listing it. An unrecorded one (the reference) spends the budget
+    of the first listed stage that needs it (that stage reports its failure); a recorded one, its default."""
+    if not spec(name).recorded:
+        for user in order():
+            if user in timeouts and name in spec(user).needs:
+                return timeouts[user]
+    return spec(name).timeout_s
+
+
+def progress_columns(listed: Iterable[Iterable[str]]) -> list[str]:
+    """The live progress display's columns: every stage some job lists, in pipeline order."""
+    named = {s for stages in listed for s in stages}
+    return [s for s in order() if s in named]
+
+
+def finish_times(durations: Mapping[str, float]) -> Iterator[tuple[str, float]]:
+    """(stage, when it would end if nothing waited) for one job's stages: its duration after the latest of its
+    needs (a stage the job did not run counts 0). Their maximum is the job's dependent chain."""
+    ends: dict[str, float] = {}
+    for name in order():
+        ends[name] = durations.get(name, 0.0) + max((ends[n] for n in spec(name).needs), default=0.0)
+        if name in durations:
+            yield name, ends[name]
+
+
+# Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
+register(StageSpec(
+    name=REFERENCE, needs=(), where=Where.HOST, runs="tasks.reference:reference",
+    command="edgellm reference <source checkpoint> (transformers, on the orchestrating host)",
+    outputs=("reference",), cache_key=("checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
+    timeout_s=6000, shared=Shared.MODEL, implied=True))
+register(StageSpec(
+    name=Stage.QUANTIZE, needs=(), where=Where.HOST, runs="tasks.quantize:quantize",
+    command="the quantizing toolchain's quantizer (tensorrt-edgellm-quantize); the identity when unquantized",
+    outputs=("checkpoint", "quantized_linears"),
+    cache_key=("checkpoint_sha256", "quantize options", "toolchain", "toolchain_version"),
+    timeout_s=1200, shared=Shared.CHECKPOINT, implied=True))
+register(StageSpec(
+    name=Stage.EXPORT, needs=(Stage.QUANTIZE,), where=Where.HOST, runs="tasks.export:export",
+    command="the toolchain's exporter (edgellm export / tensorrt-edgellm-export + onnx check)",
+    outputs=("onnx",),
+    cache_key=("checkpoint_sha256", "precision", "lm_head_precision", "kv_cache_precision", "toolchain",
+               "toolchain_version", "opset | chat_template_sha256", "edgellm_build | onnx_check"),
+    timeout_s=1200, shared=Shared.EXPORT))
+register(StageSpec(
+    name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
+    command="the toolchain's build command on a device (edgellm build)", outputs=("engine",),
+    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "max_batch_size",
+               "max_input_len", "max_seq_len"),
+    timeout_s=1200))
+register(StageSpec(
+    name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer",
+    command="edgellm infer on a device", outputs=("engine",), cache_key=(), timeout_s=6000))
+register(StageSpec(
+    name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
+    command="edgellm eval --reference on a device", outputs=(), cache_key=(), timeout_s=6000,
+    parser="tasks.accuracy:eval_metrics"))
+register(StageSpec(
+    name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.bench:bench",
+    command="edgellm bench --mode prefill, then decode, on a device (exclusive)", outputs=(), cache_key=(),
+    timeout_s=1200))
