@@ -31,6 +31,8 @@ def as_outcome(stage: Stage, outcome: StageOutcome | BaseException) -> StageOutc
 @task(name="record", retries=2, retry_delay_seconds=1.0, retry_condition_fn=infra_only, cache_policy=NO_CACHE)
 def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome | BaseException) -> StageOutcome:
     result = as_outcome(stage, outcome)
+    if result.standin:  # said on every page that shows the row (and never counted: results/queries.py)
+        result.reason = f"STAND-IN tools (test only, never evidence): {result.reason or result.status.value}"
     model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
     farm = Farm.get(ctx)
     farm.recorder.record_result(
@@ -38,7 +40,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: Stage, outcome: StageOutcome |
         test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
         toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
         reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
-        metrics=result.metrics, artifacts=result.artifacts,
+        metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
     )
     if result.device is not None and not result.cached:
         farm.recorder.record_attempt(
