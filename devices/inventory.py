@@ -4,6 +4,11 @@ The directory is ``--inventory DIR``, else ``$EDGEFARM_INVENTORY``, else the pac
 Loading validates every file and reports every problem at once (one ConfigurationError, one line each),
 before anything connects to a device.
 
+A TensorRT device names where its TensorRT Edge-LLM install lives in a ``tensorrt_edgellm:`` block (``build_dir``,
+``trt_package_dir``, ``plugin_path``, all absolute device paths; optional ``version`` of that build and
+``standin: true`` for a test stand-in whose results are never evidence); the plan runs a TensorRT row only where
+such a device exists.
+
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
 relative to the project's data dir (``$EDGEFARM_DATA_DIR``, else ``.data`` in the current directory, as the
 results database); ``work_dir`` of an ssh device absolute or relative to the login directory.
@@ -29,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from devices._yaml import read_yaml_mapping, validation_problems
 from devices.types import DEVICE_TYPES, DeviceType, Platform
 from edgellm.errors import ConfigurationError
+from toolchains.tensorrt_edgellm.device import DeviceInstall
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"
@@ -64,6 +70,14 @@ class Device(BaseModel):
     python: str | None = None  # interpreter with edgellm installed; default python3 (ssh) / this one (local)
     env: dict[str, str] = Field(default_factory=dict)  # set for every command on the device (PATH, PYTHONPATH...)
     connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    tensorrt_edgellm: dict[str, Any] | None = None  # where its TensorRT Edge-LLM install lives (see module doc)
+
+    @property
+    def trt_install(self) -> DeviceInstall | None:
+        """The validated ``tensorrt_edgellm`` block (validated at load: see _check_device), or None."""
+        if self.tensorrt_edgellm is None:
+            return None
+        return DeviceInstall.from_inventory(self.tensorrt_edgellm, device=self.id)
 
     @property
     def platform(self) -> Platform:
@@ -120,6 +134,11 @@ def _check_device(device: Device, path: Path) -> list[str]:
     bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
     if bad_env:
         problems.append(f"{path}: env: invalid variable names {bad_env}; use letters, digits and _")
+    if device.tensorrt_edgellm is not None:
+        try:
+            DeviceInstall.from_inventory(device.tensorrt_edgellm, device=device.id)
+        except ConfigurationError as err:
+            problems.append(f"{path}: tensorrt_edgellm: {err}")
     if device.transport is TransportKind.LOCAL:
         for key in _SSH_ONLY:
             if getattr(device, key) is not None:

@@ -298,8 +298,8 @@ def run(
     raise typer.Exit(_print_summary(result))
 
 
-QUERY_FIELDS = ("model", "precision", "platform", "status", "toolchain", "toolchain_version", "run_id", "run_kind",
-                "run_started_at", "stages")
+QUERY_FIELDS = ("model", "precision", "platform", "status", "toolchain", "toolchain_version", "route", "standin",
+                "run_id", "run_kind", "run_started_at", "stages")
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
@@ -328,8 +328,8 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
     rows_out = [
         {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
          "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
-         "toolchain": r.toolchain, "toolchain_version": r.toolchain_version,
-         "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
+         "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
+         "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
          "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
          "stages": {k.value: v.value for k, v in r.stages.items()}}
         for r in rows
@@ -379,7 +379,9 @@ def query(
         for r in rows:
             colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
             bad = " ".join(f"{k}:{v}" for k, v in r["stages"].items() if v in ("fail", "error"))
-            made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"]) if x)
+            made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"],
+                                           r["route"] and f"({r['route']} route)",
+                                           "STAND-IN (never evidence)" if r["standin"] else None) if x)
             t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]", made_by,
                       str(r["run_id"]), bad)
         out.print(t)

@@ -95,6 +95,10 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                     by_reason[r.reason].append(r.stage.value)
             reasons = [f"{'/'.join(stages)}: {why}" if len(stages) < len(results) else why
                        for why, stages in by_reason.items()]
+            if st.standin:  # its passes ran on stand-ins: never supported (queries keep its verdict incomplete)
+                reasons.insert(0, "STAND-IN tools (test only, never evidence)")
+            if st.route:
+                reasons.append(f"route: {st.route}")
             devices = sorted({r.device for r in results if r.device and r.device != "orchestrator"})
             run = runs[st.run_id]
             rows.append(MatrixRow(

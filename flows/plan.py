@@ -176,13 +176,17 @@ def _decide(
     if toolchain is not None and (problem := require(toolchain).variant_problem(
             entry.precision, entry.lm_head_precision, entry.kv_cache_precision)) is not None:
         return Decision.NOT_APPLICABLE, toolchain, problem, ()
-    devices = tuple(d.id for d in inventory.select(platform=platform))
+    found = inventory.select(platform=platform)
+    devices = tuple(d.id for d in found)
     missing = list(refusals) if toolchain is None else []
     if not set(entry.stages) <= HOST_STAGES:
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
-        if toolchain is not None and (problem := require(toolchain).device_problem()) is not None:
-            missing.append(problem)
+        if toolchain is not None:
+            driver = require(toolchain)
+            if (problem := driver.device_problem() or driver.devices_problem(platform, found)) is not None:
+                missing.append(problem)
+            devices = tuple(d.id for d in found if driver.drives(d)) or devices  # skipped: still name the ones there
     else:
         devices = ()  # nothing of this job runs on a device
     if missing:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -62,6 +63,13 @@ class RunStatus(enum.StrEnum):
 class RegressionSeverity(enum.StrEnum):
     FAIL = "fail"  # accuracy got worse: the row fails
     WARN = "warn"  # performance got worse: shown, the row still passes
+
+
+class Route(enum.StrEnum):
+    """How an engine was made, for toolchains with more than one way (TensorRT Edge-LLM)."""
+
+    ONNX = "onnx"  # exported ONNX -> llm_build
+    DIRECT = "direct"  # straight from the (quantized) checkpoint: tensorrt-edgellm-build
 
 
 class ResultStatus(enum.StrEnum):
@@ -159,6 +167,9 @@ class Result(Base):
     error_kind: Mapped[ErrorKind | None] = mapped_column(db_enum(ErrorKind, "error_kind"))
     duration_s: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    route: Mapped[Route | None] = mapped_column(db_enum(Route, "route"))  # None: the toolchain has one route
+    # ran on test stand-ins of the toolchain's tools: kept, never evidence (queries never count it as pass)
+    standin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     run: Mapped[Run] = relationship(back_populates="results")
     metrics: Mapped[list[Metric]] = relationship(passive_deletes=True)

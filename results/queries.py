@@ -9,7 +9,8 @@ Verdict of a row in one run, given its required stages (default: infer and accur
   - ``not_applicable`` if every result is not_applicable (the combination is not meant to work);
   - ``pass`` if every required stage has at least one ``pass`` and only pass / waived / not_applicable results
     (a waived result never proves a stage; a skipped one means it was not run);
-  - ``incomplete`` otherwise (a required stage missing or skipped).
+  - ``incomplete`` otherwise (a required stage missing or skipped), and always when a result ran on test stand-ins
+    of a toolchain's tools (``Result.standin``): a stand-in is never evidence.
 """
 
 from __future__ import annotations
@@ -63,15 +64,22 @@ class RowStatus:
     run_started_at: datetime | None = None
     toolchain: str | None = None  # the toolchain that made the evidence: of the last stage that ran
     toolchain_version: str | None = None  # its version where that stage ran
+    standin: bool = False  # some result ran on test stand-ins: never evidence (verdict at best incomplete)
+    route: str | None = None  # how its engine was made (onnx | direct), when its toolchain has routes
 
 
 @dataclass
 class _Tally:
     counts: dict[Stage, dict[ResultStatus, int]] = field(default_factory=lambda: defaultdict(dict))
     made_by: dict[Stage, tuple[str, str | None]] = field(default_factory=dict)  # stage -> (toolchain, version)
+    standin: bool = False
+    routes: set[str] = field(default_factory=set)
 
     def add(self, stage: Stage, status: ResultStatus, n: int, toolchain: str | None = None,
-            version: str | None = None) -> None:
+            version: str | None = None, standin: bool = False, route: Any = None) -> None:
+        self.standin = self.standin or bool(standin)
+        if route is not None:
+            self.routes.add(str(getattr(route, "value", route)))
         self.counts[stage][status] = self.counts[stage].get(status, 0) + n
         if toolchain is not None and (stage not in self.made_by or version is not None):
             self.made_by[stage] = (str(toolchain), version)
@@ -85,6 +93,9 @@ class _Tally:
             return self.made_by[ran[-1]]
         return (", ".join(sorted({tc for tc, _ in self.made_by.values()})) or None), None
 
+    def marks(self) -> tuple[bool, str | None]:
+        return self.standin, ", ".join(sorted(self.routes)) or None
+
     def verdict(self, required: Sequence[Stage]) -> Verdict:
         seen = {st for per in self.counts.values() for st in per}
         if ResultStatus.FAIL in seen:
@@ -97,7 +108,7 @@ class _Tally:
             per = self.counts.get(stage, {})
             if not per.get(ResultStatus.PASS) or any(st not in _ACCEPTABLE for st in per):
                 return Verdict.INCOMPLETE
-        return Verdict.PASS
+        return Verdict.INCOMPLETE if self.standin else Verdict.PASS
 
     def worst(self) -> dict[Stage, ResultStatus]:
         return {stage: min(per, key=_SEVERITY.index) for stage, per in sorted(self.counts.items(),
@@ -139,18 +150,18 @@ def latest_status(
     req = _required(required)
     latest = (
         select(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-               Result.status, Result.toolchain, Result.toolchain_version, func.count())
+               Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route, func.count())
         .join(Result, and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
                            Result.platform == RowLatest.platform, Result.run_id == RowLatest.run_id))
         .where(*_row_filter(model, precision, platform))
         .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-                  Result.status, Result.toolchain, Result.toolchain_version)
+                  Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
     )
     tallies: dict[tuple[RowKey, int], _Tally] = defaultdict(_Tally)
     with _session(db) as s:
-        for m, p, pl, run_id, stage, status, tc, version, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl), run_id)].add(stage, status, n, tc, version)
-    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain())
+        for m, p, pl, run_id, stage, status, tc, version, standin, route, n in s.execute(latest):
+            tallies[(RowKey(m, p, pl), run_id)].add(stage, status, n, tc, version, standin, route)
+    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks())
             for (key, run_id), t in sorted(tallies.items())]
 
 
@@ -175,6 +186,7 @@ def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None) -> Sele
     having = [
         n(Result.status.in_(_BLOCKING)) == 0,
         n(Result.status != ResultStatus.NOT_APPLICABLE) > 0,
+        n(Result.standin.is_(True)) == 0,  # a stand-in is never evidence
     ]
     for stage in req:
         having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
@@ -204,18 +216,18 @@ def row_history(
     key = RowKey(model, Precision.parse(precision), platform)
     stmt = (
         select(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
-               Result.toolchain_version, func.count())
+               Result.toolchain_version, Result.standin, Result.route, func.count())
         .join(Run, Run.id == Result.run_id)
         .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform,
                Run.published_at.is_not(None))
         .group_by(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
-                  Result.toolchain_version)
+                  Result.toolchain_version, Result.standin, Result.route)
     )
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for run_id, kind, started, stage, status, tc, version, n in s.execute(stmt):
-            tallies[run_id].add(stage, status, n, tc, version)
+        for run_id, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
+            tallies[run_id].add(stage, status, n, tc, version, standin, route)
             runs[run_id] = (kind, started)
     return [RowStatus(key, rid, tallies[rid].verdict(req), tallies[rid].worst(), *runs[rid],
-                      *tallies[rid].toolchain()) for rid in sorted(runs)]
+                      *tallies[rid].toolchain(), *tallies[rid].marks()) for rid in sorted(runs)]

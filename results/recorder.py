@@ -33,6 +33,7 @@ from results.models import (
     MetricBaseline,
     Result,
     ResultStatus,
+    Route,
     RowLatest,
     Run,
     RunKind,
@@ -201,6 +202,8 @@ class Recorder:
         duration_s: float | None = None,
         metrics: Mapping[str, tuple[float, str]] | None = None,
         artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
+        route: str | None = None,
+        standin: bool = False,
     ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
@@ -218,6 +221,8 @@ class Recorder:
             "error_kind": None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
             "duration_s": duration_s,
             "recorded_at": utcnow(),
+            "route": None if route is None else parse_choice(Route, route, "route"),
+            "standin": bool(standin),
         }
         metric_rows = [
             {"name": _nonempty(name, "metric name", 100), "value": float(v), "unit": unit}

@@ -32,6 +32,7 @@ from results import leases, quarantine
 from results.models import ResultStatus
 from tasks import device_cache
 from tasks.farm import Farm
+from toolchains.base import DeviceStep
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ def run_stage(
     *,
     platform: str,
     what: str,  # names the job and stage in logs and attempts
-    argv: Callable[[Device, Transport, str], list[str]],  # (device, transport, job dir) -> edgellm argv
+    # (device, transport, job dir) -> argv, or a DeviceStep (argv + the extra environment the toolchain needs)
+    argv: Callable[[Device, Transport, str], list[str] | DeviceStep],
     inputs: Sequence[ArtifactRef] = (),
     fetch: dict[str, str] | None = None,  # output name -> path relative to the job dir
     fetch_on: Sequence[ResultStatus] = (ResultStatus.PASS,),
@@ -195,10 +197,12 @@ def run_stage(
     on_attempt_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
     after: Callable[[Transport, DeviceRun], None] | None = None,  # runs while the lease is still held
     exclusive: bool = False,  # hold every slot of the device (benchmarks: nothing runs beside them)
+    accepts: Callable[[Device], bool] | None = None,  # only such devices of the platform (the toolchain's own)
 ) -> DeviceRun:
-    candidates = farm.inventory.select(platform=platform)
+    candidates = [d for d in farm.inventory.select(platform=platform) if accepts is None or accepts(d)]
     if not candidates:
-        raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}")
+        raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}"
+                                 + (" that the job's toolchain can drive" if accepts is not None else ""))
     held = quarantine.active(farm.engine)
     if held:
         candidates = [d for d in candidates if d.id not in held]
@@ -234,7 +238,7 @@ def run_stage(
 
 
 def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
-              argv: Callable[[Device, Transport, str], list[str]], inputs: Sequence[ArtifactRef],
+              argv: Callable[[Device, Transport, str], list[str] | DeviceStep], inputs: Sequence[ArtifactRef],
               fetch: dict[str, str], fetch_on: Sequence[ResultStatus], timeout: float, waited: float,
               t0: float) -> DeviceRun:
     job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
@@ -242,12 +246,13 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     for ref in inputs:
         ensure_on_device(farm, transport, ref)
     transport.run(["mkdir", "-p", job_dir], timeout=60)
-    command = argv(device, transport, job_dir)
+    made = argv(device, transport, job_dir)
+    command, step_env = (made.argv, made.env) if isinstance(made, DeviceStep) else (made, {})
     logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{slug(what)}-{device.id}.log"
     log_path.write_text(f"$ {' '.join(command)}\n", encoding="utf-8")
-    result = transport.run(command, timeout=timeout, log=log_path, env=device.env or None)
+    result = transport.run(command, timeout=timeout, log=log_path, env={**device.env, **step_env} or None)
     status, kind, reason = classify(result, timeout)
     fetched: dict[str, Path] = {}
     if status in fetch_on and fetch:

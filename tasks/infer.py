@@ -1,4 +1,6 @@
-"""Infer: run a batch of fixed prompts through the engine on a device of the platform (``edgellm infer``)."""
+"""Infer: run a batch of fixed prompts through the engine on a device of the platform. The toolchain driver says
+the command (``edgellm infer``; TensorRT Edge-LLM's ``llm_inference``) and translates our requests into its input
+file and its output back into our responses."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
+from toolchains.base import DeviceStep, require
 
 PROMPTS = (
     "Once upon a time",
@@ -40,28 +43,36 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
-        request = farm.store.put(json.dumps(requests_for(job), indent=1).encode(), ArtifactKind.REPORT)
+        toolchain = require(job.toolchain)
+        ours = requests_for(job)["requests"]
+        request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 
-        def argv(device: Device, transport: Transport, job_dir: str) -> list[str]:
-            return [device.interpreter, "-m", "edgellm", "infer", "--engine-dir", f"cache/{engine.sha256}",
-                    "--input-file", f"cache/{request.sha256}", "--output-file", f"{job_dir}/out.json"]
+        def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
+            return toolchain.infer_step(device, f"cache/{engine.sha256}", f"cache/{request.sha256}",
+                                        f"{job_dir}/out.json")
 
-        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=argv, inputs=[engine, request],
+        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[engine, request],
                         fetch={"out.json": "out.json"}, timeout=job.timeout(Stage.INFER),
-                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER))
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER), accepts=toolchain.drives)
         out = from_device_run(Stage.INFER, run, job)
+        out.toolchain_version = toolchain.device_version(run.device, run.env)
+        out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
         out.outputs["engine"] = engine
         if run.status is ResultStatus.PASS:
-            responses = json.loads(run.fetched["out.json"].read_text())["responses"]
             out.artifacts.append(farm.store.put(run.fetched["out.json"], ArtifactKind.REPORT))
-            empty = [r["id"] for r in responses if not r["output_ids"]]
+            responses = toolchain.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)
+            empty = [r["id"] for r in responses if not (r.get("output_ids") or r.get("text"))]
             if len(responses) != job.max_batch_size or empty:
                 out.status = ResultStatus.FAIL
                 out.reason = f"expected {job.max_batch_size} non-empty responses; empty: {empty}"
-            out.metrics["ttft_ms"] = (statistics.median(r["timings"]["ttft_ms"] for r in responses), "ms")
-            out.metrics["infer_ms_per_token"] = (
-                statistics.median(r["timings"]["ms_per_token"] for r in responses), "ms")
-            out.metrics["generated_tokens"] = (float(sum(len(r["output_ids"]) for r in responses)), "tokens")
+            timed = [r["timings"] for r in responses if r.get("timings")]
+            if timed:  # llm_inference's file has no per-request timings: nothing is guessed
+                out.metrics["ttft_ms"] = (statistics.median(t["ttft_ms"] for t in timed), "ms")
+                out.metrics["infer_ms_per_token"] = (statistics.median(t["ms_per_token"] for t in timed), "ms")
+            if all(r.get("output_ids") is not None for r in responses):
+                out.metrics["generated_tokens"] = (float(sum(len(r["output_ids"]) for r in responses)), "tokens")
+            else:
+                out.metrics["generated_chars"] = (float(sum(len(r.get("text") or "") for r in responses)), "chars")
         return out
 
     return body()

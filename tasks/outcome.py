@@ -26,6 +26,8 @@ class StageOutcome:
     toolchain_version: str | None = None  # of the job's toolchain where this stage ran; None when it did not run
     toolchain: Toolchain | None = None  # the toolchain that made it when not the job's (quantize: the quantizer's)
     cached: bool = False
+    route: str | None = None  # how the engine was made (onnx | direct) for toolchains with routes, else None
+    standin: bool = False  # ran on test stand-ins of the toolchain's tools: recorded, never evidence
     started_at: float = field(default_factory=time.time)  # wall clock when the task body began
     ended_at: float = 0.0
     task_run_id: str | None = None  # the Prefect task run that produced it (orchestration overhead is measured)

@@ -32,6 +32,8 @@ def as_outcome(stage: str, outcome: StageOutcome | BaseException) -> StageOutcom
 @task(name="record", retries=2, retry_delay_seconds=1.0, retry_condition_fn=infra_only, cache_policy=NO_CACHE)
 def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | BaseException) -> StageOutcome:
     result = as_outcome(stage, outcome)
+    if result.standin:  # said on every page that shows the row (and never counted: results/queries.py)
+        result.reason = f"STAND-IN tools (test only, never evidence): {result.reason or result.status.value}"
     if stages.spec(stage).recorded:
         model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
         farm = Farm.get(ctx)
@@ -40,7 +42,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
             toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
-            metrics=result.metrics, artifacts=result.artifacts,
+            metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
         )
         if result.device is not None and not result.cached:
             farm.recorder.record_attempt(

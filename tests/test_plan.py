@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
+from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
@@ -218,8 +219,40 @@ def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_ow
     by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog).jobs}
     thor = by[("tiny-qwen3", "fp16", "thor")]
     assert thor.decision is Decision.SKIPPED
-    assert "no device of platform thor" in thor.reason and "its device stages (llm_build" in thor.reason
+    assert "no device of platform thor in the inventory" in thor.reason
+    assert "no device of platform thor has a TensorRT Edge-LLM install (add a tensorrt_edgellm: block" in thor.reason
     assert by[("tiny-qwen3-128", "int4_awq", "x86-cpu")].decision is Decision.RUN
+
+
+def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(_own_data_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Orin fp16 with the real driver: skipped while the Orin's inventory file has no tensorrt_edgellm block (the
+    reason names the key to add), run on that device once it has one; a bad block is refused naming file and keys."""
+    from tests.helpers.toolchain_env import stand_in_toolchain_env
+
+    stand_in_toolchain_env(_own_data_dir)
+    directory = _inventory_with(tmp_path, "orin")
+    matrix = tmp_path / "m.yml"
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
+                                      "platforms": ["orin"],
+                                      "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
+    job = plan_matrix(matrix, load_inventory(directory), Catalog.load()).jobs[0]
+    assert (job.decision, job.toolchain) == (Decision.SKIPPED, "tensorrt-edgellm")
+    assert job.reason == ("no device/toolchain can run it here: no device of platform orin has a TensorRT Edge-LLM "
+                          "install (add a tensorrt_edgellm: block with build_dir, trt_package_dir, plugin_path to "
+                          "its inventory file)")
+    install = {"build_dir": "/opt/edge-llm/build", "trt_package_dir": "/opt/trt",
+               "plugin_path": "/opt/edge-llm/build/libNvInfer_edgellm_plugin.so", "version": "0.11.0"}
+    (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
+                                                           "tensorrt_edgellm": install}))
+    job = plan_matrix(matrix, load_inventory(directory), Catalog.load()).jobs[0]
+    assert (job.decision, job.toolchain, job.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-2",))
+    (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
+                                                           "tensorrt_edgellm": {**install, "pluginPath": "/x"}}))
+    with pytest.raises(ConfigurationError, match=r"orin-2.yaml: tensorrt_edgellm: device 'orin-2': .*unknown "
+                                                 r"pluginPath \(valid keys: build_dir, trt_package_dir, plugin_path, "
+                                                 r"version, standin\)"):
+        load_inventory(directory)
 
 
 def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) -> None:

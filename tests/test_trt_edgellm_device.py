@@ -77,6 +77,7 @@ def test_build_and_bench_arguments_are_accepted(install: DeviceInstall, tmp_path
     onnx = tmp_path / "export" / "llm"
     onnx.mkdir(parents=True)
     (onnx / "config.json").write_text("{}")
+    (onnx / "model.onnx").write_bytes(b"")
     engine = tmp_path / "engine"
     argv = build_argv(install, str(onnx), str(engine), max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256)
     done = run(argv, install)

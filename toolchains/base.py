@@ -16,13 +16,17 @@ import importlib
 import pkgutil
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.errors import BugError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+
+if TYPE_CHECKING:
+    from devices.inventory import Device
 
 
 class Toolchain(_ChoiceEnum):
@@ -37,6 +41,33 @@ class Toolchain(_ChoiceEnum):
 class Availability:
     ok: bool
     reason: str | None = None  # why not, naming what is missing
+
+
+@dataclass(frozen=True)
+class DeviceStep:
+    """One command of a device stage as the toolchain wants it run: an argv list (never a shell line), extra
+    environment for it, and the outputs to fetch back (name -> path relative to the job dir)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    fetch: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """What a build stage read back of the engine it fetched: its weight precision and a one-line account."""
+
+    precision: str
+    detail: str
+    metrics: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One benchmark command (a mode) and how to read its fetched outputs into metrics."""
+
+    step: DeviceStep
+    mode: str
 
 
 class ToolchainDriver(ABC):
@@ -75,8 +106,94 @@ class ToolchainDriver(ABC):
         return ()
 
     def device_problem(self) -> str | None:
-        """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench), or None."""
+        """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
         return None
+
+    # --- device stages: what each stage runs on a device and how its outputs are read (one home per toolchain) ---
+    # A driver that does not override them cannot run device stages (a host-only or planning driver).
+
+    def _no_device_stages(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"toolchain {self.name} does not drive device stages ({what} not implemented)")
+
+    def drives(self, device: Device) -> bool:
+        """Whether this toolchain's device stages can run on ``device`` (e.g. it has the toolchain's install)."""
+        return True
+
+    def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
+        """Why none of the platform's ``devices`` (at least one) can run this toolchain's device stages, or None."""
+        return None
+
+    def standin(self, device: Device) -> bool:
+        """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
+        return False
+
+    def route(self) -> str | None:
+        """How this toolchain makes its engines (recorded per result: onnx | direct), or None when it has one."""
+        return None
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        """The toolchain's version on ``device`` (its ``edgellm env`` JSON ``env``)."""
+        return self.version(env)
+
+    def build_key_inputs(self, device: Device) -> dict[str, Any]:
+        """Extra engine-cache key inputs the device's install contributes (e.g. a stand-in never shares a key)."""
+        return {}
+
+    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
+        """The build command; it must leave the engine in ``engine_dir`` (fetched and stored as the engine)."""
+        return DeviceStep(self.build_command(device.interpreter, onnx_dir, engine_dir, params))
+
+    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
+        """Read back the fetched engine: its weight precision (TestFailure when it is not what was built for).
+        ``onnx_dir``: the export it was built from, extracted locally (None when the toolchain does not need it)."""
+        raise self._no_device_stages("check_engine")
+
+    def needs_onnx_for_check(self) -> bool:
+        return False
+
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
+        """The inference command on a staged request file (what :meth:`infer_request` made)."""
+        raise self._no_device_stages("infer_step")
+
+    def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        """The request file the device's tool reads, from ours (``edgellm infer``'s format)."""
+        return {"requests": requests}
+
+    def infer_responses(self, output: Mapping[str, Any], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tool's output file -> our responses, in request order (id, text, output_ids, timings or None)."""
+        return list(output["responses"])
+
+    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
+                   warmup: int, iterations: int) -> list[BenchRun]:
+        """One command per benchmark mode (prefill, decode)."""
+        raise self._no_device_stages("bench_runs")
+
+    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
+        """Metrics of one benchmark command from its fetched outputs."""
+        raise self._no_device_stages("bench_metrics")
+
+    # Accuracy against the host's transformers reference (``tasks.reference``); the report has edgellm eval's shape:
+    # {"passed": bool, "checks": {name: {"value": ...}}, "failed_checks": [...]}.
+
+    def accuracy_stages_reference(self) -> bool:
+        """True: the reference file is staged on the device and the device command compares (edgellm eval);
+        False: the device only generates (:meth:`accuracy_request`) and the host compares."""
+        return True
+
+    def accuracy_request(self, reference: Path) -> list[dict[str, Any]] | None:
+        """Our requests the device generates for the comparison (None when the device compares itself)."""
+        return None
+
+    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
+                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
+        """The accuracy command on the device."""
+        raise self._no_device_stages("accuracy_step")
+
+    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
+                        precision: Precision, thresholds: Mapping[str, float],
+                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The accuracy report from what the command wrote (and, for host-side comparison, the local reference)."""
+        raise self._no_device_stages("accuracy_report")
 
     def host_version(self) -> str:
         """The version on the orchestrating host (stages that run there: quantize, export)."""

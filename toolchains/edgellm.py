@@ -6,15 +6,71 @@ list kept here.
 
 from __future__ import annotations
 
+import argparse
+import functools
+import json
+import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.backends.base import registered_backends
 from edgellm.capabilities import buildable
 from edgellm.compiler.export import check_variant, quantized_export_precisions
-from edgellm.errors import UnsupportedError
+from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
+from edgellm.thresholds import FIELDS
 from edgellm.types import Backend, KVCachePrecision, LMHeadPrecision, Precision
-from toolchains.base import Availability, Toolchain, ToolchainDriver, register_toolchain
+from toolchains.base import (
+    Availability,
+    BenchRun,
+    DeviceStep,
+    EngineCheck,
+    Toolchain,
+    ToolchainDriver,
+    register_toolchain,
+)
+
+if TYPE_CHECKING:
+    from devices.inventory import Device
+
+ENGINE_MANIFEST = "engine_manifest.json"
+
+
+@functools.cache
+def _flag_of() -> dict[str, str]:
+    """threshold name -> the ``edgellm eval`` option that overrides it (asked of the CLI's own parser)."""
+    from edgellm.cli import eval as eval_cli
+
+    parser = argparse.ArgumentParser()
+    eval_cli.add_arguments(parser)
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest in FIELDS and a.option_strings}
+
+
+def threshold_flags(limits: Mapping[str, float]) -> list[str]:
+    """``edgellm eval`` options for the catalog's limits of a model (over the library's per-precision defaults)."""
+    flags = []
+    for name, value in sorted(limits.items()):
+        if name not in _flag_of():
+            raise ConfigurationError(f"threshold {name!r} cannot be given to edgellm eval; valid: "
+                                     f"{', '.join(sorted(_flag_of()))}")
+        flags += [_flag_of()[name], repr(float(value))]
+    return flags
+
+
+def eval_metrics(report: Mapping[str, object]) -> dict[str, tuple[float, str]]:
+    metrics: dict[str, tuple[float, str]] = {}
+    checks = report.get("checks") or {}
+    if isinstance(checks, dict):
+        for name, check in checks.items():
+            value = check.get("value") if isinstance(check, dict) else None
+            if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+                metrics[name] = (float(value), "")
+    ref, eng = report.get("reference_perplexity"), report.get("engine_perplexity")
+    if isinstance(ref, (int, float)) and isinstance(eng, (int, float)) and ref > 0:
+        metrics["perplexity"] = (float(eng), "")
+        metrics["reference_perplexity"] = (float(ref), "")
+        metrics["perplexity_ratio"] = (float(eng) / float(ref), "")
+    return metrics
 
 
 class EdgellmToolchain(ToolchainDriver):
@@ -53,6 +109,55 @@ class EdgellmToolchain(ToolchainDriver):
         return [interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend", self.backend,
                 "--max-batch-size", str(params["max_batch_size"]), "--max-input-len", str(params["max_input_len"]),
                 "--max-seq-len", str(params["max_seq_len"])]
+
+    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
+        """The engine manifest states the precision the build read back from the graph it built."""
+        manifest = json.loads((engine_dir / ENGINE_MANIFEST).read_text())
+        metrics: dict[str, tuple[float, str]] = {}
+        build_s = manifest.get("build_seconds")
+        if isinstance(build_s, (int, float)):
+            metrics["build_s"] = (float(build_s), "s")
+        found = str(manifest.get("precision"))
+        return EngineCheck(found, f"engine precision {found} (read back from the built graph)", metrics)
+
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
+        return DeviceStep([device.interpreter, "-m", "edgellm", "infer", "--engine-dir", engine_dir,
+                           "--input-file", request_file, "--output-file", output_file])
+
+    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
+                   warmup: int, iterations: int) -> list[BenchRun]:
+        modes = {
+            "prefill": ["--mode", "prefill", "--batch-size", "1", "--input-len", str(prompt_len), "--past-len", "0"],
+            "decode": ["--mode", "decode", "--batch-size", "1", "--past-len", str(past_len)],
+        }
+        return [BenchRun(DeviceStep([device.interpreter, "-m", "edgellm", "bench", "--engine-dir", engine_dir,
+                                     *args, "--warmup", str(warmup), "--iterations", str(iterations),
+                                     "--output", f"{job_dir}/bench.json"], fetch={"bench.json": "bench.json"}),
+                         mode) for mode, args in modes.items()]
+
+    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
+        report = json.loads(fetched["bench.json"].read_text())
+        m = run.mode
+        return {f"{m}_tokens_per_s": (float(report["tokens_per_s"]), "tokens/s"),
+                f"{m}_ms_per_token": (float(report["ms_per_token"]["median"]), "ms"),
+                f"{m}_ms_per_token_p90": (float(report["ms_per_token"]["p90"]), "ms"),
+                f"{m}_peak_rss_mb": (report["peak_rss_bytes"] / 2**20, "MiB")}
+
+    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
+                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
+        assert reference_file is not None
+        return DeviceStep([device.interpreter, "-m", "edgellm", "eval", "--engine-dir", engine_dir,
+                           "--reference", reference_file, "--output", f"{job_dir}/eval.json",
+                           *threshold_flags(thresholds)], fetch={"eval.json": "eval.json"})
+
+    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
+                        precision: Precision, thresholds: Mapping[str, float],
+                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
+        if "eval.json" not in fetched:
+            raise TestFailure("edgellm eval wrote no report")
+        report: dict[str, Any] = json.loads(fetched["eval.json"].read_text())
+        report["metrics"] = eval_metrics(report)
+        return report
 
 
 @register_toolchain

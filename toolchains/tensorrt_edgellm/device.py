@@ -4,7 +4,12 @@ On a TensorRT device the toolchain is a CMake build of TensorRT-Edge-LLM (tools 
 ``llm_build --onnxDir D --engineDir E --maxBatchSize N --maxInputLen N --maxKVCacheCapacity N``;
 ``llm_inference --engineDir E --inputFile I --outputFile O [--checkpointDir C --warmup N --maxGenerateLength N]``;
 ``llm_bench --engineDir E --mode prefill|decode (--inputLen N | --pastKVLen N) --iterations N --warmup N
-[--batchSize N --outputDir D]``. The ONNX-less route builds straight from a checkpoint with the wheel's
+[--batchSize N --outputDir D]``. What they write: ``llm_build`` puts ``llm.engine`` and ``config.json`` (the export's
+runtime config plus a ``builder_config`` block with the limits it built for) into the engine dir; ``llm_inference``
+writes ``{"responses": [{"output_text", "request_idx", "batch_idx", ...}]}``; ``llm_bench --outputDir D`` writes
+``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,batch_size,osl,e2e_time_ms,
+per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row) and a ``_samples`` CSV of per-iteration
+latencies. The ONNX-less route builds straight from a checkpoint with the wheel's
 ``tensorrt-edgellm-build --model-dir C --engine-dir E --plugin-path P --max-input-len N --max-kv-cache-capacity N
 --max-batch-size N`` (it needs TensorRT's Python bindings). Option names were checked against the tools' sources and
 the published input-format guide. Paths are device paths (POSIX strings); only direct_route_unavailable looks at
@@ -14,6 +19,7 @@ the local toolchain environment.
 from __future__ import annotations
 
 import enum
+import json
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +30,9 @@ from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import GenerationRequest
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
-INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")
+INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required
+OPTIONAL_KEYS = ("version", "standin")  # the C++ build's release (no package records it); a test stand-in
+ENGINE_FILE = "llm.engine"
 # What llm_inference writes as output_text for a request it could not handle.
 FAILED_TEXT = "TensorRT Edge LLM cannot handle this request. Fails."
 
@@ -48,22 +56,40 @@ class DeviceInstall:
     build_dir: PurePosixPath  # the CMake build directory of TensorRT-Edge-LLM
     trt_package_dir: PurePosixPath  # TensorRT's install (lib/ holds libnvinfer)
     plugin_path: PurePosixPath  # the plugin library, found by the tools through EDGELLM_PLUGIN_PATH
+    version: str | None = None  # the release the build dir was made from (recorded with every result)
+    # True: the tools are a test STAND-IN (they check their arguments, compute nothing): never evidence
+    standin: bool = False
 
     @classmethod
     def from_inventory(cls, data: Mapping[str, Any], *, device: str) -> DeviceInstall:
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm must be a mapping with "
+                                     f"{', '.join(INSTALL_KEYS)} (optional: {', '.join(OPTIONAL_KEYS)})")
         missing = [k for k in INSTALL_KEYS if not data.get(k)]
-        unknown = sorted(set(data) - set(INSTALL_KEYS))
+        unknown = sorted(set(data) - set(INSTALL_KEYS) - set(OPTIONAL_KEYS))
         if missing or unknown:
             raise ConfigurationError(
                 f"device {device!r}: tensorrt-edgellm install needs {', '.join(INSTALL_KEYS)}"
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unknown {', '.join(unknown)}" if unknown else "")
+                + f" (valid keys: {', '.join(INSTALL_KEYS + OPTIONAL_KEYS)})"
             )
         paths = {k: PurePosixPath(str(data[k])) for k in INSTALL_KEYS}
         relative = [f"{k}={v}" for k, v in paths.items() if not v.is_absolute()]
         if relative:
             raise ConfigurationError(f"device {device!r}: install paths must be absolute: {', '.join(relative)}")
-        return cls(**paths)
+        standin, version = data.get("standin", False), data.get("version")
+        if not isinstance(standin, bool):
+            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm.standin must be true or false, "
+                                     f"got {standin!r}")
+        if version is not None and (not isinstance(version, str) or not version.strip()):
+            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm.version must be a non-empty string, "
+                                     f"got {version!r}")
+        return cls(**paths, version=version, standin=standin)
+
+    def describe(self) -> dict[str, Any]:
+        """What a result records of the install (no paths: they reach published pages)."""
+        return {"version": self.version, "standin": self.standin}
 
     def tool(self, name: str) -> str:
         if name not in TOOLS:
@@ -217,3 +243,119 @@ def direct_route_unavailable(env: Path) -> str | None:
     if done.returncode == 0:
         return None
     return f"tensorrt-edgellm-build needs TensorRT's Python bindings, not installed in {env}"
+
+
+def bench_csv(output_dir: str, mode: BenchMode, length: int) -> str:
+    """Where ``llm_bench --outputDir`` writes its end-to-end timing of ``mode`` (see the module doc)."""
+    name = f"e2e_prefill_inputlen{length}" if mode is BenchMode.PREFILL else f"e2e_decode_pastkvlen{length}"
+    return f"{output_dir}/{name}.csv"
+
+
+def samples_csv(e2e_csv: str) -> str:
+    return e2e_csv.removesuffix(".csv") + "_samples.csv"
+
+
+E2E_COLUMNS = ("mode", "batch_size", "osl", "e2e_time_ms", "per_token_ms", "throughput_tps")
+
+
+def parse_bench(mode: BenchMode, e2e: str, samples: str | None) -> dict[str, tuple[float, str]]:
+    """llm_bench's end-to-end CSV (and its per-iteration samples, when written) -> the farm's bench metrics."""
+    import csv
+    import io
+    import statistics
+
+    rows = list(csv.DictReader(io.StringIO(e2e)))
+    if len(rows) != 1 or any(c not in rows[0] for c in E2E_COLUMNS):
+        raise TestFailure(f"llm_bench {mode.value}: expected one row with {', '.join(E2E_COLUMNS)}; got "
+                          f"{len(rows)} row(s) with {', '.join(rows[0]) if rows else 'no columns'}")
+    row = rows[0]
+    if row["mode"] != mode.value:
+        raise TestFailure(f"llm_bench wrote mode {row['mode']!r} for a {mode.value} run")
+    try:
+        out = {f"{mode.value}_tokens_per_s": (float(row["throughput_tps"]), "tokens/s"),
+               f"{mode.value}_ms_per_token": (float(row["per_token_ms"]), "ms"),
+               f"{mode.value}_e2e_ms": (float(row["e2e_time_ms"]), "ms")}
+        if samples:
+            lat = sorted(float(r["latency_ms"]) for r in csv.DictReader(io.StringIO(samples)))
+            if lat:
+                out[f"{mode.value}_latency_ms_median"] = (statistics.median(lat), "ms")
+                out[f"{mode.value}_latency_ms_p90"] = (lat[min(len(lat) - 1, int(0.9 * len(lat)))], "ms")
+    except (KeyError, ValueError) as exc:
+        raise TestFailure(f"llm_bench {mode.value}: unreadable timing ({exc})") from None
+    bad = [k for k, (v, _) in out.items() if not v > 0]
+    if bad:
+        raise TestFailure(f"llm_bench {mode.value}: non-positive {', '.join(bad)}")
+    return out
+
+
+@dataclass(frozen=True)
+class EngineReadBack:
+    """What the farm can read back of an llm_build engine dir without TensorRT (see :func:`read_engine`)."""
+
+    weights: str  # the weight precision of the graph the engine was built from: fp16, int4_awq, int8_sq, fp8, ...
+    kv_cache: str  # kv_cache_dtype of the engine's runtime config
+    quantized_gemms: int
+    engine_bytes: int
+    builder_config: dict[str, Any]
+
+
+# quantized GEMM kind in the exported graph -> the precision it stands for
+_WEIGHT_KINDS = {"int4": "int4_awq", "int8": "int8_sq", "fp8": "fp8", "fp4": "nvfp4", "mxfp8": "mxfp8"}
+_LIMITS = {"max_batch_size": "maxBatchSize", "max_input_len": "maxInputLen", "max_seq_len": "maxKVCacheCapacity"}
+
+
+def _gemm_weight_kinds(onnx_dir: Path) -> list[str]:
+    """Per GEMM of the exported graph whose weight is quantized: int4 | int8 | fp8 | fp4 | mxfp8 (headers only)."""
+    import onnx
+
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    graph = model.graph
+    init_type = {i.name: i.data_type for i in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    kinds: list[str] = []
+    for node in graph.node:
+        if node.op_type == "Int4GroupwiseGemmPluginV2":
+            kinds.append("int4")
+        elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
+            src = producer.get(node.input[1])
+            while src is not None and src.op_type in ("Transpose", "Reshape", "Cast", "Identity"):
+                src = producer.get(src.input[0])
+            if src is None:
+                continue
+            if src.op_type == "TRT_MXFP8DequantizeLinear":
+                kinds.append("mxfp8")
+            elif src.op_type == "DequantizeLinear":
+                dtype = init_type.get(src.input[0])
+                fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E5M2}
+                fp4 = {getattr(onnx.TensorProto, "FLOAT4E2M1", -1)}
+                kinds.append("fp8" if dtype in fp8 else "fp4" if dtype in fp4 else "int8")
+    return kinds
+
+
+def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> EngineReadBack:
+    """Read back an llm_build output: ``llm.engine`` is there and not empty, its ``config.json`` carries the
+    ``builder_config`` of the limits asked, and the weight precision is that of the quantized GEMMs of the graph it
+    was built from (a TensorRT plan cannot be opened without TensorRT; its per-layer types need the engine
+    inspector on the device, not driven here). Raises TestFailure on any mismatch."""
+    engine = engine_dir / ENGINE_FILE
+    if not engine.is_file() or engine.stat().st_size == 0:
+        raise TestFailure(f"llm_build wrote no {ENGINE_FILE} (or an empty one) in the engine dir")
+    config_path = engine_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TestFailure(f"llm_build wrote no readable config.json in the engine dir ({exc})") from None
+    builder = config.get("builder_config")
+    if not isinstance(builder, dict):
+        raise TestFailure("the engine's config.json has no builder_config block (not written by llm_build?)")
+    wrong = [f"{theirs}={builder.get(theirs)!r} (asked {params[ours]})" for ours, theirs in _LIMITS.items()
+             if ours in params and builder.get(theirs) != params[ours]]
+    if wrong:
+        raise TestFailure(f"the engine was built for other limits: {', '.join(wrong)}")
+    kinds = _gemm_weight_kinds(onnx_dir)
+    found = sorted(set(kinds))
+    if len(found) > 1:
+        raise TestFailure(f"the engine's graph mixes quantized GEMM kinds {', '.join(found)}")
+    weights = _WEIGHT_KINDS[found[0]] if found else "fp16"
+    return EngineReadBack(weights=weights, kv_cache=str(config.get("kv_cache_dtype", "fp16")),
+                          quantized_gemms=len(kinds), engine_bytes=engine.stat().st_size, builder_config=builder)

@@ -1,7 +1,12 @@
 """The ``tensorrt-edgellm`` toolchain as the farm drives it: the pinned version's environment under the data dir,
 its quantizer (the farm's one quantizer: every consumer of a quantized precision takes its checkpoint) and its ONNX
-exporter on the orchestrating host. Its device stages (``llm_build``/``llm_inference``/``llm_bench`` on a TensorRT
-device, argument lists in ``device``) are not driven yet, so the plan keeps jobs that need them skipped.
+exporter on the orchestrating host, and its device stages on a TensorRT device that has an install (the inventory's
+``tensorrt_edgellm:`` block): ``llm_build`` on the exported ``llm/`` dir, ``llm_inference`` with our requests
+translated to its input file and its output translated back, ``llm_bench`` prefill and decode, accuracy as greedy
+text agreement with the host's reference (``accuracy``). Argument lists, environment and file formats: ``device``.
+The route is ONNX (export -> llm_build); the direct route (``tensorrt-edgellm-build`` from the checkpoint) needs
+TensorRT's Python bindings on the host and is not driven. A device whose install says ``standin: true`` runs test
+stand-ins of the tools: its results are recorded as stand-in and never count as evidence.
 
 ``make nightly`` and ``edgefarm run`` install the pinned version on first use (:func:`ensure_installed`); when that
 fails (e.g. the package registry is unreachable) the reason is remembered for this process, and every row that
@@ -10,17 +15,29 @@ needs the toolchain is skipped with it.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgellm.errors import EdgeLLMError, UnsupportedError
+from edgellm.errors import ConfigurationError, EdgeLLMError, UnsupportedError
+from edgellm.runtime.requests import GenerationRequest, check_requests
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
-from toolchains.base import Availability, Toolchain, ToolchainDriver, register_toolchain
+from toolchains.base import (
+    Availability,
+    BenchRun,
+    DeviceStep,
+    EngineCheck,
+    Toolchain,
+    ToolchainDriver,
+    register_toolchain,
+)
 from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN
+from toolchains.tensorrt_edgellm import accuracy as text_accuracy
+from toolchains.tensorrt_edgellm import device as trt
 from toolchains.tensorrt_edgellm.env import (
     CONSOLE_SCRIPTS,
     env_dir,
@@ -31,12 +48,15 @@ from toolchains.tensorrt_edgellm.env import (
 )
 from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 
+if TYPE_CHECKING:
+    from devices.inventory import Device
+
 log = logging.getLogger(__name__)
 
 PINNED_VERSION = DEFAULT_VERSION
 INSTALL_COMMAND = f"edgefarm toolchains install {TOOLCHAIN}=={PINNED_VERSION}"
-DEVICE_STAGES_PROBLEM = (f"toolchain {TOOLCHAIN} runs quantize and export on the host only: its device stages "
-                         f"(llm_build, llm_inference, llm_bench on a TensorRT device) are not driven by the farm yet")
+INVENTORY_KEY = "tensorrt_edgellm"  # the device file's block naming where the install lives
+STANDIN_NOTE = "STAND-IN tools (test only, never evidence)"
 _FLOAT_HEADS = frozenset({LMHeadPrecision.FP16})  # the head the exporter writes when the quantizer leaves it alone
 _install_failures: dict[Path, str] = {}  # env dir -> why installing it failed in this process
 _install_lock = threading.Lock()
@@ -115,6 +135,14 @@ def quantizer_kv_cache(kv_cache: KVCachePrecision | None) -> str | None:
     return "fp8" if kv_cache is KVCachePrecision.FP8 else None
 
 
+def _parsed(requests: list[dict[str, Any]]) -> list[GenerationRequest]:
+    parsed = [GenerationRequest(**r) for r in requests]
+    problems = check_requests(parsed)
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    return parsed
+
+
 @register_toolchain
 class TensorrtEdgellm(ToolchainDriver):
     name = Toolchain.TENSORRT_EDGELLM
@@ -156,9 +184,111 @@ class TensorrtEdgellm(ToolchainDriver):
     def host_version(self) -> str:
         return installed_version(self.env_path())
 
-    def device_problem(self) -> str | None:
-        return DEVICE_STAGES_PROBLEM
+    # --- device stages (ONNX route) ---
+
+    @staticmethod
+    def install(device: Device) -> trt.DeviceInstall:
+        found = device.trt_install
+        if found is None:
+            raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install (add a {INVENTORY_KEY}: "
+                                   f"block with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+        return found
+
+    def drives(self, device: Device) -> bool:
+        return device.trt_install is not None
+
+    def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
+        if any(self.drives(d) for d in devices):
+            return None
+        return (f"no device of platform {platform} has a TensorRT Edge-LLM install (add a {INVENTORY_KEY}: block "
+                f"with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+
+    def standin(self, device: Device) -> bool:
+        return self.install(device).standin
+
+    def route(self) -> str | None:
+        return trt.Route.ONNX.value
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        found = device.trt_install
+        version = found.version if found is not None else None
+        return (version or "unknown") + ("+standin" if found is not None and found.standin else "")
+
+    def build_key_inputs(self, device: Device) -> dict[str, Any]:
+        return {"route": self.route(), **self.install(device).describe()}
+
+    def _env(self, device: Device) -> dict[str, str]:
+        return self.install(device).env(device.env.get("LD_LIBRARY_PATH"))
 
     def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
                       params: Mapping[str, int]) -> list[str]:
-        raise UnsupportedError(DEVICE_STAGES_PROBLEM)
+        raise UnsupportedError(f"toolchain {TOOLCHAIN} builds with the device's llm_build (build_step)")
+
+    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
+        argv = trt.build_argv(self.install(device), onnx_dir, engine_dir, max_batch_size=params["max_batch_size"],
+                              max_input_len=params["max_input_len"], max_kv_cache_capacity=params["max_seq_len"])
+        return DeviceStep(argv, env=self._env(device))
+
+    def needs_onnx_for_check(self) -> bool:
+        return True
+
+    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
+        assert onnx_dir is not None
+        found = trt.read_engine(engine_dir, onnx_dir, params)
+        detail = (f"engine precision {found.weights} (read back: {trt.ENGINE_FILE} and the builder_config of its "
+                  f"config.json, {found.quantized_gemms} quantized GEMMs in the graph it was built from; "
+                  f"KV cache {found.kv_cache}; route onnx)")
+        return EngineCheck(found.weights, detail, {"quantized_gemms": (float(found.quantized_gemms), "")})
+
+    def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        return trt.to_trt_requests(_parsed(requests))
+
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
+        return DeviceStep(trt.inference_argv(self.install(device), engine_dir, request_file, output_file),
+                          env=self._env(device))
+
+    def infer_responses(self, output: Mapping[str, Any], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return list(trt.from_trt_responses(output, _parsed(requests))["responses"])
+
+    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
+                   warmup: int, iterations: int) -> list[BenchRun]:
+        runs = []
+        for mode, length in ((trt.BenchMode.PREFILL, prompt_len), (trt.BenchMode.DECODE, past_len)):
+            out = f"{job_dir}/bench-{mode.value}"
+            lengths = {"input_len": length} if mode is trt.BenchMode.PREFILL else {"past_kv_len": length}
+            argv = trt.bench_argv(self.install(device), engine_dir, mode, iterations=iterations, warmup=warmup,
+                                  output_dir=out, **lengths)
+            e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)
+            runs.append(BenchRun(DeviceStep(argv, env=self._env(device),
+                                            fetch={"e2e.csv": e2e, "samples.csv": trt.samples_csv(e2e)}),
+                                 mode.value))
+        return runs
+
+    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
+        samples = fetched.get("samples.csv")
+        return trt.parse_bench(trt.BenchMode(run.mode), fetched["e2e.csv"].read_text(encoding="utf-8"),
+                               samples.read_text(encoding="utf-8") if samples is not None else None)
+
+    def accuracy_stages_reference(self) -> bool:
+        return False
+
+    def accuracy_request(self, reference: Path) -> list[dict[str, Any]] | None:
+        return text_accuracy.requests_for(reference)
+
+    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
+                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
+        assert request_file is not None
+        return DeviceStep(trt.inference_argv(self.install(device), engine_dir, request_file, f"{job_dir}/out.json"),
+                          env=self._env(device), fetch={"out.json": "out.json"})
+
+    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
+                        precision: Precision, thresholds: Mapping[str, float],
+                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
+        assert reference is not None and requests is not None
+        limits = text_accuracy.text_limits(precision, dict(thresholds))
+        output = json.loads(fetched["out.json"].read_text(encoding="utf-8"))
+        texts = [r["text"] for r in self.infer_responses(output, requests)]
+        report = text_accuracy.judge(text_accuracy.compare_text(reference, checkpoint / "tokenizer.json", texts),
+                                     limits)
+        report["metrics"] = {name: (float(c["value"]), "") for name, c in report["checks"].items()}
+        return report
