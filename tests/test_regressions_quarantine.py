@@ -99,7 +99,7 @@ def _inventory(tmp_path: Path, ids: list[str]) -> Path:
 
 def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from devices.cli import store_reports
+    from flows.cli.devices import store_reports
     from tasks.device_exec import run_stage
     from tasks.farm import Farm, FarmContext
 

@@ -1,4 +1,4 @@
-"""``edgefarm nightly | run | query | docs | serve``: what release and QA engineers type every day.
+"""``edgefarm nightly | run | query | docs | serve | gc``: what release and QA engineers type every day.
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
 Prefect is imported only inside the commands that run flows, after its settings point at the data dir.

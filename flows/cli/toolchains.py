@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgellm.errors import ConfigurationError
-from flows.commands import DataDirOption, farm_errors
+from flows.cli.commands import DataDirOption, farm_errors
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.env import EnvHealth, check_version, install, list_envs, toolchains_root
 
