@@ -150,7 +150,7 @@ def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder,
     finally:
         Farm.close(ctx)
 
-    devices = {d.id: d for d in load_inventory(inv)}
+    devices = {d.id: d for d in load_inventory(inv, data_dir=tmp_path / "data")}
     report = check_device(devices["flaky"], min_free_gb=0.0)
     assert report.healthy, report
     store_reports(url, [report])  # a passing health check releases it
