@@ -38,7 +38,6 @@ from edgellm.files import atomic_output
 
 log = logging.getLogger(__name__)
 
-ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 _SHA = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
@@ -57,11 +56,6 @@ class ArtifactRef:
     size: int
     kind: ArtifactKind
     packing: Packing = Packing.FILE
-
-
-def default_root() -> Path:
-    """``<data dir>/artifacts``; data dir = ``$EDGEFARM_DATA_DIR`` or ``.data`` under the project root (cwd)."""
-    return Path(os.environ.get(ENV_DATA_DIR) or Path.cwd() / ".data") / "artifacts"
 
 
 def _check_sha(sha256: str) -> str:
@@ -90,8 +84,8 @@ def _tar_dir(src: Path, out: BinaryIO) -> None:
 
 
 class ArtifactStore:
-    def __init__(self, root: Path | str | None = None) -> None:
-        self.root = Path(root) if root is not None else default_root()
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)  # the farm keeps its store at <data dir>/artifacts
         self.blobs = self.root / "sha256"
         self.tmp = self.root / "tmp"
 

@@ -1,8 +1,8 @@
 """The device inventory: one short YAML file per device, its id the file stem.
 
-The directory is ``--inventory DIR``, else ``$EDGEFARM_INVENTORY``, else the packaged ``devices/inventory/``.
-Loading validates every file and reports every problem at once (one ConfigurationError, one line each),
-before anything connects to a device.
+The farm's settings choose the directory (``--inventory DIR``, else ``$EDGEFARM_INVENTORY``, else the packaged
+``devices/inventory/``) and the data dir. Loading validates every file and reports every problem at once (one
+ConfigurationError, one line each), before anything connects to a device.
 
 A TensorRT device names where its TensorRT Edge-LLM install lives in a ``tensorrt_edgellm:`` block (``build_dir``,
 ``trt_package_dir``, ``plugin_path``, all absolute device paths; optional ``version`` of that build and
@@ -10,8 +10,8 @@ A TensorRT device names where its TensorRT Edge-LLM install lives in a ``tensorr
 such a device exists.
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
-relative to the project's data dir (``$EDGEFARM_DATA_DIR``, else ``.data`` in the current directory, as the
-results database); ``work_dir`` of an ssh device absolute or relative to the login directory.
+relative to the farm's data dir (given to :func:`load_inventory`); ``work_dir`` of an ssh device absolute or
+relative to the login directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -37,8 +36,7 @@ from edgellm.errors import ConfigurationError
 from toolchains.tensorrt_edgellm.device import DeviceInstall
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
-INVENTORY_ENV = "EDGEFARM_INVENTORY"
-DATA_DIR_ENV = "EDGEFARM_DATA_DIR"
+INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
@@ -120,15 +118,6 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".data")
-
-
-def default_inventory_dir() -> Path:
-    env = os.environ.get(INVENTORY_ENV)
-    return Path(env) if env else PACKAGED_INVENTORY_DIR
-
-
 def _check_device(device: Device, path: Path) -> list[str]:
     problems: list[str] = []
     bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
@@ -170,19 +159,19 @@ def _check_device(device: Device, path: Path) -> list[str]:
     return problems
 
 
-def _resolve_paths(data: dict[str, Any], directory: Path) -> dict[str, Any]:
+def _resolve_paths(data: dict[str, Any], directory: Path, data_dir: Path) -> dict[str, Any]:
     data = dict(data)
     for key in ("key_file", "known_hosts"):
         if isinstance(data.get(key), str):
             data[key] = directory / Path(data[key]).expanduser()
     if data.get("transport") == TransportKind.LOCAL and isinstance(data.get("work_dir"), str):
-        data["work_dir"] = str((data_dir() / Path(data["work_dir"]).expanduser()).absolute())
+        data["work_dir"] = str((data_dir / Path(data["work_dir"]).expanduser()).absolute())
     return data
 
 
-def _validate(data: dict[str, Any], root: Path, path: Path) -> tuple[Device | None, list[str]]:
+def _validate(data: dict[str, Any], root: Path, path: Path, data_dir: Path) -> tuple[Device | None, list[str]]:
     """The device and every problem of its file (cross-field checks too, on the fields that did parse)."""
-    resolved = _resolve_paths(data, root)
+    resolved = _resolve_paths(data, root, data_dir)
     try:
         device = Device.model_validate(resolved)
     except pydantic.ValidationError as err:
@@ -222,9 +211,10 @@ class Inventory:
         ]
 
 
-def load_inventory(directory: Path | str | None = None) -> Inventory:
-    """Every device file in ``directory`` (default: see module doc), validated; all problems in one error."""
-    root = Path(directory) if directory is not None else default_inventory_dir()
+def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: Path | str) -> Inventory:
+    """Every device file in ``directory``, validated; all problems in one error. A local device's relative
+    ``work_dir`` is under ``data_dir``."""
+    root = Path(directory)
     if not root.is_dir():
         raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
     problems: list[str] = []
@@ -251,7 +241,7 @@ def load_inventory(directory: Path | str | None = None) -> Inventory:
         type_problem = isinstance(data.get("type"), str) and data["type"] not in DEVICE_TYPES
         if type_problem:
             problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(DEVICE_TYPES)}")
-        device, found = _validate(data, root, path)
+        device, found = _validate(data, root, path, Path(data_dir))
         problems.extend(found)
         if device is not None and not found and not type_problem:
             devices[device_id] = device

@@ -24,10 +24,12 @@ MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound 
 def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
     """The matrix's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
-    inventory = load_inventory(settings.inventory_dir)
-    if install:
-        return installing_toolchains(lambda: plan_matrix(Path(matrix), inventory, catalog), settings.data_dir), catalog
-    return plan_matrix(Path(matrix), inventory, catalog), catalog
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
+
+    def make() -> Plan:
+        return plan_matrix(Path(matrix), inventory, catalog, data_dir=settings.data_dir)
+
+    return (installing_toolchains(make, settings.data_dir) if install else make()), catalog
 
 
 @flow(name="nightly-support-matrix", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)

@@ -160,7 +160,7 @@ class Matrix:
 
 
 def _decide(
-    entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog
+    entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path
 ) -> tuple[Decision, Toolchain, str, tuple[str, ...]]:
     """Hardware first (not applicable), then the waiver, then who could run it here: a toolchain of the platform
     that can produce the precision, and, when a stage runs on a device, a device of the platform that the toolchain
@@ -172,8 +172,8 @@ def _decide(
         return Decision.NOT_APPLICABLE, preferred, why, ()
     if entry.waived and entry.waiver is not None:
         return Decision.WAIVED, preferred, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
-    toolchain, refusals = choose(dtype.toolchains, entry.precision)
-    if toolchain is not None and (problem := require(toolchain).variant_problem(
+    toolchain, refusals = choose(dtype.toolchains, entry.precision, data_dir)
+    if toolchain is not None and (problem := require(toolchain, data_dir).variant_problem(
             entry.precision, entry.lm_head_precision, entry.kv_cache_precision)) is not None:
         return Decision.NOT_APPLICABLE, toolchain, problem, ()
     found = inventory.select(platform=platform)
@@ -183,7 +183,7 @@ def _decide(
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
         if toolchain is not None:
-            driver = require(toolchain)
+            driver = require(toolchain, data_dir)
             if (problem := driver.device_problem() or driver.devices_problem(platform, found)) is not None:
                 missing.append(problem)
             devices = tuple(d.id for d in found if driver.drives(d)) or devices  # skipped: still name the ones there
@@ -307,7 +307,9 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path) -> Plan:
     return make()
 
 
-def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, today: dt.date | None = None) -> Plan:
+def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir: Path,
+                today: dt.date | None = None) -> Plan:
+    """The matrix's plan for the farm whose state is under ``data_dir`` (its installed toolchains)."""
     from test_lists.loader import load_list
 
     matrix = load_matrix(path, catalog)
@@ -315,12 +317,13 @@ def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, today: dt.da
     for share in matrix.lists:
         pairs += [(e, p) for e, p in _list_pairs(load_list(share.name, today=today), inventory, catalog, today)
                   if share.takes(e)]
-    return _plan(matrix.name, "nightly", pairs, inventory, catalog)
+    return _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
 
 
-def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog,
+def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog, *, data_dir: Path,
                    today: dt.date | None = None) -> Plan:
-    return _plan(tlist.name, tlist.stage.value, _list_pairs(tlist, inventory, catalog, today), inventory, catalog)
+    return _plan(tlist.name, tlist.stage.value, _list_pairs(tlist, inventory, catalog, today), inventory, catalog,
+                 data_dir)
 
 
 def _list_pairs(tlist: TestList, inventory: Inventory, catalog: Catalog,
@@ -338,11 +341,12 @@ def _list_pairs(tlist: TestList, inventory: Inventory, catalog: Catalog,
     return pairs
 
 
-def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventory: Inventory, catalog: Catalog) -> Plan:
+def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventory: Inventory, catalog: Catalog,
+          data_dir: Path) -> Plan:
     plan = Plan(name=name, kind=kind)
     seen: set[str] = set()
     for entry, platform in pairs:
-        decision, toolchain, reason, devices = _decide(entry, platform, inventory, catalog)
+        decision, toolchain, reason, devices = _decide(entry, platform, inventory, catalog, data_dir)
         job = Job(entry=entry, platform=platform, decision=decision, toolchain=toolchain, reason=reason,
                   devices=devices)
         if job.key in seen:

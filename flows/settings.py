@@ -1,24 +1,31 @@
-"""Where the farm keeps its state, resolved once per command: flag, else environment, else the embedded default."""
+"""Where the farm keeps its state, resolved once per command or flow run: flag, else environment, else the embedded
+default. The only reader of the farm's environment variables; everything else is handed these values (the store,
+the database, the inventory, the toolchain drivers) and nothing writes them back into the environment."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.inventory import default_inventory_dir
+from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
-from results.db import data_dir as default_data_dir
-from results.db import resolve_url
+from results.db import default_url, from_parameter
 
+ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
+ENV_DB_URL = "EDGEFARM_DB_URL"
+ENV_DOCS_DIR = "EDGEFARM_DOCS_DIR"
+ENV_QUANTIZE_DEVICE = "EDGEFARM_QUANTIZE_DEVICE"
+ENV_MAX_UNQUANTIZED_SHARE = "EDGEFARM_MAX_UNQUANTIZED_SHARE"
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class Settings:
-    db_url: str
+    db_url: str  # the real URL (a password included): never a flow parameter (results.db.for_parameters)
     data_dir: Path
     inventory_dir: Path
     docs_dir: Path
@@ -28,32 +35,39 @@ class Settings:
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
-                inventory: str | Path | None = None, docs_dir: str | Path | None = None) -> Settings:
-        if data_dir is not None:
-            os.environ["EDGEFARM_DATA_DIR"] = str(Path(data_dir).resolve())
-        root = Path(data_dir).resolve() if data_dir is not None else default_data_dir().resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        inv = Path(inventory) if inventory is not None else default_inventory_dir()
-        docs = Path(docs_dir) if docs_dir is not None else Path(os.environ.get("EDGEFARM_DOCS_DIR") or root / "docs")
-        return cls(db_url=resolve_url(db), data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
-                   quantize_device=_quantize_device(), max_unquantized_share=_max_unquantized_share())
+                inventory: str | Path | None = None, docs_dir: str | Path | None = None, create: bool = True,
+                environ: Mapping[str, str] | None = None) -> Settings:
+        """The flags given, else ``environ`` (default: this process's environment), else the defaults: data dir
+        ``./.data``, database ``<data dir>/edgefarm.db``, the packaged inventory, docs ``<data dir>/docs``.
+        ``db`` may be a flow parameter whose password is hidden (results.db.for_parameters). ``create``: make the
+        data dir (commands that only read leave the disk as it is)."""
+        env = os.environ if environ is None else environ
+        root = Path(data_dir or env.get(ENV_DATA_DIR) or Path.cwd() / ".data").resolve()
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
+        configured_db = env.get(ENV_DB_URL) or None
+        db_url = from_parameter(db, configured_db) or configured_db or default_url(root)
+        inv = Path(inventory or env.get(INVENTORY_ENV) or PACKAGED_INVENTORY_DIR)
+        docs = Path(docs_dir or env.get(ENV_DOCS_DIR) or root / "docs")
+        return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
+                   quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env))
 
 
-def _quantize_device() -> str:
-    value = os.environ.get("EDGEFARM_QUANTIZE_DEVICE") or "cpu"
+def _quantize_device(env: Mapping[str, str]) -> str:
+    value = env.get(ENV_QUANTIZE_DEVICE) or "cpu"
     if value not in QUANTIZE_DEVICES:
-        raise ConfigurationError(f"bad EDGEFARM_QUANTIZE_DEVICE {value!r}; valid: {', '.join(QUANTIZE_DEVICES)}")
+        raise ConfigurationError(f"bad {ENV_QUANTIZE_DEVICE} {value!r}; valid: {', '.join(QUANTIZE_DEVICES)}")
     return value
 
 
-def _max_unquantized_share() -> float:
-    raw = os.environ.get("EDGEFARM_MAX_UNQUANTIZED_SHARE") or "0"
+def _max_unquantized_share(env: Mapping[str, str]) -> float:
+    raw = env.get(ENV_MAX_UNQUANTIZED_SHARE) or "0"
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0.0 <= value <= 1.0:
-        raise ConfigurationError(f"bad EDGEFARM_MAX_UNQUANTIZED_SHARE {raw!r}; valid: a fraction in [0, 1]")
+        raise ConfigurationError(f"bad {ENV_MAX_UNQUANTIZED_SHARE} {raw!r}; valid: a fraction in [0, 1]")
     return value
 
 

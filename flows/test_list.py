@@ -20,10 +20,12 @@ from test_lists.loader import load_list
 def make_plan(priority: str, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
     """The list's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
-    tlist, inventory = load_list(priority), load_inventory(settings.inventory_dir)
-    if install:
-        return installing_toolchains(lambda: plan_test_list(tlist, inventory, catalog), settings.data_dir), catalog
-    return plan_test_list(tlist, inventory, catalog), catalog
+    tlist, inventory = load_list(priority), load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
+
+    def make() -> Plan:
+        return plan_test_list(tlist, inventory, catalog, data_dir=settings.data_dir)
+
+    return (installing_toolchains(make, settings.data_dir) if install else make()), catalog
 
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)

@@ -1,4 +1,4 @@
-"""Database URL resolution, engines and sessions.
+"""Database URLs, engines and sessions (which URL a command uses is the farm's settings' answer: flows/settings.py).
 
 SQLite (a file under the data dir) is the embedded default; PostgreSQL is production. Every SQLite connection
 gets WAL, a busy timeout and foreign keys ON. pysqlite's own transaction handling is turned off so that we emit
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,26 +24,16 @@ from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
 
-ENV_DB_URL = "EDGEFARM_DB_URL"
-ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 _WRITE_OPTION = "edgefarm_write"
+_handed_out: dict[str, str] = {}  # parameter form -> real URL, for the flows and tasks this process runs
+_handed_out_lock = threading.Lock()
 
 
-def data_dir() -> Path:
-    """``$EDGEFARM_DATA_DIR``, else ``.data`` under the project root (the current directory)."""
-    return Path(os.environ.get(ENV_DATA_DIR) or Path.cwd() / ".data")
-
-
-def resolve_url(flag: str | None = None) -> str:
-    """The ``--db`` flag, else ``$EDGEFARM_DB_URL``, else the embedded SQLite file ``<data dir>/edgefarm.db``."""
-    if flag:
-        return flag
-    env = os.environ.get(ENV_DB_URL)
-    if env:
-        return env
-    return f"sqlite:///{(data_dir() / 'edgefarm.db').resolve()}"
+def default_url(data_dir: Path) -> str:
+    """The embedded default: the SQLite file ``<data dir>/edgefarm.db``."""
+    return f"sqlite:///{(Path(data_dir) / 'edgefarm.db').resolve()}"
 
 
 def redact(url: str | URL) -> str:
@@ -55,20 +46,29 @@ def redact(url: str | URL) -> str:
 
 def for_parameters(url: str) -> str:
     """What a flow or task parameter may carry: the URL with its password replaced (Prefect stores and serves
-    parameters). :func:`from_parameter` gives the real URL back from ``$EDGEFARM_DB_URL``."""
-    return redact(url)
+    parameters). This process remembers the real URL, so :func:`from_parameter` gives it back to the flows and
+    tasks it runs; nothing else (no environment variable, no child process) learns it."""
+    shown = redact(url)
+    if shown != url:
+        with _handed_out_lock:
+            _handed_out[shown] = url
+    return shown
 
 
-def from_parameter(value: str | None) -> str | None:
-    """The real database URL for a parameter made by :func:`for_parameters` (a URL with no password, or None
-    for the default, is returned as is)."""
+def from_parameter(value: str | None, configured: str | None = None) -> str | None:
+    """The real database URL for a parameter made by :func:`for_parameters`: the one this process handed out,
+    else ``configured`` (where the flow runs: the settings' ``$EDGEFARM_DB_URL``) when it matches. A URL with no
+    password, or None for the default, is returned as is."""
     if value is None or "***" not in value:
         return value
-    env = os.environ.get(ENV_DB_URL)
-    if env and redact(env) == value:
-        return env
-    raise ConfigurationError(f"database URL {value!r} has its password hidden and ${ENV_DB_URL} does not hold "
-                             f"the matching URL; set ${ENV_DB_URL} to the full URL where the flow runs")
+    with _handed_out_lock:
+        real = _handed_out.get(value)
+    if real is not None:
+        return real
+    if configured and redact(configured) == value:
+        return configured
+    raise ConfigurationError(f"database URL {value!r} has its password hidden and $EDGEFARM_DB_URL does not hold "
+                             f"the matching URL; set $EDGEFARM_DB_URL to the full URL where the flow runs")
 
 
 def parse_url(url: str | URL) -> URL:
@@ -133,13 +133,8 @@ def _on_sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
-    """An engine for ``url`` (resolved as in :func:`resolve_url` when None), set up for its backend."""
-    if url is None:
-        default = data_dir() / "edgefarm.db"
-        if not os.environ.get(ENV_DB_URL):
-            default.parent.mkdir(parents=True, exist_ok=True)
-        url = resolve_url()
+def make_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """An engine for ``url`` (resolved by the farm's settings), set up for its backend."""
     parsed = parse_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":

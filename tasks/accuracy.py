@@ -31,7 +31,7 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
-        toolchain = require(job.toolchain)
+        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
         scratch = farm.ctx.host_work_dir / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:

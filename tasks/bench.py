@@ -3,6 +3,8 @@ commands (``edgellm bench``; ``llm_bench``) and reads their outputs into metrics
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
@@ -38,7 +40,7 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
-        toolchain = require(job.toolchain)
+        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
         prompt, past = bench_lengths(job)
         runs: list[tuple[BenchRun, DeviceRun]] = []
         for index in range(2):  # prefill, then decode (the driver's order)

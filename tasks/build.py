@@ -53,7 +53,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> StageOutcom
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         onnx = exported.outputs["onnx"]
-        toolchain = require(job.toolchain)
+        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
         probe, env = platform_env(farm, job.platform, toolchain)
         version = toolchain.device_version(probe, env)
         inputs = {"stage": "build", "onnx_sha256": onnx.sha256, "platform": job.platform,

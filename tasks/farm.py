@@ -59,7 +59,7 @@ class Farm:
             if farm is None:
                 engine = make_engine(from_parameter(ctx.db_url) or ctx.db_url)
                 farm = cls(ctx=ctx, engine=engine, store=ArtifactStore(ctx.store_dir), recorder=Recorder(engine),
-                           inventory=load_inventory(ctx.inventory_dir),
+                           inventory=load_inventory(ctx.inventory_dir, data_dir=ctx.data_dir),
                            host_slots=threading.BoundedSemaphore(ctx.host_slots))
                 cls._instances[ctx] = farm
             return farm

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
@@ -43,7 +44,7 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
-        toolchain = require(job.toolchain)
+        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
         ours = requests_for(job)["requests"]
         request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 

@@ -1,10 +1,10 @@
 """Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
 
-Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so an id is parsed from its fixed tokens,
-never by splitting on '-' and counting: the first ``mxslN`` token anchors the parse, the token before it is
-``lmPREC`` or the precision, everything before that is the model. Extras: ``<prec>kv`` (KV-cache precision, e.g.
-``fp8kv``) first, then the case name. Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a
-case name may not start with ``<prec>kv``, which makes the grammar unambiguous (format -> parse is the identity).
+Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two different tests could share an id
+if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the case name.
+Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a case name may not start with
+``<prec>kv``: the first ``mxslN`` token then marks where the model and precision end, so an id names one test only
+(the farm formats ids; nothing reads them back).
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCac
     return "|".join(sorted((re.escape(p.value) for p in enum_cls), key=len, reverse=True))
 
 
-_PREC = _alternatives(Precision)
-_LM = _alternatives(LMHeadPrecision)
-_PREC_RE = re.compile(rf"^(?:{_PREC})\Z")
-_LM_RE = re.compile(rf"^lm(?P<p>{_LM})\Z")
 _KV_RE = re.compile(rf"^(?P<p>{_alternatives(KVCachePrecision)})kv\Z")
-_LIMIT_RE = re.compile(r"^(?P<key>mxsl|mxbs|mxil)(?P<n>[1-9][0-9]*)\Z")
-_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_LM}))\Z")
+_RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_alternatives(LMHeadPrecision)}))\Z")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 _CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 
@@ -95,48 +90,6 @@ class TestId:
         return "-".join(parts)
 
     __str__ = format
-
-    @classmethod
-    def parse(cls, text: str) -> TestId:
-        """Parse a compact id; the error names the id and the part that does not fit the grammar."""
-        grammar = "Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-<prec>kv][-case]"
-        tokens = text.split("-")
-        anchor = next((i for i, t in enumerate(tokens) if re.match(r"^mxsl[0-9]+\Z", t)), None)
-        if anchor is None or anchor + 2 >= len(tokens):
-            raise ConfigurationError(f"test id {text!r} lacks 'mxslN-mxbsN-mxilN'; expected {grammar}")
-        limits: dict[str, int] = {}
-        for key, tok in zip(("mxsl", "mxbs", "mxil"), tokens[anchor : anchor + 3], strict=True):
-            m = _LIMIT_RE.match(tok)
-            if not m or m["key"] != key:
-                raise ConfigurationError(f"test id {text!r}: expected {key}N (N >= 1) but found {tok!r}")
-            limits[key] = int(m["n"])
-        head = tokens[:anchor]
-        lm = None
-        if head and (m := _LM_RE.match(head[-1])):
-            lm = LMHeadPrecision(m["p"])
-            head = head[:-1]
-        if len(head) < 2 or not _PREC_RE.match(head[-1]):
-            found = head[-1] if head else ""
-            valid = ", ".join(p.value for p in Precision)
-            raise ConfigurationError(
-                f"test id {text!r}: {found!r} before the limits is not a precision; valid: {valid}"
-            )
-        precision = Precision(head[-1])
-        extras = tokens[anchor + 3 :]
-        kv = None
-        if extras and (m := _KV_RE.match(extras[0])):
-            kv = KVCachePrecision(m["p"])
-            extras = extras[1:]
-        return cls(
-            model="-".join(head[:-1]),
-            precision=precision,
-            max_seq_len=limits["mxsl"],
-            max_batch_size=limits["mxbs"],
-            max_input_len=limits["mxil"],
-            lm_head_precision=lm,
-            kv_cache_precision=kv,
-            case="-".join(extras) if extras else None,
-        )
 
 
 def short_model_name(model: str) -> str:

@@ -10,7 +10,6 @@ import pytest
 
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactStore, CorruptArtifactError
-from devices.inventory import load_inventory
 from devices.transport import open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
 from tasks import device_cache
@@ -69,7 +68,7 @@ def local_farm(tmp_path: Path):
     ctx = FarmContext(run_id=1, db_url=f"sqlite:///{tmp_path / 'farm.db'}", data_dir=str(tmp_path / "data"),
                       inventory_dir=str(inventory))
     farm = Farm.get(ctx)
-    yield farm, next(iter(load_inventory(inventory))), tmp_path / "device"
+    yield farm, next(iter(farm.inventory)), tmp_path / "device"
     Farm.close(ctx)
 
 

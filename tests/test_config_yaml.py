@@ -104,7 +104,7 @@ def test_duplicate_keys_in_matrix_and_inventory_name_the_line(tmp_path: Path) ->
     inv = tmp_path / "inv"
     write(inv, "box.yaml", "type: x86-cpu\ntransport: local\nwork_dir: /tmp/a\nwork_dir: /tmp/b\n")
     with pytest.raises(ConfigurationError, match=r"box\.yaml:4: invalid YAML: .*duplicate key 'work_dir'"):
-        load_inventory(inv)
+        load_inventory(inv, data_dir=tmp_path / "data")
 
 
 @pytest.mark.parametrize(

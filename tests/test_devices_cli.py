@@ -71,7 +71,7 @@ def _expected_problems(directory: Path) -> list[str]:
 def test_broken_inventory_lists_every_problem_exit_2(ssh_hosts: SshHosts, tmp_path: Path) -> None:
     directory = _broken_inventory(tmp_path, ssh_hosts)
     with pytest.raises(ConfigurationError) as caught:
-        load_inventory(directory)
+        load_inventory(directory, data_dir=tmp_path / "data")
     lines = str(caught.value).splitlines()
     assert len(lines) == 1 + len(_expected_problems(directory))
     for problem in _expected_problems(directory):
@@ -133,7 +133,7 @@ def test_check_reports_healthy_and_unreachable(live_ssh_hosts: SshHosts, device_
 def test_health_problems_are_named(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
     host = live_ssh_hosts[0]
     directory = live_ssh_hosts.write_inventory(tmp_path / "inv", device_type="orin")
-    device = load_inventory(directory).get(host.id)
+    device = load_inventory(directory, data_dir=tmp_path / "data").get(host.id)
     report = check_device(device, min_free_gb=1e9)  # no edgellm on the host's python3, wrong arch, disk "full"
     assert report.reachable and not report.healthy and report.error_kind is None
     assert any("-m edgellm --version failed" in p and "No module named edgellm" in p for p in report.problems)

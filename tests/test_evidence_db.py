@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 
 from edgellm.errors import ErrorKind
 from flows.cli import app
-from results.db import from_parameter, make_engine, redact
+from results.db import for_parameters, from_parameter, make_engine, redact
 from results.errors import classify
 from results.migrate import current_revision, head_revision, upgrade
 
@@ -175,22 +176,30 @@ def test_database_and_alembic_errors_get_their_kind(tmp_path: Path) -> None:
     assert classify(CommandError("Can't locate revision identified by '0099'")).kind is ErrorKind.INFRASTRUCTURE
 
 
-def test_a_redacted_parameter_needs_the_matching_url_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_redacted_parameter_needs_the_url_this_process_handed_out_or_the_configured_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from edgellm.errors import ConfigurationError
+    from flows.settings import Settings
 
     url = "postgresql+psycopg://farm:s3cret@db.example:5432/edgefarm"
     shown = redact(url)
     assert "s3cret" not in shown
-    monkeypatch.delenv("EDGEFARM_DB_URL", raising=False)
     with pytest.raises(ConfigurationError, match=r"password hidden.*EDGEFARM_DB_URL"):
         from_parameter(shown)
-    monkeypatch.setenv("EDGEFARM_DB_URL", url.replace("farm:", "other:"))
     with pytest.raises(ConfigurationError):
-        from_parameter(shown)
-    monkeypatch.setenv("EDGEFARM_DB_URL", url)
-    assert from_parameter(shown) == url
+        from_parameter(shown, url.replace("farm:", "other:"))
+    assert from_parameter(shown, url) == url  # a worker: the URL its settings read from $EDGEFARM_DB_URL
     assert from_parameter(None) is None
     assert from_parameter("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.setenv("EDGEFARM_DB_URL", url)
+    assert Settings.resolve(db=shown, create=False).db_url == url  # the settings read the environment
+    monkeypatch.delenv("EDGEFARM_DB_URL")
+    # the CLI hands a flow it runs in this process the hidden form; only this process can turn it back
+    handed = "postgresql+psycopg://cli:t0psecret@db.example:5432/edgefarm"
+    assert for_parameters(handed) == redact(handed) and "t0psecret" not in redact(handed)
+    assert from_parameter(redact(handed)) == handed
+    assert Settings.resolve(db=redact(handed), create=False).db_url == handed
+    assert not any("t0psecret" in value for value in os.environ.values())  # nothing leaks to child processes
 
 
 @pytest.mark.usefixtures("prefect_harness")

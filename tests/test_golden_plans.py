@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from devices.inventory import default_inventory_dir, load_inventory
+from devices.inventory import PACKAGED_INVENTORY_DIR, load_inventory
 from flows.plan import DEFAULT_MATRIX, plan_matrix, plan_test_list
 from test_lists.catalog import Catalog
 from test_lists.loader import list_names, load_list
@@ -31,19 +31,21 @@ INVENTORIES = {"local": (None, False), "orin": ("orin", False), "x86-h200": ("x8
 
 def _inventory(tmp_path: Path, extra: str | None) -> Path:
     if extra is None:
-        return default_inventory_dir()
+        return PACKAGED_INVENTORY_DIR
     directory = tmp_path / "inventory"
     directory.mkdir()
-    (directory / "local-cpu.yaml").write_text((default_inventory_dir() / "local-cpu.yaml").read_text())
+    (directory / "local-cpu.yaml").write_text((PACKAGED_INVENTORY_DIR / "local-cpu.yaml").read_text())
     (directory / f"{extra}-1.yaml").write_text(f"type: {extra}\ntransport: local\nwork_dir: devices/{extra}-1\n")
     return directory
 
 
-def shipped_plans(inventory_dir: Path) -> dict[str, Any]:
-    inventory, catalog = load_inventory(inventory_dir), Catalog.load()
-    plans = {f"matrix {DEFAULT_MATRIX.stem}": plan_matrix(DEFAULT_MATRIX, inventory, catalog, today=TODAY).to_json()}
+def shipped_plans(inventory_dir: Path, data_dir: Path) -> dict[str, Any]:
+    inventory, catalog = load_inventory(inventory_dir, data_dir=data_dir), Catalog.load()
+    plans = {f"matrix {DEFAULT_MATRIX.stem}": plan_matrix(DEFAULT_MATRIX, inventory, catalog, data_dir=data_dir,
+                                                          today=TODAY).to_json()}
     for name in list_names():
-        plans[f"list {name}"] = plan_test_list(load_list(name, today=TODAY), inventory, catalog, today=TODAY).to_json()
+        plans[f"list {name}"] = plan_test_list(load_list(name, today=TODAY), inventory, catalog, data_dir=data_dir,
+                                               today=TODAY).to_json()
     # the inventory's place on this machine is not part of the decision
     return json.loads(json.dumps(plans).replace(str(inventory.directory), "<inventory>"))
 
@@ -51,12 +53,11 @@ def shipped_plans(inventory_dir: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(INVENTORIES))
 def test_shipped_plans_match_the_golden_files(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EDGEFARM_MODELS_DIR", raising=False)  # real checkpoints: absent here, and said so
-    monkeypatch.delenv("EDGEFARM_INVENTORY", raising=False)
     device, installed = INVENTORIES[name]
-    monkeypatch.setenv("EDGEFARM_DATA_DIR", str(tmp_path / "data"))  # its toolchains: exactly the ones pinned here
+    data_dir = tmp_path / "data"  # its toolchains: exactly the ones pinned here
     if installed:
-        stand_in_toolchain_env(tmp_path / "data")
-    plans = shipped_plans(_inventory(tmp_path, device))
+        stand_in_toolchain_env(data_dir)
+    plans = shipped_plans(_inventory(tmp_path, device), data_dir)
     golden = GOLDEN / f"{name}.json"
     if os.environ.get("EDGEFARM_UPDATE_GOLDEN") == "1":
         golden.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")

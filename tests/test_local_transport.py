@@ -13,6 +13,7 @@ from devices.inventory import load_inventory
 from devices.transport import TIMEOUT_EXIT_CODE, open_transport
 from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError
+from flows.settings import Settings
 
 
 def _dead(pid: int) -> bool:
@@ -104,9 +105,13 @@ def test_copy_file_and_directory_atomically(tmp_path: Path) -> None:
 def test_packaged_local_cpu_device_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EDGEFARM_DATA_DIR", raising=False)
-    assert load_inventory().get("local-cpu").work_dir == str(tmp_path / ".data" / "devices" / "local-cpu")
+    monkeypatch.delenv("EDGEFARM_INVENTORY", raising=False)
+    default = Settings.resolve(create=False)  # the embedded default: ./.data, the packaged inventory
+    device = load_inventory(default.inventory_dir, data_dir=default.data_dir).get("local-cpu")
+    assert device.work_dir == str(tmp_path / ".data" / "devices" / "local-cpu")
     monkeypatch.setenv("EDGEFARM_DATA_DIR", str(tmp_path / "data"))
-    device = load_inventory().get("local-cpu")
+    settings = Settings.resolve()
+    device = load_inventory(settings.inventory_dir, data_dir=settings.data_dir).get("local-cpu")
     assert device.work_dir == str(tmp_path / "data" / "devices" / "local-cpu")
     with open_transport(device) as link:
         result = link.run([device.interpreter, "-c", "import os; print(os.getcwd())"], timeout=60)

@@ -33,8 +33,9 @@ def _own_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return data
 
 
-def test_default_matrix_plan_decides_every_cell_with_a_reason() -> None:
-    plan = plan_matrix(DEFAULT_MATRIX, load_inventory(), Catalog.load())
+def test_default_matrix_plan_decides_every_cell_with_a_reason(_own_data_dir: Path) -> None:
+    inventory = load_inventory(data_dir=_own_data_dir)
+    plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=_own_data_dir)
     by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
     assert by[("stories260K", "fp32", "x86-cpu")].decision is Decision.RUN
     assert by[("stories260K", "fp32", "x86-cpu")].devices == ("local-cpu",)
@@ -94,11 +95,11 @@ def test_matrix_with_inconsistent_limits_and_stage_order_is_rejected(tmp_path: P
     assert "not in pipeline order" in result.output
 
 
-def test_l0_list_plan_runs_on_local_cpu_and_hardware_lists_wait_for_devices() -> None:
-    inventory, catalog = load_inventory(), Catalog.load()
-    l0 = plan_test_list(load_list("l0_pipeline_x86cpu"), inventory, catalog)
+def test_l0_list_plan_runs_on_local_cpu_and_hardware_lists_wait_for_devices(_own_data_dir: Path) -> None:
+    inventory, catalog = load_inventory(data_dir=_own_data_dir), Catalog.load()
+    l0 = plan_test_list(load_list("l0_pipeline_x86cpu"), inventory, catalog, data_dir=_own_data_dir)
     assert l0.kind == "l0" and l0.runnable() and all(j.platform == "x86-cpu" for j in l0.jobs)
-    orin = plan_test_list(load_list("l0_pipeline_orin"), inventory, catalog)
+    orin = plan_test_list(load_list("l0_pipeline_orin"), inventory, catalog, data_dir=_own_data_dir)
     assert orin.jobs and not orin.runnable()
     reasons = {j.decision for j in orin.jobs}
     assert reasons <= {Decision.SKIPPED, Decision.WAIVED, Decision.NOT_APPLICABLE}
@@ -114,7 +115,8 @@ def _inventory_with(tmp_path: Path, platform: str) -> Path:
 
 
 def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: Path) -> None:
-    plan = plan_matrix(DEFAULT_MATRIX, load_inventory(_inventory_with(tmp_path, "orin")), Catalog.load())
+    inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
+    plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=tmp_path)
     orin = [j for j in plan.jobs if j.platform == "orin"]
     assert orin and all(j.toolchain == "tensorrt-edgellm" for j in orin)
     assert not [j for j in orin if j.decision is Decision.RUN]
@@ -130,7 +132,7 @@ def test_a_precision_the_toolchain_cannot_produce_is_skipped_naming_it(tmp_path:
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["int4_wo"],
                                       "platforms": ["x86-cpu"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
                                                                              "max_input_len": 32}}))
-    [job] = plan_matrix(matrix, load_inventory(), Catalog.load()).jobs
+    [job] = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path).jobs
     assert (job.decision, job.toolchain) == (Decision.SKIPPED, "edgellm-ort")
     assert job.reason == "no device/toolchain can run it here: toolchain edgellm-ort cannot produce int4_wo yet " \
                          "(produces: fp32, fp16, int4_awq, int8_sq, fp8)"
@@ -168,7 +170,8 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
             registry.add(name, cls)
     registry.add("tensorrt-edgellm", StandInTensorrtEdgellm)
     monkeypatch.setattr(base, "_DRIVERS", registry)
-    plan = plan_matrix(DEFAULT_MATRIX, load_inventory(_inventory_with(tmp_path, "orin")), Catalog.load())
+    inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
+    plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=tmp_path)
     by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
     fp16 = by[("stories260K", "fp16", "orin")]
     assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))
@@ -181,7 +184,8 @@ def test_an_lm_head_or_kv_cache_the_toolchain_cannot_give_is_not_applicable_with
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16", "fp32"],
                                       "platforms": ["x86-cpu"],
                                       "defaults": {**defaults, "lm_head_precision": "fp32"}}))
-    by = {j.precision.value: j for j in plan_matrix(matrix, load_inventory(), Catalog.load()).jobs}
+    plan = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path)
+    by = {j.precision.value: j for j in plan.jobs}
     assert by["fp32"].decision is Decision.RUN  # fp32 exports hold an fp32 LM head: it reaches export
     assert by["fp16"].decision is Decision.NOT_APPLICABLE
     assert by["fp16"].reason == ("toolchain edgellm-ort: LM-head precision 'fp32' is not supported by export at "
@@ -209,14 +213,15 @@ def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_ow
     from tests.helpers.toolchain_env import stand_in_toolchain_env
 
     stand_in_toolchain_env(_own_data_dir)
-    inventory, catalog = load_inventory(), Catalog.load()
-    exports = plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog)
+    inventory, catalog = load_inventory(data_dir=_own_data_dir), Catalog.load()
+    exports = plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog, data_dir=_own_data_dir)
     tiny = {j.precision.value: j for j in exports.jobs if j.model == "tiny-qwen3-128"}
     assert set(tiny) == {"fp16", "fp8", "int4_awq", "int8_sq", "nvfp4"}
     assert all((j.decision, j.toolchain, j.devices, j.platform) == (Decision.RUN, "tensorrt-edgellm", (), "thor")
                for j in tiny.values())
     assert tiny["fp16"].entry.stages == (Stage.EXPORT,)  # nothing to quantize at fp16
-    by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog).jobs}
+    by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog,
+                                                                              data_dir=_own_data_dir).jobs}
     thor = by[("tiny-qwen3", "fp16", "thor")]
     assert thor.decision is Decision.SKIPPED
     assert "no device of platform thor in the inventory" in thor.reason
@@ -236,7 +241,8 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
                                       "platforms": ["orin"],
                                       "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
-    job = plan_matrix(matrix, load_inventory(directory), Catalog.load()).jobs[0]
+    job = plan_matrix(matrix, load_inventory(directory, data_dir=_own_data_dir), Catalog.load(),
+                      data_dir=_own_data_dir).jobs[0]
     assert (job.decision, job.toolchain) == (Decision.SKIPPED, "tensorrt-edgellm")
     assert job.reason == ("no device/toolchain can run it here: no device of platform orin has a TensorRT Edge-LLM "
                           "install (add a tensorrt_edgellm: block with build_dir, trt_package_dir, plugin_path to "
@@ -245,14 +251,15 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
                "plugin_path": "/opt/edge-llm/build/libNvInfer_edgellm_plugin.so", "version": "0.11.0"}
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
                                                            "tensorrt_edgellm": install}))
-    job = plan_matrix(matrix, load_inventory(directory), Catalog.load()).jobs[0]
+    job = plan_matrix(matrix, load_inventory(directory, data_dir=_own_data_dir), Catalog.load(),
+                      data_dir=_own_data_dir).jobs[0]
     assert (job.decision, job.toolchain, job.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-2",))
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
                                                            "tensorrt_edgellm": {**install, "pluginPath": "/x"}}))
     with pytest.raises(ConfigurationError, match=r"orin-2.yaml: tensorrt_edgellm: device 'orin-2': .*unknown "
                                                  r"pluginPath \(valid keys: build_dir, trt_package_dir, plugin_path, "
                                                  r"version, standin\)"):
-        load_inventory(directory)
+        load_inventory(directory, data_dir=_own_data_dir)
 
 
 def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) -> None:
@@ -263,7 +270,7 @@ def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) ->
         "extra": [{"models": ["tiny-qwen3-128"], "precisions": ["int8_sq"], "platforms": ["x86-cpu"],
                    "defaults": {"stages": ["quantize", "export"]}}],
         "lists": [{"name": "l0_checkpoint_export", "models": ["stories260K"], "precisions": ["nvfp4", "int8_sq"]}]}))
-    plan = plan_matrix(matrix, load_inventory(), Catalog.load())
+    plan = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path)
     assert sorted((j.model, j.precision.value, j.platform, j.entry.stages) for j in plan.jobs) == [
         ("stories260K", "fp32", "x86-cpu", tuple(DEFAULT_STAGES)),
         ("stories260K", "int8_sq", "thor", (Stage.QUANTIZE, Stage.EXPORT)),
@@ -291,14 +298,14 @@ def test_planning_installs_the_toolchain_only_when_a_job_would_then_run(tmp_path
     from flows.plan import installing_toolchains
 
     calls: list[Path | None] = []
-    monkeypatch.setattr(driver, "ensure_installed", lambda data_dir=None: calls.append(data_dir))
+    monkeypatch.setattr(driver, "ensure_installed", lambda data_dir: calls.append(data_dir))
     matrix = tmp_path / "m.yml"
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
                                       "platforms": ["orin"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
                                                                           "max_input_len": 32}}))
-    inventory, catalog = load_inventory(), Catalog.load()
-    plan = installing_toolchains(lambda: plan_matrix(matrix, inventory, catalog), tmp_path)
+    inventory, catalog = load_inventory(data_dir=tmp_path), Catalog.load()
+    plan = installing_toolchains(lambda: plan_matrix(matrix, inventory, catalog, data_dir=tmp_path), tmp_path)
     assert calls == [] and [j.decision for j in plan.jobs] == [Decision.SKIPPED]
-    plan = installing_toolchains(lambda: plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog),
-                                 tmp_path)
+    plan = installing_toolchains(lambda: plan_test_list(load_list("l0_checkpoint_export"), inventory, catalog,
+                                                        data_dir=tmp_path), tmp_path)
     assert calls == [tmp_path]  # host-only jobs would run with it: installed (here: recorded), then planned again

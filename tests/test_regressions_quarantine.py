@@ -99,7 +99,7 @@ def _inventory(tmp_path: Path, ids: list[str]) -> Path:
 
 def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from devices.cli import store_reports
+    from flows.cli.devices import store_reports
     from tasks.device_exec import run_stage
     from tasks.farm import Farm, FarmContext
 
@@ -150,7 +150,7 @@ def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder,
     finally:
         Farm.close(ctx)
 
-    devices = {d.id: d for d in load_inventory(inv)}
+    devices = {d.id: d for d in load_inventory(inv, data_dir=tmp_path / "data")}
     report = check_device(devices["flaky"], min_free_gb=0.0)
     assert report.healthy, report
     store_reports(url, [report])  # a passing health check releases it

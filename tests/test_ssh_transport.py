@@ -44,8 +44,9 @@ def _write_random(path: Path, size: int) -> Path:
 
 
 def test_inventory_from_fixture_loads_both_pinning_styles(live_ssh_hosts: SshHosts, tmp_path: Path) -> None:
-    pinned = load_inventory(live_ssh_hosts.write_inventory(tmp_path / "pinned"))
-    by_file = load_inventory(live_ssh_hosts.write_inventory(tmp_path / "kh", pin="known_hosts"))
+    pinned = load_inventory(live_ssh_hosts.write_inventory(tmp_path / "pinned"), data_dir=tmp_path / "data")
+    by_file = load_inventory(live_ssh_hosts.write_inventory(tmp_path / "kh", pin="known_hosts"),
+                             data_dir=tmp_path / "data")
     assert [d.id for d in pinned] == ["dev-a", "dev-b", "dev-c"]
     for device in [*pinned, *by_file]:
         with open_transport(device) as link:

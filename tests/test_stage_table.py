@@ -175,7 +175,8 @@ def test_a_stage_added_to_the_table_is_wired_ordered_timed_and_skipped(
     matrix.write_text(yaml.safe_dump({
         "name": "throwaway", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
         "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128, "stages": ["export"]}}))
-    plan = plan_matrix(matrix, load_inventory(farm_dirs["inventory"]), Catalog.load())
+    plan = plan_matrix(matrix, load_inventory(farm_dirs["inventory"], data_dir=farm_dirs["data"]), Catalog.load(),
+                       data_dir=farm_dirs["data"])
     [job] = plan.runnable()
     listed = ("export", *throwaway_stages)
     plan.jobs = [dataclasses.replace(job, entry=dataclasses.replace(job.entry, stages=listed))]

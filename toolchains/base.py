@@ -71,9 +71,13 @@ class BenchRun:
 
 
 class ToolchainDriver(ABC):
-    """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce."""
+    """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce. ``data_dir``:
+    the farm's data dir, where vendor toolchains keep their environments (None where nothing asks for them)."""
 
     name: ClassVar[Toolchain]
+
+    def __init__(self, data_dir: Path | None = None) -> None:
+        self.data_dir = data_dir
 
     @abstractmethod
     def precisions(self) -> tuple[Precision, ...]:
@@ -210,7 +214,7 @@ class ToolchainDriver(ABC):
             return False, (f"toolchain {self.name} cannot produce {precision} yet "
                            f"(produces: {', '.join(p.value for p in produced)})")
         if precision not in UNQUANTIZED:
-            maker = quantizer(precision)
+            maker = quantizer(precision, self.data_dir)
             if maker is None:
                 return False, (f"toolchain {self.name} builds {precision} from a quantized checkpoint, and no "
                                f"toolchain of this farm quantizes {precision}")
@@ -255,16 +259,17 @@ def _discover() -> None:
         _discovered = True
 
 
-def driver(name: Toolchain | str) -> ToolchainDriver | None:
-    """The installed driver of toolchain ``name``; None when the farm has none (the plan says so)."""
+def driver(name: Toolchain | str, data_dir: Path | None = None) -> ToolchainDriver | None:
+    """The installed driver of toolchain ``name`` for the farm at ``data_dir``; None when the farm has none (the
+    plan says so)."""
     _discover()
     key = Toolchain.parse(name, what="toolchain")
-    return _DRIVERS.get(key.value)() if key.value in _DRIVERS else None
+    return _DRIVERS.get(key.value)(data_dir) if key.value in _DRIVERS else None
 
 
-def require(name: Toolchain | str) -> ToolchainDriver:
+def require(name: Toolchain | str, data_dir: Path | None = None) -> ToolchainDriver:
     """Like :func:`driver`, but a missing driver is an UnsupportedError naming the installed ones."""
-    found = driver(name)
+    found = driver(name, data_dir)
     if found is None:
         raise UnsupportedError(f"toolchain {name!s} has no driver in this farm; installed: {', '.join(_DRIVERS)}")
     return found
@@ -275,22 +280,24 @@ def installed() -> list[str]:
     return list(_DRIVERS)
 
 
-def quantizer(precision: Precision) -> ToolchainDriver | None:
-    """The driver whose quantizer makes ``precision`` checkpoints (the first by name), or None."""
+def quantizer(precision: Precision, data_dir: Path | None) -> ToolchainDriver | None:
+    """The driver (for the farm at ``data_dir``) whose quantizer makes ``precision`` checkpoints (the first by
+    name), or None."""
     _discover()
     for name in sorted(_DRIVERS):
-        found = _DRIVERS.get(name)()
+        found = _DRIVERS.get(name)(data_dir)
         if precision in found.quantizes():
             return found
     return None
 
 
-def choose(candidates: tuple[Toolchain, ...], precision: Precision) -> tuple[Toolchain | None, list[str]]:
-    """The first of ``candidates`` (a device type's toolchains, in its order) that can run ``precision`` here,
-    and the reason each one before it could not."""
+def choose(candidates: tuple[Toolchain, ...], precision: Precision,
+           data_dir: Path) -> tuple[Toolchain | None, list[str]]:
+    """The first of ``candidates`` (a device type's toolchains, in its order) that can run ``precision`` in the
+    farm at ``data_dir``, and the reason each one before it could not."""
     reasons: list[str] = []
     for name in candidates:
-        found = driver(name)
+        found = driver(name, data_dir)
         if found is None:
             reasons.append(f"toolchain {name} is not installed in this farm (no driver registered)")
             continue

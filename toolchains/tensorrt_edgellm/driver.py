@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgellm.errors import ConfigurationError, EdgeLLMError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, UnsupportedError
 from edgellm.runtime.requests import GenerationRequest, check_requests
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
 from toolchains.base import (
@@ -63,15 +63,9 @@ _install_lock = threading.Lock()
 _assumed = threading.local()  # planning "what if it were installed" (see assume_installed)
 
 
-def data_dir() -> Path:
-    from results.db import data_dir as farm_data_dir  # the farm's one answer ($EDGEFARM_DATA_DIR, else ./.data)
-
-    return farm_data_dir()
-
-
-def pinned_env(farm_data_dir: Path | None = None) -> Path:
+def pinned_env(farm_data_dir: Path) -> Path:
     """The pinned version's environment: ``<data dir>/toolchains/tensorrt-edgellm-<version>``."""
-    return env_dir(toolchains_root(data_dir() if farm_data_dir is None else farm_data_dir), PINNED_VERSION)
+    return env_dir(toolchains_root(farm_data_dir), PINNED_VERSION)
 
 
 def env_problem(env: Path) -> str | None:
@@ -104,7 +98,7 @@ def assume_installed() -> Iterator[None]:
         _assumed.on = False
 
 
-def ensure_installed(farm_data_dir: Path | None = None) -> str | None:
+def ensure_installed(farm_data_dir: Path) -> str | None:
     """Install the pinned version under the data dir unless it is there (one-time, a few minutes). Returns None
     when it is usable, else why not (also remembered, so the plan skips the rows that need it with that reason)."""
     env = pinned_env(farm_data_dir)
@@ -148,7 +142,9 @@ class TensorrtEdgellm(ToolchainDriver):
     name = Toolchain.TENSORRT_EDGELLM
 
     def env_path(self) -> Path:
-        return pinned_env()
+        if self.data_dir is None:
+            raise BugError(f"toolchain {self.name}: its environment was asked for without the farm's data dir")
+        return pinned_env(self.data_dir)
 
     def quantizes(self) -> tuple[Precision, ...]:
         return tuple(Precision(m.value) for m in METHODS)

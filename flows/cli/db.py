@@ -29,12 +29,16 @@ def _fail(command: str, exc: EdgeLLMError) -> typer.Exit:
 @app.command()
 def upgrade(db: DbOption = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
     """Create or migrate the schema to the latest revision."""
-    from results.db import make_engine, redact, resolve_url
+    from flows.settings import Settings
+    from results.db import default_url, make_engine, redact
     from results.migrate import upgrade as run_upgrade
 
-    url = resolve_url(db)
     try:
-        engine = make_engine(None if db is None else db)
+        settings = Settings.resolve(db=db, create=False)
+        url = settings.db_url
+        if url == default_url(settings.data_dir):  # the embedded default: its directory is made
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(url)
         try:
             at = run_upgrade(engine, revision)
         except OperationalError as exc:

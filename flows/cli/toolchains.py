@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgellm.errors import ConfigurationError
-from flows.commands import DataDirOption, farm_errors
+from flows.cli.commands import DataDirOption, farm_errors
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.env import EnvHealth, check_version, install, list_envs, toolchains_root
 
@@ -30,9 +30,9 @@ INSTALLABLE = (TOOLCHAIN,)
 
 
 def _root(data_dir: Path | None) -> Path:
-    from results.db import data_dir as default_data_dir
+    from flows.settings import Settings
 
-    return toolchains_root(Path(data_dir) if data_dir else default_data_dir()).resolve()
+    return toolchains_root(Settings.resolve(data_dir=data_dir, create=False).data_dir).resolve()
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -75,10 +75,12 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Every installed toolchain environment with its version read back and its health."""
-    envs = list_envs(_root(data_dir))
+    with farm_errors("toolchains list"):
+        root = _root(data_dir)
+    envs = list_envs(root)
     if as_json:
         Console().print_json(json.dumps([e.to_dict() for e in envs]))
     else:
-        Console().print(_table(envs) if envs else f"no toolchain environments under {_root(data_dir)}")
+        Console().print(_table(envs) if envs else f"no toolchain environments under {root}")
     if any(not e.healthy for e in envs):
         raise typer.Exit(1)

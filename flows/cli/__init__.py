@@ -1,8 +1,8 @@
-"""The ``edgefarm`` command line: the farm's front door.
+"""The ``edgefarm`` command line: the farm's front door, every command group in this package.
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
-Command groups live next to what they drive (devices/cli.py, test_lists/cli.py, results/cli.py) and are
-mounted here; heavy imports (Prefect) happen inside the commands that need them.
+One module per group (devices, lists, db, toolchains; commands: nightly, run, query, docs, serve, gc), mounted
+here; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands that need them.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 
 import typer
 
-from devices.cli import app as devices_app
-from flows import commands
-from flows.toolchains_cli import app as toolchains_app
-from results.cli import app as db_app
-from test_lists.cli import app as lists_app
+from flows.cli import commands
+from flows.cli.db import app as db_app
+from flows.cli.devices import app as devices_app
+from flows.cli.lists import app as lists_app
+from flows.cli.toolchains import app as toolchains_app
 
 app = typer.Typer(
     name="edgefarm",
@@ -34,7 +34,3 @@ app.add_typer(toolchains_app, name="toolchains")
 
 def main() -> None:
     sys.exit(app(standalone_mode=True))
-
-
-if __name__ == "__main__":
-    main()

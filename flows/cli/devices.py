@@ -17,6 +17,7 @@ from rich.table import Table
 from devices.health import HealthReport, check_inventory
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+from flows.settings import Settings
 
 app = typer.Typer(
     name="devices",
@@ -47,9 +48,10 @@ def _fail(err: EdgeLLMError) -> typer.Exit:
     return typer.Exit(EXIT_INFRA if err.kind is ErrorKind.INFRASTRUCTURE else EXIT_BAD_INPUT)
 
 
-def _load(directory: Path | None) -> Inventory:
+def _load(inventory: Path | None, db: str | None = None) -> tuple[Inventory, Settings]:
     try:
-        return load_inventory(directory)
+        settings = Settings.resolve(db=db, inventory=inventory, create=False)
+        return load_inventory(settings.inventory_dir, data_dir=settings.data_dir), settings
     except ConfigurationError as err:
         raise _fail(err) from None
 
@@ -96,14 +98,15 @@ def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
 _STORED_AS_COLUMNS = {"device_id", "reachable", "disk_free_bytes", "python_version", "edgellm_version", "checked_at"}
 
 
-def quarantined(db: str | None) -> dict[str, str] | None:
-    """Device id -> why it is quarantined, from the results database (None when there is none to read)."""
+def quarantined(db_url: str, *, given: bool) -> dict[str, str] | None:
+    """Device id -> why it is quarantined, from the results database (None when there is none to read and the
+    URL was not ``given`` by the user)."""
     from results import quarantine
-    from results.db import read_only_engine, resolve_url
+    from results.db import read_only_engine
     from results.migrate import require_current
 
     try:
-        engine = read_only_engine(resolve_url(db))
+        engine = read_only_engine(db_url)
         try:
             require_current(engine)
             return {d: f"since {q.since:%Y-%m-%d %H:%M} UTC: {q.reason}"
@@ -111,7 +114,7 @@ def quarantined(db: str | None) -> dict[str, str] | None:
         finally:
             engine.dispose()
     except EdgeLLMError:
-        if db is not None:
+        if given:
             raise
         return None  # the default database is absent or unreadable: listing the inventory still works
 
@@ -124,9 +127,9 @@ def list_devices(
 ) -> None:
     """Every device: id, type (platform), transport, address, labels, max parallel jobs, and whether (and why)
     it is quarantined."""
-    devices = _load(inventory)
+    devices, settings = _load(inventory, db)
     try:
-        held = quarantined(db)
+        held = quarantined(settings.db_url, given=db is not None)
     except EdgeLLMError as err:
         raise _fail(err) from None
     table = Table(title=f"{len(devices)} device(s) in {devices.directory}")
@@ -167,7 +170,7 @@ def check(
     db: Annotated[str | None, typer.Option("--db", help="also record the reports in this results database")] = None,
 ) -> None:
     """Probe every device (in parallel): reachable, disk free, Python and edgellm versions."""
-    devices = _load(inventory)
+    devices, _ = _load(inventory)
     if db is not None:
         from results.db import parse_url
 

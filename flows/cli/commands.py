@@ -1,4 +1,4 @@
-"""``edgefarm nightly | run | query | docs | serve``: what release and QA engineers type every day.
+"""``edgefarm nightly | run | query | docs | serve | gc``: what release and QA engineers type every day.
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
 Prefect is imported only inside the commands that run flows, after its settings point at the data dir.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -62,28 +61,10 @@ def farm_errors(command: str) -> Iterator[None]:
         raise typer.Exit(EXIT_BY_KIND[known.kind]) from None
 
 
-@contextmanager
-def flow_db_parameter(db_url: str) -> Iterator[str]:
-    """The database as a flow parameter: password hidden; the flow reads the real URL from $EDGEFARM_DB_URL,
-    which this process (where the flow runs) holds while the block runs."""
-    from results.db import ENV_DB_URL, for_parameters
-
-    before = os.environ.get(ENV_DB_URL)
-    os.environ[ENV_DB_URL] = db_url
-    try:
-        yield for_parameters(db_url)
-    finally:
-        if before is None:
-            os.environ.pop(ENV_DB_URL, None)
-        else:
-            os.environ[ENV_DB_URL] = before
-
-
-def _prefect(data_dir: Path | None) -> None:
+def _prefect(data_dir: Path) -> None:
     from flows.prefect_env import configure_prefect
-    from results.db import data_dir as default_data_dir
 
-    configure_prefect(Path(data_dir) if data_dir else default_data_dir())
+    configure_prefect(data_dir)
 
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
@@ -245,13 +226,15 @@ def nightly(
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
         _prefect(settings.data_dir)
         from flows.nightly import make_plan, nightly_support_matrix
+        from results.db import for_parameters
 
         matrix_path = matrix or DEFAULT_MATRIX
         plan, _ = make_plan(matrix_path, settings, install=not dry_run)
         if dry_run:
             _print_plan(plan, fmt)
             return
-        with _temporary_server(settings.data_dir), flow_db_parameter(settings.db_url) as db_param:
+        db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
+        with _temporary_server(settings.data_dir):
             result = _run_with_progress(
                 plan,
                 lambda: _announce_flow_run(nightly_support_matrix)(
@@ -282,12 +265,14 @@ def run(
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
         _prefect(settings.data_dir)
         from flows.test_list import make_plan, run_test_list
+        from results.db import for_parameters
 
         plan, _ = make_plan(priority, settings, install=not dry_run)
         if dry_run:
             _print_plan(plan, fmt)
             return
-        with _temporary_server(settings.data_dir), flow_db_parameter(settings.db_url) as db_param:
+        db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
+        with _temporary_server(settings.data_dir):
             result = _run_with_progress(
                 plan,
                 lambda: _announce_flow_run(run_test_list)(priority=priority, db_url=db_param,
@@ -352,17 +337,17 @@ def query(
     with farm_errors("query"):
         from edgellm.errors import ConfigurationError
         from edgellm.types import Precision
-        from results.db import resolve_url
+        from flows.settings import Settings
 
         if fmt not in ("table", "json", "csv"):
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
         if precision is not None:
             precision = Precision.parse(precision, what="precision").value
+        db_url = Settings.resolve(db=db, create=False).db_url
         if show_regressions:
-            _print_regressions(regression_rows(resolve_url(db), model=model, precision=precision,
-                                               platform=platform), fmt)
+            _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform), fmt)
             return
-        rows = query_rows(resolve_url(db), model=model, precision=precision, platform=platform, status=status)
+        rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status)
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif fmt == "csv":

@@ -1,0 +1,67 @@
+"""Who may import whom, and who reads or writes the farm's environment, checked on the source (no imports run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FARM = ("tasks", "flows", "devices", "test_lists", "artifacts", "results", "toolchains")
+PREFECT_SETTINGS = {"flows/prefect_env.py", "flows/serve.py"}  # Prefect reads its settings from the environment
+
+
+def _modules(*packages: str) -> dict[str, ast.Module]:
+    return {p.relative_to(REPO).as_posix(): ast.parse(p.read_text(), str(p))
+            for package in packages for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) \
+        and node.value.id == "os"
+
+
+def test_cli_code_lives_in_one_package() -> None:
+    outside = {path for path, tree in _modules(*FARM).items()
+               if not path.startswith("flows/cli/") and any(m.split(".")[0] == "typer" for m in _imports(tree))}
+    assert outside == set(), f"typer (edgefarm CLI code) outside flows/cli/: {sorted(outside)}"
+    users = {path for path, tree in _modules(*FARM).items()
+             if not path.startswith("flows/cli/") and any(m.startswith("flows.cli") for m in _imports(tree))}
+    assert users == set(), f"the CLI is the top layer; imported by {sorted(users)}"
+
+
+def test_lower_layers_import_no_higher_one() -> None:
+    rules = {"devices": ("tasks", "flows", "results"), "artifacts": ("tasks", "flows"),
+             "results": ("tasks", "flows"), "toolchains": ("tasks", "flows"), "tasks": ("flows",)}
+    broken = [f"{path} imports {module}" for package, banned in rules.items()
+              for path, tree in _modules(package).items() for module in sorted(_imports(tree))
+              if module.split(".")[0] in banned]
+    assert broken == []
+
+
+def test_only_the_settings_read_the_farm_environment_and_nothing_writes_it() -> None:
+    readers, writers = [], []
+    for path, tree in _modules(*FARM).items():
+        names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        uses_environ = any(_is_environ(n) for n in ast.walk(tree)) or "getenv" in {
+            n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if uses_environ and any(v.startswith("EDGEFARM_") for v in names) and path != "flows/settings.py":
+            readers.append(path)
+        for node in ast.walk(tree):
+            stored = isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Store)
+            mutated = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                (_is_environ(node.func.value) and node.func.attr in ("setdefault", "update", "pop", "clear"))
+                or node.func.attr in ("putenv", "unsetenv"))
+            if (stored or mutated) and path not in PREFECT_SETTINGS:
+                writers.append(f"{path}:{node.lineno}")
+    assert readers == [], f"EDGEFARM_* read outside flows/settings.py: {readers}"
+    assert writers == [], f"the environment written (settings are passed, not exported): {writers}"
