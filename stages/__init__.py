@@ -70,7 +70,8 @@ class StageSpec:
     timeout_s: int  # default; a test list may set its own per listed stage
     shared: Shared = Shared.JOB
     implied: bool = False  # runs whenever a stage of the job needs it, listed or not (recorded only if listed)
-    parser: str | None = None  # "module:function" reading its report into metrics, where one is separate
+    # a device stage's command and the reading of its outputs are its toolchain's: these ToolchainDriver methods
+    driver: tuple[str, ...] = ()
 
     @property
     def recorded(self) -> bool:
@@ -92,8 +93,11 @@ def register(spec: StageSpec) -> StageSpec:
     if missing:
         raise ConfigurationError(f"stage {spec.name!r} needs unregistered stage(s) {', '.join(missing)}; "
                                  f"registered: {', '.join(STAGES)}")
-    if ":" not in spec.runs or (spec.parser is not None and ":" not in spec.parser):
-        raise ConfigurationError(f"stage {spec.name!r}: runs/parser must be 'module:function', got {spec.runs!r}")
+    if ":" not in spec.runs:
+        raise ConfigurationError(f"stage {spec.name!r}: runs must be 'module:function', got {spec.runs!r}")
+    if (spec.where is Where.DEVICE) != bool(spec.driver):
+        raise ConfigurationError(f"stage {spec.name!r}: a device stage (and only one) names the toolchain driver "
+                                 f"methods that give its commands and read their outputs")
     if spec.timeout_s < 1:
         raise ConfigurationError(f"stage {spec.name!r}: timeout_s must be >= 1, got {spec.timeout_s}")
     STAGES[spec.name] = spec
@@ -199,18 +203,20 @@ register(StageSpec(
     timeout_s=1200, shared=Shared.EXPORT))
 register(StageSpec(
     name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
-    command="the toolchain's build command on a device (edgellm build)", outputs=("engine",),
+    command="the toolchain's build on a device (edgellm build; llm_build)", outputs=("engine",),
     cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "max_batch_size",
                "max_input_len", "max_seq_len"),
-    timeout_s=1200))
+    timeout_s=1200, driver=("build_step", "check_engine", "build_key_inputs")))
 register(StageSpec(
     name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer",
-    command="edgellm infer on a device", outputs=("engine",), cache_key=(), timeout_s=6000))
+    command="the toolchain's inference on a device (edgellm infer; llm_inference)", outputs=("engine",), cache_key=(),
+    timeout_s=6000, driver=("infer_step", "infer_request", "infer_responses")))
 register(StageSpec(
     name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
-    command="edgellm eval --reference on a device", outputs=(), cache_key=(), timeout_s=6000,
-    parser="tasks.accuracy:eval_metrics"))
+    command="the toolchain's accuracy check (edgellm eval --reference on a device; llm_inference greedy text scored "
+            "on the host)", outputs=(), cache_key=(), timeout_s=6000,
+    driver=("accuracy_stages_reference", "accuracy_request", "accuracy_step", "accuracy_report")))
 register(StageSpec(
     name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.bench:bench",
-    command="edgellm bench --mode prefill, then decode, on a device (exclusive)", outputs=(), cache_key=(),
-    timeout_s=1200))
+    command="the toolchain's benchmark, prefill then decode, on a device (exclusive) (edgellm bench; llm_bench)",
+    outputs=(), cache_key=(), timeout_s=1200, driver=("bench_runs", "bench_metrics")))

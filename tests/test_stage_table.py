@@ -93,10 +93,15 @@ def test_the_critical_path_is_todays_chain_formula() -> None:
 
 
 def test_every_stage_names_a_function_and_its_cache_key() -> None:
+    from toolchains.base import ToolchainDriver
+
     for spec in stages.STAGES.values():
-        for ref in filter(None, (spec.runs, spec.parser)):
-            module, _, name = ref.partition(":")
-            assert callable(getattr(importlib.import_module(module), name)), ref
+        module, _, name = spec.runs.partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), spec.runs
+        # a device stage's commands and output reading are the toolchain driver's, named in the table
+        assert bool(spec.driver) == (spec.where is stages.Where.DEVICE), spec.name
+        for method in spec.driver:
+            assert callable(getattr(ToolchainDriver, method)), f"{spec.name}: ToolchainDriver.{method}"
     from tasks.reference import reference_key_inputs
 
     assert set(stages.spec(REFERENCE).cache_key) <= set(reference_key_inputs("a" * 64))
