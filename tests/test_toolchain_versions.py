@@ -145,8 +145,8 @@ def test_query_and_docs_show_the_versions_side_by_side(compared: dict[str, objec
     thor = md.split("## thor\n", 1)[1].split("\n## ", 1)[0]
     lines = [x for x in thor.splitlines() if x.startswith("| tiny-qwen3-128")]
     assert lines == [
-        "| tiny-qwen3-128 (tensorrt-edgellm==0.11.0) | 19.5M | ◇ export only, tensorrt-edgellm 0.11.0 (run 1) |",
-        f"| tiny-qwen3-128 (tensorrt-edgellm=={STANDIN}) | 19.5M | ◇ export only, tensorrt-edgellm {STANDIN} "
+        "| tiny-qwen3-128 (tensorrt-edgellm==0.11.0) | 525K | ◇ export only, tensorrt-edgellm 0.11.0 (run 1) |",
+        f"| tiny-qwen3-128 (tensorrt-edgellm=={STANDIN}) | 525K | ◇ export only, tensorrt-edgellm {STANDIN} "
         f"(run 1) |"], thor
     evidence = (Path(str(compared["root"])) / "docs" / "runs" / "run-1.md").read_text()
     assert "## tiny-qwen3-128 (tensorrt-edgellm==0.11.0) · int8_sq · thor" in evidence
