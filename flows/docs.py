@@ -84,7 +84,8 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
         for st in statuses:
             results = s.scalars(select(Result).where(
                 Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
-                Result.platform == st.key.platform)).all()
+                Result.platform == st.key.platform, Result.chosen_versions.is_(None) if st.chosen_versions is None
+                else Result.chosen_versions == st.chosen_versions)).all()
             metrics: dict[str, float] = {}
             for name, value in s.execute(select(Metric.name, Metric.value).where(
                     Metric.result_id.in_([r.id for r in results]))):
@@ -110,6 +111,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
                 toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
                 regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform), ())),
+                chosen_versions=st.chosen_versions,
             ))
     return rows
 
@@ -167,6 +169,7 @@ def run_evidence(engine: Engine, run_id: int,
             results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
                             "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
                             "toolchain": r.toolchain.value, "toolchain_version": r.toolchain_version,
+                            "chosen_versions": r.chosen_versions,
                             "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
                             "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})
     return info, results

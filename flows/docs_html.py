@@ -158,15 +158,15 @@ def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
 def _section(platform: str, rows: list[MatrixRow], trends: Sequence[TrendImage], docs_dir: Path | None) -> list[str]:
     e = html.escape
     precisions = precision_order(r.precision for r in rows)
-    cells = {(r.model, r.precision): r for r in rows}
-    params = {r.model: r.params for r in rows}
+    cells = {(r.label, r.precision): r for r in rows}  # one table row per model (per compared version)
+    params = {r.label: r.params for r in rows}
     toolchains = platform_toolchains(r for r in rows if r.kind is not CellKind.NONE) or platform_toolchains(rows)
     out = [f"<section class='platform' data-platform='{e(platform)}'>", f"<h2>{e(platform)}</h2>",
            f"<p class='toolchains'>Toolchain{'s' if len(toolchains) > 1 else ''}: "
            f"{e(', '.join(toolchains) or 'not recorded')}</p>",
            "<table><thead><tr><th class='model'>Model</th><th>Params</th>"
            + "".join(f"<th data-precision='{e(p)}'>{e(p.upper())}</th>" for p in precisions) + "</tr></thead><tbody>"]
-    for model in sorted({r.model for r in rows}, key=str.lower):
+    for model in sorted({r.label for r in rows}, key=str.lower):
         out.append(f"<tr data-model='{e(model)}'><th class='model'>{e(model)}</th>"
                    f"<td class='params'>{e(format_params(params.get(model)))}</td>"
                    + "".join(_cell(cells.get((model, p)), platform, p) for p in precisions) + "</tr>")
@@ -196,7 +196,7 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
         by_platform[r.platform].append(r)
     statuses = [s for s in STATUS_COLOURS if any(html_status(r) == s for r in rows)]
     precisions = precision_order(r.precision for r in rows)
-    data = {r.anchor: {"title": f"{r.model} · {r.precision} · {r.platform}", "link": r.evidence_link,
+    data = {r.anchor: {"title": f"{r.label} · {r.precision} · {r.platform}", "link": r.evidence_link,
                        "run": r.run_id, "fields": cell_fields(r)} for r in rows}
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",

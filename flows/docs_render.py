@@ -68,14 +68,21 @@ class MatrixRow:
     toolchain_version: str | None = None
     params: int | None = None  # the model's parameter count, when its checkpoint could be read
     regressions: tuple[RegressionMark, ...] = ()  # metrics outside their baseline in this run
+    chosen_versions: str | None = None  # the toolchain versions its run compared ("name==version"); None: pinned
 
     @property
     def made_by(self) -> str:
         return " ".join(x for x in (self.toolchain, self.toolchain_version) if x)
 
     @property
+    def label(self) -> str:
+        """The table row it shows in: its model, and the toolchain versions when its run compared versions (one
+        row per version, next to each other, for a release engineer to compare)."""
+        return row_label(self.model, self.chosen_versions)
+
+    @property
     def anchor(self) -> str:
-        return slug(f"{self.model}-{self.precision}-{self.platform}")
+        return slug(f"{self.model}-{self.precision}-{self.platform}{version_suffix(self.chosen_versions)}")
 
     @property
     def evidence_link(self) -> str:
@@ -102,6 +109,14 @@ class TrendImage:
     platform: str
     metric: str
     file: str  # name inside the docs dir
+
+
+def row_label(model: str, chosen_versions: str | None) -> str:
+    return f"{model} ({chosen_versions})" if chosen_versions else model
+
+
+def version_suffix(chosen_versions: str | None) -> str:
+    return f"-{chosen_versions}" if chosen_versions else ""
 
 
 def slug(text: str) -> str:
@@ -212,13 +227,13 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         toolchains = platform_toolchains(shown)
         several = len({r.toolchain for r in shown if r.toolchain}) > 1
         precisions = precision_order(r.precision for r in tested)
-        cells = {(r.model, r.precision): r for r in shown}
-        params = {r.model: r.params for r in tested}
+        cells = {(r.label, r.precision): r for r in shown}  # one table row per model (per compared version)
+        params = {r.label: r.params for r in tested}
         lines += [f"## {platform}", "",
                   f"Toolchain{'s' if len(toolchains) > 1 else ''}: {', '.join(toolchains) or 'not recorded'}", "",
                   "| Model | Params | " + " | ".join(p.upper() for p in precisions) + " |",
                   "|---|---:|" + ":-:|" * len(precisions)]
-        for model in sorted({r.model for r in shown}, key=str.lower):
+        for model in sorted({r.label for r in shown}, key=str.lower):
             row = [model, format_params(params.get(model))]
             row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links) for p in precisions]
             lines.append("| " + " | ".join(row) + " |")
@@ -231,6 +246,11 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
 
 
 # --- per-run evidence pages -------------------------------------------------------------------------------------
+def _chosen(res: dict[str, object]) -> str | None:
+    chosen = res.get("chosen_versions")
+    return chosen if isinstance(chosen, str) else None
+
+
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
     """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
@@ -239,10 +259,11 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     lines.append("")
     grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
     for res in results:
-        grouped[f"{res['model']}-{res['precision']}-{res['platform']}"].append(res)
+        grouped[f"{res['model']}-{res['precision']}-{res['platform']}{version_suffix(_chosen(res))}"].append(res)
     for key in sorted(grouped):
         first = grouped[key][0]
-        lines += [f"<a id='{slug(key)}'></a>", f"## {first['model']} · {first['precision']} · {first['platform']}", "",
+        label = row_label(str(first["model"]), _chosen(first))
+        lines += [f"<a id='{slug(key)}'></a>", f"## {label} · {first['precision']} · {first['platform']}", "",
                   "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",
                   "|---|---|---|---|---|---|---|---|"]
         for res in grouped[key]:

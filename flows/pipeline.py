@@ -29,7 +29,7 @@ from tasks.common import stage_task
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.record import record
-from tasks.spec import CheckpointRef, JobSpec
+from tasks.spec import CheckpointRef, JobSpec, chosen_versions
 from test_lists.catalog import Catalog, ModelSource
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = N
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
                    chat_template=None if template is None else str(template),
-                   thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {})
+                   thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {},
+                   toolchain_versions=e.toolchain_versions)
 
 
 def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
@@ -94,7 +95,8 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
         if status is None:
             continue
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
-                  "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain}
+                  "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain,
+                  "chosen_versions": chosen_versions(job.entry.toolchain_versions)}
                  for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status
     farm.recorder.record_results(ctx.run_id, rows)

@@ -5,9 +5,11 @@ everything at once. ``--dry-run`` prints this plan and stops.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
+from edgellm.types import UNQUANTIZED, Precision
 from edgellm.yamlio import read_yaml
 from test_lists.catalog import Catalog
 from test_lists.schema import HOST_STAGES, EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
-from toolchains.base import Toolchain, choose, require
+from toolchains.base import Toolchain, choose, driver, quantizer, require
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -62,14 +64,23 @@ class Job:
     def key(self) -> str:
         return f"{self.test_id}@{self.platform}"
 
+    @property
+    def pins(self) -> dict[Toolchain, str]:
+        """The toolchain versions the matrix chose for this job (empty: every toolchain's pinned version)."""
+        return dict(self.entry.toolchain_versions)
+
     def to_json(self) -> dict[str, Any]:
-        """The job as ``edgefarm nightly --dry-run --format json`` prints it."""
+        """The job as ``edgefarm nightly --dry-run --format json`` prints it (``toolchain_versions`` only when a
+        matrix chose versions)."""
         e = self.entry
-        return {"model": e.model, "precision": e.precision.value, "platform": self.platform,
-                "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
-                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
-                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
-                "stages": [s.value for s in e.stages], "devices": list(self.devices)}
+        out = {"model": e.model, "precision": e.precision.value, "platform": self.platform,
+               "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
+               "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
+               "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
+               "stages": [s.value for s in e.stages], "devices": list(self.devices)}
+        if e.toolchain_versions:
+            out["toolchain_versions"] = {t.value: v for t, v in e.toolchain_versions}
+        return out
 
 
 @dataclass
@@ -81,10 +92,11 @@ class Plan:
     def runnable(self) -> list[Job]:
         return [j for j in self.jobs if j.decision is Decision.RUN]
 
-    def exports(self) -> list[tuple[str, Precision, Toolchain]]:
-        """Distinct (model, precision, toolchain) to export: once each, whatever the number of platforms."""
-        return sorted({(j.model, j.precision, j.toolchain) for j in self.runnable()},
-                      key=lambda k: (k[0].lower(), k[1], k[2]))
+    def exports(self) -> list[tuple[str, Precision, Toolchain, tuple[tuple[Toolchain, str], ...]]]:
+        """Distinct (model, precision, toolchain, chosen toolchain versions) to export: once each, whatever the
+        number of platforms."""
+        return sorted({(j.model, j.precision, j.toolchain, j.entry.toolchain_versions) for j in self.runnable()},
+                      key=lambda k: (k[0].lower(), k[1], k[2], k[3]))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -96,19 +108,23 @@ class Plan:
         """The whole plan, jobs in a stable order (platform, model, precision, test id)."""
         jobs = sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id))
         return {"name": self.name, "kind": self.kind, "counts": dict(sorted(self.counts().items())),
-                "exports": [{"model": m, "precision": p.value, "toolchain": t.value} for m, p, t in self.exports()],
+                "exports": [{"model": m, "precision": p.value, "toolchain": t.value,
+                             **({"toolchain_versions": {n.value: v for n, v in pins}} if pins else {})}
+                            for m, p, t, pins in self.exports()],
                 "jobs": [j.to_json() for j in jobs]}
 
     def describe(self) -> list[str]:
         lines = [f"plan {self.name} ({self.kind}): {len(self.jobs)} jobs "
                  + ", ".join(f"{n} {k}" for k, n in sorted(self.counts().items())),
-                 f"exports ({len(self.exports())}): " + ", ".join(f"{m}/{p}/{t}" for m, p, t in self.exports())]
+                 f"exports ({len(self.exports())}): " + ", ".join(
+                     f"{m}/{p}/{t}" + "".join(f"/{n}=={v}" for n, v in pins) for m, p, t, pins in self.exports())]
         for j in sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id)):
             stages = "->".join(s.value for s in j.entry.stages)
             where = f" on {','.join(j.devices)}" if j.devices else ""
             why = f" ({j.reason})" if j.reason else ""
+            pins = "".join(f" {{{t}=={v}}}" for t, v in j.entry.toolchain_versions)
             lines.append(f"  {j.decision.value:<14} {j.platform:<12} {j.toolchain:<18} {j.test_id}  [{stages}]"
-                         f"{where}{why}")
+                         f"{pins}{where}{why}")
         return lines
 
 
@@ -137,6 +153,8 @@ class _Matrix(_Block):
     name: str
     extra: list[_Block] = []  # further blocks (e.g. the quantized precisions on fewer models and platforms)
     lists: list[_ListShare] = []
+    # toolchain -> the exact versions to compare (every job using that toolchain runs once per version)
+    toolchain_versions: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -157,6 +175,7 @@ class Matrix:
     name: str
     pairs: list[tuple[TestEntry, str]]  # (entry, platform) of every block
     lists: list[ListShare]
+    versions: dict[Toolchain, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # chosen, to compare
 
 
 def _decide(
@@ -172,8 +191,9 @@ def _decide(
         return Decision.NOT_APPLICABLE, preferred, why, ()
     if entry.waived and entry.waiver is not None:
         return Decision.WAIVED, preferred, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
-    toolchain, refusals = choose(dtype.toolchains, entry.precision, data_dir)
-    if toolchain is not None and (problem := require(toolchain, data_dir).variant_problem(
+    pins = dict(entry.toolchain_versions)
+    toolchain, refusals = choose(dtype.toolchains, entry.precision, data_dir, pins)
+    if toolchain is not None and (problem := require(toolchain, data_dir, pins).variant_problem(
             entry.precision, entry.lm_head_precision, entry.kv_cache_precision)) is not None:
         return Decision.NOT_APPLICABLE, toolchain, problem, ()
     found = inventory.select(platform=platform)
@@ -183,10 +203,10 @@ def _decide(
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
         if toolchain is not None:
-            driver = require(toolchain, data_dir)
-            if (problem := driver.device_problem() or driver.devices_problem(platform, found)) is not None:
+            chosen = require(toolchain, data_dir, pins)
+            if (problem := chosen.device_problem() or chosen.devices_problem(platform, found)) is not None:
                 missing.append(problem)
-            devices = tuple(d.id for d in found if driver.drives(d)) or devices  # skipped: still name the ones there
+            devices = tuple(d.id for d in found if chosen.drives(d)) or devices  # skipped: still name the ones there
     else:
         devices = ()  # nothing of this job runs on a device
     if missing:
@@ -234,9 +254,60 @@ def load_matrix(path: Path, catalog: Catalog) -> Matrix:
                 problems.append(f"{path}: lists[{i}].precisions: {exc}")
         lists.append(ListShare(share.name, None if share.models is None else frozenset(share.models),
                                None if share.precisions is None else frozenset(precisions)))
+    versions = _versions(Path(path), m.toolchain_versions, problems)
     if problems:
         raise ConfigurationError("\n".join(problems))
-    return Matrix(m.name, pairs, lists)
+    return Matrix(m.name, pairs, lists, versions)
+
+
+def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict[Toolchain, tuple[str, ...]]:
+    """``toolchain_versions:`` checked: known toolchains whose version can be chosen, each a non-empty list of
+    distinct exact versions (strings: YAML reads 0.12 as a number)."""
+    out: dict[Toolchain, tuple[str, ...]] = {}
+    for name, listed in given.items():
+        where = f"{path}: toolchain_versions.{name}"
+        try:
+            found = driver(Toolchain.parse(name, what="toolchain"))
+        except ConfigurationError as exc:
+            problems.append(f"{path}: toolchain_versions: {exc}")
+            continue
+        if found is None:
+            problems.append(f"{where}: toolchain {name} has no driver in this farm")
+            continue
+        if found.pinned is None:
+            problems.append(f"{where}: {found.version_problem('')}")
+            continue
+        form = f"a list of exact versions, e.g. [\"{found.pinned}\"]"
+        if not isinstance(listed, list) or not listed:
+            problems.append(f"{where}: expected {form}, got {listed!r}")
+            continue
+        bad = [f"{where}: {v!r} is not a version string; expected {form} (quote it)" for v in listed
+               if not isinstance(v, str)]
+        bad += [f"{where}: {problem}" for v in listed
+                if isinstance(v, str) and (problem := found.version_problem(v)) is not None]
+        bad += [f"{where}: version {v!r} is listed twice" for v in sorted({v for v in listed if listed.count(v) > 1})]
+        problems += bad
+        if not bad:
+            out[found.name] = tuple(listed)
+    return out
+
+
+def with_versions(entry: TestEntry, platform: str, versions: Mapping[Toolchain, tuple[str, ...]],
+                  data_dir: Path) -> list[TestEntry]:
+    """One entry per combination of the chosen versions of the toolchains the test would use on ``platform`` (the
+    platform's toolchains that produce its precision, and the one that quantizes it), each carrying its versions;
+    the entry itself when it uses none of them."""
+    if not versions:
+        return [entry]
+    uses = {name for name in DEVICE_TYPES[platform].toolchains
+            if (found := driver(name, data_dir)) is not None and entry.precision in found.precisions()}
+    if entry.precision not in UNQUANTIZED and (maker := quantizer(entry.precision, data_dir)) is not None:
+        uses.add(maker.name)
+    chosen = sorted(t for t in versions if t in uses)
+    if not chosen:
+        return [entry]
+    return [dataclasses.replace(entry, toolchain_versions=tuple(zip(chosen, combo, strict=True)))
+            for combo in itertools.product(*(versions[t] for t in chosen))]
 
 
 def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], where: str, catalog: Catalog,
@@ -317,6 +388,7 @@ def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir:
     for share in matrix.lists:
         pairs += [(e, p) for e, p in _list_pairs(load_list(share.name, today=today), inventory, catalog, today)
                   if share.takes(e)]
+    pairs = [(e, p) for entry, p in pairs for e in with_versions(entry, p, matrix.versions, data_dir)]
     return _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
 
 

@@ -170,6 +170,9 @@ class Result(Base):
     route: Mapped[Route | None] = mapped_column(db_enum(Route, "route"))  # None: the toolchain has one route
     # ran on test stand-ins of the toolchain's tools: kept, never evidence (queries never count it as pass)
     standin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # the toolchain versions a matrix chose for this job ("name==version, ..."): two versions of one row in one
+    # run are told apart by it; None: none chosen (each toolchain ran its pinned version)
+    chosen_versions: Mapped[str | None] = mapped_column(String(300))
 
     run: Mapped[Run] = relationship(back_populates="results")
     metrics: Mapped[list[Metric]] = relationship(passive_deletes=True)

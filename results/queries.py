@@ -11,6 +11,10 @@ Verdict of a row in one run, given its required stages (default: infer and accur
     (a waived result never proves a stage; a skipped one means it was not run);
   - ``incomplete`` otherwise (a required stage missing or skipped), and always when a result ran on test stand-ins
     of a toolchain's tools (``Result.standin``): a stand-in is never evidence.
+
+A run that compared toolchain versions (a matrix's ``toolchain_versions:``) has results of one row per chosen
+version (``Result.chosen_versions``): :func:`latest_status` and :func:`row_history` give one status per version, side
+by side; :func:`passing_rows` judges the row as a whole (any version failing blocks it).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class RowStatus:
     toolchain_version: str | None = None  # its version where that stage ran
     standin: bool = False  # some result ran on test stand-ins: never evidence (verdict at best incomplete)
     route: str | None = None  # how its engine was made (onnx | direct), when its toolchain has routes
+    chosen_versions: str | None = None  # the toolchain versions its run chose ("name==version, ..."); None: pinned
 
 
 @dataclass
@@ -149,20 +154,23 @@ def latest_status(
     """Every row's stage statuses and verdict in its latest run, sorted by row."""
     req = _required(required)
     latest = (
-        select(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-               Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route, func.count())
+        select(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.chosen_versions,
+               Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route,
+               func.count())
         .join(Result, and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
                            Result.platform == RowLatest.platform, Result.run_id == RowLatest.run_id))
         .where(*_row_filter(model, precision, platform))
-        .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.stage,
-                  Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
+        .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.chosen_versions,
+                  Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin,
+                  Result.route)
     )
-    tallies: dict[tuple[RowKey, int], _Tally] = defaultdict(_Tally)
+    tallies: dict[tuple[RowKey, int, str], _Tally] = defaultdict(_Tally)
     with _session(db) as s:
-        for m, p, pl, run_id, stage, status, tc, version, standin, route, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl), run_id)].add(stage, status, n, tc, version, standin, route)
-    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks())
-            for (key, run_id), t in sorted(tallies.items())]
+        for m, p, pl, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
+            tallies[(RowKey(m, p, pl), run_id, chosen or "")].add(stage, status, n, tc, version, standin, route)
+    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks(),
+                      chosen_versions=chosen or None)
+            for (key, run_id, chosen), t in sorted(tallies.items())]
 
 
 def passing_rows(
@@ -215,19 +223,19 @@ def row_history(
     req = _required(required)
     key = RowKey(model, Precision.parse(precision), platform)
     stmt = (
-        select(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
-               Result.toolchain_version, Result.standin, Result.route, func.count())
+        select(Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, Result.stage, Result.status,
+               Result.toolchain, Result.toolchain_version, Result.standin, Result.route, func.count())
         .join(Run, Run.id == Result.run_id)
         .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform,
                Run.published_at.is_not(None))
-        .group_by(Result.run_id, Run.kind, Run.started_at, Result.stage, Result.status, Result.toolchain,
-                  Result.toolchain_version, Result.standin, Result.route)
+        .group_by(Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, Result.stage, Result.status,
+                  Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
     )
-    tallies: dict[int, _Tally] = defaultdict(_Tally)
+    tallies: dict[tuple[int, str], _Tally] = defaultdict(_Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for run_id, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
-            tallies[run_id].add(stage, status, n, tc, version, standin, route)
+        for run_id, chosen, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
+            tallies[(run_id, chosen or "")].add(stage, status, n, tc, version, standin, route)
             runs[run_id] = (kind, started)
-    return [RowStatus(key, rid, tallies[rid].verdict(req), tallies[rid].worst(), *runs[rid],
-                      *tallies[rid].toolchain(), *tallies[rid].marks()) for rid in sorted(runs)]
+    return [RowStatus(key, rid, t.verdict(req), t.worst(), *runs[rid], *t.toolchain(), *t.marks(),
+                      chosen_versions=chosen or None) for (rid, chosen), t in sorted(tallies.items())]

@@ -204,6 +204,7 @@ class Recorder:
         artifacts: Iterable[ArtifactLike | ArtifactLink] = (),
         route: str | None = None,
         standin: bool = False,
+        chosen_versions: str | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
@@ -223,6 +224,7 @@ class Recorder:
             "recorded_at": utcnow(),
             "route": None if route is None else parse_choice(Route, route, "route"),
             "standin": bool(standin),
+            "chosen_versions": None if chosen_versions is None else _nonempty(chosen_versions, "chosen versions", 300),
         }
         metric_rows = [
             {"name": _nonempty(name, "metric name", 100), "value": float(v), "unit": unit}

@@ -77,7 +77,7 @@ def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> StageOutc
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
-        version = require(toolchain, Path(ctx.data_dir)).host_version()
+        version = require(toolchain, Path(ctx.data_dir), job.pins).host_version()
         inputs = export_key_inputs(ckpt.sha256, job, version)
         key = cache.cache_key(inputs)
         hit = cache.lookup(farm.engine, key)
@@ -113,7 +113,8 @@ def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dic
     try:
         logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
         logs.mkdir(parents=True, exist_ok=True)
-        variant = "-".join(str(x) for x in job.export_variant[1:] if x is not None)
+        variant = "-".join([*(str(x) for x in job.export_variant[1:] if x is not None),
+                            *(f"{t}=={v}" for t, v in job.toolchain_versions)])
         log_path = logs / f"export-{model.replace('/', '--')}-{variant}.log"
         argv = [sys.executable, "-m", "edgellm", "export", ckpt.path, str(tmp / "onnx"),
                 "--precision", precision.value, *variant_flags(job)]
@@ -146,7 +147,7 @@ def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dic
 def _trt_export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, quantized_linears: int, key: str,
                 inputs: dict[str, object], timeout_s: int) -> StageOutcome:
     """``tensorrt-edgellm-export`` into the store, after its structural check passed."""
-    driver = require(Toolchain.TENSORRT_EDGELLM, Path(farm.ctx.data_dir))
+    driver = require(Toolchain.TENSORRT_EDGELLM, Path(farm.ctx.data_dir), job.pins)  # the job's version
     assert isinstance(driver, TensorrtEdgellm)
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ def quantize(ctx: FarmContext, job: JobSpec) -> StageOutcome:
     def body() -> StageOutcome:
         if job.precision in UNQUANTIZED:
             return identity(job)
-        maker = quantizer(job.precision, Path(ctx.data_dir))
+        maker = quantizer(job.precision, Path(ctx.data_dir), job.pins)  # at the version the job chose
         if maker is None:
             raise UnsupportedError(f"no toolchain of this farm quantizes {job.precision}")
         state = maker.available()

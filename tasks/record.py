@@ -43,6 +43,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
             metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
+            chosen_versions=job.chosen_versions,
         )
         if result.device is not None and not result.cached:
             farm.recorder.record_attempt(

@@ -11,6 +11,11 @@ from stages import Shared
 from toolchains.base import Toolchain
 
 
+def chosen_versions(versions: tuple[tuple[Toolchain, str], ...]) -> str | None:
+    """``name==version, ...`` of toolchain versions a matrix chose; None when it chose none."""
+    return ", ".join(f"{t}=={v}" for t, v in versions) or None
+
+
 @dataclass(frozen=True)
 class CheckpointRef:
     """A checkpoint as every stage knows it: where it is on the orchestrating host and its one digest (the tree
@@ -39,6 +44,18 @@ class JobSpec:
     kv_cache_precision: KVCachePrecision | None = None
     chat_template: str | None = None  # the catalog's template for exports whose checkpoint ships none
     thresholds: dict[str, float] = field(hash=False, default_factory=dict)  # the catalog's accuracy limits, if any
+    # the versions a matrix chose for toolchains this job uses (empty: each one's pinned version)
+    toolchain_versions: tuple[tuple[Toolchain, str], ...] = ()
+
+    @property
+    def chosen_versions(self) -> str | None:
+        """What the results database records of them (``Result.chosen_versions``)."""
+        return chosen_versions(self.toolchain_versions)
+
+    @property
+    def pins(self) -> dict[Toolchain, str]:
+        """What ``toolchains.base.require``/``quantizer`` take to drive the chosen versions."""
+        return dict(self.toolchain_versions)
 
     @property
     def quantize_variant(self) -> tuple[str, Precision, LMHeadPrecision | None, KVCachePrecision | None]:
@@ -62,10 +79,10 @@ class JobSpec:
         """The jobs that get the same run of a stage shared this way have the same key."""
         if shared is Shared.MODEL:
             return (self.model,)
-        if shared is Shared.CHECKPOINT:
-            return self.quantize_variant
+        if shared is Shared.CHECKPOINT:  # two versions of the quantizer make two checkpoints
+            return (*self.quantize_variant, self.toolchain_versions)
         if shared is Shared.EXPORT:
-            return self.export_variant
+            return (*self.export_variant, self.toolchain_versions)
         return (self.key,)
 
     @property

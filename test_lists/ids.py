@@ -1,7 +1,9 @@
 """Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
 
 Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two different tests could share an id
-if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the case name.
+if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then a toolchain
+version a matrix chose other than the pinned one (``tensorrt-edgellm==0.12.0``: the one place an id holds '='), then
+the case name.
 Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a case name may not start with
 ``<prec>kv``: the first ``mxslN`` token then marks where the model and precision end, so an id names one test only
 (the farm formats ids; nothing reads them back).
@@ -24,6 +26,7 @@ _KV_RE = re.compile(rf"^(?P<p>{_alternatives(KVCachePrecision)})kv\Z")
 _RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_alternatives(LMHeadPrecision)}))\Z")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 _CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
+_VERSION_TOKEN_RE = re.compile(r"^[a-z0-9-]+==[A-Za-z0-9.+]+\Z")
 
 
 def model_name_problem(short_name: str) -> str | None:
@@ -66,9 +69,14 @@ class TestId:
     lm_head_precision: LMHeadPrecision | None = None
     kv_cache_precision: KVCachePrecision | None = None
     case: str | None = None
+    toolchain_versions: tuple[str, ...] = ()  # "toolchain==version" of each version chosen other than the pinned
 
     def __post_init__(self) -> None:
         problem = model_name_problem(self.model)
+        for token in self.toolchain_versions:
+            name, _, version = token.partition("==")
+            if problem is None and (not name or not version or not _VERSION_TOKEN_RE.match(token)):
+                problem = f"toolchain version {token!r} must read 'toolchain==version' (e.g. tensorrt-edgellm==0.11.0)"
         if problem is None and self.case is not None:
             problem = case_name_problem(self.case)
         for label, n in (("max_seq_len", self.max_seq_len), ("max_batch_size", self.max_batch_size),
@@ -85,6 +93,7 @@ class TestId:
         parts += [f"mxsl{self.max_seq_len}", f"mxbs{self.max_batch_size}", f"mxil{self.max_input_len}"]
         if self.kv_cache_precision is not None:
             parts.append(f"{self.kv_cache_precision.value}kv")
+        parts += self.toolchain_versions
         if self.case is not None:
             parts.append(self.case)
         return "-".join(parts)

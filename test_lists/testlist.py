@@ -14,6 +14,7 @@ from stages import Stage
 from test_lists.ids import TestId, short_model_name
 from test_lists.schema import ListStage, Selector
 from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
+from toolchains.base import Toolchain, pinned_versions
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class TestEntry:
     source: str = ""  # "file:line" where the entry is written
     waived: bool = False
     waiver: Waiver | None = field(default=None, hash=False)
+    # the versions a matrix chose for the toolchains this test uses (empty: each one's pinned version); the id
+    # names those other than the pinned, so the pinned version's test keeps the id every other run gives it
+    toolchain_versions: tuple[tuple[Toolchain, str], ...] = ()
 
     @property
     def short_name(self) -> str:
@@ -52,7 +56,15 @@ class TestEntry:
             lm_head_precision=self.lm_head_precision,
             kv_cache_precision=self.kv_cache_precision,
             case=self.case,
+            toolchain_versions=self.versions_in_id,
         )
+
+    @property
+    def versions_in_id(self) -> tuple[str, ...]:
+        if not self.toolchain_versions:
+            return ()
+        pinned = pinned_versions()
+        return tuple(f"{t.value}=={v}" for t, v in self.toolchain_versions if pinned.get(t) != v)
 
     @property
     def test_id(self) -> str:

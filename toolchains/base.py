@@ -72,12 +72,32 @@ class BenchRun:
 
 class ToolchainDriver(ABC):
     """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce. ``data_dir``:
-    the farm's data dir, where vendor toolchains keep their environments (None where nothing asks for them)."""
+    the farm's data dir, where vendor toolchains keep their environments (None where nothing asks for them).
+    ``pins``: the versions a matrix chose for toolchains whose version can be chosen (``pinned`` set); a toolchain
+    not named runs its pinned version. The driver hands ``pins`` on to the quantizer it asks for."""
 
     name: ClassVar[Toolchain]
+    # the version the farm runs unless a matrix chooses another (``toolchain_versions:``); None: not choosable
+    pinned: ClassVar[str | None] = None
 
-    def __init__(self, data_dir: Path | None = None) -> None:
+    def __init__(self, data_dir: Path | None = None, pins: Mapping[Toolchain, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.pins: dict[Toolchain, str] = dict(pins or {})
+        if self.name in self.pins and self.pinned is None:
+            raise BugError(f"toolchain {self.name} was given version {self.pins[self.name]!r}, but its version "
+                           f"cannot be chosen")
+
+    @property
+    def chosen_version(self) -> str | None:
+        """The version this driver runs on the host: the one chosen for it, else its pinned one (None: its
+        version is not choosable)."""
+        return self.pins.get(self.name, self.pinned)
+
+    def version_problem(self, version: str) -> str | None:
+        """Why ``version`` cannot be chosen for this toolchain (a matrix's ``toolchain_versions``), or None."""
+        choosable = ", ".join(t for t, v in pinned_versions().items()) or "none"
+        return (f"toolchain {self.name} runs the farm's own version; no version of it can be chosen (toolchains "
+                f"with versions: {choosable})")
 
     @abstractmethod
     def precisions(self) -> tuple[Precision, ...]:
@@ -214,7 +234,7 @@ class ToolchainDriver(ABC):
             return False, (f"toolchain {self.name} cannot produce {precision} yet "
                            f"(produces: {', '.join(p.value for p in produced)})")
         if precision not in UNQUANTIZED:
-            maker = quantizer(precision, self.data_dir)
+            maker = quantizer(precision, self.data_dir, self.pins)
             if maker is None:
                 return False, (f"toolchain {self.name} builds {precision} from a quantized checkpoint, and no "
                                f"toolchain of this farm quantizes {precision}")
@@ -259,17 +279,19 @@ def _discover() -> None:
         _discovered = True
 
 
-def driver(name: Toolchain | str, data_dir: Path | None = None) -> ToolchainDriver | None:
-    """The installed driver of toolchain ``name`` for the farm at ``data_dir``; None when the farm has none (the
-    plan says so)."""
+def driver(name: Toolchain | str, data_dir: Path | None = None,
+           pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver | None:
+    """The installed driver of toolchain ``name`` for the farm at ``data_dir`` (at the version ``pins`` chose for
+    it, else its pinned one); None when the farm has none (the plan says so)."""
     _discover()
     key = Toolchain.parse(name, what="toolchain")
-    return _DRIVERS.get(key.value)(data_dir) if key.value in _DRIVERS else None
+    return _DRIVERS.get(key.value)(data_dir, pins) if key.value in _DRIVERS else None
 
 
-def require(name: Toolchain | str, data_dir: Path | None = None) -> ToolchainDriver:
+def require(name: Toolchain | str, data_dir: Path | None = None,
+            pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver:
     """Like :func:`driver`, but a missing driver is an UnsupportedError naming the installed ones."""
-    found = driver(name, data_dir)
+    found = driver(name, data_dir, pins)
     if found is None:
         raise UnsupportedError(f"toolchain {name!s} has no driver in this farm; installed: {', '.join(_DRIVERS)}")
     return found
@@ -280,24 +302,31 @@ def installed() -> list[str]:
     return list(_DRIVERS)
 
 
-def quantizer(precision: Precision, data_dir: Path | None) -> ToolchainDriver | None:
-    """The driver (for the farm at ``data_dir``) whose quantizer makes ``precision`` checkpoints (the first by
-    name), or None."""
+def pinned_versions() -> dict[Toolchain, str]:
+    """Every toolchain whose version a matrix may choose, and the version it runs unless one does."""
+    _discover()
+    return {Toolchain(n): pinned for n in sorted(_DRIVERS) if (pinned := _DRIVERS.get(n).pinned) is not None}
+
+
+def quantizer(precision: Precision, data_dir: Path | None,
+              pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver | None:
+    """The driver (for the farm at ``data_dir``, at the version ``pins`` chose) whose quantizer makes ``precision``
+    checkpoints (the first by name), or None."""
     _discover()
     for name in sorted(_DRIVERS):
-        found = _DRIVERS.get(name)(data_dir)
+        found = _DRIVERS.get(name)(data_dir, pins)
         if precision in found.quantizes():
             return found
     return None
 
 
-def choose(candidates: tuple[Toolchain, ...], precision: Precision,
-           data_dir: Path) -> tuple[Toolchain | None, list[str]]:
+def choose(candidates: tuple[Toolchain, ...], precision: Precision, data_dir: Path,
+           pins: Mapping[Toolchain, str] | None = None) -> tuple[Toolchain | None, list[str]]:
     """The first of ``candidates`` (a device type's toolchains, in its order) that can run ``precision`` in the
-    farm at ``data_dir``, and the reason each one before it could not."""
+    farm at ``data_dir`` (at the versions ``pins`` chose), and the reason each one before it could not."""
     reasons: list[str] = []
     for name in candidates:
-        found = driver(name, data_dir)
+        found = driver(name, data_dir, pins)
         if found is None:
             reasons.append(f"toolchain {name} is not installed in this farm (no driver registered)")
             continue

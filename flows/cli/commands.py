@@ -283,8 +283,8 @@ def run(
     raise typer.Exit(_print_summary(result))
 
 
-QUERY_FIELDS = ("model", "precision", "platform", "status", "toolchain", "toolchain_version", "route", "standin",
-                "run_id", "run_kind", "run_started_at", "stages")
+QUERY_FIELDS = ("model", "precision", "platform", "chosen_versions", "status", "toolchain", "toolchain_version",
+                "route", "standin", "run_id", "run_kind", "run_started_at", "stages")
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
@@ -312,6 +312,7 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
         engine.dispose()
     rows_out = [
         {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
+         "chosen_versions": r.chosen_versions,  # a run comparing toolchain versions: one row per version
          "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
          "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
          "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
@@ -359,7 +360,9 @@ def query(
         sys.stdout.write(buf.getvalue())
     else:
         t = Table(title=f"latest status ({len(rows)} rows)")
-        for col in ("model", "precision", "platform", "status", "toolchain", "run", "failing stages"):
+        compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
+        for col in ("model", "precision", "platform", *(["versions"] if compared else []), "status", "toolchain",
+                    "run", "failing stages"):
             t.add_column(col)
         for r in rows:
             colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
@@ -367,7 +370,8 @@ def query(
             made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"],
                                            r["route"] and f"({r['route']} route)",
                                            "STAND-IN (never evidence)" if r["standin"] else None) if x)
-            t.add_row(r["model"], r["precision"], r["platform"], f"[{colour}]{r['status']}[/]", made_by,
+            versions = [r["chosen_versions"] or "pinned"] if compared else []
+            t.add_row(r["model"], r["precision"], r["platform"], *versions, f"[{colour}]{r['status']}[/]", made_by,
                       str(r["run_id"]), bad)
         out.print(t)
 

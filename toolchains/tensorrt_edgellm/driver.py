@@ -10,7 +10,10 @@ stand-ins of the tools: its results are recorded as stand-in and never count as 
 
 ``make nightly`` and ``edgefarm run`` install the pinned version on first use (:func:`ensure_installed`); when that
 fails (e.g. the package registry is unreachable) the reason is remembered for this process, and every row that
-needs the toolchain is skipped with it.
+needs the toolchain is skipped with it. A matrix may choose other versions (``toolchain_versions:``, to compare
+them): each runs from its own environment ``<data dir>/toolchains/tensorrt-edgellm-<version>``, which is never
+installed on first use (a comparison is deliberate; installing a version takes minutes and the registry): a row
+whose version is not installed is skipped naming ``edgefarm toolchains install tensorrt-edgellm==<version>``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from toolchains.tensorrt_edgellm import accuracy as text_accuracy
 from toolchains.tensorrt_edgellm import device as trt
 from toolchains.tensorrt_edgellm.env import (
     CONSOLE_SCRIPTS,
+    check_version,
     env_dir,
     install,
     installed_version,
@@ -54,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PINNED_VERSION = DEFAULT_VERSION
-INSTALL_COMMAND = f"edgefarm toolchains install {TOOLCHAIN}=={PINNED_VERSION}"
 INVENTORY_KEY = "tensorrt_edgellm"  # the device file's block naming where the install lives
 STANDIN_NOTE = "STAND-IN tools (test only, never evidence)"
 _FLOAT_HEADS = frozenset({LMHeadPrecision.FP16})  # the head the exporter writes when the quantizer leaves it alone
@@ -63,34 +66,48 @@ _install_lock = threading.Lock()
 _assumed = threading.local()  # planning "what if it were installed" (see assume_installed)
 
 
+def install_command(version: str = PINNED_VERSION) -> str:
+    return f"edgefarm toolchains install {TOOLCHAIN}=={version}"
+
+
+INSTALL_COMMAND = install_command()
+
+
+def version_env(farm_data_dir: Path, version: str) -> Path:
+    """A version's environment: ``<data dir>/toolchains/tensorrt-edgellm-<version>``."""
+    return env_dir(toolchains_root(farm_data_dir), version)
+
+
 def pinned_env(farm_data_dir: Path) -> Path:
-    """The pinned version's environment: ``<data dir>/toolchains/tensorrt-edgellm-<version>``."""
-    return env_dir(toolchains_root(farm_data_dir), PINNED_VERSION)
+    """The pinned version's environment."""
+    return version_env(farm_data_dir, PINNED_VERSION)
 
 
-def env_problem(env: Path) -> str | None:
-    """Why ``env`` is not a usable install of the pinned version (fast: metadata and files, no imports), or None.
+def env_problem(env: Path, version: str = PINNED_VERSION) -> str | None:
+    """Why ``env`` is not a usable install of ``version`` (fast: metadata and files, no imports), or None.
     The reason names no absolute path (it lands in published pages)."""
-    if getattr(_assumed, "on", False):
+    if getattr(_assumed, "on", False) and version == PINNED_VERSION:
         return None
+    command = install_command(version)
     try:
-        version = installed_version(env)
+        found = installed_version(env)
     except EdgeLLMError:
         failure = _install_failures.get(env)
         if failure is not None:
-            return f"{TOOLCHAIN} {PINNED_VERSION} could not be installed: {failure}"
-        return f"{TOOLCHAIN} {PINNED_VERSION} is not installed in the farm's data dir (run: {INSTALL_COMMAND})"
-    if version != PINNED_VERSION:
-        return f"the {TOOLCHAIN} environment holds version {version}, not {PINNED_VERSION} (run: {INSTALL_COMMAND})"
+            return f"{TOOLCHAIN} {version} could not be installed: {failure}"
+        return f"{TOOLCHAIN} {version} is not installed in the farm's data dir (run: {command})"
+    if found != version:
+        return f"the {TOOLCHAIN} environment holds version {found}, not {version} (run: {command})"
     missing = [name for name in CONSOLE_SCRIPTS if not script(env, name).is_file()]
     if missing:
-        return f"the {TOOLCHAIN} {PINNED_VERSION} environment lacks {', '.join(missing)} (run: {INSTALL_COMMAND})"
+        return f"the {TOOLCHAIN} {version} environment lacks {', '.join(missing)} (run: {command})"
     return None
 
 
 @contextmanager
 def assume_installed() -> Iterator[None]:
-    """In this thread, answer as if the pinned version were installed (to plan what installing it would run)."""
+    """In this thread, answer as if the pinned version were installed (to plan what installing it would run; a
+    version a matrix chose is never installed on first use, so it is not assumed)."""
     _assumed.on = True
     try:
         yield
@@ -140,11 +157,24 @@ def _parsed(requests: list[dict[str, Any]]) -> list[GenerationRequest]:
 @register_toolchain
 class TensorrtEdgellm(ToolchainDriver):
     name = Toolchain.TENSORRT_EDGELLM
+    pinned = PINNED_VERSION
+
+    @property
+    def host_env_version(self) -> str:
+        """The version whose environment this driver runs on the host (chosen by a matrix, else the pinned)."""
+        return self.chosen_version or PINNED_VERSION
 
     def env_path(self) -> Path:
         if self.data_dir is None:
             raise BugError(f"toolchain {self.name}: its environment was asked for without the farm's data dir")
-        return pinned_env(self.data_dir)
+        return version_env(self.data_dir, self.host_env_version)
+
+    def version_problem(self, version: str) -> str | None:
+        try:
+            check_version(version)
+        except ConfigurationError as exc:
+            return str(exc)
+        return None
 
     def quantizes(self) -> tuple[Precision, ...]:
         return tuple(Precision(m.value) for m in METHODS)
@@ -169,7 +199,7 @@ class TensorrtEdgellm(ToolchainDriver):
         return None
 
     def available(self) -> Availability:
-        problem = env_problem(self.env_path())
+        problem = env_problem(self.env_path(), self.host_env_version)
         return Availability(problem is None, problem)
 
     def version(self, env: Mapping[str, Any]) -> str:

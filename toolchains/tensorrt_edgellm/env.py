@@ -28,7 +28,8 @@ CPU_TORCH = "torch==2.13.0"
 CONSOLE_SCRIPTS = ("tensorrt-edgellm-quantize", "tensorrt-edgellm-export")
 IMPORTS = ("tensorrt_edgellm", "modelopt", "torch", "onnx")
 STEP_TIMEOUT_S = 1800
-_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?$")
+# an exact release (no ranges): 0.11.0, 0.11.0rc1, 0.11.0.post1, and a local label (0.11.0+relabel)
+_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
 # Lines pip prints when it cannot reach the index (the install then fails with "from versions: none").
 _UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
                 "Name or service not known", "ConnectTimeoutError", "Network is unreachable", "ProxyError",
@@ -50,7 +51,8 @@ class EnvHealth:
 
 def check_version(version: str) -> str:
     if not _VERSION.match(version):
-        raise ConfigurationError(f"bad {TOOLCHAIN} version {version!r}; expected a release like 0.11.0")
+        raise ConfigurationError(f"bad {TOOLCHAIN} version {version!r}; expected an exact version like 0.11.0 "
+                                 f"(also 0.11.0rc1, 0.11.0.post1, 0.11.0+local), not a range or a name")
     return version
 
 
