@@ -169,8 +169,9 @@ def quantized_gemms(model: Any) -> dict[str, int]:
                    if n.op_type == "DequantizeLinear" and n.input[0] in fp8_weights}
     counts: Counter[str] = Counter()
     for n in model.graph.node:
-        if n.op_type == "MatMulNBits":
-            counts[GemmKind.INT4.value] += 1
+        if n.op_type == "MatMulNBits":  # 4 bits (the checkpoint's int4), or 8 (an LM head quantized at export)
+            bits = next((a.i for a in n.attribute if a.name == "bits"), 4)
+            counts[(GemmKind.INT8 if bits == 8 else GemmKind.INT4).value] += 1
         elif n.op_type in INT8_GEMMS:
             counts[GemmKind.INT8.value] += 1
         elif n.op_type in ("MatMul", "Gemm") and any(i in dequantized for i in n.input):
