@@ -271,8 +271,13 @@ def synthetic_checkpoint(ckpt: Path, method: str, args: argparse.Namespace) -> t
         return out, None
     shutil.rmtree(out, ignore_errors=True)
     print(f"[{ckpt.name}] writing {method} by round-to-nearest ({QUANTIZERS['synthetic']}) ...", flush=True)
+    from edgellm.errors import EdgeLLMError
+
     t0 = time.perf_counter()
-    quantize_rtn(ckpt, out, method, prompt_ids(ckpt, args.prompt_len))
+    try:
+        quantize_rtn(ckpt, out, method, prompt_ids(ckpt, args.prompt_len))
+    except EdgeLLMError as exc:
+        return None, f"synthetic {method} failed: {exc}"
     (out / ".complete").write_text(f"ok {time.perf_counter() - t0:.1f} s\n")
     return out, None
 
@@ -582,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.new_tokens = 1, 16
     args.stacks = stacks
     args.data_dir = args.data_dir.resolve()
+    load_at_start = os.getloadavg()
     results = {m: bench_model(m, args) for m in models}
     bandwidth = measure_bandwidth(args)
     for m in results.values():
@@ -593,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
                      "greedy": True, "quick": args.quick,
                      "quantizer": QUANTIZERS[args.quantizer]},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_end": os.getloadavg(),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": load_at_start,
+                    "loadavg_at_end": os.getloadavg(),
                     "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "models": results,
