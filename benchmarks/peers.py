@@ -377,25 +377,42 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"checkpoint": str(ckpt), "parameters": cfg.num_parameters_estimate,
                            "head_dim": cfg.head_dim, "stacks": {}}
     ready: dict[str, Path] = {}
-    for stack in args.stacks:
-        print(f"[{name}] {stack}: build ...", flush=True)
-        load_before = os.getloadavg()[0]
-        b = builds[stack]()
-        entry: dict[str, Any] = {"build_s": b.get("build_s"), "loadavg_1m_before_build": load_before}
-        entry.update({k: b[k] for k in ("export_s", "engine_s") if k in b})
-        if stack in QUANT_METHODS:
-            entry["quantizer"] = QUANTIZERS[args.quantizer]
-        out["stacks"][stack] = entry
-        if "error" in b:
-            entry["error"] = _explain(stack, cfg, b["error"])
-            print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
-        else:
-            ready[stack] = b["model_dir"]
-            entry["weight_bytes"] = _weight_bytes(Path(b["model_dir"]))
-            entry["streamed_bytes"] = _streamed_bytes(Path(b["model_dir"]), entry["weight_bytes"])
+    # Build rounds alternate the stacks too (each build from scratch; the quantized checkpoints are cached after
+    # the first); the median is kept.
+    builds_done: dict[str, list[dict[str, Any]]] = {s: [] for s in args.stacks}
+    for r in range(args.build_repeats):
+        for stack in args.stacks:
+            if "error" in out["stacks"].get(stack, {}):
+                continue
+            print(f"[{name}] {stack}: build, round {r + 1}/{args.build_repeats} ...", flush=True)
+            load_before = os.getloadavg()[0]
+            b = builds[stack]()
+            entry: dict[str, Any] = out["stacks"].setdefault(stack, {})
+            if stack in QUANT_METHODS:
+                entry["quantizer"] = QUANTIZERS[args.quantizer]
+            if "error" in b:
+                entry["error"] = _explain(stack, cfg, b["error"])
+                print(f"[{name}] {stack}: n/a ({entry['error']})", flush=True)
+                continue
+            builds_done[stack].append({**b, "loadavg_1m_before": load_before})
+    for stack, done in builds_done.items():
+        entry = out["stacks"][stack]
+        if "error" in entry or not done:
+            continue
+        for key in ("build_s", "export_s", "engine_s"):
+            values = [d[key] for d in done if d.get(key) is not None]
+            entry[key] = statistics.median(values) if values else None
+        entry["build_rounds"] = [{k: v for k, v in d.items() if k != "model_dir"} for d in done]
+        ready[stack] = done[-1]["model_dir"]
+        entry["weight_bytes"] = _weight_bytes(Path(ready[stack]))
+        entry["streamed_bytes"] = _streamed_bytes(Path(ready[stack]), entry["weight_bytes"])
     # Rounds alternate the stacks, so a burst of load from elsewhere on the machine hits all of them alike.
     rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in ready}
+    bandwidths: list[float] = []
     for r in range(args.repeats):
+        # the ceiling is measured in every round, under the load the round's stacks see
+        if (bw := measure_bandwidth(args)) is not None:
+            bandwidths.append(bw)
         for stack, model_dir in ready.items():
             if "error" in out["stacks"][stack]:
                 continue
@@ -413,6 +430,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"[{name}] {stack}: n/a ({out['stacks'][stack]['error']})", flush=True)
                 continue
             rounds[stack].append({**json.loads(result.read_text()), "loadavg_1m_before": load})
+    out["copy_bytes_per_s"] = statistics.median(bandwidths) if bandwidths else None
+    out["copy_bytes_per_s_rounds"] = bandwidths
     for stack, runs in rounds.items():
         entry = out["stacks"][stack]
         if "error" in entry or not runs:
@@ -557,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="rounds; each stack runs once per round")
+    p.add_argument("--build-repeats", type=int, default=3, help="build rounds; each stack builds once per round")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="cache of checkpoints and builds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     # worker mode (internal): one stack in its own process
@@ -584,19 +604,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown model/stack {', '.join(bad) or '(none given)'}; models: {', '.join(MODELS)}; "
                 f"stacks: {', '.join(STACKS)}")
     if args.quick:
-        args.repeats, args.new_tokens = 1, 16
+        args.repeats, args.build_repeats, args.new_tokens = 1, 1, 16
     args.stacks = stacks
     args.data_dir = args.data_dir.resolve()
     load_at_start = os.getloadavg()
     results = {m: bench_model(m, args) for m in models}
-    bandwidth = measure_bandwidth(args)
-    for m in results.values():
-        m["copy_bytes_per_s"] = bandwidth
     summarize(results)
     report = {
         "settings": {"precisions": "fp32; int4_awq / int8_sq for the -int4 / -int8 stacks", "batch_size": 1,
                      "prompt_len": args.prompt_len,
-                     "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
+                     "new_tokens": args.new_tokens, "repeats": args.repeats, "build_repeats": args.build_repeats,
+                     "threads": args.threads,
                      "greedy": True, "quick": args.quick,
                      "quantizer": QUANTIZERS[args.quantizer]},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": load_at_start,

@@ -237,6 +237,25 @@ LM_HEAD_BITS = {"int8_wo": 8, "int4_wo": 4}
 LM_HEAD_BLOCK = 32
 
 
+def _fold_down_smoothing(mlp: nn.Module) -> None:
+    """down_proj's input is act(gate) * up, so its pre_quant_scale (one factor per up output column) moves into
+    up_proj's per-output-column weight scales (and bias): one multiply fewer per layer and step, the same product up
+    to fp32 rounding of the scales."""
+    down, up = getattr(mlp, "down_proj", None), getattr(mlp, "up_proj", None)
+    if not isinstance(down, QuantLinear) or down.pre_quant_scale is None:
+        return
+    pqs = down.pre_quant_scale.detach()
+    if isinstance(up, Int4AwqLinear):
+        up.scales = _param((up.scales.detach().reshape(up.out_features, -1) * pqs[:, None]).reshape(-1))
+    elif isinstance(up, Int8SqLinear):
+        up.weight_scale = _param(up.weight_scale.detach() * pqs)
+    else:
+        return
+    if up.bias is not None:
+        up.bias = _param(up.bias.detach() * pqs)
+    down.pre_quant_scale = None
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
@@ -294,6 +313,8 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
     if cfg.tie_word_embeddings and lm_head not in LM_HEAD_BITS:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(cfg)
+    for layer in model.model.layers:
+        _fold_down_smoothing(layer.mlp)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise BugError(f"quantized decoder parameters not loaded: {', '.join(missing[:5])}")

@@ -134,12 +134,12 @@ class Attention(nn.Module):
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
-        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows.
+        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows (row
+        # j * S + i is query position i of the group's head j, which is the row layout of ``mask``).
         qg = q.reshape(b, self.n_kv, rep * s, self.head_dim)
-        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [B, KV, rep*S, T]
-        scores = scores.view(b, self.n_kv, rep, s, -1).float()
+        scores = (torch.matmul(qg, k.transpose(2, 3)) * self.scale).float()  # [B, KV, rep*S, T]
         scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.n_kv, rep * s, -1)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.matmul(probs, v).view(b, self.n_heads, s, self.head_dim)
         out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out), k, v
@@ -225,8 +225,9 @@ class Decoder(nn.Module):
         rope = self._rope_fn(position_ids)
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
-        causal = k_idx <= q_idx  # [S, T]
-        mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
+        # [S, T] repeated for the query heads of a KV group (Attention's rows), once for every layer
+        causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
+        mask = causal[None, None] & (attention_mask[:, None, None, :] > 0)  # [B, 1, rep*S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             h, k, v = layer.self_attn(layer.input_layernorm(x), rope, mask, past[2 * i], past[2 * i + 1], b, s)
