@@ -4,7 +4,10 @@ int8_sq, then edgellm export + build; onnxruntime-genai-int4: its builder's `-p 
 checkpoints are written by round-to-nearest in ModelOpt's format (``--quantizer synthetic``, edgellm.synth_quant:
 the same files, tensors and kernels, in seconds) or made by NVIDIA's calibrating tensorrt-edgellm-quantize
 (``--quantizer tensorrt-edgellm``: close to an hour for int4_awq on the 0.5B shape on this CPU).
-Each row also gets its memory-bandwidth ceiling (measured copy bandwidth / weight bytes read per token).
+Each row also gets its memory-bandwidth ceiling (copy bandwidth, measured in every round, median / the bytes a
+decode step streams: the weight files less tables only gathered). The -q4head / -q8head stacks also quantize the
+LM head the checkpoint keeps in float (`--lm-head-precision int4_wo|int8_wo`), as onnxruntime-genai's int4 builder
+does to its own.
 
 For each model (the bundled stories260K; a random checkpoint with Qwen2.5-0.5B's shape, made once into .data/bench/):
   - build time: `edgellm export` + `edgellm build` vs `python -m onnxruntime_genai.models.builder -p fp32 -e cpu`
@@ -12,9 +15,11 @@ For each model (the bundled stories260K; a random checkpoint with Qwen2.5-0.5B's
   - TTFT (prefill of the prompt + first token) and decode tokens/s over the next tokens, same prompt ids for all.
 Each stack runs in its own subprocess with the same thread count (OMP/MKL env, torch.set_num_threads, ORT
 intra_op_num_threads), one untimed warm-up generation then one timed one per process; --repeats rounds alternate the
-stacks (so load from elsewhere on a shared machine hits all alike) and the median over rounds is kept.
+stacks (so load from elsewhere on a shared machine hits all alike) and the median over rounds is kept; so do
+--build-repeats rounds of the builds.
 
-    /work/main/.venv/bin/python benchmarks/peers.py [--models stories260K,qwen2.5-0.5b-shape] [--quick]
+    PYTHONPATH=. .venv/bin/python benchmarks/peers.py [--models stories260K,qwen2.5-0.5b-shape] [--stacks ...]
+        [--repeats 5] [--build-repeats 3] [--quantizer synthetic|tensorrt-edgellm] [--quick]
 
 Prints a table of ratios and writes benchmarks/results/peers.json. A stack that cannot run a model is reported as
 "n/a (reason)", never as a crash of the whole run.
