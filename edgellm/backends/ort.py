@@ -157,8 +157,21 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
 
 def quantized_gemms(model: Any) -> dict[str, int]:
     """Quantized GEMMs of a graph by kind (``edgellm.compiler.quantized.GemmKind``), read from its nodes: int4
-    MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8)."""
+    MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8).
+    One per linear: a GEMM the export fused from several linears of one input (its output split on the last axis,
+    after the fused bias Add if any) counts as the linears its Split gives back."""
     import onnx
+
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+
+    def linears(n: Any) -> int:
+        out = readers.get(n.output[0], [])
+        if len(out) == 1 and out[0].op_type == "Add":
+            out = readers.get(out[0].output[0], [])
+        return len(out[0].output) if len(out) == 1 and out[0].op_type == "Split" else 1
 
     from edgellm.compiler.quant_kinds import GemmKind
 
@@ -169,10 +182,11 @@ def quantized_gemms(model: Any) -> dict[str, int]:
                    if n.op_type == "DequantizeLinear" and n.input[0] in fp8_weights}
     counts: Counter[str] = Counter()
     for n in model.graph.node:
-        if n.op_type == "MatMulNBits":
-            counts[GemmKind.INT4.value] += 1
+        if n.op_type == "MatMulNBits":  # 4 bits (the checkpoint's int4), or 8 (an LM head quantized at export)
+            bits = next((a.i for a in n.attribute if a.name == "bits"), 4)
+            counts[(GemmKind.INT8 if bits == 8 else GemmKind.INT4).value] += 1
         elif n.op_type in INT8_GEMMS:
-            counts[GemmKind.INT8.value] += 1
+            counts[GemmKind.INT8.value] += linears(n)
         elif n.op_type in ("MatMul", "Gemm") and any(i in dequantized for i in n.input):
             counts[GemmKind.FP8_EMULATED.value] += 1
     return dict(counts)

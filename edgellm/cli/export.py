@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default=None,
                         help="fp32 or fp16 for a float checkpoint (default fp32); a quantized checkpoint's own "
                              "method (int4_awq, int8_sq, fp8; the default)")
-    parser.add_argument("--lm-head-precision", help="LM-head precision (default and only choice: the precision's)")
+    parser.add_argument("--lm-head-precision",
+                        help="LM-head precision (default: the precision's; a quantized checkpoint's float LM head "
+                             "can also be quantized at export: int8_wo or int4_wo, round-to-nearest, block 32)")
     parser.add_argument("--kv-cache-precision", help="KV-cache precision (default and only choice: the precision's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
 

@@ -82,17 +82,31 @@ def export_variant(precision: Precision) -> tuple[LMHeadPrecision, KVCachePrecis
     return LMHeadPrecision(precision.value), KVCachePrecision(precision.value)
 
 
+# LM heads a quantized export makes on request (weight-only, round-to-nearest at export; the checkpoint keeps its
+# LM head in float): MatMulNBits 8 / 4 bits (edgellm.compiler.quantized.WeightOnlyLMHead).
+QUANTIZED_LM_HEADS = (LMHeadPrecision.INT8_WO, LMHeadPrecision.INT4_WO)
+
+
+def lm_head_choices(precision: Precision) -> tuple[LMHeadPrecision, ...]:
+    """The LM heads an export at ``precision`` can hold, the default first."""
+    made = export_variant(precision)[0]
+    return (made, *QUANTIZED_LM_HEADS) if precision in quantized_export_precisions() else (made,)
+
+
 def check_variant(precision: Precision, lm_head: LMHeadPrecision | str | None,
                   kv_cache: KVCachePrecision | str | None) -> tuple[LMHeadPrecision, KVCachePrecision]:
     """The (LM head, KV cache) an export at ``precision`` will hold; asking for another is UnsupportedError."""
     made = export_variant(precision)
     asked = (None if lm_head is None else LMHeadPrecision.parse(lm_head, what="LM-head precision"),
              None if kv_cache is None else KVCachePrecision.parse(kv_cache, what="KV-cache precision"))
-    for what, want, have in (("LM-head", asked[0], made[0]), ("KV-cache", asked[1], made[1])):
-        if want is not None and want is not have:
-            raise UnsupportedError(f"{what} precision {want.value!r} is not supported by export at "
-                                   f"{precision.value}; supported: {have.value} (the weights' precision)")
-    return made
+    heads = lm_head_choices(precision)
+    if asked[0] is not None and asked[0] not in heads:
+        raise UnsupportedError(f"LM-head precision {asked[0].value!r} is not supported by export at "
+                               f"{precision.value}; supported: {', '.join(h.value for h in heads)}")
+    if asked[1] is not None and asked[1] is not made[1]:
+        raise UnsupportedError(f"KV-cache precision {asked[1].value!r} is not supported by export at "
+                               f"{precision.value}; supported: {made[1].value} (the weights' precision)")
+    return asked[0] or made[0], made[1]
 
 
 def quantized_export_precisions() -> tuple[Precision, ...]:
@@ -177,7 +191,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     if layout is not None:
         from edgellm.compiler.quantized import load_quantized_decoder
 
-        model = load_quantized_decoder(ckpt_dir, cfg, family, layout, dtype=torch.float32)
+        model = load_quantized_decoder(ckpt_dir, cfg, family, layout, dtype=torch.float32, lm_head=lm_head.value)
         opset = FP8_OPSET if Precision.FP8 in {lin.precision for lin in layout.quantized} else OPSET
     else:
         model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)

@@ -94,8 +94,60 @@ def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_
     keep = [i for i in graph.input if i.name in inputs]
     del graph.input[:]
     graph.input.extend(keep)
+    plan = _dedupe_small_tensors(graph, plan)
+    _eliminate_common_nodes(graph)
     plan = _fuse_shared_input_matmuls(graph, plan)
     return _write(plan, graph, data_path)
+
+
+DEDUPE_MAX_NUMEL = 1 << 16  # scales and smoothing vectors, not matrices
+
+
+def _dedupe_small_tensors(graph: Any, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Small stored tensors equal in dtype, shape and bytes (SmoothQuant's pre_quant_scale and input_scale, which
+    ModelOpt shares between the linears of one input) become one tensor, so their nodes become identical."""
+    import torch
+
+    first: dict[tuple[Any, ...], str] = {}
+    renames: dict[str, str] = {}
+    for name, t in plan:
+        if not isinstance(t, torch.Tensor) or t.numel() > DEDUPE_MAX_NUMEL:
+            continue
+        key = (t.dtype, tuple(t.shape), _as_array(t.detach())[0].tobytes())
+        if key in first:
+            renames[name] = first[key]
+        else:
+            first[key] = name
+    if not renames:
+        return plan
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+    return [(n, t) for n, t in plan if n not in renames]
+
+
+def _eliminate_common_nodes(graph: Any) -> None:
+    """Nodes computing the same op with the same attributes on the same inputs as an earlier node are dropped and
+    their outputs read from that node (all ops here are deterministic); graph outputs are never renamed."""
+    outputs = {o.name for o in graph.output}
+    seen: dict[tuple[Any, ...], list[str]] = {}
+    renames: dict[str, str] = {}
+    keep = []
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        key = (node.domain, node.op_type, tuple(node.input), len(node.output),
+               tuple(sorted(a.SerializeToString() for a in node.attribute)))
+        if key in seen and not outputs.intersection(node.output) and all(node.output):
+            renames.update(zip(node.output, seen[key], strict=True))
+            continue
+        seen.setdefault(key, list(node.output))
+        keep.append(node)
+    if renames:
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -111,11 +163,16 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
         for name in node.input:
             uses[name] += 1
             readers[name].append(node)
-    groups: dict[str, list[Any]] = defaultdict(list)
+    groups: dict[tuple[str, ...], list[Any]] = defaultdict(list)
     for node in graph.node:
-        w = node.input[1] if node.op_type == "MatMul" else None
+        w = node.input[1] if node.op_type in FUSABLE_GEMMS else None
         if w in tensors and uses[w] == 1 and tensors[w].dim() == 2:
-            groups[node.input[0]].append(node)
+            if node.op_type == "MatMul":
+                groups[(node.op_type, node.input[0])].append(node)
+            elif len(node.input) == 6 and _per_column(tensors, uses, node.input[3], tensors[w]):
+                # MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero, b_zero): one quantized input and its
+                # quantization; per-output-column weight scales concatenate with the weights
+                groups[(node.op_type, node.input[0], node.input[2], node.input[4], node.input[5])].append(node)
     fused: dict[int, list[Any]] = {}
     gone: set[str] = set()
     for members in groups.values():
@@ -130,7 +187,14 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
         graph.initializer.append(helper.make_tensor(sizes, TensorProto.INT64, [len(parts)], widths))
         first = members[0]
         out = f"{name}.out"
-        nodes = [helper.make_node("MatMul", [first.input[0], name], [out], name=f"{first.name}.fused")]
+        inputs = [first.input[0], name]
+        if first.op_type == "MatMulIntegerToFloat":
+            scales = [m.input[3] for m in members]
+            tensors[_fused_name(scales)] = _Concat([tensors[n] for n in scales])
+            gone.update(scales)
+            inputs = [*inputs, first.input[2], _fused_name(scales), first.input[4], first.input[5]]
+        nodes = [helper.make_node(first.op_type, inputs, [out], name=f"{first.name}.fused",
+                                  domain=first.domain)]
         split_outputs = [m.output[0] for m in members]
         adds = [_bias_add(readers[m.output[0]], m.output[0], tensors, uses) for m in members]
         if all(a is not None for a in adds):  # q/k/v biases: one Add before the Split
@@ -156,6 +220,15 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
     del graph.node[:]
     graph.node.extend(nodes)
     return [(n, t) for n, t in tensors.items() if n not in gone]
+
+
+FUSABLE_GEMMS = ("MatMul", "MatMulIntegerToFloat")
+
+
+def _per_column(tensors: dict[str, Any], uses: dict[str, int], name: str, weight: Any) -> bool:
+    """``name`` is a stored 1-D scale per output column of ``weight`` [in, out], used nowhere else."""
+    t = tensors.get(name)
+    return t is not None and uses[name] == 1 and t.dim() == 1 and int(t.shape[0]) == int(weight.shape[1])
 
 
 def _bias_add(readers: list[Any], name: str, tensors: dict[str, Any], uses: dict[str, int]) -> Any:

@@ -48,7 +48,8 @@ def check_exportable(layout: QuantLayout) -> None:
 
 
 def declared_gemms(layout: QuantLayout) -> dict[str, int]:
-    """Quantized GEMMs the engine must hold, by kind (one per quantized linear; they are never fused)."""
+    """Quantized GEMMs the engine must hold, by kind (one per quantized linear; the read-back counts a GEMM the
+    export fused from several linears as that many)."""
     counts: dict[str, int] = {}
     for lin in layout.quantized:
         kind = GEMM_KIND[lin.precision].value

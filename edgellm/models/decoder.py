@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -104,6 +105,27 @@ class RotaryEmbedding(torch.autograd.Function):
         return out
 
 
+class AddRMSNorm(torch.autograd.Function):
+    """fp32 (RMSNorm(x + skip), x + skip), exported as ONNX Runtime's fused ``com.microsoft.
+    SkipSimplifiedLayerNormalization`` (its fourth output is the sum): one node for the residual add and the norm,
+    which ORT's own fusion leaves apart because the sum also feeds the next residual. Eager computes RMSNorm's
+    products."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + skip
+        return weight * (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps)), total
+
+    @staticmethod
+    def symbolic(g: Any, x: Any, skip: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        out, _, _, total = g.op("com.microsoft::SkipSimplifiedLayerNormalization", x, skip, weight, epsilon_f=eps,
+                                outputs=4)
+        out.setType(x.type())
+        total.setType(x.type())
+        return out, total
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
@@ -134,12 +156,12 @@ class Attention(nn.Module):
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
-        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows.
+        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows (row
+        # j * S + i is query position i of the group's head j, which is the row layout of ``mask``).
         qg = q.reshape(b, self.n_kv, rep * s, self.head_dim)
-        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [B, KV, rep*S, T]
-        scores = scores.view(b, self.n_kv, rep, s, -1).float()
+        scores = (torch.matmul(qg, k.transpose(2, 3)) * self.scale).float()  # [B, KV, rep*S, T]
         scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.n_kv, rep * s, -1)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.matmul(probs, v).view(b, self.n_heads, s, self.head_dim)
         out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out), k, v
@@ -225,18 +247,29 @@ class Decoder(nn.Module):
         rope = self._rope_fn(position_ids)
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
-        causal = k_idx <= q_idx  # [S, T]
-        mask = causal[None, None, None] & (attention_mask[:, None, None, None, :] > 0)  # [B, 1, 1, S, T]
+        # [S, T] repeated for the query heads of a KV group (Attention's rows), once for every layer
+        causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
+        mask = causal[None, None] & (attention_mask[:, None, None, :] > 0)  # [B, 1, rep*S, T]
         presents: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
-            h, k, v = layer.self_attn(layer.input_layernorm(x), rope, mask, past[2 * i], past[2 * i + 1], b, s)
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        layers = list(self.model.layers)
+        normed = layers[0].input_layernorm(x)
+        for i, layer in enumerate(layers):
+            h, k, v = layer.self_attn(normed, rope, mask, past[2 * i], past[2 * i + 1], b, s)
+            normed, x = self._add_norm(x, h, layer.post_attention_layernorm)
+            following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            normed, x = self._add_norm(x, layer.mlp(normed), following)
             presents += [k, v]
         if logits_positions is not None:
-            x = x.index_select(1, logits_positions)
-        logits = self.lm_head(self.model.norm(x)).float()
+            normed = normed.index_select(1, logits_positions)
+        logits = self.lm_head(normed).float()
         return (logits, *presents)
+
+    def _add_norm(self, x: torch.Tensor, h: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + h), x + h): the residual add and the next RMSNorm, one fused op in an fp32 export."""
+        if self.dtype == torch.float32:
+            return AddRMSNorm.apply(x, h, norm.weight, norm.eps)  # type: ignore[no-any-return]
+        x = x + h
+        return norm(x), x
 
     def use_rotary_tables(self, max_positions: int) -> None:
         """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
