@@ -39,6 +39,10 @@ MATRIX = {
 }
 
 
+# the real runs use the session's Prefect harness, as every farm test does: a run on a temporary server of its own
+# would leave Prefect's client and event workers pointed at a server that is gone (later tests then hang or miss it)
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
 def _write(root: Path, matrix: dict[str, object]) -> Path:
     path = root / f"{matrix['name']}.yml"
     path.write_text(yaml.safe_dump(matrix))
