@@ -189,7 +189,7 @@ def test_an_lm_head_or_kv_cache_the_toolchain_cannot_give_is_not_applicable_with
     assert by["fp32"].decision is Decision.RUN  # fp32 exports hold an fp32 LM head: it reaches export
     assert by["fp16"].decision is Decision.NOT_APPLICABLE
     assert by["fp16"].reason == ("toolchain edgellm-ort: LM-head precision 'fp32' is not supported by export at "
-                                 "fp16; supported: fp16 (the weights' precision)")
+                                 "fp16; supported: fp16")
 
 
 def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
