@@ -96,7 +96,10 @@ def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:
     started = time.time()
     try:
         with fetch_scope():  # what the stage fetched from its device is gone when it ends
-            outcome = body().done()
+            outcome = body()
+        # work that builds its outcome when it ends is timed from the body's start, not the outcome's creation
+        outcome.started_at = min(outcome.started_at, started)
+        outcome.done()
     except InfrastructureError:
         raise
     except EdgeLLMError as exc:
