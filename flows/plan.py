@@ -16,13 +16,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+import stages
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED, Precision
 from edgellm.yamlio import read_yaml
 from test_lists.catalog import Catalog
-from test_lists.schema import HOST_STAGES, EntryDefaults, TestSpec
+from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains.base import Toolchain, choose, driver, quantizer, require
 
@@ -77,7 +78,7 @@ class Job:
                "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
-               "stages": [s.value for s in e.stages], "devices": list(self.devices)}
+               "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
         if e.toolchain_versions:
             out["toolchain_versions"] = {t.value: v for t, v in e.toolchain_versions}
         return out
@@ -119,11 +120,11 @@ class Plan:
                  f"exports ({len(self.exports())}): " + ", ".join(
                      f"{m}/{p}/{t}" + "".join(f"/{n}=={v}" for n, v in pins) for m, p, t, pins in self.exports())]
         for j in sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id)):
-            stages = "->".join(s.value for s in j.entry.stages)
+            chain = "->".join(str(s) for s in j.entry.stages)
             where = f" on {','.join(j.devices)}" if j.devices else ""
             why = f" ({j.reason})" if j.reason else ""
             pins = "".join(f" {{{t}=={v}}}" for t, v in j.entry.toolchain_versions)
-            lines.append(f"  {j.decision.value:<14} {j.platform:<12} {j.toolchain:<18} {j.test_id}  [{stages}]"
+            lines.append(f"  {j.decision.value:<14} {j.platform:<12} {j.toolchain:<18} {j.test_id}  [{chain}]"
                          f"{pins}{where}{why}")
         return lines
 
@@ -199,7 +200,7 @@ def _decide(
     found = inventory.select(platform=platform)
     devices = tuple(d.id for d in found)
     missing = list(refusals) if toolchain is None else []
-    if not set(entry.stages) <= HOST_STAGES:
+    if not set(entry.stages) <= stages.host_stages():
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
         if toolchain is not None:

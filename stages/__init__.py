@@ -117,8 +117,15 @@ def spec(name: str) -> StageSpec:
         return STAGES[name]
     except KeyError:
         near = difflib.get_close_matches(str(name), STAGES, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigurationError(f"unknown stage {name!r}{hint} valid: {', '.join(STAGES)}") from None
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigurationError(f"unknown stage {name!r}{hint}; valid: {', '.join(STAGES)}") from None
+
+
+def parse(value: str) -> str:
+    """A stage name a person gave (a test list's ``stages``): any stage in the table; a recorded one as its
+    ``Stage``. The error names the bad value and every valid one."""
+    name = spec(str(value).strip().lower()).name
+    return Stage(name) if name in Stage.__members__.values() else name
 
 
 def order() -> list[str]:

@@ -29,7 +29,7 @@ class TestEntry:
     max_seq_len: int
     max_batch_size: int
     max_input_len: int
-    stages: tuple[Stage, ...]
+    stages: tuple[str, ...]  # stage table names (recorded ones as Stage)
     timeouts: dict[Stage, int] = field(hash=False)
     lm_head_precision: LMHeadPrecision | None = None
     kv_cache_precision: KVCachePrecision | None = None

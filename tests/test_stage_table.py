@@ -179,19 +179,21 @@ def test_a_stage_added_to_the_table_is_wired_ordered_timed_and_skipped(
     matrix = tmp_path / "throwaway.yml"
     matrix.write_text(yaml.safe_dump({
         "name": "throwaway", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
-        "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128, "stages": ["export"]}}))
+        # a test list names the new stages like any other: the table is what it is validated against
+        "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
+                     "stages": ["export", *throwaway_stages], "timeout": {"probe": 66}}}))
     plan = plan_matrix(matrix, load_inventory(farm_dirs["inventory"], data_dir=farm_dirs["data"]), Catalog.load(),
                        data_dir=farm_dirs["data"])
     [job] = plan.runnable()
     listed = ("export", *throwaway_stages)
-    plan.jobs = [dataclasses.replace(job, entry=dataclasses.replace(job.entry, stages=listed))]
+    assert job.entry.stages == listed
     # ordered: after what each needs, in the table's order; the progress display gets a column each
     order = stages.order()
     assert order.index("export") < order.index("probe") < order.index("lint")
     assert stages.closure(listed) == ["quantize", *listed]
     assert stages.progress_columns([listed]) == list(listed)
     spec = job_spec(plan.jobs[0], CheckpointRef(model="stories260K", path="/nowhere", sha256="0" * 64))
-    assert spec.timeout("probe") == 77 and spec.timeout("export") == 1200
+    assert spec.timeout("probe") == 66 and spec.timeout("echo") == 77 and spec.timeout("export") == 1200
 
     events: list[StageEvent] = []
     unsubscribe = subscribe(events.append)

@@ -216,7 +216,7 @@ def test_entries_defaults_timeouts_and_sources(tmp_path: Path) -> None:
         ("      - {model: stories260K, precision: fp16, case: a, stages: [export, build, accuracy]}",
          "stage accuracy needs infer"),
         ("      - {model: stories260K, precision: fp16, case: a, stages: [export, deploy]}",
-         "unknown stage 'deploy'; valid: quantize, export"),
+         "unknown stage 'deploy'; valid: reference, quantize, export"),
         ("      - {model: stories260K, precision: fp16, case: a, max_batch_size: 0}", "greater than or equal to 1"),
         ("      - {model: stories260K, precision: fp16, case: a, max_batch_size: '4'}", "valid integer"),
         ("      - {model: stories260K, precision: fp16, case: fp8kv}", "may not start with 'fp8kv'"),
