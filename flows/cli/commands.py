@@ -205,16 +205,49 @@ def _print_summary(result: dict[str, Any]) -> int:
     return 0
 
 
+def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, dry_run: bool, fmt: str,
+                  **params: Any) -> dict[str, Any] | None:
+    """Plan once; a dry run prints the plan (None), otherwise the flow runs with that plan on a temporary Prefect
+    server (unless one is configured) with the progress table. ``plan_of(install)`` makes the plan, installing
+    pinned toolchains only for a real run."""
+    from results.db import for_parameters
+
+    plan = plan_of(not dry_run)
+    if dry_run:
+        _print_plan(plan, fmt)
+        return None
+    db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
+    with _temporary_server(settings.data_dir):
+        return _run_with_progress(plan, lambda: _announce_flow_run(flow)(
+            db_url=db_param, data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
+            trigger="cli", plan=plan, **params))
+
+
+def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None) -> None:
+    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary); exit 1 if a
+    job failed."""
+    if json_out:
+        out.print_json(json.dumps(result, default=str))
+        raise typer.Exit(1 if result["failed"] else 0)
+    if matrix_of is not None:
+        _print_matrix(matrix_of)
+    raise typer.Exit(_print_summary(result))
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="print the run summary as JSON")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")]
+
+
 def nightly(
     matrix: Annotated[Path | None, typer.Option("--matrix", help="matrix file (default: flows/matrices/"
                                                                  "nightly.yml)", dir_okay=False)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")] = False,
+    dry_run: DryRunOption = False,
     db: DbOption = None,
     data_dir: DataDirOption = None,
     inventory: InventoryOption = None,
     docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where docs are written (default: "
                                                                      "<data dir>/docs)", file_okay=False)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="print the run summary as JSON")] = False,
+    json_out: JsonOption = False,
     fmt: PlanFormatOption = "text",
 ) -> None:
     """Run the nightly support matrix (models x precisions x platforms) and publish the docs."""
@@ -226,35 +259,22 @@ def nightly(
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
         _prefect(settings.data_dir)
         from flows.nightly import make_plan, nightly_support_matrix
-        from results.db import for_parameters
 
         matrix_path = matrix or DEFAULT_MATRIX
-        plan, _ = make_plan(matrix_path, settings, install=not dry_run)
-        if dry_run:
-            _print_plan(plan, fmt)
-            return
-        db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
-        with _temporary_server(settings.data_dir):
-            result = _run_with_progress(
-                plan,
-                lambda: _announce_flow_run(nightly_support_matrix)(
-                    matrix=str(matrix_path), db_url=db_param, data_dir=str(settings.data_dir),
-                    inventory=str(settings.inventory_dir), docs_dir=str(settings.docs_dir), trigger="cli",
-                    plan=plan),
-            )
-    if json_out:
-        out.print_json(json.dumps(result, default=str))
-        raise typer.Exit(1 if result["failed"] else 0)
-    _print_matrix(settings.db_url)
-    raise typer.Exit(_print_summary(result))
+        result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install)[0],
+                               nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
+                               docs_dir=str(settings.docs_dir))
+    if result is not None:
+        _finish(result, json_out=json_out, matrix_of=settings.db_url)
 
 
 def run(
     priority: Annotated[str, typer.Option("--priority", help="test list name, e.g. l0_pipeline_x86cpu")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")] = False,
+    dry_run: DryRunOption = False,
     db: DbOption = None,
     data_dir: DataDirOption = None,
     inventory: InventoryOption = None,
+    json_out: JsonOption = False,
     fmt: PlanFormatOption = "text",
 ) -> None:
     """Run one priority list on the devices its platform selector matches."""
@@ -265,22 +285,11 @@ def run(
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
         _prefect(settings.data_dir)
         from flows.test_list import make_plan, run_test_list
-        from results.db import for_parameters
 
-        plan, _ = make_plan(priority, settings, install=not dry_run)
-        if dry_run:
-            _print_plan(plan, fmt)
-            return
-        db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
-        with _temporary_server(settings.data_dir):
-            result = _run_with_progress(
-                plan,
-                lambda: _announce_flow_run(run_test_list)(priority=priority, db_url=db_param,
-                                                          data_dir=str(settings.data_dir),
-                                                          inventory=str(settings.inventory_dir), trigger="cli",
-                                                          plan=plan),
-            )
-    raise typer.Exit(_print_summary(result))
+        result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install)[0],
+                               run_test_list, dry_run=dry_run, fmt=fmt, priority=priority)
+    if result is not None:
+        _finish(result, json_out=json_out)
 
 
 QUERY_FIELDS = ("model", "precision", "platform", "chosen_versions", "status", "toolchain", "toolchain_version",
