@@ -3,12 +3,28 @@ cache key is made of, its default timeout and what one run of it serves.
 
 Pipeline order, the DAG ``flows.pipeline`` submits, the timing summary's critical path, default timeouts, the
 stages a test list may name and the CLI's progress columns all derive from ``STAGES``. This module imports nothing
-else from the farm (results/, devices/ and test_lists/ import it); the module a stage names is imported only where
-stages run (``tasks.common``).
+else from the farm but the artifact kinds (results/, devices/ and test_lists/ import it); the module a stage names
+is imported only where stages run (``tasks.common``).
 
 Adding a stage: one ``register(StageSpec(...))`` here and one module with its work,
 ``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order). A stage whose results
 the database records also needs its name in ``Stage`` (and a migration: the column is constrained to it).
+
+Adding a cached stage: the same, plus ``cache=StageCache(...)`` in its entry and a key function in its module; the
+generic body (``tasks.common.run_stage``) does the rest, so the module holds no cache code:
+  - ``def <name>_key(ctx, job, *upstream) -> Keyed | StageOutcome`` (``tasks.outcome.Keyed``): the inputs the key is
+    the digest of, whose product the cached artifact is (toolchain and version), and what a hit's outcome records
+    (device, route, stand-in). An outcome instead decides the stage without the cache (quantize's identity).
+  - the body looks the key up; a hit counts only once the store has re-hashed its blob (a corrupt one is evicted:
+    a miss). A hit's outcome passes, cached, with ``hit_reason``, ``hit_metric`` = 1, the entry's toolchain version
+    and the stored artifact as ``outputs[output]`` (and as evidence, for a recorded stage); ``Keyed.on_hit`` builds
+    it instead where the artifact is not what the next stage reads (quantize re-reads its checkpoint's report).
+  - on a miss the work runs as ``work(ctx, job, *upstream, keyed=keyed)`` (a host stage's under one of the host's
+    slots) and calls ``keyed.made(ref)`` once its product is stored and vouched for; the body remembers it under
+    the key (even when the work fails after that), sets ``hit_metric`` = 0 when the product was handed on, and the
+    key's toolchain version where the outcome names none.
+  - ``cache_key`` names the key's inputs (besides ``"stage"``): ``"a | b"`` one of them, by toolchain; ``"a?"``
+    only for some toolchains. ``tests/test_cache_keys.py`` checks them against the key and pins today's keys.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError
 
 
@@ -59,6 +76,18 @@ class Shared(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class StageCache:
+    """A stage's content cache, looked up and filled by the generic body (see the module doc)."""
+
+    key: str  # "module:function": (ctx, job, *upstream) -> tasks.outcome.Keyed | StageOutcome
+    kind: ArtifactKind  # the cached artifact's kind and packing in the store
+    packing: Packing
+    output: str  # the key of StageOutcome.outputs that hands the product on
+    hit_reason: str = "cache hit"
+    hit_metric: str = "cache_hit"  # 1 on a hit, 0 when the work handed a new product on
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     needs: tuple[str, ...]  # stages whose outcomes it reads, in the order its work function takes them
@@ -66,12 +95,13 @@ class StageSpec:
     runs: str  # "module:function": the stage's own work, called by the one generic task body
     command: str  # what that work runs, for people (the library's CLI on a device, a tool on the host)
     outputs: tuple[str, ...]  # keys of StageOutcome.outputs the stages after it read
-    cache_key: tuple[str, ...]  # what its content cache key is made of (empty: not cached)
+    cache_key: tuple[str, ...]  # the names of its content cache key's inputs (empty: not cached)
     timeout_s: int  # default; a test list may set its own per listed stage
     shared: Shared = Shared.JOB
     implied: bool = False  # runs whenever a stage of the job needs it, listed or not (recorded only if listed)
     # a device stage's command and the reading of its outputs are its toolchain's: these ToolchainDriver methods
     driver: tuple[str, ...] = ()
+    cache: StageCache | None = None  # its content cache (with cache_key, and only then)
 
     @property
     def recorded(self) -> bool:
@@ -98,6 +128,13 @@ def register(spec: StageSpec) -> StageSpec:
     if (spec.where is Where.DEVICE) != bool(spec.driver):
         raise ConfigurationError(f"stage {spec.name!r}: a device stage (and only one) names the toolchain driver "
                                  f"methods that give its commands and read their outputs")
+    if bool(spec.cache_key) != (spec.cache is not None):
+        raise ConfigurationError(f"stage {spec.name!r}: a cached stage (and only one) names its key inputs "
+                                 f"(cache_key) and its key function and product (cache=StageCache(...))")
+    if spec.cache is not None and (":" not in spec.cache.key or spec.cache.output not in spec.outputs):
+        raise ConfigurationError(f"stage {spec.name!r}: cache.key must be 'module:function' (got "
+                                 f"{spec.cache.key!r}) and cache.output one of its outputs {spec.outputs} (got "
+                                 f"{spec.cache.output!r})")
     if spec.timeout_s < 1:
         raise ConfigurationError(f"stage {spec.name!r}: timeout_s must be >= 1, got {spec.timeout_s}")
     STAGES[spec.name] = spec
@@ -193,13 +230,19 @@ def finish_times(durations: Mapping[str, float]) -> Iterator[tuple[str, float]]:
 register(StageSpec(
     name=REFERENCE, needs=(), where=Where.HOST, runs="tasks.reference:reference",
     command="edgellm reference <source checkpoint> (transformers, on the orchestrating host)",
-    outputs=("reference",), cache_key=("checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
+    outputs=("reference",),
+    cache_key=("format", "checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
+    cache=StageCache(key="tasks.reference:reference_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+                     output="reference", hit_reason="reference cache hit", hit_metric="reference_cache_hit"),
     timeout_s=6000, shared=Shared.MODEL, implied=True))
 register(StageSpec(
     name=Stage.QUANTIZE, needs=(), where=Where.HOST, runs="tasks.quantize:quantize",
     command="the quantizing toolchain's quantizer (tensorrt-edgellm-quantize); the identity when unquantized",
     outputs=("checkpoint", "quantized_linears"),
-    cache_key=("checkpoint_sha256", "quantize options", "toolchain", "toolchain_version"),
+    cache_key=("checkpoint_sha256", "method", "device", "num_samples", "lm_head", "kv_cache", "calibration_sha256",
+               "toolchain", "toolchain_version"),
+    cache=StageCache(key="tasks.quantize:quantize_key", kind=ArtifactKind.CHECKPOINT, packing=Packing.TAR,
+                     output="checkpoint"),
     timeout_s=1200, shared=Shared.CHECKPOINT, implied=True))
 register(StageSpec(
     name=Stage.EXPORT, needs=(Stage.QUANTIZE,), where=Where.HOST, runs="tasks.export:export",
@@ -207,12 +250,14 @@ register(StageSpec(
     outputs=("onnx",),
     cache_key=("checkpoint_sha256", "precision", "lm_head_precision", "kv_cache_precision", "toolchain",
                "toolchain_version", "opset | chat_template_sha256", "edgellm_build | onnx_check"),
+    cache=StageCache(key="tasks.export:export_key", kind=ArtifactKind.ONNX, packing=Packing.TAR, output="onnx"),
     timeout_s=1200, shared=Shared.EXPORT))
 register(StageSpec(
     name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
     command="the toolchain's build on a device (edgellm build; llm_build)", outputs=("engine",),
-    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "max_batch_size",
-               "max_input_len", "max_seq_len"),
+    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "route?", "version?",
+               "standin?", "max_batch_size", "max_input_len", "max_seq_len"),
+    cache=StageCache(key="tasks.build:build_key", kind=ArtifactKind.ENGINE, packing=Packing.TAR, output="engine"),
     timeout_s=1200, driver=("build_step", "check_engine", "build_key_inputs")))
 register(StageSpec(
     name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer",

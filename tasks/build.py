@@ -1,7 +1,8 @@
 """Build: ONNX -> engine on a device of the target platform, cached by content.
 
-Key = (ONNX sha256, platform, the job's toolchain and its version on the device, the device's edgellm source
-digest, what the device's install contributes (route, stand-in), build parameters). The toolchain driver says how
+Key (``build_key``; the generic body looks it up) = (ONNX sha256, platform, the job's toolchain and its version on
+the device, the device's edgellm source digest, what the device's install contributes (route, stand-in), build
+parameters); an engine is remembered only once its precision was read back. The toolchain driver says how
 to build, where the engine lands and how its precision is read back (never a fixed backend: an Orin is never built
 with ONNX Runtime). The precision read back from the built engine must be the one asked for.
 """
@@ -11,21 +12,19 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from artifacts.kinds import ArtifactKind, Packing
+from artifacts.kinds import ArtifactKind
+from artifacts.store import ArtifactRef
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
-from results import cache
 from results.models import ResultStatus
 from stages import Stage
-from tasks.common import (
-    attempt_recorder,
-    from_device_run,
-)
+from tasks.common import attempt_recorder, from_device_run
 from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_stage
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
+from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
 from toolchains.base import DeviceStep, ToolchainDriver, require
 
@@ -47,75 +46,69 @@ def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple
     raise InfrastructureError(f"no reachable {platform} device to ask for its backend version: {'; '.join(errors)}")
 
 
-def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> StageOutcome:
-    """Build the export's ONNX into an engine on a device of the platform (cached by content)."""
+def engine_key_inputs(onnx_sha: str, job: JobSpec, version: str, env: dict[str, object],
+                      installed: dict[str, Any]) -> dict[str, object]:
+    """An engine's cache key inputs: ``env`` is the probed device's ``edgellm env``, ``installed`` what its toolchain
+    install contributes (``ToolchainDriver.build_key_inputs``)."""
+    return {"stage": "build", "onnx_sha256": onnx_sha, "platform": job.platform, "toolchain": job.toolchain.value,
+            "toolchain_version": version, "edgellm_build": env.get("edgellm_build"), **installed, **job.build_params}
 
-    def body() -> StageOutcome:
-        farm = Farm.get(ctx)
-        onnx = exported.outputs["onnx"]
-        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
-        probe, env = platform_env(farm, job.platform, toolchain)
-        version = toolchain.device_version(probe, env)
-        inputs = {"stage": "build", "onnx_sha256": onnx.sha256, "platform": job.platform,
-                  "toolchain": job.toolchain.value, "toolchain_version": version,
-                  "edgellm_build": env.get("edgellm_build"), **toolchain.build_key_inputs(probe), **job.build_params}
-        key = cache.cache_key(inputs)
-        hit = cache.lookup(farm.engine, key)
-        marks = {"route": toolchain.route(), "standin": toolchain.standin(probe)}
-        if hit is not None and farm.store.has(hit.sha256):
-            cache.touch(farm.engine, key)
-            ref = farm.store.ref(hit.sha256, ArtifactKind.ENGINE, Packing.TAR)
-            log.info("build %s on %s: cache hit (key %s, engine sha256 %s)", job.test_id, job.platform,
-                     key[:12], hit.sha256[:12])
-            out = StageOutcome(stage=Stage.BUILD, status=ResultStatus.PASS, reason="cache hit", cached=True,
-                               toolchain_version=version, **marks)
-            out.outputs["engine"] = ref
-            out.artifacts.append(ref)
-            out.metrics["cache_hit"] = (1.0, "")
-            return out
 
-        def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-            return toolchain.build_step(device, f"cache/{onnx.sha256}", f"{job_dir}/engine", job.build_params)
+def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
+    """The table's cache key function: the export's ONNX, built by the toolchain as a device of the platform has it
+    (probed, not leased)."""
+    farm = Farm.get(ctx)
+    toolchain = require(job.toolchain, Path(ctx.data_dir))
+    probe, env = platform_env(farm, job.platform, toolchain)
+    version = toolchain.device_version(probe, env)
+    inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, env, toolchain.build_key_inputs(probe))
+    return Keyed(inputs, toolchain=job.toolchain, toolchain_version=version, route=toolchain.route(),
+                 standin=toolchain.standin(probe))
 
-        produced: dict[str, object] = {}
 
-        def keep(transport: Transport, run: DeviceRun) -> None:
-            if run.status is not ResultStatus.PASS:
-                return
-            ref = farm.store.put(run.fetched["engine"], ArtifactKind.ENGINE)
-            promote_to_cache(transport, f"{run.job_dir}/engine", ref.sha256)
-            produced["engine"] = ref
+def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keyed) -> StageOutcome:
+    """A cache miss: build the export's ONNX into an engine on a leased device of the platform."""
+    farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
+    toolchain = require(job.toolchain, Path(ctx.data_dir))
 
-        run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
-                        fetch={"engine": "engine"}, timeout=job.timeout(Stage.BUILD),
-                        on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD), after=keep,
-                        accepts=toolchain.drives)
-        out = from_device_run(Stage.BUILD, run, job)
-        out.toolchain_version = toolchain.device_version(run.device, run.env)
-        out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
-        if "engine" in produced:
-            ref = produced["engine"]
-            out.outputs["engine"] = ref
-            out.artifacts.append(ref)  # type: ignore[arg-type]
-            out.metrics["cache_hit"] = (0.0, "")
-            out.metrics["engine_bytes"] = (float(ref.size), "B")  # type: ignore[attr-defined]
-            scratch = farm.ctx.host_work_dir / "scratch"
-            scratch.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-                onnx_dir = None
-                if toolchain.needs_onnx_for_check():
-                    onnx_dir = Path(tmp) / "onnx"
-                    farm.store.extract(onnx.sha256, onnx_dir)
-                found = toolchain.check_engine(run.fetched["engine"], onnx_dir, job.build_params)
-            out.metrics.update(found.metrics)
-            if found.precision != job.precision.value:  # never count an engine of another precision as evidence
-                out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
-                out.reason = f"asked for {job.precision.value} but the built engine holds {found.precision} weights"
-            else:
-                # remembered only once read back: a cache hit is an engine whose precision was checked
-                cache.remember(farm.engine, key, ArtifactKind.ENGINE, ref.sha256, inputs,  # type: ignore[attr-defined]
-                               toolchain=job.toolchain, toolchain_version=out.toolchain_version)
-                out.reason = found.detail
-        return out
+    def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
+        return toolchain.build_step(device, f"cache/{onnx.sha256}", f"{job_dir}/engine", job.build_params)
 
-    return body()
+    produced: dict[str, ArtifactRef] = {}
+
+    def keep(transport: Transport, run: DeviceRun) -> None:
+        if run.status is not ResultStatus.PASS:
+            return
+        ref = farm.store.put(run.fetched["engine"], ArtifactKind.ENGINE)
+        promote_to_cache(transport, f"{run.job_dir}/engine", ref.sha256)
+        produced["engine"] = ref
+
+    run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
+                    fetch={"engine": "engine"}, timeout=job.timeout(Stage.BUILD),
+                    on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD), after=keep,
+                    accepts=toolchain.drives)
+    out = from_device_run(Stage.BUILD, run, job)
+    out.toolchain_version = toolchain.device_version(run.device, run.env)
+    out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
+    if "engine" in produced:
+        ref = produced["engine"]
+        out.outputs["engine"] = ref
+        out.artifacts.append(ref)
+        out.metrics["engine_bytes"] = (float(ref.size), "B")
+        scratch = farm.ctx.host_work_dir / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            onnx_dir = None
+            if toolchain.needs_onnx_for_check():
+                onnx_dir = Path(tmp) / "onnx"
+                farm.store.extract(onnx.sha256, onnx_dir)
+            found = toolchain.check_engine(run.fetched["engine"], onnx_dir, job.build_params)
+        out.metrics.update(found.metrics)
+        if found.precision != job.precision.value:  # never count an engine of another precision as evidence
+            out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
+            out.reason = f"asked for {job.precision.value} but the built engine holds {found.precision} weights"
+        else:
+            keyed.made(ref, out.toolchain_version)  # only once read back: a hit's precision was checked
+            out.reason = found.detail
+    return out
+

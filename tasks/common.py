@@ -1,6 +1,8 @@
 """The one task body every stage of the table (``stages.STAGES``) runs in: skip when a stage it needs did not pass
-(not applicable propagates), call the stage's own work with the outcomes it needs, turn errors into outcomes by kind
-(only infrastructure errors raise, and only they are retried), log the outcome and note the Prefect task run."""
+(not applicable propagates), look the stage's product up in the content cache when it declares one (a verified hit
+is the outcome; on a miss what the work made is remembered), call the stage's own work with the outcomes it needs (a
+host stage's under one of the host's slots), turn errors into outcomes by kind (only infrastructure errors raise,
+and only they are retried), log the outcome and note the Prefect task run."""
 
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 
 import stages
+from artifacts.store import ArtifactRef
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+from results import cache
 from results.errors import classify
 from results.models import ResultStatus
 from stages import Stage, Where
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
+from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
 from toolchains.base import require
 
@@ -61,10 +65,68 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
             log.info("%s %s: %s without running (%s)", stage, job.key, problem.status.value, problem.reason)
             return problem
     ready = [o for o in upstream if isinstance(o, StageOutcome)]
-    outcome = guarded(stage, lambda: stage_work(stage)(ctx, job, *ready))
+    outcome = guarded(stage, lambda: _work(ctx, spec, job, ready))
     log.info("%s %s: %s in %.2f s%s%s", stage, job.key, outcome.status.value, outcome.duration_s,
              " (cached)" if outcome.cached else "", f": {outcome.reason}" if outcome.reason else "")
     return outcome
+
+
+def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[StageOutcome]) -> StageOutcome:
+    """The stage's work, behind its content cache when it declares one (``stages.StageCache``)."""
+    declared = spec.cache
+    if declared is None:
+        return _slotted(ctx, spec, lambda: stage_work(spec.name)(ctx, job, *ready))
+    keyed = stage_function(spec.name, declared.key)(ctx, job, *ready)
+    if isinstance(keyed, StageOutcome):  # decided without the cache (an identity precision, no toolchain)
+        return keyed
+    if not isinstance(keyed, Keyed):
+        raise TypeError(f"stage {spec.name}: {declared.key} returned {type(keyed).__name__}, not Keyed or an outcome")
+    farm = Farm.get(ctx)
+    key = cache.cache_key(keyed.inputs)
+    hit = cache.lookup(farm.engine, key)
+    if hit is not None and farm.store.has(hit.sha256):  # has() re-hashes the blob; a corrupt one is evicted: a miss
+        cache.touch(farm.engine, key)
+        ref = farm.store.ref(hit.sha256, declared.kind, declared.packing)
+        log.info("%s %s: cache hit (key %s, %s sha256 %s)", spec.name, job.key, key[:12], declared.kind,
+                 hit.sha256[:12])
+        return _hit(spec, keyed, ref, hit.toolchain_version)
+    try:
+        out = _slotted(ctx, spec, lambda: stage_work(spec.name)(ctx, job, *ready, keyed=keyed))
+    finally:
+        if keyed.product is not None:
+            cache.remember(farm.engine, key, declared.kind, keyed.product.sha256, keyed.inputs,
+                           toolchain=keyed.toolchain, toolchain_version=keyed.product_version)
+    if out.toolchain_version is None:
+        out.toolchain_version = keyed.toolchain_version
+    if declared.output in out.outputs:  # it handed a new product on
+        out.metrics.setdefault(declared.hit_metric, (0.0, ""))
+    return out
+
+
+def _hit(spec: stages.StageSpec, keyed: Keyed, ref: ArtifactRef, made_with: str | None) -> StageOutcome:
+    """A verified hit's outcome: the stored product handed on, with the version of the toolchain that made it."""
+    declared = spec.cache
+    assert declared is not None
+    if keyed.on_hit is not None:
+        out = keyed.on_hit(ref)
+    else:
+        out = StageOutcome(stage=spec.name, status=ResultStatus.PASS, reason=declared.hit_reason,
+                           device=keyed.device, route=keyed.route, standin=keyed.standin,
+                           toolchain_version=made_with if made_with is not None else keyed.toolchain_version)
+        out.outputs[declared.output] = ref
+        if spec.recorded:  # the evidence of its result row
+            out.artifacts.append(ref)
+    out.cached = True
+    out.metrics[declared.hit_metric] = (1.0, "")
+    return out
+
+
+def _slotted(ctx: FarmContext, spec: stages.StageSpec, work: Callable[[], StageOutcome]) -> StageOutcome:
+    """A host stage's work holds one of the orchestrating host's slots while it runs."""
+    if spec.where is not Where.HOST:
+        return work()
+    with Farm.get(ctx).host_slots:
+        return work()
 
 
 @task(name="stage", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
@@ -80,14 +142,19 @@ def stage_task(stage: str) -> Task[..., StageOutcome]:
     return _stage_task.with_options(name=stages.spec(stage).name)
 
 
-@functools.cache
 def stage_work(stage: str) -> StageWork:
-    """The function the table names for a stage (``module:function``), imported when first run."""
-    module, _, name = stages.spec(stage).runs.partition(":")
-    work = getattr(importlib.import_module(module), name, None)
-    if not callable(work):
-        raise ConfigurationError(f"stage {stage}: {stages.spec(stage).runs} is not a function")
-    return work  # type: ignore[no-any-return]
+    """The work the table names for a stage (``module:function``), imported when first run."""
+    return stage_function(stage, stages.spec(stage).runs)
+
+
+@functools.cache
+def stage_function(stage: str, named: str) -> Callable[..., Any]:
+    """A function the table names for a stage (``module:function``: its work, its cache key), imported once."""
+    module, _, name = named.partition(":")
+    found = getattr(importlib.import_module(module), name, None)
+    if not callable(found):
+        raise ConfigurationError(f"stage {stage}: {named} is not a function")
+    return found  # type: ignore[no-any-return]
 
 
 def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:

@@ -5,33 +5,31 @@ run ``edgellm export``; tensorrt-edgellm runs its own ``tensorrt-edgellm-export`
 when the checkpoint ships none), then the export is checked structurally (``onnx_check``: one attention plugin per
 layer, as many quantized GEMMs as quantize's report counts quantized linears, the runtime's inputs and outputs).
 
-Key = (checkpoint sha256, precision, export parameters, toolchain and its version, edgellm source digest or the chat
-template): a rerun with the same inputs reuses the stored ONNX artifact (verified) and says so; anything changed
-exports again.
+Key (``export_key``; the generic body looks it up) = (checkpoint sha256, precision, export parameters, toolchain and
+its version, edgellm source digest or the chat template): a rerun with the same inputs reuses the stored ONNX
+artifact (verified) and says so; anything changed exports again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import edgellm
-from artifacts.kinds import ArtifactKind, Packing
+from artifacts.kinds import ArtifactKind
 from devices.transport.local import LocalTransport
 from edgellm.build_id import build_id
 from edgellm.compiler.export import EXPORT_MANIFEST, OPSET
 from edgellm.errors import ConfigurationError, ErrorKind
-from results import cache
 from results.models import ResultStatus
 from stages import Stage
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
+from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import CheckpointRef, JobSpec
 from toolchains.base import Toolchain, require
 from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
@@ -39,7 +37,6 @@ from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
 from toolchains.tensorrt_edgellm.export import export as trt_export
 from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 
-log = logging.getLogger(__name__)
 ONNX_CHECK = 1  # version of the structural check a cached tensorrt-edgellm export passed (bump when it tightens)
 
 
@@ -70,42 +67,22 @@ def variant_flags(job: JobSpec) -> list[str]:
     return flags
 
 
-def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> StageOutcome:
-    model, precision, toolchain = job.model, job.precision, job.toolchain
-    timeout_s = job.timeout(Stage.EXPORT)
-
-    def body() -> StageOutcome:
-        farm = Farm.get(ctx)
-        ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
-        version = require(toolchain, Path(ctx.data_dir), job.pins).host_version()
-        inputs = export_key_inputs(ckpt.sha256, job, version)
-        key = cache.cache_key(inputs)
-        hit = cache.lookup(farm.engine, key)
-        if hit is not None and farm.store.has(hit.sha256):
-            cache.touch(farm.engine, key)
-            ref = farm.store.ref(hit.sha256, ArtifactKind.ONNX, Packing.TAR)
-            log.info("export %s %s: cache hit (key %s, onnx sha256 %s)", model, precision, key[:12],
-                        hit.sha256[:12])
-            out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", cached=True,
-                               toolchain_version=version)
-            out.outputs["onnx"] = ref
-            out.artifacts.append(ref)
-            out.metrics["cache_hit"] = (1.0, "")
-            return out
-        with farm.host_slots:
-            if toolchain is Toolchain.TENSORRT_EDGELLM:
-                out = _trt_export(farm, job, ckpt, int(quantized.outputs.get("quantized_linears", 0)), key, inputs,
-                                  timeout_s)
-            else:
-                out = _export(farm, job, ckpt, key, inputs, timeout_s)
-        out.toolchain_version = version
-        return out
-
-    return body()
+def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed:
+    """The table's cache key function: the checkpoint quantize handed on, exported by the job's toolchain here."""
+    ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
+    version = require(job.toolchain, Path(ctx.data_dir), job.pins).host_version()
+    return Keyed(export_key_inputs(ckpt.sha256, job, version), toolchain=job.toolchain, toolchain_version=version)
 
 
-def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dict[str, object],
-            timeout_s: int) -> StageOutcome:
+def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome, *, keyed: Keyed) -> StageOutcome:
+    """A cache miss: export the checkpoint with the job's toolchain."""
+    farm, ckpt, timeout_s = Farm.get(ctx), quantized.outputs["checkpoint"], job.timeout(Stage.EXPORT)
+    if job.toolchain is Toolchain.TENSORRT_EDGELLM:
+        return _trt_export(farm, job, ckpt, int(quantized.outputs.get("quantized_linears", 0)), keyed, timeout_s)
+    return _export(farm, job, ckpt, keyed, timeout_s)
+
+
+def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, keyed: Keyed, timeout_s: int) -> StageOutcome:
     model, precision = job.model, job.precision
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)
@@ -132,11 +109,9 @@ def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dic
                 raise ConfigurationError(f"checkpoint {ckpt.path} changed during the run: digest {ckpt.sha256} at "
                                          f"the start, {recorded} when exported")
             ref = farm.store.put(tmp / "onnx", ArtifactKind.ONNX)
-            cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs,
-                           toolchain=str(inputs["toolchain"]), toolchain_version=str(inputs["toolchain_version"]))
+            keyed.made(ref)
             out.outputs["onnx"] = ref
             out.artifacts.append(ref)
-            out.metrics["cache_hit"] = (0.0, "")
             out.metrics["export_s"] = (result.duration, "s")
             out.metrics["onnx_bytes"] = (float(ref.size), "B")
         return out
@@ -144,8 +119,8 @@ def _export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, key: str, inputs: dic
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _trt_export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, quantized_linears: int, key: str,
-                inputs: dict[str, object], timeout_s: int) -> StageOutcome:
+def _trt_export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, quantized_linears: int, keyed: Keyed,
+                timeout_s: int) -> StageOutcome:
     """``tensorrt-edgellm-export`` into the store, after its structural check passed."""
     driver = require(Toolchain.TENSORRT_EDGELLM, Path(farm.ctx.data_dir), job.pins)  # the job's version
     assert isinstance(driver, TensorrtEdgellm)
@@ -170,15 +145,13 @@ def _trt_export(farm: Farm, job: JobSpec, ckpt: CheckpointRef, quantized_linears
             out.reason = f"ONNX export failed {len(report.problems)} structural check(s): {'; '.join(report.problems)}"
             return out
         ref = farm.store.put(made.onnx_dir, ArtifactKind.ONNX)
-        cache.remember(farm.engine, key, ArtifactKind.ONNX, ref.sha256, inputs, toolchain=Toolchain.TENSORRT_EDGELLM,
-                       toolchain_version=str(inputs["toolchain_version"]))
+        keyed.made(ref)
         template = "the checkpoint's" if made.chat_template == "checkpoint" else Path(made.chat_template).name
         out.reason = (f"{report.attention_plugins} attention plugins for {report.layers} layers, "
                       f"{len(report.quantized_linears)} quantized GEMMs (report: {quantized_linears}); "
                       f"chat template {template}")
         out.outputs["onnx"] = ref
         out.artifacts.append(ref)
-        out.metrics["cache_hit"] = (0.0, "")
         out.metrics["onnx_bytes"] = (float(ref.size), "B")
         return out
     finally:

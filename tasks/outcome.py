@@ -1,8 +1,10 @@
-"""What a stage task returns: its status, where it ran, why, its metrics and the artifacts it produced."""
+"""What a stage task returns (its status, where it ran, why, its metrics and the artifacts it produced), and what a
+cached stage's key function hands the generic body (``Keyed``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,3 +55,25 @@ class StageOutcome:
     @classmethod
     def skipped(cls, stage: str, reason: str) -> StageOutcome:
         return cls(stage=stage, status=ResultStatus.SKIPPED, reason=reason).done()
+
+
+@dataclass
+class Keyed:
+    """A cached stage's key (``stages.StageCache``): the inputs its content key is the digest of, whose product the
+    cached artifact is, and what a hit's outcome records. The work of a miss gets it and calls ``made``."""
+
+    inputs: dict[str, Any]
+    toolchain: Toolchain | None  # whose product it is (None: no toolchain's, the transformers reference)
+    toolchain_version: str | None  # that toolchain's here; the work's outcome gets it where it names none
+    device: str | None = None  # what a hit's outcome records of where and how it was made
+    route: str | None = None
+    standin: bool = False
+    on_hit: Callable[[ArtifactRef], StageOutcome] | None = None  # a hit's outcome, where not the generic one
+    product: ArtifactRef | None = None  # set by made()
+    product_version: str | None = None
+
+    def made(self, ref: ArtifactRef, toolchain_version: str | None = None) -> None:
+        """The work stored its product and vouches for it: the body remembers it under the key once the work ended
+        (whatever it did after). ``toolchain_version``: what made it, where not the key's."""
+        self.product = ref
+        self.product_version = toolchain_version if toolchain_version is not None else self.toolchain_version

@@ -7,8 +7,8 @@ KV cache) whichever toolchain consumes it: the same checkpoint feeds edgellm's O
 Edge-LLM's export.
 
 The result is a directory in the artifact store (the checkpoint and ``quantize.json``: the tool's argv, time, peak
-RSS, size and the per-linear quantization report), cached by (source checkpoint sha256, method, quantize options,
-toolchain version); a hit is trusted only after the store verified the blob. Export reads it from
+RSS, size and the per-linear quantization report), cached by the generic body (``quantize_key``: source checkpoint
+sha256, method, quantize options, toolchain version); a hit is judged again like a new checkpoint. Export reads it from
 ``<data dir>/host/checkpoints/<artifact sha256>/checkpoint``, whose tree digest is checked against the one recorded
 at quantize time each time it is handed out.
 
@@ -26,16 +26,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from artifacts.kinds import ArtifactKind, Packing
+from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from edgellm.errors import TestFailure, UnsupportedError
 from edgellm.reference import checkpoint_digest
 from edgellm.types import UNQUANTIZED
-from results import cache
 from results.models import ResultStatus
 from stages import Stage
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
+from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import CheckpointRef, JobSpec
 from toolchains.base import ToolchainDriver, quantizer
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
@@ -50,22 +49,27 @@ NUM_SAMPLES = 32  # calibration rows of the shipped text (of ~60): enough for ti
 RECORD, LOG = "quantize.json", "quantize.log"  # what the quantizer's wrapper writes beside the checkpoint
 
 
-def quantize(ctx: FarmContext, job: JobSpec) -> StageOutcome:
-    def body() -> StageOutcome:
-        if job.precision in UNQUANTIZED:
-            return identity(job)
-        maker = quantizer(job.precision, Path(ctx.data_dir), job.pins)  # at the version the job chose
-        if maker is None:
-            raise UnsupportedError(f"no toolchain of this farm quantizes {job.precision}")
-        state = maker.available()
-        if not state.ok:
-            return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
-                                reason=f"toolchain {maker.name} is not available: {state.reason}")
-        if not isinstance(maker, TensorrtEdgellm):
-            raise UnsupportedError(f"the quantize stage drives tensorrt-edgellm's quantizer only, not {maker.name}")
-        return _quantized(Farm.get(ctx), job, maker)
+def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
+    """The table's cache key function; the outcome itself where no quantizer runs (identity, none available)."""
+    if job.precision in UNQUANTIZED:
+        return identity(job)
+    maker = quantizer(job.precision, Path(ctx.data_dir), job.pins)  # at the version the job chose
+    if maker is None:
+        raise UnsupportedError(f"no toolchain of this farm quantizes {job.precision}")
+    state = maker.available()
+    if not state.ok:
+        return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
+                            reason=f"toolchain {maker.name} is not available: {state.reason}")
+    if not isinstance(maker, TensorrtEdgellm):
+        raise UnsupportedError(f"the quantize stage drives tensorrt-edgellm's quantizer only, not {maker.name}")
+    version = maker.host_version()
 
-    return body()
+    def on_hit(ref: ArtifactRef) -> StageOutcome:  # a stored checkpoint is judged again like a new one
+        out = _outcome(Farm.get(ctx), job, maker, version, ref)
+        out.reason = f"cache hit; {out.reason}"
+        return out
+
+    return Keyed(key_inputs(job, ctx, version), toolchain=maker.name, toolchain_version=version, on_hit=on_hit)
 
 
 def identity(job: JobSpec) -> StageOutcome:
@@ -92,25 +96,11 @@ def _lm_head(job: JobSpec) -> str | None:
     return None if head is None else head.value
 
 
-def _quantized(farm: Farm, job: JobSpec, maker: TensorrtEdgellm) -> StageOutcome:
-    version = maker.host_version()
-    inputs = key_inputs(job, farm.ctx, version)
-    key = cache.cache_key(inputs)
-    hit = cache.lookup(farm.engine, key)
-    if hit is not None and farm.store.has(hit.sha256):
-        cache.touch(farm.engine, key)
-        ref = farm.store.ref(hit.sha256, ArtifactKind.CHECKPOINT, Packing.TAR)
-        log.info("quantize %s %s: cache hit (key %s, checkpoint sha256 %s)", job.model, job.precision, key[:12],
-                 hit.sha256[:12])
-        out = _outcome(farm, job, maker, version, ref, cached=True)
-        out.reason = f"cache hit; {out.reason}"
-        return out
-    with farm.host_slots:
-        return _run(farm, job, maker, version, key, inputs)
-
-
-def _run(farm: Farm, job: JobSpec, maker: TensorrtEdgellm, version: str, key: str,
-         inputs: dict[str, Any]) -> StageOutcome:
+def quantize(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
+    """A cache miss: run the quantizer on the source checkpoint."""
+    farm, version = Farm.get(ctx), str(keyed.toolchain_version)
+    maker = quantizer(job.precision, Path(ctx.data_dir), job.pins)
+    assert isinstance(maker, TensorrtEdgellm)  # as the key found it
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=work, prefix="quantize-"))
@@ -142,10 +132,9 @@ def _run(farm: Farm, job: JobSpec, maker: TensorrtEdgellm, version: str, key: st
         (out_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         logged = farm.store.put(out_dir / LOG, ArtifactKind.LOG)
         ref = farm.store.put(out_dir, ArtifactKind.CHECKPOINT)
-        cache.remember(farm.engine, key, ArtifactKind.CHECKPOINT, ref.sha256, inputs, toolchain=maker.name,
-                       toolchain_version=version)
+        keyed.made(ref)
         _install(farm, ref, out_dir)
-        out = _outcome(farm, job, maker, version, ref, cached=False)
+        out = _outcome(farm, job, maker, version, ref)
         out.artifacts.append(logged)
         out.metrics.update(_run_metrics(record))
         out.duration_s = result.wall_s
@@ -219,8 +208,7 @@ def _record(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _outcome(farm: Farm, job: JobSpec, maker: ToolchainDriver, version: str, ref: ArtifactRef, *,
-             cached: bool) -> StageOutcome:
+def _outcome(farm: Farm, job: JobSpec, maker: ToolchainDriver, version: str, ref: ArtifactRef) -> StageOutcome:
     """The passing outcome: the checkpoint reference export reads, the report re-read from the checkpoint itself
     and checked against the share allowed now (a cache hit is judged like a new checkpoint)."""
     directory, record = materialize(farm, ref)
@@ -228,13 +216,12 @@ def _outcome(farm: Farm, job: JobSpec, maker: ToolchainDriver, version: str, ref
     report = quant_report(checkpoint, job.precision.value, lm_head=_lm_head(job))
     report.check(farm.ctx.max_unquantized_share)
     out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, toolchain=maker.name,
-                       toolchain_version=version, device="orchestrator", cached=cached,
+                       toolchain_version=version, device="orchestrator",
                        reason=_summary(maker, version, report))
     out.outputs["checkpoint"] = CheckpointRef(model=job.model, path=str(checkpoint),
                                               sha256=str(record["checkpoint_sha256"]))
     out.outputs["quantized_linears"] = len(report.quantized)
     out.artifacts.append(ref)
-    out.metrics["cache_hit"] = (1.0 if cached else 0.0, "")
     out.metrics["linears_quantized"] = (float(len(report.quantized)), "")
     out.metrics["linears_unquantized"] = (float(len(report.unquantized)), "")
     out.metrics["linears_checked"] = (float(len(report.checked)), "")

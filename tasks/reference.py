@@ -1,7 +1,8 @@
 """Reference: the transformers reference of a checkpoint (``edgellm reference``), computed on the orchestrating
 host once per model and cached by content, so accuracy on a device needs neither torch nor transformers.
 
-Key = (checkpoint sha256, reference settings, edgellm version, transformers version). The reference is a stage of
+Key (``reference_key``; the generic body looks it up) = (checkpoint sha256, reference settings, edgellm version,
+transformers version). The reference is a stage of
 its own without result rows: accuracy, which needs it, records a failure of it as its own error, with the reason.
 """
 
@@ -9,28 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import logging
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import edgellm
-from artifacts.kinds import ArtifactKind, Packing
+from artifacts.kinds import ArtifactKind
 from devices.transport.local import LocalTransport
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
-from results import cache
 from results.models import ResultStatus
 from stages import REFERENCE
 from tasks.device_exec import classify
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
+from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
-
-log = logging.getLogger(__name__)
 
 EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
 REFERENCE_WINDOW = DEFAULT_WINDOW  # perplexity window; every farm engine has max_input_len >= this
@@ -52,32 +49,15 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
             "edgellm": edgellm_version, "edgellm_build": build_id(), "transformers": transformers_version()}
 
 
-def reference(ctx: FarmContext, job: JobSpec) -> StageOutcome:
-    checkpoint, timeout_s = job.checkpoint, job.timeout(REFERENCE)
-    model = checkpoint.model
-
-    def body() -> StageOutcome:
-        farm = Farm.get(ctx)
-        inputs = reference_key_inputs(checkpoint.sha256)
-        key = cache.cache_key(inputs)
-        hit = cache.lookup(farm.engine, key)
-        if hit is not None and farm.store.has(hit.sha256):
-            cache.touch(farm.engine, key)
-            ref = farm.store.ref(hit.sha256, ArtifactKind.OTHER, Packing.FILE)
-            log.info("reference %s: cache hit (key %s, file sha256 %s)", model, key[:12], hit.sha256[:12])
-            out = StageOutcome(stage=REFERENCE, status=ResultStatus.PASS, reason="reference cache hit",
-                               device="orchestrator", cached=True)
-            out.outputs["reference"] = ref
-            out.metrics["reference_cache_hit"] = (1.0, "")
-            return out
-        with farm.host_slots:
-            return _reference(farm, model, Path(checkpoint.path), key, inputs, timeout_s)
-
-    return body()
+def reference_key(ctx: FarmContext, job: JobSpec) -> Keyed:
+    """The table's cache key function: a reference is no toolchain's product."""
+    return Keyed(reference_key_inputs(job.checkpoint.sha256), toolchain=None, toolchain_version=None,
+                 device="orchestrator")
 
 
-def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[str, object],
-               timeout_s: int) -> StageOutcome:
+def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
+    """A cache miss: ``edgellm reference`` on the source checkpoint."""
+    farm, model, timeout_s = Farm.get(ctx), job.checkpoint.model, job.timeout(REFERENCE)
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=work, prefix="reference-"))
@@ -85,9 +65,9 @@ def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[st
         logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"reference-{model.replace('/', '--')}.log"
-        argv = [sys.executable, "-m", "edgellm", "reference", str(ckpt_dir), "--output", str(tmp / "reference.npz"),
-                "--max-tokens", str(EVAL_MAX_TOKENS), "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS),
-                "--window", str(REFERENCE_WINDOW)]
+        argv = [sys.executable, "-m", "edgellm", "reference", str(Path(job.checkpoint.path)),
+                "--output", str(tmp / "reference.npz"), "--max-tokens", str(EVAL_MAX_TOKENS),
+                "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS), "--window", str(REFERENCE_WINDOW)]
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
         env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
         result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)
@@ -97,10 +77,8 @@ def _reference(farm: Farm, model: str, ckpt_dir: Path, key: str, inputs: dict[st
         out.artifacts.append(farm.store.put(log_path, ArtifactKind.LOG))
         if status is ResultStatus.PASS:
             ref = farm.store.put(tmp / "reference.npz", ArtifactKind.OTHER)
-            cache.remember(farm.engine, key, ArtifactKind.OTHER, ref.sha256, inputs, toolchain=None,
-                           toolchain_version=None)
+            keyed.made(ref)
             out.outputs["reference"] = ref
-            out.metrics["reference_cache_hit"] = (0.0, "")
             out.metrics["reference_s"] = (result.duration, "s")
         return out
     finally:

@@ -1,0 +1,280 @@
+"""The content cache is one step of the generic stage body, declared per stage in the table (``cache=StageCache``).
+
+Moving it there changed no key: for fixed inputs each cached stage's key is the digest it had before (computed on
+main before the move and written here), so caches already filled stay valid. The table's ``cache_key`` names exactly
+what each key is made of, and each stage's key function hands the body those inputs. The body itself, on a throwaway
+cached stage of this module: a miss runs the work and remembers what it made, a hit is trusted only after the store
+re-hashed its blob (a corrupt one is evicted: a miss), and a key function may decide the stage without the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy.orm import Session
+
+import stages
+from artifacts.kinds import ArtifactKind, Packing
+from artifacts.store import ArtifactRef
+from devices.inventory import Device
+from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from results import cache
+from results.db import make_engine
+from results.migrate import upgrade
+from results.models import CacheEntry, ResultStatus
+from stages import REFERENCE, StageCache, StageSpec, Where
+from tasks.build import build_key, engine_key_inputs
+from tasks.common import run_stage
+from tasks.export import export_key, export_key_inputs
+from tasks.farm import Farm, FarmContext
+from tasks.outcome import Keyed, StageOutcome
+from tasks.quantize import key_inputs as quantize_key_inputs
+from tasks.quantize import quantize_key
+from tasks.reference import reference_key, reference_key_inputs
+from tasks.spec import CheckpointRef, JobSpec
+from tests.helpers.toolchain_env import link_real_toolchain
+from toolchains.base import Toolchain, require
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "edgellm" / "assets" / "stories260K"
+SHA, ONNX = "ab" * 32, "cd" * 32
+ORT_VERSION, TRT_VERSION = "0.5.0+onnxruntime-1.22", "0.11.0"
+CTX = FarmContext(run_id=1, db_url="sqlite://", data_dir="/nowhere", inventory_dir="/nowhere")
+CPU = Device(id="cpu-1", type="x86-cpu", transport="local", work_dir="/w")
+ORIN = Device(id="orin-1", type="orin", work_dir="/w", host="127.0.0.1",
+              tensorrt_edgellm={"build_dir": "/b", "trt_package_dir": "/t", "plugin_path": "/p.so",
+                                "version": "0.11.0", "standin": True})
+
+
+def _job(precision: Precision, toolchain: Toolchain, platform: str = "x86-cpu", path: str = "/nowhere",
+         **variant: Any) -> JobSpec:
+    return JobSpec(model="stories260K", precision=precision, platform=platform, toolchain=toolchain, test_id="t",
+                   checkpoint=CheckpointRef(model="stories260K", path=path, sha256=SHA), max_seq_len=256,
+                   max_batch_size=2, max_input_len=128, stages=("export", "build"), **variant)
+
+
+INT4 = _job(Precision.INT4_AWQ, Toolchain.EDGELLM_ORT)
+FP8 = _job(Precision.FP8, Toolchain.TENSORRT_EDGELLM, lm_head_precision=LMHeadPrecision.FP8,
+           kv_cache_precision=KVCachePrecision.FP8)
+ORT_FP32 = _job(Precision.FP32, Toolchain.EDGELLM_ORT)
+ORT_INT8_HEAD = _job(Precision.INT8_WO, Toolchain.EDGELLM_ORT, lm_head_precision=LMHeadPrecision.INT8_WO)
+TRT_FP16 = _job(Precision.FP16, Toolchain.TENSORRT_EDGELLM)
+TRT_ORIN = _job(Precision.FP16, Toolchain.TENSORRT_EDGELLM, platform="orin")
+
+
+@pytest.fixture
+def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What changes with every edit of the sources or an upgrade, fixed so that keys can be pinned."""
+    import tasks.export
+    import tasks.reference
+
+    monkeypatch.setattr(tasks.export, "build_id", lambda: "build-1")
+    monkeypatch.setattr(tasks.reference, "build_id", lambda: "build-1")
+    monkeypatch.setattr(tasks.reference, "edgellm_version", "0.0.1")
+    monkeypatch.setattr(tasks.reference, "transformers_version", lambda: "4.0.0")
+
+
+def _variants() -> dict[str, list[dict[str, Any]]]:
+    """Each cached stage's key inputs for fixed jobs, one per kind of key it makes (by toolchain)."""
+    ort, trt = require(Toolchain.EDGELLM_ORT), require(Toolchain.TENSORRT_EDGELLM)
+    return {
+        REFERENCE: [reference_key_inputs(SHA)],
+        "quantize": [quantize_key_inputs(INT4, CTX, TRT_VERSION), quantize_key_inputs(FP8, CTX, TRT_VERSION)],
+        "export": [export_key_inputs(SHA, ORT_FP32, ORT_VERSION), export_key_inputs(SHA, ORT_INT8_HEAD, ORT_VERSION),
+                   export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
+        "build": [engine_key_inputs(ONNX, ORT_FP32, ORT_VERSION, {"edgellm_build": "build-1"},
+                                    ort.build_key_inputs(CPU)),
+                  engine_key_inputs(ONNX, TRT_ORIN, "0.11.0+standin", {"edgellm_build": "build-2"},
+                                    trt.build_key_inputs(ORIN))],
+    }
+
+
+# what main computed for these inputs before the cache moved into the generic body (bb2e55e)
+PINNED = {
+    REFERENCE: ["71bfa29d09572951a79ee925f324f813c35ed7072c9df72852d358ad1e035331"],
+    "quantize": ["ab708f60d84b91480453e7ce2e0e26a328a3e377f905e5c4693f01f95da6fbaa",
+                 "2acf8475a8f377d24db9be9bc24a13503b9a7159204340cc4e9056a4fc9e052e"],
+    "export": ["5322f74e529073272193801c2374c1a0e2181d041a77f31ad5706944529421e0",
+               "7320fde6c0bb0be729940d132b777ec7211b61de29628939ce4fc887598fd9d6",
+               "e6c04384f6f4cbb30d12cf06c5b3bf03f1f0783517597014313c72aad2d17d1f"],
+    "build": ["5cbbcf9829cb1210a3f8ce2ce3b1d9fc17a9701ee29ebd0a95371ac1b84daf16",
+              "6978fcdd3937470f29f8d6be2ea4b06e7ca4e72632d42fbeba58394a28699530"],
+}
+
+
+@pytest.mark.usefixtures("fixed_builds")
+def test_todays_cache_keys_are_unchanged() -> None:
+    keys = {stage: [cache.cache_key(inputs) for inputs in variants] for stage, variants in _variants().items()}
+    assert keys == PINNED
+    assert [s.name for s in stages.STAGES.values() if s.cache is not None] == [REFERENCE, "quantize", "export",
+                                                                               "build"]
+
+
+def test_the_tables_cache_key_names_what_each_key_is_made_of() -> None:
+    """``cache_key``: every input besides "stage"; "a | b" exactly one of them, "a?" in some keys only."""
+    for stage, variants in _variants().items():
+        names = stages.spec(stage).cache_key
+        required = {n for n in names if " | " not in n and not n.endswith("?")}
+        groups = [set(n.split(" | ")) for n in names if " | " in n]
+        optional = {n[:-1] for n in names if n.endswith("?")}
+        seen: set[str] = set()
+        for inputs in variants:
+            got = set(inputs) - {"stage"}
+            assert inputs["stage"] == stage
+            assert required <= got, f"{stage}: the table names {required - got}, which its key lacks"
+            for group in groups:
+                assert len(group & got) == 1, f"{stage}: one of {sorted(group)} in each key, got {sorted(got)}"
+            unnamed = got - required - set().union(*groups) - optional
+            assert unnamed == set(), f"{stage}: key inputs {sorted(unnamed)} are not in the table's cache_key"
+            seen |= got
+        assert optional | set().union(*groups) <= seen, f"{stage}: the table names inputs no key has"
+
+
+def test_the_table_refuses_a_cache_without_key_names_and_key_names_without_a_cache() -> None:
+    base = StageSpec(name="half", needs=(), where=Where.HOST, runs="m:f", command="", outputs=("x",),
+                     cache_key=(), timeout_s=1)
+    declared = StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE, output="x")
+    with pytest.raises(ConfigurationError, match="cached stage"):
+        stages.register(StageSpec(**{**base.__dict__, "cache_key": ("checkpoint_sha256",)}))
+    with pytest.raises(ConfigurationError, match="cached stage"):
+        stages.register(StageSpec(**{**base.__dict__, "cache": declared}))
+    with pytest.raises(ConfigurationError, match="one of its outputs"):
+        stages.register(StageSpec(**{**base.__dict__, "cache_key": ("a",),
+                                     "cache": StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+                                                         output="y")}))
+    assert "half" not in stages.STAGES
+
+
+# -- each stage's key function hands the body the inputs above, as it finds them --------------------------------
+@pytest.fixture
+def farm_ctx(tmp_path: Path) -> Iterator[FarmContext]:
+    """A farm of its own: a migrated SQLite database, a store and the local CPU device."""
+    data, inventory = tmp_path / "data", tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "local-cpu.yaml").write_text(yaml.safe_dump({
+        "type": "x86-cpu", "transport": "local", "work_dir": str(data / "devices" / "local-cpu"),
+        "python": sys.executable, "env": {"PYTHONPATH": str(REPO)}}))
+    db = f"sqlite:///{tmp_path / 'farm.db'}"
+    upgrade(make_engine(db))
+    ctx = FarmContext(run_id=1, db_url=db, data_dir=str(data), inventory_dir=str(inventory))
+    yield ctx
+    Farm.close(ctx)
+
+
+def test_the_key_functions_hand_on_those_inputs(farm_ctx: FarmContext, trt_env: Path) -> None:
+    job = _job(Precision.FP32, Toolchain.EDGELLM_ORT, path=str(SOURCE))
+    ref = reference_key(farm_ctx, job)
+    assert isinstance(ref, Keyed) and ref.inputs == reference_key_inputs(SHA)
+    assert (ref.toolchain, ref.toolchain_version, ref.device) == (None, None, "orchestrator")
+
+    identity = quantize_key(farm_ctx, job)  # decided without the cache: the source is the checkpoint
+    assert isinstance(identity, StageOutcome) and identity.passed and identity.outputs["checkpoint"] == job.checkpoint
+    link_real_toolchain(Path(farm_ctx.data_dir), trt_env)
+    quantized = quantize_key(farm_ctx, _job(Precision.INT4_AWQ, Toolchain.EDGELLM_ORT, path=str(SOURCE)))
+    assert isinstance(quantized, Keyed) and quantized.toolchain is Toolchain.TENSORRT_EDGELLM
+    assert quantized.toolchain_version == TRT_VERSION and quantized.on_hit is not None
+    assert quantized.inputs == quantize_key_inputs(INT4, farm_ctx, TRT_VERSION)
+
+    upstream = StageOutcome(stage="quantize", status=ResultStatus.PASS, outputs={"checkpoint": job.checkpoint})
+    exported = export_key(farm_ctx, job, upstream)
+    version = require(Toolchain.EDGELLM_ORT).host_version()
+    assert exported.inputs == export_key_inputs(SHA, job, version) and exported.toolchain_version == version
+
+    onnx = StageOutcome(stage="export", status=ResultStatus.PASS,
+                        outputs={"onnx": ArtifactRef(ONNX, 1, ArtifactKind.ONNX, Packing.TAR)})
+    built = build_key(farm_ctx, job, onnx)  # probes the local device's `edgellm env`
+    env = Farm.get(farm_ctx).backend_versions["local-cpu"]
+    assert built.inputs == engine_key_inputs(ONNX, job, version, env, {})
+    assert built.inputs["edgellm_build"] == env["edgellm_build"] and built.toolchain_version == version
+    assert (built.route, built.standin, built.device) == (None, False, None)
+
+
+# -- the generic body, on a throwaway cached stage ----------------------------------------------------------------
+CALLS: list[str] = []
+
+
+def made_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
+    if job.precision is Precision.FP16:
+        return StageOutcome(stage="made", status=ResultStatus.NOT_APPLICABLE, reason="decided without the cache")
+    return Keyed({"stage": "made", "checkpoint_sha256": job.checkpoint.sha256}, toolchain=Toolchain.EDGELLM_ORT,
+                 toolchain_version="v-key", device="orchestrator")
+
+
+def made(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
+    CALLS.append(job.test_id)
+    ref = Farm.get(ctx).store.put(f"made from {job.checkpoint.sha256}".encode() * 100, ArtifactKind.OTHER)
+    keyed.made(ref, "v-made")
+    if job.test_id == "fails-after":
+        raise TestFailure("the work failed after it stored its product")
+    out = StageOutcome(stage="made", status=ResultStatus.PASS, device="orchestrator", reason="made it")
+    out.outputs["product"] = ref
+    return out
+
+
+MADE = StageSpec(name="made", needs=(), where=Where.HOST, runs=f"{__name__}:made", command="made",
+                 outputs=("product",), cache_key=("checkpoint_sha256",), timeout_s=5,
+                 cache=StageCache(key=f"{__name__}:made_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+                                  output="product", hit_reason="made cache hit", hit_metric="made_cache_hit"))
+
+
+@pytest.fixture
+def made_stage() -> Iterator[None]:
+    stages.register(MADE)
+    CALLS.clear()
+    try:
+        yield
+    finally:
+        stages.unregister("made")
+
+
+def _entry(ctx: FarmContext, key: str) -> CacheEntry | None:
+    with Session(Farm.get(ctx).engine) as s:
+        return s.get(CacheEntry, key)
+
+
+@pytest.mark.usefixtures("made_stage")
+def test_the_body_runs_a_miss_trusts_a_verified_hit_and_heals_a_corrupt_one(farm_ctx: FarmContext) -> None:
+    job = _job(Precision.FP32, Toolchain.EDGELLM_ORT)
+    key = cache.cache_key({"stage": "made", "checkpoint_sha256": SHA})
+
+    first = run_stage(farm_ctx, "made", job, ())
+    assert first.passed and not first.cached and CALLS == ["t"] and first.reason == "made it"
+    assert first.metrics["made_cache_hit"] == (0.0, "") and first.toolchain_version == "v-key"
+    entry = _entry(farm_ctx, key)
+    assert entry is not None and entry.sha256 == first.outputs["product"].sha256
+    assert (entry.toolchain, entry.toolchain_version, entry.hits) == (Toolchain.EDGELLM_ORT, "v-made", 0)
+
+    hit = run_stage(farm_ctx, "made", job, ())
+    assert CALLS == ["t"]  # the work did not run
+    assert hit.passed and hit.cached and hit.reason == "made cache hit" and hit.device == "orchestrator"
+    assert hit.metrics == {"made_cache_hit": (1.0, "")} and hit.toolchain_version == "v-made"  # the entry's
+    assert hit.outputs["product"] == first.outputs["product"] and hit.artifacts == []  # no result row: no evidence
+    assert _entry(farm_ctx, key).hits == 1  # type: ignore[union-attr]
+
+    store = Farm.get(farm_ctx).store
+    blob = store.path(entry.sha256)
+    blob.chmod(0o644)
+    blob.write_bytes(b"rotted" + blob.read_bytes()[6:])
+    healed = run_stage(farm_ctx, "made", job, ())  # no hit on a blob that no longer verifies: made again
+    assert not healed.cached and CALLS == ["t", "t"] and store.has(entry.sha256)
+
+    fp16 = run_stage(farm_ctx, "made", _job(Precision.FP16, Toolchain.EDGELLM_ORT), ())
+    assert fp16.status is ResultStatus.NOT_APPLICABLE and fp16.reason == "decided without the cache"
+    assert CALLS == ["t", "t"] and fp16.metrics == {}
+
+
+@pytest.mark.usefixtures("made_stage")
+def test_what_the_work_vouched_for_is_remembered_though_it_failed_after(farm_ctx: FarmContext) -> None:
+    job = dataclasses.replace(_job(Precision.FP32, Toolchain.EDGELLM_ORT), test_id="fails-after")
+    failed = run_stage(farm_ctx, "made", job, ())
+    assert failed.status is ResultStatus.FAIL and "after it stored" in (failed.reason or "")
+    assert CALLS == ["fails-after"]
+    again = run_stage(farm_ctx, "made", job, ())
+    assert again.cached and again.passed and CALLS == ["fails-after"]
