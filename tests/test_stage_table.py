@@ -5,7 +5,6 @@ failed and not applicable when it was, in a real run under the Prefect harness."
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import random
 import time
