@@ -30,6 +30,7 @@ from edgellm.compiler.quant_kinds import REFUSED
 from edgellm.config import ModelConfig
 from edgellm.errors import BugError, UnsupportedError
 from edgellm.models.base import ModelFamily
+from edgellm.models.decoder import RMSNorm
 from edgellm.types import Precision
 
 MIN_BLOCK = 16  # MatMulNBits' smallest block
@@ -261,6 +262,8 @@ def _fold_input_smoothing(norm: nn.Module, linears: list[nn.Module]) -> None:
     first one's moves into the norm's weight, the others' become their ratio to it (dropped where it is exactly 1:
     SmoothQuant's shared scale). Two multiplies fewer per layer and step for AWQ's per-linear scales (one multiply
     node costs about what a small MatMulNBits does at batch 1), the same products up to fp32 rounding."""
+    if type(norm) is not RMSNorm:  # only a plain ``weight * x / rms`` norm carries a scale exactly
+        return
     if not all(isinstance(lin, QuantLinear) and lin.pre_quant_scale is not None for lin in linears):
         return
     base = linears[0].pre_quant_scale.detach()  # type: ignore[union-attr]
@@ -291,9 +294,12 @@ def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], l
 
 
 def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelFamily], layout: QuantLayout,
-                           dtype: torch.dtype = torch.float32, lm_head: str = "fp32") -> Any:
+                           dtype: torch.dtype = torch.float32, lm_head: str = "fp32",
+                           fold_input_smoothing: bool = True) -> Any:
     """The torch decoder of a quantized checkpoint: float tensors cast to ``dtype``, quantized linears replaced by
-    ``QuantLinear`` modules; ``lm_head`` int8_wo / int4_wo quantizes the (float) LM head, see WeightOnlyLMHead."""
+    ``QuantLinear`` modules; ``lm_head`` int8_wo / int4_wo quantizes the (float) LM head, see WeightOnlyLMHead.
+    ``fold_input_smoothing`` False keeps every linear's own pre_quant_scale multiply (the checkpoint's arithmetic as
+    written, which the folded decoder the export traces must match)."""
     from safetensors import safe_open
 
     from edgellm.models.decoder import Decoder, rope_inv_freq
@@ -331,6 +337,8 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
     model.inv_freq = rope_inv_freq(cfg)
     for layer in model.model.layers:
         _fold_down_smoothing(layer.mlp)
+        if not fold_input_smoothing:
+            continue
         attn, mlp = layer.self_attn, layer.mlp
         _fold_input_smoothing(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj])
         _fold_input_smoothing(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
