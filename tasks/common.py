@@ -164,9 +164,6 @@ def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:
     try:
         with fetch_scope():  # what the stage fetched from its device is gone when it ends
             outcome = body()
-        # work that builds its outcome when it ends is timed from the body's start, not the outcome's creation
-        outcome.started_at = min(outcome.started_at, started)
-        outcome.done()
     except InfrastructureError:
         raise
     except EdgeLLMError as exc:
@@ -179,7 +176,9 @@ def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:
         log.exception("%s stage crashed", stage)
         outcome = StageOutcome.from_error(stage, known if isinstance(known, ConfigurationError) else exc)
         outcome.duration_s = outcome.ended_at - started
+    # timed from the body's start, not the outcome's creation (work may build its outcome when it ends)
     outcome.started_at = min(outcome.started_at, started)
+    outcome.done()
     outcome.task_run_id = str(prefect_task_run.id) if prefect_task_run.id else None
     return outcome
 

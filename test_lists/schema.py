@@ -31,32 +31,28 @@ MAX_TIMEOUT = 6000
 _MODEL_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
-def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:
-    def parse(value: Any) -> Any:
+def _parser(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    """A pydantic before-validator from a parse function that raises ConfigurationError naming the valid values."""
+    def validate(value: Any) -> Any:
         if not isinstance(value, str):
             return value  # let pydantic report the type
         try:
-            return enum_cls.parse(value, what=what)
+            return parse(value)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
 
-    return parse
+    return validate
+
+
+def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:
+    return _parser(lambda value: enum_cls.parse(value, what=what))
 
 
 PrecisionField = Annotated[Precision, BeforeValidator(_enum_parser(Precision, "precision"))]
 LMHeadField = Annotated[LMHeadPrecision, BeforeValidator(_enum_parser(LMHeadPrecision, "LM-head precision"))]
 KVCacheField = Annotated[KVCachePrecision, BeforeValidator(_enum_parser(KVCachePrecision, "KV-cache precision"))]
-def _stage(value: Any) -> Any:
-    """Any stage of the stage table (a throwaway stage a test registers too), not only the recorded ones."""
-    if not isinstance(value, str):
-        return value  # let pydantic report the type
-    try:
-        return stages.parse(value)
-    except ConfigurationError as exc:
-        raise ValueError(str(exc)) from None
-
-
-StageField = Annotated[str, BeforeValidator(_stage)]
+# any stage of the stage table (a stage a test registers too), not only the recorded ones
+StageField = Annotated[str, BeforeValidator(_parser(stages.parse))]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 TimeoutSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_TIMEOUT)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
