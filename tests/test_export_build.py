@@ -54,10 +54,18 @@ def test_export_manifest_and_graph(stories_engine):
     stored_bytes = sum(4 * int(np.prod(t.dims)) for t in stored)
     assert stored_bytes <= manifest["checkpoint"]["files"]["model.safetensors"]["bytes"]  # a duplicate adds 131072
     assert (onnx_dir / "model.onnx.data").stat().st_size <= stored_bytes + 4096 * len(stored)
-    assert [t.name for t in stored if "embed" in t.name or "lm_head" in t.name] == ["model.embed_tokens.weight.T"]
-    # projections of one input are one MatMul (then a Split)
-    assert "model.layers.0.self_attn.q_proj+k_proj+v_proj.weight.T" in {t.name for t in stored}
-    assert "model.layers.4.mlp.gate_proj+up_proj.weight.T" in {t.name for t in stored}
+    assert [t.name for t in stored if "embed" in t.name or "lm_head" in t.name] == ["model.embed_tokens.weight"]
+    # weights as the checkpoint holds them ([out, in]), read by FusedMatMul(transB=1): no Transpose of a weight;
+    # projections of one input are one GEMM (then a Split), their rows one after the other
+    shapes = {t.name: list(t.dims) for t in stored}
+    assert shapes["model.layers.0.self_attn.q_proj+k_proj+v_proj.weight"] == [64 + 2 * 32, 64]
+    assert shapes["model.layers.4.mlp.gate_proj+up_proj.weight"] == [2 * 172, 64]
+    assert shapes["model.layers.4.mlp.down_proj.weight"] == [64, 172]
+    gemms = [n for n in graph.node if n.op_type == "FusedMatMul"]
+    assert len(gemms) == 5 * 4 + 1 and all(n.domain == "com.microsoft" for n in gemms)
+    assert all([(a.name, a.i) for a in n.attribute] == [("transB", 1)] for n in gemms)
+    stored_names = {t.name for t in stored}
+    assert not [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in stored_names]
 
 
 def test_logits_positions_limit_the_lm_head(stories_engine):

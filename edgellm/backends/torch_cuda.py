@@ -2,10 +2,11 @@
 holds; the runtime (``edgellm.runtime.gpu_decoder`` + ``edgellm.runtime.cuda_graph``) runs them on an NVIDIA GPU.
 
 The export stays the single source of the weights: ``model.onnx.data`` is copied unchanged (its digest is the
-export's, already verified) and ``torch_cuda_weights.json`` maps every external initializer of the exported graph
-back to the Hugging Face parameters it holds (the export stores linear weights transposed ``[in, out]`` and fuses
-q/k/v and gate/up along the output axis). The mapping is checked against the model family's expected parameters
-and shapes, at build and again at open, so a graph this runtime does not understand fails the build by name.
+export's, already verified) and ``torch_cuda_weights.json`` maps every external initializer of the exported graph back
+to the Hugging Face parameters it holds (the export stores linear weights as the checkpoint does, ``[out, in]``, and
+fuses q/k/v and gate/up along the output axis; a stored name ending in ``.T`` is ``[in, out]``). The mapping is
+checked against the model family's expected parameters and shapes, at build and again at open, so a graph this runtime
+does not understand fails the build by name.
 
 Precisions are the export's (fp32, fp16, bf16: the runtime computes in the dtype the table's weights hold, read
 back at build into the manifest and checked against it at open); quantized exports are refused by the build with

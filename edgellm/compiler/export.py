@@ -15,9 +15,10 @@ Decode feeds ``present`` back as ``past``; a fresh sequence feeds ``past`` with 
 position ids count real tokens only. ``logits_positions`` = 0..seq-1 gives every position's logits; generation
 feeds [seq - 1] so a prefill does not run the lm_head over the whole prompt.
 
-The graph is traced with its weights as inputs (a small graph); ``onnx_weights.attach_weights`` then writes
-each weight once into ``model.onnx.data`` (external data, always; linear weights stored [in, out], a tied embedding
-stored once) and the model is checked with ``onnx.checker`` (path form, so the external data is checked too).
+The graph is traced with its weights as inputs (a small graph); ``onnx_weights.attach_weights`` then writes each
+weight once into ``model.onnx.data`` (external data, always; linear weights stored as the checkpoint holds them, [out,
+in], read by FusedMatMul(transB=1); a tied embedding stored once) and the model is checked with ``onnx.checker`` (path
+form, so the external data is checked too).
 
 The output directory also holds the runtime artifacts (config.json, tokenizer files, generation_config.json when
 the checkpoint has one, and ``edgellm_generation.json``, this project's own generation settings) and

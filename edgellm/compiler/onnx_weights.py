@@ -4,10 +4,12 @@
 module's parameters. Here they become initializers stored in one external data file, written straight from the
 torch tensors (no protobuf of the weights, no re-load, no shape inference over gigabytes) and hashed as written:
 
-- a weight used only through ``Transpose(perm=[1, 0])`` (``nn.Linear``) is stored transposed, ``[in, out]``, and
-  the Transpose node is dropped, so ONNX Runtime has nothing to constant-fold into a second copy;
-- a tied embedding (``Gather`` for the lookup and ``Transpose`` for the lm_head) is stored once, transposed
-  ``[hidden, vocab]`` for the MatMul; the lookup becomes ``Gather(axis=1)`` + ``Transpose``.
+- every weight is stored as the checkpoint holds it: an ``nn.Linear`` weight stays ``[out, in]`` and its traced
+  ``MatMul(x, Transpose(W))`` becomes ``com.microsoft.FusedMatMul(x, W, transB=1)`` (ONNX Runtime packs B for its
+  GEMM at session load either way), so writing a weight is one sequential copy of its bytes, never a transpose;
+- a tied embedding is stored once: the lookup's ``Gather`` and the lm_head's ``FusedMatMul`` read the same tensor;
+- MatMuls of one input (q/k/v, gate/up) become one GEMM of their weights concatenated along the output axis,
+  rows after rows in the file.
 
 Offsets are aligned to 4096 bytes so the runtime can map each tensor directly.
 """
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 ALIGN = 4096
-LOOKAHEAD = 2  # tensors prepared / hashed ahead of the writer (bounds the extra memory to ~2 tensors)
+MS_DOMAIN = "com.microsoft"
+LOOKAHEAD = 2  # pieces written ahead of the hasher
 
 
 def _perm(node: Any) -> list[int] | None:
@@ -31,11 +34,10 @@ def _perm(node: Any) -> list[int] | None:
     return None
 
 
-def _gather_axis(node: Any) -> int:
-    for a in node.attribute:
-        if a.name == "axis":
-            return int(a.i)
-    return 0
+def _reads_as_b(node: Any, name: str) -> bool:
+    """``node`` is a plain MatMul reading ``name`` as its right operand only."""
+    return node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and list(node.input[1:]) == [name] \
+        and node.input[0] != name
 
 
 def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_path: Path) -> str:
@@ -56,41 +58,24 @@ def attach_weights(model: Any, weights: dict[str, Any], inputs: list[str], data_
     for node in graph.node:
         for name in node.input:
             consumers[name].append(node)
-    renames: dict[str, str] = {}  # Transpose output -> stored (transposed) initializer
     drop: set[int] = set()
     plan: list[tuple[str, torch.Tensor]] = []
-    extra_nodes: dict[int, list[Any]] = {}  # replaces node id(...) with these nodes
     for inp in weight_inputs:
         tensor = weights[inp.name].detach()
-        users = consumers[inp.name]
-        transposes = [n for n in users if n.op_type == "Transpose" and _perm(n) == [1, 0]]
-        gathers = [n for n in users if n.op_type == "Gather" and n.input[0] == inp.name and _gather_axis(n) == 0]
-        if tensor.dim() == 2 and transposes and len(transposes) + len(gathers) == len(users):
-            stored = f"{inp.name}.T"
-            plan.append((stored, tensor.t()))  # made contiguous by the writer, one tensor ahead
-            for t in transposes:
-                renames[t.output[0]] = stored
-                drop.add(id(t))
-            for g in gathers:  # Gather(W, ids) == Transpose(Gather(W^T, ids, axis=1)): [H, *ids] -> [*ids, H]
-                mid = f"{g.output[0]}.hidden_first"
-                rank = _rank_of(graph, g.input[1])
-                extra_nodes[id(g)] = [
-                    helper.make_node("Gather", [stored, g.input[1]], [mid], name=f"{g.name}.T", axis=1),
-                    helper.make_node("Transpose", [mid], [g.output[0]], name=f"{g.name}.untranspose",
-                                     perm=[*range(1, rank + 1), 0]),
-                ]
-        else:
-            plan.append((inp.name, tensor))
-    new_nodes = []
-    for node in graph.node:
-        if id(node) in drop:
-            continue
-        for i, name in enumerate(node.input):
-            if name in renames:
-                node.input[i] = renames[name]
-        new_nodes.extend(extra_nodes.get(id(node), [node]))
-    del graph.node[:]
-    graph.node.extend(new_nodes)
+        transposes = [n for n in consumers[inp.name] if n.op_type == "Transpose" and _perm(n) == [1, 0]]
+        products = [(m, t.output[0]) for t in transposes for m in consumers[t.output[0]]]
+        # a transpose read elsewhere stays in the graph (correct, only slower): the exporter emits none today
+        if tensor.dim() == 2 and all(_reads_as_b(m, name) for m, name in products):
+            drop.update(id(t) for t in transposes)
+            for m, _ in products:  # MatMul(x, W^T) -> FusedMatMul(x, W, transB=1)
+                m.op_type, m.domain = "FusedMatMul", MS_DOMAIN
+                m.input[1] = inp.name
+                m.attribute.append(helper.make_attribute("transB", 1))
+        plan.append((inp.name, tensor))
+    if drop:
+        nodes = [n for n in graph.node if id(n) not in drop]
+        del graph.node[:]
+        graph.node.extend(nodes)
     keep = [i for i in graph.input if i.name in inputs]
     del graph.input[:]
     graph.input.extend(keep)
@@ -151,9 +136,9 @@ def _eliminate_common_nodes(graph: Any) -> None:
 
 
 def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """MatMuls of one input by stored weights used nowhere else (q/k/v, gate/up) become one MatMul by the
-    weights concatenated along the output axis (and one Add of their concatenated biases, when each has one),
-    then a Split: fewer, wider kernels, the same dot products."""
+    """GEMMs of one input by stored weights used nowhere else (q/k/v, gate/up) become one GEMM by the weights
+    concatenated along the output axis (and one Add of their concatenated biases, when each has one), then a
+    Split: fewer, wider kernels, the same dot products."""
     from onnx import TensorProto, helper
 
     tensors = dict(plan)
@@ -167,8 +152,9 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
     for node in graph.node:
         w = node.input[1] if node.op_type in FUSABLE_GEMMS else None
         if w in tensors and uses[w] == 1 and tensors[w].dim() == 2:
-            if node.op_type == "MatMul":
-                groups[(node.op_type, node.input[0])].append(node)
+            if node.op_type in ("MatMul", "FusedMatMul"):
+                attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
+                groups[(node.op_type, node.input[0], *attrs)].append(node)
             elif len(node.input) == 6 and _per_column(tensors, uses, node.input[3], tensors[w]):
                 # MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero, b_zero): one quantized input and its
                 # quantization; per-output-column weight scales concatenate with the weights
@@ -182,26 +168,28 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
         parts = [tensors[n] for n in names]
         name = _fused_name(names)
         sizes = f"{name}.split"
-        tensors[name] = _Concat(parts)
-        widths = [int(p.shape[1]) for p in parts]
-        graph.initializer.append(helper.make_tensor(sizes, TensorProto.INT64, [len(parts)], widths))
         first = members[0]
+        axis = _output_axis(first)
+        tensors[name] = _Concat(parts, axis)
+        widths = [int(p.shape[axis]) for p in parts]
+        graph.initializer.append(helper.make_tensor(sizes, TensorProto.INT64, [len(parts)], widths))
         out = f"{name}.out"
         inputs = [first.input[0], name]
         if first.op_type == "MatMulIntegerToFloat":
             scales = [m.input[3] for m in members]
-            tensors[_fused_name(scales)] = _Concat([tensors[n] for n in scales])
+            tensors[_fused_name(scales)] = _Concat([tensors[n] for n in scales], 0)
             gone.update(scales)
             inputs = [*inputs, first.input[2], _fused_name(scales), first.input[4], first.input[5]]
-        nodes = [helper.make_node(first.op_type, inputs, [out], name=f"{first.name}.fused",
-                                  domain=first.domain)]
+        gemm = helper.make_node(first.op_type, inputs, [out], name=f"{first.name}.fused", domain=first.domain)
+        gemm.attribute.extend(first.attribute)
+        nodes = [gemm]
         split_outputs = [m.output[0] for m in members]
         adds = [_bias_add(readers[m.output[0]], m.output[0], tensors, uses) for m in members]
         if all(a is not None for a in adds):  # q/k/v biases: one Add before the Split
             biases = [a.input[1] if a.input[0] == m.output[0] else a.input[0]
                       for a, m in zip(adds, members, strict=True)]
             bias = _fused_name(biases)
-            tensors[bias] = _Concat([tensors[b] for b in biases])
+            tensors[bias] = _Concat([tensors[b] for b in biases], 0)
             nodes.append(helper.make_node("Add", [out, bias], [f"{out}.bias"], name=f"{first.name}.bias"))
             out, split_outputs = f"{out}.bias", [a.output[0] for a in adds]
             for a in adds:
@@ -222,7 +210,14 @@ def _fuse_shared_input_matmuls(graph: Any, plan: list[tuple[str, Any]]) -> list[
     return [(n, t) for n, t in tensors.items() if n not in gone]
 
 
-FUSABLE_GEMMS = ("MatMul", "MatMulIntegerToFloat")
+FUSABLE_GEMMS = ("MatMul", "FusedMatMul", "MatMulIntegerToFloat")
+
+
+def _output_axis(gemm: Any) -> int:
+    """The axis of the GEMM's stored weight that indexes its output columns: 0 for ``[out, in]`` read with
+    transB (FusedMatMul), 1 for ``[in, out]`` (MatMul, MatMulIntegerToFloat)."""
+    trans_b = any(a.name == "transB" and a.i for a in gemm.attribute)
+    return 0 if trans_b else 1
 
 
 def _per_column(tensors: dict[str, Any], uses: dict[str, int], name: str, weight: Any) -> bool:
@@ -242,23 +237,27 @@ def _bias_add(readers: list[Any], name: str, tensors: dict[str, Any], uses: dict
 
 
 class _Concat:
-    """Weights [in, out_i] (or biases [out_i]) concatenated along the output axis, materialized by the writer."""
+    """Tensors concatenated along ``axis`` (weights along their output axis, biases and scales along their only
+    one), materialized by the writer: along axis 0, the parts are written one after the other."""
 
-    def __init__(self, parts: list[Any]) -> None:
-        self.parts = parts
-        self.shape = (*parts[0].shape[:-1], sum(int(p.shape[-1]) for p in parts))
+    def __init__(self, parts: list[Any], axis: int) -> None:
+        self.parts, self.axis = parts, axis
+        shape = list(parts[0].shape)
+        shape[axis] = sum(int(p.shape[axis]) for p in parts)
+        self.shape = tuple(shape)
+        self.dtype = parts[0].dtype
 
     def dim(self) -> int:
         return len(self.shape)
 
-    def contiguous(self) -> Any:
+    def pieces(self) -> list[Any]:
         import torch
 
-        return torch.cat(self.parts, dim=-1)
+        return list(self.parts) if self.axis == 0 else [torch.cat(self.parts, dim=self.axis)]
 
 
 def _fused_name(names: list[str]) -> str:
-    """[a.q_proj.weight.T, a.k_proj.weight.T] -> a.q_proj+k_proj.weight.T"""
+    """[a.q_proj.weight, a.k_proj.weight] -> a.q_proj+k_proj.weight"""
     split = [n.split(".") for n in names]
     head = 0
     while all(len(p) > head and p[head] == split[0][head] for p in split):
@@ -271,54 +270,41 @@ def _fused_name(names: list[str]) -> str:
 
 
 def _write(plan: list[tuple[str, Any]], graph: Any, data_path: Path) -> str:
-    """Write the tensors in order, 4096-aligned; transposing the next tensor and hashing the last one run in two
-    threads beside the write (torch copies, hashlib and file writes release the GIL). Returns the sha256."""
+    """Write the tensors in order, 4096-aligned, each straight from its tensor's memory (a concatenation along
+    axis 0 part after part); hashing runs in a thread beside the writes (hashlib and file writes release the GIL).
+    Returns the sha256."""
     import onnx
 
     h = hashlib.sha256()
     offset = 0
-    # The largest tensor (the embedding / lm_head) is written last and transposed from the start, in its own
-    # thread, so the writer never waits for it.
-    big = max(range(len(plan)), key=lambda i: _numel(plan[i][1])) if plan else 0
-    plan = [*plan[:big], *plan[big + 1:], plan[big]] if plan else plan
-    prep, hasher, early = ThreadPoolExecutor(1), ThreadPoolExecutor(1), ThreadPoolExecutor(1)
-    last = early.submit(_as_array, plan[-1][1]) if plan else None
-    ready = deque(prep.submit(_as_array, t) for _, t in plan[:-1][:LOOKAHEAD])
+    hasher = ThreadPoolExecutor(1)  # one thread: the updates run in write order
     hashing: deque[Future[None]] = deque()
     try:
         with open(data_path, "wb") as f:
-            for i, (name, _) in enumerate(plan):
-                arr, data_type = ready.popleft().result() if i < len(plan) - 1 else last.result()  # type: ignore[union-attr]
-                if i + LOOKAHEAD < len(plan) - 1:
-                    ready.append(prep.submit(_as_array, plan[i + LOOKAHEAD][1]))
+            for name, tensor in plan:
                 pad = b"\0" * (-offset % ALIGN)
                 f.write(pad)
                 offset += len(pad)
-                buf = memoryview(arr).cast("B")
-                f.write(buf)
-                hashing.append(hasher.submit(_update, h, pad, buf))
-                if len(hashing) > LOOKAHEAD:
-                    hashing.popleft().result()
-                init = onnx.TensorProto(name=name, dims=list(arr.shape), data_type=data_type)
+                start, data_type = offset, None
+                for piece in tensor.pieces() if isinstance(tensor, _Concat) else [tensor]:
+                    arr, data_type = _as_array(piece)
+                    buf = memoryview(arr).cast("B")
+                    f.write(buf)
+                    offset += arr.nbytes
+                    hashing.append(hasher.submit(_update, h, pad, buf))
+                    pad = b""
+                    if len(hashing) > LOOKAHEAD:
+                        hashing.popleft().result()
+                init = onnx.TensorProto(name=name, dims=[int(d) for d in tensor.shape], data_type=data_type)
                 init.data_location = onnx.TensorProto.EXTERNAL
-                for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
+                for k, v in (("location", data_path.name), ("offset", str(start)), ("length", str(offset - start))):
                     init.external_data.add(key=k, value=v)
                 graph.initializer.append(init)
-                offset += arr.nbytes
         for fut in hashing:
             fut.result()
     finally:
-        prep.shutdown(cancel_futures=True)
-        early.shutdown()
         hasher.shutdown()
     return h.hexdigest()
-
-
-def _numel(tensor: Any) -> int:
-    n = 1
-    for d in tensor.shape:
-        n *= int(d)
-    return n
 
 
 def _as_array(tensor: Any) -> tuple[Any, int]:
@@ -340,10 +326,3 @@ def _as_array(tensor: Any) -> tuple[Any, int]:
 def _update(h: Any, pad: bytes, buf: memoryview) -> None:
     h.update(pad)
     h.update(buf)
-
-
-def _rank_of(graph: Any, name: str) -> int:
-    for vi in (*graph.input, *graph.value_info):
-        if vi.name == name:
-            return len(vi.type.tensor_type.shape.dim)
-    return 2  # the token ids [batch, seq]

@@ -2,12 +2,11 @@
 engine's limits, prefill through ``scaled_dot_product_attention`` and a decode step that reads and writes only
 device buffers (so it can be captured in a CUDA graph).
 
-Shapes: N tokens = B x S flattened; hidden [N, H]; linear weights stored ``[in, out]`` (as the export stores
-them) so a projection is ``x @ w``; q/k/v and gate/up fused along the output axis. Cache per layer: keys and
-values [max_batch, kv_heads, capacity, head_dim]; ``valid`` [max_batch, capacity] marks the positions a row may
-attend to (left padding stays invalid). Numerics follow transformers' eager path: RMSNorm in fp32, everything else
-in the model dtype, softmax inside SDPA in fp32.
-"""
+Shapes: N tokens = B x S flattened; hidden [N, H]; linear weights ``[in, out]`` (made contiguous at load from the
+export's ``[out, in]``) so a projection is ``x @ w``; q/k/v and gate/up fused along the output axis. Cache per layer:
+keys and values [max_batch, kv_heads, capacity, head_dim]; ``valid`` [max_batch, capacity] marks the positions a row
+may attend to (left padding stays invalid). Numerics follow transformers' eager path: RMSNorm in fp32, everything else
+in the model dtype, softmax inside SDPA in fp32. """
 
 from __future__ import annotations
 
@@ -165,7 +164,7 @@ class GpuDecoder:
             ))
         self.embed = params["model.embed_tokens.weight"]  # [V, H], maybe a transposed view of the lm_head
         head = params.get("lm_head.weight", self.embed)
-        self.lm_w = head.t() if head.t().is_contiguous() else head.t().contiguous()  # [H, V]
+        self.lm_w = head.t()  # [H, V], a view: one copy of a tied embedding (cuBLAS reads either layout)
         self.norm = params["model.norm.weight"]
         self.dtype = self.embed.dtype
         # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype
