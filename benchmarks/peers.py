@@ -45,6 +45,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 MODELS = ("stories260K", "qwen2.5-0.5b-shape")
+# The decode-speed targets against the memory-bandwidth ceiling and the quantized ones are defined on the 0.5B
+# shape, where decode streams the weights; stories260K (1 MB of weights, in cache) is bound by per-op overhead, so
+# its ceiling and its int8/int4 ratios say nothing about the kernels: reported, not judged.
+BANDWIDTH_TARGET_MODELS = ("qwen2.5-0.5b-shape",)
 STACKS = ("edgellm", "transformers", "onnxruntime-genai", "edgellm-int4", "edgellm-int4-q4head", "edgellm-int8",
           "edgellm-int8-q8head", "onnxruntime-genai-int4")
 QUANT_METHODS = {"edgellm-int4": "int4_awq", "edgellm-int4-q4head": "int4_awq", "edgellm-int8": "int8_sq",
@@ -533,6 +537,7 @@ def summarize(results: dict[str, Any]) -> None:
             targets["export+build time <= onnxruntime-genai builder"] = og["build_time_ratio"] <= 1.0
         if hf.get("decode_speedup") is not None:
             targets["decode >= 2x transformers"] = hf["decode_speedup"] >= 2.0
+        judged = model in BANDWIDTH_TARGET_MODELS
         og4 = m["stacks"].get("onnxruntime-genai-int4", {})
         q: dict[str, float | None] = {}
         for stack in ("edgellm-int4", "edgellm-int4-q4head"):
@@ -542,18 +547,18 @@ def summarize(results: dict[str, Any]) -> None:
             q[f"{stack} ttft speedup vs onnxruntime-genai int4"] = _ratio(og4.get("ttft_ms"), e.get("ttft_ms"))
             q[f"{stack} export+build time vs onnxruntime-genai int4 builder"] = _ratio(e.get("build_s"),
                                                                                       og4.get("build_s"))
-            if q[f"{stack} decode vs onnxruntime-genai int4"] is not None:
+            if judged and q[f"{stack} decode vs onnxruntime-genai int4"] is not None:
                 targets[f"{stack} decode >= 1.0x onnxruntime-genai int4"] = (
                     q[f"{stack} decode vs onnxruntime-genai int4"] >= 1.0)  # type: ignore[operator]
-            if e.get("fraction_of_ceiling") is not None:
+            if judged and e.get("fraction_of_ceiling") is not None:
                 targets[f"{stack} decode >= 60% of its bandwidth ceiling"] = e["fraction_of_ceiling"] >= 0.6
         for stack in ("edgellm-int8", "edgellm-int8-q8head"):
             r = _ratio(m["stacks"].get(stack, {}).get("decode_tokens_per_s"), ours.get("decode_tokens_per_s"))
             q[f"{stack} decode vs edgellm fp32"] = r
-            if r is not None:
+            if judged and r is not None:
                 targets[f"{stack} decode >= 1.8x edgellm fp32"] = r >= 1.8
         ratios["quantized"] = {k: v for k, v in q.items() if v is not None}
-        if ours.get("fraction_of_ceiling") is not None:
+        if judged and ours.get("fraction_of_ceiling") is not None:
             targets["fp32 decode >= 90% of its bandwidth ceiling"] = ours["fraction_of_ceiling"] >= 0.9
         m["ratios_vs_peers"], m["targets_met"] = ratios, targets
     print()
