@@ -105,6 +105,27 @@ def test_step_cache_truncate_and_copy(engine):
     assert np.abs(decode - full[6:7]).max() < 1e-4
 
 
+def test_left_padded_batch_prefilled_in_chunks_equals_each_row_alone(engine, stories_engine):
+    """fp32 engines attend through ONNX Runtime's GroupQueryAttention, which refuses several new positions over a
+    past for batch > 1: the session runs such a step row by row. Two left-padded rows prefilled in two chunks, then
+    one decode step for both, give each row's logits computed alone."""
+    ops = json.loads((stories_engine.engine_dir / "engine_manifest.json").read_text())["graph"]["op_counts"]
+    assert ops.get("GroupQueryAttention") == 5 and "Softmax" not in ops  # one fused attention per layer
+    a, b = engine.encode("Once upon a time there was a little girl"), engine.encode("The dog ran")
+    pad = len(a) - len(b)
+    ids = np.array([a, [engine.pad_id] * pad + b], dtype=np.int64)
+    mask = np.array([[1] * len(a), [0] * pad + [1] * len(b)], dtype=np.int64)
+    cache, cut = engine.new_cache(2), pad + 2  # the second chunk has a past for both rows
+    first = engine.step(ids[:, :cut], cache, mask[:, :cut])
+    second = engine.step(ids[:, cut:], cache, mask)
+    nxt = np.array([[5], [7]], dtype=np.int64)
+    last = engine.step(nxt, cache, np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1))
+    for row, alone_ids in ((0, a), (1, b)):
+        alone = engine.logits([*alone_ids, int(nxt[row, 0])])
+        got = np.concatenate([first[row], second[row], last[row]])[-len(alone):]
+        assert np.abs(got - alone).max() < 1e-4, row
+
+
 def test_messages_use_the_chat_template(ckpts, tmp_path, engine):
     with pytest.raises(ConfigurationError, match="the tokenizer has no chat template"):
         engine.generate([GenerationRequest(id="m", messages=[{"role": "user", "content": "hi"}])])

@@ -43,13 +43,25 @@ def _specs(args: list[Any]) -> list[TensorSpec]:
 
 
 class OrtSession(Session):
-    def __init__(self, sess: Any) -> None:
+    def __init__(self, sess: Any, *, row_by_row_with_past: bool = False) -> None:
         self.sess = sess
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
+        self._row_by_row = row_by_row_with_past
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = feeds["input_ids"]
+        past = next((v for k, v in feeds.items() if k.startswith("past_key_values.")), None)
+        if self._row_by_row and ids.shape[0] > 1 and ids.shape[1] > 1 and past is not None and past.shape[2] > 0:
+            # GroupQueryAttention refuses several new positions over a past for batch > 1: one row at a time
+            # (the batched inputs are those of rank >= 2; logits_positions is shared)
+            rows = [self._run({k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()})
+                    for i in range(ids.shape[0])]
+            return {name: np.concatenate([r[name] for r in rows], axis=0) for name in self._out_names}
+        return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._out_names, self.sess.run(self._out_names, feeds), strict=True))
 
 
@@ -132,7 +144,8 @@ class OrtBackend(EngineBackend):
             sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise ConfigurationError(f"{path}: ONNX Runtime cannot load the engine ({exc})") from None
-        return OrtSession(sess)
+        ops = manifest.get("graph", {}).get("op_counts", {})
+        return OrtSession(sess, row_by_row_with_past=bool(ops.get("GroupQueryAttention")))
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:

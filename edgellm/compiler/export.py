@@ -15,6 +15,11 @@ Decode feeds ``present`` back as ``past``; a fresh sequence feeds ``past`` with 
 position ids count real tokens only. ``logits_positions`` = 0..seq-1 gives every position's logits; generation
 feeds [seq - 1] so a prefill does not run the lm_head over the whole prompt.
 
+Attention is ONNX Runtime's fused ops: ``RotaryEmbedding`` for q and k, and in graphs computing in fp32 (fp32 and
+quantized exports) one ``GroupQueryAttention`` per layer (``edgellm.models.decoder``; ONNX Runtime runs it with
+several new positions over a past only for batch 1, so the runtime's session runs such a step row by row); fp16
+graphs keep the explicit grouped attention, whose mask is a ``Where`` rather than an additive bias.
+
 The graph is traced with its weights as inputs (a small graph); ``onnx_weights.attach_weights`` then writes each
 weight once into ``model.onnx.data`` (external data, always; linear weights stored as the checkpoint holds them, [out,
 in], read by FusedMatMul(transB=1); a tied embedding stored once) and the model is checked with ``onnx.checker`` (path
@@ -197,6 +202,8 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     else:
         model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
     model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
+    if dtype == torch.float32:  # com.microsoft.GroupQueryAttention (its padding mask is additive: fp32 only)
+        model.use_fused_attention()
 
     L = cfg.num_hidden_layers
     ins, outs = input_names(L), output_names(L)

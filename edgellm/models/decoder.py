@@ -11,13 +11,15 @@ KV cache so it exports to one ONNX graph serving prefill and decode:
     -> logits float32 [B, S, vocab], present k/v [B, kv_heads, P + S, head_dim] per layer
 
 Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everything else in the model dtype.
+For export, ``use_rotary_tables`` and (fp32) ``use_fused_attention`` select autograd functions whose ONNX form is
+ONNX Runtime's fused ``RotaryEmbedding`` / ``GroupQueryAttention``; their eager forward computes the same math.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -85,24 +87,70 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, half: in
 
 
 class RotaryEmbedding(torch.autograd.Function):
-    """Rotary embedding from cos/sin tables [positions, head_dim / 2]; x [B, heads, S, head_dim], positions [B, S].
-    Exports as ONNX Runtime's fused ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager computes the same
-    products as ``_rope`` (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    """Rotary embedding from cos/sin tables [positions, head_dim / 2]; positions [B, S]; x [B, heads, S, head_dim]
+    (``num_heads`` 0) or [B, S, num_heads * head_dim]. Exports as ONNX Runtime's fused
+    ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager computes the same products as ``_rope``
+    (x1 cos - x2 sin, x2 cos + x1 sin)."""
 
     @staticmethod
     def forward(ctx: object, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
-                sin_table: torch.Tensor) -> torch.Tensor:
+                sin_table: torch.Tensor, num_heads: int) -> torch.Tensor:
+        flat = x.shape
+        if num_heads:  # [B, S, N * D] -> [B, N, S, D]
+            x = x.view(flat[0], flat[1], num_heads, -1).transpose(1, 2)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]  # [B, 1, S, D/2]
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.transpose(1, 2).reshape(flat) if num_heads else out
 
     @staticmethod
-    def symbolic(g: object, x: object, positions: object, cos_table: object, sin_table: object) -> object:
-        out = g.op("com.microsoft::RotaryEmbedding", x, positions, cos_table, sin_table,  # type: ignore[attr-defined]
-                   interleaved_i=0)
-        out.setType(x.type())  # type: ignore[attr-defined]
+    def symbolic(g: Any, x: Any, positions: Any, cos_table: Any, sin_table: Any, num_heads: int) -> Any:
+        out = g.op("com.microsoft::RotaryEmbedding", x, positions, cos_table, sin_table, interleaved_i=0,
+                   **({"num_heads_i": num_heads} if num_heads else {}))
+        out.setType(x.type())
         return out
+
+
+class GroupQueryAttention(torch.autograd.Function):
+    """Causal attention of rotated queries over past + new keys and values, heads grouped (GQA), exported as ONNX
+    Runtime's ``com.microsoft.GroupQueryAttention`` (one node instead of the reshapes, transposes, concatenations,
+    mask and softmax of ``Attention``'s own path).
+
+    q [B, S, H * D], k and v [B, S, KV * D] (rotary already applied: the op's own rotary assumes right padding),
+    past k/v [B, KV, P, D] -> out [B, S, H * D], present k/v [B, KV, P + S, D]. ``seqlens_k`` int32 [B] = P + S - 1
+    and ``total`` int32 [] = P + S for every row: the op's padding is on the right, ours on the left, so every row
+    counts as full and ``bias`` float32 [B, 1, S, P + S] (0 or MASK) masks the padding; the op adds the causal mask.
+    ONNX Runtime refuses S > 1 with a past for B > 1 (the runtime runs such a step row by row)."""
+
+    @staticmethod
+    def forward(ctx: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
+                past_v: torch.Tensor, seqlens_k: torch.Tensor, total: torch.Tensor, bias: torch.Tensor,
+                num_heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s, _ = q.shape
+        p, d = past_k.shape[2], past_k.shape[3]
+        k = torch.cat([past_k, k.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
+        v = torch.cat([past_v, v.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
+        rep = num_heads // kv_heads
+        qh = q.view(b, s, num_heads, d).transpose(1, 2)
+        scores = (qh @ k.repeat_interleave(rep, 1).transpose(2, 3)).float() * scale + bias
+        causal = torch.arange(p + s)[None, :] <= torch.arange(s)[:, None] + p
+        probs = torch.softmax(scores.masked_fill(~causal, MASK_VALUE), dim=-1).to(v.dtype)
+        out = (probs @ v.repeat_interleave(rep, 1)).transpose(1, 2).reshape(b, s, num_heads * d)
+        return out, k, v
+
+    @staticmethod
+    def symbolic(g: Any, q: Any, k: Any, v: Any, past_k: Any, past_v: Any, seqlens_k: Any, total: Any, bias: Any,
+                 num_heads: int, kv_heads: int, scale: float) -> tuple[Any, Any, Any]:
+        none = g.op("prim::Constant")
+        none.setType(torch._C.NoneType.get())
+        out, present_k, present_v = g.op(
+            "com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total, none, none, none, bias,
+            num_heads_i=num_heads, kv_num_heads_i=kv_heads, scale_f=scale, do_rotary_i=0, outputs=3)
+        out.setType(q.type())
+        present_k.setType(past_k.type())
+        present_v.setType(past_v.type())
+        return out, present_k, present_v
 
 
 class AddRMSNorm(torch.autograd.Function):
@@ -126,6 +174,14 @@ class AddRMSNorm(torch.autograd.Function):
         return out, total
 
 
+class FusedMask(NamedTuple):
+    """What ``GroupQueryAttention`` takes instead of the boolean mask (shapes in its docstring)."""
+
+    seqlens_k: torch.Tensor
+    total: torch.Tensor
+    bias: torch.Tensor
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
@@ -141,18 +197,20 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, rope: Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor,
+        self, x: torch.Tensor, rope: Callable[[torch.Tensor, int], torch.Tensor], mask: torch.Tensor | FusedMask,
         past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # b, s come from the decoder's inputs (one traced value for every layer, so the exported shape
         # computations are shared), and ``sin`` carries rotate_half's sign
+        if isinstance(mask, FusedMask):
+            return self._fused(x, rope, mask, past_k, past_v, b, s)
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        q, k = rope(q), rope(k)
+        q, k = rope(q, 0), rope(k, 0)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
         rep = self.n_heads // self.n_kv
@@ -164,6 +222,19 @@ class Attention(nn.Module):
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.matmul(probs, v).view(b, self.n_heads, s, self.head_dim)
         out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
+        return self.o_proj(out), k, v
+
+    def _fused(
+        self, x: torch.Tensor, rope: Callable[[torch.Tensor, int], torch.Tensor], mask: FusedMask,
+        past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The same attention through ``GroupQueryAttention``: q/k/v stay [B, S, heads * D]."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.view(b, s, self.n_heads, self.head_dim)).view(b, s, self.n_heads * self.head_dim)
+            k = self.k_norm(k.view(b, s, self.n_kv, self.head_dim)).view(b, s, self.n_kv * self.head_dim)
+        q, k = rope(q, self.n_heads), rope(k, self.n_kv)
+        out, k, v = GroupQueryAttention.apply(q, k, v, past_k, past_v, *mask, self.n_heads, self.n_kv, self.scale)
         return self.o_proj(out), k, v
 
 
@@ -211,6 +282,7 @@ class Decoder(nn.Module):
         self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
                              persistent=False)
         self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.fused_attention = False
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -245,11 +317,13 @@ class Decoder(nn.Module):
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)
         rope = self._rope_fn(position_ids)
-        q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
-        k_idx = torch.arange(total, dtype=torch.int64)[None, :]
-        # [S, T] repeated for the query heads of a KV group (Attention's rows), once for every layer
-        causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
-        mask = causal[None, None] & (attention_mask[:, None, None, :] > 0)  # [B, 1, rep*S, T]
+        mask = self._fused_mask(attention_mask, b, s, total) if self.fused_attention else None
+        if mask is None:
+            q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
+            k_idx = torch.arange(total, dtype=torch.int64)[None, :]
+            # [S, T] repeated for the query heads of a KV group (Attention's rows), once for every layer
+            causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
+            mask = causal[None, None] & (attention_mask[:, None, None, :] > 0)  # [B, 1, rep*S, T]
         presents: list[torch.Tensor] = []
         layers = list(self.model.layers)
         normed = layers[0].input_layernorm(x)
@@ -271,6 +345,23 @@ class Decoder(nn.Module):
         x = x + h
         return norm(x), x
 
+    @staticmethod
+    def _fused_mask(attention_mask: torch.Tensor, b: int, s: int, total: int) -> FusedMask:
+        """``GroupQueryAttention``'s inputs for ``attention_mask`` [B, T], once for every layer."""
+        lengths = torch.ones_like(attention_mask).sum(dim=1)  # [B], every row T (see GroupQueryAttention)
+        bias = (attention_mask[:, None, None, :] == 0).float() * MASK_VALUE  # [B, 1, 1, T]
+        return FusedMask(seqlens_k=(lengths - 1).to(torch.int32), total=lengths[0].to(torch.int32),
+                         bias=bias.expand(b, 1, s, total))
+
+    def use_fused_attention(self) -> None:
+        """Attention through ONNX Runtime's ``GroupQueryAttention`` (with rotary from tables: call
+        ``use_rotary_tables`` first). fp32 only: its additive padding mask must stay finite in the model dtype."""
+        if self.rope_tables is None or self.dtype != torch.float32:
+            from edgellm.errors import BugError
+
+            raise BugError("use_fused_attention needs use_rotary_tables first and an fp32 decoder")
+        self.fused_attention = True
+
     def use_rotary_tables(self, max_positions: int) -> None:
         """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
         instead of computing cos/sin from the positions in the graph. The tables hold the same products:
@@ -278,16 +369,17 @@ class Decoder(nn.Module):
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
         self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
 
-    def _rope_fn(self, position_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _rope_fn(self, position_ids: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """rope(x, num_heads): x [B, heads, S, D] with num_heads 0, else [B, S, num_heads * D] (tables only)."""
         if self.rope_tables is not None:
             cos_table, sin_table = self.rope_tables
-            return lambda t: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table)
+            return lambda t, heads: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table, heads)
         freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         half = self.cfg.head_dim // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
-        return lambda t: _rope(t, cos, sin, half)
+        return lambda t, heads: _rope(t, cos, sin, half)
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)
