@@ -204,6 +204,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
     if dtype == torch.float32:  # com.microsoft.GroupQueryAttention (its padding mask is additive: fp32 only)
         model.use_fused_attention()
+    model.trace_shapes_only()  # the trace needs operations and shapes, not the weights' products
 
     L = cfg.num_hidden_layers
     ins, outs = input_names(L), output_names(L)
