@@ -48,12 +48,13 @@ class OrtSession(Session):
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
-        self._row_by_row = row_by_row_with_past
+        # GroupQueryAttention's graphs: the first past input, to tell a step over a past
+        self._past = next((s.name for s in self.inputs if s.name.startswith("past_key_values.")), None) \
+            if row_by_row_with_past else None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids = feeds["input_ids"]
-        past = next((v for k, v in feeds.items() if k.startswith("past_key_values.")), None)
-        if self._row_by_row and ids.shape[0] > 1 and ids.shape[1] > 1 and past is not None and past.shape[2] > 0:
+        if self._past is not None and ids.shape[0] > 1 and ids.shape[1] > 1 and feeds[self._past].shape[2] > 0:
             # GroupQueryAttention refuses several new positions over a past for batch > 1: one row at a time
             # (the batched inputs are those of rank >= 2; logits_positions is shared)
             rows = [self._run({k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()})

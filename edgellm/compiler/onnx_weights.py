@@ -245,7 +245,6 @@ class _Concat:
         shape = list(parts[0].shape)
         shape[axis] = sum(int(p.shape[axis]) for p in parts)
         self.shape = tuple(shape)
-        self.dtype = parts[0].dtype
 
     def dim(self) -> int:
         return len(self.shape)

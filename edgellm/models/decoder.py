@@ -339,13 +339,8 @@ class Decoder(nn.Module):
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)
         rope = self._rope_fn(position_ids)
-        mask = self._fused_mask(attention_mask, b, s, total) if self.fused_attention else None
-        if mask is None:
-            q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
-            k_idx = torch.arange(total, dtype=torch.int64)[None, :]
-            # [S, T] repeated for the query heads of a KV group (Attention's rows), once for every layer
-            causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
-            mask = causal[None, None] & (attention_mask[:, None, None, :] > 0)  # [B, 1, rep*S, T]
+        mask = (self._fused_mask(attention_mask, b, s, total) if self.fused_attention
+                else self._grouped_mask(attention_mask, s, past_len, total))
         presents: list[torch.Tensor] = []
         layers = list(self.model.layers)
         normed = layers[0].input_layernorm(x)
@@ -366,6 +361,14 @@ class Decoder(nn.Module):
             return AddRMSNorm.apply(x, h, norm.weight, norm.eps)  # type: ignore[no-any-return]
         x = x + h
         return norm(x), x
+
+    def _grouped_mask(self, attention_mask: torch.Tensor, s: int, past_len: int, total: int) -> torch.Tensor:
+        """Attention's boolean mask [B, 1, rep*S, T]: causal over [S, T] repeated for the query heads of a KV group
+        (Attention's rows) and the padding, once for every layer."""
+        q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
+        k_idx = torch.arange(total, dtype=torch.int64)[None, :]
+        causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
+        return causal[None, None] & (attention_mask[:, None, None, :] > 0)
 
     @staticmethod
     def _fused_mask(attention_mask: torch.Tensor, b: int, s: int, total: int) -> FusedMask:
