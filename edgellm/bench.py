@@ -92,7 +92,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     rng = np.random.default_rng(opts.seed)
     vocab = engine.config.vocab_size
     b, new = opts.batch_size, opts.new_tokens_per_sequence
-    cache = engine.new_cache(b)
+    cache = engine.new_cache(b, capacity=opts.past_len + new)
     t0 = time.perf_counter()
     if opts.past_len:
         past = rng.integers(0, vocab, size=(b, opts.past_len), dtype=np.int64)

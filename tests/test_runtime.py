@@ -13,7 +13,7 @@ import transformers
 
 from edgellm.cli import main
 from edgellm.errors import ConfigurationError
-from edgellm.runtime import Engine, GenerationRequest, KVCache
+from edgellm.runtime import Engine, GenerationRequest, KVBuffer, KVCache
 from tests.fixtures.engines import build
 
 PROMPT = "Once upon a time"
@@ -93,7 +93,7 @@ def test_step_cache_truncate_and_copy(engine):
     ids = engine.encode("Once upon a time there was a little girl")
     full = engine.logits(ids)
     cache = engine.new_cache(1)
-    assert isinstance(cache, KVCache) and cache.length == 0 and cache.batch_size == 1
+    assert isinstance(cache, KVBuffer) and cache.length == 0 and cache.batch_size == 1  # fp32: filled in place
     engine.step(np.array([ids[:6]]), cache)
     snapshot = cache.copy()
     engine.step(np.array([ids[6:]]), cache)
@@ -124,6 +124,43 @@ def test_left_padded_batch_prefilled_in_chunks_equals_each_row_alone(engine, sto
         alone = engine.logits([*alone_ids, int(nxt[row, 0])])
         got = np.concatenate([first[row], second[row], last[row]])[-len(alone):]
         assert np.abs(got - alone).max() < 1e-4, row
+
+
+def test_in_place_buffer_equals_the_growing_cache(stories_engine):
+    """fp32 engines step over a preallocated KVBuffer that GroupQueryAttention fills in place (past and present
+    bound to one buffer); the same engine stepping over a growing KVCache (each step's present outputs) gives the
+    same logits, step after step, and the same batched generation."""
+    in_place, growing = Engine.open(stories_engine.engine_dir), Engine.open(stories_engine.engine_dir)
+    growing.session.kv_in_place = False
+    assert isinstance(in_place.new_cache(2), KVBuffer) and isinstance(growing.new_cache(2), KVCache)
+    a, b = in_place.encode("Once upon a time there was"), in_place.encode("The dog")
+    pad = len(a) - len(b)
+    ids = np.array([a, [0] * pad + b], dtype=np.int64)
+    mask = np.array([[1] * len(a), [0] * pad + [1] * len(b)], dtype=np.int64)
+    caches = in_place.new_cache(2, capacity=len(a) + 3), growing.new_cache(2)
+    outs = [e.step(ids, c, mask) for e, c in zip((in_place, growing), caches, strict=True)]
+    assert np.array_equal(*outs)
+    for t in range(3):
+        mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+        nxt = np.array([[3 + t], [9 + t]], dtype=np.int64)
+        outs = [e.step(nxt, c, mask) for e, c in zip((in_place, growing), caches, strict=True)]
+        assert np.array_equal(*outs), t
+    assert [c.length for c in caches] == [len(a) + 3] * 2
+    assert all(np.array_equal(k, g) for k, g in zip(caches[0].keys + caches[0].values,
+                                                     caches[1].keys + caches[1].values, strict=True))
+    reqs = [GenerationRequest(id=i, prompt=p, max_new_tokens=n) for i, p, n in PROMPTS]
+    assert ([r.output_ids for r in in_place.generate(reqs)] == [r.output_ids for r in growing.generate(reqs)])
+
+
+def test_in_place_buffer_capacity_is_named(engine):
+    with pytest.raises(ConfigurationError, match=r"KV capacity 4096 must be in 1\.\.512"):
+        engine.new_cache(1, capacity=4096)
+    cache = engine.new_cache(1, capacity=8)
+    engine.step(np.ones((1, 6), dtype=np.int64), cache)
+    with pytest.raises(ConfigurationError, match=r"sequence length 9 \(cache 6 \+ input 3\) exceeds the cache's "
+                                                 r"capacity 8"):
+        engine.step(np.ones((1, 3), dtype=np.int64), cache)
+    assert cache.length == 6  # the refused step changed nothing
 
 
 def test_messages_use_the_chat_template(ckpts, tmp_path, engine):

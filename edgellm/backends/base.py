@@ -20,6 +20,7 @@ from edgellm.registry import Registry
 from edgellm.types import Backend, Precision
 
 if TYPE_CHECKING:
+    from edgellm.runtime.kv_cache import KVBuffer
     from edgellm.runtime.sampling import SamplingParams
 
 
@@ -51,8 +52,17 @@ class Session(ABC):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
 
+    # True when the graph writes a step's new keys and values into the past buffer itself: the runtime then keeps
+    # a preallocated ``KVBuffer`` and steps through ``run_in_place``.
+    kv_in_place: bool = False
+
     @abstractmethod
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
+        """``feeds`` without the past; the step's keys and values land in ``cache``'s buffers after its
+        ``length`` (the caller advances it). Returns the logits."""
+        raise NotImplementedError(f"{type(self).__name__} does not update its KV cache in place")
 
 
 class DeviceSession(Session):

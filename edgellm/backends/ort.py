@@ -11,14 +11,19 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
+from edgellm.compiler.export import LOGITS_POSITIONS
 from edgellm.errors import ConfigurationError
 from edgellm.types import Backend, Precision
+
+if TYPE_CHECKING:
+    from edgellm.runtime.kv_cache import KVBuffer
 
 ENGINE_MODEL = "model.onnx"
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -43,27 +48,68 @@ def _specs(args: list[Any]) -> list[TensorSpec]:
 
 
 class OrtSession(Session):
-    def __init__(self, sess: Any, *, row_by_row_with_past: bool = False) -> None:
+    """``in_place``: the graph attends through GroupQueryAttention, which writes the step's keys and values into
+    its past buffer when past and present are bound to one buffer (the runtime then keeps a ``KVBuffer``)."""
+
+    def __init__(self, sess: Any, *, in_place: bool = False) -> None:
         self.sess = sess
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
-        # GroupQueryAttention's graphs: the first past input, to tell a step over a past
-        self._past = next((s.name for s in self.inputs if s.name.startswith("past_key_values.")), None) \
-            if row_by_row_with_past else None
+        # (past input, present output) per buffer, in KVBuffer.buffers' order: k0, v0, k1, v1, ...
+        self._kv = [(s.name, s.name.replace("past_key_values.", "present.", 1)) for s in self.inputs
+                    if s.name.startswith("past_key_values.")]
+        vocab = next((o.shape[-1] for o in self.outputs if o.name == "logits"), None)
+        self._vocab = vocab if isinstance(vocab, int) else None
+        self.kv_in_place = in_place and self._vocab is not None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids = feeds["input_ids"]
-        if self._past is not None and ids.shape[0] > 1 and ids.shape[1] > 1 and feeds[self._past].shape[2] > 0:
-            # GroupQueryAttention refuses several new positions over a past for batch > 1: one row at a time
-            # (the batched inputs are those of rank >= 2; logits_positions is shared)
-            rows = [self._run({k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()})
-                    for i in range(ids.shape[0])]
-            return {name: np.concatenate([r[name] for r in rows], axis=0) for name in self._out_names}
-        return self._run(feeds)
-
-    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._out_names, self.sess.run(self._out_names, feeds), strict=True))
+
+    def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
+        ids = feeds["input_ids"]
+        if ids.shape[0] > 1 and ids.shape[1] > 1 and cache.length > 0:
+            # GroupQueryAttention refuses several new positions over a past for batch > 1: one row at a time, over
+            # that row of the buffers (the batched inputs are those of rank >= 2; logits_positions is shared)
+            return np.concatenate([
+                self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(
+                    self.sess, {k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()}, self._vocab)
+                for i in range(ids.shape[0])], axis=0)
+        if cache.binding is None:
+            cache.binding = self._bind_kv(cache.buffers)
+        return cache.binding.run(self.sess, feeds, self._vocab)  # type: ignore[no-any-return]
+
+    def _bind_kv(self, buffers: list[np.ndarray]) -> _KVBinding:
+        """Each past input and its present output bound to the same buffer (contiguous arrays: a row of a C-ordered
+        buffer is one)."""
+        import onnxruntime as ort
+
+        io = self.sess.io_binding()
+        for (past, present), buf in zip(self._kv, buffers, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buf)
+            io.bind_ortvalue_input(past, value)
+            io.bind_ortvalue_output(present, value)
+        return _KVBinding(io, buffers)
+
+
+@dataclass
+class _KVBinding:
+    """An IOBinding over KV buffers, and every array it points into (kept alive as long as the binding: ONNX
+    Runtime holds raw pointers)."""
+
+    io: Any
+    buffers: list[np.ndarray]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    logits: np.ndarray | None = None
+
+    def run(self, sess: Any, feeds: dict[str, np.ndarray], vocab: int) -> np.ndarray:
+        for name, value in feeds.items():
+            self.io.bind_cpu_input(name, value)
+        logits = np.empty((feeds["input_ids"].shape[0], feeds[LOGITS_POSITIONS].shape[0], vocab), np.float32)
+        self.io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.inputs, self.logits = feeds, logits
+        sess.run_with_iobinding(self.io)
+        return logits
 
 
 @register_backend
@@ -146,7 +192,7 @@ class OrtBackend(EngineBackend):
         except Exception as exc:
             raise ConfigurationError(f"{path}: ONNX Runtime cannot load the engine ({exc})") from None
         ops = manifest.get("graph", {}).get("op_counts", {})
-        return OrtSession(sess, row_by_row_with_past=bool(ops.get("GroupQueryAttention")))
+        return OrtSession(sess, in_place=bool(ops.get("GroupQueryAttention")))
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from edgellm.compiler.export import GENERATION_SETTINGS, LOGITS_POSITIONS
 from edgellm.compiler.files import verify_files
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError
-from edgellm.runtime.kv_cache import KVCache
+from edgellm.runtime.kv_cache import KVBuffer, KVCache
 from edgellm.runtime.requests import GenerationRequest, GenerationResult, check_requests
 from edgellm.runtime.sampling import SamplingParams, choose
 from edgellm.runtime.tokenizer import TextCodec
@@ -117,11 +117,19 @@ class Engine:
         return sum(int(e["bytes"]) for e in self.manifest["files"].values())
 
     # --- one graph step ----------------------------------------------------------------------------------
-    def new_cache(self, batch_size: int) -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> KVCache | KVBuffer:
+        """An empty cache for ``batch_size`` rows. A session that updates its cache in place gets a buffer of
+        ``capacity`` positions (default: the engine's max_seq_len); others a cache that grows."""
         self._check_batch(batch_size)
         if isinstance(self.session, DeviceSession):  # the cache lives on the device (a handle with KVCache's API)
             return self.session.new_cache(batch_size)  # type: ignore[no-any-return]
         c = self.config
+        if self.session.kv_in_place:
+            if capacity is not None and not 1 <= capacity <= self.max_seq_len:
+                raise ConfigurationError(f"KV capacity {capacity} must be in 1..{self.max_seq_len} (the engine's "
+                                         f"max_seq_len)")
+            return KVBuffer(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim, self.kv_dtype,
+                            capacity or self.max_seq_len)
         return KVCache(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim, self.kv_dtype)
 
     def _check_batch(self, batch_size: int) -> None:
@@ -129,7 +137,7 @@ class Engine:
             raise ConfigurationError(f"batch size {batch_size} exceeds the engine's max_batch_size "
                                      f"{self.max_batch_size}")
 
-    def step(self, input_ids: np.ndarray, cache: KVCache, attention_mask: np.ndarray | None = None, *,
+    def step(self, input_ids: np.ndarray, cache: KVCache | KVBuffer, attention_mask: np.ndarray | None = None, *,
              last_only: bool = False) -> np.ndarray:
         """input_ids int64 [B, S]; attention_mask int64 [B, cache.length + S] (None = all ones).
         Appends S positions to ``cache``; returns float32 logits [B, S, vocab] ([B, 1, vocab] with
@@ -144,6 +152,9 @@ class Engine:
         if total > self.max_seq_len:
             raise ConfigurationError(f"sequence length {total} (cache {cache.length} + input {s}) exceeds the "
                                      f"engine's max_seq_len {self.max_seq_len} (KV capacity)")
+        if isinstance(cache, KVBuffer) and total > cache.capacity:
+            raise ConfigurationError(f"sequence length {total} (cache {cache.length} + input {s}) exceeds the "
+                                     f"cache's capacity {cache.capacity} (new_cache(capacity=...))")
         if attention_mask is None:
             attention_mask = np.ones((b, total), dtype=np.int64)
         elif attention_mask.shape != (b, total):
@@ -159,6 +170,10 @@ class Engine:
             "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
         }
         feeds[LOGITS_POSITIONS] = np.arange(s - 1 if last_only else 0, s, dtype=np.int64)
+        if isinstance(cache, KVBuffer):
+            logits = self.session.run_in_place(feeds, cache)
+            cache.advance(s)
+            return logits
         for (kn, vn), k, v in zip(self._past_names, cache.keys, cache.values, strict=True):
             feeds[kn], feeds[vn] = k, v
         out = self.session.run(feeds)
@@ -268,7 +283,7 @@ class Engine:
     def _host_tokens(self, rows: list[_Row], ids: np.ndarray, mask: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """Each step's tokens [B], chosen here from the logits the session returns (unfinished rows only)."""
         b = len(rows)
-        cache = self.new_cache(b)
+        cache = self.new_cache(b, capacity=ids.shape[1] + steps)
         logits = self.step(ids, cache, mask, last_only=True)[:, -1]
         next_ids = np.full((b, 1), self.pad_id, dtype=np.int64)
         ones = np.ones((b, 1), dtype=np.int64)

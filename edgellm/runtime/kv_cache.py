@@ -1,6 +1,14 @@
-"""The KV cache the runtime feeds back into the graph: per layer, keys and values [B, kv_heads, length, head_dim]."""
+"""The KV cache the runtime feeds back into the graph: per layer, keys and values [B, kv_heads, length, head_dim].
+
+Two kinds, one interface (``batch_size``, ``length``, ``num_layers``, ``keys``, ``values``, ``truncate``, ``copy``,
+``nbytes``): ``KVCache`` holds each step's present outputs (graphs that concatenate the past with the new positions);
+``KVBuffer`` is preallocated to a capacity and the graph writes the new positions into it in place (ONNX Runtime's
+GroupQueryAttention with past and present bound to one buffer), so a step copies no cache at all.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +35,7 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Drop positions >= ``length`` (e.g. a benchmark reusing one prefilled cache)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate length {length} must be between 0 and the cache length {self.length}")
+        _check_truncate(length, self.length)
         self.keys = [k[:, :, :length] for k in self.keys]
         self.values = [v[:, :, :length] for v in self.values]
 
@@ -41,3 +48,60 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
+
+
+class KVBuffer:
+    """Keys and values preallocated to ``capacity`` positions, which the graph fills in place. ``buffers`` is
+    (k0, v0, k1, v1, ...), each [B, kv_heads, capacity, head_dim]; positions >= ``length`` are stale (the graph
+    attends to ``length`` + the new positions only, and overwrites them). ``binding`` is the session's own state
+    over these buffers (ONNX Runtime: an IOBinding), made on first use and never copied."""
+
+    def __init__(self, num_layers: int, batch_size: int, kv_heads: int, head_dim: int, dtype: np.dtype,
+                 capacity: int) -> None:
+        self.batch_size = batch_size
+        self.dtype = np.dtype(dtype)
+        self.capacity = capacity
+        self.length = 0
+        self.buffers = [np.zeros((batch_size, kv_heads, capacity, head_dim), dtype=self.dtype)
+                        for _ in range(2 * num_layers)]
+        self.binding: Any = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.buffers) // 2
+
+    @property
+    def keys(self) -> list[np.ndarray]:
+        """Views [B, kv_heads, length, head_dim] (not contiguous)."""
+        return [b[:, :, :self.length] for b in self.buffers[0::2]]
+
+    @property
+    def values(self) -> list[np.ndarray]:
+        return [b[:, :, :self.length] for b in self.buffers[1::2]]
+
+    def advance(self, positions: int) -> None:
+        """Count ``positions`` the graph has just written after ``length``."""
+        if not 0 <= self.length + positions <= self.capacity:
+            raise ValueError(f"{self.length} + {positions} positions exceed the KV buffer's capacity {self.capacity}")
+        self.length += positions
+
+    def truncate(self, length: int) -> None:
+        """Drop positions >= ``length`` (they become stale; the next step overwrites them)."""
+        _check_truncate(length, self.length)
+        self.length = length
+
+    def copy(self) -> KVBuffer:
+        new = object.__new__(KVBuffer)
+        new.batch_size, new.dtype, new.capacity, new.length = self.batch_size, self.dtype, self.capacity, self.length
+        new.buffers = [b.copy() for b in self.buffers]
+        new.binding = None
+        return new
+
+    def nbytes(self) -> int:
+        """Bytes allocated (the whole capacity)."""
+        return sum(b.nbytes for b in self.buffers)
+
+
+def _check_truncate(length: int, held: int) -> None:
+    if not 0 <= length <= held:
+        raise ValueError(f"truncate length {length} must be between 0 and the cache length {held}")
