@@ -6,6 +6,9 @@
 # quick: one short lease: the bf16 (+ fp16) benchmark with 2 repeats, then the gpu-marked tests, each under a
 # time limit (QUICK_BENCH_S, QUICK_TESTS_S seconds) so partial results still come back.
 # Logs and JSON land in $OUT (default /tmp/gpu_out). A step's failure is reported and the next one still runs.
+# A machine without network that lacks a dependency (the borrowed H200's image has no pydantic, which `infer`'s request
+# file needs) installs it from .gpuwheels/ when that folder is there (carry it), made here with:
+#   .venv/bin/pip download --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 pydantic -d .gpuwheels
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 W=${EDGELLM_GPU_WORK:-/tmp/edgellm_gpu}
@@ -42,6 +45,9 @@ flow() {  # flow NAME CKPT PRECISION BUILD_ARGS...
     --input-len 128 --iterations 20 --output "$OUT/$n-bench-prefill.json"
 }
 
+if [ -d .gpuwheels ] && ! python3 -c "import pydantic" 2>/dev/null; then
+  step deps python3 -m pip install --no-index --find-links .gpuwheels pydantic
+fi
 step env "${E[@]}" env --output "$OUT/env.json"
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   step pytest python3 -m pytest tests/test_torch_cuda.py --noconftest -p no:cacheprovider -q -rA
