@@ -129,7 +129,8 @@ def test_left_padded_batch_prefilled_in_chunks_equals_each_row_alone(engine, sto
 def test_in_place_buffer_equals_the_growing_cache(stories_engine):
     """fp32 engines step over a preallocated KVBuffer that GroupQueryAttention fills in place (past and present
     bound to one buffer); the same engine stepping over a growing KVCache (each step's present outputs) gives the
-    same logits, step after step, and the same batched generation."""
+    same logits, step after step (a left-padded batch prefilled in two chunks, then decoded), and the same batched
+    generation."""
     in_place, growing = Engine.open(stories_engine.engine_dir), Engine.open(stories_engine.engine_dir)
     growing.session.kv_in_place = False
     assert isinstance(in_place.new_cache(2), KVBuffer) and isinstance(growing.new_cache(2), KVCache)
@@ -138,8 +139,10 @@ def test_in_place_buffer_equals_the_growing_cache(stories_engine):
     ids = np.array([a, [0] * pad + b], dtype=np.int64)
     mask = np.array([[1] * len(a), [0] * pad + [1] * len(b)], dtype=np.int64)
     caches = in_place.new_cache(2, capacity=len(a) + 3), growing.new_cache(2)
-    outs = [e.step(ids, c, mask) for e, c in zip((in_place, growing), caches, strict=True)]
-    assert np.array_equal(*outs)
+    for chunk in (slice(0, pad + 2), slice(pad + 2, None)):  # the second chunk: batch 2 over a past, row by row
+        outs = [e.step(ids[:, chunk], c, mask[:, :chunk.stop]) for e, c in zip((in_place, growing), caches,
+                                                                                strict=True)]
+        assert np.array_equal(*outs)
     for t in range(3):
         mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
         nxt = np.array([[3 + t], [9 + t]], dtype=np.int64)

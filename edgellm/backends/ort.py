@@ -48,10 +48,11 @@ def _specs(args: list[Any]) -> list[TensorSpec]:
 
 
 class OrtSession(Session):
-    """``in_place``: the graph attends through GroupQueryAttention, which writes the step's keys and values into
-    its past buffer when past and present are bound to one buffer (the runtime then keeps a ``KVBuffer``)."""
+    """``gqa``: the graph attends through GroupQueryAttention, which writes the step's keys and values into its past
+    buffer when past and present are bound to one buffer (the runtime then keeps a ``KVBuffer``), and refuses several
+    new positions over a past for batch > 1 (such a step runs one row at a time)."""
 
-    def __init__(self, sess: Any, *, in_place: bool = False) -> None:
+    def __init__(self, sess: Any, *, gqa: bool = False) -> None:
         self.sess = sess
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
@@ -61,20 +62,31 @@ class OrtSession(Session):
                     if s.name.startswith("past_key_values.")]
         vocab = next((o.shape[-1] for o in self.outputs if o.name == "logits"), None)
         self._vocab = vocab if isinstance(vocab, int) else None
-        self.kv_in_place = in_place and self._vocab is not None
+        self._gqa = gqa
+        self.kv_in_place = gqa and self._vocab is not None
+
+    def _row_by_row(self, feeds: dict[str, np.ndarray], past_len: int) -> bool:
+        b, s = feeds["input_ids"].shape
+        return self._gqa and b > 1 and s > 1 and past_len > 0
+
+    @staticmethod
+    def _row(feeds: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+        """Row ``i`` of the batched inputs (those of rank >= 2; logits_positions is shared)."""
+        return {k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._kv and self._row_by_row(feeds, feeds[self._kv[0][0]].shape[2]):
+            rows = [self._run(self._row(feeds, i)) for i in range(feeds["input_ids"].shape[0])]
+            return {name: np.concatenate([r[name] for r in rows], axis=0) for name in self._out_names}
+        return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._out_names, self.sess.run(self._out_names, feeds), strict=True))
 
     def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
-        ids = feeds["input_ids"]
-        if ids.shape[0] > 1 and ids.shape[1] > 1 and cache.length > 0:
-            # GroupQueryAttention refuses several new positions over a past for batch > 1: one row at a time, over
-            # that row of the buffers (the batched inputs are those of rank >= 2; logits_positions is shared)
-            return np.concatenate([
-                self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(
-                    self.sess, {k: v[i:i + 1] if v.ndim >= 2 else v for k, v in feeds.items()}, self._vocab)
-                for i in range(ids.shape[0])], axis=0)
+        if self._row_by_row(feeds, cache.length):  # over row views of the buffers
+            return np.concatenate([self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(
+                self.sess, self._row(feeds, i), self._vocab) for i in range(cache.batch_size)], axis=0)
         if cache.binding is None:
             cache.binding = self._bind_kv(cache.buffers)
         return cache.binding.run(self.sess, feeds, self._vocab)  # type: ignore[no-any-return]
@@ -192,7 +204,7 @@ class OrtBackend(EngineBackend):
         except Exception as exc:
             raise ConfigurationError(f"{path}: ONNX Runtime cannot load the engine ({exc})") from None
         ops = manifest.get("graph", {}).get("op_counts", {})
-        return OrtSession(sess, in_place=bool(ops.get("GroupQueryAttention")))
+        return OrtSession(sess, gqa=bool(ops.get("GroupQueryAttention")))
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:

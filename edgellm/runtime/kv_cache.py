@@ -34,10 +34,11 @@ class KVCache:
         self.keys, self.values = keys, values
 
     def truncate(self, length: int) -> None:
-        """Drop positions >= ``length`` (e.g. a benchmark reusing one prefilled cache)."""
+        """Drop positions >= ``length`` (e.g. a benchmark reusing one prefilled cache). Copies: a view would be
+        fed to the session non-contiguous, and copied again on every step that reads it."""
         _check_truncate(length, self.length)
-        self.keys = [k[:, :, :length] for k in self.keys]
-        self.values = [v[:, :, :length] for v in self.values]
+        self.keys = [np.ascontiguousarray(k[:, :, :length]) for k in self.keys]
+        self.values = [np.ascontiguousarray(v[:, :, :length]) for v in self.values]
 
     def copy(self) -> KVCache:
         new = object.__new__(KVCache)
