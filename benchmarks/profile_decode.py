@@ -113,7 +113,7 @@ def main() -> int:
     streamed = weight_bytes - gathered * itemsize
     print(f"engine: {args.engine_dir} precision {engine.precision}, past {args.past_len}, threads {args.threads}")
     print(f"Engine.step median      {t_engine * 1e3:8.2f} ms  ({1 / t_engine:.2f} tok/s)")
-    print(f"bare ORT run median      {t_run * 1e3:8.2f} ms  (python overhead {(t_engine - t_run) * 1e3:.2f} ms)")
+    print(f"bare ORT run median     {t_run * 1e3:8.2f} ms  (python overhead {(t_engine - t_run) * 1e3:.2f} ms)")
     print(f"ORT model_run (profile) {runs_us / args.steps / 1e3:8.2f} ms; "
           f"kernels {total_kernels / args.steps / 1e3:.2f} ms")
     print(f"weights {weight_bytes / 1e9:.3f} GB in the engine, {streamed / 1e9:.3f} GB streamed per step -> "

@@ -152,7 +152,7 @@ def test_in_place_buffer_equals_the_growing_cache(stories_engine):
     assert all(np.array_equal(k, g) for k, g in zip(caches[0].keys + caches[0].values,
                                                      caches[1].keys + caches[1].values, strict=True))
     reqs = [GenerationRequest(id=i, prompt=p, max_new_tokens=n) for i, p, n in PROMPTS]
-    assert ([r.output_ids for r in in_place.generate(reqs)] == [r.output_ids for r in growing.generate(reqs)])
+    assert [r.output_ids for r in in_place.generate(reqs)] == [r.output_ids for r in growing.generate(reqs)]
 
 
 def test_in_place_buffer_capacity_is_named(engine):

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
 from edgellm.compiler.export import LOGITS_POSITIONS
-from edgellm.errors import ConfigurationError
+from edgellm.errors import BugError, ConfigurationError
 from edgellm.types import Backend, Precision
 
 if TYPE_CHECKING:
@@ -84,12 +84,14 @@ class OrtSession(Session):
         return dict(zip(self._out_names, self.sess.run(self._out_names, feeds), strict=True))
 
     def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
+        if not self.kv_in_place or self._vocab is None:
+            raise BugError("run_in_place on a session that does not update its KV cache in place")
         if self._row_by_row(feeds, cache.length):  # over row views of the buffers
-            return np.concatenate([self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(
-                self.sess, self._row(feeds, i), self._vocab) for i in range(cache.batch_size)], axis=0)
+            return np.concatenate([self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(self._row(feeds, i))
+                                   for i in range(cache.batch_size)], axis=0)
         if cache.binding is None:
             cache.binding = self._bind_kv(cache.buffers)
-        return cache.binding.run(self.sess, feeds, self._vocab)  # type: ignore[no-any-return]
+        return cache.binding.run(feeds)  # type: ignore[no-any-return]
 
     def _bind_kv(self, buffers: list[np.ndarray]) -> _KVBinding:
         """Each past input and its present output bound to the same buffer (contiguous arrays: a row of a C-ordered
@@ -101,26 +103,28 @@ class OrtSession(Session):
             value = ort.OrtValue.ortvalue_from_numpy(buf)
             io.bind_ortvalue_input(past, value)
             io.bind_ortvalue_output(present, value)
-        return _KVBinding(io, buffers)
+        return _KVBinding(self.sess, io, buffers, self._vocab)  # type: ignore[arg-type]  # run_in_place checked it
 
 
 @dataclass
 class _KVBinding:
-    """An IOBinding over KV buffers, and every array it points into (kept alive as long as the binding: ONNX
-    Runtime holds raw pointers)."""
+    """A session's IOBinding over KV buffers, and every array it points into (kept alive as long as the binding:
+    ONNX Runtime holds raw pointers)."""
 
+    sess: Any
     io: Any
     buffers: list[np.ndarray]
+    vocab: int
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     logits: np.ndarray | None = None
 
-    def run(self, sess: Any, feeds: dict[str, np.ndarray], vocab: int) -> np.ndarray:
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         for name, value in feeds.items():
             self.io.bind_cpu_input(name, value)
-        logits = np.empty((feeds["input_ids"].shape[0], feeds[LOGITS_POSITIONS].shape[0], vocab), np.float32)
+        logits = np.empty((feeds["input_ids"].shape[0], feeds[LOGITS_POSITIONS].shape[0], self.vocab), np.float32)
         self.io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.inputs, self.logits = feeds, logits
-        sess.run_with_iobinding(self.io)
+        self.sess.run_with_iobinding(self.io)
         return logits
 
 
