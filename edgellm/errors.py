@@ -8,12 +8,32 @@ from __future__ import annotations
 
 import enum
 
+EXIT_OK = 0  # every command of edgellm and edgefarm: success (any other code is an error kind's, below)
+
 
 class ErrorKind(enum.StrEnum):
     INFRASTRUCTURE = "infrastructure"  # device unreachable, connection lost, disk full: retryable
     CONFIGURATION = "configuration"  # bad input, unsupported model or option: fix the input
     TEST_FAILURE = "test_failure"  # the thing under test ran and produced a wrong result
     BUG = "bug"  # an internal invariant broke: fix the code
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code of every ``edgellm`` and ``edgefarm`` command that ends with this kind of error (the one
+        definition: 1 test failure, 2 bad input, 3 infrastructure, 4 bug)."""
+        return _EXIT_CODES[self]
+
+    @classmethod
+    def from_exit_code(cls, code: int) -> ErrorKind | None:
+        """The kind an ``edgellm`` exit code stands for; None for 0 (success); BUG for a code no kind has (a crash,
+        a signal: the command broke its own contract)."""
+        if code == EXIT_OK:
+            return None
+        return next((kind for kind, known in _EXIT_CODES.items() if known == code), cls.BUG)
+
+
+_EXIT_CODES = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
+EXIT_CODES_HELP = "exit codes: 0 ok, 1 test failure, 2 bad input, 3 infrastructure, 4 bug"
 
 
 class EdgeLLMError(Exception):

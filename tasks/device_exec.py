@@ -40,14 +40,6 @@ LEASE_TTL_S = 60.0
 LEASE_WAIT_S = 6 * 3600.0  # a busy platform queues work; it is not an error to wait for it
 STAGING_TIMEOUT_S = 600.0
 
-# exit code of `edgellm` -> (status, error kind); 3 (infrastructure) raises instead
-EXIT_CODES: dict[int, tuple[ResultStatus, ErrorKind | None]] = {
-    0: (ResultStatus.PASS, None),
-    1: (ResultStatus.FAIL, ErrorKind.TEST_FAILURE),
-    2: (ResultStatus.ERROR, ErrorKind.CONFIGURATION),
-    4: (ResultStatus.ERROR, ErrorKind.BUG),
-}
-
 
 @dataclass
 class DeviceRun:
@@ -71,11 +63,13 @@ def slug(text: str) -> str:
 def classify(result: CommandResult, timeout: float) -> tuple[ResultStatus, ErrorKind | None, str | None]:
     if result.timed_out or result.exit_code == TIMEOUT_EXIT_CODE:
         return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
-    if result.exit_code == 3:
+    kind = ErrorKind.from_exit_code(result.exit_code)  # the exit codes of edgellm's commands (edgellm.errors)
+    if kind is ErrorKind.INFRASTRUCTURE:
         raise InfrastructureError(f"the device reported an infrastructure failure: {last_line(result.stderr)}")
-    status, kind = EXIT_CODES.get(result.exit_code, (ResultStatus.ERROR, ErrorKind.BUG))
-    reason = None if status is ResultStatus.PASS else (last_line(result.stderr) or f"exit code {result.exit_code}")
-    return status, kind, reason
+    if kind is None:
+        return ResultStatus.PASS, None, None
+    status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
+    return status, kind, last_line(result.stderr) or f"exit code {result.exit_code}"
 
 
 def last_line(text: str) -> str:

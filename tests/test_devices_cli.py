@@ -186,3 +186,26 @@ def test_check_db_errors(tmp_path: Path, db_url: str) -> None:
     nobody = f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/db"
     code, out, err = _invoke("devices", "check", "--inventory", str(directory), "--db", nobody)
     assert code == 3 and "cannot write to database" in err and "pw@" not in err
+
+
+def test_a_bug_behind_devices_list_exits_4_like_every_command(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit codes follow the error kind (edgellm.errors): a bug is 4 here too, never 2 (bad input)."""
+    import flows.cli.devices as devices_cli
+    from edgellm.errors import BugError
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise BugError("an invariant broke while reading quarantines")
+
+    monkeypatch.setattr(devices_cli, "quarantined", broken)
+    code, _, err = _invoke("devices", "list", env={"EDGEFARM_DATA_DIR": str(tmp_path)})
+    assert code == ErrorKind.BUG.exit_code == 4, err
+    assert "an invariant broke" in err
+
+
+def test_exit_codes_and_error_kinds_map_both_ways() -> None:
+    assert {k: k.exit_code for k in ErrorKind} == {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2,
+                                                   ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
+    assert [ErrorKind.from_exit_code(c) for c in range(6)] == [None, ErrorKind.TEST_FAILURE, ErrorKind.CONFIGURATION,
+                                                                ErrorKind.INFRASTRUCTURE, ErrorKind.BUG, ErrorKind.BUG]
+    assert ErrorKind.from_exit_code(127) is ErrorKind.BUG  # a command not found breaks the stage's contract

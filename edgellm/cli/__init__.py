@@ -17,22 +17,20 @@ import traceback
 from collections.abc import Sequence
 
 from edgellm import __version__
-from edgellm.errors import EdgeLLMError, ErrorKind
+from edgellm.errors import EXIT_CODES_HELP, EXIT_OK, EdgeLLMError, ErrorKind
 
-EXIT_OK, EXIT_TEST_FAILURE, EXIT_BAD_INPUT, EXIT_INFRA, EXIT_BUG = 0, 1, 2, 3, 4
-EXIT_BY_KIND = {
-    ErrorKind.TEST_FAILURE: EXIT_TEST_FAILURE,
-    ErrorKind.CONFIGURATION: EXIT_BAD_INPUT,
-    ErrorKind.INFRASTRUCTURE: EXIT_INFRA,
-    ErrorKind.BUG: EXIT_BUG,
-}
+EXIT_TEST_FAILURE = ErrorKind.TEST_FAILURE.exit_code
+EXIT_BAD_INPUT = ErrorKind.CONFIGURATION.exit_code
+EXIT_INFRA = ErrorKind.INFRASTRUCTURE.exit_code
+EXIT_BUG = ErrorKind.BUG.exit_code
+__all__ = ["EXIT_BAD_INPUT", "EXIT_BUG", "EXIT_INFRA", "EXIT_OK", "EXIT_TEST_FAILURE", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgellm",
         description="Inspect, export, build, run and check LLM checkpoints for edge devices.",
-        epilog="exit codes: 0 ok, 1 test failure, 2 bad input, 3 infrastructure, 4 bug",
+        epilog=EXIT_CODES_HELP,
     )
     parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of unexpected errors")
@@ -59,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"edgellm {args.command}: error ({exc.kind.value}): {exc}", file=sys.stderr)
         if args.debug or os.environ.get("EDGELLM_DEBUG"):
             traceback.print_exc()
-        return EXIT_BY_KIND[exc.kind]
+        return exc.kind.exit_code
     except ModuleNotFoundError as exc:  # an incomplete install on this machine, not a bug in edgellm
         print(f"edgellm {args.command}: error (configuration): Python package {exc.name!r} is not installed here "
               f"(install edgellm's dependencies: pip install edgellm-farm)", file=sys.stderr)
@@ -69,14 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except MemoryError:  # the machine ran out, not the code: infrastructure (the farm retries elsewhere)
         print(f"edgellm {args.command}: error (infrastructure): out of memory", file=sys.stderr)
-        return EXIT_BY_KIND[ErrorKind.INFRASTRUCTURE]
+        return EXIT_INFRA
     except OSError as exc:
         if exc.errno not in MACHINE_ERRNOS:
             print(f"edgellm {args.command}: internal error (bug): {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_BUG
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"edgellm {args.command}: error (infrastructure): {exc.strerror}{where}", file=sys.stderr)
-        return EXIT_BY_KIND[ErrorKind.INFRASTRUCTURE]
+        return EXIT_INFRA
     except Exception as exc:  # a bug: say so in one line; the traceback is one flag away
         print(f"edgellm {args.command}: internal error (bug): {type(exc).__name__}: {exc}", file=sys.stderr)
         if args.debug or os.environ.get("EDGELLM_DEBUG"):

@@ -13,11 +13,11 @@ from typing import Any
 
 from edgellm.checkpoint import Checkpoint, build_inventory, write_json_atomic
 from edgellm.checkpoint.inventory import failed_inventory
-from edgellm.errors import ConfigurationError
+from edgellm.errors import EXIT_OK, ConfigurationError, ErrorKind
 
 NAME = "inspect"
 HELP = "validate a Hugging Face safetensors checkpoint from its headers and write its inventory (JSON)"
-EXIT_OK, EXIT_PROBLEMS = 0, 2
+EXIT_PROBLEMS = ErrorKind.CONFIGURATION.exit_code
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

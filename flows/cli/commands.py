@@ -25,7 +25,6 @@ from edgellm.errors import EdgeLLMError, ErrorKind
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-EXIT_BY_KIND = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
 
 DbOption = Annotated[str | None, typer.Option("--db", help="results database URL (default: $EDGEFARM_DB_URL, "
                                                            "else <data dir>/edgefarm.db)")]
@@ -47,10 +46,10 @@ def farm_errors(command: str) -> Iterator[None]:
         err.print(f"edgefarm {command}: error ({exc.kind.value}): {lines[0]}", markup=False)
         for line in lines[1:]:
             err.print(f"  {line}", markup=False)
-        raise typer.Exit(EXIT_BY_KIND[exc.kind]) from None
+        raise typer.Exit(exc.kind.exit_code) from None
     except ValidationError as exc:  # a flow parameter of the wrong type
         err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(ErrorKind.CONFIGURATION.exit_code) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # database, migration, disk, memory...: its kind decides the exit code
@@ -58,7 +57,7 @@ def farm_errors(command: str) -> Iterator[None]:
 
         known = classify(exc)
         err.print(f"edgefarm {command}: error ({known.kind.value}): {known}", markup=False)
-        raise typer.Exit(EXIT_BY_KIND[known.kind]) from None
+        raise typer.Exit(known.kind.exit_code) from None
 
 
 def _prefect(data_dir: Path) -> None:

@@ -8,13 +8,12 @@ import typer
 from rich.console import Console
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
+from edgellm.errors import EdgeLLMError, InfrastructureError
 
 app = typer.Typer(name="db", help="Manage the results database.", no_args_is_help=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-EXIT_BY_KIND = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
 DbOption = Annotated[
     str | None,
     typer.Option("--db", help="Database URL (default: $EDGEFARM_DB_URL, else <data dir>/edgefarm.db)."),
@@ -23,7 +22,7 @@ DbOption = Annotated[
 
 def _fail(command: str, exc: EdgeLLMError) -> typer.Exit:
     err.print(f"edgefarm db {command}: error ({exc.kind.value}): {exc}", markup=False)
-    return typer.Exit(EXIT_BY_KIND[exc.kind])
+    return typer.Exit(exc.kind.exit_code)
 
 
 @app.command()

@@ -36,7 +36,7 @@ InventoryDir = Annotated[
     ),
 ]
 
-EXIT_UNHEALTHY, EXIT_BAD_INPUT, EXIT_INFRA = 1, 2, 3
+EXIT_UNHEALTHY = ErrorKind.TEST_FAILURE.exit_code  # some device failed its health check
 
 
 def _fail(err: EdgeLLMError) -> typer.Exit:
@@ -45,7 +45,7 @@ def _fail(err: EdgeLLMError) -> typer.Exit:
     errors.print(f"error: {lines[0]}", markup=False)
     for line in lines[1:]:
         errors.print(f"  {line}", markup=False)
-    return typer.Exit(EXIT_INFRA if err.kind is ErrorKind.INFRASTRUCTURE else EXIT_BAD_INPUT)
+    return typer.Exit(err.kind.exit_code)
 
 
 def _load(inventory: Path | None, db: str | None = None) -> tuple[Inventory, Settings]:
