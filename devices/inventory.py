@@ -4,10 +4,9 @@ The farm's settings choose the directory (``--inventory DIR``, else ``$EDGEFARM_
 ``devices/inventory/``) and the data dir. Loading validates every file and reports every problem at once (one
 ConfigurationError, one line each), before anything connects to a device.
 
-A TensorRT device names where its TensorRT Edge-LLM install lives in a ``tensorrt_edgellm:`` block (``build_dir``,
-``trt_package_dir``, ``plugin_path``, all absolute device paths; optional ``version`` of that build and
-``standin: true`` for a test stand-in whose results are never evidence); the plan runs a TensorRT row only where
-such a device exists.
+What a device holds of a toolchain is its block in ``toolchains: {name: {...}}``, validated by that toolchain's
+driver when the file loads (``ToolchainDriver.device_config``; e.g. where a vendor's tools are installed on the
+device). A toolchain whose driver needs such a block runs only on devices that have it.
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
 relative to the farm's data dir (given to :func:`load_inventory`); ``work_dir`` of an ssh device absolute or
@@ -33,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from devices._yaml import read_yaml_mapping, validation_problems
 from devices.types import DEVICE_TYPES, DeviceType, Platform
 from edgellm.errors import ConfigurationError
-from toolchains.tensorrt_edgellm.device import DeviceInstall
+from toolchains import base as toolchains
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
@@ -68,14 +67,13 @@ class Device(BaseModel):
     python: str | None = None  # interpreter with edgellm installed; default python3 (ssh) / this one (local)
     env: dict[str, str] = Field(default_factory=dict)  # set for every command on the device (PATH, PYTHONPATH...)
     connect_timeout: float = Field(default=10.0, gt=0, le=300)
-    tensorrt_edgellm: dict[str, Any] | None = None  # where its TensorRT Edge-LLM install lives (see module doc)
+    toolchains: dict[str, Any] = Field(default_factory=dict)  # toolchain name -> its block (see module doc)
 
-    @property
-    def trt_install(self) -> DeviceInstall | None:
-        """The validated ``tensorrt_edgellm`` block (validated at load: see _check_device), or None."""
-        if self.tensorrt_edgellm is None:
+    def toolchain_config(self, name: str) -> Any:
+        """What toolchain ``name``'s driver read of its block in this device's file (None: no block)."""
+        if name not in self.toolchains:
             return None
-        return DeviceInstall.from_inventory(self.tensorrt_edgellm, device=self.id)
+        return toolchains.driver_class(name)().device_config(self.toolchains[name], self.id)
 
     @property
     def platform(self) -> Platform:
@@ -123,11 +121,11 @@ def _check_device(device: Device, path: Path) -> list[str]:
     bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
     if bad_env:
         problems.append(f"{path}: env: invalid variable names {bad_env}; use letters, digits and _")
-    if device.tensorrt_edgellm is not None:
+    for name, block in device.toolchains.items():
         try:
-            DeviceInstall.from_inventory(device.tensorrt_edgellm, device=device.id)
+            toolchains.driver_class(name)().device_config(block, device.id)
         except ConfigurationError as err:
-            problems.append(f"{path}: tensorrt_edgellm: {err}")
+            problems.append(f"{path}: toolchains.{name}: {err}")
     if device.transport is TransportKind.LOCAL:
         for key in _SSH_ONLY:
             if getattr(device, key) is not None:
@@ -238,6 +236,11 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
             problems.append(f"{path}: id: {data['id']!r} must equal the file name {device_id!r}")
             continue
         data["id"] = device_id
+        misplaced = [k for k in data if k.replace("_", "-") in toolchains.names()]
+        if misplaced:
+            problems += [f"{path}: {k}: a toolchain's block goes under toolchains: "
+                         f"{{{k.replace('_', '-')}: {{...}}}}" for k in misplaced]
+            continue
         type_problem = isinstance(data.get("type"), str) and data["type"] not in DEVICE_TYPES
         if type_problem:
             problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(DEVICE_TYPES)}")

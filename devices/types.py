@@ -2,7 +2,8 @@
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
-``toolchains`` names what turns a checkpoint into evidence there, in order of preference (``toolchains.base``).
+``toolchains`` names what turns a checkpoint into evidence there, in order of preference (registered toolchains:
+``toolchains.base``). What a platform can run with a toolchain at a variant is one function, ``devices.capability``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from devices._yaml import read_yaml_mapping, validation_problems
 from edgellm.errors import ConfigurationError
-from edgellm.types import KVCachePrecision, Precision, _ChoiceEnum
-from toolchains.base import Toolchain
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+from toolchains import base as toolchains
 
 DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
 
-# Smallest SM with hardware support, used to explain a refusal ("needs SM89+") and to check type files.
-MIN_SM: dict[Precision, int] = {
-    Precision.BF16: 80,
-    Precision.FP8: 89,
-    Precision.NVFP4: 100,
-    Precision.MXFP8: 100,
-}
+# Smallest SM with hardware support, used to explain a refusal ("needs SM89+") and to check type files; by name, so
+# it covers the weights', the LM head's and the KV cache's formats alike.
+MIN_SM: dict[str, int] = {"bf16": 80, "fp8": 89, "nvfp4": 100, "mxfp8": 100}
 
 
 class Arch(_ChoiceEnum):
@@ -53,9 +50,10 @@ class DeviceType(BaseModel):
     arch: Arch
     sm: int | None = Field(ge=10, le=999)  # CUDA compute capability x10 (87 = 8.7); None = no GPU
     memory_gb: float = Field(gt=0)
-    toolchains: tuple[Toolchain, ...] = Field(min_length=1)
+    toolchains: tuple[str, ...] = Field(min_length=1)  # registered toolchain names, in order of preference
     precisions: tuple[Precision, ...] = Field(min_length=1)
     kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
+    lm_head_precisions: tuple[LMHeadPrecision, ...] = Field(min_length=1)
     # precisions a toolchain of this type could make but that would not count as evidence here, with the reason
     refuses: dict[Precision, str] = Field(default_factory=dict)
 
@@ -69,8 +67,13 @@ class DeviceType(BaseModel):
 
     @field_validator("toolchains", mode="before")
     @classmethod
-    def _toolchains(cls, value: Any) -> list[Toolchain]:
-        return _parse_list(Toolchain, "toolchain", value)
+    def _toolchains(cls, value: Any) -> list[str]:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"expected a list of toolchain names, got {value!r}")
+        try:
+            return [toolchains.parse(item) for item in value]
+        except ConfigurationError as err:
+            raise ValueError(str(err)) from None
 
     @field_validator("precisions", mode="before")
     @classmethod
@@ -93,19 +96,26 @@ class DeviceType(BaseModel):
     def _kv(cls, value: Any) -> list[KVCachePrecision]:
         return _parse_list(KVCachePrecision, "kv cache precision", value)
 
+    @field_validator("lm_head_precisions", mode="before")
+    @classmethod
+    def _lm_head(cls, value: Any) -> list[LMHeadPrecision]:
+        return _parse_list(LMHeadPrecision, "LM-head precision", value)
+
     @model_validator(mode="after")
     def _consistent(self) -> DeviceType:
         problems = []
-        for needs_gpu in (Toolchain.TENSORRT_EDGELLM, Toolchain.EDGELLM_TORCH_CUDA):
-            if self.sm is None and needs_gpu in self.toolchains:
-                problems.append(f"toolchain {needs_gpu} needs a GPU: set sm")
+        for name in self.toolchains:
+            if self.sm is None and toolchains.driver_class(name).needs_gpu:
+                problems.append(f"toolchain {name} needs a GPU: set sm")
         both = [p.value for p in self.precisions if p in self.refuses]
         if both:
             problems.append(f"precision(s) {', '.join(both)} both listed in precisions and refused")
-        for precision in self.precisions:
-            need = MIN_SM.get(precision)
-            if need is not None and self.sm is not None and self.sm < need:
-                problems.append(f"precision {precision} needs SM{need}+ but sm is {self.sm}")
+        for what, listed in (("precision", self.precisions), ("KV-cache precision", self.kv_cache_precisions),
+                             ("LM-head precision", self.lm_head_precisions)):
+            for precision in listed:
+                need = MIN_SM.get(precision.value)
+                if need is not None and self.sm is not None and self.sm < need:
+                    problems.append(f"{what} {precision} needs SM{need}+ but sm is {self.sm}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -118,25 +128,33 @@ class DeviceType(BaseModel):
     def label(self) -> str:
         return f"{self.name} (SM{self.sm})" if self.sm is not None else f"{self.name} (CPU)"
 
-    def supports(self, precision: Precision | str, toolchain: Toolchain | str | None = None) -> tuple[bool, str]:
-        """``(True, why)`` if this type's hardware runs ``precision`` (with ``toolchain``), else ``(False, reason)``.
-        Whether a toolchain is installed and can produce the precision is the toolchain's answer, not this one."""
+    def supports(self, precision: Precision | str) -> tuple[bool, str]:
+        """``(True, why)`` if this type's hardware runs weights at ``precision``, else ``(False, reason)``. What a
+        toolchain makes of it, and the LM head and KV cache, are ``devices.capability``'s to add."""
         wanted = Precision.parse(precision, what="precision")
-        if toolchain is not None:
-            chain = Toolchain.parse(toolchain, what="toolchain")
-            if chain not in self.toolchains:
-                supported = ", ".join(self.toolchains)
-                return False, f"{self.label} does not run toolchain {chain} (runs: {supported})"
         if wanted in self.refuses:
             return False, self.refuses[wanted]
         if wanted not in self.precisions:
-            need = MIN_SM.get(wanted)
-            if need is not None and self.sm is not None and self.sm < need:
-                why = f"needs SM{need}+"
-            else:
-                why = "supported: " + ", ".join(self.precisions)
-            return False, f"{self.label} does not support {wanted} ({why})"
-        return True, f"{self.label} supports {wanted}" + (f" with {toolchain}" if toolchain is not None else "")
+            return False, f"{self.label} does not support {wanted} ({self._why_not(wanted.value, self.precisions)})"
+        return True, f"{self.label} supports {wanted}"
+
+    def _why_not(self, name: str, listed: tuple[_ChoiceEnum, ...]) -> str:
+        need = MIN_SM.get(name)
+        if need is not None and self.sm is not None and self.sm < need:
+            return f"needs SM{need}+"
+        return "supported: " + ", ".join(listed)
+
+    def supports_kv_cache(self, kv_cache: KVCachePrecision) -> tuple[bool, str]:
+        if kv_cache in self.kv_cache_precisions:
+            return True, ""
+        return False, (f"{self.label} does not support a {kv_cache} KV cache "
+                       f"({self._why_not(kv_cache.value, self.kv_cache_precisions)})")
+
+    def supports_lm_head(self, lm_head: LMHeadPrecision) -> tuple[bool, str]:
+        if lm_head in self.lm_head_precisions:
+            return True, ""
+        return False, (f"{self.label} does not support a {lm_head} LM head "
+                       f"({self._why_not(lm_head.value, self.lm_head_precisions)})")
 
 
 _TYPE_KEYS = list(DeviceType.model_fields)

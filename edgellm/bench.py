@@ -8,7 +8,6 @@ past_len, outside the timed region, so all iterations measure the same shape.
 
 from __future__ import annotations
 
-import enum
 import os
 import resource
 import time
@@ -21,11 +20,7 @@ import numpy as np
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.reporting import latency_stats, percentile
 from edgellm.runtime.engine import threads_problem
-
-
-class BenchMode(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
+from edgellm.types import BenchMode
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def remove(self, name: str) -> None:
+        """Drop a name (tests that register a throwaway item clean up with it); an unknown name is a bug."""
+        if self._items.pop(name, None) is None:
+            raise BugError(f"{self.what} {name!r} is not registered")
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

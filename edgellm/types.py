@@ -78,6 +78,13 @@ class QuantMethod(_ChoiceEnum):
     MXFP8 = "mxfp8"
 
 
+class BenchMode(_ChoiceEnum):
+    """What a benchmark times: prefill (new tokens over a past) or decode (one token per sequence per step)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
 class Backend(_ChoiceEnum):
     ORT = "ort"
     TENSORRT = "tensorrt"

@@ -168,7 +168,7 @@ def run_evidence(engine: Engine, run_id: int,
         for r in s.scalars(select(Result).where(Result.run_id == run_id).order_by(Result.id)):
             results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
                             "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
-                            "toolchain": r.toolchain.value, "toolchain_version": r.toolchain_version,
+                            "toolchain": str(r.toolchain), "toolchain_version": r.toolchain_version,
                             "chosen_versions": r.chosen_versions,
                             "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
                             "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})

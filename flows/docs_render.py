@@ -125,7 +125,7 @@ def slug(text: str) -> str:
 
 def cell_kind(r: MatrixRow) -> CellKind:
     """Supported = inference and accuracy passed in the latest run; export verified only = the only passing stages
-    are quantize/export and nothing failed (the later stages were not run here, e.g. no TensorRT)."""
+    are quantize/export and nothing failed (the later stages were not run here, e.g. no device of the platform)."""
     if r.status == "pass" and r.stages.get("infer") == "pass" and r.stages.get("accuracy") == "pass":
         return CellKind.SUPPORTED
     passed = {s for s, st in r.stages.items() if st == "pass"}

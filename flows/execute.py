@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,21 +22,22 @@ from results.recorder import Recorder
 from results.regressions import Flag, flag_regressions
 from tasks.farm import Farm, FarmContext
 from tasks.spec import CheckpointRef
-from test_lists.catalog import Catalog
+from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
 
 
-def locate_checkpoints(models: list[str], catalog: Catalog, data_dir: Path) -> dict[str, CheckpointRef]:
+def locate_checkpoints(models: list[str], sources: Mapping[str, ModelSource],
+                       data_dir: Path) -> dict[str, CheckpointRef]:
     """Each model's checkpoint, located (synthetic ones made) and digested once for the whole run; the digests
     run in parallel (hashlib releases the GIL)."""
-    paths = {m: Path(catalog.get(m).locate(data_dir)).resolve() for m in models}
+    paths = {m: Path(sources[m].locate(data_dir)).resolve() for m in models}
     with ThreadPoolExecutor(max_workers=4) as pool:
         digests = dict(zip(paths, pool.map(checkpoint_digest, paths.values()), strict=True))
     return {m: CheckpointRef(model=m, path=str(p), sha256=digests[m]) for m, p in paths.items()}
 
 
-def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: str,
+def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
                  host_slots: int = 2) -> tuple[RunReport, dict[str, float]]:
     engine = make_engine(settings.db_url)
     prepare_for_run(engine)
@@ -53,10 +55,10 @@ def execute_plan(plan: Plan, settings: Settings, catalog: Catalog, *, trigger: s
         with heartbeat(recorder, run_id):
             farm = Farm.get(ctx)
             record_plan_decisions(ctx, plan, report)
-            checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), catalog,
+            checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), plan.sources,
                                              settings.data_dir)
             jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
-            submit_jobs(ctx, jobs, report, catalog)
+            submit_jobs(ctx, jobs, report, plan.sources)
             if plan.kind == RunKind.NIGHTLY.value:
                 fail_regressed(report, flag_regressions(engine, run_id))
             status = run_status(report)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism
 
 
-def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
+def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> Plan:
     """The matrix's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
     inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
@@ -29,7 +29,7 @@ def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) 
     def make() -> Plan:
         return plan_matrix(Path(matrix), inventory, catalog, data_dir=settings.data_dir)
 
-    return (installing_toolchains(make, settings.data_dir) if install else make()), catalog
+    return installing_toolchains(make, settings.data_dir) if install else make()
 
 
 @flow(name="nightly-support-matrix", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
@@ -42,9 +42,8 @@ def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory,
                                 docs_dir=docs_dir)
     if plan is None:
-        plan, _ = make_plan(matrix, settings, install=True)
-    catalog = Catalog.load()
-    report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
+        plan = make_plan(matrix, settings, install=True)
+    report, timing = execute_plan(plan, settings, trigger=trigger)
     docs = None
     if publish:
         docs = write_docs(settings.db_url, settings.docs_dir, settings.data_dir)

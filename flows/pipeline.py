@@ -15,6 +15,7 @@ import statistics
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.record import record
 from tasks.spec import CheckpointRef, JobSpec, chosen_versions
-from test_lists.catalog import Catalog, ModelSource
+from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = N
     e = job.entry
     template = source.chat_template if source is not None else None
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
-                   test_id=e.test_id,
+                   test_id=e.test_id, toolchain_version=job.toolchain_version, quantizer=job.quantizer,
+                   quantizer_version=job.quantizer_version,
                    checkpoint=checkpoint, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
@@ -103,13 +105,13 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
 
 
 def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport,
-                catalog: Catalog | None = None) -> None:
+                sources: Mapping[str, ModelSource] | None = None) -> None:
     """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded."""
     submitted_at = time.time()
     runs: dict[tuple[str, tuple[object, ...]], PrefectFuture[Any]] = {}  # (stage, what it serves) -> its one run
     records: list[tuple[str, str, PrefectFuture[Any]]] = []
     for job, checkpoint in jobs:
-        spec = job_spec(job, checkpoint, catalog.get(job.model) if catalog is not None else None)
+        spec = job_spec(job, checkpoint, (sources or {}).get(job.model))
         futures: dict[str, PrefectFuture[Any]] = {}
         for name in stages.closure(spec.stages):
             stage = stages.spec(name)
@@ -194,13 +196,11 @@ def timing_summary(report: RunReport, jobs: list[tuple[Job, CheckpointRef]], hos
     }
 
 
-def toolchain_versions() -> dict[str, str]:
-    import importlib.metadata
+FARM_PACKAGES = ("edgellm-farm", "prefect", "sqlalchemy")  # the orchestrator's own, beside the library's
 
-    versions = {}
-    for pkg in ("edgellm-farm", "onnxruntime", "onnx", "torch", "transformers", "prefect", "sqlalchemy"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
+
+def toolchain_versions() -> dict[str, str]:
+    """What a run records of the orchestrating host: the library's package list (``edgellm env``) and the farm's."""
+    from edgellm.cli.env import PACKAGES, package_versions
+
+    return {pkg: v for pkg, v in package_versions((*FARM_PACKAGES, *PACKAGES)).items() if v is not None}

@@ -17,15 +17,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 import stages
+from devices.capability import capability, hardware
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
-from edgellm.errors import ConfigurationError
-from edgellm.types import UNQUANTIZED, Precision
+from edgellm.errors import ConfigurationError, EdgeLLMError
+from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from test_lists.catalog import Catalog
+from tasks.spec import job_key
+from test_lists.catalog import Catalog, ModelSource
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
-from toolchains.base import Toolchain, choose, driver, quantizer, require
+from toolchains import base as toolchains
+from toolchains.base import ToolchainDriver, Variant, assuming_installed, runnable_problem
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -45,9 +48,14 @@ class Job:
     entry: TestEntry
     platform: str
     decision: Decision
-    toolchain: Toolchain  # the one chosen to run it; for a job that does not run, the platform's preferred one
+    toolchain: str  # the one chosen to run it; for a job that does not run, the one it would have run with
     reason: str = ""
     devices: tuple[str, ...] = ()
+    # resolved for a job that runs (the stages get them: none resolves a toolchain again): the toolchain's version
+    # on this host, and the toolchain that quantizes its checkpoint with that one's version (None: the source)
+    toolchain_version: str | None = None
+    quantizer: str | None = None
+    quantizer_version: str | None = None
 
     @property
     def model(self) -> str:
@@ -63,10 +71,10 @@ class Job:
 
     @property
     def key(self) -> str:
-        return f"{self.test_id}@{self.platform}"
+        return job_key(self.test_id, self.platform)
 
     @property
-    def pins(self) -> dict[Toolchain, str]:
+    def pins(self) -> dict[str, str]:
         """The toolchain versions the matrix chose for this job (empty: every toolchain's pinned version)."""
         return dict(self.entry.toolchain_versions)
 
@@ -75,12 +83,13 @@ class Job:
         matrix chose versions)."""
         e = self.entry
         out = {"model": e.model, "precision": e.precision.value, "platform": self.platform,
-               "toolchain": self.toolchain.value, "decision": self.decision.value, "reason": self.reason,
+               "toolchain": self.toolchain, "quantizer": self.quantizer, "decision": self.decision.value,
+               "reason": self.reason,
                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
                "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
         if e.toolchain_versions:
-            out["toolchain_versions"] = {t.value: v for t, v in e.toolchain_versions}
+            out["toolchain_versions"] = dict(e.toolchain_versions)
         return out
 
 
@@ -89,11 +98,14 @@ class Plan:
     name: str
     kind: str  # nightly | l0 | l1 | adhoc
     jobs: list[Job] = field(default_factory=list)
+    # each job's model as the catalog said when the plan was made (its checkpoint, chat template, thresholds): the
+    # run reads these, so the catalog is read once per run
+    sources: dict[str, ModelSource] = field(default_factory=dict)
 
     def runnable(self) -> list[Job]:
         return [j for j in self.jobs if j.decision is Decision.RUN]
 
-    def exports(self) -> list[tuple[str, Precision, Toolchain, tuple[tuple[Toolchain, str], ...]]]:
+    def exports(self) -> list[tuple[str, Precision, str, tuple[tuple[str, str], ...]]]:
         """Distinct (model, precision, toolchain, chosen toolchain versions) to export: once each, whatever the
         number of platforms."""
         return sorted({(j.model, j.precision, j.toolchain, j.entry.toolchain_versions) for j in self.runnable()},
@@ -109,8 +121,8 @@ class Plan:
         """The whole plan, jobs in a stable order (platform, model, precision, test id)."""
         jobs = sorted(self.jobs, key=lambda j: (j.platform, j.model.lower(), j.precision, j.test_id))
         return {"name": self.name, "kind": self.kind, "counts": dict(sorted(self.counts().items())),
-                "exports": [{"model": m, "precision": p.value, "toolchain": t.value,
-                             **({"toolchain_versions": {n.value: v for n, v in pins}} if pins else {})}
+                "exports": [{"model": m, "precision": p.value, "toolchain": t,
+                             **({"toolchain_versions": dict(pins)} if pins else {})}
                             for m, p, t, pins in self.exports()],
                 "jobs": [j.to_json() for j in jobs]}
 
@@ -137,6 +149,8 @@ class _Block(BaseModel):
     models: list[str]
     precisions: list[str]
     platforms: list[str]
+    # run with these toolchains, one job each (side by side; the test id names each); empty: the platform's own
+    toolchains: list[str] = []
     defaults: dict[str, Any] = {}
 
 
@@ -176,49 +190,71 @@ class Matrix:
     name: str
     pairs: list[tuple[TestEntry, str]]  # (entry, platform) of every block
     lists: list[ListShare]
-    versions: dict[Toolchain, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # chosen, to compare
+    versions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # chosen, to compare
 
 
-def _decide(
-    entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path
-) -> tuple[Decision, Toolchain, str, tuple[str, ...]]:
-    """Hardware first (not applicable), then the waiver, then who could run it here: a toolchain of the platform
-    that can produce the precision, and, when a stage runs on a device, a device of the platform that the toolchain
-    can drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device."""
+@dataclass(frozen=True)
+class _Decided:
+    decision: Decision
+    toolchain: str
+    reason: str = ""
+    devices: tuple[str, ...] = ()
+    driver: ToolchainDriver | None = None  # the chosen toolchain's, for a job that runs
+    quantizer: ToolchainDriver | None = None
+
+
+def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path) -> _Decided:
+    """Hardware first (not applicable: ``devices.capability``), then the waiver, then who could run it here: a
+    toolchain (the entry's, else the platform's in order of preference) that can run the variant there and is
+    available with its quantizer, and, when a stage runs on a device, a device of the platform that the toolchain can
+    drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device."""
     dtype = DEVICE_TYPES[platform]
-    preferred = dtype.toolchains[0]
-    ok, why = dtype.supports(entry.precision)
-    if not ok:
-        return Decision.NOT_APPLICABLE, preferred, why, ()
+    candidates = (entry.toolchain,) if entry.toolchain is not None else dtype.toolchains
+    variant = Variant(entry.precision, entry.lm_head_precision, entry.kv_cache_precision)
+    if not (fits := hardware(platform, variant)):
+        return _Decided(Decision.NOT_APPLICABLE, candidates[0], fits.reason)
     if entry.waived and entry.waiver is not None:
-        return Decision.WAIVED, preferred, f"waived until {entry.waiver.expires} ({entry.waiver.bug})", ()
+        return _Decided(Decision.WAIVED, candidates[0], f"waived until {entry.waiver.expires} ({entry.waiver.bug})")
     pins = dict(entry.toolchain_versions)
-    toolchain, refusals = choose(dtype.toolchains, entry.precision, data_dir, pins)
-    if toolchain is not None and (problem := require(toolchain, data_dir, pins).variant_problem(
-            entry.precision, entry.lm_head_precision, entry.kv_cache_precision)) is not None:
-        return Decision.NOT_APPLICABLE, toolchain, problem, ()
-    found = inventory.select(platform=platform)
-    devices = tuple(d.id for d in found)
-    missing = list(refusals) if toolchain is None else []
+    capable = [(name, capability(platform, name, variant)) for name in candidates]
+    if not any(cap for _, cap in capable):  # no toolchain of the platform can, in principle
+        return _Decided(Decision.NOT_APPLICABLE, candidates[0], capable[0][1].reason)
+    chosen: ToolchainDriver | None = None
+    maker: ToolchainDriver | None = None
+    missing: list[str] = []
+    for name, cap in capable:
+        if not cap:
+            continue
+        found = toolchains.driver(name, data_dir, pins)
+        problem, maker = runnable_problem(found, entry.precision)
+        if problem is None:
+            chosen = found
+            break
+        missing.append(problem)
+    preferred = chosen.name if chosen is not None else next(name for name, cap in capable if cap)
+    if chosen is not None:
+        missing = []
+    found_devices = inventory.select(platform=platform)
+    devices = tuple(d.id for d in found_devices)
     if not set(entry.stages) <= stages.host_stages():
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
-        if toolchain is not None:
-            chosen = require(toolchain, data_dir, pins)
-            if (problem := chosen.device_problem() or chosen.devices_problem(platform, found)) is not None:
+        if chosen is not None:
+            problem = chosen.device_problem() or chosen.devices_problem(platform, found_devices)
+            if problem is not None:
                 missing.append(problem)
-            devices = tuple(d.id for d in found if chosen.drives(d)) or devices  # skipped: still name the ones there
+            devices = tuple(d.id for d in found_devices if chosen.drives(d)) or devices  # skipped: still name them
     else:
         devices = ()  # nothing of this job runs on a device
     if missing:
-        return Decision.SKIPPED, toolchain or preferred, "no device/toolchain can run it here: " + "; ".join(
-            missing), devices
-    assert toolchain is not None
+        return _Decided(Decision.SKIPPED, preferred, "no device/toolchain can run it here: " + "; ".join(missing),
+                        devices)
+    assert chosen is not None
     try:
         catalog.get(entry.model).check()
     except ConfigurationError as exc:
-        return Decision.SKIPPED, toolchain, f"checkpoint not available: {exc}", devices
-    return Decision.RUN, toolchain, "", devices
+        return _Decided(Decision.SKIPPED, chosen.name, f"checkpoint not available: {exc}", devices)
+    return _Decided(Decision.RUN, chosen.name, "", devices, chosen, maker)
 
 
 def load_matrix(path: Path, catalog: Catalog) -> Matrix:
@@ -261,19 +297,16 @@ def load_matrix(path: Path, catalog: Catalog) -> Matrix:
     return Matrix(m.name, pairs, lists, versions)
 
 
-def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict[Toolchain, tuple[str, ...]]:
+def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict[str, tuple[str, ...]]:
     """``toolchain_versions:`` checked: known toolchains whose version can be chosen, each a non-empty list of
     distinct exact versions (strings: YAML reads 0.12 as a number)."""
-    out: dict[Toolchain, tuple[str, ...]] = {}
+    out: dict[str, tuple[str, ...]] = {}
     for name, listed in given.items():
         where = f"{path}: toolchain_versions.{name}"
         try:
-            found = driver(Toolchain.parse(name, what="toolchain"))
+            found = toolchains.driver(name)
         except ConfigurationError as exc:
             problems.append(f"{path}: toolchain_versions: {exc}")
-            continue
-        if found is None:
-            problems.append(f"{where}: toolchain {name} has no driver in this farm")
             continue
         if found.pinned is None:
             problems.append(f"{where}: {found.version_problem('')}")
@@ -293,17 +326,21 @@ def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict
     return out
 
 
-def with_versions(entry: TestEntry, platform: str, versions: Mapping[Toolchain, tuple[str, ...]],
+def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[str, ...]],
                   data_dir: Path) -> list[TestEntry]:
     """One entry per combination of the chosen versions of the toolchains the test would use on ``platform`` (the
-    platform's toolchains that produce its precision, and the one that quantizes it), each carrying its versions;
-    the entry itself when it uses none of them."""
+    toolchains it may run with that produce its precision, and the one that quantizes it for them), each carrying
+    its versions; the entry itself when it uses none of them."""
     if not versions:
         return [entry]
-    uses = {name for name in DEVICE_TYPES[platform].toolchains
-            if (found := driver(name, data_dir)) is not None and entry.precision in found.precisions()}
-    if entry.precision not in UNQUANTIZED and (maker := quantizer(entry.precision, data_dir)) is not None:
-        uses.add(maker.name)
+    uses: set[str] = set()
+    for name in (entry.toolchain,) if entry.toolchain is not None else DEVICE_TYPES[platform].toolchains:
+        found = toolchains.driver(name, data_dir)
+        if entry.precision in found.precisions():
+            uses.add(name)
+            if found.takes_quantized_checkpoint(entry.precision) and (
+                    maker := toolchains.quantizer(entry.precision, data_dir)) is not None:
+                uses.add(maker.name)
     chosen = sorted(t for t in versions if t in uses)
     if not chosen:
         return [entry]
@@ -328,6 +365,12 @@ def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], whe
     for value in block.platforms:
         if value not in DEVICE_TYPES:
             problems.append(f"{path}: {where}platforms: unknown platform {value!r}; valid: {', '.join(DEVICE_TYPES)}")
+    chains: list[str | None] = []
+    for value in block.toolchains:
+        try:
+            chains.append(toolchains.parse(value))
+        except ConfigurationError as exc:
+            problems.append(f"{path}: {where}toolchains: {exc}")
     defaults: dict[str, Any] = {}
     try:
         defaults = EntryDefaults.model_validate({**base, **block.defaults}).model_dump(exclude_none=True)
@@ -347,8 +390,9 @@ def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], whe
             except ValidationError as exc:
                 problems += [f"{path}: {where}{model} {precision}: {e['msg']}" for e in exc.errors()]
                 continue
-            entry = _entry(name, spec, source=str(path))
-            pairs += [(entry, platform) for platform in block.platforms]
+            for chain in chains or [None]:
+                entry = dataclasses.replace(_entry(name, spec, source=str(path)), toolchain=chain)
+                pairs += [(entry, platform) for platform in block.platforms]
     return pairs
 
 
@@ -362,21 +406,22 @@ def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
 
 
 def installing_toolchains(make: Callable[[], Plan], data_dir: Path) -> Plan:
-    """``make()``; when a job it skips would run with the pinned tensorrt-edgellm environment, install that under
-    ``data_dir`` (one-time, minutes) and plan again. An install that fails leaves those jobs skipped with its
-    reason (e.g. the package registry unreachable)."""
-    from toolchains.tensorrt_edgellm.driver import assume_installed, ensure_installed
-
+    """``make()``; when a job it skips would run once the toolchains it needs were installed (those whose driver
+    can install itself: ``Availability.installable``), install them under ``data_dir`` (one-time, minutes) and plan
+    again. An install that fails leaves those jobs skipped with its reason (e.g. the package registry unreachable)."""
     plan = make()
     skipped = {job.key for job in plan.jobs if job.decision is Decision.SKIPPED}
     if not skipped:
         return plan
-    with assume_installed():
+    with assuming_installed():
         would_run = [job for job in make().runnable() if job.key in skipped]
-    if not would_run:
-        return plan
-    ensure_installed(data_dir)
-    return make()
+    needed = {(name, job.entry.toolchain_versions) for job in would_run
+              for name in (job.toolchain, job.quantizer) if name is not None}
+    for name, pins in sorted(needed):
+        found = toolchains.driver(name, data_dir, dict(pins))
+        if not found.available().ok:
+            found.install()
+    return make() if needed else plan
 
 
 def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir: Path,
@@ -414,17 +459,35 @@ def _list_pairs(tlist: TestList, inventory: Inventory, catalog: Catalog,
     return pairs
 
 
+def _resolved(decided: _Decided) -> dict[str, str | None]:
+    """The versions a job that runs hands its stages (read once here; a version that cannot be read is the
+    toolchain's problem to report when its stage runs)."""
+    out: dict[str, str | None] = {}
+    for key, found in (("toolchain", decided.driver), ("quantizer", decided.quantizer)):
+        if found is None:
+            continue
+        if key == "quantizer":
+            out["quantizer"] = found.name
+        try:
+            out[f"{key}_version"] = found.host_version()
+        except EdgeLLMError:
+            out[f"{key}_version"] = None
+    return out
+
+
 def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventory: Inventory, catalog: Catalog,
           data_dir: Path) -> Plan:
     plan = Plan(name=name, kind=kind)
     seen: set[str] = set()
     for entry, platform in pairs:
-        decision, toolchain, reason, devices = _decide(entry, platform, inventory, catalog, data_dir)
-        job = Job(entry=entry, platform=platform, decision=decision, toolchain=toolchain, reason=reason,
-                  devices=devices)
+        decided = _decide(entry, platform, inventory, catalog, data_dir)
+        job = Job(entry=entry, platform=platform, decision=decided.decision, toolchain=decided.toolchain,
+                  reason=decided.reason, devices=decided.devices, **_resolved(decided))
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
         seen.add(job.key)
         plan.jobs.append(job)
+        if job.decision is Decision.RUN:
+            plan.sources.setdefault(job.model, catalog.get(job.model))
     return plan
 

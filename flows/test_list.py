@@ -17,7 +17,7 @@ from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 
 
-def make_plan(priority: str, settings: Settings, *, install: bool = False) -> tuple[Plan, Catalog]:
+def make_plan(priority: str, settings: Settings, *, install: bool = False) -> Plan:
     """The list's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
     catalog = Catalog.load()
     tlist, inventory = load_list(priority), load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
@@ -25,7 +25,7 @@ def make_plan(priority: str, settings: Settings, *, install: bool = False) -> tu
     def make() -> Plan:
         return plan_test_list(tlist, inventory, catalog, data_dir=settings.data_dir)
 
-    return (installing_toolchains(make, settings.data_dir) if install else make()), catalog
+    return installing_toolchains(make, settings.data_dir) if install else make()
 
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
@@ -36,7 +36,6 @@ def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None
     the caller already made, if any)."""
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
     if plan is None:
-        plan, _ = make_plan(priority, settings, install=True)
-    catalog = Catalog.load()
-    report, timing = execute_plan(plan, settings, catalog, trigger=trigger)
+        plan = make_plan(priority, settings, install=True)
+    report, timing = execute_plan(plan, settings, trigger=trigger)
     return summary(plan, report, timing, None)

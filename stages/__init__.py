@@ -1,5 +1,5 @@
-"""The farm's stages, each declared once: what it needs, where it runs, what runs it, what it hands on, what its
-cache key is made of, its default timeout and what one run of it serves.
+"""The farm's stages, each declared once: what it needs, where it runs, what runs it, what its cache key is made of,
+its default timeout, what one run of it serves and whether the results database records it.
 
 Pipeline order, the DAG ``flows.pipeline`` submits, the timing summary's critical path, default timeouts, the
 stages a test list may name and the CLI's progress columns all derive from ``STAGES``. This module imports nothing
@@ -7,8 +7,9 @@ else from the farm but the artifact kinds (results/, devices/ and test_lists/ im
 is imported only where stages run (``tasks.common``).
 
 Adding a stage: one ``register(StageSpec(...))`` here and one module with its work,
-``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order). A stage whose results
-the database records also needs its name in ``Stage`` (and a migration: the column is constrained to it).
+``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order). The results database
+stores stage names as strings checked against this table (``recorded``): no migration. What the stage runs on a
+device, and how its outputs are read, is each toolchain driver's (``toolchains.base.ToolchainDriver``).
 
 Adding a cached stage: the same, plus ``cache=StageCache(...)`` in its entry and a key function in its module; the
 generic body (``tasks.common.run_stage``) does the rest, so the module holds no cache code:
@@ -18,13 +19,14 @@ generic body (``tasks.common.run_stage``) does the rest, so the module holds no 
   - the body looks the key up; a hit counts only once the store has re-hashed its blob (a corrupt one is evicted:
     a miss). A hit's outcome passes, cached, with ``hit_reason``, ``hit_metric`` = 1, the entry's toolchain version
     and the stored artifact as ``outputs[output]`` (and as evidence, for a recorded stage); ``Keyed.on_hit`` builds
-    it instead where the artifact is not what the next stage reads (quantize re-reads its checkpoint's report).
+    it instead where the artifact is not what the next stage reads (a quantizer re-reads its checkpoint's report).
   - on a miss the work runs as ``work(ctx, job, *upstream, keyed=keyed)`` (a host stage's under one of the host's
     slots) and calls ``keyed.made(ref)`` once its product is stored and vouched for; the body remembers it under
     the key (even when the work fails after that), sets ``hit_metric`` = 0 when the product was handed on, and the
     key's toolchain version where the outcome names none.
-  - ``cache_key`` names the key's inputs (besides ``"stage"``): ``"a | b"`` one of them, by toolchain; ``"a?"``
-    only for some toolchains. ``tests/test_cache_keys.py`` checks them against the key and pins today's keys.
+  - ``cache_key`` names the key's inputs (besides ``"stage"``) that every key has; ``TOOLCHAIN_INPUTS`` last: the
+    toolchain's driver adds its own (what its tool depends on). ``tests/test_cache_keys.py`` checks them against
+    the keys and pins today's keys.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from edgellm.errors import ConfigurationError
 
 
 class Stage(enum.StrEnum):
-    """The stages the results database records (a column constrained to these values), in pipeline order."""
+    """Names of the pipeline's own recorded stages, in pipeline order (constants for the code that handles them;
+    the table below is the vocabulary: a stage added to it needs no member here)."""
 
     QUANTIZE = "quantize"
     EXPORT = "export"
@@ -50,15 +53,9 @@ class Stage(enum.StrEnum):
     BENCH = "bench"
 
     @classmethod
-    def parse(cls, value: str | Stage, *, what: str | None = None) -> Stage:
-        """Parse a user-given value; the error names the bad value and every valid one."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise ConfigurationError(f"unknown {what or 'stage'} {value!r}; valid: "
-                                     f"{', '.join(m.value for m in cls)}") from None
+    def parse(cls, value: str | Stage, *, what: str | None = None) -> str:
+        """A recorded stage someone named (see :func:`recorded_stage`)."""
+        return recorded_stage(value, what=what)
 
 
 class Where(enum.StrEnum):
@@ -93,24 +90,16 @@ class StageSpec:
     needs: tuple[str, ...]  # stages whose outcomes it reads, in the order its work function takes them
     where: Where
     runs: str  # "module:function": the stage's own work, called by the one generic task body
-    command: str  # what that work runs, for people (the library's CLI on a device, a tool on the host)
-    outputs: tuple[str, ...]  # keys of StageOutcome.outputs the stages after it read
     cache_key: tuple[str, ...]  # the names of its content cache key's inputs (empty: not cached)
     timeout_s: int  # default; a test list may set its own per listed stage
     shared: Shared = Shared.JOB
     implied: bool = False  # runs whenever a stage of the job needs it, listed or not (recorded only if listed)
-    # a device stage's command and the reading of its outputs are its toolchain's: these ToolchainDriver methods
-    driver: tuple[str, ...] = ()
     cache: StageCache | None = None  # its content cache (with cache_key, and only then)
-
-    @property
-    def recorded(self) -> bool:
-        """Whether the results database records this stage (a test list may name only these)."""
-        return self.name in _RECORDED
+    recorded: bool = True  # the results database records it (a test list may name only these)
 
 
 REFERENCE = "reference"  # the transformers reference accuracy compares with: a stage without result rows
-_RECORDED = frozenset(s.value for s in Stage)
+TOOLCHAIN_INPUTS = "..."  # in a cache_key: the toolchain's driver adds inputs of its own
 STAGES: dict[str, StageSpec] = {}
 
 
@@ -125,15 +114,12 @@ def register(spec: StageSpec) -> StageSpec:
                                  f"registered: {', '.join(STAGES)}")
     if ":" not in spec.runs:
         raise ConfigurationError(f"stage {spec.name!r}: runs must be 'module:function', got {spec.runs!r}")
-    if (spec.where is Where.DEVICE) != bool(spec.driver):
-        raise ConfigurationError(f"stage {spec.name!r}: a device stage (and only one) names the toolchain driver "
-                                 f"methods that give its commands and read their outputs")
     if bool(spec.cache_key) != (spec.cache is not None):
         raise ConfigurationError(f"stage {spec.name!r}: a cached stage (and only one) names its key inputs "
                                  f"(cache_key) and its key function and product (cache=StageCache(...))")
-    if spec.cache is not None and (":" not in spec.cache.key or spec.cache.output not in spec.outputs):
+    if spec.cache is not None and (":" not in spec.cache.key or not spec.cache.output):
         raise ConfigurationError(f"stage {spec.name!r}: cache.key must be 'module:function' (got "
-                                 f"{spec.cache.key!r}) and cache.output one of its outputs {spec.outputs} (got "
+                                 f"{spec.cache.key!r}) and cache.output the output that hands the product on (got "
                                  f"{spec.cache.output!r})")
     if spec.timeout_s < 1:
         raise ConfigurationError(f"stage {spec.name!r}: timeout_s must be >= 1, got {spec.timeout_s}")
@@ -159,10 +145,25 @@ def spec(name: str) -> StageSpec:
 
 
 def parse(value: str) -> str:
-    """A stage name a person gave (a test list's ``stages``): any stage in the table; a recorded one as its
+    """A stage name a person gave (a test list's ``stages``): any stage in the table; the pipeline's own as its
     ``Stage``. The error names the bad value and every valid one."""
     name = spec(str(value).strip().lower()).name
     return Stage(name) if name in Stage.__members__.values() else name
+
+
+def recorded_stage(value: str, *, what: str | None = None) -> str:
+    """A stage the results database records (any the table marks ``recorded``), e.g. a result's or a query's; the
+    error names the bad value and every valid one."""
+    name = str(value).strip().lower()
+    found = STAGES.get(name)
+    if found is None or not found.recorded:
+        raise ConfigurationError(f"unknown {what or 'stage'} {value!r}; valid: {', '.join(recorded_stages())}")
+    return Stage(name) if name in Stage.__members__.values() else name
+
+
+def recorded_stages() -> list[str]:
+    """The recorded stages, in pipeline order."""
+    return [s.name for s in STAGES.values() if s.recorded]
 
 
 def order() -> list[str]:
@@ -229,46 +230,34 @@ def finish_times(durations: Mapping[str, float]) -> Iterator[tuple[str, float]]:
 # Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
 register(StageSpec(
     name=REFERENCE, needs=(), where=Where.HOST, runs="tasks.reference:reference",
-    command="edgellm reference <source checkpoint> (transformers, on the orchestrating host)",
-    outputs=("reference",),
     cache_key=("format", "checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
     cache=StageCache(key="tasks.reference:reference_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
                      output="reference", hit_reason="reference cache hit", hit_metric="reference_cache_hit"),
-    timeout_s=6000, shared=Shared.MODEL, implied=True))
+    timeout_s=6000, shared=Shared.MODEL, implied=True, recorded=False))
 register(StageSpec(
     name=Stage.QUANTIZE, needs=(), where=Where.HOST, runs="tasks.quantize:quantize",
-    command="the quantizing toolchain's quantizer (tensorrt-edgellm-quantize); the identity when unquantized",
-    outputs=("checkpoint", "quantized_linears"),
-    cache_key=("checkpoint_sha256", "method", "device", "num_samples", "lm_head", "kv_cache", "calibration_sha256",
-               "toolchain", "toolchain_version"),
+    cache_key=("checkpoint_sha256", "toolchain", "toolchain_version", TOOLCHAIN_INPUTS),
     cache=StageCache(key="tasks.quantize:quantize_key", kind=ArtifactKind.CHECKPOINT, packing=Packing.TAR,
                      output="checkpoint"),
     timeout_s=1200, shared=Shared.CHECKPOINT, implied=True))
 register(StageSpec(
     name=Stage.EXPORT, needs=(Stage.QUANTIZE,), where=Where.HOST, runs="tasks.export:export",
-    command="the toolchain's exporter (edgellm export / tensorrt-edgellm-export + onnx check)",
-    outputs=("onnx",),
     cache_key=("checkpoint_sha256", "precision", "lm_head_precision", "kv_cache_precision", "toolchain",
-               "toolchain_version", "opset | chat_template_sha256", "edgellm_build | onnx_check"),
+               "toolchain_version", TOOLCHAIN_INPUTS),
     cache=StageCache(key="tasks.export:export_key", kind=ArtifactKind.ONNX, packing=Packing.TAR, output="onnx"),
     timeout_s=1200, shared=Shared.EXPORT))
 register(StageSpec(
     name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
-    command="the toolchain's build on a device (edgellm build; llm_build)", outputs=("engine",),
-    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "route?", "version?",
-               "standin?", "max_batch_size", "max_input_len", "max_seq_len"),
+    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "max_batch_size",
+               "max_input_len", "max_seq_len", TOOLCHAIN_INPUTS),
     cache=StageCache(key="tasks.build:build_key", kind=ArtifactKind.ENGINE, packing=Packing.TAR, output="engine"),
-    timeout_s=1200, driver=("build_step", "check_engine", "build_key_inputs")))
+    timeout_s=1200))
 register(StageSpec(
-    name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer",
-    command="the toolchain's inference on a device (edgellm infer; llm_inference)", outputs=("engine",), cache_key=(),
-    timeout_s=6000, driver=("infer_step", "infer_request", "infer_responses")))
+    name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer", cache_key=(),
+    timeout_s=6000))
 register(StageSpec(
     name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
-    command="the toolchain's accuracy check (edgellm eval --reference on a device; llm_inference greedy text scored "
-            "on the host)", outputs=(), cache_key=(), timeout_s=6000,
-    driver=("accuracy_stages_reference", "accuracy_request", "accuracy_step", "accuracy_report")))
+    cache_key=(), timeout_s=6000))
 register(StageSpec(
-    name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.bench:bench",
-    command="the toolchain's benchmark, prefill then decode, on a device (exclusive) (edgellm bench; llm_bench)",
-    outputs=(), cache_key=(), timeout_s=1200, driver=("bench_runs", "bench_metrics")))
+    name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.bench:bench", cache_key=(),
+    timeout_s=1200))

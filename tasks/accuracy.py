@@ -1,9 +1,9 @@
 """Accuracy: the engine against the Hugging Face reference of the same checkpoint, made once per model on the
-orchestrating host (``tasks.reference``), so the device needs neither torch nor transformers. How is the
-toolchain driver's: edgellm's engines run ``edgellm eval --reference`` on the device (logits, greedy tokens,
-perplexity against the per-precision thresholds); TensorRT Edge-LLM's ``llm_inference`` gives text only, so the
-device generates the reference's prompts greedily and the host scores greedy text agreement
-(``toolchains/tensorrt_edgellm/accuracy.py``). A reference that failed is this stage's error, with its reason."""
+orchestrating host (``tasks.reference``), so the device needs neither torch nor transformers. How is the toolchain
+driver's: either the reference is staged on the device and the device command compares (its exit code and report
+must agree), or the device produces what the host then judges against the local reference (the device generates
+requests the driver made from the reference, or computes what the driver compares). A reference that failed is this
+stage's error, with its reason."""
 
 from __future__ import annotations
 
@@ -22,65 +22,56 @@ from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
-from toolchains.base import DeviceStep, require
+from toolchains.base import DeviceStep
 
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
     """Compare the engine with the model's transformers reference on a device of the platform."""
+    farm = Farm.get(ctx)
+    engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
+    toolchain = job.driver(ctx.data_dir)
+    scratch = farm.ctx.host_work_dir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        local_ref = None
+        if toolchain.accuracy_reads_reference():  # the host judges what the device made against it
+            local_ref = Path(tmp) / "reference.npz"
+            farm.store.get_file(ref.sha256, local_ref)
+        ours = toolchain.accuracy_request(local_ref) if local_ref is not None else None
+        staged = [engine, ref] if ours is None else [engine]
+        request = None
+        if ours is not None:  # the device generates our requests; the reference stays here
+            request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
+            staged.append(request)
 
-    def body() -> StageOutcome:
-        farm = Farm.get(ctx)
-        engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
-        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
-        scratch = farm.ctx.host_work_dir / "scratch"
-        scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-            local_ref = None
-            if not toolchain.accuracy_stages_reference():  # the host compares: it reads the reference here
-                local_ref = Path(tmp) / "reference.npz"
-                farm.store.get_file(ref.sha256, local_ref)
-            ours = toolchain.accuracy_request(local_ref) if local_ref is not None else None
-            staged = [engine, ref] if ours is None else [engine]
-            request = None
-            if ours is not None:
-                request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(),
-                                         ArtifactKind.REPORT)
-                staged.append(request)
+        def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
+            return toolchain.accuracy_step(
+                device, f"cache/{engine.sha256}", f"cache/{ref.sha256}" if ours is None else None,
+                f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds)
 
-            def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-                return toolchain.accuracy_step(
-                    device, f"cache/{engine.sha256}", f"cache/{ref.sha256}" if ours is None else None,
-                    f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds)
-
-            probe = toolchain.accuracy_step(next(d for d in farm.inventory.select(platform=job.platform)
-                                                 if toolchain.drives(d)), "e", "r" if ours is None else None,
-                                            "q" if ours is not None else None, "j", job.thresholds).fetch
-            run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step, inputs=staged,
-                            fetch=probe, fetch_on=(ResultStatus.PASS, ResultStatus.FAIL),
-                            timeout=job.timeout(Stage.ACCURACY),
-                            on_attempt_failed=attempt_recorder(farm, job, Stage.ACCURACY), accepts=toolchain.drives)
-            out = from_device_run(Stage.ACCURACY, run, job)
-            out.toolchain_version = toolchain.device_version(run.device, run.env)
-            out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
-            if not run.fetched:
-                return out
-            report = toolchain.accuracy_report(run.fetched, reference=local_ref, checkpoint=Path(job.checkpoint.path),
-                                               precision=job.precision, thresholds=job.thresholds, requests=ours)
-        metrics = report.pop("metrics", {})
-        for path in run.fetched.values():
-            out.artifacts.append(farm.store.put(path, ArtifactKind.REPORT))
-        if ours is not None:  # the host's comparison is the stage's report
-            out.artifacts.append(farm.store.put(json.dumps(report, indent=1).encode(), ArtifactKind.REPORT))
-        out.metrics.update(metrics)
-        failed = report.get("failed_checks") or []
-        if failed:
-            out.reason = "failed checks: " + ", ".join(map(str, failed))
-        if ours is not None:  # judged here, not by the device command's exit code
-            if not report.get("passed") and run.status is ResultStatus.PASS:
-                out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
-        elif bool(report.get("passed")) != (run.status is ResultStatus.PASS):
-            out.status = ResultStatus.FAIL
-            out.reason = "eval exit code and its report disagree"
-        return out
-
-    return body()
+        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step, inputs=staged,
+                        fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.ACCURACY),
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.ACCURACY, toolchain),
+                        accepts=toolchain.drives)
+        out = from_device_run(Stage.ACCURACY, run, toolchain)
+        if not run.fetched:
+            return out
+        report = toolchain.accuracy_report(run.fetched, reference=local_ref, checkpoint=Path(job.checkpoint.path),
+                                           precision=job.precision, thresholds=job.thresholds, requests=ours)
+    metrics = report.pop("metrics", {})
+    for path in run.fetched.values():
+        out.artifacts.append(farm.store.put(path, ArtifactKind.REPORT))
+    judged_here = toolchain.accuracy_judged_on_host()
+    if judged_here:  # the host's comparison is the stage's report
+        out.artifacts.append(farm.store.put(json.dumps(report, indent=1).encode(), ArtifactKind.REPORT))
+    out.metrics.update(metrics)
+    failed = report.get("failed_checks") or []
+    if failed:
+        out.reason = "failed checks: " + ", ".join(map(str, failed))
+    if judged_here:  # judged here, not by the device command's exit code
+        if not report.get("passed") and run.status is ResultStatus.PASS:
+            out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
+    elif bool(report.get("passed")) != (run.status is ResultStatus.PASS):
+        out.status = ResultStatus.FAIL
+        out.reason = "eval exit code and its report disagree"
+    return out

@@ -1,10 +1,10 @@
 """Build: ONNX -> engine on a device of the target platform, cached by content.
 
 Key (``build_key``; the generic body looks it up) = (ONNX sha256, platform, the job's toolchain and its version on
-the device, the device's edgellm source digest, what the device's install contributes (route, stand-in), build
-parameters); an engine is remembered only once its precision was read back. The toolchain driver says how
-to build, where the engine lands and how its precision is read back (never a fixed backend: an Orin is never built
-with ONNX Runtime). The precision read back from the built engine must be the one asked for.
+the device, the device's edgellm source digest, what the toolchain adds of the device's install (route, stand-in),
+build parameters); an engine is remembered only once its precision was read back. The toolchain driver says how to
+build, where the engine lands and how its precision is read back (never a fixed backend: a platform runs only the
+toolchains its device type names). The precision read back from the built engine must be the one asked for.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
-from toolchains.base import DeviceStep, ToolchainDriver, require
+from toolchains.base import DeviceStep, ToolchainDriver
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def engine_key_inputs(onnx_sha: str, job: JobSpec, version: str, env: dict[str, 
                       installed: dict[str, Any]) -> dict[str, object]:
     """An engine's cache key inputs: ``env`` is the probed device's ``edgellm env``, ``installed`` what its toolchain
     install contributes (``ToolchainDriver.build_key_inputs``)."""
-    return {"stage": "build", "onnx_sha256": onnx_sha, "platform": job.platform, "toolchain": job.toolchain.value,
+    return {"stage": "build", "onnx_sha256": onnx_sha, "platform": job.platform, "toolchain": job.toolchain,
             "toolchain_version": version, "edgellm_build": env.get("edgellm_build"), **installed, **job.build_params}
 
 
@@ -58,7 +58,7 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     """The table's cache key function: the export's ONNX, built by the toolchain as a device of the platform has it
     (probed, not leased)."""
     farm = Farm.get(ctx)
-    toolchain = require(job.toolchain, Path(ctx.data_dir))
+    toolchain = job.driver(ctx.data_dir)
     probe, env = platform_env(farm, job.platform, toolchain)
     version = toolchain.device_version(probe, env)
     inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, env, toolchain.build_key_inputs(probe))
@@ -69,7 +69,7 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
 def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: build the export's ONNX into an engine on a leased device of the platform."""
     farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
-    toolchain = require(job.toolchain, Path(ctx.data_dir))
+    toolchain = job.driver(ctx.data_dir)
 
     def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
         return toolchain.build_step(device, f"cache/{onnx.sha256}", f"{job_dir}/engine", job.build_params)
@@ -84,12 +84,10 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
         produced["engine"] = ref
 
     run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
-                    fetch={"engine": "engine"}, timeout=job.timeout(Stage.BUILD),
-                    on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD), after=keep,
-                    accepts=toolchain.drives)
-    out = from_device_run(Stage.BUILD, run, job)
-    out.toolchain_version = toolchain.device_version(run.device, run.env)
-    out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
+                    timeout=job.timeout(Stage.BUILD), on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD,
+                                                                                          toolchain),
+                    after=keep, accepts=toolchain.drives)
+    out = from_device_run(Stage.BUILD, run, toolchain)
     if "engine" in produced:
         ref = produced["engine"]
         out.outputs["engine"] = ref

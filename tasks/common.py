@@ -28,7 +28,7 @@ from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
-from toolchains.base import require
+from toolchains.base import ToolchainDriver
 
 log = logging.getLogger(__name__)
 
@@ -218,24 +218,29 @@ def adopted_problem(stage: str, need: str, upstream: Upstream) -> StageOutcome |
     return out.done()
 
 
-def from_device_run(stage: str, run: DeviceRun, job: JobSpec) -> StageOutcome:
+def from_device_run(stage: str, run: DeviceRun, toolchain: ToolchainDriver) -> StageOutcome:
+    """A device stage's outcome as its run left it: where it ran, the toolchain's version there, its route and
+    whether the device runs stand-ins of the tools (its results are never evidence)."""
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
                        error_kind=run.error_kind, duration_s=run.duration_s,
-                       toolchain_version=require(job.toolchain).version(run.env))
+                       toolchain_version=toolchain.device_version(run.device, run.env), route=toolchain.route(),
+                       standin=toolchain.standin(run.device))
     if run.log is not None:
         out.artifacts.append(run.log)
     out.metrics["lease_wait_s"] = (run.lease_wait_s, "s")
     return out
 
 
-def attempt_recorder(farm: Farm, job: JobSpec, stage: Stage) -> Callable[[Any, InfrastructureError, float], None]:
+def attempt_recorder(farm: Farm, job: JobSpec, stage: Stage,
+                     toolchain: ToolchainDriver) -> Callable[[Any, InfrastructureError, float], None]:
     def record(device: Any, exc: InfrastructureError, elapsed: float) -> None:
         with farm.lock:
             env = farm.backend_versions.get(device.id)  # None when the device never answered
         farm.recorder.record_attempt(
             farm.ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
             test_id=job.test_id, device=device.id, status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
-            toolchain=job.toolchain, toolchain_version=None if env is None else require(job.toolchain).version(env),
+            toolchain=job.toolchain,
+            toolchain_version=None if env is None else toolchain.device_version(device, env),
             reason=str(exc).splitlines()[0][:2000], duration_s=elapsed,
         )
 

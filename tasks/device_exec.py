@@ -49,6 +49,7 @@ class DeviceRun:
     error_kind: ErrorKind | None
     reason: str | None
     fetched: dict[str, Path]  # output name -> local path (only when the command ran)
+    step: DeviceStep  # what ran
     log: ArtifactRef | None
     duration_s: float
     lease_wait_s: float
@@ -182,10 +183,10 @@ def run_stage(
     *,
     platform: str,
     what: str,  # names the job and stage in logs and attempts
-    # (device, transport, job dir) -> argv, or a DeviceStep (argv + the extra environment the toolchain needs)
+    # (device, transport, job dir) -> argv, or a DeviceStep (argv, the extra environment the toolchain needs and
+    # the outputs to fetch back: what the step actually made names them)
     argv: Callable[[Device, Transport, str], list[str] | DeviceStep],
     inputs: Sequence[ArtifactRef] = (),
-    fetch: dict[str, str] | None = None,  # output name -> path relative to the job dir
     fetch_on: Sequence[ResultStatus] = (ResultStatus.PASS,),
     timeout: float,
     on_attempt_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
@@ -213,8 +214,7 @@ def run_stage(
         t0 = time.monotonic()
         try:
             with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
-                run = _run_once(farm, device, transport, what, argv, inputs, fetch or {}, fetch_on, timeout,
-                                waited, t0)
+                run = _run_once(farm, device, transport, what, argv, inputs, fetch_on, timeout, waited, t0)
                 if after is not None:
                     after(transport, run)
                 return run
@@ -233,22 +233,22 @@ def run_stage(
 
 def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
               argv: Callable[[Device, Transport, str], list[str] | DeviceStep], inputs: Sequence[ArtifactRef],
-              fetch: dict[str, str], fetch_on: Sequence[ResultStatus], timeout: float, waited: float,
-              t0: float) -> DeviceRun:
+              fetch_on: Sequence[ResultStatus], timeout: float, waited: float, t0: float) -> DeviceRun:
     job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
     env = device_env_info(farm, device, transport)
     for ref in inputs:
         ensure_on_device(farm, transport, ref)
     transport.run(["mkdir", "-p", job_dir], timeout=60)
     made = argv(device, transport, job_dir)
-    command, step_env = (made.argv, made.env) if isinstance(made, DeviceStep) else (made, {})
+    step = made if isinstance(made, DeviceStep) else DeviceStep(made)
+    command, step_env, fetch = step.argv, step.env, step.fetch
     logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{slug(what)}-{device.id}.log"
     log_path.write_text(f"$ {' '.join(command)}\n", encoding="utf-8")
     result = transport.run(command, timeout=timeout, log=log_path, env={**device.env, **step_env} or None)
     status, kind, reason = classify(result, timeout)
-    fetched: dict[str, Path] = {}
+    fetched: dict[str, Path] = {}  # only what the step made names
     if status in fetch_on and fetch:
         local_dir = _fetch_dir(farm)
         for name, rel in fetch.items():
@@ -266,7 +266,7 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     log_ref = farm.store.put(log_path, ArtifactKind.LOG)
     return DeviceRun(device=device, result=result, status=status, error_kind=kind, reason=reason, fetched=fetched,
                      log=log_ref, duration_s=time.monotonic() - t0, lease_wait_s=waited, job_dir=job_dir,
-                     env=env)
+                     env=env, step=step)
 
 
 def promote_to_cache(transport: Transport, job_path: str, sha256: str) -> None:

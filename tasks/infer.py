@@ -1,12 +1,11 @@
 """Infer: run a batch of fixed prompts through the engine on a device of the platform. The toolchain driver says
-the command (``edgellm infer``; TensorRT Edge-LLM's ``llm_inference``) and translates our requests into its input
-file and its output back into our responses."""
+the command and translates our requests (``edgellm infer``'s format) into its input file and its output back into
+our responses."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
@@ -21,7 +20,7 @@ from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import StageOutcome
 from tasks.spec import JobSpec
-from toolchains.base import DeviceStep, require
+from toolchains.base import DeviceStep
 
 PROMPTS = (
     "Once upon a time",
@@ -44,20 +43,17 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
-        toolchain = require(job.toolchain, Path(farm.ctx.data_dir))
+        toolchain = job.driver(ctx.data_dir)
         ours = requests_for(job)["requests"]
         request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-            return toolchain.infer_step(device, f"cache/{engine.sha256}", f"cache/{request.sha256}",
-                                        f"{job_dir}/out.json")
+            return toolchain.infer_step(device, f"cache/{engine.sha256}", f"cache/{request.sha256}", job_dir)
 
         run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[engine, request],
-                        fetch={"out.json": "out.json"}, timeout=job.timeout(Stage.INFER),
-                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER), accepts=toolchain.drives)
-        out = from_device_run(Stage.INFER, run, job)
-        out.toolchain_version = toolchain.device_version(run.device, run.env)
-        out.route, out.standin = toolchain.route(), toolchain.standin(run.device)
+                        timeout=job.timeout(Stage.INFER),
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), accepts=toolchain.drives)
+        out = from_device_run(Stage.INFER, run, toolchain)
         out.outputs["engine"] = engine
         if run.status is ResultStatus.PASS:
             out.artifacts.append(farm.store.put(run.fetched["out.json"], ArtifactKind.REPORT))
@@ -67,7 +63,7 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
                 out.status = ResultStatus.FAIL
                 out.reason = f"expected {job.max_batch_size} non-empty responses; empty: {empty}"
             timed = [r["timings"] for r in responses if r.get("timings")]
-            if timed:  # llm_inference's file has no per-request timings: nothing is guessed
+            if timed:  # a tool that writes no per-request timings gets none: nothing is guessed
                 out.metrics["ttft_ms"] = (statistics.median(t["ttft_ms"] for t in timed), "ms")
                 out.metrics["infer_ms_per_token"] = (statistics.median(t["ms_per_token"] for t in timed), "ms")
             if all(r.get("output_ids") is not None for r in responses):

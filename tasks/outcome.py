@@ -11,7 +11,6 @@ from typing import Any
 from artifacts.store import ArtifactRef
 from edgellm.errors import EdgeLLMError, ErrorKind
 from results.models import ResultStatus
-from toolchains.base import Toolchain
 
 
 @dataclass
@@ -26,7 +25,7 @@ class StageOutcome:
     artifacts: list[ArtifactRef] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)  # refs the next stage needs (onnx, engine, checkpoint)
     toolchain_version: str | None = None  # of the job's toolchain where this stage ran; None when it did not run
-    toolchain: Toolchain | None = None  # the toolchain that made it when not the job's (quantize: the quantizer's)
+    toolchain: str | None = None  # the toolchain that made it when not the job's (quantize: the quantizer's)
     cached: bool = False
     route: str | None = None  # how the engine was made (onnx | direct) for toolchains with routes, else None
     standin: bool = False  # ran on test stand-ins of the toolchain's tools: recorded, never evidence
@@ -63,7 +62,7 @@ class Keyed:
     cached artifact is, and what a hit's outcome records. The work of a miss gets it and calls ``made``."""
 
     inputs: dict[str, Any]
-    toolchain: Toolchain | None  # whose product it is (None: no toolchain's, the transformers reference)
+    toolchain: str | None  # whose product it is (None: no toolchain's, the transformers reference)
     toolchain_version: str | None  # that toolchain's here; the work's outcome gets it where it names none
     device: str | None = None  # what a hit's outcome records of where and how it was made
     route: str | None = None

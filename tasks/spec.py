@@ -4,16 +4,25 @@ one reference by which a checkpoint is known in a run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import stages
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from stages import Shared
-from toolchains.base import Toolchain
+
+if TYPE_CHECKING:
+    from toolchains.base import ToolchainDriver
 
 
-def chosen_versions(versions: tuple[tuple[Toolchain, str], ...]) -> str | None:
+def chosen_versions(versions: tuple[tuple[str, str], ...]) -> str | None:
     """``name==version, ...`` of toolchain versions a matrix chose; None when it chose none."""
     return ", ".join(f"{t}=={v}" for t, v in versions) or None
+
+
+def job_key(test_id: str, platform: str) -> str:
+    """The one name of a job (a test on a platform) in a run: plans, progress, reports and attempts use it."""
+    return f"{test_id}@{platform}"
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,7 @@ class JobSpec:
     model: str
     precision: Precision
     platform: str
-    toolchain: Toolchain
+    toolchain: str  # the toolchain the plan chose to run it (a registered name)
     test_id: str
     checkpoint: CheckpointRef  # the source checkpoint (quantize returns the one export reads)
     max_seq_len: int
@@ -45,7 +54,12 @@ class JobSpec:
     chat_template: str | None = None  # the catalog's template for exports whose checkpoint ships none
     thresholds: dict[str, float] = field(hash=False, default_factory=dict)  # the catalog's accuracy limits, if any
     # the versions a matrix chose for toolchains this job uses (empty: each one's pinned version)
-    toolchain_versions: tuple[tuple[Toolchain, str], ...] = ()
+    toolchain_versions: tuple[tuple[str, str], ...] = ()
+    # resolved by the plan: the toolchain's version on the orchestrating host (its host stages' product), and the
+    # toolchain whose quantize stage makes the checkpoint the export reads, with its version (None: the source)
+    toolchain_version: str | None = None
+    quantizer: str | None = None
+    quantizer_version: str | None = None
 
     @property
     def chosen_versions(self) -> str | None:
@@ -53,23 +67,36 @@ class JobSpec:
         return chosen_versions(self.toolchain_versions)
 
     @property
-    def pins(self) -> dict[Toolchain, str]:
-        """What ``toolchains.base.require``/``quantizer`` take to drive the chosen versions."""
+    def pins(self) -> dict[str, str]:
+        """The versions chosen for the toolchains it uses (what drivers take to drive them)."""
         return dict(self.toolchain_versions)
 
-    @property
-    def quantize_variant(self) -> tuple[str, Precision, LMHeadPrecision | None, KVCachePrecision | None]:
-        """What one quantized checkpoint is made for: shared by every toolchain and platform that consumes it."""
-        return self.model, self.precision, self.lm_head_precision, self.kv_cache_precision
+    def driver(self, data_dir: str | Path) -> ToolchainDriver:
+        """The driver of the toolchain the plan chose, at the chosen versions (one instance per farm and pins)."""
+        from toolchains.base import driver
+
+        return driver(self.toolchain, Path(data_dir), self.pins)
+
+    def quantizer_driver(self, data_dir: str | Path) -> ToolchainDriver | None:
+        """The driver the plan chose to quantize the checkpoint (None: export reads the source checkpoint)."""
+        from toolchains.base import driver
+
+        return None if self.quantizer is None else driver(self.quantizer, Path(data_dir), self.pins)
 
     @property
-    def export_variant(self) -> tuple[str, Precision, Toolchain, LMHeadPrecision | None, KVCachePrecision | None]:
+    def quantize_variant(self) -> tuple[str, Precision, LMHeadPrecision | None, KVCachePrecision | None, str | None]:
+        """What one quantized checkpoint is made for, and by whom: shared by every toolchain and platform that
+        consumes it."""
+        return self.model, self.precision, self.lm_head_precision, self.kv_cache_precision, self.quantizer
+
+    @property
+    def export_variant(self) -> tuple[str, Precision, str, LMHeadPrecision | None, KVCachePrecision | None]:
         """What one export is made for: shared by every job (and platform) that asks the same."""
         return self.model, self.precision, self.toolchain, self.lm_head_precision, self.kv_cache_precision
 
     @property
     def key(self) -> str:
-        return f"{self.test_id}@{self.platform}"
+        return job_key(self.test_id, self.platform)
 
     def timeout(self, stage: str) -> int:
         given = self.timeouts.get(stage)

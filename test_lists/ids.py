@@ -1,9 +1,11 @@
 """Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
 
 Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two different tests could share an id
-if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then a toolchain
-version a matrix chose other than the pinned one (``tensorrt-edgellm==0.12.0``: the one place an id holds '='), then
-the case name.
+if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the toolchain a
+matrix block asked for (``by.onnxruntime.genai``: its name, '-' written '.', as one token; none when the
+platform's own is meant), then a toolchain version a
+matrix chose other than the pinned one (``tensorrt-edgellm==0.12.0``: the one place an id holds '='), then the case
+name (which may not start with ``by.``).
 Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a case name may not start with
 ``<prec>kv``: the first ``mxslN`` token then marks where the model and precision end, so an id names one test only
 (the farm formats ids; nothing reads them back).
@@ -27,6 +29,8 @@ _RESERVED_RE = re.compile(rf"^(?:(?:mxsl|mxbs|mxil)[0-9]+|lm(?:{_alternatives(LM
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 _CASE_TOKEN_RE = re.compile(r"^[A-Za-z0-9._]+\Z")
 _VERSION_TOKEN_RE = re.compile(r"^[a-z0-9-]+==[A-Za-z0-9.+]+\Z")
+_TOOLCHAIN_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
+TOOLCHAIN_MARK = "by."  # an id's toolchain token: by.<name with '-' as '.'>
 
 
 def model_name_problem(short_name: str) -> str | None:
@@ -52,6 +56,8 @@ def case_name_problem(case: str) -> str | None:
             return f"case name {case!r} has characters outside letters, digits, '.', '_', '-' in {tok!r}"
     if _KV_RE.match(tokens[0]):
         return f"case name {case!r} may not start with {tokens[0]!r}: ids reserve '<precision>kv' for the KV cache"
+    if tokens[0].startswith(TOOLCHAIN_MARK):
+        return f"case name {case!r} may not start with {TOOLCHAIN_MARK!r}: ids reserve it for the toolchain"
     return None
 
 
@@ -70,6 +76,7 @@ class TestId:
     kv_cache_precision: KVCachePrecision | None = None
     case: str | None = None
     toolchain_versions: tuple[str, ...] = ()  # "toolchain==version" of each version chosen other than the pinned
+    toolchain: str | None = None  # the toolchain a matrix block asked for
 
     def __post_init__(self) -> None:
         problem = model_name_problem(self.model)
@@ -77,6 +84,8 @@ class TestId:
             name, _, version = token.partition("==")
             if problem is None and (not name or not version or not _VERSION_TOKEN_RE.match(token)):
                 problem = f"toolchain version {token!r} must read 'toolchain==version' (e.g. tensorrt-edgellm==0.11.0)"
+        if problem is None and self.toolchain is not None and not _TOOLCHAIN_RE.match(self.toolchain):
+            problem = f"toolchain {self.toolchain!r} must be a lower-case name (letters, digits, '-')"
         if problem is None and self.case is not None:
             problem = case_name_problem(self.case)
         for label, n in (("max_seq_len", self.max_seq_len), ("max_batch_size", self.max_batch_size),
@@ -93,6 +102,8 @@ class TestId:
         parts += [f"mxsl{self.max_seq_len}", f"mxbs{self.max_batch_size}", f"mxil{self.max_input_len}"]
         if self.kv_cache_precision is not None:
             parts.append(f"{self.kv_cache_precision.value}kv")
+        if self.toolchain is not None:
+            parts.append(TOOLCHAIN_MARK + self.toolchain.replace("-", "."))
         parts += self.toolchain_versions
         if self.case is not None:
             parts.append(self.case)

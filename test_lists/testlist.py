@@ -14,7 +14,7 @@ from stages import Stage
 from test_lists.ids import TestId, short_model_name
 from test_lists.schema import ListStage, Selector
 from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
-from toolchains.base import Toolchain, pinned_versions
+from toolchains.base import pinned_versions
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,9 @@ class TestEntry:
     waiver: Waiver | None = field(default=None, hash=False)
     # the versions a matrix chose for the toolchains this test uses (empty: each one's pinned version); the id
     # names those other than the pinned, so the pinned version's test keeps the id every other run gives it
-    toolchain_versions: tuple[tuple[Toolchain, str], ...] = ()
+    toolchain_versions: tuple[tuple[str, str], ...] = ()
+    # the toolchain a matrix block asked for (None: the platform's, in its order of preference); the id names it
+    toolchain: str | None = None
 
     @property
     def short_name(self) -> str:
@@ -57,6 +59,7 @@ class TestEntry:
             kv_cache_precision=self.kv_cache_precision,
             case=self.case,
             toolchain_versions=self.versions_in_id,
+            toolchain=self.toolchain,
         )
 
     @property
@@ -64,7 +67,7 @@ class TestEntry:
         if not self.toolchain_versions:
             return ()
         pinned = pinned_versions()
-        return tuple(f"{t.value}=={v}" for t, v in self.toolchain_versions if pinned.get(t) != v)
+        return tuple(f"{t}=={v}" for t, v in self.toolchain_versions if pinned.get(t) != v)
 
     @property
     def test_id(self) -> str:

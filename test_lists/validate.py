@@ -121,7 +121,7 @@ class Validator:
         picked: set[str] = set()
         for i, name in enumerate(names):
             glob = any(c in name for c in "*?[")
-            matched = self.catalog.matching(name) if glob else ([name] if name in self.catalog.types else [])
+            matched = self.catalog.matching(name) if glob else ([name] if name in self.catalog else [])
             if not matched:
                 what = f"wildcard {name!r} matches no known platform" if glob else f"unknown platform {name!r}"
                 field = str(loc[-1]) if where else ".".join(map(str, loc))
@@ -130,18 +130,23 @@ class Validator:
         return picked
 
     def _capability_problems(self, spec: TestSpec, platforms: Iterable[str]) -> list[tuple[str, str]]:
+        """(field, reason) for each selected platform that cannot run the test (``devices.capability``: the one
+        answer the plan gives too), naming the first field that fails there."""
+        if not self.catalog.device_types:
+            return []
+        from devices.capability import capability
+        from toolchains.base import Variant
+
         out = []
         for name in sorted(platforms):
-            ptype = self.catalog.types[name]
-            checks = [
-                ("precision", spec.precision, ptype.precisions, ""),
-                ("lm_head_precision", spec.lm_head_precision, ptype.precisions, "LM-head "),
-                ("kv_cache_precision", spec.kv_cache_precision, ptype.kv_cache_precisions, "KV-cache "),
-            ]
-            for fname, value, supported, label in checks:
-                if value is not None and supported is not None and value.value not in supported:
-                    out.append((fname, f"{ptype.label} does not support {label}{value.value}; "
-                                       f"supported: {', '.join(supported)}"))
+            steps = [("precision", Variant(spec.precision)),
+                     ("kv_cache_precision", Variant(spec.precision, kv_cache=spec.kv_cache_precision)),
+                     ("lm_head_precision", Variant(spec.precision, spec.lm_head_precision, spec.kv_cache_precision))]
+            for fname, variant in steps:
+                found = capability(name, None, variant)
+                if not found:
+                    out.append((fname, found.reason))
+                    break
         return out
 
     # ---------------------------------------------------------------- includes

@@ -32,15 +32,14 @@ from results.models import CacheEntry, ResultStatus
 from stages import REFERENCE, StageCache, StageSpec, Where
 from tasks.build import build_key, engine_key_inputs
 from tasks.common import run_stage
-from tasks.export import export_key, export_key_inputs
+from tasks.export import export_key
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import Keyed, StageOutcome
-from tasks.quantize import key_inputs as quantize_key_inputs
 from tasks.quantize import quantize_key
 from tasks.reference import reference_key, reference_key_inputs
 from tasks.spec import CheckpointRef, JobSpec
 from tests.helpers.toolchain_env import link_real_toolchain
-from toolchains.base import Toolchain, require
+from toolchains.base import driver
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "edgellm" / "assets" / "stories260K"
@@ -53,29 +52,32 @@ ORIN = Device(id="orin-1", type="orin", work_dir="/w", host="127.0.0.1",
                                 "version": "0.11.0", "standin": True})
 
 
-def _job(precision: Precision, toolchain: Toolchain, platform: str = "x86-cpu", path: str = "/nowhere",
+ORT, TRT = "edgellm-ort", "tensorrt-edgellm"
+
+
+def _job(precision: Precision, toolchain: str, platform: str = "x86-cpu", path: str = "/nowhere",
          **variant: Any) -> JobSpec:
     return JobSpec(model="stories260K", precision=precision, platform=platform, toolchain=toolchain, test_id="t",
                    checkpoint=CheckpointRef(model="stories260K", path=path, sha256=SHA), max_seq_len=256,
                    max_batch_size=2, max_input_len=128, stages=("export", "build"), **variant)
 
 
-INT4 = _job(Precision.INT4_AWQ, Toolchain.EDGELLM_ORT)
-FP8 = _job(Precision.FP8, Toolchain.TENSORRT_EDGELLM, lm_head_precision=LMHeadPrecision.FP8,
+INT4 = _job(Precision.INT4_AWQ, ORT)
+FP8 = _job(Precision.FP8, TRT, lm_head_precision=LMHeadPrecision.FP8,
            kv_cache_precision=KVCachePrecision.FP8)
-ORT_FP32 = _job(Precision.FP32, Toolchain.EDGELLM_ORT)
-ORT_INT8_HEAD = _job(Precision.INT8_WO, Toolchain.EDGELLM_ORT, lm_head_precision=LMHeadPrecision.INT8_WO)
-TRT_FP16 = _job(Precision.FP16, Toolchain.TENSORRT_EDGELLM)
-TRT_ORIN = _job(Precision.FP16, Toolchain.TENSORRT_EDGELLM, platform="orin")
+ORT_FP32 = _job(Precision.FP32, ORT)
+ORT_INT8_HEAD = _job(Precision.INT8_WO, ORT, lm_head_precision=LMHeadPrecision.INT8_WO)
+TRT_FP16 = _job(Precision.FP16, TRT)
+TRT_ORIN = _job(Precision.FP16, TRT, platform="orin")
 
 
 @pytest.fixture
 def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """What changes with every edit of the sources or an upgrade, fixed so that keys can be pinned."""
-    import tasks.export
+    import edgellm.build_id
     import tasks.reference
 
-    monkeypatch.setattr(tasks.export, "build_id", lambda: "build-1")
+    monkeypatch.setattr(edgellm.build_id, "build_id", lambda: "build-1")
     monkeypatch.setattr(tasks.reference, "build_id", lambda: "build-1")
     monkeypatch.setattr(tasks.reference, "edgellm_version", "0.0.1")
     monkeypatch.setattr(tasks.reference, "transformers_version", lambda: "4.0.0")
@@ -83,12 +85,14 @@ def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _variants() -> dict[str, list[dict[str, Any]]]:
     """Each cached stage's key inputs for fixed jobs, one per kind of key it makes (by toolchain)."""
-    ort, trt = require(Toolchain.EDGELLM_ORT), require(Toolchain.TENSORRT_EDGELLM)
+    ort, trt = driver(ORT), driver(TRT)
     return {
         REFERENCE: [reference_key_inputs(SHA)],
-        "quantize": [quantize_key_inputs(INT4, CTX, TRT_VERSION), quantize_key_inputs(FP8, CTX, TRT_VERSION)],
-        "export": [export_key_inputs(SHA, ORT_FP32, ORT_VERSION), export_key_inputs(SHA, ORT_INT8_HEAD, ORT_VERSION),
-                   export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
+        "quantize": [trt.quantize_key_inputs(INT4, CTX.quantize_device, TRT_VERSION),
+                     trt.quantize_key_inputs(FP8, CTX.quantize_device, TRT_VERSION)],
+        "export": [ort.export_key_inputs(SHA, ORT_FP32, ORT_VERSION),
+                   ort.export_key_inputs(SHA, ORT_INT8_HEAD, ORT_VERSION),
+                   trt.export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
         "build": [engine_key_inputs(ONNX, ORT_FP32, ORT_VERSION, {"edgellm_build": "build-1"},
                                     ort.build_key_inputs(CPU)),
                   engine_key_inputs(ONNX, TRT_ORIN, "0.11.0+standin", {"edgellm_build": "build-2"},
@@ -118,37 +122,33 @@ def test_todays_cache_keys_are_unchanged() -> None:
 
 
 def test_the_tables_cache_key_names_what_each_key_is_made_of() -> None:
-    """``cache_key``: every input besides "stage"; "a | b" exactly one of them, "a?" in some keys only."""
+    """``cache_key``: every input besides "stage" that each key has; ``TOOLCHAIN_INPUTS``: the toolchain's driver
+    adds its own (a key of a stage without it has exactly the table's inputs)."""
     for stage, variants in _variants().items():
         names = stages.spec(stage).cache_key
-        required = {n for n in names if " | " not in n and not n.endswith("?")}
-        groups = [set(n.split(" | ")) for n in names if " | " in n]
-        optional = {n[:-1] for n in names if n.endswith("?")}
-        seen: set[str] = set()
+        required = {n for n in names if n != stages.TOOLCHAIN_INPUTS}
         for inputs in variants:
             got = set(inputs) - {"stage"}
             assert inputs["stage"] == stage
             assert required <= got, f"{stage}: the table names {required - got}, which its key lacks"
-            for group in groups:
-                assert len(group & got) == 1, f"{stage}: one of {sorted(group)} in each key, got {sorted(got)}"
-            unnamed = got - required - set().union(*groups) - optional
-            assert unnamed == set(), f"{stage}: key inputs {sorted(unnamed)} are not in the table's cache_key"
-            seen |= got
-        assert optional | set().union(*groups) <= seen, f"{stage}: the table names inputs no key has"
+            if stages.TOOLCHAIN_INPUTS not in names:
+                assert got == required, f"{stage}: key inputs {sorted(got - required)} are not in the table"
+    # what a driver adds differs by toolchain (two keys of one stage made by two toolchains differ in their names)
+    export = _variants()["export"]
+    assert set(export[0]) != set(export[2])
 
 
 def test_the_table_refuses_a_cache_without_key_names_and_key_names_without_a_cache() -> None:
-    base = StageSpec(name="half", needs=(), where=Where.HOST, runs="m:f", command="", outputs=("x",),
-                     cache_key=(), timeout_s=1)
+    base = StageSpec(name="half", needs=(), where=Where.HOST, runs="m:f", cache_key=(), timeout_s=1)
     declared = StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE, output="x")
     with pytest.raises(ConfigurationError, match="cached stage"):
         stages.register(StageSpec(**{**base.__dict__, "cache_key": ("checkpoint_sha256",)}))
     with pytest.raises(ConfigurationError, match="cached stage"):
         stages.register(StageSpec(**{**base.__dict__, "cache": declared}))
-    with pytest.raises(ConfigurationError, match="one of its outputs"):
+    with pytest.raises(ConfigurationError, match="hands the product on"):
         stages.register(StageSpec(**{**base.__dict__, "cache_key": ("a",),
                                      "cache": StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE,
-                                                         output="y")}))
+                                                         output="")}))
     assert "half" not in stages.STAGES
 
 
@@ -169,7 +169,7 @@ def farm_ctx(tmp_path: Path) -> Iterator[FarmContext]:
 
 
 def test_the_key_functions_hand_on_those_inputs(farm_ctx: FarmContext, trt_env: Path) -> None:
-    job = _job(Precision.FP32, Toolchain.EDGELLM_ORT, path=str(SOURCE))
+    job = _job(Precision.FP32, ORT, path=str(SOURCE))
     ref = reference_key(farm_ctx, job)
     assert isinstance(ref, Keyed) and ref.inputs == reference_key_inputs(SHA)
     assert (ref.toolchain, ref.toolchain_version, ref.device) == (None, None, "orchestrator")
@@ -177,15 +177,17 @@ def test_the_key_functions_hand_on_those_inputs(farm_ctx: FarmContext, trt_env: 
     identity = quantize_key(farm_ctx, job)  # decided without the cache: the source is the checkpoint
     assert isinstance(identity, StageOutcome) and identity.passed and identity.outputs["checkpoint"] == job.checkpoint
     link_real_toolchain(Path(farm_ctx.data_dir), trt_env)
-    quantized = quantize_key(farm_ctx, _job(Precision.INT4_AWQ, Toolchain.EDGELLM_ORT, path=str(SOURCE)))
-    assert isinstance(quantized, Keyed) and quantized.toolchain is Toolchain.TENSORRT_EDGELLM
+    int4 = dataclasses.replace(_job(Precision.INT4_AWQ, ORT, path=str(SOURCE)), quantizer=TRT)
+    quantized = quantize_key(farm_ctx, int4)
+    assert isinstance(quantized, Keyed) and quantized.toolchain == TRT
     assert quantized.toolchain_version == TRT_VERSION and quantized.on_hit is not None
-    assert quantized.inputs == quantize_key_inputs(INT4, farm_ctx, TRT_VERSION)
+    assert quantized.inputs == driver(TRT).quantize_key_inputs(INT4, farm_ctx.quantize_device, TRT_VERSION)
 
     upstream = StageOutcome(stage="quantize", status=ResultStatus.PASS, outputs={"checkpoint": job.checkpoint})
     exported = export_key(farm_ctx, job, upstream)
-    version = require(Toolchain.EDGELLM_ORT).host_version()
-    assert exported.inputs == export_key_inputs(SHA, job, version) and exported.toolchain_version == version
+    version = driver(ORT).host_version()
+    assert exported.inputs == driver(ORT).export_key_inputs(SHA, job, version)
+    assert exported.toolchain_version == version
 
     onnx = StageOutcome(stage="export", status=ResultStatus.PASS,
                         outputs={"onnx": ArtifactRef(ONNX, 1, ArtifactKind.ONNX, Packing.TAR)})
@@ -203,7 +205,7 @@ CALLS: list[str] = []
 def made_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
     if job.precision is Precision.FP16:
         return StageOutcome(stage="made", status=ResultStatus.NOT_APPLICABLE, reason="decided without the cache")
-    return Keyed({"stage": "made", "checkpoint_sha256": job.checkpoint.sha256}, toolchain=Toolchain.EDGELLM_ORT,
+    return Keyed({"stage": "made", "checkpoint_sha256": job.checkpoint.sha256}, toolchain=ORT,
                  toolchain_version="v-key", device="orchestrator")
 
 
@@ -241,7 +243,7 @@ def _entry(ctx: FarmContext, key: str) -> CacheEntry | None:
 
 @pytest.mark.usefixtures("made_stage")
 def test_the_body_runs_a_miss_trusts_a_verified_hit_and_heals_a_corrupt_one(farm_ctx: FarmContext) -> None:
-    job = _job(Precision.FP32, Toolchain.EDGELLM_ORT)
+    job = _job(Precision.FP32, ORT)
     key = cache.cache_key({"stage": "made", "checkpoint_sha256": SHA})
 
     first = run_stage(farm_ctx, "made", job, ())
@@ -249,7 +251,7 @@ def test_the_body_runs_a_miss_trusts_a_verified_hit_and_heals_a_corrupt_one(farm
     assert first.metrics["made_cache_hit"] == (0.0, "") and first.toolchain_version == "v-key"
     entry = _entry(farm_ctx, key)
     assert entry is not None and entry.sha256 == first.outputs["product"].sha256
-    assert (entry.toolchain, entry.toolchain_version, entry.hits) == (Toolchain.EDGELLM_ORT, "v-made", 0)
+    assert (entry.toolchain, entry.toolchain_version, entry.hits) == (ORT, "v-made", 0)
 
     hit = run_stage(farm_ctx, "made", job, ())
     assert CALLS == ["t"]  # the work did not run
@@ -265,14 +267,14 @@ def test_the_body_runs_a_miss_trusts_a_verified_hit_and_heals_a_corrupt_one(farm
     healed = run_stage(farm_ctx, "made", job, ())  # no hit on a blob that no longer verifies: made again
     assert not healed.cached and CALLS == ["t", "t"] and store.has(entry.sha256)
 
-    fp16 = run_stage(farm_ctx, "made", _job(Precision.FP16, Toolchain.EDGELLM_ORT), ())
+    fp16 = run_stage(farm_ctx, "made", _job(Precision.FP16, ORT), ())
     assert fp16.status is ResultStatus.NOT_APPLICABLE and fp16.reason == "decided without the cache"
     assert CALLS == ["t", "t"] and fp16.metrics == {}
 
 
 @pytest.mark.usefixtures("made_stage")
 def test_what_the_work_vouched_for_is_remembered_though_it_failed_after(farm_ctx: FarmContext) -> None:
-    job = dataclasses.replace(_job(Precision.FP32, Toolchain.EDGELLM_ORT), test_id="fails-after")
+    job = dataclasses.replace(_job(Precision.FP32, ORT), test_id="fails-after")
     failed = run_stage(farm_ctx, "made", job, ())
     assert failed.status is ResultStatus.FAIL and "after it stored" in (failed.reason or "")
     assert CALLS == ["fails-after"]

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from devices.capability import capability
 from edgellm.backends.ort import OrtBackend
 from edgellm.capabilities import capabilities
 from edgellm.cli import main
 from edgellm.types import Precision
-from toolchains.base import require
+from toolchains.base import Variant, driver
 
 STORIES = Path(__file__).resolve().parents[1] / "edgellm" / "assets" / "stories260K"
 
@@ -44,19 +45,19 @@ def test_capabilities_json_names_precisions_backends_and_why_absent(capsys: pyte
 def test_the_backend_class_is_the_one_home_of_what_it_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OrtBackend, "precisions", (Precision.FP32,))
     assert capabilities()["backends"]["ort"]["precisions"] == ["fp32"]
-    assert require("edgellm-ort").precisions() == (Precision.FP32,)  # the farm's plan asks the same declaration
-    ok, why = require("edgellm-ort").accepts(Precision.FP16)
-    assert not ok and why == "toolchain edgellm-ort cannot produce fp16 yet (produces: fp32)"
+    assert driver("edgellm-ort").precisions() == (Precision.FP32,)  # the farm's plan asks the same declaration
+    found = capability("x86-cpu", "edgellm-ort", Variant(Precision.FP16))
+    assert not found and found.reason == "toolchain edgellm-ort cannot produce fp16 (produces: fp32)"
 
 
 def test_each_backend_builds_the_export_precisions_it_declares() -> None:
     """What the farm plans (buildable) is the export's precisions intersected with the backend's declaration, plus
     the quantized precisions the backend builds from the farm quantizer's checkpoints."""
-    assert require("edgellm-ort").precisions() == (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
-                                                   Precision.INT8_SQ, Precision.FP8)
-    assert require("edgellm-torch-cuda").precisions() == (Precision.FP32, Precision.FP16, Precision.BF16)
-    ok, why = require("edgellm-ort").accepts(Precision.BF16)
-    assert not ok and "cannot produce bf16" in why
+    assert driver("edgellm-ort").precisions() == (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
+                                                  Precision.INT8_SQ, Precision.FP8)
+    assert driver("edgellm-torch-cuda").precisions() == (Precision.FP32, Precision.FP16, Precision.BF16)
+    found = capability("x86-h200", "edgellm-torch-cuda", Variant(Precision.FP8))
+    assert not found and "toolchain edgellm-torch-cuda cannot produce fp8" in found.reason
 
 
 def test_export_refuses_an_lm_head_it_cannot_make_before_reading_anything(tmp_path: Path,

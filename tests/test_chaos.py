@@ -56,7 +56,6 @@ from tasks.spec import CheckpointRef, JobSpec
 from tests.fixtures.farm import DevicePython
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHost, SshHosts
-from toolchains.base import Toolchain
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -275,7 +274,7 @@ def _request_sha() -> str:
     """The infer request of the matrix's jobs (the same bytes every run stores)."""
     import hashlib
 
-    job = JobSpec(model=MODELS[0], precision=Precision.FP32, platform="x86-cpu", toolchain=Toolchain.EDGELLM_ORT,
+    job = JobSpec(model=MODELS[0], precision=Precision.FP32, platform="x86-cpu", toolchain="edgellm-ort",
                   test_id="chaos", checkpoint=CheckpointRef(MODELS[0], "", "0" * 64),
                   max_seq_len=DEFAULTS["max_seq_len"], max_batch_size=DEFAULTS["max_batch_size"],  # type: ignore[arg-type]
                   max_input_len=DEFAULTS["max_input_len"], stages=())  # type: ignore[arg-type]

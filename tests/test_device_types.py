@@ -1,4 +1,4 @@
-"""Device types: YAML schema, the Platform enum built from the files, supports() reasons."""
+"""Device types: YAML schema, the Platform enum built from the files, and the one capability function's reasons."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from devices.capability import capability
 from devices.types import DEVICE_TYPES, DEVICE_TYPES_DIR, Platform, device_type, load_device_types
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
-from toolchains.base import Toolchain
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from toolchains import base as toolchains
+from toolchains.base import Variant
 
 
 def test_platform_enum_is_the_yaml_files() -> None:
@@ -28,26 +30,46 @@ def test_platform_enum_is_the_yaml_files() -> None:
     [
         ("orin", "fp8", None, False, "orin (SM87) does not support fp8 (needs SM89+)"),
         ("orin", "nvfp4", None, False, "orin (SM87) does not support nvfp4 (needs SM100+)"),
-        ("x86-a30", Precision.FP8, None, False, "x86-a30 (SM80) does not support fp8 (needs SM89+)"),
-        ("thor", "nvfp4", "tensorrt-edgellm", True, "thor (SM110) supports nvfp4 with tensorrt-edgellm"),
+        ("x86-a30", "fp8", None, False, "x86-a30 (SM80) does not support fp8 (needs SM89+)"),
+        ("thor", "nvfp4", "tensorrt-edgellm", True, ""),
         ("orin", "fp16", "edgellm-ort", False,
          "orin (SM87) does not run toolchain edgellm-ort (runs: tensorrt-edgellm)"),
-        ("x86-cpu", "fp32", Toolchain.EDGELLM_ORT, True, "x86-cpu (CPU) supports fp32 with edgellm-ort"),
-        (
-            "x86-cpu",
-            "bf16",
-            None,
-            False,
-            "x86-cpu (CPU) does not support bf16 (supported: fp32, fp16, int8_sq, int8_wo, int4_awq, int4_wo)",
-        ),
-        ("x86-cpu", "int4_awq", None, True, "x86-cpu (CPU) supports int4_awq"),
+        ("x86-cpu", "fp32", "edgellm-ort", True, ""),
+        ("x86-cpu", "bf16", None, False,
+         "x86-cpu (CPU) does not support bf16 (supported: fp32, fp16, int8_sq, int4_awq, int4_wo)"),
+        ("x86-cpu", "int4_awq", None, True, ""),
         # decided once, in x86-cpu.yaml: ONNX Runtime builds fp8 engines, but only emulated
-        ("x86-cpu", "fp8", Toolchain.EDGELLM_ORT, False, "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)"),
+        ("x86-cpu", "fp8", "edgellm-ort", False, "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)"),
         ("x86-h200", "nvfp4", None, False, "x86-h200 (SM90) does not support nvfp4 (needs SM100+)"),
+        ("x86-h200", "bf16", "tensorrt-edgellm", False,
+         "toolchain tensorrt-edgellm cannot produce bf16 (produces: fp16, fp8, int4_awq, nvfp4, mxfp8, int8_sq)"),
+        ("x86-h200", "bf16", None, True, ""),  # edgellm-torch-cuda, the type's second toolchain, makes bf16
     ],
 )
-def test_supports_gives_the_reason(name: str, precision: str, toolchain: str | None, ok: bool, reason: str) -> None:
-    assert DEVICE_TYPES[name].supports(precision, toolchain) == (ok, reason)
+def test_capability_gives_the_reason(name: str, precision: str, toolchain: str | None, ok: bool,
+                                     reason: str) -> None:
+    found = capability(name, toolchain, Variant(Precision.parse(precision)))
+    assert (found.ok, found.reason) == (ok, reason)
+
+
+def test_capability_holds_the_device_types_kv_cache_and_lm_head_limits() -> None:
+    """One function for plan, list validation and matrices: Orin's hardware has no fp8 (KV cache or LM head), so
+    int4_awq with an fp8 KV cache is refused there though the toolchain could make it."""
+    orin_fp8_kv = Variant(Precision.INT4_AWQ, kv_cache=KVCachePrecision.FP8)
+    assert toolchains.driver("tensorrt-edgellm").variant_problem(orin_fp8_kv) is None
+    found = capability("orin", "tensorrt-edgellm", orin_fp8_kv)
+    assert (found.ok, found.reason) == (False, "orin (SM87) does not support a fp8 KV cache (needs SM89+)")
+    head = capability("orin", None, Variant(Precision.INT4_AWQ, lm_head=LMHeadPrecision.FP8))
+    assert head.reason == "orin (SM87) does not support a fp8 LM head (needs SM89+)"
+    assert capability("thor", None, Variant(Precision.INT4_AWQ, LMHeadPrecision.FP8, KVCachePrecision.FP8)).ok
+
+
+def test_every_precision_a_device_type_lists_is_produced_by_one_of_its_toolchains() -> None:
+    """No stub precisions: a type lists only what one of its toolchains makes (int4_gptq, nothing's, is gone)."""
+    for name, dtype in DEVICE_TYPES.items():
+        made = {p for chain in dtype.toolchains for p in toolchains.driver(chain).precisions()}
+        assert set(dtype.precisions) <= made, f"{name}: {sorted(set(dtype.precisions) - made)} made by no toolchain"
+    assert all(Precision.INT4_GPTQ not in t.precisions for t in DEVICE_TYPES.values())
 
 
 def test_supports_rejects_unknown_names() -> None:
@@ -64,15 +86,15 @@ def _types_dir(tmp_path: Path) -> Path:
 def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     orin = directory / "orin.yaml"
-    orin.write_text(orin.read_text().replace("int4_wo]", "int4_wo, fp9]")
+    orin.write_text(orin.read_text().replace("int4_awq]", "int4_awq, fp9]")
                     .replace("[tensorrt-edgellm]", "[tensorrt-edgellm, cuda]"))
     (directory / "x86-new.yaml").write_text(
         "name: x86-newer\ndescription: d\narch: x86_64\nsm: 90\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
-        "precisions: [fp16]\nkv_cache_precisions: [fp16]\n"
+        "precisions: [fp16]\nkv_cache_precisions: [fp16]\nlm_head_precisions: [fp16]\n"
     )
     (directory / "bad-sm.yaml").write_text(
         "name: bad-sm\ndescription: d\narch: riscv\nsm: 75\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
-        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\ncolour: green\n"
+        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\nlm_head_precisions: [fp16]\ncolour: green\n"
     )
     (directory / "broken.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ConfigurationError) as caught:
@@ -81,7 +103,7 @@ def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     lines = message.splitlines()
     valid_precisions = ", ".join(Precision)
     assert f"{orin}: precisions: unknown precision 'fp9'; valid: {valid_precisions}" in lines
-    assert f"{orin}: toolchains: unknown toolchain 'cuda'; valid: {', '.join(Toolchain)}" in lines
+    assert f"{orin}: toolchains: unknown toolchain 'cuda'; registered: {', '.join(toolchains.names())}" in lines
     assert f"{directory / 'x86-new.yaml'}: name: 'x86-newer' must equal the file name 'x86-new'" in lines
     assert f"{directory / 'bad-sm.yaml'}: arch: unknown arch 'riscv'; valid: x86_64, aarch64" in lines
     assert any(line.startswith(f"{directory / 'bad-sm.yaml'}: unknown key 'colour'") for line in lines)
@@ -93,7 +115,7 @@ def test_precision_inconsistent_with_sm_is_refused(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     (directory / "old-gpu.yaml").write_text(
         "name: old-gpu\ndescription: d\narch: x86_64\nsm: 75\nmemory_gb: 8\ntoolchains: [tensorrt-edgellm]\n"
-        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\n"
+        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16]\nlm_head_precisions: [fp16]\n"
     )
     with pytest.raises(ConfigurationError, match="precision fp8 needs SM89\\+ but sm is 75"):
         load_device_types(directory)
@@ -103,7 +125,7 @@ def test_a_new_device_type_is_one_yaml_file(tmp_path: Path) -> None:
     directory = _types_dir(tmp_path)
     (directory / "x86-l4.yaml").write_text(
         "name: x86-l4\ndescription: NVIDIA L4\narch: x86_64\nsm: 89\nmemory_gb: 24\ntoolchains: [tensorrt-edgellm]\n"
-        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16, fp8]\n"
+        "precisions: [fp16, fp8]\nkv_cache_precisions: [fp16, fp8]\nlm_head_precisions: [fp16, fp8]\n"
     )
     types = load_device_types(directory)
     assert types["x86-l4"].supports("fp8") == (True, "x86-l4 (SM89) supports fp8")
@@ -113,12 +135,12 @@ def test_a_refused_precision_needs_its_reason_and_cannot_also_be_listed(tmp_path
     directory = _types_dir(tmp_path)
     cpu = directory / "x86-cpu.yaml"
     text = cpu.read_text()
-    cpu.write_text(text.replace("precisions: [fp32,", "precisions: [fp8, fp32,").replace(
+    cpu.write_text(text.replace("\nprecisions: [fp32,", "\nprecisions: [fp8, fp32,").replace(
         "fp8: fp8 is emulated on x86-cpu (no fp8 GEMM kernel)", "fp8: fp8 is emulated on x86-cpu (no fp8 GEMM kernel)\n"
         "  int8_wo: ''"))
     with pytest.raises(ConfigurationError) as err:
         load_device_types(directory)
     assert "refuses: give a reason for int8_wo" in str(err.value)
-    cpu.write_text(text.replace("precisions: [fp32,", "precisions: [fp8, fp32,"))
+    cpu.write_text(text.replace("\nprecisions: [fp32,", "\nprecisions: [fp8, fp32,"))
     with pytest.raises(ConfigurationError, match=r"precision\(s\) fp8 both listed in precisions and refused"):
         load_device_types(directory)

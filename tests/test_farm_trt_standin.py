@@ -62,9 +62,10 @@ def standin_farm(trt_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "python": sys.executable,
         "env": {"PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": "/usr/local/cuda/lib64", "TRT_STANDIN_LOG": str(log),
                 "TRT_STANDIN_ANSWERS": str(_reference_answers(root))},
-        "tensorrt_edgellm": {"build_dir": str(STANDIN / "build"), "trt_package_dir": str(STANDIN / "trt"),
-                             "plugin_path": str(STANDIN / "build" / "libNvInfer_edgellm_plugin.so"),
-                             "version": "0.11.0", "standin": True}}))
+        "toolchains": {"tensorrt-edgellm": {
+            "build_dir": str(STANDIN / "build"), "trt_package_dir": str(STANDIN / "trt"),
+            "plugin_path": str(STANDIN / "build" / "libNvInfer_edgellm_plugin.so"), "version": "0.11.0",
+            "standin": True}}}))
     link_real_toolchain(data, trt_env)
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ from typer.testing import CliRunner
 
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
 from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
 from stages import Stage
@@ -127,15 +125,15 @@ def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: P
     assert all(j.toolchain == "edgellm-ort" for j in plan.jobs if j.platform == "x86-cpu")
 
 
-def test_a_precision_the_toolchain_cannot_produce_is_skipped_naming_it(tmp_path: Path) -> None:
+def test_a_precision_the_asked_toolchain_cannot_produce_is_not_applicable_naming_it(tmp_path: Path) -> None:
     matrix = tmp_path / "m.yml"
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["int4_wo"],
-                                      "platforms": ["x86-cpu"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
-                                                                             "max_input_len": 32}}))
+                                      "platforms": ["x86-cpu"], "toolchains": ["edgellm-ort"],
+                                      "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
     [job] = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path).jobs
-    assert (job.decision, job.toolchain) == (Decision.SKIPPED, "edgellm-ort")
-    assert job.reason == "no device/toolchain can run it here: toolchain edgellm-ort cannot produce int4_wo yet " \
-                         "(produces: fp32, fp16, int4_awq, int8_sq, fp8)"
+    assert (job.decision, job.toolchain) == (Decision.NOT_APPLICABLE, "edgellm-ort")
+    assert job.reason == "toolchain edgellm-ort cannot produce int4_wo (produces: fp32, fp16, int4_awq, int8_sq, fp8)"
+    assert job.test_id.endswith("-by.edgellm.ort")  # a toolchain a block asks for is part of the test's id
 
 
 def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path,
@@ -143,39 +141,56 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
     """The choice is the registry's answer: a stand-in driver (planning only, it never builds anything) makes
     orin fp16 runnable, and still with tensorrt-edgellm, never ONNX Runtime."""
     import toolchains.base as base
+    from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
-    class StandInTensorrtEdgellm(base.ToolchainDriver):
-        name = base.Toolchain.TENSORRT_EDGELLM
-
-        def precisions(self) -> tuple[Precision, ...]:
-            return (Precision.FP16,)
-
+    class StandInTensorrtEdgellm(TensorrtEdgellm):
         def available(self) -> base.Availability:
             return base.Availability(True)
 
-        def variant_problem(self, precision: Precision, lm_head: Any, kv_cache: Any) -> str | None:
+        def drives(self, device: Any) -> bool:
+            return True
+
+        def devices_problem(self, platform: str, devices: Any) -> str | None:
             return None
 
-        def version(self, env: Mapping[str, Any]) -> str:
+        def host_version(self) -> str:
             return "stand-in"
 
-        def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
-                          params: Mapping[str, int]) -> list[str]:
-            raise AssertionError("a planning stand-in is never run")
-
-    base.installed()  # discover the real drivers first
     registry = base.Registry[type[base.ToolchainDriver]]("toolchain")
-    for name, cls in base._DRIVERS.items():
-        if name != "tensorrt-edgellm":  # the real driver (issue 9) answers for this host; the stand-in says yes
-            registry.add(name, cls)
-    registry.add("tensorrt-edgellm", StandInTensorrtEdgellm)
+    for name, cls in [(n, base.driver_class(n)) for n in base.names()]:  # the real ones, but this stand-in
+        registry.add(name, StandInTensorrtEdgellm if name == "tensorrt-edgellm" else cls)
     monkeypatch.setattr(base, "_DRIVERS", registry)
-    inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
-    plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=tmp_path)
+    base._instances.cache_clear()
+    try:
+        inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
+        plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=tmp_path)
+    finally:
+        base._instances.cache_clear()
     by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
     fp16 = by[("stories260K", "fp16", "orin")]
     assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))
+    assert fp16.toolchain_version == "stand-in"  # resolved once by the plan, handed to the stages
     assert by[("stories260K", "fp8", "orin")].decision is Decision.NOT_APPLICABLE
+
+
+def test_orin_with_an_fp8_kv_cache_is_not_applicable_for_its_hardware(tmp_path: Path) -> None:
+    """The device type's KV-cache and LM-head limits hold for matrices too (the one capability function): Orin's
+    KV cache is fp16 or int8, whatever a toolchain could make."""
+    matrix = tmp_path / "m.yml"
+    limits = {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}
+    matrix.write_text(yaml.safe_dump({
+        "name": "m", "models": ["tiny-qwen3-128"], "precisions": ["int4_awq"], "platforms": ["orin"],
+        "defaults": {**limits, "kv_cache_precision": "fp8"},
+        "extra": [{"models": ["tiny-qwen3-128"], "precisions": ["int4_awq"], "platforms": ["orin"],
+                   "defaults": {"lm_head_precision": "nvfp4"}}]}))
+    by = {j.test_id: j for j in plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(),
+                                             data_dir=tmp_path).jobs}
+    kv = next(j for i, j in by.items() if "fp8kv" in i)
+    assert kv.decision is Decision.NOT_APPLICABLE
+    assert kv.reason == "orin (SM87) does not support a fp8 KV cache (needs SM89+)"
+    head = next(j for i, j in by.items() if "lmnvfp4" in i)
+    assert (head.decision, head.reason) == (Decision.NOT_APPLICABLE,
+                                            "orin (SM87) does not support a nvfp4 LM head (needs SM100+)")
 
 
 def test_an_lm_head_or_kv_cache_the_toolchain_cannot_give_is_not_applicable_with_the_reason(tmp_path: Path) -> None:
@@ -225,13 +240,14 @@ def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_ow
     thor = by[("tiny-qwen3", "fp16", "thor")]
     assert thor.decision is Decision.SKIPPED
     assert "no device of platform thor in the inventory" in thor.reason
-    assert "no device of platform thor has a TensorRT Edge-LLM install (add a tensorrt_edgellm: block" in thor.reason
+    assert ("no device of platform thor has a TensorRT Edge-LLM install (add a toolchains: {tensorrt-edgellm: "
+            "{...}} block") in thor.reason
     assert by[("tiny-qwen3-128", "int4_awq", "x86-cpu")].decision is Decision.RUN
 
 
 def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(_own_data_dir: Path,
                                                                                    tmp_path: Path) -> None:
-    """Orin fp16 with the real driver: skipped while the Orin's inventory file has no tensorrt_edgellm block (the
+    """Orin fp16 with the real driver: skipped while the Orin's inventory file has no tensorrt-edgellm block (the
     reason names the key to add), run on that device once it has one; a bad block is refused naming file and keys."""
     from tests.helpers.toolchain_env import stand_in_toolchain_env
 
@@ -245,20 +261,27 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
                       data_dir=_own_data_dir).jobs[0]
     assert (job.decision, job.toolchain) == (Decision.SKIPPED, "tensorrt-edgellm")
     assert job.reason == ("no device/toolchain can run it here: no device of platform orin has a TensorRT Edge-LLM "
-                          "install (add a tensorrt_edgellm: block with build_dir, trt_package_dir, plugin_path to "
-                          "its inventory file)")
+                          "install (add a toolchains: {tensorrt-edgellm: {...}} block with build_dir, "
+                          "trt_package_dir, plugin_path to its inventory file)")
     install = {"build_dir": "/opt/edge-llm/build", "trt_package_dir": "/opt/trt",
                "plugin_path": "/opt/edge-llm/build/libNvInfer_edgellm_plugin.so", "version": "0.11.0"}
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
-                                                           "tensorrt_edgellm": install}))
+                                                           "toolchains": {"tensorrt-edgellm": install}}))
     job = plan_matrix(matrix, load_inventory(directory, data_dir=_own_data_dir), Catalog.load(),
                       data_dir=_own_data_dir).jobs[0]
     assert (job.decision, job.toolchain, job.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-2",))
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
-                                                           "tensorrt_edgellm": {**install, "pluginPath": "/x"}}))
-    with pytest.raises(ConfigurationError, match=r"orin-2.yaml: tensorrt_edgellm: device 'orin-2': .*unknown "
+                                                           "toolchains": {"tensorrt-edgellm": {**install,
+                                                                                               "pluginPath": "/x"}}}))
+    with pytest.raises(ConfigurationError, match=r"orin-2.yaml: toolchains.tensorrt-edgellm: device 'orin-2': "
+                                                 r".*unknown "
                                                  r"pluginPath \(valid keys: build_dir, trt_package_dir, plugin_path, "
                                                  r"version, standin\)"):
+        load_inventory(directory, data_dir=_own_data_dir)
+    (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
+                                                           "tensorrt_edgellm": install}))
+    with pytest.raises(ConfigurationError, match=r"orin-2.yaml: tensorrt_edgellm: a toolchain's block goes under "
+                                                 r"toolchains: \{tensorrt-edgellm: \{...\}\}"):
         load_inventory(directory, data_dir=_own_data_dir)
 
 

@@ -110,8 +110,8 @@ def test_the_table_refuses_a_duplicate_an_unknown_need_and_names_the_choices() -
     with pytest.raises(ConfigurationError, match="registered twice"):
         stages.register(stages.spec("build"))
     with pytest.raises(ConfigurationError, match="needs unregistered stage"):
-        stages.register(StageSpec(name="x", needs=("nope",), where=Where.HOST, runs="m:f", command="",
-                                  outputs=(), cache_key=(), timeout_s=1))
+        stages.register(StageSpec(name="x", needs=("nope",), where=Where.HOST, runs="m:f",
+                                  cache_key=(), timeout_s=1))
     with pytest.raises(ConfigurationError, match="did you mean 'bench'"):
         stages.spec("bnech")
     with pytest.raises(ConfigurationError, match="needed by build"):
@@ -147,8 +147,8 @@ def never(ctx: FarmContext, job: JobSpec, upstream: StageOutcome) -> StageOutcom
 
 
 def _throwaway(name: str, needs: str, runs: str, timeout_s: int = 77) -> StageSpec:
-    return StageSpec(name=name, needs=(needs,), where=Where.HOST, runs=f"{__name__}:{runs}", command=runs,
-                     outputs=(), cache_key=(), timeout_s=timeout_s)
+    return StageSpec(name=name, needs=(needs,), where=Where.HOST, runs=f"{__name__}:{runs}",
+                     cache_key=(), timeout_s=timeout_s)
 
 
 THROWAWAY = [_throwaway("probe", "export", "probe"), _throwaway("lint", "probe", "never"),
@@ -169,7 +169,7 @@ def throwaway_stages() -> Iterator[list[str]]:
 
 @flow(name="stage-table-test", task_runner=ThreadPoolTaskRunner(max_workers=8))
 def _run(plan: Plan, settings: Settings) -> tuple[RunReport, dict[str, float]]:
-    return execute_plan(plan, settings, Catalog.load(), trigger="test")
+    return execute_plan(plan, settings, trigger="test")
 
 
 @pytest.mark.usefixtures("prefect_harness")

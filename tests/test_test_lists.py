@@ -105,9 +105,29 @@ def test_shipped_lists_content() -> None:
 def test_known_platforms_come_from_device_types() -> None:
     assert known_platforms() == {"x86-cpu", "x86-h200", "x86-a30", "x86-rtx5080", "orin", "thor"}
     catalog = PlatformCatalog.from_dir()
-    assert catalog.types["orin"].label == "orin (SM87)"
-    assert "fp8" not in catalog.types["orin"].precisions
-    assert "nvfp4" in catalog.types["thor"].precisions
+    assert catalog.device_types and "orin" in catalog and catalog.names == sorted(known_platforms())
+
+
+def test_a_list_is_checked_by_the_same_capability_the_plan_uses(tmp_path: Path) -> None:
+    """An Orin test with an fp8 KV cache is refused naming the field and the hardware's reason (what the plan
+    would record as not applicable); so is an LM head the hardware has no format for."""
+    path = write(tmp_path, "mine.yml", """\
+        name: mine
+        stage: l0
+        description: capability
+        platforms: {terms: [orin]}
+        defaults: {max_seq_len: 256, max_batch_size: 2, max_input_len: 128}
+        tests:
+          - {model: stories260K, precision: int4_awq, kv_cache_precision: fp8}
+          - {model: stories260K, precision: int4_awq, lm_head_precision: nvfp4}
+          - {model: stories260K, precision: fp8}
+        """)
+    with pytest.raises(ConfigurationError) as caught:
+        load_list(path)
+    text = str(caught.value)
+    assert "kv_cache_precision: orin (SM87) does not support a fp8 KV cache (needs SM89+)" in text
+    assert "lm_head_precision: orin (SM87) does not support a nvfp4 LM head (needs SM100+)" in text
+    assert "precision: orin (SM87) does not support fp8 (needs SM89+)" in text
 
 
 # ------------------------------------------------------------------------- broken lists

@@ -28,7 +28,6 @@ from results.models import CacheEntry, Result
 from test_lists.catalog import Catalog
 from tests.helpers.toolchain_env import link_release, relabelled_toolchain_env, stand_in_toolchain_env
 from tests.test_farm_quantized import LIMITS, _farm, _nightly
-from toolchains.base import Toolchain
 
 STANDIN = "0.11.0+relabel"  # the stand-in second version (the real 0.11.0 release, relabelled)
 PINNED_ID = "tiny-qwen3-128-int8_sq-mxsl256-mxbs2-mxil128"
@@ -54,7 +53,7 @@ def test_the_plan_runs_each_job_using_the_toolchain_once_per_version(tmp_path: P
     stand_in_toolchain_env(data)  # planning only: the pinned version looks installed; the other one is not
     plan = plan_matrix(_write(tmp_path, {**MATRIX, "precisions": ["int8_sq", "fp32", "fp16"]}),
                        load_inventory(inventory, data_dir=data), Catalog.load(), data_dir=data)
-    jobs = {(j.platform, j.precision.value, j.pins.get(Toolchain.TENSORRT_EDGELLM)): j for j in plan.jobs}
+    jobs = {(j.platform, j.precision.value, j.pins.get("tensorrt-edgellm")): j for j in plan.jobs}
     # thor runs tensorrt-edgellm (fp16, int8_sq); x86-cpu int8_sq takes its quantizer's checkpoint: expanded.
     # fp32 (tensorrt-edgellm does not make it) and x86-cpu fp16 use none of it: one job each, no versions.
     assert set(jobs) == {

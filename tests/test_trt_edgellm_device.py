@@ -1,8 +1,7 @@
 """Device-side TensorRT Edge-LLM commands: argument lists, environment, request/response translation.
 
 No TensorRT device exists here: the C++ tools are played by tests/helpers/standin_llm_tools.py, a STAND-IN that
-only checks the arguments, environment and files it receives (never evidence). The direct route's argument list is
-checked against the real ``tensorrt-edgellm-build`` parser of the installed wheel.
+only checks the arguments, environment and files it receives (never evidence).
 """
 
 from __future__ import annotations
@@ -20,11 +19,8 @@ from edgellm.runtime.requests import GenerationRequest, parse_request_file
 from toolchains.tensorrt_edgellm.device import (
     TOOLS,
     DeviceInstall,
-    Route,
     bench_argv,
     build_argv,
-    direct_build_argv,
-    direct_route_unavailable,
     from_trt_responses,
     inference_argv,
     to_trt_requests,
@@ -134,25 +130,3 @@ def test_translation_refuses_what_llm_inference_cannot_express() -> None:
                              "request_idx": 0, "batch_idx": 0}]}
     with pytest.raises(TestFailure, match=r"could not handle request.s. a"):
         from_trt_responses(failed, [a])
-
-
-def test_inference_routes(install: DeviceInstall) -> None:
-    argv = inference_argv(install, "/e", "/i.json", "/o.json", route=Route.DIRECT, checkpoint_dir="/ckpt")
-    assert argv[-2:] == ["--checkpointDir", "/ckpt"]
-    with pytest.raises(ConfigurationError, match="route direct needs checkpoint_dir"):
-        inference_argv(install, "/e", "/i.json", "/o.json", route=Route.DIRECT)
-
-
-def test_direct_route_against_the_real_builder(trt_env: Path, tmp_path: Path) -> None:
-    argv = direct_build_argv(str(trt_env / "bin" / "tensorrt-edgellm-build"), "/ckpt", "/engine",
-                             plugin_path="/p.so", max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256)
-    probe = ("import json, sys\nfrom experimental.builder.cli import _parser\n"
-             "print(json.dumps(vars(_parser().parse_args(json.loads(sys.argv[1])))))")
-    done = subprocess.run([str(trt_env / "bin" / "python"), "-c", probe, json.dumps(argv[1:])],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    parsed = json.loads(done.stdout)
-    assert (parsed["model_dir"], parsed["engine_dir"], parsed["plugin_path"]) == ("/ckpt", "/engine", "/p.so")
-    assert (parsed["max_input_len"], parsed["max_kv_cache_capacity"], parsed["max_batch_size"]) == (128, 256, 2)
-    reason = direct_route_unavailable(trt_env)
-    assert reason is not None and "TensorRT's Python bindings" in reason

@@ -1,12 +1,19 @@
 """What a toolchain is to the farm, and the one registry of them.
 
-A toolchain turns a checkpoint into evidence on a platform: it produces engines at some precisions, runs them, and
-has a version. Device types name the toolchains their devices run (``toolchains:`` in ``devices/types/*.yaml``);
-the plan asks this registry which of them can run a (model, precision) here and records why none can.
+A toolchain turns a checkpoint into evidence on a platform. It is one module or subpackage of this package with a
+class decorated ``@register_toolchain``: the package is walked once on first use, so nothing else lists toolchains,
+and the registry is the toolchain vocabulary (device types, matrices and the results database name toolchains by
+these strings; adding one needs no enum and no migration).
 
-A toolchain is one module (or subpackage) of this package with a class decorated ``@register_toolchain``; the
-package is walked once on first use, so nothing else lists them. This module imports only the library (device
-types import the ``Toolchain`` enum from here).
+A driver owns every stage it takes part in (``ToolchainDriver``): whether it is installed and how to install it, its
+version on the host and on a device, what it can produce (precisions, LM-head and KV-cache variants), whether it
+needs a GPU, the validation of its own block in a device's inventory (``toolchains: {name: {...}}``), its host
+stages (quantize, export: key inputs and work) and its device stages (the command of each, what it fetches back and
+how that is read). The generic stage bodies in ``tasks/`` only ask it.
+
+This module imports only the library; the driver modules it discovers must stay as light (device types validate
+their toolchain names against this registry when they load). Host-stage work that needs the farm's store lives in a
+module of the toolchain that the driver imports when the stage runs.
 """
 
 from __future__ import annotations
@@ -14,33 +21,48 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.errors import BugError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
 if TYPE_CHECKING:
+    from artifacts.store import ArtifactRef
     from devices.inventory import Device
+    from tasks.host import HostWork
+    from tasks.outcome import Keyed, StageOutcome
+    from tasks.spec import CheckpointRef, JobSpec
 
 
-class Toolchain(_ChoiceEnum):
-    """Every toolchain name the farm knows (a column of every result); a driver may or may not be installed."""
+class Route(_ChoiceEnum):
+    """How a toolchain with more than one way to make an engine made it (recorded per result; None: one way)."""
 
-    EDGELLM_ORT = "edgellm-ort"  # this library, engines built and run with ONNX Runtime
-    EDGELLM_TORCH_CUDA = "edgellm-torch-cuda"  # this library, the torch-CUDA backend
-    TENSORRT_EDGELLM = "tensorrt-edgellm"  # NVIDIA's TensorRT Edge-LLM
+    ONNX = "onnx"  # exported ONNX -> the device's engine builder
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a row asks of a toolchain besides the model: the weight precision and, when a test names them, the LM
+    head's and the KV cache's."""
+
+    precision: Precision
+    lm_head: LMHeadPrecision | None = None
+    kv_cache: KVCachePrecision | None = None
 
 
 @dataclass(frozen=True)
 class Availability:
     ok: bool
     reason: str | None = None  # why not, naming what is missing
+    installable: bool = False  # not ok, but the driver's install() would make it so (the plan may install it)
 
 
 @dataclass(frozen=True)
@@ -67,22 +89,43 @@ class BenchRun:
     """One benchmark command (a mode) and how to read its fetched outputs into metrics."""
 
     step: DeviceStep
-    mode: str
+    mode: BenchMode
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One installed environment of a toolchain (``edgefarm toolchains list``): its version read back, health."""
+
+    toolchain: str
+    version: str | None  # read back from what is installed; None when unreadable
+    healthy: bool
+    path: str
+    problems: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"toolchain": self.toolchain, "version": self.version, "healthy": self.healthy, "path": self.path,
+                "problems": list(self.problems)}
+
+
+class NotApplicable(UnsupportedError):
+    """A tool cannot apply to this checkpoint at all (e.g. a block size its widths do not divide): the row is not
+    applicable, with the reason, rather than failed."""
 
 
 class ToolchainDriver(ABC):
     """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce. ``data_dir``:
-    the farm's data dir, where vendor toolchains keep their environments (None where nothing asks for them).
-    ``pins``: the versions a matrix chose for toolchains whose version can be chosen (``pinned`` set); a toolchain
-    not named runs its pinned version. The driver hands ``pins`` on to the quantizer it asks for."""
+    the farm's data dir, where toolchains keep their environments (None where nothing asks for them). ``pins``:
+    the versions a matrix chose for toolchains whose version can be chosen (``pinned`` set); a toolchain not named
+    runs its pinned version. The driver hands ``pins`` on to the quantizer it asks for."""
 
-    name: ClassVar[Toolchain]
+    name: ClassVar[str]
     # the version the farm runs unless a matrix chooses another (``toolchain_versions:``); None: not choosable
     pinned: ClassVar[str | None] = None
+    needs_gpu: ClassVar[bool] = False  # its device stages need an NVIDIA GPU (a device type without ``sm`` refuses it)
 
-    def __init__(self, data_dir: Path | None = None, pins: Mapping[Toolchain, str] | None = None) -> None:
+    def __init__(self, data_dir: Path | None = None, pins: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        self.pins: dict[Toolchain, str] = dict(pins or {})
+        self.pins: dict[str, str] = dict(pins or {})
         if self.name in self.pins and self.pinned is None:
             raise BugError(f"toolchain {self.name} was given version {self.pins[self.name]!r}, but its version "
                            f"cannot be chosen")
@@ -95,49 +138,76 @@ class ToolchainDriver(ABC):
 
     def version_problem(self, version: str) -> str | None:
         """Why ``version`` cannot be chosen for this toolchain (a matrix's ``toolchain_versions``), or None."""
-        choosable = ", ".join(t for t, v in pinned_versions().items()) or "none"
+        choosable = ", ".join(pinned_versions()) or "none"
         return (f"toolchain {self.name} runs the farm's own version; no version of it can be chosen (toolchains "
                 f"with versions: {choosable})")
+
+    # --- what it can produce (static: the same on every machine) ---
 
     @abstractmethod
     def precisions(self) -> tuple[Precision, ...]:
         """Weight precisions this toolchain can produce an engine at and run."""
 
     @abstractmethod
-    def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
-                        kv_cache: KVCachePrecision | None) -> str | None:
-        """Why this toolchain cannot give the LM head and KV cache asked for at ``precision`` (None: it can, and
-        they reach its export and build). The plan records such a combination as not applicable."""
+    def variant_problem(self, variant: Variant) -> str | None:
+        """Why this toolchain cannot give the LM head and KV cache asked for at the variant's precision (None: it
+        can, and they reach its export and build). The plan records such a combination as not applicable."""
+
+    def quantizes(self) -> tuple[Precision, ...]:
+        """Weight precisions this toolchain's quantize stage makes a checkpoint at, on the orchestrating host; ()
+        when it has none. A (model, precision) is quantized once, whoever consumes it."""
+        return ()
+
+    def quantizes_in_export(self) -> tuple[Precision, ...]:
+        """Quantized precisions this toolchain's own export makes from the float checkpoint (its quantize stage is
+        then the identity); the others it exports from the checkpoint the farm's quantizer made."""
+        return ()
+
+    def takes_quantized_checkpoint(self, precision: Precision) -> bool:
+        """Whether its export of ``precision`` reads a checkpoint the quantize stage made (else the source)."""
+        return precision not in UNQUANTIZED and precision not in self.quantizes_in_export()
+
+    # --- install and version ---
 
     @abstractmethod
     def available(self) -> Availability:
-        """Whether the orchestrating host can drive this toolchain at all (its tools installed), and if not why."""
+        """Whether the orchestrating host can drive this toolchain now (its tools installed), and if not why
+        (``installable`` when :meth:`install` would fix it)."""
+
+    def install(self) -> str | None:
+        """Install what :meth:`available` lacks, once (minutes); None when usable afterwards, else why not."""
+        return self.available().reason
+
+    def install_version(self, version: str) -> Environment:
+        """Install ``version`` into an environment of its own under the data dir (``edgefarm toolchains install``);
+        a healthy one already there is reused."""
+        raise UnsupportedError(f"toolchain {self.name} has no environment of its own to install (it runs in the "
+                               f"farm's; toolchains with environments: {', '.join(pinned_versions()) or 'none'})")
+
+    def environments(self) -> list[Environment]:
+        """Its installed environments under the data dir, each read back (none for a toolchain without any)."""
+        return []
 
     @abstractmethod
-    def version(self, env: Mapping[str, Any]) -> str:
-        """The toolchain's version on a machine, from that machine's ``edgellm env`` JSON."""
+    def host_version(self) -> str:
+        """The version on the orchestrating host (the host stages' product: quantize, export)."""
 
     @abstractmethod
-    def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
-                      params: Mapping[str, int]) -> list[str]:
-        """argv that builds an engine on a device from a staged ONNX dir (params: max_batch_size, max_input_len,
-        max_seq_len)."""
-
-    def quantizes(self) -> tuple[Precision, ...]:
-        """Weight precisions this toolchain's quantizer makes a checkpoint at, on the orchestrating host (the
-        quantize stage); () when it has no quantizer. Any toolchain that builds such a precision takes that
-        checkpoint: a (model, precision) is quantized once, whoever consumes it."""
-        return ()
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        """The toolchain's version on ``device`` (``env``: the device's ``edgellm env`` JSON)."""
 
     def device_problem(self) -> str | None:
         """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
         return None
 
-    # --- device stages: what each stage runs on a device and how its outputs are read (one home per toolchain) ---
-    # A driver that does not override them cannot run device stages (a host-only or planning driver).
+    # --- its block in a device's inventory file (``toolchains: {name: {...}}``) ---
 
-    def _no_device_stages(self, what: str) -> UnsupportedError:
-        return UnsupportedError(f"toolchain {self.name} does not drive device stages ({what} not implemented)")
+    def device_config(self, block: Any, device: str) -> Any:
+        """Validate this toolchain's block of a device's inventory (ConfigurationError naming what is wrong) and
+        return what the driver reads of it. Default: the toolchain takes no settings (an empty block)."""
+        if block not in (None, {}):
+            raise ConfigurationError(f"device {device!r}: toolchain {self.name} takes no settings, got {block!r}")
+        return None
 
     def drives(self, device: Device) -> bool:
         """Whether this toolchain's device stages can run on ``device`` (e.g. it has the toolchain's install)."""
@@ -151,33 +221,69 @@ class ToolchainDriver(ABC):
         """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
         return False
 
-    def route(self) -> str | None:
-        """How this toolchain makes its engines (recorded per result: onnx | direct), or None when it has one."""
+    def route(self) -> Route | None:
+        """How this toolchain makes its engines (recorded per result), or None when it has one way."""
         return None
 
-    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        """The toolchain's version on ``device`` (its ``edgellm env`` JSON ``env``)."""
-        return self.version(env)
+    # --- host stages (the orchestrating host): the key inputs of each and its work ---
+
+    def _not_a_stage_of_it(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"toolchain {self.name} does not take part in the {what} stage")
+
+    def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
+        """What a checkpoint this toolchain's quantize stage makes for ``job`` is the product of (its cache key)."""
+        raise self._not_a_stage_of_it("quantize")
+
+    def quantize(self, work: HostWork, job: JobSpec, keyed: Keyed) -> StageOutcome:
+        """A quantize cache miss: make the checkpoint (``work.install_checkpoint``), store it, ``keyed.made(ref)``,
+        and hand it on as :meth:`judge_quantized` does."""
+        raise self._not_a_stage_of_it("quantize")
+
+    def judge_quantized(self, work: HostWork, job: JobSpec, version: str, ref: ArtifactRef) -> StageOutcome:
+        """The outcome of a stored checkpoint this quantizer made (a cache hit is judged like a new one):
+        ``outputs["checkpoint"]`` the checkpoint export reads, ``outputs["quantized_linears"]`` its count."""
+        raise self._not_a_stage_of_it("quantize")
+
+    def common_export_key(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        """The export key inputs every toolchain shares: the checkpoint, what is asked of it, by whom."""
+        lm_head, kv_cache = job.lm_head_precision, job.kv_cache_precision
+        return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": job.precision.value,
+                "lm_head_precision": lm_head and lm_head.value, "kv_cache_precision": kv_cache and kv_cache.value,
+                "toolchain": self.name, "toolchain_version": version}
+
+    @abstractmethod
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        """What this toolchain's export of ``checkpoint_sha`` for ``job`` is the product of (its cache key):
+        :meth:`common_export_key` and what else its exporter depends on."""
+
+    @abstractmethod
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        """An export cache miss: export, check, store, ``keyed.made(ref)``; ``outputs["onnx"]`` the stored export.
+        ``quantized_linears``: how many linears the quantize stage's report counts quantized (0: none)."""
+
+    # --- device stages: what each runs on a device and how its outputs are read ---
 
     def build_key_inputs(self, device: Device) -> dict[str, Any]:
         """Extra engine-cache key inputs the device's install contributes (e.g. a stand-in never shares a key)."""
         return {}
 
+    @abstractmethod
     def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        """The build command; it must leave the engine in ``engine_dir`` (fetched and stored as the engine)."""
-        return DeviceStep(self.build_command(device.interpreter, onnx_dir, engine_dir, params))
+        """The build command; it must leave the engine in ``engine_dir`` and fetch it as ``engine``."""
 
+    @abstractmethod
     def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
-        """Read back the fetched engine: its weight precision (TestFailure when it is not what was built for).
-        ``onnx_dir``: the export it was built from, extracted locally (None when the toolchain does not need it)."""
-        raise self._no_device_stages("check_engine")
+        """Read back the fetched engine: its weight precision (the stage fails when it is not what was built for).
+        ``onnx_dir``: the export it was built from, extracted locally (None unless :meth:`needs_onnx_for_check`)."""
 
     def needs_onnx_for_check(self) -> bool:
         return False
 
-    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
-        """The inference command on a staged request file (what :meth:`infer_request` made)."""
-        raise self._no_device_stages("infer_step")
+    @abstractmethod
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
+        """The inference command on a staged request file (what :meth:`infer_request` made); it fetches its
+        output as ``out.json``."""
 
     def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
         """The request file the device's tool reads, from ours (``edgellm infer``'s format)."""
@@ -187,82 +293,66 @@ class ToolchainDriver(ABC):
         """The tool's output file -> our responses, in request order (id, text, output_ids, timings or None)."""
         return list(output["responses"])
 
+    @abstractmethod
     def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
                    warmup: int, iterations: int) -> list[BenchRun]:
-        """One command per benchmark mode (prefill, decode)."""
-        raise self._no_device_stages("bench_runs")
+        """One command per benchmark mode, in the order they run (prefill, then decode)."""
 
+    @abstractmethod
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
         """Metrics of one benchmark command from its fetched outputs."""
-        raise self._no_device_stages("bench_metrics")
 
     # Accuracy against the host's transformers reference (``tasks.reference``); the report has edgellm eval's shape:
-    # {"passed": bool, "checks": {name: {"value": ...}}, "failed_checks": [...]}.
-
-    def accuracy_stages_reference(self) -> bool:
-        """True: the reference file is staged on the device and the device command compares (edgellm eval);
-        False: the device only generates (:meth:`accuracy_request`) and the host compares."""
-        return True
+    # {"passed": bool, "checks": {name: {"value": ...}}, "failed_checks": [...], "metrics": {...}}.
 
     def accuracy_request(self, reference: Path) -> list[dict[str, Any]] | None:
-        """Our requests the device generates for the comparison (None when the device compares itself)."""
+        """Our requests the device generates for a host-side comparison, from the local reference; None when the
+        reference file itself is staged on the device and the device command compares."""
         return None
 
+    def accuracy_reads_reference(self) -> bool:
+        """Whether the host reads the reference to judge the device's output (it is then fetched locally)."""
+        return False
+
+    @abstractmethod
     def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
                       job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
-        """The accuracy command on the device."""
-        raise self._no_device_stages("accuracy_step")
+        """The accuracy command on the device (``reference_file`` staged unless requests are given)."""
 
+    @abstractmethod
     def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
                         precision: Precision, thresholds: Mapping[str, float],
                         requests: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The accuracy report from what the command wrote (and, for host-side comparison, the local reference)."""
-        raise self._no_device_stages("accuracy_report")
 
-    def host_version(self) -> str:
-        """The version on the orchestrating host (stages that run there: quantize, export)."""
-        return self.version(_host_env())
-
-    def accepts(self, precision: Precision) -> tuple[bool, str]:
-        """``(True, "")`` when this toolchain can run ``precision`` here; else ``(False, reason)``. A quantized
-        precision also needs the toolchain that quantizes it to be available."""
-        state = self.available()
-        if not state.ok:
-            return False, f"toolchain {self.name} is not available: {state.reason}"
-        produced = self.precisions()
-        if precision not in produced:
-            return False, (f"toolchain {self.name} cannot produce {precision} yet "
-                           f"(produces: {', '.join(p.value for p in produced)})")
-        if precision not in UNQUANTIZED:
-            maker = quantizer(precision, self.data_dir, self.pins)
-            if maker is None:
-                return False, (f"toolchain {self.name} builds {precision} from a quantized checkpoint, and no "
-                               f"toolchain of this farm quantizes {precision}")
-            if maker.name is not self.name and not (made := maker.available()).ok:
-                return False, (f"{precision} is quantized by toolchain {maker.name}, which is not available: "
-                               f"{made.reason}")
-        return True, ""
+    def accuracy_judged_on_host(self) -> bool:
+        """True: the report decides pass/fail (the device command only produced); False: the device command's
+        exit code does, and the report must agree with it."""
+        return False
 
 
-@functools.cache
-def _host_env() -> dict[str, Any]:
-    """``edgellm env`` of this process, once (package versions do not change while it runs)."""
-    from edgellm.cli.env import collect
-
-    return collect()
-
+# --- the registry -------------------------------------------------------------------------------------------------
 
 _DRIVERS: Registry[type[ToolchainDriver]] = Registry("toolchain")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 _loaded = threading.Lock()
 _discovered = False
+_assumed = threading.local()  # planning "what if the installable toolchains were installed" (assuming_installed)
 
 
 def register_toolchain(cls: type[ToolchainDriver]) -> type[ToolchainDriver]:
-    if not isinstance(getattr(cls, "name", None), Toolchain) or cls.__abstractmethods__:
-        raise BugError(f"toolchain driver {cls.__qualname__} must set name to a Toolchain member and implement "
-                       f"{', '.join(sorted(cls.__abstractmethods__)) or 'everything'}")
-    _DRIVERS.add(cls.name.value, cls)
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not _NAME.match(name) or cls.__abstractmethods__:
+        raise BugError(f"toolchain driver {cls.__qualname__} must set name (lower-case letters, digits and '-', got "
+                       f"{name!r}) and implement {', '.join(sorted(cls.__abstractmethods__)) or 'everything'}")
+    _DRIVERS.add(name, cls)
     return cls
+
+
+def unregister_toolchain(name: str) -> None:
+    """Remove a driver (tests that register a throwaway toolchain clean up with it)."""
+    _DRIVERS.remove(name)
+    _instances.cache_clear()
 
 
 def _discover() -> None:
@@ -274,64 +364,90 @@ def _discover() -> None:
         import toolchains
 
         for info in sorted(pkgutil.iter_modules(toolchains.__path__), key=lambda m: m.name):
-            if info.name != "base":
+            if info.name not in ("base",):
                 importlib.import_module(f"toolchains.{info.name}")
         _discovered = True
 
 
-def driver(name: Toolchain | str, data_dir: Path | None = None,
-           pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver | None:
-    """The installed driver of toolchain ``name`` for the farm at ``data_dir`` (at the version ``pins`` chose for
-    it, else its pinned one); None when the farm has none (the plan says so)."""
-    _discover()
-    key = Toolchain.parse(name, what="toolchain")
-    return _DRIVERS.get(key.value)(data_dir, pins) if key.value in _DRIVERS else None
-
-
-def require(name: Toolchain | str, data_dir: Path | None = None,
-            pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver:
-    """Like :func:`driver`, but a missing driver is an UnsupportedError naming the installed ones."""
-    found = driver(name, data_dir, pins)
-    if found is None:
-        raise UnsupportedError(f"toolchain {name!s} has no driver in this farm; installed: {', '.join(_DRIVERS)}")
-    return found
-
-
-def installed() -> list[str]:
+def names() -> list[str]:
+    """Every registered toolchain's name (the vocabulary)."""
     _discover()
     return list(_DRIVERS)
 
 
-def pinned_versions() -> dict[Toolchain, str]:
+def parse(value: str, *, what: str = "toolchain") -> str:
+    """A toolchain name someone gave: a registered one, else a ConfigurationError naming the value and the valid
+    ones (with a near match)."""
+    _discover()
+    name = str(value).strip().lower()
+    if name not in _DRIVERS:
+        raise ConfigurationError(_DRIVERS.unknown_message(name).replace("unknown toolchain", f"unknown {what}", 1))
+    return name
+
+
+def driver_class(name: str) -> type[ToolchainDriver]:
+    _discover()
+    return _DRIVERS.get(parse(name))
+
+
+@functools.cache
+def _instances(name: str, data_dir: Path | None, pins: tuple[tuple[str, str], ...]) -> ToolchainDriver:
+    return driver_class(name)(data_dir, dict(pins))
+
+
+def driver(name: str, data_dir: Path | None = None, pins: Mapping[str, str] | None = None) -> ToolchainDriver:
+    """Toolchain ``name``'s driver for the farm at ``data_dir``, at the versions ``pins`` chose (each toolchain's
+    pinned one otherwise). One instance per arguments: stages ask it as often as they like."""
+    return _instances(parse(name), None if data_dir is None else Path(data_dir), tuple(sorted((pins or {}).items())))
+
+
+def pinned_versions() -> dict[str, str]:
     """Every toolchain whose version a matrix may choose, and the version it runs unless one does."""
     _discover()
-    return {Toolchain(n): pinned for n in sorted(_DRIVERS) if (pinned := _DRIVERS.get(n).pinned) is not None}
+    return {n: pinned for n in sorted(_DRIVERS) if (pinned := _DRIVERS.get(n).pinned) is not None}
 
 
 def quantizer(precision: Precision, data_dir: Path | None,
-              pins: Mapping[Toolchain, str] | None = None) -> ToolchainDriver | None:
-    """The driver (for the farm at ``data_dir``, at the version ``pins`` chose) whose quantizer makes ``precision``
-    checkpoints (the first by name), or None."""
-    _discover()
-    for name in sorted(_DRIVERS):
-        found = _DRIVERS.get(name)(data_dir, pins)
+              pins: Mapping[str, str] | None = None) -> ToolchainDriver | None:
+    """The driver whose quantize stage makes ``precision`` checkpoints (the first by name), or None."""
+    for name in names():
+        found = driver(name, data_dir, pins)
         if precision in found.quantizes():
             return found
     return None
 
 
-def choose(candidates: tuple[Toolchain, ...], precision: Precision, data_dir: Path,
-           pins: Mapping[Toolchain, str] | None = None) -> tuple[Toolchain | None, list[str]]:
-    """The first of ``candidates`` (a device type's toolchains, in its order) that can run ``precision`` in the
-    farm at ``data_dir`` (at the versions ``pins`` chose), and the reason each one before it could not."""
-    reasons: list[str] = []
-    for name in candidates:
-        found = driver(name, data_dir, pins)
-        if found is None:
-            reasons.append(f"toolchain {name} is not installed in this farm (no driver registered)")
-            continue
-        ok, why = found.accepts(precision)
-        if ok:
-            return name, reasons
-        reasons.append(why)
-    return None, reasons
+@contextmanager
+def assuming_installed() -> Iterator[None]:
+    """In this thread, answer as if every installable toolchain were installed (to plan what installing the
+    missing ones would run)."""
+    _assumed.on = True
+    try:
+        yield
+    finally:
+        _assumed.on = False
+
+
+def availability(found: ToolchainDriver) -> Availability:
+    """``found.available()``, or ok when planning under :func:`assuming_installed` and an install would fix it."""
+    state = found.available()
+    if not state.ok and state.installable and getattr(_assumed, "on", False):
+        return Availability(True)
+    return state
+
+
+def runnable_problem(found: ToolchainDriver, precision: Precision) -> tuple[str | None, ToolchainDriver | None]:
+    """Why ``found`` cannot run ``precision`` here now (not installed; its quantizer missing or not installed), or
+    None; and the toolchain that quantizes the precision for it (None: it exports from the source checkpoint)."""
+    state = availability(found)
+    if not state.ok:
+        return f"toolchain {found.name} is not available: {state.reason}", None
+    if not found.takes_quantized_checkpoint(precision):
+        return None, None
+    maker = quantizer(precision, found.data_dir, found.pins)
+    if maker is None:
+        return (f"toolchain {found.name} builds {precision} from a quantized checkpoint, and no toolchain of this "
+                f"farm quantizes {precision}"), None
+    if maker.name != found.name and not (made := availability(maker)).ok:
+        return f"{precision} is quantized by toolchain {maker.name}, which is not available: {made.reason}", maker
+    return None, maker

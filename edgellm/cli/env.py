@@ -20,7 +20,19 @@ from edgellm.files import write_text_atomic
 NAME = "env"
 HELP = "print versions of edgellm, Python and the inference backends on this machine, as JSON"
 
-_PACKAGES = ("onnxruntime", "onnx", "torch", "transformers", "tokenizers", "tensorrt")
+# The packages a machine's results depend on (the one list: the farm records these, plus its own, for every run).
+PACKAGES = ("onnxruntime", "onnx", "torch", "transformers", "tokenizers", "tensorrt")
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """The installed version of each distribution in ``names`` (None: not installed)."""
+    versions: dict[str, str | None] = {}
+    for pkg in names:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return versions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,12 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def collect() -> dict[str, object]:
     from edgellm.capabilities import capabilities
 
-    versions: dict[str, str | None] = {}
-    for pkg in _PACKAGES:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
+    versions = package_versions()
     caps = capabilities()
     backends = [name for name, b in caps["backends"].items() if b["available"]]
     gpu, gpu_reason = None, "torch is not installed"

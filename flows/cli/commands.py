@@ -260,7 +260,7 @@ def nightly(
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or DEFAULT_MATRIX
-        result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install)[0],
+        result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
                                docs_dir=str(settings.docs_dir))
     if result is not None:
@@ -285,7 +285,7 @@ def run(
         _prefect(settings.data_dir)
         from flows.test_list import make_plan, run_test_list
 
-        result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install)[0],
+        result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),
                                run_test_list, dry_run=dry_run, fmt=fmt, priority=priority)
     if result is not None:
         _finish(result, json_out=json_out)

@@ -1,7 +1,9 @@
-"""``edgefarm toolchains``: install and list the vendor toolchain environments the farm drives.
+"""``edgefarm toolchains``: install and list the toolchain environments the farm drives (each toolchain's driver
+says whether it has environments of its own, installs them and reads their versions back).
 
 Exit codes: 0 ok (list: every environment healthy), 1 some environment unhealthy, 2 bad input (unknown toolchain
-or version), 3 infrastructure (the package registry unreachable, an install that failed on the machine).
+or version, a toolchain without environments), 3 infrastructure (the package registry unreachable, an install that
+failed on the machine).
 """
 
 from __future__ import annotations
@@ -12,46 +14,52 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, ErrorKind
 from flows.cli.commands import DataDirOption, farm_errors
-from toolchains.tensorrt_edgellm import TOOLCHAIN
-from toolchains.tensorrt_edgellm.env import EnvHealth, check_version, install, list_envs, toolchains_root
+from toolchains import base as toolchains
+from toolchains.base import Environment, ToolchainDriver
 
 app = typer.Typer(
     name="toolchains",
-    help="Vendor toolchains (tensorrt-edgellm): isolated environments per version under <data dir>/toolchains.",
+    help="Toolchain environments: isolated environments per version under <data dir>/toolchains.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-INSTALLABLE = (TOOLCHAIN,)
 
 
-def _root(data_dir: Path | None) -> Path:
+def _data_dir(data_dir: Path | None) -> Path:
     from flows.settings import Settings
 
-    return toolchains_root(Settings.resolve(data_dir=data_dir, create=False).data_dir).resolve()
+    return Settings.resolve(data_dir=data_dir, create=False).data_dir
 
 
-def parse_spec(spec: str) -> tuple[str, str]:
-    """``tensorrt-edgellm==0.11.0`` -> (name, version)."""
+def parse_spec(spec: str, data_dir: Path | None = None) -> tuple[ToolchainDriver, str]:
+    """``NAME==VERSION`` -> (the driver, the version it checked); only toolchains whose version can be chosen."""
     name, sep, version = spec.partition("==")
-    if name not in INSTALLABLE:
-        raise ConfigurationError(f"unknown toolchain {name!r} in {spec!r}; installable: {', '.join(INSTALLABLE)}")
+    installable = toolchains.pinned_versions()
+    if name.strip().lower() not in installable:
+        raise ConfigurationError(f"unknown toolchain {name!r} in {spec!r}; installable: {', '.join(installable)}")
     if not sep or not version:
         raise ConfigurationError(f"give a pinned version: {name}==X.Y.Z (got {spec!r})")
-    return name, check_version(version)
+    found = toolchains.driver(name, data_dir)
+    problem = found.version_problem(version)
+    if problem is not None:
+        raise ConfigurationError(problem)
+    return found, version
 
 
-def _table(envs: list[EnvHealth]) -> Table:
+def _table(envs: list[Environment]) -> Table:
     table = Table(title="toolchain environments")
     for column in ("toolchain", "version", "status", "path", "problems"):
         table.add_column(column, no_wrap=column in ("toolchain", "version", "status"))
     for e in envs:
         status = "[green]healthy[/]" if e.healthy else "[red]unhealthy[/]"
-        table.add_row(TOOLCHAIN, e.version or "-", status, str(e.path), "; ".join(e.problems))
+        table.add_row(escape(e.toolchain), escape(e.version or "-"), status, escape(e.path),
+                      escape("; ".join(e.problems)))
     return table
 
 
@@ -60,12 +68,11 @@ def install_command(
     spec: Annotated[str, typer.Argument(help="NAME==VERSION, e.g. tensorrt-edgellm==0.11.0")],
     data_dir: DataDirOption = None,
 ) -> None:
-    """Install a toolchain version into its own environment (CPU torch, no torchvision); reuse a healthy one."""
+    """Install a toolchain version into its own environment; reuse a healthy one."""
     with farm_errors("toolchains install"):
-        _, version = parse_spec(spec)
-        root = _root(data_dir)
-        Console(stderr=True).print(f"installing {TOOLCHAIN} {version} into {root} (a few minutes on first use)")
-        result = install(root, version, log=None)
+        found, version = parse_spec(spec, _data_dir(data_dir))
+        Console(stderr=True).print(f"installing {found.name} {version} (a few minutes on first use)", markup=False)
+        result = found.install_version(version)
     Console().print(_table([result]))
 
 
@@ -76,11 +83,12 @@ def list_command(
 ) -> None:
     """Every installed toolchain environment with its version read back and its health."""
     with farm_errors("toolchains list"):
-        root = _root(data_dir)
-    envs = list_envs(root)
+        root = _data_dir(data_dir)
+        envs = [e for name in toolchains.names() for e in toolchains.driver(name, root).environments()]
     if as_json:
         Console().print_json(json.dumps([e.to_dict() for e in envs]))
     else:
-        Console().print(_table(envs) if envs else f"no toolchain environments under {root}")
+        Console().print(_table(envs) if envs else f"no toolchain environments under {root / 'toolchains'}",
+                        markup=False)
     if any(not e.healthy for e in envs):
-        raise typer.Exit(1)
+        raise typer.Exit(ErrorKind.TEST_FAILURE.exit_code)

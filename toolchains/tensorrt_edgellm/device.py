@@ -9,18 +9,13 @@ runtime config plus a ``builder_config`` block with the limits it built for) int
 writes ``{"responses": [{"output_text", "request_idx", "batch_idx", ...}]}``; ``llm_bench --outputDir D`` writes
 ``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,batch_size,osl,e2e_time_ms,
 per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row) and a ``_samples`` CSV of per-iteration
-latencies. The ONNX-less route builds straight from a checkpoint with the wheel's
-``tensorrt-edgellm-build --model-dir C --engine-dir E --plugin-path P --max-input-len N --max-kv-cache-capacity N
---max-batch-size N`` (it needs TensorRT's Python bindings). Option names were checked against the tools' sources and
-the published input-format guide. Paths are device paths (POSIX strings); only direct_route_unavailable looks at
-the local toolchain environment.
+latencies. Option names were checked against the tools' sources and the published input-format guide. Paths are
+device paths (POSIX strings). The ONNX-less route (``tensorrt-edgellm-build`` from the checkpoint) is not driven.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,6 +23,7 @@ from typing import Any
 
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import GenerationRequest
+from edgellm.types import BenchMode
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
 INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required
@@ -35,18 +31,6 @@ OPTIONAL_KEYS = ("version", "standin")  # the C++ build's release (no package re
 ENGINE_FILE = "llm.engine"
 # What llm_inference writes as output_text for a request it could not handle.
 FAILED_TEXT = "TensorRT Edge LLM cannot handle this request. Fails."
-
-
-class Route(enum.StrEnum):
-    """How the engine was made: from the exported ONNX (llm_build) or straight from the checkpoint."""
-
-    ONNX = "onnx"
-    DIRECT = "direct"
-
-
-class BenchMode(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True)
@@ -63,7 +47,7 @@ class DeviceInstall:
     @classmethod
     def from_inventory(cls, data: Mapping[str, Any], *, device: str) -> DeviceInstall:
         if not isinstance(data, Mapping):
-            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm must be a mapping with "
+            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm must be a mapping with "
                                      f"{', '.join(INSTALL_KEYS)} (optional: {', '.join(OPTIONAL_KEYS)})")
         missing = [k for k in INSTALL_KEYS if not data.get(k)]
         unknown = sorted(set(data) - set(INSTALL_KEYS) - set(OPTIONAL_KEYS))
@@ -80,10 +64,11 @@ class DeviceInstall:
             raise ConfigurationError(f"device {device!r}: install paths must be absolute: {', '.join(relative)}")
         standin, version = data.get("standin", False), data.get("version")
         if not isinstance(standin, bool):
-            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm.standin must be true or false, "
+            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm.standin must be true or false, "
                                      f"got {standin!r}")
         if version is not None and (not isinstance(version, str) or not version.strip()):
-            raise ConfigurationError(f"device {device!r}: tensorrt_edgellm.version must be a non-empty string, "
+            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm.version must be a non-empty "
+                                     f"string, "
                                      f"got {version!r}")
         return cls(**paths, version=version, standin=standin)
 
@@ -121,25 +106,11 @@ def build_argv(install: DeviceInstall, onnx_dir: str, engine_dir: str, *, max_ba
             "--maxKVCacheCapacity", str(max_kv_cache_capacity)]
 
 
-def direct_build_argv(build_script: str, checkpoint_dir: str, engine_dir: str, *, plugin_path: str,
-                      max_batch_size: int, max_input_len: int, max_kv_cache_capacity: int) -> list[str]:
-    """``tensorrt-edgellm-build`` (the ONNX-less route) from a (quantized) checkpoint."""
-    _positive(max_batch_size=max_batch_size, max_input_len=max_input_len, max_kv_cache_capacity=max_kv_cache_capacity)
-    return [build_script, "--model-dir", checkpoint_dir, "--engine-dir", engine_dir, "--plugin-path", plugin_path,
-            "--max-input-len", str(max_input_len), "--max-kv-cache-capacity", str(max_kv_cache_capacity),
-            "--max-batch-size", str(max_batch_size)]
-
-
 def inference_argv(install: DeviceInstall, engine_dir: str, input_file: str, output_file: str, *,
-                   route: Route = Route.ONNX, checkpoint_dir: str | None = None, warmup: int = 0) -> list[str]:
-    """``llm_inference``; the direct route's engines load weights from the checkpoint (``--checkpointDir``)."""
-    if (route is Route.DIRECT) != (checkpoint_dir is not None):
-        raise ConfigurationError(f"route {route.value} {'needs' if route is Route.DIRECT else 'takes no'} "
-                                 f"checkpoint_dir (got {checkpoint_dir!r})")
+                   warmup: int = 0) -> list[str]:
+    """``llm_inference`` on an engine built from the exported ONNX."""
     argv = [install.tool("llm_inference"), "--engineDir", engine_dir, "--inputFile", input_file,
             "--outputFile", output_file]
-    if checkpoint_dir is not None:
-        argv += ["--checkpointDir", checkpoint_dir]
     if warmup:
         argv += ["--warmup", str(warmup)]
     return argv
@@ -232,17 +203,6 @@ def from_trt_responses(output: Mapping[str, Any], requests: list[GenerationReque
         raise TestFailure(f"llm_inference could not handle request(s) {', '.join(failed)}")
     return {"responses": [{"id": r.id, "text": by_index[i], "output_ids": None, "finish_reason": None,
                            "timings": None} for i, r in enumerate(requests)]}
-
-
-def direct_route_unavailable(env: Path) -> str | None:
-    """Why ``tensorrt-edgellm-build`` cannot run in the toolchain environment ``env`` (None when it can):
-    it stops at once without TensorRT's Python bindings, which the package registry here does not carry."""
-    python = Path(env) / "bin" / "python"
-    done = subprocess.run([str(python), "-c", "import tensorrt"], capture_output=True, text=True, timeout=120,
-                          check=False)
-    if done.returncode == 0:
-        return None
-    return f"tensorrt-edgellm-build needs TensorRT's Python bindings, not installed in {env}"
 
 
 def bench_csv(output_dir: str, mode: BenchMode, length: int) -> str:

@@ -1,15 +1,15 @@
-"""The ``tensorrt-edgellm`` toolchain as the farm drives it: the pinned version's environment under the data dir,
-its quantizer (the farm's one quantizer: every consumer of a quantized precision takes its checkpoint) and its ONNX
-exporter on the orchestrating host, and its device stages on a TensorRT device that has an install (the inventory's
-``tensorrt_edgellm:`` block): ``llm_build`` on the exported ``llm/`` dir, ``llm_inference`` with our requests
-translated to its input file and its output translated back, ``llm_bench`` prefill and decode, accuracy as greedy
-text agreement with the host's reference (``accuracy``). Argument lists, environment and file formats: ``device``.
-The route is ONNX (export -> llm_build); the direct route (``tensorrt-edgellm-build`` from the checkpoint) needs
-TensorRT's Python bindings on the host and is not driven. A device whose install says ``standin: true`` runs test
-stand-ins of the tools: its results are recorded as stand-in and never count as evidence.
+"""The ``tensorrt-edgellm`` toolchain as the farm drives it: the pinned version's environment under the data dir
+(installed on first use), its quantizer (the farm's quantizer for the precisions it declares: every consumer of such
+a precision takes its checkpoint) and its ONNX exporter on the orchestrating host (``host_stages``), and its device
+stages on a TensorRT device whose inventory has a ``toolchains: {tensorrt-edgellm: {...}}`` block: ``llm_build`` on
+the exported ``llm/`` dir, ``llm_inference`` with our requests translated to its input file and its output translated
+back, ``llm_bench`` prefill and decode, accuracy as greedy text agreement with the host's reference (``accuracy``).
+Argument lists, environment and file formats: ``device``. The route is ONNX (export -> llm_build). A device whose
+block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and never count
+as evidence.
 
-``make nightly`` and ``edgefarm run`` install the pinned version on first use (:func:`ensure_installed`); when that
-fails (e.g. the package registry is unreachable) the reason is remembered for this process, and every row that
+``make nightly`` and ``edgefarm run`` install the pinned version on first use (:meth:`TensorrtEdgellm.install`); when
+that fails (e.g. the package registry is unreachable) the reason is remembered for this process, and every row that
 needs the toolchain is skipped with it. A matrix may choose other versions (``toolchain_versions:``, to compare
 them): each runs from its own environment ``<data dir>/toolchains/tensorrt-edgellm-<version>``, which is never
 installed on first use (a comparison is deliberate; installing a version takes minutes and the registry): a row
@@ -21,21 +21,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, UnsupportedError
 from edgellm.runtime.requests import GenerationRequest, check_requests
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
+from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
 from toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
     EngineCheck,
-    Toolchain,
+    Environment,
+    Route,
     ToolchainDriver,
+    Variant,
     register_toolchain,
 )
 from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN
@@ -43,27 +44,31 @@ from toolchains.tensorrt_edgellm import accuracy as text_accuracy
 from toolchains.tensorrt_edgellm import device as trt
 from toolchains.tensorrt_edgellm.env import (
     CONSOLE_SCRIPTS,
+    EnvHealth,
     check_version,
     env_dir,
     install,
     installed_version,
+    list_envs,
     script,
     toolchains_root,
 )
 from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 
 if TYPE_CHECKING:
+    from artifacts.store import ArtifactRef
     from devices.inventory import Device
+    from tasks.host import HostWork
+    from tasks.outcome import Keyed, StageOutcome
+    from tasks.spec import CheckpointRef, JobSpec
 
 log = logging.getLogger(__name__)
 
 PINNED_VERSION = DEFAULT_VERSION
-INVENTORY_KEY = "tensorrt_edgellm"  # the device file's block naming where the install lives
 STANDIN_NOTE = "STAND-IN tools (test only, never evidence)"
 _FLOAT_HEADS = frozenset({LMHeadPrecision.FP16})  # the head the exporter writes when the quantizer leaves it alone
 _install_failures: dict[Path, str] = {}  # env dir -> why installing it failed in this process
 _install_lock = threading.Lock()
-_assumed = threading.local()  # planning "what if it were installed" (see assume_installed)
 
 
 def install_command(version: str = PINNED_VERSION) -> str:
@@ -86,8 +91,6 @@ def pinned_env(farm_data_dir: Path) -> Path:
 def env_problem(env: Path, version: str = PINNED_VERSION) -> str | None:
     """Why ``env`` is not a usable install of ``version`` (fast: metadata and files, no imports), or None.
     The reason names no absolute path (it lands in published pages)."""
-    if getattr(_assumed, "on", False) and version == PINNED_VERSION:
-        return None
     command = install_command(version)
     try:
         found = installed_version(env)
@@ -102,17 +105,6 @@ def env_problem(env: Path, version: str = PINNED_VERSION) -> str | None:
     if missing:
         return f"the {TOOLCHAIN} {version} environment lacks {', '.join(missing)} (run: {command})"
     return None
-
-
-@contextmanager
-def assume_installed() -> Iterator[None]:
-    """In this thread, answer as if the pinned version were installed (to plan what installing it would run; a
-    version a matrix chose is never installed on first use, so it is not assumed)."""
-    _assumed.on = True
-    try:
-        yield
-    finally:
-        _assumed.on = False
 
 
 def ensure_installed(farm_data_dir: Path) -> str | None:
@@ -134,16 +126,8 @@ def ensure_installed(farm_data_dir: Path) -> str | None:
         return env_problem(env)
 
 
-def quantizer_lm_head(lm_head: LMHeadPrecision | None) -> QuantMethod | None:
-    """The quantizer's ``--lm_head_quantization`` for an LM-head precision a test asks for (None: left alone)."""
-    if lm_head is None or lm_head in _FLOAT_HEADS:
-        return None
-    return QuantMethod(lm_head.value)
-
-
-def quantizer_kv_cache(kv_cache: KVCachePrecision | None) -> str | None:
-    """The quantizer's ``--kv_cache_quantization`` for a KV-cache precision a test asks for (None: fp16)."""
-    return "fp8" if kv_cache is KVCachePrecision.FP8 else None
+def _environment(found: EnvHealth) -> Environment:
+    return Environment(TOOLCHAIN, found.version, found.healthy, str(found.path), tuple(found.problems))
 
 
 def _parsed(requests: list[dict[str, Any]]) -> list[GenerationRequest]:
@@ -156,8 +140,9 @@ def _parsed(requests: list[dict[str, Any]]) -> list[GenerationRequest]:
 
 @register_toolchain
 class TensorrtEdgellm(ToolchainDriver):
-    name = Toolchain.TENSORRT_EDGELLM
+    name = TOOLCHAIN
     pinned = PINNED_VERSION
+    needs_gpu = True
 
     @property
     def host_env_version(self) -> str:
@@ -176,15 +161,17 @@ class TensorrtEdgellm(ToolchainDriver):
             return str(exc)
         return None
 
+    # --- what it can produce ---
+
     def quantizes(self) -> tuple[Precision, ...]:
         return tuple(Precision(m.value) for m in METHODS)
 
     def precisions(self) -> tuple[Precision, ...]:
         return (Precision.FP16, *self.quantizes())
 
-    def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
-                        kv_cache: KVCachePrecision | None) -> str | None:
-        quantized = precision is not Precision.FP16
+    def variant_problem(self, variant: Variant) -> str | None:
+        quantized = variant.precision is not Precision.FP16
+        lm_head, kv_cache = variant.lm_head, variant.kv_cache
         heads = {h for h in LMHeadPrecision if h.value in {m.value for m in LM_HEAD_METHODS}}
         if lm_head is not None and lm_head not in _FLOAT_HEADS:
             if lm_head not in heads:
@@ -198,62 +185,124 @@ class TensorrtEdgellm(ToolchainDriver):
             return f"toolchain {self.name}: an fp8 KV cache needs a quantized precision (not fp16)"
         return None
 
+    @staticmethod
+    def quantizer_lm_head(lm_head: LMHeadPrecision | None) -> str | None:
+        """The quantizer's ``--lm_head_quantization`` for an LM-head precision a test asks for (None: left alone)."""
+        if lm_head is None or lm_head in _FLOAT_HEADS:
+            return None
+        return QuantMethod(lm_head.value).value
+
+    @staticmethod
+    def quantizer_kv_cache(kv_cache: KVCachePrecision | None) -> str | None:
+        """The quantizer's ``--kv_cache_quantization`` for a KV-cache precision a test asks for (None: fp16)."""
+        return "fp8" if kv_cache is KVCachePrecision.FP8 else None
+
+    # --- install and version ---
+
     def available(self) -> Availability:
         problem = env_problem(self.env_path(), self.host_env_version)
-        return Availability(problem is None, problem)
+        # only the pinned version is installed on first use (a compared version is installed on purpose)
+        return Availability(problem is None, problem, installable=self.host_env_version == PINNED_VERSION)
 
-    def version(self, env: Mapping[str, Any]) -> str:
-        packages = env.get("packages") or {}
-        found = packages.get(TOOLCHAIN) if isinstance(packages, Mapping) else None
-        return str(found) if found else "unknown"
+    def install(self) -> str | None:
+        if self.host_env_version != PINNED_VERSION:
+            return self.available().reason
+        assert self.data_dir is not None
+        return ensure_installed(self.data_dir)
 
     def host_version(self) -> str:
         return installed_version(self.env_path())
 
-    # --- device stages (ONNX route) ---
+    def _root(self) -> Path:
+        if self.data_dir is None:
+            raise BugError(f"toolchain {self.name}: its environments were asked for without the farm's data dir")
+        return toolchains_root(self.data_dir).resolve()
+
+    def install_version(self, version: str) -> Environment:
+        return _environment(install(self._root(), check_version(version), log=None))
+
+    def environments(self) -> list[Environment]:
+        return [_environment(e) for e in list_envs(self._root())]
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        found = self._config(device)
+        version = found.version if found is not None else None
+        return (version or "unknown") + ("+standin" if found is not None and found.standin else "")
+
+    # --- its block in a device's inventory ---
+
+    def device_config(self, block: Any, device: str) -> trt.DeviceInstall:
+        return trt.DeviceInstall.from_inventory(block, device=device)
 
     @staticmethod
-    def install(device: Device) -> trt.DeviceInstall:
-        found = device.trt_install
+    def _config(device: Device) -> trt.DeviceInstall | None:
+        found = device.toolchain_config(TOOLCHAIN)
+        return found if isinstance(found, trt.DeviceInstall) else None
+
+    def _install_of(self, device: Device) -> trt.DeviceInstall:
+        found = self._config(device)
         if found is None:
-            raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install (add a {INVENTORY_KEY}: "
-                                   f"block with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+            raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install (add a toolchains: "
+                                   f"{{{TOOLCHAIN}: {{...}}}} block with {', '.join(trt.INSTALL_KEYS)} to its "
+                                   f"inventory file)")
         return found
 
     def drives(self, device: Device) -> bool:
-        return device.trt_install is not None
+        return self._config(device) is not None
 
     def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
         if any(self.drives(d) for d in devices):
             return None
-        return (f"no device of platform {platform} has a TensorRT Edge-LLM install (add a {INVENTORY_KEY}: block "
-                f"with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+        return (f"no device of platform {platform} has a TensorRT Edge-LLM install (add a toolchains: "
+                f"{{{TOOLCHAIN}: {{...}}}} block with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
 
     def standin(self, device: Device) -> bool:
-        return self.install(device).standin
+        return self._install_of(device).standin
 
-    def route(self) -> str | None:
-        return trt.Route.ONNX.value
+    def route(self) -> Route | None:
+        return Route.ONNX
 
-    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        found = device.trt_install
-        version = found.version if found is not None else None
-        return (version or "unknown") + ("+standin" if found is not None and found.standin else "")
+    # --- host stages (toolchains/tensorrt_edgellm/host_stages.py) ---
+
+    def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
+        from toolchains.tensorrt_edgellm import host_stages
+
+        return host_stages.quantize_key_inputs(self, job, quantize_device, version)
+
+    def judge_quantized(self, work: HostWork, job: JobSpec, version: str, ref: ArtifactRef) -> StageOutcome:
+        from toolchains.tensorrt_edgellm import host_stages
+
+        return host_stages.judge_quantized(self, work, job, version, ref)
+
+    def quantize(self, work: HostWork, job: JobSpec, keyed: Keyed) -> StageOutcome:
+        from toolchains.tensorrt_edgellm import host_stages
+
+        return host_stages.quantize(self, work, job, keyed)
+
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        from toolchains.tensorrt_edgellm import host_stages
+
+        return {**self.common_export_key(checkpoint_sha, job, version), **host_stages.export_key_extra(job)}
+
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        from toolchains.tensorrt_edgellm import host_stages
+
+        return host_stages.export(self, work, job, checkpoint, quantized_linears, keyed)
+
+    # --- device stages (ONNX route) ---
 
     def build_key_inputs(self, device: Device) -> dict[str, Any]:
-        return {"route": self.route(), **self.install(device).describe()}
+        return {"route": Route.ONNX.value, **self._install_of(device).describe()}
 
     def _env(self, device: Device) -> dict[str, str]:
-        return self.install(device).env(device.env.get("LD_LIBRARY_PATH"))
-
-    def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
-                      params: Mapping[str, int]) -> list[str]:
-        raise UnsupportedError(f"toolchain {TOOLCHAIN} builds with the device's llm_build (build_step)")
+        return self._install_of(device).env(device.env.get("LD_LIBRARY_PATH"))
 
     def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        argv = trt.build_argv(self.install(device), onnx_dir, engine_dir, max_batch_size=params["max_batch_size"],
-                              max_input_len=params["max_input_len"], max_kv_cache_capacity=params["max_seq_len"])
-        return DeviceStep(argv, env=self._env(device))
+        argv = trt.build_argv(self._install_of(device), onnx_dir, engine_dir,
+                              max_batch_size=params["max_batch_size"], max_input_len=params["max_input_len"],
+                              max_kv_cache_capacity=params["max_seq_len"])
+        return DeviceStep(argv, env=self._env(device), fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
 
     def needs_onnx_for_check(self) -> bool:
         return True
@@ -269,9 +318,10 @@ class TensorrtEdgellm(ToolchainDriver):
     def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
         return trt.to_trt_requests(_parsed(requests))
 
-    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
-        return DeviceStep(trt.inference_argv(self.install(device), engine_dir, request_file, output_file),
-                          env=self._env(device))
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
+        return DeviceStep(trt.inference_argv(self._install_of(device), engine_dir, request_file,
+                                             f"{job_dir}/out.json"),
+                          env=self._env(device), fetch={"out.json": "out.json"})
 
     def infer_responses(self, output: Mapping[str, Any], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(trt.from_trt_responses(output, _parsed(requests))["responses"])
@@ -279,24 +329,29 @@ class TensorrtEdgellm(ToolchainDriver):
     def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
                    warmup: int, iterations: int) -> list[BenchRun]:
         runs = []
-        for mode, length in ((trt.BenchMode.PREFILL, prompt_len), (trt.BenchMode.DECODE, past_len)):
+        for mode, length in ((BenchMode.PREFILL, prompt_len), (BenchMode.DECODE, past_len)):
             out = f"{job_dir}/bench-{mode.value}"
-            lengths = {"input_len": length} if mode is trt.BenchMode.PREFILL else {"past_kv_len": length}
-            argv = trt.bench_argv(self.install(device), engine_dir, mode, iterations=iterations, warmup=warmup,
+            lengths = {"input_len": length} if mode is BenchMode.PREFILL else {"past_kv_len": length}
+            argv = trt.bench_argv(self._install_of(device), engine_dir, mode, iterations=iterations, warmup=warmup,
                                   output_dir=out, **lengths)
             e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)
             runs.append(BenchRun(DeviceStep(argv, env=self._env(device),
-                                            fetch={"e2e.csv": e2e, "samples.csv": trt.samples_csv(e2e)}),
-                                 mode.value))
+                                            fetch={"e2e.csv": e2e, "samples.csv": trt.samples_csv(e2e)}), mode))
         return runs
 
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
         samples = fetched.get("samples.csv")
-        return trt.parse_bench(trt.BenchMode(run.mode), fetched["e2e.csv"].read_text(encoding="utf-8"),
+        return trt.parse_bench(run.mode, fetched["e2e.csv"].read_text(encoding="utf-8"),
                                samples.read_text(encoding="utf-8") if samples is not None else None)
 
-    def accuracy_stages_reference(self) -> bool:
-        return False
+    # accuracy: llm_inference gives text only, so the device generates the reference's prompts greedily and the
+    # host scores greedy text agreement (accuracy.py)
+
+    def accuracy_reads_reference(self) -> bool:
+        return True
+
+    def accuracy_judged_on_host(self) -> bool:
+        return True
 
     def accuracy_request(self, reference: Path) -> list[dict[str, Any]] | None:
         return text_accuracy.requests_for(reference)
@@ -304,7 +359,8 @@ class TensorrtEdgellm(ToolchainDriver):
     def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
                       job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
         assert request_file is not None
-        return DeviceStep(trt.inference_argv(self.install(device), engine_dir, request_file, f"{job_dir}/out.json"),
+        return DeviceStep(trt.inference_argv(self._install_of(device), engine_dir, request_file,
+                                             f"{job_dir}/out.json"),
                           env=self._env(device), fetch={"out.json": "out.json"})
 
     def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,

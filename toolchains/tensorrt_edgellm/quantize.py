@@ -17,8 +17,9 @@ from pathlib import Path
 
 from edgellm.checkpoint.header import TensorInfo, read_header
 from edgellm.checkpoint.modelopt import read_quant_layout
-from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
+from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import QuantMethod
+from toolchains.base import NotApplicable  # raised before the tool runs when a precondition fails
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, offline_env
 from toolchains.tensorrt_edgellm.env import installed_version, script
@@ -46,14 +47,6 @@ DEFAULT_MAX_UNQUANTIZED_SHARE = 0.0
 DEFAULT_NUM_SAMPLES = 64
 TIMEOUT_S = 1200  # the reference CI's quantize stage limit
 _EMBEDDINGS = ("embed_tokens", "wte", "tok_embeddings", "embeddings")
-
-
-class NotApplicable(UnsupportedError):
-    """The method cannot apply to this checkpoint; ``reason`` says why. Raised before the tool runs."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def parse_method(method: str | QuantMethod) -> QuantMethod:

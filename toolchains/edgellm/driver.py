@@ -16,24 +16,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.backends.base import registered_backends
 from edgellm.capabilities import buildable
-from edgellm.compiler.export import check_variant, quantized_export_precisions
+from edgellm.compiler.build import ENGINE_MANIFEST
+from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.thresholds import FIELDS
-from edgellm.types import Backend, KVCachePrecision, LMHeadPrecision, Precision
+from edgellm.types import Backend, BenchMode, Precision
 from toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
     EngineCheck,
-    Toolchain,
     ToolchainDriver,
+    Variant,
     register_toolchain,
 )
 
 if TYPE_CHECKING:
     from devices.inventory import Device
-
-ENGINE_MANIFEST = "engine_manifest.json"
+    from tasks.host import HostWork
+    from tasks.outcome import Keyed, StageOutcome
+    from tasks.spec import CheckpointRef, JobSpec
 
 
 @functools.cache
@@ -73,23 +75,30 @@ def eval_metrics(report: Mapping[str, object]) -> dict[str, tuple[float, str]]:
     return metrics
 
 
+@functools.cache
+def _host_env() -> dict[str, Any]:
+    """``edgellm env`` of this process, once (package versions do not change while it runs)."""
+    from edgellm.cli.env import collect
+
+    return collect()
+
+
 class EdgellmToolchain(ToolchainDriver):
     backend: ClassVar[str]  # the `edgellm build --backend` value
     package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
 
     def precisions(self) -> tuple[Precision, ...]:
         """From a float checkpoint: what export and the backend both make; from a checkpoint the farm's quantizer
-        made: the quantized precisions export reads and the backend builds (toolchains.base checks the quantizer)."""
+        made: the quantized precisions export reads and the backend builds."""
         if self.backend not in {b.value for b in Backend}:
             return ()
         backend = registered_backends().get(self.backend)
         built = set(backend.precisions) if backend is not None else set()
         return (*buildable(self.backend), *(p for p in quantized_export_precisions() if p in built))
 
-    def variant_problem(self, precision: Precision, lm_head: LMHeadPrecision | None,
-                        kv_cache: KVCachePrecision | None) -> str | None:
+    def variant_problem(self, variant: Variant) -> str | None:
         try:
-            check_variant(precision, lm_head, kv_cache)
+            check_variant(variant.precision, variant.lm_head, variant.kv_cache)
         except UnsupportedError as exc:
             return f"toolchain {self.name}: {exc}"
         return None
@@ -100,15 +109,37 @@ class EdgellmToolchain(ToolchainDriver):
         return Availability(True)
 
     def version(self, env: Mapping[str, Any]) -> str:
+        """The toolchain's version on a machine, from that machine's ``edgellm env`` JSON."""
         packages = env.get("packages") or {}
         backend = packages.get(self.package) if isinstance(packages, Mapping) else None
         return f"{env.get('edgellm')}+{self.package}-{backend}"
 
-    def build_command(self, interpreter: str, onnx_dir: str, engine_dir: str,
-                      params: Mapping[str, int]) -> list[str]:
-        return [interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend", self.backend,
-                "--max-batch-size", str(params["max_batch_size"]), "--max-input-len", str(params["max_input_len"]),
-                "--max-seq-len", str(params["max_seq_len"])]
+    def host_version(self) -> str:
+        return self.version(_host_env())
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        return self.version(env)
+
+    # --- host stage: export (host_stages.py) ---
+
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        from edgellm.build_id import build_id
+
+        return {**self.common_export_key(checkpoint_sha, job, version), "opset": OPSET, "edgellm_build": build_id()}
+
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        from toolchains.edgellm import host_stages
+
+        return host_stages.export(self, work, job, checkpoint, keyed)
+
+    # --- device stages: edgellm's CLI on the device ---
+
+    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
+        return DeviceStep([device.interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend",
+                           self.backend, "--max-batch-size", str(params["max_batch_size"]), "--max-input-len",
+                           str(params["max_input_len"]), "--max-seq-len", str(params["max_seq_len"])],
+                          fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
 
     def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
         """The engine manifest states the precision the build read back from the graph it built."""
@@ -120,28 +151,24 @@ class EdgellmToolchain(ToolchainDriver):
         found = str(manifest.get("precision"))
         return EngineCheck(found, f"engine precision {found} (read back from the built graph)", metrics)
 
-    def infer_step(self, device: Device, engine_dir: str, request_file: str, output_file: str) -> DeviceStep:
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
         return DeviceStep([device.interpreter, "-m", "edgellm", "infer", "--engine-dir", engine_dir,
-                           "--input-file", request_file, "--output-file", output_file])
+                           "--input-file", request_file, "--output-file", f"{job_dir}/out.json"],
+                          fetch={"out.json": "out.json"})
 
     def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
                    warmup: int, iterations: int) -> list[BenchRun]:
         modes = {
-            "prefill": ["--mode", "prefill", "--batch-size", "1", "--input-len", str(prompt_len), "--past-len", "0"],
-            "decode": ["--mode", "decode", "--batch-size", "1", "--past-len", str(past_len)],
+            BenchMode.PREFILL: ["--batch-size", "1", "--input-len", str(prompt_len), "--past-len", "0"],
+            BenchMode.DECODE: ["--batch-size", "1", "--past-len", str(past_len)],
         }
         return [BenchRun(DeviceStep([device.interpreter, "-m", "edgellm", "bench", "--engine-dir", engine_dir,
-                                     *args, "--warmup", str(warmup), "--iterations", str(iterations),
-                                     "--output", f"{job_dir}/bench.json"], fetch={"bench.json": "bench.json"}),
-                         mode) for mode, args in modes.items()]
+                                     "--mode", mode.value, *args, "--warmup", str(warmup), "--iterations",
+                                     str(iterations), "--output", f"{job_dir}/bench.json"],
+                                    fetch={"bench.json": "bench.json"}), mode) for mode, args in modes.items()]
 
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        report = json.loads(fetched["bench.json"].read_text())
-        m = run.mode
-        return {f"{m}_tokens_per_s": (float(report["tokens_per_s"]), "tokens/s"),
-                f"{m}_ms_per_token": (float(report["ms_per_token"]["median"]), "ms"),
-                f"{m}_ms_per_token_p90": (float(report["ms_per_token"]["p90"]), "ms"),
-                f"{m}_peak_rss_mb": (report["peak_rss_bytes"] / 2**20, "MiB")}
+        return bench_metrics(run.mode, json.loads(fetched["bench.json"].read_text()))
 
     def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
                       job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
@@ -160,15 +187,25 @@ class EdgellmToolchain(ToolchainDriver):
         return report
 
 
+def bench_metrics(mode: BenchMode, report: Mapping[str, Any]) -> dict[str, tuple[float, str]]:
+    """Farm metrics of one ``edgellm bench`` JSON report (other toolchains that write that format reuse this)."""
+    m = mode.value
+    return {f"{m}_tokens_per_s": (float(report["tokens_per_s"]), "tokens/s"),
+            f"{m}_ms_per_token": (float(report["ms_per_token"]["median"]), "ms"),
+            f"{m}_ms_per_token_p90": (float(report["ms_per_token"]["p90"]), "ms"),
+            f"{m}_peak_rss_mb": (report["peak_rss_bytes"] / 2**20, "MiB")}
+
+
 @register_toolchain
 class EdgellmOrt(EdgellmToolchain):
-    name = Toolchain.EDGELLM_ORT
+    name = "edgellm-ort"  # this library, engines built and run with ONNX Runtime
     backend = "ort"
     package = "onnxruntime"
 
 
 @register_toolchain
 class EdgellmTorchCuda(EdgellmToolchain):
-    name = Toolchain.EDGELLM_TORCH_CUDA
+    name = "edgellm-torch-cuda"  # this library, the torch-CUDA backend
     backend = "torch-cuda"
     package = "torch"
+    needs_gpu = True

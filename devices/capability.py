@@ -1,0 +1,64 @@
+"""The one answer to "can this platform run this variant with this toolchain": ``capability(platform, toolchain,
+variant) -> Capability``. The plan (matrices and test lists), ``edgefarm lists validate`` and anything else that asks
+use it, so a combination is refused for the same reason everywhere.
+
+In order, the first refusal wins:
+  1. the device type's hardware: the weight precision (``precisions``, ``refuses``, the SM it needs), the KV cache
+     (``kv_cache_precisions``) and the LM head (``lm_head_precisions``);
+  2. the toolchain (when one is named): the platform runs it (the type's ``toolchains``), it produces the precision,
+     and it can give the LM head and KV cache asked for (``ToolchainDriver.variant_problem``).
+Whether the toolchain is installed here, or a device of the platform exists, is not a capability (the plan records
+those rows as skipped, not as not applicable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devices.types import device_type
+from toolchains import base as toolchains
+from toolchains.base import Variant
+
+
+@dataclass(frozen=True)
+class Capability:
+    ok: bool
+    reason: str = ""  # why not (names the platform or toolchain and what is valid); empty when ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def hardware(platform: str, variant: Variant) -> Capability:
+    """Whether the platform's hardware runs the variant at all (any toolchain)."""
+    dtype = device_type(platform)
+    ok, why = dtype.supports(variant.precision)
+    if not ok:
+        return Capability(False, why)
+    if variant.kv_cache is not None and not (kv := dtype.supports_kv_cache(variant.kv_cache))[0]:
+        return Capability(False, kv[1])
+    if variant.lm_head is not None and not (head := dtype.supports_lm_head(variant.lm_head))[0]:
+        return Capability(False, head[1])
+    return Capability(True)
+
+
+def capability(platform: str, toolchain: str | None, variant: Variant) -> Capability:
+    """Whether ``platform`` can run ``variant`` with ``toolchain`` (None: with any of the platform's toolchains;
+    the reason is then the preferred toolchain's)."""
+    found = hardware(platform, variant)
+    if not found:
+        return found
+    dtype = device_type(platform)
+    if toolchain is None:
+        reasons = [c for name in dtype.toolchains if not (c := capability(platform, name, variant))]
+        return Capability(True) if len(reasons) < len(dtype.toolchains) else reasons[0]
+    name = toolchains.parse(toolchain)
+    if name not in dtype.toolchains:
+        return Capability(False, f"{dtype.label} does not run toolchain {name} (runs: {', '.join(dtype.toolchains)})")
+    driver = toolchains.driver(name)
+    produced = driver.precisions()
+    if variant.precision not in produced:
+        return Capability(False, f"toolchain {name} cannot produce {variant.precision} (produces: "
+                                 f"{', '.join(p.value for p in produced)})")
+    problem = driver.variant_problem(variant)
+    return Capability(False, problem) if problem is not None else Capability(True)
