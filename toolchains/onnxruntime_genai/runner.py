@@ -399,6 +399,9 @@ def cmd_infer(args):
     prompts, problems = [], []
     for r in requests:
         ids = list(r["input_ids"]) if r.get("input_ids") is not None else engine.encode(r["prompt"])
+        if any(t < 0 for t in ids):  # the tokenizer's "unknown": its files do not describe the vocabulary it has
+            raise TestFailed(f"onnxruntime-genai's tokenizer encoded request {r['id']!r} to ids outside the "
+                             f"vocabulary ({ids[:8]}...)")
         new = r.get("max_new_tokens", 64)
         bad = [t for t in ids if t >= engine.vocab_size]
         if bad:
