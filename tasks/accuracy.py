@@ -52,7 +52,7 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: 
         run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step, inputs=staged,
                         fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.ACCURACY),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.ACCURACY, toolchain),
-                        accepts=toolchain.drives)
+                        toolchain=toolchain)
         out = from_device_run(Stage.ACCURACY, run, toolchain)
         if not run.fetched:
             return out

@@ -47,7 +47,7 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         run = run_stage(farm, platform=job.platform, what=f"bench-{index}-{job.key}", argv=step, inputs=[engine],
                         timeout=job.timeout(Stage.BENCH),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH, toolchain), exclusive=True,
-                        accepts=toolchain.drives)
+                        toolchain=toolchain)
         if run.status is not ResultStatus.PASS:
             return from_device_run(Stage.BENCH, run, toolchain)
         runs.append((chosen[-1], run))

@@ -22,7 +22,7 @@ from edgellm.errors import ErrorKind, InfrastructureError
 from results.models import ResultStatus
 from stages import Stage
 from tasks.common import attempt_recorder, from_device_run
-from tasks.device_exec import DeviceRun, device_env_info, promote_to_cache, run_stage
+from tasks.device_exec import DeviceRun, promote_to_cache, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
 from tasks.outcome import Keyed, StageOutcome
 from tasks.spec import JobSpec
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple[Device, dict[str, object]]:
-    """The platform's first reachable device the toolchain drives, and its ``edgellm env`` (no lease: a probe)."""
+    """The platform's first reachable device the toolchain drives, and its env there (no lease: a probe)."""
     errors = []
     with farm.lock:
         bad = set(farm.bad_devices)
@@ -40,7 +40,7 @@ def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple
     for device in sorted(usable, key=lambda d: (d.id in bad, d.id)):
         try:
             with open_transport(device) as transport:
-                return device, device_env_info(farm, device, transport)
+                return device, toolchain_env(farm, device, transport, toolchain)
         except InfrastructureError as exc:
             errors.append(f"{device.id}: {exc}")
     raise InfrastructureError(f"no reachable {platform} device to ask for its backend version: {'; '.join(errors)}")
@@ -86,7 +86,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
     run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
                     timeout=job.timeout(Stage.BUILD), on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD,
                                                                                           toolchain),
-                    after=keep, accepts=toolchain.drives)
+                    after=keep, toolchain=toolchain)
     out = from_device_run(Stage.BUILD, run, toolchain)
     if "engine" in produced:
         ref = produced["engine"]

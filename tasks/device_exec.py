@@ -32,7 +32,7 @@ from results import leases, quarantine
 from results.models import ResultStatus
 from tasks import device_cache
 from tasks.farm import Farm
-from toolchains.base import DeviceStep
+from toolchains.base import DeviceStep, ToolchainDriver
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,40 @@ def _scratch(farm: Farm) -> Path:
     return path
 
 
+def pushed(farm: Farm, toolchain: ToolchainDriver | None) -> list[ArtifactRef]:
+    """The toolchain's files for its devices (``device_files``), in the store: staged like any input."""
+    if toolchain is None:
+        return []
+    return [farm.store.put(path, ArtifactKind.OTHER) for path in toolchain.device_files()]
+
+
+def toolchain_env(farm: Farm, device: Device, transport: Transport,
+                  toolchain: ToolchainDriver | None) -> dict[str, Any]:
+    """The device's ``edgellm env``, with what the toolchain's own probe printed there (once per device, toolchain
+    and run) under ``toolchains``; the toolchain's files are staged first."""
+    env = device_env_info(farm, device, transport)
+    probe = toolchain.probe_step(device) if toolchain is not None else None
+    if toolchain is None or probe is None:
+        return env
+    key = f"{device.id}\0{toolchain.name}"
+    with farm.lock:
+        known = farm.backend_versions.get(key)
+    if known is None:
+        for ref in pushed(farm, toolchain):
+            ensure_on_device(farm, transport, ref)
+        res = transport.run(probe.argv, timeout=120, env={**device.env, **probe.env} or None)
+        if res.exit_code != 0:
+            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe failed: {last_line(res.stderr)}")
+        try:
+            known = json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe printed no JSON: "
+                                      f"{res.stdout[:200]!r}") from None
+        with farm.lock:
+            farm.backend_versions[key] = known
+    return {**env, "toolchains": {toolchain.name: known}}
+
+
 def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[str, Any]:
     """``edgellm env`` on the device, once per run (keys engine caches by the backend version there); the first
     contact of the run also sweeps what dead uploads left in its cache."""
@@ -192,8 +226,10 @@ def run_stage(
     on_attempt_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
     after: Callable[[Transport, DeviceRun], None] | None = None,  # runs while the lease is still held
     exclusive: bool = False,  # hold every slot of the device (benchmarks: nothing runs beside them)
-    accepts: Callable[[Device], bool] | None = None,  # only such devices of the platform (the toolchain's own)
+    # the job's toolchain: only the platform's devices it drives; its files staged, its probe run (toolchain_env)
+    toolchain: ToolchainDriver | None = None,
 ) -> DeviceRun:
+    accepts = toolchain.drives if toolchain is not None else None
     candidates = [d for d in farm.inventory.select(platform=platform) if accepts is None or accepts(d)]
     if not candidates:
         raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}"
@@ -214,7 +250,8 @@ def run_stage(
         t0 = time.monotonic()
         try:
             with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
-                run = _run_once(farm, device, transport, what, argv, inputs, fetch_on, timeout, waited, t0)
+                run = _run_once(farm, device, transport, what, argv, [*inputs, *pushed(farm, toolchain)], fetch_on,
+                                timeout, waited, t0, toolchain)
                 if after is not None:
                     after(transport, run)
                 return run
@@ -233,11 +270,13 @@ def run_stage(
 
 def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
               argv: Callable[[Device, Transport, str], list[str] | DeviceStep], inputs: Sequence[ArtifactRef],
-              fetch_on: Sequence[ResultStatus], timeout: float, waited: float, t0: float) -> DeviceRun:
+              fetch_on: Sequence[ResultStatus], timeout: float, waited: float, t0: float,
+              toolchain: ToolchainDriver | None) -> DeviceRun:
     job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
-    env = device_env_info(farm, device, transport)
+    device_env_info(farm, device, transport)  # first contact of the run: sweeps dead uploads before any staging
     for ref in inputs:
         ensure_on_device(farm, transport, ref)
+    env = toolchain_env(farm, device, transport, toolchain)
     transport.run(["mkdir", "-p", job_dir], timeout=60)
     made = argv(device, transport, job_dir)
     step = made if isinstance(made, DeviceStep) else DeviceStep(made)

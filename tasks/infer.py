@@ -52,7 +52,7 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
 
         run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[engine, request],
                         timeout=job.timeout(Stage.INFER),
-                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), accepts=toolchain.drives)
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), toolchain=toolchain)
         out = from_device_run(Stage.INFER, run, toolchain)
         out.outputs["engine"] = engine
         if run.status is ResultStatus.PASS:

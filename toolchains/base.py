@@ -196,6 +196,17 @@ class ToolchainDriver(ABC):
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         """The toolchain's version on ``device`` (``env``: the device's ``edgellm env`` JSON)."""
 
+    def device_files(self) -> tuple[Path, ...]:
+        """Files the farm pushes to every device this toolchain runs on before its commands (e.g. a self-contained
+        runner script): each lands in the device cache as ``cache/<its sha256>`` (:func:`pushed_path`)."""
+        return ()
+
+    def probe_step(self, device: Device) -> DeviceStep | None:
+        """A command printing the toolchain's facts on ``device`` as JSON (its version there), run once per device
+        and run after :meth:`device_files` are staged; what it printed reaches :meth:`device_version` as
+        ``env["toolchains"][name]``. None: the device's ``edgellm env`` says enough."""
+        return None
+
     def device_problem(self) -> str | None:
         """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
         return None
@@ -329,6 +340,13 @@ class ToolchainDriver(ABC):
         """True: the report decides pass/fail (the device command only produced); False: the device command's
         exit code does, and the report must agree with it."""
         return False
+
+
+def pushed_path(path: Path) -> str:
+    """Where a file of :meth:`ToolchainDriver.device_files` is on a device, relative to its work dir."""
+    import hashlib
+
+    return f"cache/{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
 
 
 # --- the registry -------------------------------------------------------------------------------------------------

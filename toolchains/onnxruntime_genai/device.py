@@ -16,6 +16,7 @@ from toolchains.onnxruntime_genai.runner import (
 )
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
+ENGINE_RECORD = "engine.json"  # what the runner's build writes into the engine dir
 EXIT_KINDS: dict[int, ErrorKind | None] = {EXIT_OK: None, EXIT_TEST_FAILURE: ErrorKind.TEST_FAILURE,
                                            EXIT_BAD_INPUT: ErrorKind.CONFIGURATION,
                                            EXIT_INFRASTRUCTURE: ErrorKind.INFRASTRUCTURE, EXIT_BUG: ErrorKind.BUG}
@@ -41,6 +42,13 @@ def _threads(threads: int | None) -> list[str]:
 
 def env_argv(interpreter: str, runner: str) -> list[str]:
     return [interpreter, runner, "env"]
+
+
+def build_argv(interpreter: str, runner: str, model_dir: str, engine_dir: str, *, max_batch_size: int,
+               max_input_len: int, max_seq_len: int) -> list[str]:
+    return [interpreter, runner, "build", "--model-dir", model_dir, "--engine-dir", engine_dir,
+            "--max-batch-size", str(max_batch_size), "--max-input-len", str(max_input_len),
+            "--max-seq-len", str(max_seq_len)]
 
 
 def infer_argv(interpreter: str, runner: str, model_dir: str, input_file: str, output_file: str, *,

@@ -4,6 +4,10 @@ with the device's own Python (3.8+; imports only the standard library, numpy and
 
 Subcommands (every output is JSON or .npz; a one-line summary goes to stdout, one error line to stderr):
   env                                   versions: python, onnxruntime-genai, onnxruntime, numpy, machine
+  build  --model-dir D --engine-dir E --max-batch-size N --max-input-len N --max-seq-len N
+         the engine: a copy of the builder's model dir whose genai_config.json search.max_length is --max-seq-len,
+         loaded once by onnxruntime-genai on this device (a model it cannot load fails here); E/engine.json
+         records the versions, limits and load time. E must not exist; it appears whole or not at all.
   infer  --model-dir D --input-file I --output-file O [--threads N]
          I: {"requests": [{"id", "prompt" | "input_ids", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
          "stop"}]} (temperature 0 = greedy); O: {"responses": [{"id", "output_ids", "text", "finish_reason",
@@ -313,6 +317,46 @@ def cmd_env(args):
     data.update({"implementation": platform.python_implementation(), "machine": platform.machine(),
                  "platform": platform.platform(), "cpu_count": os.cpu_count(), "executable": sys.executable})
     print(json.dumps(data, indent=1))
+    return EXIT_OK
+
+
+# --- build -------------------------------------------------------------------------------------------------------
+ENGINE_RECORD = "engine.json"
+
+
+def cmd_build(args):
+    import shutil
+
+    limits = {"max_batch_size": args.max_batch_size, "max_input_len": args.max_input_len,
+              "max_seq_len": args.max_seq_len}
+    bad = [f"{k}={v!r}" for k, v in limits.items() if v < 1]
+    if bad or args.max_input_len > args.max_seq_len:
+        raise BadInput("engine limits must be >= 1 and max_input_len <= max_seq_len: {}".format(
+            ", ".join(bad) or f"max_input_len={args.max_input_len} > max_seq_len={args.max_seq_len}"))
+    source = Engine(args.model_dir)  # a model dir this device's onnxruntime-genai can load
+    if args.max_seq_len > source.context_length:
+        raise BadInput(f"max_seq_len {args.max_seq_len} exceeds the model's context_length {source.context_length}")
+    engine_dir = os.path.abspath(args.engine_dir)
+    if os.path.exists(engine_dir):
+        raise BadInput(f"engine dir {engine_dir} already exists")
+    work = tempfile.mkdtemp(dir=os.path.dirname(engine_dir), prefix="." + os.path.basename(engine_dir) + ".")
+    try:
+        staged = os.path.join(work, "engine")
+        shutil.copytree(args.model_dir, staged)
+        config_path = os.path.join(staged, "genai_config.json")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        config.setdefault("search", {})["max_length"] = args.max_seq_len
+        write_json(config_path, config)
+        t0 = time.perf_counter()
+        built = Engine(staged)
+        record = {"format": "onnxruntime-genai-engine/1", "versions": versions(), "limits": limits,
+                  "model": built.describe(), "load_s": built.load_s, "build_s": time.perf_counter() - t0}
+        write_json(os.path.join(staged, ENGINE_RECORD), record)
+        os.replace(staged, engine_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("engine {} (max_seq_len {}, loaded in {:.2f} s)".format(engine_dir, args.max_seq_len, record["load_s"]))
     return EXIT_OK
 
 
@@ -640,6 +684,13 @@ def build_parser():
     sub.required = True
     env = sub.add_parser("env", help="versions of python, onnxruntime-genai, onnxruntime, numpy (JSON)")
     env.set_defaults(func=cmd_env)
+    build = sub.add_parser("build", help="make this device's engine from the builder's model dir")
+    build.add_argument("--model-dir", required=True)
+    build.add_argument("--engine-dir", required=True)
+    build.add_argument("--max-batch-size", type=int, required=True)
+    build.add_argument("--max-input-len", type=int, required=True)
+    build.add_argument("--max-seq-len", type=int, required=True)
+    build.set_defaults(func=cmd_build)
     infer = sub.add_parser("infer", help="run a request file (edgellm infer's format)")
     infer.add_argument("--model-dir", required=True)
     infer.add_argument("--input-file", required=True)

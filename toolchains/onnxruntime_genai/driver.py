@@ -1,0 +1,188 @@
+"""The ``onnxruntime-genai`` toolchain as the farm drives it on a CPU platform: Microsoft's model builder exports on
+the orchestrating host (fp32, and int4_wo: its own round-to-nearest weight-only int4, so the quantize stage is the
+identity), and its ``generate()`` runtime runs the device stages through one self-contained script the farm pushes
+to each device (``runner.py``; the device needs Python 3.8+ with numpy and onnxruntime-genai, nothing of ours):
+build (load the model there, set its limits), infer (our requests, its responses), accuracy (teacher-forced logits
+and greedy continuations, scored on the host by edgellm's own comparison against the same float reference) and
+bench (prefill and decode at the farm's shapes). Its version is the installed distribution's: on the host, the
+farm's environment (``pip install 'edgellm-farm[genai]'``); on a device, what the runner's ``env`` reads there.
+
+This module imports only light parts at load (device types validate toolchain names against the registry); the
+builder, the graph check and the scoring are imported when a stage runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgellm.errors import TestFailure
+from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
+from toolchains.base import (
+    Availability,
+    BenchRun,
+    DeviceStep,
+    EngineCheck,
+    ToolchainDriver,
+    Variant,
+    pushed_path,
+    register_toolchain,
+)
+from toolchains.onnxruntime_genai import DISTRIBUTION, TOOLCHAIN
+from toolchains.onnxruntime_genai import device as runner
+
+if TYPE_CHECKING:
+    from devices.inventory import Device
+    from tasks.host import HostWork
+    from tasks.outcome import Keyed, StageOutcome
+    from tasks.spec import CheckpointRef, JobSpec
+
+EXPORT_CHECK = 1  # version of the read-back check a cached export passed (bump when it tightens)
+_MADE_IN_EXPORT = (Precision.INT4_WO,)
+_LM_HEAD = {Precision.FP32: LMHeadPrecision.FP32, Precision.INT4_WO: LMHeadPrecision.INT4_WO}  # what the builder makes
+
+
+@register_toolchain
+class OnnxruntimeGenai(ToolchainDriver):
+    name = TOOLCHAIN
+
+    # --- what it can produce ---
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return (Precision.FP32, *_MADE_IN_EXPORT)
+
+    def quantizes_in_export(self) -> tuple[Precision, ...]:
+        return _MADE_IN_EXPORT
+
+    def variant_problem(self, variant: Variant) -> str | None:
+        head = _LM_HEAD.get(variant.precision)
+        if variant.lm_head is not None and variant.lm_head is not head:
+            return (f"toolchain {self.name}: its builder makes the LM head {head} at {variant.precision}; "
+                    f"{variant.lm_head} is not offered")
+        if variant.kv_cache not in (None, KVCachePrecision.FP32):
+            return f"toolchain {self.name}: its CPU graphs keep an fp32 KV cache; {variant.kv_cache} is not offered"
+        return None
+
+    # --- install and version: the farm's own environment ---
+
+    def available(self) -> Availability:
+        missing = [m for m in ("onnxruntime_genai", "onnx_ir") if importlib.util.find_spec(m) is None]
+        if missing:
+            return Availability(False, f"{', '.join(missing)} not installed in the farm's environment (install "
+                                       f"edgellm-farm's genai extra: pip install 'edgellm-farm[genai]')")
+        return Availability(True)
+
+    def host_version(self) -> str:
+        from toolchains.onnxruntime_genai.export import toolchain_version
+
+        return toolchain_version()
+
+    def device_files(self) -> tuple[Path, ...]:
+        return (runner.RUNNER,)
+
+    def probe_step(self, device: Device) -> DeviceStep | None:
+        return DeviceStep(runner.env_argv(device.interpreter, pushed_path(runner.RUNNER)))
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        found = (env.get("toolchains") or {}).get(self.name) or {}
+        return str(found.get("onnxruntime_genai") or "unknown")
+
+    # --- host stage: export (host_stages.py) ---
+
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        from toolchains.onnxruntime_genai.export import RECIPES
+
+        recipe = RECIPES[job.precision.value]
+        return {**self.common_export_key(checkpoint_sha, job, version),
+                "builder": {"precision": recipe.builder_precision, "extra_options": list(recipe.extra_options)},
+                "export_check": EXPORT_CHECK}
+
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        from toolchains.onnxruntime_genai import host_stages
+
+        return host_stages.export(self, work, job, checkpoint, keyed)
+
+    # --- device stages: the pushed runner ---
+
+    def _run(self, device: Device) -> tuple[str, str]:
+        return device.interpreter, pushed_path(runner.RUNNER)
+
+    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
+        from toolchains.onnxruntime_genai.export import MODEL_SUBDIR
+
+        return DeviceStep(runner.build_argv(*self._run(device), f"{onnx_dir}/{MODEL_SUBDIR}", engine_dir,
+                                            max_batch_size=params["max_batch_size"],
+                                            max_input_len=params["max_input_len"], max_seq_len=params["max_seq_len"]),
+                          fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
+
+    def needs_onnx_for_check(self) -> bool:
+        return True
+
+    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
+        """The weight precision read back from the engine's own graph (never assumed from the request)."""
+        from toolchains.onnxruntime_genai.check import check_export
+        from toolchains.onnxruntime_genai.export import EXPORT_RECORD
+
+        assert onnx_dir is not None
+        requested = json.loads((onnx_dir / EXPORT_RECORD).read_text(encoding="utf-8"))["precision"]
+        record = json.loads((engine_dir / runner.ENGINE_RECORD).read_text(encoding="utf-8"))
+        model = record["model"]
+        config = {"num_hidden_layers": model["num_hidden_layers"], "num_attention_heads": model["num_attention_heads"],
+                  "num_key_value_heads": model["num_key_value_heads"], "hidden_size": model["hidden_size"],
+                  "vocab_size": model["vocab_size"], "head_dim": model["head_size"]}
+        found = check_export(engine_dir, requested, config)
+        precision = found.found if found.passed else f"{found.found} ({'; '.join(found.problems)})"
+        metrics = {"quantized_gemms": (float(found.matmulnbits), ""), "build_s": (float(record["build_s"]), "s")}
+        return EngineCheck(precision, f"{found.detail()}; loaded by onnxruntime-genai "
+                                      f"{record['versions'].get('onnxruntime_genai')} in {record['load_s']:.2f} s",
+                           metrics)
+
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
+        return DeviceStep(runner.infer_argv(*self._run(device), engine_dir, request_file, f"{job_dir}/out.json"),
+                          fetch={"out.json": "out.json"})
+
+    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
+                   warmup: int, iterations: int) -> list[BenchRun]:
+        return [BenchRun(DeviceStep(runner.bench_argv(*self._run(device), engine_dir, mode.value,
+                                                      f"{job_dir}/bench.json", prompt_len=prompt_len,
+                                                      past_len=past_len, warmup=warmup, iterations=iterations),
+                                    fetch={"bench.json": "bench.json"}), mode)
+                for mode in (BenchMode.PREFILL, BenchMode.DECODE)]
+
+    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
+        from toolchains.onnxruntime_genai.bench import bench_metrics
+
+        return bench_metrics(fetched["bench.json"], run.mode.value)
+
+    # accuracy: the device computes what the host scores with edgellm's own comparison (accuracy.py)
+
+    def accuracy_reads_reference(self) -> bool:
+        return True
+
+    def accuracy_judged_on_host(self) -> bool:
+        return True
+
+    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
+                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
+        assert reference_file is not None
+        return DeviceStep(runner.logits_argv(*self._run(device), engine_dir, reference_file,
+                                             f"{job_dir}/logits.npz"), fetch={"logits.npz": "logits.npz"})
+
+    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
+                        precision: Precision, thresholds: Mapping[str, float],
+                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
+        from toolchains.edgellm.driver import eval_metrics
+        from toolchains.onnxruntime_genai.accuracy import report as score
+
+        if "logits.npz" not in fetched or reference is None:
+            raise TestFailure("the onnxruntime-genai runner wrote no logits file")
+        report = score(fetched["logits.npz"], reference, precision.value, thresholds)
+        report["metrics"] = eval_metrics(report)
+        return report
+
+
+__all__ = ["DISTRIBUTION", "OnnxruntimeGenai"]
