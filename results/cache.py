@@ -14,9 +14,8 @@ from sqlalchemy.orm import Session
 
 from artifacts.kinds import ArtifactKind
 from results.db import write_session
-from results.models import CacheEntry, utcnow
+from results.models import CacheEntry, parse_name, utcnow
 from results.recorder import _upsert
-from toolchains.base import Toolchain
 
 
 def cache_key(inputs: Mapping[str, Any]) -> str:
@@ -30,10 +29,10 @@ def lookup(engine: Engine, key: str) -> CacheEntry | None:
 
 
 def remember(engine: Engine, key: str, kind: ArtifactKind, sha256: str, inputs: Mapping[str, Any], *,
-             toolchain: Toolchain | str | None, toolchain_version: str | None) -> None:
+             toolchain: str | None, toolchain_version: str | None) -> None:
     """``toolchain`` None: the entry is no toolchain's product (the transformers reference)."""
     now = utcnow()
-    made_by = {"toolchain": None if toolchain is None else Toolchain.parse(toolchain, what="toolchain"),
+    made_by = {"toolchain": None if toolchain is None else parse_name("toolchain", toolchain),
                "toolchain_version": toolchain_version}
     values = {"key": key, "kind": kind, "sha256": sha256, "inputs": dict(inputs), "created_at": now,
               "last_used_at": now, "hits": 0, **made_by}

@@ -35,10 +35,13 @@ def classify(exc: BaseException) -> EdgeLLMError:
         OperationalError,
         ProgrammingError,
         SQLAlchemyError,
+        StatementError,
     )
 
     if isinstance(exc, EdgeLLMError):
         return exc
+    if isinstance(exc, StatementError) and isinstance(exc.orig, EdgeLLMError):
+        return exc.orig  # a column type refused a value (results.models.VocabularyName): the value's fault
     if isinstance(exc, MemoryError):
         return InfrastructureError("out of memory")
     if isinstance(exc, OSError) and exc.errno is not None:

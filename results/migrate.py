@@ -1,16 +1,25 @@
-"""Run the Alembic migrations shipped inside this package (``results/migrations``), from any cwd."""
+"""Run the Alembic migrations shipped inside this package (``results/migrations``), from any cwd.
+
+SQLite alters a table by rebuilding it (batch mode: copy, DROP, rename). With foreign keys on, that DROP deletes
+every row referring to the table (``ON DELETE CASCADE``): rebuilding ``runs`` would empty the database, rebuilding
+``results`` its metrics (as 0004 did). So migrations run with SQLite's foreign keys off, the way SQLite documents
+for altering tables, and each migration checks every reference still resolves before it commits (env.py).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
-from edgellm.errors import InfrastructureError
+from edgellm.errors import BugError, InfrastructureError
 from results.db import redact
 from results.models import Base
 
@@ -28,11 +37,38 @@ def alembic_config(engine: Engine | None = None) -> Config:
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Migrate to ``revision``; returns the revision the database is at afterwards."""
     cfg = alembic_config()
-    with engine.connect() as conn:
+    with engine.connect() as conn, sqlite_foreign_keys_off(conn):
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
         conn.commit()
     return current_revision(engine)
+
+
+@contextmanager
+def sqlite_foreign_keys_off(conn: Connection) -> Iterator[None]:
+    """Foreign keys off on a SQLite connection that has no transaction yet, back on when done (see the module
+    doc); nothing on other backends."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = conn.connection.driver_connection
+    raw.execute("PRAGMA foreign_keys = OFF")  # outside a transaction: inside one SQLite ignores it
+    if raw.execute("PRAGMA foreign_keys").fetchone()[0]:
+        raise BugError("SQLite foreign keys are still on: the migration connection was already in a transaction")
+    try:
+        yield
+    finally:
+        conn.rollback()  # committed on success; after a failure, what the failed migration had begun
+        raw.execute("PRAGMA foreign_keys = ON")
+
+
+def foreign_key_check(conn: Connection, revision: str) -> None:
+    """Refuse (BugError) a SQLite migration that leaves a reference dangling; run before it commits."""
+    bad = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+    if bad:
+        table, rowid, parent, _ = bad[0]
+        raise BugError(f"migration {revision} leaves {len(bad)} dangling reference(s), e.g. {table} row {rowid} "
+                       f"-> {parent}")
 
 
 def current_revision(engine: Engine) -> str | None:

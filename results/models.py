@@ -1,15 +1,26 @@
 """ORM models of the results database (SQLAlchemy 2 typed mappings).
 
-Enums are stored as their string values in VARCHAR columns with named CHECK constraints (``native_enum=False``),
-so adding a member is an ordinary migration on both SQLite and PostgreSQL. Timestamps are stored as naive UTC and
-read back as aware UTC (:class:`UTCDateTime`), identically on both backends.
+Two kinds of vocabulary live in its columns. The OPEN ones are the farm's extension points: precision, stage,
+toolchain, route and run kind. Each has one registry in code (:data:`VOCABULARIES`, the one place a column learns
+its registry) and is stored as a plain string with no CHECK constraint: its column type (:class:`VocabularyName`)
+checks a name through the registry when it is written (an unknown one raises the registry's ConfigurationError,
+naming it and every valid one) and reads a known name back as the registry's member (the same enum member as
+ever, so ``is`` comparisons hold) and an unknown one, written by a newer farm, as an :class:`UnknownName` string
+instead of failing. Adding a precision or a toolchain is then a change of code only, never a migration (migration
+0008 dropped their constraints: frozen copies of open lists in migrations drift, as ``regressions.precision``
+did without ``mxfp8``). The CLOSED ones are internal state machines (result and run status, error kind,
+regression severity, artifact kind, packing): they keep named CHECK constraints (``db_enum``, ``native_enum=False``),
+a new member of one is a deliberate migration, and ``tests/test_results_vocabularies.py`` compares every CHECK list
+of a freshly migrated database with its enum on both backends, so the two cannot drift. Timestamps are stored as
+naive UTC and read back as aware UTC (:class:`UTCDateTime`), identically on both backends.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -31,7 +42,7 @@ from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from artifacts.kinds import ArtifactKind, Packing
-from edgellm.errors import ErrorKind
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind
 from edgellm.types import Precision
 from stages import Stage
 from toolchains.base import Toolchain
@@ -82,6 +93,7 @@ class ResultStatus(enum.StrEnum):
 
 
 def db_enum(cls: type[enum.StrEnum], name: str) -> SAEnum:
+    """A CLOSED vocabulary's column (a state machine, see the module doc): VARCHAR(32) with a named CHECK."""
     return SAEnum(
         cls,
         name=name,
@@ -91,6 +103,99 @@ def db_enum(cls: type[enum.StrEnum], name: str) -> SAEnum:
         values_callable=lambda e: [m.value for m in e],
         validate_strings=True,
     )
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_choice(cls: type[E], value: Any, what: str) -> E:
+    """``value`` as a member of ``cls``; the error names the bad value and every valid one."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).strip().lower())
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise ConfigurationError(f"unknown {what} {value!r}; valid: {choices}") from None
+
+
+# The open vocabularies (see the module doc): name -> the parse function of its one registry in code, which gives
+# a known name's member and raises a ConfigurationError naming an unknown one and every valid one. The columns,
+# the recorder, the build cache and the queries all check names through this table, so a registry is plugged in
+# here and nowhere else (the toolchain's line follows toolchains' registry).
+VOCABULARIES: dict[str, Callable[[Any], Any]] = {
+    "precision": lambda v: Precision.parse(v, what="precision"),
+    "stage": lambda v: Stage.parse(v, what="stage"),
+    "toolchain": lambda v: Toolchain.parse(v, what="toolchain"),
+    "route": lambda v: parse_choice(Route, v, "route"),
+    "run_kind": lambda v: parse_choice(RunKind, v, "run kind"),
+}
+
+
+def parse_name(vocabulary: str, value: Any) -> Any:
+    """``value`` checked by the registry of ``vocabulary``: its member, else a ConfigurationError naming it."""
+    return VOCABULARIES[vocabulary](value)
+
+
+def _stored(name: Any) -> str:
+    """What the column holds for a registry's member: an enum member's value, any other name as a string."""
+    return str(getattr(name, "value", name))
+
+
+class UnknownName(str):
+    """A name read from the database that this farm's registry does not know (a newer farm wrote it): a plain
+    string, whose ``.value`` is itself like the enum members it stands among, so readers that show ``x.value``
+    read it too."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+class _ComparedName(TypeDecorator[Any]):
+    """The bind type of a name compared with an open-vocabulary column: the string, unchecked."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else _stored(value)
+
+
+class VocabularyName(TypeDecorator[Any]):
+    """A name of an open vocabulary (a key of :data:`VOCABULARIES`): VARCHAR(32), no CHECK constraint.
+
+    Written (INSERT values, UPDATE SET): checked by the vocabulary's registry, whose error names the bad value and
+    the valid ones. Read: the registry's member (the same enum member as ever), or an :class:`UnknownName` for a
+    name it does not know. Compared (``col == x``, ``col.in_(...)``): bound as the string, unchecked, so a filter
+    by a name read from a newer farm's rows works; a name a person gives is parsed where it enters (queries, CLI).
+    Its columns are typed ``Mapped[str]``: a member (a StrEnum) or an UnknownName, both strings.
+    """
+
+    impl = String
+    cache_ok = True  # its one argument, the vocabulary's name, is its cache key
+
+    def __init__(self, vocabulary: str) -> None:
+        if vocabulary not in VOCABULARIES:
+            raise BugError(f"unknown vocabulary {vocabulary!r}; valid: {', '.join(VOCABULARIES)}")
+        super().__init__(32)
+        self.vocabulary = vocabulary
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else _stored(parse_name(self.vocabulary, value))
+
+    def process_result_value(self, value: str | None, dialect: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_name(self.vocabulary, value)
+        except EdgeLLMError:  # ConfigurationError, or a registry's UnsupportedError
+            return UnknownName(value)
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        return _ComparedName()
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -126,7 +231,7 @@ class Run(Base):
     __tablename__ = "runs"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    kind: Mapped[RunKind] = mapped_column(db_enum(RunKind, "run_kind"))
+    kind: Mapped[str] = mapped_column(VocabularyName("run_kind"))
     trigger: Mapped[str] = mapped_column(String(200))
     code_version: Mapped[str] = mapped_column(String(100))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -155,19 +260,19 @@ class Result(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     model: Mapped[str] = mapped_column(String(200))
     model_revision: Mapped[str | None] = mapped_column(String(64))  # checkpoint sha256
-    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"))
     platform: Mapped[str] = mapped_column(String(64))
-    toolchain: Mapped[Toolchain] = mapped_column(db_enum(Toolchain, "toolchain"))
+    toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
     toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
     device: Mapped[str | None] = mapped_column(String(200))
-    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
+    stage: Mapped[str] = mapped_column(VocabularyName("stage"))
     test_id: Mapped[str] = mapped_column(String(200))
     status: Mapped[ResultStatus] = mapped_column(db_enum(ResultStatus, "result_status"))
     reason: Mapped[str | None] = mapped_column(Text)
     error_kind: Mapped[ErrorKind | None] = mapped_column(db_enum(ErrorKind, "error_kind"))
     duration_s: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    route: Mapped[Route | None] = mapped_column(db_enum(Route, "route"))  # None: the toolchain has one route
+    route: Mapped[str | None] = mapped_column(VocabularyName("route"))  # None: the toolchain has one route
     # ran on test stand-ins of the toolchain's tools: kept, never evidence (queries never count it as pass)
     standin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # the toolchain versions a matrix chose for this job ("name==version, ..."): two versions of one row in one
@@ -184,7 +289,7 @@ class RowLatest(Base):
     __tablename__ = "row_latest"
 
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
-    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"), primary_key=True)
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
     platform: Mapped[str] = mapped_column(String(64), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
 
@@ -206,9 +311,9 @@ class MetricBaseline(Base):
     __tablename__ = "metric_baselines"
 
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
-    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"), primary_key=True)
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
     platform: Mapped[str] = mapped_column(String(64), primary_key=True)
-    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"), primary_key=True)
+    stage: Mapped[str] = mapped_column(VocabularyName("stage"), primary_key=True)
     test_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[float] = mapped_column(Float)
@@ -288,9 +393,9 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     model: Mapped[str] = mapped_column(String(200))
-    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"))
     platform: Mapped[str] = mapped_column(String(64))
-    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
+    stage: Mapped[str] = mapped_column(VocabularyName("stage"))
     test_id: Mapped[str] = mapped_column(String(200))
     device: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[ResultStatus] = mapped_column(db_enum(ResultStatus, "result_status"))
@@ -298,7 +403,7 @@ class Attempt(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     duration_s: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    toolchain: Mapped[Toolchain] = mapped_column(db_enum(Toolchain, "toolchain"))
+    toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
     toolchain_version: Mapped[str | None] = mapped_column(String(200))
 
 
@@ -310,7 +415,7 @@ class CacheEntry(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[ArtifactKind] = mapped_column(db_enum(ArtifactKind, "artifact_kind"))
     sha256: Mapped[str] = mapped_column(String(64))
-    toolchain: Mapped[Toolchain | None] = mapped_column(db_enum(Toolchain, "toolchain"))  # None: the reference
+    toolchain: Mapped[str | None] = mapped_column(VocabularyName("toolchain"))  # None: the reference
     toolchain_version: Mapped[str | None] = mapped_column(String(200))
     inputs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the key was computed from
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -327,9 +432,9 @@ class Regression(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     model: Mapped[str] = mapped_column(String(200))
-    precision: Mapped[Precision] = mapped_column(db_enum(Precision, "precision"))
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"))
     platform: Mapped[str] = mapped_column(String(64))
-    stage: Mapped[Stage] = mapped_column(db_enum(Stage, "stage"))
+    stage: Mapped[str] = mapped_column(VocabularyName("stage"))
     test_id: Mapped[str] = mapped_column(String(200))
     metric: Mapped[str] = mapped_column(String(100))
     unit: Mapped[str] = mapped_column(String(32))

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
-from results.models import Result, ResultStatus, RowLatest, Run, RunKind
+from results.models import Result, ResultStatus, RowLatest, Run, RunKind, parse_name
 from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
@@ -49,6 +49,12 @@ class Verdict(enum.StrEnum):
     ERROR = "error"
     INCOMPLETE = "incomplete"
     NOT_APPLICABLE = "not_applicable"
+
+
+def _stage_order(stage: str) -> tuple[int, str]:
+    """Pipeline order; a stage this farm does not know (a newer farm recorded it) after the known ones."""
+    known = list(Stage)
+    return (known.index(stage), "") if stage in known else (len(known), str(stage))
 
 
 @dataclass(frozen=True, order=True)
@@ -93,7 +99,7 @@ class _Tally:
         """The toolchain that made the row's last stage (pipeline order) that ran, and its version there: the one
         the evidence is about (a quantized row's quantize stage, made by the quantizer's toolchain, shows on the
         evidence page). When no stage ran: the toolchain(s) named, no version."""
-        ran = [stage for stage in sorted(self.made_by, key=list(Stage).index) if self.made_by[stage][1] is not None]
+        ran = [stage for stage in sorted(self.made_by, key=_stage_order) if self.made_by[stage][1] is not None]
         if ran:
             return self.made_by[ran[-1]]
         return (", ".join(sorted({tc for tc, _ in self.made_by.values()})) or None), None
@@ -117,11 +123,11 @@ class _Tally:
 
     def worst(self) -> dict[Stage, ResultStatus]:
         return {stage: min(per, key=_SEVERITY.index) for stage, per in sorted(self.counts.items(),
-                key=lambda kv: list(Stage).index(kv[0]))}
+                key=lambda kv: _stage_order(kv[0]))}
 
 
 def _required(required: Iterable[Stage | str]) -> tuple[Stage, ...]:
-    stages = tuple(Stage.parse(s) for s in required)
+    stages = tuple(parse_name("stage", s) for s in required)
     if not stages:
         raise ConfigurationError(f"required stages must not be empty; valid stages: {', '.join(Stage)}")
     return stages
@@ -137,7 +143,7 @@ def _row_filter(model: str | None, precision: Precision | str | None, platform: 
     if model is not None:
         where.append(RowLatest.model == model)
     if precision is not None:
-        where.append(RowLatest.precision == Precision.parse(precision))
+        where.append(RowLatest.precision == parse_name("precision", precision))
     if platform is not None:
         where.append(RowLatest.platform == platform)
     return where
@@ -221,7 +227,7 @@ def row_history(
 ) -> list[RowStatus]:
     """The row's verdict in every published run that has a result for it, oldest first."""
     req = _required(required)
-    key = RowKey(model, Precision.parse(precision), platform)
+    key = RowKey(model, parse_name("precision", precision), platform)
     stmt = (
         select(Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, Result.stage, Result.status,
                Result.toolchain, Result.toolchain_version, Result.standin, Result.route, func.count())

@@ -8,14 +8,13 @@ rows' "latest run" pointers move to it) only when it finishes and is published, 
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,19 +32,18 @@ from results.models import (
     MetricBaseline,
     Result,
     ResultStatus,
-    Route,
     RowLatest,
     Run,
     RunKind,
     RunStatus,
     ToolchainVersion,
+    parse_choice,
+    parse_name,
     utcnow,
 )
 from stages import Stage
-from toolchains.base import Toolchain
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-E = TypeVar("E", bound=enum.Enum)
 
 
 class ArtifactLike(Protocol):
@@ -64,16 +62,6 @@ class ArtifactLink:
     kind: ArtifactKind
     packing: Packing = Packing.FILE
     path_hint: str | None = None
-
-
-def parse_choice(cls: type[E], value: Any, what: str) -> E:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).strip().lower())
-    except ValueError:
-        choices = ", ".join(str(m.value) for m in cls)
-        raise ConfigurationError(f"unknown {what} {value!r}; valid: {choices}") from None
 
 
 def _nonempty(value: str, what: str, limit: int = 200) -> str:
@@ -113,7 +101,7 @@ class Recorder:
         started_at: datetime | None = None,
     ) -> int:
         run = Run(
-            kind=parse_choice(RunKind, kind, "run kind"),
+            kind=parse_name("run_kind", kind),
             trigger=_nonempty(trigger, "trigger"),
             code_version=_nonempty(code_version, "code version", 100),
             started_at=started_at or utcnow(),
@@ -193,7 +181,7 @@ class Recorder:
         stage: Stage | str,
         test_id: str,
         status: ResultStatus | str,
-        toolchain: Toolchain | str,
+        toolchain: str,
         toolchain_version: str | None = None,
         model_revision: str | None = None,
         device: str | None = None,
@@ -209,12 +197,12 @@ class Recorder:
         values: dict[str, Any] = {
             "run_id": run_id,
             "model": _nonempty(model, "model"),
-            "precision": Precision.parse(precision),
+            "precision": parse_name("precision", precision),
             "platform": _nonempty(platform, "platform", 64),
-            "stage": Stage.parse(stage),
+            "stage": parse_name("stage", stage),
             "test_id": _nonempty(test_id, "test id"),
             "status": parse_choice(ResultStatus, status, "result status"),
-            "toolchain": Toolchain.parse(toolchain, what="toolchain"),
+            "toolchain": parse_name("toolchain", toolchain),
             "toolchain_version": _version(toolchain_version),
             "model_revision": None if model_revision is None else _sha(model_revision, "model revision"),
             "device": device,
@@ -222,7 +210,7 @@ class Recorder:
             "error_kind": None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
             "duration_s": duration_s,
             "recorded_at": utcnow(),
-            "route": None if route is None else parse_choice(Route, route, "route"),
+            "route": None if route is None else parse_name("route", route),
             "standin": bool(standin),
             "chosen_versions": None if chosen_versions is None else _nonempty(chosen_versions, "chosen versions", 300),
         }
@@ -257,7 +245,7 @@ class Recorder:
         test_id: str,
         device: str | None,
         status: ResultStatus | str,
-        toolchain: Toolchain | str,
+        toolchain: str,
         toolchain_version: str | None = None,
         error_kind: ErrorKind | str | None = None,
         reason: str | None = None,
@@ -265,11 +253,11 @@ class Recorder:
     ) -> int:
         """One try of a stage on one device (kept even when a retry elsewhere then passed)."""
         row = Attempt(
-            run_id=run_id, model=_nonempty(model, "model"), precision=Precision.parse(precision),
-            platform=_nonempty(platform, "platform", 64), stage=Stage.parse(stage),
+            run_id=run_id, model=_nonempty(model, "model"), precision=parse_name("precision", precision),
+            platform=_nonempty(platform, "platform", 64), stage=parse_name("stage", stage),
             test_id=_nonempty(test_id, "test id"),
             device=device, status=parse_choice(ResultStatus, status, "result status"),
-            toolchain=Toolchain.parse(toolchain, what="toolchain"), toolchain_version=_version(toolchain_version),
+            toolchain=parse_name("toolchain", toolchain), toolchain_version=_version(toolchain_version),
             error_kind=None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
             reason=reason, duration_s=duration_s, recorded_at=utcnow(),
         )
@@ -280,7 +268,7 @@ class Recorder:
             return row.id
 
     @staticmethod
-    def _bump_latest(s: Session, model: str, precision: Precision, platform: str, run_id: int) -> None:
+    def _bump_latest(s: Session, model: str, precision: str, platform: str, run_id: int) -> None:
         ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, run_id=run_id)
         col = RowLatest.__table__.c.run_id
         newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
@@ -364,8 +352,8 @@ class Recorder:
         unit: str,
         source_run_id: int | None = None,
     ) -> None:
-        values = {"model": _nonempty(model, "model"), "precision": Precision.parse(precision),
-                  "platform": _nonempty(platform, "platform", 64), "stage": Stage.parse(stage),
+        values = {"model": _nonempty(model, "model"), "precision": parse_name("precision", precision),
+                  "platform": _nonempty(platform, "platform", 64), "stage": parse_name("stage", stage),
                   "test_id": _nonempty(test_id, "test id"), "name": _nonempty(name, "metric name", 100)}
         extra = {"value": float(value), "unit": unit, "set_at": utcnow(), "source_run_id": source_run_id}
         with write_session(self.engine) as s:

@@ -22,10 +22,8 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision
 from results.db import write_session
 from results.models import Metric, Regression, RegressionSeverity, Result, ResultStatus, RowLatest, Run, RunKind
-from stages import Stage
 
 BASELINE_RUNS = 7
 MIN_BASELINE_RUNS = 3
@@ -66,9 +64,9 @@ class Flag:
 
     run_id: int
     model: str
-    precision: Precision
+    precision: str  # a Precision, or an UnknownName where a newer farm wrote the row (results.models)
     platform: str
-    stage: Stage
+    stage: str  # a Stage, or an UnknownName likewise
     test_id: str
     metric: str
     unit: str
@@ -140,7 +138,7 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
             continue
         median, mad, change = verdict
         model, precision, platform, stage, test_id, metric = key
-        flags.append(Flag(run_id, str(model), Precision(precision), str(platform), Stage(stage), str(test_id),
+        flags.append(Flag(run_id, str(model), precision, str(platform), stage, str(test_id),
                           str(metric), unit, value, median, mad, len(past), max(r for r, _ in past), change,
                           rule.severity))
     return flags

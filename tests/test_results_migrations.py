@@ -89,9 +89,14 @@ def test_0004_makes_existing_rows_edgellm_ort_with_the_version_they_recorded(db_
                           "VALUES (1, 'nightly', 'cron', 'v1', :t, 'passed')"), {"t": "2026-11-01 02:00:00"})
         conn.execute(text("INSERT INTO toolchain_versions (run_id, name, version) VALUES "
                           "(1, 'edgellm-farm', '0.1.0'), (1, 'onnxruntime', '1.20.1'), (1, 'torch', '2.11')"))
-        conn.execute(text("INSERT INTO results (run_id, model, precision, platform, stage, test_id, status, "
-                          "recorded_at) VALUES (1, 'm', 'fp16', 'x86-cpu', 'infer', 't', 'pass', :t)"),
+        conn.execute(text("INSERT INTO results (id, run_id, model, precision, platform, stage, test_id, status, "
+                          "recorded_at) VALUES (1, 1, 'm', 'fp16', 'x86-cpu', 'infer', 't', 'pass', :t)"),
                      {"t": "2026-11-01 02:01:00"})
+        # rows referring to results, which 0004 rebuilds on SQLite: migrations run with foreign keys off, so
+        # its DROP does not cascade to them (it did: every metric and result artifact was deleted)
+        conn.execute(text("INSERT INTO metrics (result_id, name, value, unit) VALUES (1, 'ttft_ms', 3.5, 'ms')"))
+        conn.execute(text("INSERT INTO artifact_refs (run_id, result_id, sha256, kind, packing, size) "
+                          "VALUES (1, 1, :s, 'engine', 'tar', 10)"), {"s": "ab" * 32})
         conn.execute(text("INSERT INTO attempts (run_id, model, precision, platform, stage, test_id, status, "
                           "recorded_at) VALUES (1, 'm', 'fp16', 'x86-cpu', 'infer', 't', 'pass', :t)"),
                      {"t": "2026-11-01 02:01:00"})
@@ -109,5 +114,8 @@ def test_0004_makes_existing_rows_edgellm_ort_with_the_version_they_recorded(db_
             text("SELECT key, toolchain, toolchain_version FROM cache_entries"))))
     assert cache == {"b" * 64: ("edgellm-ort", "0.1.0+onnxruntime-1.20.1"), "e" * 64: ("edgellm-ort", "0.1.0"),
                      "r" * 64: (None, None)}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT result_id, name, value FROM metrics")).all() == [(1, "ttft_ms", 3.5)]
+        assert conn.execute(text("SELECT result_id, kind FROM artifact_refs")).all() == [(1, "engine")]
     assert schema_diff(engine) == []
     engine.dispose()
