@@ -8,6 +8,7 @@ past_len, outside the timed region, so all iterations measure the same shape.
 
 from __future__ import annotations
 
+import enum
 import os
 import resource
 import time

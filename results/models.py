@@ -41,11 +41,12 @@ from sqlalchemy import (
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+import stages
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind
 from edgellm.types import Precision
-from stages import Stage
-from toolchains.base import Toolchain
+from toolchains import base as toolchains
+from toolchains.base import Route
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -74,13 +75,6 @@ class RunStatus(enum.StrEnum):
 class RegressionSeverity(enum.StrEnum):
     FAIL = "fail"  # accuracy got worse: the row fails
     WARN = "warn"  # performance got worse: shown, the row still passes
-
-
-class Route(enum.StrEnum):
-    """How an engine was made, for toolchains with more than one way (TensorRT Edge-LLM)."""
-
-    ONNX = "onnx"  # exported ONNX -> llm_build
-    DIRECT = "direct"  # straight from the (quantized) checkpoint: tensorrt-edgellm-build
 
 
 class ResultStatus(enum.StrEnum):
@@ -125,9 +119,9 @@ def parse_choice(cls: type[E], value: Any, what: str) -> E:
 # here and nowhere else (the toolchain's line follows toolchains' registry).
 VOCABULARIES: dict[str, Callable[[Any], Any]] = {
     "precision": lambda v: Precision.parse(v, what="precision"),
-    "stage": lambda v: Stage.parse(v, what="stage"),
-    "toolchain": lambda v: Toolchain.parse(v, what="toolchain"),
-    "route": lambda v: parse_choice(Route, v, "route"),
+    "stage": lambda v: stages.recorded_stage(v, what="stage"),
+    "toolchain": lambda v: toolchains.parse(v, what="toolchain"),
+    "route": lambda v: Route.parse(v, what="route"),
     "run_kind": lambda v: parse_choice(RunKind, v, "run kind"),
 }
 

@@ -48,8 +48,8 @@ ORT_VERSION, TRT_VERSION = "0.5.0+onnxruntime-1.22", "0.11.0"
 CTX = FarmContext(run_id=1, db_url="sqlite://", data_dir="/nowhere", inventory_dir="/nowhere")
 CPU = Device(id="cpu-1", type="x86-cpu", transport="local", work_dir="/w")
 ORIN = Device(id="orin-1", type="orin", work_dir="/w", host="127.0.0.1",
-              tensorrt_edgellm={"build_dir": "/b", "trt_package_dir": "/t", "plugin_path": "/p.so",
-                                "version": "0.11.0", "standin": True})
+              toolchains={"tensorrt-edgellm": {"build_dir": "/b", "trt_package_dir": "/t", "plugin_path": "/p.so",
+                                               "version": "0.11.0", "standin": True}})
 
 
 ORT, TRT = "edgellm-ort", "tensorrt-edgellm"
@@ -220,10 +220,11 @@ def made(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     return out
 
 
-MADE = StageSpec(name="made", needs=(), where=Where.HOST, runs=f"{__name__}:made", command="made",
-                 outputs=("product",), cache_key=("checkpoint_sha256",), timeout_s=5,
+MADE = StageSpec(name="made", needs=(), where=Where.HOST, runs=f"{__name__}:made",
+                 cache_key=("checkpoint_sha256",), timeout_s=5,
                  cache=StageCache(key=f"{__name__}:made_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
-                                  output="product", hit_reason="made cache hit", hit_metric="made_cache_hit"))
+                                  output="product", hit_reason="made cache hit", hit_metric="made_cache_hit"),
+                 recorded=False)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def test_platform_enum_is_the_yaml_files() -> None:
         ("x86-cpu", "fp8", "edgellm-ort", False, "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)"),
         ("x86-h200", "nvfp4", None, False, "x86-h200 (SM90) does not support nvfp4 (needs SM100+)"),
         ("x86-h200", "bf16", "tensorrt-edgellm", False,
-         "toolchain tensorrt-edgellm cannot produce bf16 (produces: fp16, fp8, int4_awq, nvfp4, mxfp8, int8_sq)"),
+         "toolchain tensorrt-edgellm cannot produce bf16 (produces: fp16, fp8, int4_awq, int8_sq, nvfp4, mxfp8)"),
         ("x86-h200", "bf16", None, True, ""),  # edgellm-torch-cuda, the type's second toolchain, makes bf16
     ],
 )

@@ -180,8 +180,10 @@ def test_orin_with_an_fp8_kv_cache_is_not_applicable_for_its_hardware(tmp_path: 
     limits = {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}
     matrix.write_text(yaml.safe_dump({
         "name": "m", "models": ["tiny-qwen3-128"], "precisions": ["int4_awq"], "platforms": ["orin"],
-        "defaults": {**limits, "kv_cache_precision": "fp8"},
+        "defaults": limits,
         "extra": [{"models": ["tiny-qwen3-128"], "precisions": ["int4_awq"], "platforms": ["orin"],
+                   "defaults": {"kv_cache_precision": "fp8"}},
+                  {"models": ["tiny-qwen3-128"], "precisions": ["int4_awq"], "platforms": ["orin"],
                    "defaults": {"lm_head_precision": "nvfp4"}}]}))
     by = {j.test_id: j for j in plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(),
                                              data_dir=tmp_path).jobs}

@@ -156,11 +156,13 @@ BROKEN_REASONS = [
     # stage order, and a stage whose input is not produced
     "tests[5] (Qwen3-0.6B): stages build, export, infer are not in pipeline order",
     "tests[6] (Qwen3-0.6B): stage infer needs build, which is not in stages",
-    # platform capability
-    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: orin (SM87) does not support fp8; "
-    "supported: fp16, int8_sq, int4_awq, int4_gptq, int4_wo",
-    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-a30 (SM80) does not support fp8",
-    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-cpu does not support fp8",
+    # platform capability (devices.capability: the plan's answer too)
+    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: orin (SM87) does not support fp8 (needs SM89+)",
+    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-a30 (SM80) does not support fp8 "
+    "(needs SM89+)",
+    "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: fp8 is emulated on x86-cpu (no fp8 GEMM kernel)",
+    "tests[2] Llama-3.2-1B-Instruct-int4_awq-lmfp16-mxsl2048-mxbs4-mxil1024: lm_head_precision: toolchain edgellm-ort: "
+    "LM-head precision 'fp16' is not supported by export at int4_awq",
     # waivers: bad URL is an error; expired and unused are warnings
     "bad_entries.yml:48: waivers[2]: bug: bug 'not-a-url' is not an http(s) URL",
     "WARNING tests/data/test_lists_broken/bad_entries.yml:41: expires: waiver 'Qwen3-0.6B-*' "
@@ -182,8 +184,8 @@ def test_broken_lists_report_every_problem(monkeypatch: pytest.MonkeyPatch) -> N
     missing = [r for r in BROKEN_REASONS if r not in result.output]
     assert not missing, f"not reported: {missing}\n--- output:\n{result.output}"
     errors = [line for line in result.output.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 19, result.output
-    assert "FAILED: 19 error(s), 3 warning(s) in 4 file(s)" in result.output
+    assert len(errors) == 21, result.output
+    assert "FAILED: 21 error(s), 3 warning(s) in 4 file(s)" in result.output
     assert "Traceback" not in result.output
 
 
@@ -243,9 +245,9 @@ def test_entries_defaults_timeouts_and_sources(tmp_path: Path) -> None:
         ("      - {model: 'a/b/c', precision: fp16}", "neither a Hugging Face id"),
         ("      - {model: Foo-mxsl3, precision: fp16}", "reserve"),
         ("      - {model: stories260K, precision: fp16, kv_cache_precision: fp8, case: b}",
-         "x86-cpu does not support KV-cache fp8; supported: fp32, fp16"),
+         "x86-cpu (CPU) does not support a fp8 KV cache (supported: fp32, fp16)"),
         ("      - {model: stories260K, precision: fp16, lm_head_precision: nvfp4, case: b}",
-         "x86-cpu does not support LM-head nvfp4"),
+         "x86-cpu (CPU) does not support a nvfp4 LM head (supported: fp32, fp16, int8_wo, int4_wo)"),
         ("      - just a string", "tests[2]: must be a mapping"),
         ("      - {model: stories260K}", "tests[2] (stories260K): precision: required key is missing"),
     ],
@@ -358,11 +360,11 @@ def test_waiver_applies_until_expiry_inclusive(tmp_path: Path) -> None:
 
 
 def test_waiver_platform_scope_and_shared_waivers_file(tmp_path: Path) -> None:
-    make_list(tmp_path, selector="{terms: [x86-cpu, x86-a30]}")
+    make_list(tmp_path, selector="{terms: [x86-cpu, x86-h200]}")
     write(tmp_path, "waivers.yml", WAIVERS.replace("2026-06-30", "2099-01-01"))
     tl = load_list("mine", lists_dir=tmp_path)
     assert [e.waived for e in tl.entries_for("x86-cpu", today=TODAY)] == [True, False]
-    assert [e.waived for e in tl.entries_for("x86-a30", today=TODAY)] == [False, False]  # outside its scope
+    assert [e.waived for e in tl.entries_for("x86-h200", today=TODAY)] == [False, False]  # outside its scope
     assert list_names(tmp_path) == ["mine"]  # waivers.yml is not a list
 
 
