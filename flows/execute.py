@@ -21,7 +21,7 @@ from results.quarantine import update_quarantine
 from results.recorder import Recorder
 from results.regressions import Flag, flag_regressions
 from tasks.farm import Farm, FarmContext
-from tasks.spec import CheckpointRef
+from tasks.spec import CheckpointRef, job_key
 from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
 def fail_regressed(report: RunReport, flags: list[Flag]) -> None:
     """An accuracy regression fails its job in the report too (the database already says so)."""
     for f in flags:
-        outcome = report.outcomes.get(f"{f.test_id}@{f.platform}", {}).get(f.stage)
+        outcome = report.outcomes.get(job_key(f.test_id, f.platform), {}).get(f.stage)
         if f.severity is RegressionSeverity.FAIL and outcome is not None:
             outcome.status = ResultStatus.FAIL
             outcome.reason = f"accuracy regression: {f.describe()}"

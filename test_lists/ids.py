@@ -4,7 +4,7 @@ Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two
 if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the toolchain a
 matrix block asked for (``by.onnxruntime.genai``: its name, '-' written '.', as one token; none when the
 platform's own is meant), then a toolchain version a
-matrix chose other than the pinned one (``tensorrt-edgellm==0.12.0``: the one place an id holds '='), then the case
+matrix chose other than the pinned one (``<toolchain>==0.12.0``: the one place an id holds '='), then the case
 name (which may not start with ``by.``).
 Model tokens may not look like ``mxslN``/``mxbsN``/``mxilN``/``lmPREC`` and a case name may not start with
 ``<prec>kv``: the first ``mxslN`` token then marks where the model and precision end, so an id names one test only
@@ -83,7 +83,7 @@ class TestId:
         for token in self.toolchain_versions:
             name, _, version = token.partition("==")
             if problem is None and (not name or not version or not _VERSION_TOKEN_RE.match(token)):
-                problem = f"toolchain version {token!r} must read 'toolchain==version' (e.g. tensorrt-edgellm==0.11.0)"
+                problem = f"toolchain version {token!r} must read 'toolchain==version' (e.g. some-toolchain==1.2.0)"
         if problem is None and self.toolchain is not None and not _TOOLCHAIN_RE.match(self.toolchain):
             problem = f"toolchain {self.toolchain!r} must be a lower-case name (letters, digits, '-')"
         if problem is None and self.case is not None:

@@ -65,7 +65,7 @@ def _table(envs: list[Environment]) -> Table:
 
 @app.command("install")
 def install_command(
-    spec: Annotated[str, typer.Argument(help="NAME==VERSION, e.g. tensorrt-edgellm==0.11.0")],
+    spec: Annotated[str, typer.Argument(help="NAME==VERSION of a toolchain whose version can be chosen")],
     data_dir: DataDirOption = None,
 ) -> None:
     """Install a toolchain version into its own environment; reuse a healthy one."""
