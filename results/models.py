@@ -176,6 +176,9 @@ class VocabularyName(TypeDecorator[Any]):
             raise BugError(f"unknown vocabulary {vocabulary!r}; valid: {', '.join(VOCABULARIES)}")
         super().__init__(32)
         self.vocabulary = vocabulary
+        # parse function -> {stored name: its member}: a registry only gains names, so a name once known keeps
+        # its member; reads then cost a dict lookup, as an Enum column's did (benchmarks/bench_db.py)
+        self._known: dict[Callable[[Any], Any], dict[str, Any]] = {}
 
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
         return None if value is None else _stored(parse_name(self.vocabulary, value))
@@ -183,10 +186,17 @@ class VocabularyName(TypeDecorator[Any]):
     def process_result_value(self, value: str | None, dialect: Any) -> Any:
         if value is None:
             return None
-        try:
-            return parse_name(self.vocabulary, value)
-        except EdgeLLMError:  # ConfigurationError, or a registry's UnsupportedError
-            return UnknownName(value)
+        parse = VOCABULARIES[self.vocabulary]
+        known = self._known.get(parse)
+        if known is None:
+            known = self._known[parse] = {}
+        member = known.get(value)
+        if member is None:
+            try:
+                member = known[value] = parse(value)
+            except EdgeLLMError:  # ConfigurationError, or a registry's UnsupportedError
+                return UnknownName(value)
+        return member
 
     def coerce_compared_value(self, op: Any, value: Any) -> Any:
         return _ComparedName()
