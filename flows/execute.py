@@ -20,8 +20,8 @@ from results.models import RegressionSeverity, ResultStatus, RunKind, RunStatus
 from results.quarantine import update_quarantine
 from results.recorder import Recorder
 from results.regressions import Flag, flag_regressions
+from stages.job import CheckpointRef, job_key
 from tasks.farm import Farm, FarmContext
-from tasks.spec import CheckpointRef, job_key
 from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,11 @@ import stages
 from flows.plan import Decision, Job, Plan
 from results.models import ResultStatus
 from stages import Where
+from stages.job import CheckpointRef, JobSpec, chosen_versions
+from stages.outcome import StageOutcome
 from tasks.common import stage_task
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
 from tasks.record import record
-from tasks.spec import CheckpointRef, JobSpec, chosen_versions
 from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)

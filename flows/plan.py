@@ -23,7 +23,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from tasks.spec import job_key
+from stages.job import job_key
 from test_lists.catalog import Catalog, ModelSource
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList

@@ -120,7 +120,7 @@ def parse_choice(cls: type[E], value: Any, what: str) -> E:
 VOCABULARIES: dict[str, Callable[[Any], Any]] = {
     "precision": lambda v: Precision.parse(v, what="precision"),
     "stage": lambda v: stages.recorded_stage(v, what="stage"),
-    "toolchain": lambda v: toolchains.parse(v, what="toolchain"),
+    "toolchain": lambda v: RegisteredName(toolchains.parse(v, what="toolchain")),
     "route": lambda v: Route.parse(v, what="route"),
     "run_kind": lambda v: parse_choice(RunKind, v, "run kind"),
 }
@@ -136,16 +136,21 @@ def _stored(name: Any) -> str:
     return str(getattr(name, "value", name))
 
 
-class UnknownName(str):
-    """A name read from the database that this farm's registry does not know (a newer farm wrote it): a plain
-    string, whose ``.value`` is itself like the enum members it stands among, so readers that show ``x.value``
-    read it too."""
+class RegisteredName(str):
+    """A name of a registry that is not an enum (the toolchain drivers'): a plain string whose ``.value`` is itself,
+    like the enum members of the other vocabularies, so readers that show ``x.value`` read every vocabulary alike."""
 
     __slots__ = ()
 
     @property
     def value(self) -> str:
         return str(self)
+
+
+class UnknownName(RegisteredName):
+    """A name read from the database that this farm's registry does not know (a newer farm wrote it)."""
+
+    __slots__ = ()
 
 
 class _ComparedName(TypeDecorator[Any]):
@@ -176,8 +181,9 @@ class VocabularyName(TypeDecorator[Any]):
             raise BugError(f"unknown vocabulary {vocabulary!r}; valid: {', '.join(VOCABULARIES)}")
         super().__init__(32)
         self.vocabulary = vocabulary
-        # parse function -> {stored name: its member}: a registry only gains names, so a name once known keeps
-        # its member; reads then cost a dict lookup, as an Enum column's did (benchmarks/bench_db.py)
+        # parse function -> {stored name: its enum member}: an enum never loses a member, so a name once known keeps
+        # it; reads then cost a dict lookup, as an Enum column's did (benchmarks/bench_db.py). Names of registries
+        # that can lose one (the stage table, the toolchain drivers: tests unregister theirs) are parsed each time.
         self._known: dict[Callable[[Any], Any], dict[str, Any]] = {}
 
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
@@ -193,9 +199,11 @@ class VocabularyName(TypeDecorator[Any]):
         member = known.get(value)
         if member is None:
             try:
-                member = known[value] = parse(value)
+                member = parse(value)
             except EdgeLLMError:  # ConfigurationError, or a registry's UnsupportedError
                 return UnknownName(value)
+            if isinstance(member, enum.Enum):  # an enum never loses a member; a table or driver registry may
+                known[value] = member
         return member
 
     def coerce_compared_value(self, op: Any, value: Any) -> Any:

@@ -13,7 +13,7 @@ device, and how its outputs are read, is each toolchain driver's (``toolchains.b
 
 Adding a cached stage: the same, plus ``cache=StageCache(...)`` in its entry and a key function in its module; the
 generic body (``tasks.common.run_stage``) does the rest, so the module holds no cache code:
-  - ``def <name>_key(ctx, job, *upstream) -> Keyed | StageOutcome`` (``tasks.outcome.Keyed``): the inputs the key is
+  - ``def <name>_key(ctx, job, *upstream) -> Keyed | StageOutcome`` (``stages.outcome.Keyed``): the inputs the key is
     the digest of, whose product the cached artifact is (toolchain and version), and what a hit's outcome records
     (device, route, stand-in). An outcome instead decides the stage without the cache (quantize's identity).
   - the body looks the key up; a hit counts only once the store has re-hashed its blob (a corrupt one is evicted:
@@ -76,7 +76,7 @@ class Shared(enum.StrEnum):
 class StageCache:
     """A stage's content cache, looked up and filled by the generic body (see the module doc)."""
 
-    key: str  # "module:function": (ctx, job, *upstream) -> tasks.outcome.Keyed | StageOutcome
+    key: str  # "module:function": (ctx, job, *upstream) -> stages.outcome.Keyed | StageOutcome
     kind: ArtifactKind  # the cached artifact's kind and packing in the store
     packing: Packing
     output: str  # the key of StageOutcome.outputs that hands the product on

@@ -8,14 +8,14 @@ from devices.inventory import Device
 from devices.transport import Transport
 from results.models import ResultStatus
 from stages import Stage
+from stages.job import JobSpec
+from stages.outcome import StageOutcome
 from tasks.common import (
     attempt_recorder,
     from_device_run,
 )
 from tasks.device_exec import DeviceRun, run_stage
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
-from tasks.spec import JobSpec
 from toolchains.base import BenchRun, DeviceStep
 
 WARMUP, ITERATIONS = 2, 10

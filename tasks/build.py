@@ -21,11 +21,11 @@ from devices.transport import Transport, open_transport
 from edgellm.errors import ErrorKind, InfrastructureError
 from results.models import ResultStatus
 from stages import Stage
+from stages.job import JobSpec
+from stages.outcome import Keyed, StageOutcome
 from tasks.common import attempt_recorder, from_device_run
 from tasks.device_exec import DeviceRun, promote_to_cache, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import JobSpec
 from toolchains.base import DeviceStep, ToolchainDriver
 
 log = logging.getLogger(__name__)

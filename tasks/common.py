@@ -24,10 +24,10 @@ from results import cache
 from results.errors import classify
 from results.models import ResultStatus
 from stages import Stage, Where
+from stages.job import JobSpec
+from stages.outcome import Keyed, StageOutcome
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import JobSpec
 from toolchains.base import ToolchainDriver
 
 log = logging.getLogger(__name__)

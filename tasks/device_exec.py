@@ -26,10 +26,11 @@ from artifacts.inuse import mark_in_use, release
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
-from devices.transport import TIMEOUT_EXIT_CODE, CommandResult, RemoteNameError, Transport, open_transport
+from devices.transport import CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from results import leases, quarantine
 from results.models import ResultStatus
+from stages.outcome import classify, last_line
 from tasks import device_cache
 from tasks.farm import Farm
 from toolchains.base import DeviceStep, ToolchainDriver
@@ -59,23 +60,6 @@ class DeviceRun:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:150]
-
-
-def classify(result: CommandResult, timeout: float) -> tuple[ResultStatus, ErrorKind | None, str | None]:
-    if result.timed_out or result.exit_code == TIMEOUT_EXIT_CODE:
-        return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
-    kind = ErrorKind.from_exit_code(result.exit_code)  # the exit codes of edgellm's commands (edgellm.errors)
-    if kind is ErrorKind.INFRASTRUCTURE:
-        raise InfrastructureError(f"the device reported an infrastructure failure: {last_line(result.stderr)}")
-    if kind is None:
-        return ResultStatus.PASS, None, None
-    status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
-    return status, kind, last_line(result.stderr) or f"exit code {result.exit_code}"
-
-
-def last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:2000] if lines else ""
 
 
 def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:

@@ -10,10 +10,10 @@ so; anything changed exports again.
 from __future__ import annotations
 
 from stages import Stage
+from stages.job import CheckpointRef, JobSpec
+from stages.outcome import Keyed, StageOutcome
 from tasks.farm import FarmContext
-from tasks.host import HostWork
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import CheckpointRef, JobSpec
+from tasks.host import FarmHostWork
 
 
 def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed:
@@ -27,5 +27,5 @@ def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed
 
 def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: export the checkpoint with the job's toolchain."""
-    return job.driver(ctx.data_dir).export(HostWork(ctx, job, Stage.EXPORT), job, quantized.outputs["checkpoint"],
+    return job.driver(ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, quantized.outputs["checkpoint"],
                                            int(quantized.outputs.get("quantized_linears", 0)), keyed)

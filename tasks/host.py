@@ -1,6 +1,6 @@
-"""What a toolchain's host stage (quantize, export) gets from the farm: scratch and log dirs on the orchestrating host,
-the artifact store, this host's copies of quantized checkpoints, the stage's timeout and the host settings. A driver
-receives one (``HostWork``) and never opens the farm itself.
+"""What a toolchain's host stage (quantize, export) gets from the farm (``toolchains.base.HostWork``, made here):
+scratch and log dirs on the orchestrating host, the artifact store, this host's copies of quantized checkpoints, the
+stage's timeout and the host settings. A driver receives one and never opens the farm itself.
 
 Quantized checkpoints: a quantizer stores its product as a directory ``{checkpoint/, quantize.json, ...}`` in the
 artifact store (``quantize.json`` records at least the checkpoint's tree sha256 under ``checkpoint_sha256``); the
@@ -25,16 +25,16 @@ from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from edgellm.errors import TestFailure
 from edgellm.reference import checkpoint_digest
+from stages.job import JobSpec
 from tasks.farm import Farm, FarmContext
-from tasks.spec import JobSpec
+from toolchains.base import QUANTIZE_RECORD
 
 log = logging.getLogger(__name__)
 
-QUANTIZE_RECORD = "quantize.json"  # what a quantizer's product records beside its checkpoint/
-
-
 @dataclass(frozen=True)
-class HostWork:
+class FarmHostWork:
+    """``toolchains.base.HostWork`` on the farm's data dir and store, for one job's stage."""
+
     ctx: FarmContext
     job: JobSpec
     stage: str

@@ -16,10 +16,10 @@ from artifacts.store import ArtifactRef
 from edgellm.types import UNQUANTIZED
 from results.models import ResultStatus
 from stages import Stage
+from stages.job import JobSpec
+from stages.outcome import Keyed, StageOutcome
 from tasks.farm import FarmContext
-from tasks.host import HostWork
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import JobSpec
+from tasks.host import FarmHostWork
 
 
 def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
@@ -31,7 +31,7 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
     if not state.ok:
         return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
                             reason=f"toolchain {maker.name} is not available: {state.reason}")
-    work = HostWork(ctx, job, Stage.QUANTIZE)
+    work = FarmHostWork(ctx, job, Stage.QUANTIZE)
     version = job.quantizer_version or maker.host_version()  # the plan resolved it; a job made by hand may not
 
     def on_hit(ref: ArtifactRef) -> StageOutcome:  # a stored checkpoint is judged again like a new one
@@ -47,7 +47,7 @@ def quantize(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: the quantizer's work (as the key found it)."""
     maker = job.quantizer_driver(ctx.data_dir)
     assert maker is not None
-    return maker.quantize(HostWork(ctx, job, Stage.QUANTIZE), job, keyed)
+    return maker.quantize(FarmHostWork(ctx, job, Stage.QUANTIZE), job, keyed)
 
 
 def identity(job: JobSpec) -> StageOutcome:

@@ -12,11 +12,11 @@ from prefect.cache_policies import NO_CACHE
 
 import stages
 from edgellm.errors import EdgeLLMError, InfrastructureError
+from stages.job import JobSpec
+from stages.outcome import StageOutcome
 from tasks.common import infra_only
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import StageOutcome
 from tasks.progress import StageEvent, emit
-from tasks.spec import JobSpec
 
 
 def as_outcome(stage: str, outcome: StageOutcome | BaseException) -> StageOutcome:

@@ -24,10 +24,9 @@ from edgellm.build_id import build_id
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
 from results.models import ResultStatus
 from stages import REFERENCE
-from tasks.device_exec import classify
+from stages.job import JobSpec
+from stages.outcome import Keyed, StageOutcome, classify
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import JobSpec
 
 EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
 REFERENCE_WINDOW = DEFAULT_WINDOW  # perplexity window; every farm engine has max_input_len >= this

@@ -30,14 +30,14 @@ from results.db import make_engine
 from results.migrate import upgrade
 from results.models import CacheEntry, ResultStatus
 from stages import REFERENCE, StageCache, StageSpec, Where
+from stages.job import CheckpointRef, JobSpec
+from stages.outcome import Keyed, StageOutcome
 from tasks.build import build_key, engine_key_inputs
 from tasks.common import run_stage
 from tasks.export import export_key
 from tasks.farm import Farm, FarmContext
-from tasks.outcome import Keyed, StageOutcome
 from tasks.quantize import quantize_key
 from tasks.reference import reference_key, reference_key_inputs
-from tasks.spec import CheckpointRef, JobSpec
 from tests.helpers.toolchain_env import link_real_toolchain
 from toolchains.base import driver
 

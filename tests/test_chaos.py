@@ -50,9 +50,9 @@ from results.db import make_engine
 from results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
 from results.quarantine import active as quarantined
 from stages import Stage
+from stages.job import CheckpointRef, JobSpec
 from tasks.device_cache import STALE_PARTIAL_MIN
 from tasks.infer import requests_for
-from tasks.spec import CheckpointRef, JobSpec
 from tests.fixtures.farm import DevicePython
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHost, SshHosts

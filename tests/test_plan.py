@@ -34,7 +34,11 @@ def _own_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_default_matrix_plan_decides_every_cell_with_a_reason(_own_data_dir: Path) -> None:
     inventory = load_inventory(data_dir=_own_data_dir)
     plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=_own_data_dir)
-    by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
+    by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs if j.entry.toolchain is None}
+    genai = {(j.model, j.precision.value): j for j in plan.jobs if j.entry.toolchain is not None}
+    assert {j.toolchain for j in genai.values()} == {"onnxruntime-genai"}  # the block that asks for it, side by side
+    assert genai[("tiny-llama", "int4_wo")].decision is Decision.RUN  # quantized by its own export: no quantizer
+    assert genai[("tiny-llama", "int4_wo")].quantizer is None
     assert by[("stories260K", "fp32", "x86-cpu")].decision is Decision.RUN
     assert by[("stories260K", "fp32", "x86-cpu")].devices == ("local-cpu",)
     orin_fp8 = by[("stories260K", "fp8", "orin")]
@@ -122,7 +126,8 @@ def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: P
     assert fp16.decision is Decision.SKIPPED and fp16.devices == ("orin-1",)
     assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not available: "
                            f"tensorrt-edgellm 0.11.0 is not installed in the farm's data dir (run: {INSTALL})")
-    assert all(j.toolchain == "edgellm-ort" for j in plan.jobs if j.platform == "x86-cpu")
+    assert all(j.toolchain == ("edgellm-ort" if j.entry.toolchain is None else j.entry.toolchain)
+               for j in plan.jobs if j.platform == "x86-cpu")
 
 
 def test_a_precision_the_asked_toolchain_cannot_produce_is_not_applicable_naming_it(tmp_path: Path) -> None:
@@ -213,8 +218,9 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "json", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the export list's share
-    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 2
+    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, onnxruntime-genai's rows (3
+    # models x 2 precisions), the export list's share
+    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 6 + 2
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")

@@ -9,8 +9,8 @@ from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from results import cache
 from results.models import ResultStatus
 from stages import REFERENCE, Stage
+from stages.outcome import StageOutcome
 from tasks.common import adopted_problem
-from tasks.outcome import StageOutcome
 from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW, reference_key_inputs
 
 

@@ -48,36 +48,39 @@ def test_a_toolchain_defined_in_one_file_runs_every_stage(toy: str, tmp_path: Pa
         "python": __import__("sys").executable, "env": {"PYTHONPATH": str(REPO)}}))
     matrix = tmp_path / "toy.yml"
     matrix.write_text(yaml.safe_dump({
-        "name": "toy", "models": ["stories260K"], "precisions": ["fp32", "fp16"], "platforms": ["x86-cpu"],
+        "name": "toy", "models": ["stories260K"], "precisions": ["int4_wo"], "platforms": ["x86-cpu"],
         "toolchains": [toy], "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32,
-                                          "stages": ["quantize", "export", "build", "infer", "accuracy", "bench"]}}))
+                                          "stages": ["quantize", "export", "build", "infer", "accuracy", "bench"]},
+        "extra": [{"models": ["stories260K"], "precisions": ["fp16"], "platforms": ["x86-cpu"], "toolchains": [toy],
+                   "defaults": {"stages": ["export", "build"]}}]}))
     args = ["nightly", "--json", "--matrix", str(matrix), "--inventory", str(inventory), "--data-dir", str(data),
             "--docs-dir", str(tmp_path / "docs")]
     dry = CliRunner().invoke(app, [*args[:1], "--dry-run", "--format", "json", *args[2:]])
     assert dry.exit_code == 0, dry.output
     jobs = {j["precision"]: j for j in json.loads(dry.stdout)["jobs"]}
-    assert (jobs["fp32"]["decision"], jobs["fp32"]["toolchain"]) == ("run", toy)
+    assert (jobs["int4_wo"]["decision"], jobs["int4_wo"]["toolchain"], jobs["int4_wo"]["quantizer"]) == (
+        "run", toy, toy)
     assert jobs["fp16"]["decision"] == "not_applicable"
-    assert jobs["fp16"]["reason"] == "toolchain toy-echo cannot produce fp16 (produces: fp32)"
+    assert jobs["fp16"]["reason"] == "toolchain toy-echo cannot produce fp16 (produces: int4_wo)"
 
     for attempt in range(2):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout[result.stdout.index('{\n  "run_id"'):])
         assert summary["failed"] == [] and summary["plan"] == {"run": 1, "not_applicable": 1}
-        if attempt == 1:  # nothing changed: the export and the engine are reused, verified
-            assert summary["cache_hits"] == {"export": 1, "build": 1}
+        if attempt == 1:  # nothing changed: the checkpoint, the export and the engine are reused, verified
+            assert summary["cache_hits"] == {"quantize": 1, "export": 1, "build": 1}
     with Session(make_engine(f"sqlite:///{data / 'edgefarm.db'}")) as s:
-        rows = s.scalars(select(Result).where(Result.precision == "fp32", Result.run_id == 1)).all()
+        rows = s.scalars(select(Result).where(Result.precision == "int4_wo", Result.run_id == 1)).all()
         assert {(r.stage, r.status.value) for r in rows} == {(st, "pass") for st in (
             "quantize", "export", "build", "infer", "accuracy", "bench")}
         assert {r.toolchain for r in rows} == {toy}
         versions = {r.stage: r.toolchain_version for r in rows}
-        assert versions["export"] == toy_toolchain.VERSION  # the host's
+        assert versions["quantize"] == versions["export"] == toy_toolchain.VERSION  # the host's
         assert {versions[s] for s in ("build", "infer", "accuracy", "bench")} == {"0.1-device"}  # read on the device
         assert all(r.test_id.endswith("-by.toy.echo") for r in rows)
         entries = s.scalars(select(CacheEntry)).all()
-        assert {(e.kind.value, e.toolchain) for e in entries} >= {("onnx", toy), ("engine", toy)}
+        assert {(e.kind.value, e.toolchain) for e in entries} >= {("checkpoint", toy), ("onnx", toy), ("engine", toy)}
 
 
 def test_no_generic_layer_names_a_registered_toolchain() -> None:

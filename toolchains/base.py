@@ -28,18 +28,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from artifacts.kinds import ArtifactKind
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
-    from tasks.host import HostWork
-    from tasks.outcome import Keyed, StageOutcome
-    from tasks.spec import CheckpointRef, JobSpec
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import Keyed, StageOutcome
+
+QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
 
 
 class Route(_ChoiceEnum):
@@ -105,6 +109,31 @@ class Environment:
     def to_dict(self) -> dict[str, Any]:
         return {"toolchain": self.toolchain, "version": self.version, "healthy": self.healthy, "path": self.path,
                 "problems": list(self.problems)}
+
+
+class HostWork(Protocol):
+    """What a host stage (quantize, export) of a driver gets from the farm (``tasks.host`` makes it): scratch and
+    log space on the orchestrating host, the artifact store, this host's copies of quantized checkpoints, the stage's
+    timeout and the host's quantize settings. A driver never opens the farm itself."""
+
+    @property
+    def timeout(self) -> int: ...
+
+    @property
+    def quantize_device(self) -> str: ...
+
+    @property
+    def max_unquantized_share(self) -> float: ...
+
+    def scratch(self, prefix: str) -> AbstractContextManager[Path]: ...
+
+    def log_path(self, name: str) -> Path: ...
+
+    def put(self, data: Path | bytes, kind: ArtifactKind) -> ArtifactRef: ...
+
+    def install_checkpoint(self, ref: ArtifactRef, made: Path) -> None: ...
+
+    def materialize_checkpoint(self, ref: ArtifactRef) -> tuple[Path, dict[str, Any]]: ...
 
 
 class NotApplicable(UnsupportedError):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 NAME = "toy-echo"
 VERSION = "0.1"  # the host's; the device reports its own through ``env``
-PRECISION = "fp32"
+PRECISION = "int4_wo"  # a "quantized" echo: its quantize stage copies the checkpoint and says so
 
 
 def _device_main(argv: list[str]) -> int:
@@ -61,12 +61,18 @@ if __name__ == "__main__":
 
 
 # --- the driver (host side) ---------------------------------------------------------------------------------------
-from artifacts.kinds import ArtifactKind  # noqa: E402  (the device side above needs none of these)
+import shutil  # noqa: E402  (the device side above needs none of these)
+
+from artifacts.kinds import ArtifactKind  # noqa: E402
+from artifacts.store import ArtifactRef  # noqa: E402
+from edgellm.reference import checkpoint_digest  # noqa: E402
 from edgellm.types import BenchMode, Precision  # noqa: E402
 from results.models import ResultStatus  # noqa: E402
 from stages import Stage  # noqa: E402
-from tasks.outcome import StageOutcome  # noqa: E402
+from stages.job import CheckpointRef  # noqa: E402
+from stages.outcome import StageOutcome  # noqa: E402
 from toolchains.base import (  # noqa: E402
+    QUANTIZE_RECORD,
     Availability,
     BenchRun,
     DeviceStep,
@@ -78,9 +84,9 @@ from toolchains.base import (  # noqa: E402
 
 if TYPE_CHECKING:
     from devices.inventory import Device
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import Keyed
     from tasks.host import HostWork
-    from tasks.outcome import Keyed
-    from tasks.spec import CheckpointRef, JobSpec
 
 TOOL = Path(__file__).resolve()
 
@@ -89,7 +95,10 @@ class ToyEcho(ToolchainDriver):
     name = NAME
 
     def precisions(self) -> tuple[Precision, ...]:
-        return (Precision.FP32,)
+        return (Precision(PRECISION),)
+
+    def quantizes(self) -> tuple[Precision, ...]:
+        return (Precision(PRECISION),)
 
     def variant_problem(self, variant: Variant) -> str | None:
         if variant.lm_head is not None or variant.kv_cache is not None:
@@ -110,6 +119,33 @@ class ToyEcho(ToolchainDriver):
 
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         return str(((env.get("toolchains") or {}).get(self.name) or {}).get("version", "unknown"))
+
+    # --- quantize: the checkpoint copied, recorded as a quantizer's product is (toolchains.base.QUANTIZE_RECORD) ---
+
+    def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
+        return {"stage": "quantize", "checkpoint_sha256": job.checkpoint.sha256, "toolchain": self.name,
+                "toolchain_version": version, "echo_copy": 1}
+
+    def quantize(self, work: HostWork, job: JobSpec, keyed: Keyed) -> StageOutcome:
+        with work.scratch("toy-quantize-") as tmp:
+            made = tmp / "quantized"
+            shutil.copytree(job.checkpoint.path, made / "checkpoint")
+            (made / QUANTIZE_RECORD).write_text(json.dumps({"checkpoint_sha256":
+                                                                 checkpoint_digest(made / "checkpoint")}))
+            ref = work.put(made, ArtifactKind.CHECKPOINT)
+            keyed.made(ref)
+            work.install_checkpoint(ref, made)
+        return self.judge_quantized(work, job, str(keyed.toolchain_version), ref)
+
+    def judge_quantized(self, work: HostWork, job: JobSpec, version: str, ref: ArtifactRef) -> StageOutcome:
+        directory, record = work.materialize_checkpoint(ref)
+        out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, toolchain=self.name,
+                           toolchain_version=version, device="orchestrator", reason="echo copy of the checkpoint")
+        out.outputs["checkpoint"] = CheckpointRef(model=job.model, path=str(directory / "checkpoint"),
+                                                  sha256=str(record["checkpoint_sha256"]))
+        out.outputs["quantized_linears"] = 0
+        out.artifacts.append(ref)
+        return out
 
     def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
         return {**self.common_export_key(checkpoint_sha, job, version), "echo_format": 1}

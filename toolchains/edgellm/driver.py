@@ -33,9 +33,9 @@ from toolchains.base import (
 
 if TYPE_CHECKING:
     from devices.inventory import Device
-    from tasks.host import HostWork
-    from tasks.outcome import Keyed, StageOutcome
-    from tasks.spec import CheckpointRef, JobSpec
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import Keyed, StageOutcome
+    from toolchains.base import HostWork
 
 
 @functools.cache

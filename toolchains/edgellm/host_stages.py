@@ -16,10 +16,9 @@ from edgellm.compiler.export import EXPORT_MANIFEST
 from edgellm.errors import ConfigurationError
 from results.models import ResultStatus
 from stages import Stage
-from tasks.device_exec import classify
-from tasks.host import HostWork
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import CheckpointRef, JobSpec
+from stages.job import CheckpointRef, JobSpec
+from stages.outcome import Keyed, StageOutcome, classify
+from toolchains.base import HostWork
 
 if TYPE_CHECKING:
     from toolchains.edgellm.driver import EdgellmToolchain

@@ -36,9 +36,9 @@ from toolchains.onnxruntime_genai import device as runner
 
 if TYPE_CHECKING:
     from devices.inventory import Device
-    from tasks.host import HostWork
-    from tasks.outcome import Keyed, StageOutcome
-    from tasks.spec import CheckpointRef, JobSpec
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import Keyed, StageOutcome
+    from toolchains.base import HostWork
 
 EXPORT_CHECK = 1  # version of the read-back check a cached export passed (bump when it tightens)
 _MADE_IN_EXPORT = (Precision.INT4_WO,)

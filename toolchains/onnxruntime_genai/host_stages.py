@@ -13,9 +13,9 @@ from artifacts.kinds import ArtifactKind
 from edgellm.errors import ErrorKind
 from results.models import ResultStatus
 from stages import Stage
-from tasks.host import HostWork
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import CheckpointRef, JobSpec
+from stages.job import CheckpointRef, JobSpec
+from stages.outcome import Keyed, StageOutcome
+from toolchains.base import HostWork
 from toolchains.onnxruntime_genai.check import check_export
 from toolchains.onnxruntime_genai.export import BuilderFailed, applicability
 from toolchains.onnxruntime_genai.export import export as build

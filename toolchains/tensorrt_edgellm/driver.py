@@ -58,9 +58,9 @@ from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
-    from tasks.host import HostWork
-    from tasks.outcome import Keyed, StageOutcome
-    from tasks.spec import CheckpointRef, JobSpec
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import Keyed, StageOutcome
+    from toolchains.base import HostWork
 
 log = logging.getLogger(__name__)
 

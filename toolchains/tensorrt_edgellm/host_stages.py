@@ -26,10 +26,9 @@ from edgellm.errors import ErrorKind, TestFailure
 from edgellm.reference import checkpoint_digest
 from results.models import ResultStatus
 from stages import Stage
-from tasks.host import QUANTIZE_RECORD, HostWork
-from tasks.outcome import Keyed, StageOutcome
-from tasks.spec import CheckpointRef, JobSpec
-from toolchains.base import NotApplicable
+from stages.job import CheckpointRef, JobSpec
+from stages.outcome import Keyed, StageOutcome
+from toolchains.base import QUANTIZE_RECORD, HostWork, NotApplicable
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
 from toolchains.tensorrt_edgellm.export import export as trt_export

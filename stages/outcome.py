@@ -1,5 +1,7 @@
-"""What a stage task returns (its status, where it ran, why, its metrics and the artifacts it produced), and what a
-cached stage's key function hands the generic body (``Keyed``)."""
+"""What a stage returns (its status, where it ran, why, its metrics and the artifacts it produced), what a cached
+stage's key function hands the generic body (``Keyed``), and how a command's exit reads as an outcome (``classify``:
+the exit codes of edgellm's commands, ``ErrorKind.exit_code``). Stages' work lives in ``tasks/`` and in toolchain
+drivers alike; both build these."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from artifacts.store import ArtifactRef
-from edgellm.errors import EdgeLLMError, ErrorKind
+from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult
+from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
 from results.models import ResultStatus
 
 
@@ -76,3 +79,20 @@ class Keyed:
         (whatever it did after). ``toolchain_version``: what made it, where not the key's."""
         self.product = ref
         self.product_version = toolchain_version if toolchain_version is not None else self.toolchain_version
+
+
+def classify(result: CommandResult, timeout: float) -> tuple[ResultStatus, ErrorKind | None, str | None]:
+    if result.timed_out or result.exit_code == TIMEOUT_EXIT_CODE:
+        return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
+    kind = ErrorKind.from_exit_code(result.exit_code)  # the exit codes of edgellm's commands (edgellm.errors)
+    if kind is ErrorKind.INFRASTRUCTURE:
+        raise InfrastructureError(f"the device reported an infrastructure failure: {last_line(result.stderr)}")
+    if kind is None:
+        return ResultStatus.PASS, None, None
+    status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
+    return status, kind, last_line(result.stderr) or f"exit code {result.exit_code}"
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:2000] if lines else ""
