@@ -79,6 +79,7 @@ class QuantMethod(_ChoiceEnum):
 
 
 class Backend(_ChoiceEnum):
+    """Engine backends; each member is implemented by one ``@register_backend`` class in ``edgellm.backends``."""
+
     ORT = "ort"
-    TENSORRT = "tensorrt"
     TORCH_CUDA = "torch-cuda"

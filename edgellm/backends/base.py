@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import Backend, Precision
 
@@ -125,12 +125,6 @@ class EngineBackend(ABC):
 
 BACKENDS: Registry[type[EngineBackend]] = Registry("backend")
 
-# Backends the project knows about but has no implementation for on this machine, with what they need.
-NOT_IMPLEMENTED_HERE: dict[Backend, str] = {
-    Backend.TENSORRT: "needs TensorRT's builder library (tensorrt with libnvinfer) and an NVIDIA GPU; "
-                      "neither is installed here",
-}
-
 
 def register_backend(cls: type[EngineBackend]) -> type[EngineBackend]:
     BACKENDS.add(cls.backend.value, cls)
@@ -141,10 +135,9 @@ def backend_class(name: str | Backend) -> type[EngineBackend]:
     """The implementation of a backend, whether or not it can run on this machine (its declarations)."""
     backend = Backend.parse(name, what="backend")
     _load_builtin_backends()
-    if backend.value not in BACKENDS:
-        need = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered")
-        raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({need}); "
-                               f"available: {', '.join(BACKENDS)}")
+    if backend.value not in BACKENDS:  # every Backend member has its module here (tests/test_capabilities.py)
+        raise BugError(f"backend {backend.value!r} is named by edgellm.types.Backend but no module of "
+                       f"edgellm.backends registers it; registered: {', '.join(BACKENDS)}")
     return BACKENDS.get(backend.value)
 
 
