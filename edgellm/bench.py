@@ -21,11 +21,9 @@ import numpy as np
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.reporting import latency_stats, percentile
 from edgellm.runtime.engine import threads_problem
+from edgellm.types import BenchMode
 
-
-class BenchMode(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
+__all__ = ["BenchMode", "BenchOptions", "run_bench"]  # BenchMode's home is edgellm.types; also importable from here
 
 
 @dataclass(frozen=True)

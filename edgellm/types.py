@@ -83,3 +83,12 @@ class Backend(_ChoiceEnum):
 
     ORT = "ort"
     TORCH_CUDA = "torch-cuda"
+
+
+class BenchMode(_ChoiceEnum):
+    """What an engine benchmark times: ``prefill`` (a prompt's tokens in one step) or ``decode`` (one new token per
+    sequence over a KV cache). ``edgellm bench --mode`` takes these names; toolchains that drive another tool's
+    benchmark use the same two."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"

@@ -24,6 +24,7 @@ from edgellm.types import Backend, Precision
 
 log = logging.getLogger(__name__)
 
+# The engine manifest's file name, defined here only: the runtime and the farm's toolchains import it.
 ENGINE_MANIFEST = "engine_manifest.json"
 
 
