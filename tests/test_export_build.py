@@ -123,7 +123,7 @@ def test_fp16_export_of_half_checkpoints(ckpts, tmp_path, name):
     ckpt = getattr(ckpts, name)
     built = build(ckpt, tmp_path, "fp16")
     engine = Engine.open(built.engine_dir)
-    assert engine.precision == "fp16" and engine.kv_dtype == np.float16
+    assert engine.precision == "fp16" and engine.new_cache(1).dtype == np.float16
     ids = engine.encode(PROMPT)
     ref_logits, _ = _reference(ckpt, ids)
     got = engine.logits(ids)

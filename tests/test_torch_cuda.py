@@ -20,21 +20,21 @@ from edgellm.backends.base import BuildParams
 from edgellm.backends.torch_cuda import (
     WEIGHT_TABLE,
     TorchCudaBackend,
-    _members,
     check_precision,
     check_table,
     read_table,
     table_precision,
     weight_table,
 )
+from edgellm.backends.torch_cuda.backend import _members
+from edgellm.backends.torch_cuda.decoder import GpuDecoder, load_parameters
+from edgellm.backends.torch_cuda.session import sample
 from edgellm.cli import main
 from edgellm.compiler.build import applied_precision
 from edgellm.compiler.export import export_checkpoint, input_names
 from edgellm.config import ModelConfig
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.models import family_for
-from edgellm.runtime.cuda_graph import sample
-from edgellm.runtime.gpu_decoder import GpuDecoder, load_parameters
 from edgellm.synth import make_checkpoint
 from edgellm.weights import load_weights
 

@@ -1,5 +1,6 @@
 """torch-CUDA backend: the engine is the export's weights plus a table saying which parameter each stored tensor
-holds; the runtime (``edgellm.runtime.gpu_decoder`` + ``edgellm.runtime.cuda_graph``) runs them on an NVIDIA GPU.
+holds; the session (``session.py``: CUDA graphs, sampling on the GPU) runs them through ``decoder.py`` on an NVIDIA
+GPU.
 
 The export stays the single source of the weights: ``model.onnx.data`` is copied unchanged (its digest is the
 export's, already verified) and ``torch_cuda_weights.json`` maps every external initializer of the exported graph back
@@ -101,7 +102,7 @@ class TorchCudaBackend(EngineBackend):
         inputs.append({"name": input_names(L)[-1], "dtype": "int64", "shape": ["logits_len"]})  # logits_positions
         outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_len", cfg.vocab_size]}]
         outputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in output_names(L)[1:]]
-        from edgellm.runtime.cuda_graph import COMPILE_DECODE
+        from edgellm.backends.torch_cuda.session import COMPILE_DECODE
 
         return {
             "engine_files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
@@ -117,7 +118,7 @@ class TorchCudaBackend(EngineBackend):
         }
 
     def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session:
-        from edgellm.runtime.cuda_graph import TorchCudaSession
+        from edgellm.backends.torch_cuda.session import TorchCudaSession
 
         engine_dir = Path(engine_dir)
         cfg = ModelConfig.load(engine_dir)
