@@ -296,13 +296,14 @@ def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], l
 def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelFamily], layout: QuantLayout,
                            dtype: torch.dtype = torch.float32, lm_head: str = "fp32",
                            fold_input_smoothing: bool = True) -> Any:
-    """The torch decoder of a quantized checkpoint: float tensors cast to ``dtype``, quantized linears replaced by
-    ``QuantLinear`` modules; ``lm_head`` int8_wo / int4_wo quantizes the (float) LM head, see WeightOnlyLMHead.
-    ``fold_input_smoothing`` False keeps every linear's own pre_quant_scale multiply (the checkpoint's arithmetic as
-    written, which the folded decoder the export traces must match)."""
+    """The decoder (edgellm.models.decoder) of a quantized checkpoint: its quantized linears are ``QuantLinear``
+    modules plugged in place of the float ones, its float tensors are cast to ``dtype``; ``lm_head`` int8_wo /
+    int4_wo quantizes the (float) LM head, see WeightOnlyLMHead. ``fold_input_smoothing`` False keeps every linear's
+    own pre_quant_scale multiply (the checkpoint's arithmetic as written, which the folded decoder the export traces
+    must match)."""
     from safetensors import safe_open
 
-    from edgellm.models.decoder import Decoder, rope_inv_freq
+    from edgellm.models.decoder import Decoder
     from edgellm.weights import weight_files
 
     quantized = {lin.module: lin for lin in layout.quantized}
@@ -317,24 +318,15 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
                     parts[module][role] = f.get_tensor(name)
                 elif name in wanted_float:
                     state[name] = f.get_tensor(name)
-    with torch.device("meta"):
-        model = Decoder(cfg, family, dtype)
-    for module, lin in quantized.items():
-        parent, _, attr = module.rpartition(".")
-        setattr(model.get_submodule(parent), attr, make_quant_linear(lin, parts[module], layout))
-    embed = state["model.embed_tokens.weight"]
-    head = state.get("lm_head.weight", embed)  # tied: the embedding
+    modules: dict[str, nn.Module] = {m: make_quant_linear(lin, parts[m], layout) for m, lin in quantized.items()}
     if lm_head in LM_HEAD_BITS:
-        model.lm_head = WeightOnlyLMHead(head, LM_HEAD_BITS[lm_head])
+        embed = state["model.embed_tokens.weight"]
+        modules["lm_head"] = WeightOnlyLMHead(state.pop("lm_head.weight", embed), LM_HEAD_BITS[lm_head])  # tied: it
         if embed.dtype in (torch.float16, torch.bfloat16):
-            model.model.embed_tokens = GatheredEmbedding(state.pop("model.embed_tokens.weight"), dtype)
-        state.pop("lm_head.weight", None)
+            modules["model.embed_tokens"] = GatheredEmbedding(state.pop("model.embed_tokens.weight"), dtype)
     elif lm_head != "fp32":
         raise BugError(f"LM-head precision {lm_head!r} is not built for quantized exports")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if cfg.tie_word_embeddings and lm_head not in LM_HEAD_BITS:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inv_freq(cfg)
+    model = Decoder.from_weights(cfg, family, state, dtype, modules=modules)
     for layer in model.model.layers:
         _fold_down_smoothing(layer.mlp)
         if not fold_input_smoothing:
@@ -342,7 +334,4 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
         attn, mlp = layer.self_attn, layer.mlp
         _fold_input_smoothing(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj])
         _fold_input_smoothing(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise BugError(f"quantized decoder parameters not loaded: {', '.join(missing[:5])}")
-    return model.eval()
+    return model
