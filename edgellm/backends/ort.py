@@ -19,7 +19,7 @@ import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
 from edgellm.backends.kv_cache import KVBuffer, KVCache
-from edgellm.compiler.export import LOGITS_POSITIONS
+from edgellm.compiler.export import LOGITS_POSITIONS, quantized_export_precisions
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.types import Backend, Precision
 
@@ -159,11 +159,9 @@ class _KVBinding:
 @register_backend
 class OrtBackend(EngineBackend):
     backend = Backend.ORT
-    # What this backend builds: float exports, and ModelOpt-quantized ones on ONNX Runtime's integer kernels
-    # (int4 MatMulNBits, int8 MatMulIntegerToFloat) or emulated (fp8 through DequantizeLinear: no fp8 GEMM on CPU).
-    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
-                                                   Precision.INT8_SQ, Precision.FP8)
-    emulated_precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP8,)
+    # What this backend builds: float exports, and ModelOpt-quantized ones, each method lowered by export to ONNX
+    # Runtime's kernels (integer, or emulated: edgellm/quant declares which).
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, *quantized_export_precisions())
     refused: ClassVar[Mapping[Precision, str]] = {
         Precision.BF16: "ONNX Runtime's CPU execution provider has no bf16 kernels (its MatMul, Mul and "
                         "RotaryEmbedding take fp32/fp16 only); build bf16 exports with --backend torch-cuda, or "
@@ -260,7 +258,7 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
 
 
 def quantized_gemms(model: Any) -> dict[str, int]:
-    """Quantized GEMMs of a graph by kind (``edgellm.compiler.quantized.GemmKind``), read from its nodes: int4
+    """Quantized GEMMs of a graph by kind (``edgellm.quant.GemmKind``), read from its nodes: int4
     MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8).
     One per linear: a GEMM the export fused from several linears of one input (its output split on the last axis,
     after the fused bias Add if any) counts as the linears its Split gives back."""
@@ -277,7 +275,7 @@ def quantized_gemms(model: Any) -> dict[str, int]:
             out = readers.get(out[0].output[0], [])
         return len(out[0].output) if len(out) == 1 and out[0].op_type == "Split" else 1
 
-    from edgellm.compiler.quant_kinds import GemmKind
+    from edgellm.quant import GemmKind
 
     fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2}
     fp8_weights = {i.name for i in model.graph.initializer if i.data_type in fp8}

@@ -27,6 +27,7 @@ from edgellm.compiler.export import input_names, output_names
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.models import family_for
+from edgellm.quant import exported
 from edgellm.types import Backend, Precision
 
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -73,10 +74,8 @@ _NO_QUANTIZED_GEMM = ("the torch-cuda runtime has no {kind} GEMM (the weights wo
 class TorchCudaBackend(EngineBackend):
     backend = Backend.TORCH_CUDA
     precisions = (Precision.FP32, Precision.FP16, Precision.BF16)
-    refused: ClassVar[Mapping[Precision, str]] = {
-        Precision.INT4_AWQ: _NO_QUANTIZED_GEMM.format(kind="int4 (AWQ, MatMulNBits)"),
-        Precision.INT8_SQ: _NO_QUANTIZED_GEMM.format(kind="int8 (SmoothQuant)"),
-        Precision.FP8: _NO_QUANTIZED_GEMM.format(kind="fp8")}
+    refused: ClassVar[Mapping[Precision, str]] = {  # every quantized precision export makes (edgellm/quant)
+        Precision(m.name): _NO_QUANTIZED_GEMM.format(kind=m.gemm_label()) for m in exported()}
     device = "cuda"
 
     @classmethod
