@@ -131,12 +131,17 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def rope_freqs(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE angles [..., head_dim / 2] of ``positions`` (any shape): position * inv_freq in fp32."""
+    return positions.float()[..., None] * inv_freq
+
+
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [..., head_dim] of ``positions`` (any shape): position * inv_freq in fp32, both halves, then
     cos/sin in ``dtype``; ``sin`` carries rotate_half's sign (negated first half), so ``apply_rope`` is two
     products and a sum."""
-    freqs = positions.float()[..., None] * inv_freq
+    freqs = rope_freqs(positions, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     half = inv_freq.shape[0]
@@ -489,7 +494,7 @@ class Decoder(nn.Module):
         """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
         instead of computing cos/sin from the positions in the graph. The tables hold the same products:
         position * inv_freq in float32, then cos/sin, in the model dtype."""
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        freqs = rope_freqs(torch.arange(max_positions), self.inv_freq)  # [max_positions, D/2]
         self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
 
     def _rope_fn(self, position_ids: torch.Tensor) -> Rope:
