@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgellm.backends.base import Session, TensorSpec
+from edgellm.backends.base import Session, TensorSpec, position_ids
 from edgellm.backends.sampling import SamplingParams
 from edgellm.backends.torch_cuda.decoder import (
     GpuDecoder,
@@ -254,7 +254,7 @@ class TorchCudaSession(Session):
                                      f"{self.model.max_seq_len}")
         cache = self.new_cache(b)
         greedy = all(p.temperature <= 0 for p in sampling)
-        positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)
+        positions = position_ids(attention_mask, s)
         host = torch.empty((steps, b), dtype=torch.int64, pin_memory=True)
         events = [torch.cuda.Event() for _ in range(steps)]
         with torch.cuda.stream(self.stream):
