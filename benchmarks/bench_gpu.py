@@ -125,7 +125,7 @@ def measure_engine(work: Path, ckpt: Path, precision: str, repeats: int, variant
                     "capture_b1_b16": capture}}
     if variants:
         from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
-        from edgellm.runtime.cuda_graph import TorchCudaSession
+        from edgellm.backends.torch_cuda.session import TorchCudaSession
 
         for name, compile_decode, sdpa in (("graph_only", False, False), ("compiled_graph_sdpa", True, True)):
             release(engine)

@@ -23,6 +23,8 @@ from edgellm.reporting import latency_stats, percentile
 from edgellm.runtime.engine import threads_problem
 from edgellm.types import BenchMode
 
+__all__ = ["BenchMode", "BenchOptions", "run_bench"]  # BenchMode's home is edgellm.types; also importable from here
+
 
 @dataclass(frozen=True)
 class BenchOptions:

@@ -8,7 +8,7 @@ and ``edgellm env`` read it. The shape is a contract between the two halves::
      "export_variants": {"fp16": {"lm_head_precision": "fp16", "kv_cache_precision": "fp16"}, ...},
      "backends": {"ort": {"available": true, "reason": null, "precisions": ["fp32", "fp16", ...],
                           "refused": {"bf16": "ONNX Runtime's CPU execution provider has no bf16 kernels ..."}},
-                  "tensorrt": {"available": false, "reason": "needs ...", "precisions": [], "refused": {}}}}
+                  "torch-cuda": {"available": false, "reason": "needs an NVIDIA GPU; ...", ...}}}
 
 ``precisions`` and ``refused`` are the backend class's own declarations (``EngineBackend.precisions`` /
 ``.refused``), the same ones ``edgellm build`` checks an export against.
@@ -19,21 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from edgellm import __version__
-from edgellm.backends.base import NOT_IMPLEMENTED_HERE, registered_backends
+from edgellm.backends.base import backend_class
 from edgellm.compiler.export import EXPORT_PRECISIONS, export_variant
 from edgellm.types import Backend, Precision
 
 
 def backend_capabilities() -> dict[str, dict[str, Any]]:
-    """Every backend the project names: the precisions it builds, whether it runs here and if not why."""
-    found = registered_backends()
+    """Every backend: the precisions it builds, whether it runs here and if not why."""
     out: dict[str, dict[str, Any]] = {}
     for backend in Backend:
-        cls = found.get(backend.value)
-        if cls is None:
-            reason = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered in this edgellm")
-            out[backend.value] = {"available": False, "reason": reason, "precisions": [], "refused": {}}
-            continue
+        cls = backend_class(backend)
         ok, reason = cls.available()
         out[backend.value] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions],
                               "refused": {p.value: why for p, why in cls.refused.items()}}
@@ -42,9 +37,7 @@ def backend_capabilities() -> dict[str, dict[str, Any]]:
 
 def buildable(backend: Backend | str) -> tuple[Precision, ...]:
     """Weight precisions this edgellm can export *and* ``backend`` can build (whether or not it runs here)."""
-    name = Backend.parse(backend, what="backend").value
-    cls = registered_backends().get(name)
-    built = set(cls.precisions) if cls is not None else set()
+    built = set(backend_class(backend).precisions)
     return tuple(p for p in EXPORT_PRECISIONS if p in built)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.quant import methods
 from edgellm.types import QuantMethod
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -285,26 +286,12 @@ def _checked_theta(value: Any, r: _Reader) -> float:
 
 # --- quantization -------------------------------------------------------------------------------------------
 
-# ModelOpt `hf_quant_config.json` -> quantization.quant_algo
-MODELOPT_ALGOS: dict[str, QuantMethod] = {
-    "FP8": QuantMethod.FP8,
-    "W8A8_SQ_PER_CHANNEL": QuantMethod.INT8_SQ,
-    "INT8_SQ": QuantMethod.INT8_SQ,
-    "W8A16": QuantMethod.INT8_WO,
-    "W4A16_AWQ": QuantMethod.INT4_AWQ,
-    "W4A16": QuantMethod.INT4_WO,
-    "W4A16_GPTQ": QuantMethod.INT4_GPTQ,
-    "NVFP4": QuantMethod.NVFP4,
-    "MXFP8": QuantMethod.MXFP8,
-}
-MODELOPT_KV_ALGOS = {"FP8": "fp8", "INT8": "int8", "NVFP4": "nvfp4"}
-
-# config.json -> quantization_config.quant_method (with bits where it matters)
+# ModelOpt `hf_quant_config.json` -> quantization.quant_algo, and config.json -> quantization_config.quant_method
+# (with bits where it matters): each method's own declaration (edgellm/quant).
+MODELOPT_ALGOS: dict[str, QuantMethod] = {algo: QuantMethod(m.name) for m in methods() for algo in m.modelopt_algos}
 HF_QUANT_METHODS: dict[tuple[str, int | None], QuantMethod] = {
-    ("awq", 4): QuantMethod.INT4_AWQ,
-    ("gptq", 4): QuantMethod.INT4_GPTQ,
-    ("fp8", None): QuantMethod.FP8,
-}
+    key: QuantMethod(m.name) for m in methods() for key in m.hf_quant_methods}
+MODELOPT_KV_ALGOS = {"FP8": "fp8", "INT8": "int8", "NVFP4": "nvfp4"}
 
 
 @dataclass(frozen=True)

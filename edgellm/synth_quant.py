@@ -29,11 +29,13 @@ from typing import Any
 
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
+from edgellm.quant import method
 from edgellm.synth import TOKENIZER_FILES
 
 QUANTIZER_NAME = "synthetic RTN in ModelOpt format"
 PRODUCER = {"name": "edgellm.synth_quant", "version": __version__}
-QUANT_ALGOS = {"int4_awq": "W4A16_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL"}
+WRITTEN = ("int4_awq", "int8_sq")  # the methods this writer implements (below); their quant_algo is the method's own
+QUANT_ALGOS = {name: method(name).modelopt_algos[0] for name in WRITTEN}
 EXCLUDED = ("lm_head", "model.embed_tokens")  # what ModelOpt leaves in float for these methods
 RUNTIME_FILES = ("generation_config.json", *TOKENIZER_FILES)
 

@@ -72,22 +72,31 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Thresholds))
 # 64 tokens is not guaranteed (a near-tie can flip and the continuations then differ legitimately). The fp16
 # checks are therefore distributional (perplexity within 1%, cosine, teacher-forced top-1 agreement) plus a greedy
 # check that a divergence, if any, happened at a near-tie of the reference (margin <= 0.25 logits).
-# Quantized engines (ModelOpt checkpoints from tensorrt-edgellm-quantize, built on ONNX Runtime) are scored against
-# the float source by perplexity (|ratio - 1|) and teacher-forced top-1 agreement only: logits move by design, and
-# greedy continuations legitimately part at the first near-tie. Each limit sits about 3x the error measured on the
-# trained stories260K (bundled text, 4064 tokens, window 128; 16 calibration rows of the same text; 2026-11-30,
-# tensorrt-edgellm 0.11.0 / ModelOpt 0.45.0, ONNX Runtime 1.32.0):
-#   int4_awq (10 of 35 linears int4, 25 left fp16 by the tool)  ppl 5.831 -> 5.916 (+1.46%), top-1 0.945
-#   int8_sq  (35 of 35 linears)                                   ppl 5.831 -> 5.852 (+0.36%), top-1 0.961
-#   fp8      (35 of 35 linears, emulated)                         ppl 5.831 -> 5.945 (+1.96%), top-1 0.922
-# On random-weight checkpoints (tiny Qwen3, all linears quantized) perplexity moves less (int4 +0.19%, int8 +0.01%,
-# fp8 +0.04%) but top-1 agreement means little: near-uniform logits make every argmax a near-tie (int4 0.60, int8
-# 0.93, fp8 0.87), so accuracy rows of random checkpoints need --min-top1-agreement or a thresholds file.
-QUANTIZED_DEFAULTS: dict[Precision, Thresholds] = {
-    Precision.INT4_AWQ: Thresholds(ppl_max_rel_diff=0.05, top1_min_agreement=0.85),
-    Precision.INT8_SQ: Thresholds(ppl_max_rel_diff=0.015, top1_min_agreement=0.90),
-    Precision.FP8: Thresholds(ppl_max_rel_diff=0.06, top1_min_agreement=0.80),
-}
+# Quantized engines are scored against the float source by the limits their method declares (edgellm/quant, with
+# the measurements behind them): perplexity (|ratio - 1|) and teacher-forced top-1 agreement only, since logits move
+# by design and greedy continuations legitimately part at the first near-tie. On random-weight checkpoints top-1
+# agreement means little (near-uniform logits make every argmax a near-tie), so accuracy rows of random checkpoints
+# need --min-top1-agreement or a thresholds file.
+
+
+def quantized_defaults() -> dict[Precision, Thresholds]:
+    """Each quantization method's declared limits (edgellm/quant), by precision; a bad declaration is a bug."""
+    from edgellm.errors import BugError
+    from edgellm.quant import methods
+
+    out = {}
+    for m in methods():
+        if m.thresholds is None:
+            continue
+        unknown = sorted(set(m.thresholds) - set(FIELDS))
+        if unknown:
+            raise BugError(f"quantization method {m.name!r} declares unknown threshold(s) {', '.join(unknown)}; "
+                           f"valid: {', '.join(FIELDS)}")
+        out[Precision(m.name)] = Thresholds(**m.thresholds)
+    return out
+
+
+QUANTIZED_DEFAULTS: dict[Precision, Thresholds] = quantized_defaults()
 
 # bf16 (torch-cuda engines; ONNX Runtime's CPU provider builds none): 8-bit mantissas, so ~8x fp16's rounding. The
 # same checks as fp16. Measured with the torch-cuda decoder math in bf16 against the fp32 transformers reference on

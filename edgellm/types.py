@@ -21,21 +21,27 @@ class _ChoiceEnum(enum.StrEnum):
             raise ConfigurationError(f"unknown {label} {value!r}; valid: {choices}") from None
 
 
-class Precision(_ChoiceEnum):
-    """Numeric format of a model's weights and compute (the LM head and KV cache have their own enums)."""
+def _vocabulary() -> tuple[type[_ChoiceEnum], type[_ChoiceEnum]]:
+    """``QuantMethod`` (none + every registered quantization method, edgellm/quant) and ``Precision`` (the float
+    formats + the same methods): one registry, no list kept here. A method is a member named by its upper-cased
+    name (``Precision.INT4_AWQ``), in the methods' declared order."""
+    from edgellm.quant.base import freeze, methods
 
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    INT8_SQ = "int8_sq"
-    INT8_WO = "int8_wo"
-    INT4_AWQ = "int4_awq"
-    INT4_GPTQ = "int4_gptq"
-    INT4_WO = "int4_wo"
-    NVFP4 = "nvfp4"
-    MXFP8 = "mxfp8"
+    names = [m.name for m in methods()]
+    freeze(names)
+    method = _ChoiceEnum("QuantMethod", {"NONE": "none", **{n.upper(): n for n in names}},  # type: ignore[misc]
+                         module=__name__, qualname="QuantMethod")
+    method.__doc__ = "Quantization algorithm that produced (or will produce) a checkpoint (edgellm/quant)."
+    floats = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16"}
+    precision = _ChoiceEnum("Precision",  # type: ignore[misc]
+                            {**floats, **{m.name: m.value for m in method if m.value != "none"}},
+                            module=__name__, qualname="Precision")
+    precision.__doc__ = ("Numeric format of a model's weights and compute: fp32, fp16, bf16, or a quantization method "
+                         "(the LM head and KV cache have their own enums).")
+    return method, precision
 
+
+QuantMethod, Precision = _vocabulary()
 
 # Weight precisions that need no quantizer: the checkpoint is only cast (quantize is the identity for them).
 UNQUANTIZED: frozenset[Precision] = frozenset({Precision.FP32, Precision.FP16, Precision.BF16})
@@ -64,28 +70,17 @@ class KVCachePrecision(_ChoiceEnum):
     NVFP4 = "nvfp4"
 
 
-class QuantMethod(_ChoiceEnum):
-    """Quantization algorithm that produced (or will produce) a checkpoint."""
+class Backend(_ChoiceEnum):
+    """Engine backends; each member is implemented by one ``@register_backend`` class in ``edgellm.backends``."""
 
-    NONE = "none"
-    FP8 = "fp8"
-    INT8_SQ = "int8_sq"
-    INT8_WO = "int8_wo"
-    INT4_AWQ = "int4_awq"
-    INT4_GPTQ = "int4_gptq"
-    INT4_WO = "int4_wo"
-    NVFP4 = "nvfp4"
-    MXFP8 = "mxfp8"
+    ORT = "ort"
+    TORCH_CUDA = "torch-cuda"
 
 
 class BenchMode(_ChoiceEnum):
-    """What a benchmark times: prefill (new tokens over a past) or decode (one token per sequence per step)."""
+    """What an engine benchmark times: ``prefill`` (a prompt's tokens in one step) or ``decode`` (one new token per
+    sequence over a KV cache). ``edgellm bench --mode`` takes these names; toolchains that drive another tool's
+    benchmark use the same two."""
 
     PREFILL = "prefill"
     DECODE = "decode"
-
-
-class Backend(_ChoiceEnum):
-    ORT = "ort"
-    TENSORRT = "tensorrt"
-    TORCH_CUDA = "torch-cuda"

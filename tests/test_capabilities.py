@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from devices.capability import capability
+from edgellm.backends.base import registered_backends
 from edgellm.backends.ort import OrtBackend
 from edgellm.capabilities import capabilities
 from edgellm.cli import main
-from edgellm.types import Precision
+from edgellm.types import Backend, Precision
 from toolchains.base import Variant, driver
 
 STORIES = Path(__file__).resolve().parents[1] / "edgellm" / "assets" / "stories260K"
@@ -36,10 +37,14 @@ def test_capabilities_json_names_precisions_backends_and_why_absent(capsys: pyte
     assert cuda["precisions"] == ["fp32", "fp16", "bf16"]
     assert sorted(cuda["refused"]) == ["fp8", "int4_awq", "int8_sq"]
     assert all("has no" in why and "--backend ort" in why for why in cuda["refused"].values())
-    trt = printed["backends"]["tensorrt"]
-    assert trt["available"] is False and "TensorRT" in trt["reason"] and trt["precisions"] == []
+    assert sorted(printed["backends"]) == ["ort", "torch-cuda"]  # what is implemented, nothing more
     assert main(["env"]) == 0
     assert json.loads(capsys.readouterr().out)["capabilities"] == printed  # `edgellm env` carries the same
+
+
+def test_every_backend_named_is_implemented_and_no_other() -> None:
+    """No stub: each ``Backend`` member is a registered class, and each registered class is a ``Backend`` member."""
+    assert sorted(registered_backends()) == sorted(b.value for b in Backend)
 
 
 def test_the_backend_class_is_the_one_home_of_what_it_builds(monkeypatch: pytest.MonkeyPatch) -> None:

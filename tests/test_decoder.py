@@ -68,3 +68,27 @@ def test_unsupported_rope_scaling_is_refused(ckpts, tmp_path, scaling, fragment)
     (ckpt / "config.json").write_text(json.dumps(data))
     with pytest.raises(UnsupportedError, match=fragment):
         family_for(ModelConfig.load(ckpt))
+
+
+@pytest.mark.parametrize("name", ["stories", "qwen3"])
+def test_the_export_ops_eager_forward_is_the_decoder_math(ckpts, name):
+    """fp32 exports trace RotaryEmbedding / GroupQueryAttention / SkipSimplifiedLayerNormalization; their eager
+    forward is the same decoder math (apply_rope, grouped_attention, rms_norm): same logits and presents over a
+    left-padded batch, a prefill then a step over the past."""
+    plain, cfg = _decoder(getattr(ckpts, name))
+    fused, _ = _decoder(getattr(ckpts, name))
+    fused.use_rotary_tables(cfg.max_position_embeddings)
+    fused.use_fused_attention()
+    ids = torch.randint(3, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        outs = []
+        for model in (plain, fused):
+            first = model(ids[:, :7], mask[:, :7], pos[:, :7], *model.empty_past(2))
+            outs.append((first, model(ids[:, 7:], mask, pos[:, 7:], *first[1:])))
+    (a, a2), (b, b2) = outs
+    assert (a[0][0] - b[0][0]).abs().max() < 1e-5 and (a[0][1, 3:] - b[0][1, 3:]).abs().max() < 1e-5  # real rows
+    assert (a2[0] - b2[0]).abs().max() < 1e-5
+    assert all((x[:, :, 3:] - y[:, :, 3:]).abs().max() < 1e-5 for x, y in zip(a2[1:], b2[1:], strict=True))

@@ -65,3 +65,41 @@ def test_only_the_settings_read_the_farm_environment_and_nothing_writes_it() -> 
                 writers.append(f"{path}:{node.lineno}")
     assert readers == [], f"EDGEFARM_* read outside flows/settings.py: {readers}"
     assert writers == [], f"the environment written (settings are passed, not exported): {writers}"
+
+
+def _imported_names(path: str, tree: ast.Module) -> set[str]:
+    """Every module a file imports, TYPE_CHECKING blocks and imports inside functions included: ``from a import b``
+    gives ``a`` and ``a.b`` (b may be a module), relative imports resolved against the file's package."""
+    package = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__").split(".")
+    if not path.endswith("__init__.py"):
+        package = package[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[:len(package) - node.level + 1], *([base] if base else [])])
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def test_edgellm_imports_nothing_from_the_farm() -> None:
+    broken = [f"{path} imports {m}" for path, tree in _modules("edgellm").items()
+              for m in sorted(_imported_names(path, tree)) if m.split(".")[0] in (*FARM, "stages")]
+    assert broken == []
+
+
+def test_edgellm_backends_never_import_the_runtime() -> None:
+    """edgellm.runtime (the engine) sits on edgellm.backends (each session owns its KV cache strategy): the
+    dependency goes one way."""
+    broken = [f"{path} imports {m}" for path, tree in _modules("edgellm/backends").items()
+              for m in sorted(_imported_names(path, tree)) if m.split(".")[:2] == ["edgellm", "runtime"]]
+    assert broken == []
+    # the walk sees imports of every form (so the rule above cannot pass by missing one)
+    probe = ("from edgellm import runtime\nfrom ..runtime import engine\nif TYPE_CHECKING:\n"
+             "    from edgellm.runtime.engine import Engine\ndef f():\n    import edgellm.runtime.requests\n")
+    seen = _imported_names("edgellm/backends/probe.py", ast.parse(probe))
+    assert {"edgellm.runtime", "edgellm.runtime.engine", "edgellm.runtime.requests"} <= seen

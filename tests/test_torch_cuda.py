@@ -20,21 +20,21 @@ from edgellm.backends.base import BuildParams
 from edgellm.backends.torch_cuda import (
     WEIGHT_TABLE,
     TorchCudaBackend,
-    _members,
     check_precision,
     check_table,
     read_table,
     table_precision,
     weight_table,
 )
+from edgellm.backends.torch_cuda.backend import _members
+from edgellm.backends.torch_cuda.decoder import GpuDecoder, load_parameters
+from edgellm.backends.torch_cuda.session import sample
 from edgellm.cli import main
 from edgellm.compiler.build import applied_precision
 from edgellm.compiler.export import export_checkpoint, input_names
 from edgellm.config import ModelConfig
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.models import family_for
-from edgellm.runtime.cuda_graph import sample
-from edgellm.runtime.gpu_decoder import GpuDecoder, load_parameters
 from edgellm.synth import make_checkpoint
 from edgellm.weights import load_weights
 
@@ -190,6 +190,29 @@ def test_decoder_math_matches_transformers_on_the_cpu(exports) -> None:
             assert float((got - want).abs().max()) < 1e-4, f"{name}: {what}"
 
 
+def test_the_runtime_runs_the_exported_decoder_layers(exports) -> None:
+    """One decoder: the torch-cuda runtime drives the export's own layer modules (edgellm.models.decoder) with its
+    Linear (weights [in, out], q/k/v and gate/up fused) around its preallocated cache; its decode steps give the
+    logits of the export's decoder over an explicit past."""
+    from edgellm.models.decoder import ColumnLinear, Decoder, Layer
+
+    ckpt, onnx_dir = exports["qwen3"]  # q/k norm: every branch of Attention.project
+    cfg = ModelConfig.load(onnx_dir)
+    table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+    model = GpuDecoder(cfg, load_parameters(data_file, table, torch.device("cpu")), max_batch_size=1,
+                       max_seq_len=16, device=torch.device("cpu"))
+    assert all(type(layer) is Layer for layer in model.layers)
+    assert isinstance(model.layers[0].self_attn.qkv_proj, ColumnLinear)
+    export = Decoder.from_weights(cfg, family_for(cfg), load_weights(ckpt, family_for(cfg), cfg))
+    ids = torch.tensor([[7, 3, 99, 12, 5, 41]])
+    with torch.no_grad():
+        past = export(ids[:, :4], torch.ones(1, 4, dtype=torch.long), torch.arange(4)[None], *export.empty_past(1))
+        want = export(ids[:, 4:], torch.ones(1, 6, dtype=torch.long), torch.arange(4, 6)[None], *past[1:])[0][0]
+        model.prefill(ids[:, :4], torch.arange(4)[None], 0, torch.ones(1, 4, dtype=torch.bool), 3, causal_only=True)
+        got = torch.stack([model.decode(ids[0, i:i + 1], torch.tensor([i]), torch.tensor([i]))[0] for i in (4, 5)])
+    assert float((got - want).abs().max()) < 1e-5
+
+
 def test_gpu_sampler_is_greedy_at_zero_and_samples_the_filtered_distribution() -> None:
     gen = torch.Generator().manual_seed(0)
     vocab = 40
@@ -301,8 +324,8 @@ def test_bf16_engine_states_and_computes_in_bf16(cuda_engines) -> None:
     engine = Engine.open(cuda_dir)
     session = engine.session
     assert session.model.dtype == torch.bfloat16 and session.model.kv[0].dtype == torch.bfloat16
-    weights = [t for lw in session.model.layers for t in vars(lw).values() if isinstance(t, torch.Tensor)]
-    assert {t.dtype for t in [*weights, session.model.lm_w, session.model.embed]} == {torch.bfloat16}
+    weights = [*session.model.decoder.parameters(), session.model.lm_w, session.model.embed]
+    assert len(weights) > 5 and {t.dtype for t in weights} == {torch.bfloat16}
     cfg = engine.config
     ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
     n = ids.shape[1]

@@ -1,4 +1,5 @@
-"""Engine backends (ONNX Runtime here; TensorRT is one more implementation of ``EngineBackend`` later)."""
+"""Engine backends: ONNX Runtime on the CPU (``ort``) and torch on an NVIDIA GPU (``torch-cuda``); a new one is one more
+module here with an ``EngineBackend`` class decorated by ``@register_backend``."""
 
 from edgellm.backends.base import BACKENDS, BuildParams, EngineBackend, Session, TensorSpec, get_backend
 

@@ -1,5 +1,8 @@
 """The engine-backend interface: build an engine from an ONNX export, open a session on it, run one step.
 
+This package is the layer under ``edgellm.runtime``: the runtime imports backends, never the reverse (a test walks
+the imports). A session owns its KV cache strategy, so the runtime's engine treats every backend alike.
+
 A backend is one module in this package with a class decorated by ``@register_backend``; the registry is keyed
 by the ``Backend`` enum. A backend that cannot run on this machine says why in ``unavailable_reason()`` and
 ``get_backend`` turns that into a clear error (never a silent fallback to another backend).
@@ -11,17 +14,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from edgellm.errors import ConfigurationError, UnsupportedError
+from edgellm.backends.sampling import SamplingParams, choose
+from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import Backend, Precision
-
-if TYPE_CHECKING:
-    from edgellm.runtime.kv_cache import KVBuffer
-    from edgellm.runtime.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -46,42 +46,77 @@ class TensorSpec:
     shape: tuple[int | str, ...]  # symbolic dims are strings
 
 
+class KVCacheHandle(Protocol):
+    """What the runtime holds of a session's KV cache: ``batch_size`` rows, ``length`` positions held, room for
+    ``capacity`` (None: it grows as needed); ``truncate(n)`` drops positions >= n."""
+
+    batch_size: int
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def capacity(self) -> int | None: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def truncate(self, length: int) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+
+def position_ids(attention_mask: np.ndarray, new: int) -> np.ndarray:
+    """Position ids int64 [B, new] of the last ``new`` columns of a left-padded mask [B, T]: each row counts its real
+    tokens only (padding takes position 0)."""
+    return np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)[:, -new:]
+
+
 class Session(ABC):
-    """An open engine: named numpy inputs in, named numpy outputs out."""
+    """An open engine. The runtime asks it for a KV cache (``new_cache``), for steps over that cache (``step``) and
+    for whole left-padded batches (``generate``); where the cache lives and how a step reads and writes it is the
+    session's own strategy (host arrays for ONNX Runtime, the GPU for torch-cuda). ``run`` takes the export's
+    signature (named numpy inputs, past keys and values among them; named numpy outputs)."""
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
 
-    # True when the graph writes a step's new keys and values into the past buffer itself: the runtime then keeps
-    # a preallocated ``KVBuffer`` and steps through ``run_in_place``.
-    kv_in_place: bool = False
-
     @abstractmethod
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
-    def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
-        """``feeds`` without the past; the step's keys and values land in ``cache``'s buffers after its
-        ``length`` (the caller advances it). Returns the logits."""
-        raise NotImplementedError(f"{type(self).__name__} does not update its KV cache in place")
-
-
-class DeviceSession(Session):
-    """A session that keeps its KV cache on its device and generates there; the runtime hands it whole steps
-    and batches instead of feeding the cache through ``run``."""
-
     @abstractmethod
-    def new_cache(self, batch_size: int) -> Any:
-        """A cache handle with ``batch_size``, ``length``, ``num_layers``, ``truncate(n)`` and ``nbytes()``."""
+    def new_cache(self, batch_size: int, capacity: int) -> KVCacheHandle:
+        """An empty cache for ``batch_size`` rows and at least ``capacity`` positions (the caller checked both
+        against the engine's limits)."""
 
     @abstractmethod
     def step(self, input_ids: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray, cache: Any, *,
              last_only: bool) -> np.ndarray:
-        """int64 [B, S] ids and positions, mask [B, cache.length + S] -> float32 logits [B, S or 1, vocab]."""
+        """int64 [B, S] ids and positions, mask [B, cache.length + S] -> float32 logits [B, S, vocab] ([B, 1, vocab]
+        with ``last_only``); the S positions are appended to ``cache``."""
 
-    @abstractmethod
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, steps: int,
-                 sampling: list[SamplingParams]) -> Iterator[np.ndarray]:
-        """Prefill the left-padded batch, then yield each step's chosen tokens, int64 [B]."""
+                 sampling: list[SamplingParams], finished: np.ndarray) -> Iterator[np.ndarray]:
+        """Prefill the left-padded batch (ids and mask int64 [B, S]), then yield each step's chosen tokens, int64
+        [B], ``steps`` times. ``finished`` bool [B] is the caller's: it marks rows that have ended, whose tokens are
+        no longer chosen (the caller ignores them). Here the tokens are chosen on the host from ``step``'s logits,
+        with one numpy Generator per sampling row; a session that samples on its device overrides this."""
+        b, s = input_ids.shape
+        cache = self.new_cache(b, s + steps)
+        rngs = [np.random.default_rng(p.seed) if p.temperature > 0 else None for p in sampling]
+        mask = attention_mask
+        logits = self.step(input_ids, position_ids(mask, s), mask, cache, last_only=True)[:, -1]
+        tokens = np.zeros((b, 1), dtype=np.int64)
+        ones = np.ones((b, 1), dtype=np.int64)
+        for n in range(steps):
+            for i, (p, rng) in enumerate(zip(sampling, rngs, strict=True)):
+                if not finished[i]:
+                    tokens[i, 0] = choose(logits[i], temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                                          rng=rng)
+            yield tokens[:, 0].copy()
+            if n + 1 < steps:
+                mask = np.concatenate([mask, ones], axis=1)
+                logits = self.step(tokens, position_ids(mask, 1), mask, cache, last_only=True)[:, -1]
 
 
 class EngineBackend(ABC):
@@ -125,12 +160,6 @@ class EngineBackend(ABC):
 
 BACKENDS: Registry[type[EngineBackend]] = Registry("backend")
 
-# Backends the project knows about but has no implementation for on this machine, with what they need.
-NOT_IMPLEMENTED_HERE: dict[Backend, str] = {
-    Backend.TENSORRT: "needs TensorRT's builder library (tensorrt with libnvinfer) and an NVIDIA GPU; "
-                      "neither is installed here",
-}
-
 
 def register_backend(cls: type[EngineBackend]) -> type[EngineBackend]:
     BACKENDS.add(cls.backend.value, cls)
@@ -141,10 +170,9 @@ def backend_class(name: str | Backend) -> type[EngineBackend]:
     """The implementation of a backend, whether or not it can run on this machine (its declarations)."""
     backend = Backend.parse(name, what="backend")
     _load_builtin_backends()
-    if backend.value not in BACKENDS:
-        need = NOT_IMPLEMENTED_HERE.get(backend, "no implementation is registered")
-        raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({need}); "
-                               f"available: {', '.join(BACKENDS)}")
+    if backend.value not in BACKENDS:  # every Backend member has its module here (tests/test_capabilities.py)
+        raise BugError(f"backend {backend.value!r} is named by edgellm.types.Backend but no module of "
+                       f"edgellm.backends registers it; registered: {', '.join(BACKENDS)}")
     return BACKENDS.get(backend.value)
 
 

@@ -13,17 +13,15 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
-from edgellm.compiler.export import LOGITS_POSITIONS
+from edgellm.backends.kv_cache import KVBuffer, KVCache
+from edgellm.compiler.export import LOGITS_POSITIONS, quantized_export_precisions
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.types import Backend, Precision
-
-if TYPE_CHECKING:
-    from edgellm.runtime.kv_cache import KVBuffer
 
 ENGINE_MODEL = "model.onnx"
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -48,9 +46,11 @@ def _specs(args: list[Any]) -> list[TensorSpec]:
 
 
 class OrtSession(Session):
-    """``gqa``: the graph attends through GroupQueryAttention, which writes the step's keys and values into its past
-    buffer when past and present are bound to one buffer (the runtime then keeps a ``KVBuffer``), and refuses several
-    new positions over a past for batch > 1 (such a step runs one row at a time)."""
+    """The KV cache stays on the host, fed to the graph and taken back at every step. ``gqa``: the graph attends
+    through GroupQueryAttention, which writes the step's keys and values into its past buffer when past and present
+    are bound to one buffer (``kv_in_place``: the session's caches are then ``KVBuffer``s; otherwise a ``KVCache``
+    grows by the present outputs), and refuses several new positions over a past for batch > 1 (such a step runs
+    one row at a time)."""
 
     def __init__(self, sess: Any, *, gqa: bool = False) -> None:
         self.sess = sess
@@ -58,12 +58,38 @@ class OrtSession(Session):
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
         # (past input, present output) per buffer, in KVBuffer.buffers' order: k0, v0, k1, v1, ...
-        self._kv = [(s.name, s.name.replace("past_key_values.", "present.", 1)) for s in self.inputs
-                    if s.name.startswith("past_key_values.")]
+        layers = sum(s.name.startswith("past_key_values.") for s in self.inputs) // 2
+        self._kv = [(f"past_key_values.{i}.{kv}", f"present.{i}.{kv}") for i in range(layers)
+                    for kv in ("key", "value")]
         vocab = next((o.shape[-1] for o in self.outputs if o.name == "logits"), None)
         self._vocab = vocab if isinstance(vocab, int) else None
         self._gqa = gqa
         self.kv_in_place = gqa and self._vocab is not None
+
+    @property
+    def kv_names(self) -> list[tuple[str, str]]:
+        """(past input, present output) of every cache tensor, in the order k0, v0, k1, v1, ..."""
+        return self._kv
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache | KVBuffer:
+        """Shaped and typed as the graph's past inputs [batch, kv_heads, past, head_dim]: a ``KVBuffer`` of
+        ``capacity`` positions when the graph fills it in place, else a ``KVCache`` that grows."""
+        spec = next((s for s in self.inputs if s.name == self._kv[0][0]), None) if self._kv else None
+        if spec is None or not all(isinstance(d, int) for d in (spec.shape[1], spec.shape[3])):
+            raise BugError(f"session inputs have no past key input of static [batch, kv_heads, past, head_dim] "
+                           f"shape: {self.inputs[:4]}")
+        kv_heads, head_dim, dtype = int(spec.shape[1]), int(spec.shape[3]), np.dtype(spec.dtype)
+        layers = len(self._kv) // 2
+        if self.kv_in_place:
+            return KVBuffer(layers, batch_size, kv_heads, head_dim, dtype, capacity)
+        return KVCache(layers, batch_size, kv_heads, head_dim, dtype)
+
+    def step(self, input_ids: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
+             cache: KVCache | KVBuffer, *, last_only: bool) -> np.ndarray:
+        s = input_ids.shape[1]
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
+                 LOGITS_POSITIONS: np.arange(s - 1 if last_only else 0, s, dtype=np.int64)}
+        return cache.run_step(self, feeds)
 
     def _row_by_row(self, feeds: dict[str, np.ndarray], past_len: int) -> bool:
         b, s = feeds["input_ids"].shape
@@ -84,6 +110,8 @@ class OrtSession(Session):
         return dict(zip(self._out_names, self.sess.run(self._out_names, feeds), strict=True))
 
     def run_in_place(self, feeds: dict[str, np.ndarray], cache: KVBuffer) -> np.ndarray:
+        """``feeds`` without the past; the step's keys and values land in ``cache``'s buffers after its
+        ``length`` (the caller advances it). Returns the logits."""
         if not self.kv_in_place or self._vocab is None:
             raise BugError("run_in_place on a session that does not update its KV cache in place")
         if self._row_by_row(feeds, cache.length):  # over row views of the buffers
@@ -131,11 +159,9 @@ class _KVBinding:
 @register_backend
 class OrtBackend(EngineBackend):
     backend = Backend.ORT
-    # What this backend builds: float exports, and ModelOpt-quantized ones on ONNX Runtime's integer kernels
-    # (int4 MatMulNBits, int8 MatMulIntegerToFloat) or emulated (fp8 through DequantizeLinear: no fp8 GEMM on CPU).
-    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, Precision.INT4_AWQ,
-                                                   Precision.INT8_SQ, Precision.FP8)
-    emulated_precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP8,)
+    # What this backend builds: float exports, and ModelOpt-quantized ones, each method lowered by export to ONNX
+    # Runtime's kernels (integer, or emulated: edgellm/quant declares which).
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, *quantized_export_precisions())
     refused: ClassVar[Mapping[Precision, str]] = {
         Precision.BF16: "ONNX Runtime's CPU execution provider has no bf16 kernels (its MatMul, Mul and "
                         "RotaryEmbedding take fp32/fp16 only); build bf16 exports with --backend torch-cuda, or "
@@ -232,7 +258,7 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
 
 
 def quantized_gemms(model: Any) -> dict[str, int]:
-    """Quantized GEMMs of a graph by kind (``edgellm.compiler.quantized.GemmKind``), read from its nodes: int4
+    """Quantized GEMMs of a graph by kind (``edgellm.quant.GemmKind``), read from its nodes: int4
     MatMulNBits, int8 integer MatMuls, and MatMuls fed by a DequantizeLinear of float8 weights (emulated fp8).
     One per linear: a GEMM the export fused from several linears of one input (its output split on the last axis,
     after the fused bias Add if any) counts as the linears its Split gives back."""
@@ -249,7 +275,7 @@ def quantized_gemms(model: Any) -> dict[str, int]:
             out = readers.get(out[0].output[0], [])
         return len(out[0].output) if len(out) == 1 and out[0].op_type == "Split" else 1
 
-    from edgellm.compiler.quant_kinds import GemmKind
+    from edgellm.quant import GemmKind
 
     fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2}
     fp8_weights = {i.name for i in model.graph.initializer if i.data_type in fp8}

@@ -2,15 +2,9 @@
 
 ``hf_quant_config.json`` (or ``config.json``'s ``quantization_config`` with ``quant_method: modelopt``) names one
 ``quant_algo`` for the model and the modules left in float (``exclude_modules``, fnmatch patterns). Each quantized
-linear ``<module>`` then stores, instead of a float ``weight [out, in]``:
-
-    W4A16_AWQ             weight U8 [out/2, in] (two signed int4 output rows per byte, row 2r in the low nibble),
-                          weight_scale [out, ceil(in/group)], pre_quant_scale [in] (multiplies the activation)
-    W8A8_SQ_PER_CHANNEL   weight I8 [out, in], weight_scale [out], input_scale [] (static), pre_quant_scale [in]
-    FP8                   weight F8_E4M3 [out, in], weight_scale [], input_scale []
-    NVFP4                 weight U8 [out, in/2] (e2m1 pairs), weight_scale F8_E4M3 [out, in/16],
-                          weight_scale_2 [], input_scale []
-    MXFP8                 weight F8_E4M3 [out, in], weight_scale U8 (e8m0) [out, in/32]
+linear ``<module>`` then stores, instead of a float ``weight [out, in]``, a packed weight and its scales: how, each
+quantization method says (``stored``, a ``StoredFormat``, in its module of edgellm/quant; e.g. W4A16_AWQ: weight U8
+[out/2, in], weight_scale [out, ceil(in/group)], pre_quant_scale [in]).
 
 ``read_quant_layout(dir)`` gives the method, group size, KV-cache quantization and, per linear layer, the precision
 actually stored there, plus every problem found (a quantized layer without its scales, scales whose shape does not
@@ -20,9 +14,8 @@ fit the weight and group size, a quantized declaration over unpacked float weigh
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,53 +24,17 @@ from edgellm.checkpoint.header import FLOAT_DTYPES, TensorInfo
 from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
 from edgellm.models.base import ModelFamily
+from edgellm.quant import methods
+from edgellm.quant.base import QuantizationMethod, StoredFormat
 from edgellm.types import Precision, QuantMethod
 
 _FLOAT_PRECISION = {"F32": Precision.FP32, "F16": Precision.FP16, "BF16": Precision.BF16}
 SCALAR = ((), (1,))  # a per-tensor scale is stored as a 0-d or a 1-element tensor
 
-ShapeRule = Callable[[int, int, int | None], tuple[int, ...] | None]  # (out, in, group) -> shape; None: scalar
 
-
-@dataclass(frozen=True)
-class StoredFormat:
-    """How one quantization method stores a linear layer: the packed weight and each companion tensor."""
-
-    method: QuantMethod
-    weight_dtypes: tuple[str, ...]
-    weight_shape: Callable[[int, int], tuple[int, ...]]
-    scales: Mapping[str, ShapeRule]  # suffix -> expected shape
-    needs_group: bool = False
-
-    def shape_note(self, out: int, inp: int, group: int | None) -> str:
-        parts = [f"weight {'/'.join(self.weight_dtypes)} {list(self.weight_shape(out, inp))}"]
-        for suffix, rule in self.scales.items():
-            shape = rule(out, inp, group)
-            parts.append(f"{suffix} {list(shape) if shape is not None else '[] (scalar)'}")
-        return ", ".join(parts)
-
-
-def _scalar(out: int, inp: int, group: int | None) -> None:
-    return None
-
-
-FORMATS: dict[QuantMethod, StoredFormat] = {f.method: f for f in (
-    StoredFormat(QuantMethod.INT4_AWQ, ("U8",), lambda o, i: (o // 2, i),
-                 {"weight_scale": lambda o, i, g: (o, math.ceil(i / (g or i))),
-                  "pre_quant_scale": lambda o, i, g: (i,)},
-                 needs_group=True),
-    StoredFormat(QuantMethod.INT8_SQ, ("I8",), lambda o, i: (o, i),
-                 {"weight_scale": lambda o, i, g: (o,), "input_scale": _scalar,
-                  "pre_quant_scale": lambda o, i, g: (i,)}),
-    StoredFormat(QuantMethod.FP8, ("F8_E4M3",), lambda o, i: (o, i),
-                 {"weight_scale": _scalar, "input_scale": _scalar}),
-    StoredFormat(QuantMethod.NVFP4, ("U8",), lambda o, i: (o, i // 2),
-                 {"weight_scale": lambda o, i, g: (o, i // (g or 16)), "weight_scale_2": _scalar,
-                  "input_scale": _scalar}),
-    StoredFormat(QuantMethod.MXFP8, ("F8_E4M3",), lambda o, i: (o, i),
-                 {"weight_scale": lambda o, i, g: (o, i // (g or 32))}),
-)}
-OPTIONAL_SCALES = {(QuantMethod.INT8_SQ, "pre_quant_scale")}  # SmoothQuant without smoothing stores none
+def stored_formats() -> dict[QuantMethod, type[QuantizationMethod]]:
+    """The methods whose stored layout is read, by name."""
+    return {QuantMethod(m.name): m for m in methods() if m.stored is not None}
 
 
 @dataclass(frozen=True)
@@ -144,9 +101,11 @@ def quant_layout(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], c
                  quant: QuantConfig) -> QuantLayout:
     layout = QuantLayout(method=quant.method, source=quant.source, group_size=quant.group_size,
                          kv_cache=quant.kv_cache, exclude_modules=quant.exclude_modules)
-    fmt = FORMATS.get(quant.method)
+    readable = stored_formats()
+    found = readable.get(quant.method)
+    fmt = found.stored if found is not None else None
     if quant.is_quantized and fmt is None:
-        known = ", ".join(m.value for m in FORMATS)
+        known = ", ".join(m.value for m in readable)
         layout.problems.append(CheckpointError(
             f"{quant.source}: quantization {quant.method.value} is recognised but its stored layout is not read by "
             f"edgellm; readable: {known}"))
@@ -180,7 +139,7 @@ def _bad(info: TensorInfo, msg: str) -> CheckpointError:
 
 def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensors: Mapping[str, TensorInfo],
                      fmt: StoredFormat, quant: QuantConfig, problems: list[CheckpointError]) -> LinearLayer | None:
-    method, group = fmt.method.value, quant.group_size
+    method, group = quant.method.value, quant.group_size
     expect = fmt.shape_note(out, inp, group)
     if weight.dtype in FLOAT_DTYPES:
         problems.append(_bad(weight, f"declared {method}-quantized ({quant.source}) but stored as unpacked float "
@@ -194,26 +153,27 @@ def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensor
         ok = False
     names = {"weight": weight.name}
     missing = []
-    for suffix, rule in fmt.scales.items():
+    for suffix, scale in fmt.scales.items():
         info = tensors.get(f"{module}.{suffix}")
         if info is None:
-            if (fmt.method, suffix) not in OPTIONAL_SCALES:
+            if not scale.optional:
                 missing.append(f"{module}.{suffix}")
             continue
         names[suffix] = info.name
-        shape = rule(out, inp, group)
+        shape = scale.shape(out, inp, group)
         allowed = SCALAR if shape is None else (shape,)
         if info.shape not in allowed:
             problems.append(_bad(info, f"scale shape {list(info.shape)} does not fit the [{out}, {inp}] weight"
                                        + (f" and group_size {group}" if fmt.needs_group else "")
                                        + f"; {method} needs {list(shape) if shape is not None else '[] (scalar)'}"))
             ok = False
-        elif info.dtype not in (*FLOAT_DTYPES, "F8_E4M3", "U8") or (info.dtype == "U8" and suffix != "weight_scale"):
-            problems.append(_bad(info, f"scale dtype {info.dtype} is not a float type"))
+        elif info.dtype not in scale.dtypes:
+            problems.append(_bad(info, f"scale dtype {info.dtype} is not one {method} stores for {suffix} "
+                                       f"({', '.join(scale.dtypes)})"))
             ok = False
     if missing:
         problems.append(_bad(weight, f"declared {method}-quantized but its scales are missing: {', '.join(missing)}"))
         ok = False
     if not ok:
         return None
-    return LinearLayer(module, Precision(fmt.method.value), out, inp, names)
+    return LinearLayer(module, Precision(quant.method.value), out, inp, names)

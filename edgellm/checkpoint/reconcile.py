@@ -18,11 +18,17 @@ from edgellm.checkpoint.modelopt import QuantLayout, linear_modules, quant_layou
 from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
 from edgellm.models.base import ModelFamily
+from edgellm.quant import methods
 
-# Tensor-name suffixes quantizers (ModelOpt, AutoAWQ, GPTQ, FP8 block) store next to or instead of ``weight``.
-QUANT_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".input_scale", ".pre_quant_scale",
-                  ".k_scale", ".v_scale", ".scales", ".qweight", ".qzeros", ".g_idx")
+# Tensor-name suffixes quantizers store next to or instead of ``weight``: those of formats edgellm does not read
+# (AutoAWQ, GPTQ, FP8 block), ModelOpt's KV-cache scales, and every scale a quantization method stores (edgellm/quant).
+OTHER_QUANT_SUFFIXES = (".weight_scale_inv", ".k_scale", ".v_scale", ".scales", ".qweight", ".qzeros", ".g_idx")
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".scales")
+
+
+def quant_suffixes() -> tuple[str, ...]:
+    stored = {f".{suffix}" for m in methods() if m.stored is not None for suffix in m.stored.scales}
+    return tuple(sorted(stored | set(OTHER_QUANT_SUFFIXES)))
 
 
 @dataclass
@@ -96,6 +102,7 @@ def reconcile(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg:
                 f"declares no quantization", name)
             continue
         rec.matched.append(name)
+    suffixes = quant_suffixes()
     for name in sorted(set(tensors) - set(expected)):
         if name in tied:
             src = tied[name]
@@ -107,7 +114,7 @@ def reconcile(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], cfg:
         if rule is not None:
             rec.ignored[name] = rule.name
             continue
-        if quant.is_quantized and name.endswith(QUANT_SUFFIXES):
+        if quant.is_quantized and name.endswith(suffixes):
             rec.quantization_tensors.append(name)
             continue
         rec.unexpected.append(name)

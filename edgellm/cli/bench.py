@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from edgellm.bench import BenchMode, BenchOptions, run_bench
+from edgellm.bench import BenchOptions, run_bench
 from edgellm.errors import ConfigurationError
 from edgellm.reporting import json_safe, write_json_atomic
+from edgellm.types import BenchMode
 
 NAME = "bench"
 HELP = "measure an engine's prefill or decode tokens/s and step latency at a given batch, input and past length"

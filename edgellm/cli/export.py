@@ -1,7 +1,7 @@
 """``edgellm export CKPT_DIR ONNX_DIR [--precision P]``: checkpoint -> ONNX graph + runtime artifacts.
 
-A float checkpoint exports as fp32 (default) or fp16; a ModelOpt-quantized one as its own method (int4_awq,
-int8_sq, fp8), which is also the default."""
+A float checkpoint exports as fp32 (default), fp16 or bf16; a ModelOpt-quantized one as its own method (one export
+lowers: edgellm/quant), which is also the default."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ HELP = "export a Hugging Face checkpoint to an ONNX graph with an explicit KV ca
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt_dir", type=Path, help="checkpoint directory (config.json, safetensors, tokenizer)")
     parser.add_argument("onnx_dir", type=Path, help="output directory (written whole or not at all)")
+    from edgellm.quant import exported
+
     parser.add_argument("--precision", default=None,
-                        help="fp32 or fp16 for a float checkpoint (default fp32); a quantized checkpoint's own "
-                             "method (int4_awq, int8_sq, fp8; the default)")
+                        help="fp32, fp16 or bf16 for a float checkpoint (default fp32); a quantized checkpoint's own "
+                             f"method ({', '.join(m.name for m in exported())}; the default)")
     parser.add_argument("--lm-head-precision",
                         help="LM-head precision (default: the precision's; a quantized checkpoint's float LM head "
                              "can also be quantized at export: int8_wo or int4_wo, round-to-nearest, block 32)")

@@ -16,14 +16,15 @@ from edgellm import __version__
 from edgellm.backends.base import BuildParams, EngineBackend, backend_class, get_backend
 from edgellm.compiler.export import EXPORT_MANIFEST, GENERATION_SETTINGS, MODEL_FILE, RUNTIME_FILES
 from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_files, write_json
-from edgellm.compiler.quant_kinds import check_gemm_readback
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
+from edgellm.quant import check_gemm_readback
 from edgellm.types import Backend, Precision
 
 log = logging.getLogger(__name__)
 
+# The engine manifest's file name, defined here only: the runtime and the farm's toolchains import it.
 ENGINE_MANIFEST = "engine_manifest.json"
 
 

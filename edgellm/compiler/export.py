@@ -54,8 +54,7 @@ log = logging.getLogger(__name__)
 # declaration (``EngineBackend.precisions``): bf16 graphs are built by torch-cuda, not by ONNX Runtime's CPU provider.
 EXPORT_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 EXPORT_PRECISIONS = tuple(EXPORT_DTYPES)
-OPSET = 17
-FP8_OPSET = 19  # float8 QuantizeLinear / DequantizeLinear
+OPSET = 17  # a quantization method's lowering may need more (its ``opset``: fp8's float8 Q/DQ needs 19)
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 EXPORT_MANIFEST = "export_manifest.json"
@@ -116,10 +115,11 @@ def check_variant(precision: Precision, lm_head: LMHeadPrecision | str | None,
 
 
 def quantized_export_precisions() -> tuple[Precision, ...]:
-    """Precisions exported from a checkpoint quantized by ModelOpt (ONNX Runtime integer / emulated kernels)."""
-    from edgellm.compiler.quant_kinds import GEMM_KIND
+    """Precisions exported from a checkpoint quantized by ModelOpt: the methods lowered to ONNX Runtime's integer /
+    emulated kernels (edgellm/quant), by GEMM kind."""
+    from edgellm.quant import exported
 
-    return tuple(GEMM_KIND)
+    return tuple(Precision(m.name) for m in exported())
 
 
 def parse_export_precision(value: str | Precision | None) -> Precision | None:
@@ -129,9 +129,10 @@ def parse_export_precision(value: str | Precision | None) -> Precision | None:
     precision = Precision.parse(value, what="precision")
     valid = (*EXPORT_PRECISIONS, *quantized_export_precisions())
     if precision not in valid:
-        from edgellm.compiler.quant_kinds import REFUSED
+        from edgellm.quant import method
 
-        why = f" ({REFUSED[precision]})" if precision in REFUSED else ""
+        refused = method(precision.value).refused  # every float precision is exported: this is a method
+        why = f" ({refused})" if refused else ""
         raise UnsupportedError(f"precision {precision.value!r} is not supported by export{why}; "
                                f"supported: {', '.join(p.value for p in valid)}")
     return precision
@@ -140,7 +141,7 @@ def parse_export_precision(value: str | Precision | None) -> Precision | None:
 def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | None) -> tuple[Precision, Any]:
     """The export precision and, for a quantized checkpoint, its validated layout."""
     from edgellm.checkpoint import Checkpoint
-    from edgellm.compiler.quant_kinds import check_exportable
+    from edgellm.quant import check_exportable
 
     quantized = quantized_export_precisions()
     if not quant.is_quantized:
@@ -196,9 +197,10 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     opset = OPSET
     if layout is not None:
         from edgellm.compiler.quantized import load_quantized_decoder
+        from edgellm.quant import method
 
         model = load_quantized_decoder(ckpt_dir, cfg, family, layout, dtype=torch.float32, lm_head=lm_head.value)
-        opset = FP8_OPSET if Precision.FP8 in {lin.precision for lin in layout.quantized} else OPSET
+        opset = max([OPSET, *(method(p.value).opset for p in {lin.precision for lin in layout.quantized})])
     else:
         model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
     model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
@@ -272,11 +274,11 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
 
 
 def _quantization_manifest(layout: Any) -> dict[str, Any]:
-    from edgellm.compiler.quant_kinds import EMULATED, declared_gemms
+    from edgellm.quant import declared_gemms, method
 
     return {"activation_dtype": "fp32",
             "quantization": {**layout.to_json(), "quantized_gemms": declared_gemms(layout),
-                             "emulated": any(lin.precision in EMULATED for lin in layout.quantized)}}
+                             "emulated": any(method(lin.precision.value).emulated for lin in layout.quantized)}}
 
 
 def _traced(decoder: Any, weight_names: list[str], num_past: int) -> Any:

@@ -1,18 +1,14 @@
-"""Quantized linear layers of a ModelOpt checkpoint, as torch modules that export to ONNX Runtime's integer kernels.
+"""Quantized linear layers of a ModelOpt checkpoint as torch modules that export to ONNX Runtime's kernels: what
+every method shares. Each method's own module (a ``QuantLinear`` subclass and its ONNX op) lives with the method in
+``edgellm/quant/<method>.py`` and is made by its ``ort_linear``; the decoder is the export's own
+(edgellm.models.decoder) with these plugged in place of its float linears.
 
-Each module holds its stored tensors, converted once at load to the layout its ONNX op reads, as parameters (so
-the exporter traces them as graph inputs and ``onnx_weights.attach_weights`` writes them like any weight):
+A module holds its stored tensors, converted once at load to the layout its ONNX op reads, as parameters (so the
+exporter traces them as graph inputs and ``onnx_weights.attach_weights`` writes them like any weight). Activations are
+fp32. The eager forward computes the same arithmetic in torch (used when tracing).
 
-    int4_awq  x * pre_quant_scale -> com.microsoft.MatMulNBits(bits 4, block = the checkpoint's group size):
-              B uint8 [N, K/block, block/2] (unsigned nibbles, zero point 8, element k in the low nibble when k is
-              even), scales fp32 [N * K/block]
-    int8_sq   x * pre_quant_scale -> QuantizeLinear(static input_scale, uint8 zero point 128, i.e. the symmetric
-              int8 grid shifted for MLAS's u8s8 kernels) -> com.microsoft.MatMulIntegerToFloat(W int8 [K, N],
-              input_scale, per-channel weight_scale [N])
-    fp8       QuantizeLinear(x, input_scale) to float8e4m3 -> DequantizeLinear -> MatMul with
-              DequantizeLinear(W float8e4m3 [K, N], weight_scale): emulated (no fp8 GEMM on the CPU), opset 19
-
-Activations are fp32. The eager forward computes the same arithmetic in torch (used when tracing).
+Also here: ``MatMulNBits`` (ONNX Runtime's blocked n-bit GEMM, used by int4 methods and by LM heads quantized at
+export), ``WeightOnlyLMHead``, ``GatheredEmbedding``, and the folding of activation smoothing into norms and scales.
 """
 
 from __future__ import annotations
@@ -26,15 +22,11 @@ import torch
 from torch import nn
 
 from edgellm.checkpoint.modelopt import LinearLayer, QuantLayout
-from edgellm.compiler.quant_kinds import REFUSED
 from edgellm.config import ModelConfig
-from edgellm.errors import BugError, UnsupportedError
+from edgellm.errors import BugError
 from edgellm.models.base import ModelFamily
 from edgellm.models.decoder import RMSNorm
-from edgellm.types import Precision
 
-MIN_BLOCK = 16  # MatMulNBits' smallest block
-INT8_ZERO_POINT = 128  # uint8 activations: the symmetric int8 grid shifted (MLAS's fast kernels are u8 x s8)
 # MatMulNBits accuracy_level 4: the activation is quantized to int8 per block of the weight's block (symmetric,
 # scale = block amax / 127) and the dot products run on the CPU's int8 kernels (VNNI): at 2 threads on the 0.5B
 # shape about 2.5x faster per GEMM than level 0 (fp32 from dequantized weights), the way onnxruntime-genai builds its
@@ -42,53 +34,11 @@ INT8_ZERO_POINT = 128  # uint8 activations: the symmetric int8 grid shifted (MLA
 INT4_ACCURACY_LEVEL = 4
 
 
-def int4_block(in_features: int, group: int) -> int:
-    """MatMulNBits' block: the checkpoint's group, or for a layer narrower than one group (one scale per row) the
-    smallest power of two >= 16 covering it (the same blocks, no padding)."""
-    if in_features >= group:
-        return group
-    return max(MIN_BLOCK, 1 << (in_features - 1).bit_length())
+class MatMulNBits(torch.autograd.Function):
+    """x [..., K] times W^T, W [N, K] stored as ``b`` uint8 [N, ceil(K/block), block * bits / 8] (unsigned, zero
+    point 2^(bits-1); 4 bits: element k in the low nibble when k is even) with ``scales`` fp32 [N * ceil(K/block)]:
+    ONNX Runtime's ``com.microsoft.MatMulNBits``."""
 
-
-def unpack_modelopt_int4(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [N/2, K] (output rows 2r and 2r+1 in the low and high nibble, signed int4) -> int8 [N, K]."""
-    lo = (packed & 0x0F).to(torch.int8)
-    hi = (packed >> 4).to(torch.int8)
-    lo = torch.where(lo >= 8, lo - 16, lo)
-    hi = torch.where(hi >= 8, hi - 16, hi)
-    return torch.stack((lo, hi), dim=1).reshape(-1, packed.shape[1])
-
-
-def pack_matmulnbits(q: torch.Tensor, block: int) -> torch.Tensor:
-    """int8 [N, K] in [-8, 7] -> uint8 [N, ceil(K/block), block/2]: unsigned (q + 8), zero-padded along K."""
-    n, k = q.shape
-    blocks = math.ceil(k / block)
-    u = torch.full((n, blocks * block), 8, dtype=torch.uint8)
-    u[:, :k] = (q + 8).to(torch.uint8)
-    u = u.reshape(n, blocks, block // 2, 2)
-    return u[..., 0] | (u[..., 1] << 4)
-
-
-def repack_modelopt_int4(packed: torch.Tensor, block: int) -> torch.Tensor:
-    """ModelOpt's uint8 [N/2, K] -> MatMulNBits' uint8 [N, ceil(K/block), block/2], in bit operations on the packed
-    bytes (what ``pack_matmulnbits(unpack_modelopt_int4(packed), block)`` gives, ~20x faster): a two's-complement
-    nibble plus 8 (mod 16) is the nibble with its top bit flipped, so ``packed ^ 0x88`` makes both unsigned; output
-    row 2r takes the low nibbles of byte row r, row 2r+1 the high ones, and adjacent K elements pair into one byte."""
-    import numpy as np
-
-    half, k = packed.shape
-    blocks = math.ceil(k / block)
-    x = packed.numpy() ^ np.uint8(0x88)
-    if k % 2 or blocks * block != k:  # pad K with unsigned 8 (int4 zero) in both nibbles
-        x = np.pad(x, ((0, 0), (0, blocks * block - k)), constant_values=0x88)
-    even, odd = x[:, 0::2], x[:, 1::2]  # K elements 2j and 2j+1
-    out = np.empty((half, 2, x.shape[1] // 2), dtype=np.uint8)
-    np.bitwise_or(even & 0x0F, (odd & 0x0F) << 4, out=out[:, 0])  # output row 2r: low nibbles
-    np.bitwise_or(even >> 4, odd & 0xF0, out=out[:, 1])  # output row 2r + 1: high nibbles
-    return torch.from_numpy(out.reshape(2 * half, blocks, block // 2))
-
-
-class _MatMulNBits(torch.autograd.Function):
     @staticmethod
     def forward(ctx: object, x: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, k: int, n: int,
                 block: int, bits: int = 4) -> torch.Tensor:
@@ -106,7 +56,7 @@ class _MatMulNBits(torch.autograd.Function):
     def symbolic(g: Any, x: Any, b: Any, scales: Any, k: int, n: int, block: int, bits: int = 4) -> Any:
         out = g.op("com.microsoft::MatMulNBits", x, b, scales, K_i=k, N_i=n, bits_i=bits, block_size_i=block,
                    accuracy_level_i=INT4_ACCURACY_LEVEL)
-        return _typed(out, x, n)
+        return typed(out, x, n)
 
 
 def _int8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -122,25 +72,7 @@ def _int8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     return q.reshape(*x.shape[:-1], -1)[..., :k]
 
 
-class _Int8Gemm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
-                w_scale: torch.Tensor) -> torch.Tensor:
-        if torch.onnx.is_in_onnx_export():  # the tracer needs the shape only
-            return x.new_zeros((*x.shape[:-1], w.shape[-1]))
-        xq = torch.clamp(torch.round(x / x_scale), -128, 127)
-        return (xq @ w.to(torch.float32)) * (x_scale * w_scale)
-
-    @staticmethod
-    def symbolic(g: Any, x: Any, w: Any, x_scale: Any, w_scale: Any) -> Any:
-        zp_a = g.op("Constant", value_t=torch.tensor(INT8_ZERO_POINT, dtype=torch.uint8))
-        zp_b = g.op("Constant", value_t=torch.tensor(0, dtype=torch.int8))
-        xq = g.op("QuantizeLinear", x, x_scale, zp_a)
-        out = g.op("com.microsoft::MatMulIntegerToFloat", xq, w, x_scale, w_scale, zp_a, zp_b)
-        return _typed(out, x, w.type().varyingSizes()[-1])
-
-
-def _typed(out: Any, x: Any, n: int | None) -> Any:
+def typed(out: Any, x: Any, n: int | None) -> Any:
     """A contrib op's output type for the exporter's shape inference: x's type with the last dim N."""
     sizes = x.type().varyingSizes()
     if sizes is not None:
@@ -148,16 +80,21 @@ def _typed(out: Any, x: Any, n: int | None) -> Any:
     return out
 
 
+def param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
 class QuantLinear(nn.Module):
-    """Base: the float bias (when the layer has one) and the activation's pre_quant_scale (AWQ / SmoothQuant)."""
+    """Base of a method's linear: the float bias (when the layer has one) and the activation's pre_quant_scale
+    (AWQ / SmoothQuant)."""
 
     def __init__(self, layer: LinearLayer, tensors: Mapping[str, torch.Tensor]) -> None:
         super().__init__()
         self.in_features, self.out_features = layer.in_features, layer.out_features
         pqs = tensors.get("pre_quant_scale")
-        self.pre_quant_scale = _param(pqs.float()) if pqs is not None else None
+        self.pre_quant_scale = param(pqs.float()) if pqs is not None else None
         bias = tensors.get("bias")
-        self.bias = _param(bias.float()) if bias is not None else None
+        self.bias = param(bias.float()) if bias is not None else None
 
     def _smooth(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.pre_quant_scale if self.pre_quant_scale is not None else x
@@ -165,32 +102,10 @@ class QuantLinear(nn.Module):
     def _bias(self, y: torch.Tensor) -> torch.Tensor:
         return y + self.bias if self.bias is not None else y
 
-
-class Int4AwqLinear(QuantLinear):
-    def __init__(self, layer: LinearLayer, tensors: Mapping[str, torch.Tensor], group: int) -> None:
-        super().__init__(layer, tensors)
-        self.block = int4_block(layer.in_features, group)
-        scale = tensors["weight_scale"].float()  # [N, ceil(K / group)]
-        if self.block != group:
-            scale = scale[:, :1]  # one group covers the row
-        self.qweight = _param(repack_modelopt_int4(tensors["weight"], self.block))
-        self.scales = _param(scale.reshape(-1).contiguous())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _MatMulNBits.apply(self._smooth(x), self.qweight, self.scales, self.in_features, self.out_features,
-                               self.block)
-        return self._bias(y)
-
-
-class Int8SqLinear(QuantLinear):
-    def __init__(self, layer: LinearLayer, tensors: Mapping[str, torch.Tensor]) -> None:
-        super().__init__(layer, tensors)
-        self.weight_t = _param(tensors["weight"].t().contiguous())  # int8 [K, N]
-        self.input_scale = _param(tensors["input_scale"].float().reshape(()))
-        self.weight_scale = _param(tensors["weight_scale"].float())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._bias(_Int8Gemm.apply(self._smooth(x), self.weight_t, self.input_scale, self.weight_scale))
+    def scale_outputs(self, factor: torch.Tensor) -> bool:
+        """Multiply output column j by ``factor[j]`` through the weight's scales when they are per output column
+        (True); a method whose scales are not returns False and changes nothing."""
+        return False
 
 
 class WeightOnlyLMHead(nn.Module):
@@ -213,11 +128,11 @@ class WeightOnlyLMHead(nn.Module):
         if bits == 4:
             u = u.reshape(n, blocks, self.block // 2, 2)
             u = u[..., 0] | (u[..., 1] << 4)
-        self.qweight = _param(u.contiguous())
-        self.scales = _param(scale.reshape(-1).contiguous())
+        self.qweight = param(u.contiguous())
+        self.scales = param(scale.reshape(-1).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _MatMulNBits.apply(x, self.qweight, self.scales, self.in_features, self.out_features, self.block,
+        return MatMulNBits.apply(x, self.qweight, self.scales, self.in_features, self.out_features, self.block,
                                   self.bits)
 
 
@@ -227,7 +142,7 @@ class GatheredEmbedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = _param(weight)
+        self.weight = param(weight)
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -246,14 +161,10 @@ def _fold_down_smoothing(mlp: nn.Module) -> None:
     if not isinstance(down, QuantLinear) or down.pre_quant_scale is None:
         return
     pqs = down.pre_quant_scale.detach()
-    if isinstance(up, Int4AwqLinear):
-        up.scales = _param((up.scales.detach().reshape(up.out_features, -1) * pqs[:, None]).reshape(-1))
-    elif isinstance(up, Int8SqLinear):
-        up.weight_scale = _param(up.weight_scale.detach() * pqs)
-    else:
+    if not isinstance(up, QuantLinear) or not up.scale_outputs(pqs):
         return
     if up.bias is not None:
-        up.bias = _param(up.bias.detach() * pqs)
+        up.bias = param(up.bias.detach() * pqs)
     down.pre_quant_scale = None
 
 
@@ -269,40 +180,30 @@ def _fold_input_smoothing(norm: nn.Module, linears: list[nn.Module]) -> None:
     base = linears[0].pre_quant_scale.detach()  # type: ignore[union-attr]
     if not bool(torch.isfinite(base).all()) or not bool((base > 0).all()):
         return
-    norm.weight = _param(norm.weight.detach() * base)
+    norm.weight = param(norm.weight.detach() * base)
     for lin in linears:
         ratio = lin.pre_quant_scale.detach() / base  # type: ignore[union-attr]
-        lin.pre_quant_scale = None if bool((ratio == 1).all()) else _param(ratio)  # type: ignore[assignment]
+        lin.pre_quant_scale = None if bool((ratio == 1).all()) else param(ratio)  # type: ignore[assignment]
 
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t, requires_grad=False)
+def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], layout: QuantLayout) -> nn.Module:
+    """The stored layer as its method's module (the method's ``ort_linear``; a method export refuses says why)."""
+    from edgellm.quant import method
 
-
-def make_quant_linear(layer: LinearLayer, tensors: Mapping[str, torch.Tensor], layout: QuantLayout) -> QuantLinear:
-    if layer.precision is Precision.INT4_AWQ:
-        assert layout.group_size is not None  # the layout reader requires it for int4_awq
-        return Int4AwqLinear(layer, tensors, layout.group_size)
-    if layer.precision is Precision.INT8_SQ:
-        return Int8SqLinear(layer, tensors)
-    if layer.precision is Precision.FP8:
-        from edgellm.compiler.quantized_fp8 import Fp8Linear
-
-        return Fp8Linear(layer, tensors)
-    raise UnsupportedError(f"{layer.module}: {layer.precision.value} layers cannot be exported: "
-                           f"{REFUSED.get(layer.precision, 'no ONNX Runtime kernel')}")
+    return method(layer.precision.value).ort_linear(layer, tensors, layout)
 
 
 def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelFamily], layout: QuantLayout,
                            dtype: torch.dtype = torch.float32, lm_head: str = "fp32",
                            fold_input_smoothing: bool = True) -> Any:
-    """The torch decoder of a quantized checkpoint: float tensors cast to ``dtype``, quantized linears replaced by
-    ``QuantLinear`` modules; ``lm_head`` int8_wo / int4_wo quantizes the (float) LM head, see WeightOnlyLMHead.
-    ``fold_input_smoothing`` False keeps every linear's own pre_quant_scale multiply (the checkpoint's arithmetic as
-    written, which the folded decoder the export traces must match)."""
+    """The decoder (edgellm.models.decoder) of a quantized checkpoint: its quantized linears are ``QuantLinear``
+    modules plugged in place of the float ones, its float tensors are cast to ``dtype``; ``lm_head`` int8_wo /
+    int4_wo quantizes the (float) LM head, see WeightOnlyLMHead. ``fold_input_smoothing`` False keeps every linear's
+    own pre_quant_scale multiply (the checkpoint's arithmetic as written, which the folded decoder the export traces
+    must match)."""
     from safetensors import safe_open
 
-    from edgellm.models.decoder import Decoder, rope_inv_freq
+    from edgellm.models.decoder import Decoder
     from edgellm.weights import weight_files
 
     quantized = {lin.module: lin for lin in layout.quantized}
@@ -317,24 +218,15 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
                     parts[module][role] = f.get_tensor(name)
                 elif name in wanted_float:
                     state[name] = f.get_tensor(name)
-    with torch.device("meta"):
-        model = Decoder(cfg, family, dtype)
-    for module, lin in quantized.items():
-        parent, _, attr = module.rpartition(".")
-        setattr(model.get_submodule(parent), attr, make_quant_linear(lin, parts[module], layout))
-    embed = state["model.embed_tokens.weight"]
-    head = state.get("lm_head.weight", embed)  # tied: the embedding
+    modules: dict[str, nn.Module] = {m: make_quant_linear(lin, parts[m], layout) for m, lin in quantized.items()}
     if lm_head in LM_HEAD_BITS:
-        model.lm_head = WeightOnlyLMHead(head, LM_HEAD_BITS[lm_head])
+        embed = state["model.embed_tokens.weight"]
+        modules["lm_head"] = WeightOnlyLMHead(state.pop("lm_head.weight", embed), LM_HEAD_BITS[lm_head])  # tied: it
         if embed.dtype in (torch.float16, torch.bfloat16):
-            model.model.embed_tokens = GatheredEmbedding(state.pop("model.embed_tokens.weight"), dtype)
-        state.pop("lm_head.weight", None)
+            modules["model.embed_tokens"] = GatheredEmbedding(state.pop("model.embed_tokens.weight"), dtype)
     elif lm_head != "fp32":
         raise BugError(f"LM-head precision {lm_head!r} is not built for quantized exports")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if cfg.tie_word_embeddings and lm_head not in LM_HEAD_BITS:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inv_freq(cfg)
+    model = Decoder.from_weights(cfg, family, state, dtype, modules=modules)
     for layer in model.model.layers:
         _fold_down_smoothing(layer.mlp)
         if not fold_input_smoothing:
@@ -342,7 +234,4 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
         attn, mlp = layer.self_attn, layer.mlp
         _fold_input_smoothing(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj])
         _fold_input_smoothing(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise BugError(f"quantized decoder parameters not loaded: {', '.join(missing[:5])}")
-    return model.eval()
+    return model

@@ -13,12 +13,19 @@ KV cache so it exports to one ONNX graph serving prefill and decode:
 Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everything else in the model dtype.
 For export, ``use_rotary_tables`` and (fp32) ``use_fused_attention`` select autograd functions whose ONNX form is
 ONNX Runtime's fused ``RotaryEmbedding`` / ``GroupQueryAttention``; their eager forward computes the same math.
+
+The math is written once, here, for every runtime: ``rms_norm``, ``rope_cos_sin`` / ``apply_rope``,
+``Attention.project`` (projections, per-head norms, RoPE), ``grouped_attention``, ``MLP``. ``Decoder.forward`` is
+the export's driver (an explicit past in, the present out); the torch-cuda backend drives the same layers around its
+preallocated cache (edgellm/backends/torch_cuda/decoder.py). What differs between them is a Linear implementation
+plugged into these modules: ``Linear`` (nn.Linear; export), a ModelOpt-quantized linear
+(edgellm.compiler.quantized; export), ``ColumnLinear`` (weights [in, out], q/k/v and gate/up fused; torch-cuda).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -90,6 +97,30 @@ class Embedding(nn.Embedding):
             super().reset_parameters()
 
 
+class ColumnLinear(nn.Module):
+    """Linears of one input as one GEMM, their weights concatenated along the output axis and stored [in, out]
+    (contiguous: the product is ``x @ w``, cuBLAS reading the weight without a transpose): the torch-cuda runtime's
+    Linear. ``widths``: each linear's output width, in order (split the output by them)."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        super().__init__()
+        weight = torch.cat([lin.weight.t() for lin in linears], dim=1).contiguous()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [in, sum(out)]
+        biases = [lin.bias for lin in linears]
+        self.bias = None if any(b is None for b in biases) else nn.Parameter(torch.cat(biases), requires_grad=False)
+        self.widths = [int(lin.weight.shape[0]) for lin in linears]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.t(), self.bias)  # x @ weight (+ bias): one addmm / mm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis, computed in fp32 and scaled in ``x``'s dtype (transformers' Llama/Qwen)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -97,22 +128,45 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, half: int) -> torch.Tensor:
+def rope_freqs(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE angles [..., head_dim / 2] of ``positions`` (any shape): position * inv_freq in fp32."""
+    return positions.float()[..., None] * inv_freq
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [..., head_dim] of ``positions`` (any shape): position * inv_freq in fp32, both halves, then
+    cos/sin in ``dtype``; ``sin`` carries rotate_half's sign (negated first half), so ``apply_rope`` is two
+    products and a sum."""
+    freqs = rope_freqs(positions, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    half = inv_freq.shape[0]
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, with the sign of rotate_half folded into ``sin_signed`` (exact)."""
+    half = x.shape[-1] // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+
+
+Rope = Callable[[torch.Tensor, int], torch.Tensor]  # rope(x, num_heads): see Decoder._rope_fn
+
+
+def rotary(cos: torch.Tensor, sin_signed: torch.Tensor) -> Rope:
+    """The ``rope`` of ``Attention.project`` from cos/sin (``rope_cos_sin``) broadcasting against [B, heads, S, D]."""
+    return lambda x, num_heads: apply_rope(x, cos, sin_signed)
 
 
 class RotaryEmbedding(torch.autograd.Function):
     """Rotary embedding from cos/sin tables [positions, head_dim / 2]; positions [B, S]; x [B, heads, S, head_dim]
     (``num_heads`` 0) or [B, S, num_heads * head_dim]. Exports as ONNX Runtime's fused
-    ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager computes the same products as ``_rope``
-    (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager is ``apply_rope`` of the tables (x1 cos - x2 sin,
+    x2 cos + x1 sin)."""
 
     @staticmethod
     def forward(ctx: object, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
@@ -121,9 +175,7 @@ class RotaryEmbedding(torch.autograd.Function):
         if num_heads:  # [B, S, N * D] -> [B, N, S, D]
             x = x.view(flat[0], flat[1], num_heads, -1).transpose(1, 2)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]  # [B, 1, S, D/2]
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        out = apply_rope(x, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
         return out.transpose(1, 2).reshape(flat) if num_heads else out
 
     @staticmethod
@@ -153,13 +205,10 @@ class GroupQueryAttention(torch.autograd.Function):
         p, d = past_k.shape[2], past_k.shape[3]
         k = torch.cat([past_k, k.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
         v = torch.cat([past_v, v.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
-        rep = num_heads // kv_heads
+        causal = torch.arange(p + s)[None, :] <= torch.arange(s)[:, None] + p  # [S, P + S]
+        mask = (causal & (bias == 0)).repeat(1, 1, num_heads // kv_heads, 1)  # grouped_attention's rows
         qh = q.view(b, s, num_heads, d).transpose(1, 2)
-        scores = (qh @ k.repeat_interleave(rep, 1).transpose(2, 3)).float() * scale + bias
-        causal = torch.arange(p + s)[None, :] <= torch.arange(s)[:, None] + p
-        probs = torch.softmax(scores.masked_fill(~causal, MASK_VALUE), dim=-1).to(v.dtype)
-        out = (probs @ v.repeat_interleave(rep, 1)).transpose(1, 2).reshape(b, s, num_heads * d)
-        return out, k, v
+        return grouped_attention(qh, k, v, mask, (num_heads, kv_heads, d), scale, b, s), k, v
 
     @staticmethod
     def symbolic(g: Any, q: Any, k: Any, v: Any, past_k: Any, past_v: Any, seqlens_k: Any, total: Any, bias: Any,
@@ -178,14 +227,13 @@ class GroupQueryAttention(torch.autograd.Function):
 class AddRMSNorm(torch.autograd.Function):
     """fp32 (RMSNorm(x + skip), x + skip), exported as ONNX Runtime's fused ``com.microsoft.
     SkipSimplifiedLayerNormalization`` (its fourth output is the sum): one node for the residual add and the norm,
-    which ORT's own fusion leaves apart because the sum also feeds the next residual. Eager computes RMSNorm's
-    products."""
+    which ORT's own fusion leaves apart because the sum also feeds the next residual. Eager is ``rms_norm``."""
 
     @staticmethod
     def forward(ctx: object, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         total = x + skip
-        return weight * (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps)), total
+        return rms_norm(total, weight, eps), total
 
     @staticmethod
     def symbolic(g: Any, x: Any, skip: Any, weight: Any, eps: float) -> tuple[Any, Any]:
@@ -194,6 +242,23 @@ class AddRMSNorm(torch.autograd.Function):
         out.setType(x.type())
         total.setType(x.type())
         return out, total
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      heads: tuple[int, int, int], scale: float, b: int, s: int) -> torch.Tensor:
+    """Causal grouped-query attention as transformers' eager path computes it (scores in the model dtype, softmax
+    in fp32): q [B, H, S, D] against k/v [B, KV, T, D] -> [B, S, H * D]; ``heads`` (H, KV, D) and ``b``, ``s`` are
+    given (a trace records shapes read from tensors). K/V are not repeated: the query heads of a group fold into the
+    rows (row j * S + i is query position i of the group's head j), so ``mask`` (True = attend) broadcasts to
+    [B, KV, rep * S, T]; masked scores take MASK_VALUE."""
+    n_heads, n_kv, head_dim = heads
+    rep = n_heads // n_kv
+    qg = q.reshape(b, n_kv, rep * s, head_dim)
+    scores = (torch.matmul(qg, k.transpose(2, 3)) * scale).float()  # [B, KV, rep*S, T]
+    scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v).view(b, n_heads, s, head_dim)
+    return out.transpose(1, 2).reshape(b, s, n_heads * head_dim)
 
 
 class FusedMask(NamedTuple):
@@ -208,6 +273,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.heads = (self.n_heads, self.n_kv, self.head_dim)
         h, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
         bias = family.has_qkv_bias(cfg)
         self.q_proj = Linear(h, q, bias=bias, dtype=dtype)
@@ -217,38 +283,50 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
         self.scale = self.head_dim**-0.5
+        self.qkv_proj: ColumnLinear | None = None  # q/k/v as one GEMM (use_column_linears)
 
-    def forward(
-        self, x: torch.Tensor, rope: Callable[[torch.Tensor, int], torch.Tensor], mask: torch.Tensor | FusedMask,
-        past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # b, s come from the decoder's inputs (one traced value for every layer, so the exported shape
-        # computations are shared), and ``sin`` carries rotate_half's sign
-        if isinstance(mask, FusedMask):
-            return self._fused(x, rope, mask, past_k, past_v, b, s)
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+    def use_column_linears(self) -> None:
+        """q/k/v as one ``ColumnLinear``, o_proj as another (the torch-cuda runtime's layout)."""
+        self.qkv_proj = ColumnLinear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+        self.o_proj = ColumnLinear([self.o_proj])
+
+    def _qkv(self, x: torch.Tensor, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, S, H, D], k and v [B, S, KV, D]."""
+        if self.qkv_proj is None:
+            return (self.q_proj(x).view(b, s, self.n_heads, self.head_dim),
+                    self.k_proj(x).view(b, s, self.n_kv, self.head_dim),
+                    self.v_proj(x).view(b, s, self.n_kv, self.head_dim))
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.widths, dim=-1)
+        return (q.view(b, s, self.n_heads, self.head_dim), k.view(b, s, self.n_kv, self.head_dim),
+                v.view(b, s, self.n_kv, self.head_dim))
+
+    def project(self, x: torch.Tensor, rope: Rope, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, S, hidden] -> q [B, H, S, D], k and v [B, KV, S, D]: the projections, the per-head norms (qk_norm
+        families) and RoPE. ``b``, ``s`` come from the driver's inputs (one traced value for every layer, so the
+        exported shape computations are shared)."""
+        q, k, v = self._qkv(x, b, s)
+        v = v.transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
-        q, k = rope(q, 0), rope(k, 0)
+        return rope(q, 0), rope(k, 0), v
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope, mask: torch.Tensor | FusedMask, past_k: torch.Tensor,
+        past_v: torch.Tensor, b: int, s: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The export's attention: an explicit past in, the present (past + new keys and values) out."""
+        if isinstance(mask, FusedMask):
+            return self._fused(x, rope, mask, past_k, past_v, b, s)
+        q, k, v = self.project(x, rope, b, s)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
-        rep = self.n_heads // self.n_kv
-        # Grouped-query attention without repeating K/V: fold the query heads of a group into the rows (row
-        # j * S + i is query position i of the group's head j, which is the row layout of ``mask``).
-        qg = q.reshape(b, self.n_kv, rep * s, self.head_dim)
-        scores = (torch.matmul(qg, k.transpose(2, 3)) * self.scale).float()  # [B, KV, rep*S, T]
-        scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        out = torch.matmul(probs, v).view(b, self.n_heads, s, self.head_dim)
-        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
-        return self.o_proj(out), k, v
+        return self.o_proj(grouped_attention(q, k, v, mask, self.heads, self.scale, b, s)), k, v
 
     def _fused(
-        self, x: torch.Tensor, rope: Callable[[torch.Tensor, int], torch.Tensor], mask: FusedMask,
-        past_k: torch.Tensor, past_v: torch.Tensor, b: int, s: int,
+        self, x: torch.Tensor, rope: Rope, mask: FusedMask, past_k: torch.Tensor, past_v: torch.Tensor, b: int,
+        s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The same attention through ``GroupQueryAttention``: q/k/v stay [B, S, heads * D]."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -267,8 +345,19 @@ class MLP(nn.Module):
         self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
         self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
         self.down_proj = Linear(f, h, bias=bias, dtype=dtype)
+        self.gate_up_proj: ColumnLinear | None = None  # gate/up as one GEMM (use_column_linears)
+
+    def use_column_linears(self) -> None:
+        """gate/up as one ``ColumnLinear``, down_proj as another (the torch-cuda runtime's layout)."""
+        self.gate_up_proj = ColumnLinear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+        self.down_proj = ColumnLinear([self.down_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x))."""
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split(self.gate_up_proj.widths, dim=-1)
+            return self.down_proj(nn.functional.silu(gate) * up)
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -310,22 +399,28 @@ class Decoder(nn.Module):
 
     @classmethod
     def from_weights(
-        cls, cfg: ModelConfig, family: type[ModelFamily], weights: dict[str, torch.Tensor],
-        dtype: torch.dtype = torch.float32,
+        cls, cfg: ModelConfig, family: type[ModelFamily], weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32, modules: Mapping[str, nn.Module] | None = None,
     ) -> Decoder:
-        """Build from ``load_weights`` output; tensors are cast to ``dtype`` (e.g. bf16 checkpoint -> fp16)."""
+        """Build from ``load_weights`` output; tensors are cast to ``dtype`` (e.g. bf16 checkpoint -> fp16).
+        ``modules`` (path -> module, e.g. ``model.layers.0.mlp.up_proj``) replace the float ones first: the
+        variants (a quantized Linear, a quantized LM head) plugged into the same decoder; ``weights`` then holds
+        the float tensors only. A replaced ``lm_head`` is not tied to the embedding."""
+        modules = modules or {}
         with torch.device("meta"):
             model = cls(cfg, family, dtype)
+        for path, module in modules.items():
+            model.set_submodule(path, module)
         state = {k: v.to(dtype) for k, v in weights.items()}
         model.load_state_dict(state, strict=False, assign=True)
-        if cfg.tie_word_embeddings:
+        if cfg.tie_word_embeddings and "lm_head" not in modules:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.inv_freq = rope_inv_freq(cfg)
         missing = [n for n, p in model.named_parameters() if p.is_meta]
         if missing:  # load_weights already checked names against the family; this is an internal mismatch
             from edgellm.errors import BugError
 
-            raise BugError(f"decoder parameters not loaded: {', '.join(missing)}")
+            raise BugError(f"decoder parameters not loaded: {', '.join(missing[:5])}")
         return model.eval()
 
     def forward(
@@ -399,20 +494,16 @@ class Decoder(nn.Module):
         """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
         instead of computing cos/sin from the positions in the graph. The tables hold the same products:
         position * inv_freq in float32, then cos/sin, in the model dtype."""
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        freqs = rope_freqs(torch.arange(max_positions), self.inv_freq)  # [max_positions, D/2]
         self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
 
-    def _rope_fn(self, position_ids: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    def _rope_fn(self, position_ids: torch.Tensor) -> Rope:
         """rope(x, num_heads): x [B, heads, S, D] with num_heads 0, else [B, S, num_heads * D] (tables only)."""
         if self.rope_tables is not None:
             cos_table, sin_table = self.rope_tables
             return lambda t, heads: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table, heads)
-        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]  # [B, S, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, S, D]
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        half = self.cfg.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign, once for all layers
-        return lambda t, heads: _rope(t, cos, sin, half)
+        cos, sin = rope_cos_sin(position_ids, self.inv_freq, self.dtype)  # [B, S, D], once for all layers
+        return rotary(cos[:, None], sin[:, None])
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)

@@ -1,8 +1,9 @@
 """Run a built engine: one graph step at a time (``step``), or batched generation with left padding.
 
 Batching: prompts are left-padded to the longest; the attention mask marks padding and position ids count real
-tokens only, so each row computes what it would alone. Greedy is deterministic; sampling uses one numpy Generator
-per request (seeded -> reproducible, independent of the batch it runs in).
+tokens only, so each row computes what it would alone. Greedy is deterministic; a sampling request is reproducible
+from its seed whatever batch it runs in. The KV cache, and where tokens are chosen, are the backend session's
+(``edgellm.backends.base.Session``): the engine checks limits and drives every backend alike.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.backends.base import DeviceSession, Session, get_backend
+from edgellm.backends.base import KVCacheHandle, Session, get_backend, position_ids
+from edgellm.backends.sampling import SamplingParams
 from edgellm.compiler.build import ENGINE_MANIFEST
 from edgellm.compiler.export import GENERATION_SETTINGS, LOGITS_POSITIONS
 from edgellm.compiler.files import verify_files
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError
-from edgellm.runtime.kv_cache import KVBuffer, KVCache
 from edgellm.runtime.requests import GenerationRequest, GenerationResult, check_requests
-from edgellm.runtime.sampling import SamplingParams, choose
 from edgellm.runtime.tokenizer import TextCodec
 
 # Files Engine.open reads itself (the backend's own model file is checked by the manifest as a whole).
@@ -49,7 +49,6 @@ def threads_problem(num_threads: int | None) -> str | None:
 class _Row:
     req: GenerationRequest
     prompt: list[int]
-    rng: np.random.Generator | None
     out: list[int] = field(default_factory=list)
     finish: str | None = None
     text: str = ""
@@ -75,17 +74,14 @@ class Engine:
         self.pad_id = int(settings.get("pad_token_id") or 0)
         specs = {s.name: s for s in session.inputs}
         L = config.num_hidden_layers
-        self._past_names = [(f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(L)]
-        self._present_names = [(f"present.{i}.key", f"present.{i}.value") for i in range(L)]
-        missing = [n for pair in self._past_names for n in pair if n not in specs]
+        past_names = [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+        missing = [n for n in past_names if n not in specs]
         if missing or "input_ids" not in specs:
             raise ConfigurationError(f"{engine_dir}: engine inputs do not match the model config "
                                      f"(missing {', '.join(missing[:4]) or 'input_ids'})")
         if LOGITS_POSITIONS not in specs:
             raise ConfigurationError(f"{engine_dir}: engine has no {LOGITS_POSITIONS} input (exported by an older "
                                      f"edgellm); export and build it again")
-        # the host cache's dtype; a device session keeps its own (bf16 among them, which numpy has not)
-        self.kv_dtype = None if isinstance(session, DeviceSession) else np.dtype(specs[self._past_names[0][0]].dtype)
 
     @classmethod
     def open(cls, engine_dir: str | Path, *, num_threads: int | None = None) -> Engine:
@@ -117,27 +113,22 @@ class Engine:
         return sum(int(e["bytes"]) for e in self.manifest["files"].values())
 
     # --- one graph step ----------------------------------------------------------------------------------
-    def new_cache(self, batch_size: int, capacity: int | None = None) -> KVCache | KVBuffer:
-        """An empty cache for ``batch_size`` rows. A session that updates its cache in place gets a buffer of
-        ``capacity`` positions (default: the engine's max_seq_len); others a cache that grows."""
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> KVCacheHandle:
+        """An empty cache for ``batch_size`` rows and ``capacity`` positions (default: the engine's max_seq_len), of
+        the session's kind: ONNX Runtime's host caches (``KVBuffer``, filled in place, or ``KVCache``, which grows),
+        torch-cuda's handle on its cache on the GPU."""
         self._check_batch(batch_size)
-        if isinstance(self.session, DeviceSession):  # the cache lives on the device (a handle with KVCache's API)
-            return self.session.new_cache(batch_size)  # type: ignore[no-any-return]
-        c = self.config
-        if self.session.kv_in_place:
-            if capacity is not None and not 1 <= capacity <= self.max_seq_len:
-                raise ConfigurationError(f"KV capacity {capacity} must be in 1..{self.max_seq_len} (the engine's "
-                                         f"max_seq_len)")
-            return KVBuffer(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim, self.kv_dtype,
-                            capacity or self.max_seq_len)
-        return KVCache(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim, self.kv_dtype)
+        if capacity is not None and not 1 <= capacity <= self.max_seq_len:
+            raise ConfigurationError(f"KV capacity {capacity} must be in 1..{self.max_seq_len} (the engine's "
+                                     f"max_seq_len)")
+        return self.session.new_cache(batch_size, capacity or self.max_seq_len)
 
     def _check_batch(self, batch_size: int) -> None:
         if batch_size > self.max_batch_size:
             raise ConfigurationError(f"batch size {batch_size} exceeds the engine's max_batch_size "
                                      f"{self.max_batch_size}")
 
-    def step(self, input_ids: np.ndarray, cache: KVCache | KVBuffer, attention_mask: np.ndarray | None = None, *,
+    def step(self, input_ids: np.ndarray, cache: KVCacheHandle, attention_mask: np.ndarray | None = None, *,
              last_only: bool = False) -> np.ndarray:
         """input_ids int64 [B, S]; attention_mask int64 [B, cache.length + S] (None = all ones).
         Appends S positions to ``cache``; returns float32 logits [B, S, vocab] ([B, 1, vocab] with
@@ -152,34 +143,16 @@ class Engine:
         if total > self.max_seq_len:
             raise ConfigurationError(f"sequence length {total} (cache {cache.length} + input {s}) exceeds the "
                                      f"engine's max_seq_len {self.max_seq_len} (KV capacity)")
-        if isinstance(cache, KVBuffer) and total > cache.capacity:
+        if cache.capacity is not None and total > cache.capacity:
             raise ConfigurationError(f"sequence length {total} (cache {cache.length} + input {s}) exceeds the "
                                      f"cache's capacity {cache.capacity} (new_cache(capacity=...))")
         if attention_mask is None:
             attention_mask = np.ones((b, total), dtype=np.int64)
         elif attention_mask.shape != (b, total):
             raise ConfigurationError(f"attention_mask shape {list(attention_mask.shape)} must be [{b}, {total}]")
-        positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)[:, -s:]
-        if isinstance(self.session, DeviceSession):
-            return self.session.step(np.ascontiguousarray(input_ids, dtype=np.int64),
-                                     np.ascontiguousarray(positions, dtype=np.int64),
-                                     np.ascontiguousarray(attention_mask, dtype=np.int64), cache, last_only=last_only)
-        feeds: dict[str, np.ndarray] = {
-            "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
-            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
-            "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
-        }
-        feeds[LOGITS_POSITIONS] = np.arange(s - 1 if last_only else 0, s, dtype=np.int64)
-        if isinstance(cache, KVBuffer):
-            logits = self.session.run_in_place(feeds, cache)
-            cache.advance(s)
-            return logits
-        for (kn, vn), k, v in zip(self._past_names, cache.keys, cache.values, strict=True):
-            feeds[kn], feeds[vn] = k, v
-        out = self.session.run(feeds)
-        cache.update([out[k] for k, _ in self._present_names], [out[v] for _, v in self._present_names])
-        logits = out["logits"]
-        return logits[:, -1:] if last_only else logits
+        return self.session.step(np.ascontiguousarray(input_ids, dtype=np.int64),
+                                 np.ascontiguousarray(position_ids(attention_mask, s), dtype=np.int64),
+                                 np.ascontiguousarray(attention_mask, dtype=np.int64), cache, last_only=last_only)
 
     def logits(self, input_ids: list[int]) -> np.ndarray:
         """One sequence, fresh cache, single prefill: float32 [S, vocab]."""
@@ -223,8 +196,7 @@ class Engine:
                 raise ConfigurationError(
                     f"request {r.id!r}: prompt {len(ids)} + max_new_tokens {r.max_new_tokens} tokens exceed the "
                     f"engine's max_seq_len {self.max_seq_len} (KV capacity)")
-            rng = np.random.default_rng(r.seed) if r.temperature > 0 else None
-            rows.append(_Row(req=r, prompt=ids, rng=rng))
+            rows.append(_Row(req=r, prompt=ids))
         return rows
 
     def _batches(self, rows: list[_Row]) -> Iterator[list[_Row]]:
@@ -251,11 +223,9 @@ class Engine:
             mask[i, plen - len(r.prompt):] = 1
         t0 = time.perf_counter()
         steps = max(r.req.max_new_tokens for r in rows)
-        if isinstance(self.session, DeviceSession):  # chooses on the device, running ahead of this loop
-            tokens: Iterator[np.ndarray] = self.session.generate(ids, mask, steps, [SamplingParams(
-                r.req.temperature, r.req.top_k, r.req.top_p, r.req.seed) for r in rows])
-        else:
-            tokens = self._host_tokens(rows, ids, mask, steps)
+        finished = np.zeros(b, dtype=bool)
+        sampling = [SamplingParams(r.req.temperature, r.req.top_k, r.req.top_p, r.req.seed) for r in rows]
+        tokens = self.session.generate(ids, mask, steps, sampling, finished)
         try:
             for n, chosen in enumerate(tokens):
                 now = time.perf_counter()
@@ -269,6 +239,7 @@ class Engine:
                     self._check_finish(r, tok)
                     if r.finish is not None:
                         r.t_done = now - t0
+                        finished[i] = True
                     yield i, tok
                 if all(r.finish is not None for r in rows):
                     break
@@ -279,23 +250,6 @@ class Engine:
         for r in rows:
             if r.finish is None:  # unreachable: every row ends by length at the latest
                 raise BugError(f"request {r.req.id!r} did not finish")
-
-    def _host_tokens(self, rows: list[_Row], ids: np.ndarray, mask: np.ndarray, steps: int) -> Iterator[np.ndarray]:
-        """Each step's tokens [B], chosen here from the logits the session returns (unfinished rows only)."""
-        b = len(rows)
-        cache = self.new_cache(b, capacity=ids.shape[1] + steps)
-        logits = self.step(ids, cache, mask, last_only=True)[:, -1]
-        next_ids = np.full((b, 1), self.pad_id, dtype=np.int64)
-        ones = np.ones((b, 1), dtype=np.int64)
-        for n in range(steps):
-            for i, r in enumerate(rows):
-                if r.finish is None:
-                    next_ids[i, 0] = choose(logits[i], temperature=r.req.temperature, top_k=r.req.top_k,
-                                            top_p=r.req.top_p, rng=r.rng)
-            yield next_ids[:, 0].copy()
-            if n + 1 < steps:
-                mask = np.concatenate([mask, ones], axis=1)
-                logits = self.step(next_ids, cache, mask, last_only=True)[:, -1]
 
     def _check_finish(self, r: _Row, tok: int) -> None:
         if tok in self.eos_ids:

@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgellm.backends.base import DeviceSession, TensorSpec
-from edgellm.config import ModelConfig
-from edgellm.errors import BugError, ConfigurationError
-from edgellm.runtime.gpu_decoder import (
+from edgellm.backends.base import Session, TensorSpec, position_ids
+from edgellm.backends.sampling import SamplingParams
+from edgellm.backends.torch_cuda.decoder import (
     GpuDecoder,
     attn_in_decode,
     attn_out_mlp,
@@ -32,7 +31,8 @@ from edgellm.runtime.gpu_decoder import (
     lm_head,
     load_parameters,
 )
-from edgellm.runtime.sampling import SamplingParams
+from edgellm.config import ModelConfig
+from edgellm.errors import BugError, ConfigurationError
 
 COMPILE_DECODE = True  # torch.compile the decode step's per-layer math before capture (fuses the pointwise ops)
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the host's reading of tokens
@@ -87,6 +87,11 @@ class DeviceCache:
     def num_layers(self) -> int:
         return self.session.config.num_hidden_layers
 
+    @property
+    def capacity(self) -> int:
+        """The session's preallocated cache holds the engine's max_seq_len positions."""
+        return self.session.model.max_seq_len
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"truncate length {length} must be between 0 and the cache length {self.length}")
@@ -99,7 +104,10 @@ class DeviceCache:
         return 2 * c.num_hidden_layers * self.batch_size * c.num_key_value_heads * self.length * c.head_dim * item
 
 
-class TorchCudaSession(DeviceSession):
+class TorchCudaSession(Session):
+    """The KV cache stays on the GPU (one preallocated for the engine's limits; a ``DeviceCache`` is a handle on its
+    first rows) and tokens are chosen there."""
+
     def __init__(self, data_file: Path, table: list[dict[str, Any]], config: ModelConfig, *, io: dict[str, Any],
                  max_batch_size: int, max_seq_len: int, compile_decode: bool, decode_sdpa: bool = False) -> None:
         self.config = config
@@ -130,7 +138,8 @@ class TorchCudaSession(DeviceSession):
         self._epoch = 0
 
     # --- caches ----------------------------------------------------------------------------------------------
-    def new_cache(self, batch_size: int) -> DeviceCache:
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> DeviceCache:
+        """A handle on the preallocated cache (``capacity``: at most the engine's max_seq_len, which it holds)."""
         if not 1 <= batch_size <= self.model.max_batch_size:
             raise ConfigurationError(f"batch size {batch_size} must be between 1 and the engine's max_batch_size "
                                      f"{self.model.max_batch_size}")
@@ -235,16 +244,17 @@ class TorchCudaSession(DeviceSession):
 
     # --- generation ------------------------------------------------------------------------------------------
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, steps: int,
-                 sampling: list[SamplingParams]) -> Iterator[np.ndarray]:
+                 sampling: list[SamplingParams], finished: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """Prefill the left-padded batch, then ``steps`` tokens per row ([B] int64 each, yielded in order). The
-        GPU runs up to LOOKAHEAD steps ahead; closing the iterator stops queueing more."""
+        GPU runs up to LOOKAHEAD steps ahead, choosing for every row (``finished`` rows too: their tokens are
+        ignored); closing the iterator stops queueing more."""
         b, s = input_ids.shape
         if s + steps - 1 > self.model.max_seq_len:
             raise ConfigurationError(f"prompt {s} + {steps} new tokens exceed the engine's max_seq_len "
                                      f"{self.model.max_seq_len}")
         cache = self.new_cache(b)
         greedy = all(p.temperature <= 0 for p in sampling)
-        positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)
+        positions = position_ids(attention_mask, s)
         host = torch.empty((steps, b), dtype=torch.int64, pin_memory=True)
         events = [torch.cuda.Event() for _ in range(steps)]
         with torch.cuda.stream(self.stream):

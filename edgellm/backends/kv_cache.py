@@ -1,16 +1,20 @@
-"""The KV cache the runtime feeds back into the graph: per layer, keys and values [B, kv_heads, length, head_dim].
+"""The KV caches an ONNX Runtime session keeps on the host: per layer, keys and values [B, kv_heads, length, head_dim].
 
-Two kinds, one interface (``batch_size``, ``length``, ``num_layers``, ``keys``, ``values``, ``truncate``, ``copy``,
-``nbytes``): ``KVCache`` holds each step's present outputs (graphs that concatenate the past with the new positions);
-``KVBuffer`` is preallocated to a capacity and the graph writes the new positions into it in place (ONNX Runtime's
+Two kinds, one interface (``batch_size``, ``length``, ``capacity``, ``num_layers``, ``keys``, ``values``,
+``truncate``, ``copy``, ``nbytes``, and ``run_step``, which runs one step of a session over the cache): ``KVCache``
+holds each step's present outputs (graphs that concatenate the past with the new positions); ``KVBuffer`` is
+preallocated to a capacity and the graph writes the new positions into it in place (ONNX Runtime's
 GroupQueryAttention with past and present bound to one buffer), so a step copies no cache at all.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgellm.backends.ort import OrtSession
 
 
 class KVCache:
@@ -30,8 +34,22 @@ class KVCache:
     def num_layers(self) -> int:
         return len(self.keys)
 
+    @property
+    def capacity(self) -> None:
+        """None: the cache grows with every step."""
+        return None
+
     def update(self, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
         self.keys, self.values = keys, values
+
+    def run_step(self, session: OrtSession, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """The past fed from here, the present kept: returns the logits."""
+        pasts = [k for pair in zip(self.keys, self.values, strict=True) for k in pair]  # k0, v0, k1, ...
+        feeds = {**feeds, **{past: t for (past, _), t in zip(session.kv_names, pasts, strict=True)}}
+        out = session.run(feeds)
+        present = [out[name] for _, name in session.kv_names]
+        self.update(present[0::2], present[1::2])
+        return out["logits"]
 
     def truncate(self, length: int) -> None:
         """Drop positions >= ``length`` (e.g. a benchmark reusing one prefilled cache). Copies: a view would be
@@ -79,6 +97,12 @@ class KVBuffer:
     @property
     def values(self) -> list[np.ndarray]:
         return [b[:, :, :self.length] for b in self.buffers[1::2]]
+
+    def run_step(self, session: OrtSession, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph writes the step's keys and values into the buffers after ``length``: returns the logits."""
+        logits = session.run_in_place(feeds, self)
+        self.advance(feeds["input_ids"].shape[1])
+        return logits
 
     def advance(self, positions: int) -> None:
         """Count ``positions`` the graph has just written after ``length``."""

@@ -1,5 +1,6 @@
 """torch-CUDA backend: the engine is the export's weights plus a table saying which parameter each stored tensor
-holds; the runtime (``edgellm.runtime.gpu_decoder`` + ``edgellm.runtime.cuda_graph``) runs them on an NVIDIA GPU.
+holds; the session (``session.py``: CUDA graphs, sampling on the GPU) runs them through ``decoder.py`` on an NVIDIA
+GPU.
 
 The export stays the single source of the weights: ``model.onnx.data`` is copied unchanged (its digest is the
 export's, already verified) and ``torch_cuda_weights.json`` maps every external initializer of the exported graph back
@@ -26,6 +27,7 @@ from edgellm.compiler.export import input_names, output_names
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.models import family_for
+from edgellm.quant import exported
 from edgellm.types import Backend, Precision
 
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -72,10 +74,8 @@ _NO_QUANTIZED_GEMM = ("the torch-cuda runtime has no {kind} GEMM (the weights wo
 class TorchCudaBackend(EngineBackend):
     backend = Backend.TORCH_CUDA
     precisions = (Precision.FP32, Precision.FP16, Precision.BF16)
-    refused: ClassVar[Mapping[Precision, str]] = {
-        Precision.INT4_AWQ: _NO_QUANTIZED_GEMM.format(kind="int4 (AWQ, MatMulNBits)"),
-        Precision.INT8_SQ: _NO_QUANTIZED_GEMM.format(kind="int8 (SmoothQuant)"),
-        Precision.FP8: _NO_QUANTIZED_GEMM.format(kind="fp8")}
+    refused: ClassVar[Mapping[Precision, str]] = {  # every quantized precision export makes (edgellm/quant)
+        Precision(m.name): _NO_QUANTIZED_GEMM.format(kind=m.gemm_label()) for m in exported()}
     device = "cuda"
 
     @classmethod
@@ -101,7 +101,7 @@ class TorchCudaBackend(EngineBackend):
         inputs.append({"name": input_names(L)[-1], "dtype": "int64", "shape": ["logits_len"]})  # logits_positions
         outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_len", cfg.vocab_size]}]
         outputs += [{"name": n, "dtype": kv, "shape": kv_shape} for n in output_names(L)[1:]]
-        from edgellm.runtime.cuda_graph import COMPILE_DECODE
+        from edgellm.backends.torch_cuda.session import COMPILE_DECODE
 
         return {
             "engine_files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
@@ -117,7 +117,7 @@ class TorchCudaBackend(EngineBackend):
         }
 
     def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session:
-        from edgellm.runtime.cuda_graph import TorchCudaSession
+        from edgellm.backends.torch_cuda.session import TorchCudaSession
 
         engine_dir = Path(engine_dir)
         cfg = ModelConfig.load(engine_dir)

@@ -1,0 +1,191 @@
+"""The torch-CUDA backend's decoder: the model's own layers (``edgellm.models.decoder``, the code the export traces)
+around a KV cache preallocated for the engine's limits. ``prefill`` runs eagerly, attention by
+``scaled_dot_product_attention`` (the fused kernel of the same math); ``decode`` reads and writes only device buffers,
+so it can be captured in a CUDA graph, and attends through the model's ``grouped_attention``.
+
+The layers take ``ColumnLinear`` for their Linear (weights [in, out], contiguous at load from the export's
+[out, in], so a projection is ``x @ w``; q/k/v and gate/up one GEMM each); the LM head stays the export's (cuBLAS reads
+either layout). Hidden states [B, S, H]. Cache per layer: keys and values [max_batch, kv_heads, capacity, head_dim];
+``valid`` [max_batch, capacity] marks the positions a row may attend to (left padding stays invalid). Numerics follow
+transformers' eager path: RMSNorm in fp32, everything else in the model dtype, softmax in fp32.
+
+The decode step's per-layer functions (``attn_in_decode``, ``decode_attention``, ``attn_out_mlp``, ``lm_head``) take
+the layer modules and tensors: ``torch.compile`` traces each once and reuses it for every layer (the modules'
+parameters are inputs of the compiled code, not constants).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgellm.config import ModelConfig
+from edgellm.models import family_for
+from edgellm.models.decoder import Decoder, Layer, grouped_attention, rope_cos_sin, rotary
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CAPACITY_ALIGN = 64  # cache length rounded up so SDPA's masked kernels need no padded copy of the mask
+SCRATCH_COLUMNS = 2  # cache columns past max_seq_len that graph warm-ups may write (never valid)
+
+
+def load_parameters(data_file: Path, table: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
+    """``{hf_param: tensor}`` on ``device`` in Hugging Face orientation ([out, in] for linears, maybe a
+    transposed view of what was stored), each a view into one device copy of its stored tensor."""
+    raw = np.memmap(data_file, dtype=np.uint8, mode="r")
+    params: dict[str, torch.Tensor] = {}
+    for t in table:
+        buf = torch.from_numpy(np.array(raw[t["offset"]:t["offset"] + t["length"]]))
+        stored = buf.view(_TORCH_DTYPES[t["dtype"]]).reshape(t["shape"]).to(device)
+        start = 0
+        for m in t["members"]:
+            width = int(m["shape"][0])
+            if len(t["shape"]) == 1:
+                params[m["param"]] = stored[start:start + width]
+            elif t["transposed"]:
+                params[m["param"]] = stored[:, start:start + width].t()
+            else:
+                params[m["param"]] = stored[start:start + width]
+            start += width
+    del raw
+    return params
+
+
+def attn_in_decode(layer: Layer, x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, 1, H], cos/sin [B, 1, 1, D] -> q [B, Hq, 1, D] and the new keys and values stacked for one cache write,
+    [2, B, KV, 1, D]."""
+    q, k, v = layer.self_attn.project(layer.input_layernorm(x), rotary(cos, sin), x.shape[0], 1)
+    return q, torch.stack([k, v])
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     heads: tuple[int, int, int], scale: float) -> torch.Tensor:
+    """One query per row against the whole cache: q [B, Hq, 1, D], k/v [B, KV, T, D], mask bool [B, 1, 1, T] ->
+    [B, 1, Hq * D]. The model's grouped attention: two batched matmuls parallel over T (a fused kernel with one query
+    block per head would walk T serially)."""
+    return grouped_attention(q, k, v, mask, heads, scale, q.shape[0], 1)
+
+
+def attn_out_mlp(layer: Layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H] residual, o [B, S, Hq * D] attention output -> the layer's output [B, S, H]."""
+    x = x + layer.self_attn.o_proj(o)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def lm_head(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
+    """Final norm and LM head: x [..., H] -> float32 logits [..., V]."""
+    return decoder.lm_head(decoder.model.norm(x)).float()
+
+
+class GpuDecoder:
+    """The decoder's layers and a KV cache on one device; ``prefill`` (eager) and ``decode`` (graph-capturable)
+    write the cache."""
+
+    def __init__(self, cfg: ModelConfig, params: dict[str, torch.Tensor], *, max_batch_size: int,
+                 max_seq_len: int, device: torch.device, fns: dict[str, Any] | None = None,
+                 decode_sdpa: bool = False) -> None:
+        self.cfg, self.device = cfg, device
+        self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.fns = fns or {"attn_in_decode": attn_in_decode, "decode_attention": decode_attention,
+                           "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
+        if decode_sdpa and "decode_attention" in self.fns:
+            del self.fns["decode_attention"]
+        # the parameters' own dtype (the table's): the runtime computes in the precision the engine states
+        self.dtype = params["model.embed_tokens.weight"].dtype
+        self.decoder = Decoder.from_weights(cfg, family_for(cfg), params, self.dtype)  # views of the table's tensors
+        self.layers: list[Layer] = list(self.decoder.model.layers)
+        for layer in self.layers:
+            layer.self_attn.use_column_linears()
+            layer.mlp.use_column_linears()
+        # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype
+        self.capacity = -(-(max_seq_len + SCRATCH_COLUMNS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
+        cos, sin = rope_cos_sin(torch.arange(self.capacity), self.decoder.inv_freq, self.dtype)
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        kv_shape = (2, max_batch_size, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
+        self.kv = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.keys = [kv[0] for kv in self.kv]
+        self.values = [kv[1] for kv in self.kv]
+        self.valid = torch.zeros((max_batch_size, self.capacity), dtype=torch.bool, device=device)
+
+    @property
+    def embed(self) -> torch.Tensor:
+        """[V, H], maybe a transposed view of the stored LM head."""
+        return self.decoder.model.embed_tokens.weight
+
+    @property
+    def lm_w(self) -> torch.Tensor:
+        """[H, V]: a view of the LM head (one copy of a tied embedding)."""
+        return self.decoder.lm_head.weight.t()
+
+    def kv_bytes(self) -> int:
+        return sum(kv.numel() * kv.element_size() for kv in self.kv)
+
+    def weight_bytes(self) -> int:
+        seen = {p.data_ptr(): p.numel() * p.element_size() for p in self.decoder.parameters()}
+        return sum(seen.values())
+
+    def _rope(self, positions: torch.Tensor) -> Any:
+        """``rope`` of positions [B, S]: the tables' rows, [B, 1, S, D]."""
+        return rotary(self.cos[positions][:, None], self.sin[positions][:, None])
+
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor, start: int, new_valid: torch.Tensor,
+                logits_from: int, *, causal_only: bool) -> torch.Tensor:
+        """ids/positions int64 [B, S] appended at cache column ``start``; ``new_valid`` bool [B, S] (False =
+        padding). ``causal_only``: start 0 and no padding anywhere (the caller knows it without a device sync),
+        so SDPA runs causal with no mask. Returns float32 logits [B, S - logits_from, V] of positions
+        logits_from..S-1."""
+        b, s = ids.shape
+        end = start + s
+        n_q, n_kv, d = self.heads
+        self.valid[:b, start:end] = new_valid
+        self.valid[:b, end:] = False
+        x = self.decoder.model.embed_tokens(ids)
+        rope = self._rope(positions)
+        mask = None
+        if not causal_only:
+            causal = torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start)
+            mask = causal[None] & self.valid[:b, None, :end]  # [B, S, T]
+            # a padded query row attends to itself only: its output is unused but must stay finite
+            eye = torch.zeros((s, end), dtype=torch.bool, device=self.device)
+            eye[:, start:] = torch.eye(s, dtype=torch.bool, device=self.device)
+            mask = (mask | (eye[None] & ~new_valid[:, :, None]))[:, None]
+        for layer, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
+            q, k, v = layer.self_attn.project(layer.input_layernorm(x), rope, b, s)
+            kc[:b, :, start:end] = k
+            vc[:b, :, start:end] = v
+            o = F.scaled_dot_product_attention(q, kc[:b, :, :end], vc[:b, :, :end], attn_mask=mask,
+                                               is_causal=mask is None, enable_gqa=n_q != n_kv)
+            x = attn_out_mlp(layer, x, o.transpose(1, 2).reshape(b, s, n_q * d))
+        return lm_head(self.decoder, x[:, logits_from:])
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, write_idx: torch.Tensor) -> torch.Tensor:
+        """One token per row, device tensors only (no host sync): tokens/positions int64 [B], write_idx int64 [1]
+        (the cache column). Marks that column valid, appends k/v, returns float32 logits [B, V]."""
+        b = tokens.shape[0]
+        n_q, n_kv, d = self.heads
+        valid = self.valid[:b]
+        valid.index_fill_(1, write_idx, True)
+        f = self.fns
+        sdpa = "decode_attention" not in f
+        if sdpa:  # additive, built once per step (a bool mask would be converted by SDPA in every layer)
+            mask = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype,
+                               device=self.device).masked_fill_(~valid[:, None, None, :], float("-inf"))
+        else:
+            mask = valid[:, None, None, :]
+        x = self.decoder.model.embed_tokens(tokens[:, None])  # [B, 1, H]
+        cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [B, 1, 1, D]
+        for layer, kv, kc, vc in zip(self.layers, self.kv, self.keys, self.values, strict=True):
+            q, new_kv = f["attn_in_decode"](layer, x, cos, sin)
+            kv[:, :b].index_copy_(3, write_idx, new_kv)
+            if sdpa:  # the query heads of one kv head are its rows: [B, KV, rep, D] against [B, KV, T, D]
+                qg = q.reshape(b, n_kv, n_q // n_kv, d)
+                o = F.scaled_dot_product_attention(qg, kc[:b], vc[:b], attn_mask=mask).reshape(b, 1, n_q * d)
+            else:
+                o = f["decode_attention"](q, kc[:b], vc[:b], mask, self.heads, layer.self_attn.scale)
+            x = f["attn_out_mlp"](layer, x, o)
+        return f["lm_head"](self.decoder, x)[:, 0]
