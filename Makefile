@@ -10,7 +10,7 @@ DATA_DIR ?= .data
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,peers]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,genai,peers]'
 	touch $@
 
 install: $(VENV)/.installed

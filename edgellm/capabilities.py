@@ -19,23 +19,23 @@ from __future__ import annotations
 from typing import Any
 
 from edgellm import __version__
-from edgellm.backends.base import backend_class
+from edgellm.backends.base import backend_class, backend_names
 from edgellm.compiler.export import EXPORT_PRECISIONS, export_variant
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
 
 
 def backend_capabilities() -> dict[str, dict[str, Any]]:
     """Every backend: the precisions it builds, whether it runs here and if not why."""
     out: dict[str, dict[str, Any]] = {}
-    for backend in Backend:
+    for backend in backend_names():
         cls = backend_class(backend)
         ok, reason = cls.available()
-        out[backend.value] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions],
+        out[backend] = {"available": ok, "reason": reason, "precisions": [p.value for p in cls.precisions],
                               "refused": {p.value: why for p, why in cls.refused.items()}}
     return out
 
 
-def buildable(backend: Backend | str) -> tuple[Precision, ...]:
+def buildable(backend: str) -> tuple[Precision, ...]:
     """Weight precisions this edgellm can export *and* ``backend`` can build (whether or not it runs here)."""
     built = set(backend_class(backend).precisions)
     return tuple(p for p in EXPORT_PRECISIONS if p in built)

@@ -70,13 +70,6 @@ class KVCachePrecision(_ChoiceEnum):
     NVFP4 = "nvfp4"
 
 
-class Backend(_ChoiceEnum):
-    """Engine backends; each member is implemented by one ``@register_backend`` class in ``edgellm.backends``."""
-
-    ORT = "ort"
-    TORCH_CUDA = "torch-cuda"
-
-
 class BenchMode(_ChoiceEnum):
     """What an engine benchmark times: ``prefill`` (a prompt's tokens in one step) or ``decode`` (one new token per
     sequence over a KV cache). ``edgellm bench --mode`` takes these names; toolchains that drive another tool's

@@ -198,7 +198,7 @@ def test_build_refuses_tampered_export(stories_engine, tmp_path, capsys):
 
 def test_build_unknown_backend_and_bad_limits(stories_engine, tmp_path, capsys):
     assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--backend", "tvm"]) == 2
-    assert "unknown backend 'tvm'; valid: ort, torch-cuda" in capsys.readouterr().err
+    assert "unknown backend 'tvm'; registered: ort, torch-cuda" in capsys.readouterr().err
     assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--max-seq-len", "1024"]) == 2
     assert "max_seq_len 1024 exceeds the model's max_position_embeddings 512" in capsys.readouterr().err
     assert main(["build", str(stories_engine.onnx_dir), str(tmp_path / "e"), "--max-input-len", "64",

@@ -3,13 +3,16 @@
 This package is the layer under ``edgellm.runtime``: the runtime imports backends, never the reverse (a test walks
 the imports). A session owns its KV cache strategy, so the runtime's engine treats every backend alike.
 
-A backend is one module in this package with a class decorated by ``@register_backend``; the registry is keyed
-by the ``Backend`` enum. A backend that cannot run on this machine says why in ``unavailable_reason()`` and
-``get_backend`` turns that into a clear error (never a silent fallback to another backend).
+A backend is one module (or subpackage) of this package with a class decorated by ``@register_backend``; the
+registry is the backend vocabulary (``edgellm build --backend``, ``edgellm capabilities`` and the farm's toolchains
+name backends by its names): adding one is that module, nothing else. A backend that cannot run on this machine
+says why in ``unavailable_reason()`` and ``get_backend`` turns that into a clear error (never a silent fallback to
+another backend).
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -21,7 +24,7 @@ import numpy as np
 from edgellm.backends.sampling import SamplingParams, choose
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class Session(ABC):
 
 
 class EngineBackend(ABC):
-    backend: ClassVar[Backend]
+    backend: ClassVar[str]  # its name (lower-case letters, digits and '-')
     precisions: ClassVar[tuple[Precision, ...]]  # weight precisions it can build an engine at and run
     # why it refuses precisions the project exports but it does not build (capabilities and the build say it)
     refused: ClassVar[Mapping[Precision, str]] = {}
@@ -133,7 +136,7 @@ class EngineBackend(ABC):
         if precision in cls.precisions:
             return None
         why = cls.refused.get(precision, "not implemented")
-        return (f"backend {cls.backend.value!r} does not build {precision.value} engines ({why}); it builds "
+        return (f"backend {cls.backend!r} does not build {precision.value} engines ({why}); it builds "
                 f"{', '.join(p.value for p in cls.precisions)}")
 
     @classmethod
@@ -162,26 +165,38 @@ BACKENDS: Registry[type[EngineBackend]] = Registry("backend")
 
 
 def register_backend(cls: type[EngineBackend]) -> type[EngineBackend]:
-    BACKENDS.add(cls.backend.value, cls)
+    name = getattr(cls, "backend", None)
+    if not isinstance(name, str) or not re.match(r"^[a-z0-9][a-z0-9-]*\Z", name):
+        raise BugError(f"backend class {cls.__qualname__} must set backend to a lower-case name, got {name!r}")
+    BACKENDS.add(name, cls)
     return cls
 
 
-def backend_class(name: str | Backend) -> type[EngineBackend]:
-    """The implementation of a backend, whether or not it can run on this machine (its declarations)."""
-    backend = Backend.parse(name, what="backend")
+def backend_names() -> list[str]:
+    """Every backend's name (the vocabulary), sorted."""
     _load_builtin_backends()
-    if backend.value not in BACKENDS:  # every Backend member has its module here (tests/test_capabilities.py)
-        raise BugError(f"backend {backend.value!r} is named by edgellm.types.Backend but no module of "
-                       f"edgellm.backends registers it; registered: {', '.join(BACKENDS)}")
-    return BACKENDS.get(backend.value)
+    return list(BACKENDS)
 
 
-def get_backend(name: str | Backend) -> EngineBackend:
+def parse_backend(name: str, *, what: str = "backend") -> str:
+    """A backend name someone gave: a registered one, else a ConfigurationError naming it and the valid ones."""
+    _load_builtin_backends()
+    found = str(name).strip().lower()
+    if found not in BACKENDS:
+        raise ConfigurationError(BACKENDS.unknown_message(found).replace("unknown backend", f"unknown {what}", 1))
+    return found
+
+
+def backend_class(name: str) -> type[EngineBackend]:
+    """The implementation of a backend, whether or not it can run on this machine (its declarations)."""
+    return BACKENDS.get(parse_backend(name))
+
+
+def get_backend(name: str) -> EngineBackend:
     cls = backend_class(name)
-    backend = cls.backend
     reason = cls.unavailable_reason()
     if reason:
-        raise UnsupportedError(f"backend {backend.value!r} is not available on this machine ({reason})")
+        raise UnsupportedError(f"backend {cls.backend!r} is not available on this machine ({reason})")
     return cls()
 
 

@@ -21,7 +21,7 @@ from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpe
 from edgellm.backends.kv_cache import KVBuffer, KVCache
 from edgellm.compiler.export import LOGITS_POSITIONS, quantized_export_precisions
 from edgellm.errors import BugError, ConfigurationError
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
 
 ENGINE_MODEL = "model.onnx"
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
@@ -158,7 +158,7 @@ class _KVBinding:
 
 @register_backend
 class OrtBackend(EngineBackend):
-    backend = Backend.ORT
+    backend = "ort"
     # What this backend builds: float exports, and ModelOpt-quantized ones, each method lowered by export to ONNX
     # Runtime's kernels (integer, or emulated: edgellm/quant declares which).
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.FP16, *quantized_export_precisions())

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("onnx_dir", type=Path, help="directory written by 'edgellm export'")
     parser.add_argument("engine_dir", type=Path, help="output directory (written whole or not at all)")
     parser.add_argument("--backend", default="ort",
-                        help="engine backend: ort (CPU), torch-cuda (NVIDIA GPU)")
+                        help="engine backend (edgellm capabilities lists them): ort (CPU), torch-cuda (NVIDIA GPU)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="largest batch (default 4)")
     parser.add_argument("--max-input-len", type=int, default=None, help="longest prompt in tokens")
     parser.add_argument("--max-seq-len", type=int, default=None, help="KV capacity: prompt + generated tokens")

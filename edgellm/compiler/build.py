@@ -20,7 +20,7 @@ from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
 from edgellm.quant import check_gemm_readback
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def applied_precision(export_manifest: dict[str, Any], built: dict[str, Any], wh
     return str(exported)
 
 
-def build_engine(onnx_dir: Path, engine_dir: Path, backend: str | Backend = Backend.ORT, *,
+def build_engine(onnx_dir: Path, engine_dir: Path, backend: str = "ort", *,
                  max_batch_size: int | None = None, max_input_len: int | None = None,
                  max_seq_len: int | None = None, overwrite: bool = False) -> dict[str, Any]:
     onnx_dir = Path(onnx_dir)
@@ -103,14 +103,14 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manif
                 shutil.copyfile(onnx_dir / name, out / name)
         exported = export_manifest.get("precision")
         quant = export_manifest.get("quantization")
-        built["precision"] = applied_precision(export_manifest, built, f"{engine.backend.value} build of {onnx_dir}")
+        built["precision"] = applied_precision(export_manifest, built, f"{engine.backend} build of {onnx_dir}")
         # Files the backend took unchanged from the export (hard links): their digests were just verified.
         known = {name: export_manifest["files"][src]["sha256"] for name, src in built.get("reused_files", {}).items()
                  if src in export_manifest["files"]}
         manifest = {
             "format": "edgellm-engine/1",
             "edgellm_version": __version__,
-            "backend": engine.backend.value,
+            "backend": engine.backend,
             "backend_version": engine.version(),
             "build_params": {"max_batch_size": params.max_batch_size, "max_input_len": params.max_input_len,
                              "max_seq_len": params.max_seq_len},
@@ -130,5 +130,5 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manif
             "files": file_table(out, known=known),
         }
         write_json(out / ENGINE_MANIFEST, manifest)
-    log.info("built %s engine %s in %.1f s", engine.backend.value, engine_dir, manifest["build_seconds"])
+    log.info("built %s engine %s in %.1f s", engine.backend, engine_dir, manifest["build_seconds"])
     return manifest

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.backends.base import registered_backends
+from edgellm.backends.base import backend_names, registered_backends
 from edgellm.capabilities import buildable
 from edgellm.compiler.build import ENGINE_MANIFEST
 from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.thresholds import FIELDS
-from edgellm.types import Backend, BenchMode, Precision
+from edgellm.types import BenchMode, Precision
 from toolchains.base import (
     Availability,
     BenchRun,
@@ -90,7 +90,7 @@ class EdgellmToolchain(ToolchainDriver):
     def precisions(self) -> tuple[Precision, ...]:
         """From a float checkpoint: what export and the backend both make; from a checkpoint the farm's quantizer
         made: the quantized precisions export reads and the backend builds."""
-        if self.backend not in {b.value for b in Backend}:
+        if self.backend not in backend_names():
             return ()
         backend = registered_backends().get(self.backend)
         built = set(backend.precisions) if backend is not None else set()
@@ -104,7 +104,7 @@ class EdgellmToolchain(ToolchainDriver):
         return None
 
     def available(self) -> Availability:
-        if self.backend not in {b.value for b in Backend}:
+        if self.backend not in backend_names():
             return Availability(False, f"this edgellm has no {self.backend} backend")
         return Availability(True)
 

@@ -28,7 +28,7 @@ from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.models import family_for
 from edgellm.quant import exported
-from edgellm.types import Backend, Precision
+from edgellm.types import Precision
 
 ENGINE_DATA = "model.onnx.data"  # the export's weights, copied as they are
 WEIGHT_TABLE = "torch_cuda_weights.json"
@@ -72,7 +72,7 @@ _NO_QUANTIZED_GEMM = ("the torch-cuda runtime has no {kind} GEMM (the weights wo
 
 @register_backend
 class TorchCudaBackend(EngineBackend):
-    backend = Backend.TORCH_CUDA
+    backend = "torch-cuda"
     precisions = (Precision.FP32, Precision.FP16, Precision.BF16)
     refused: ClassVar[Mapping[Precision, str]] = {  # every quantized precision export makes (edgellm/quant)
         Precision(m.name): _NO_QUANTIZED_GEMM.format(kind=m.gemm_label()) for m in exported()}
