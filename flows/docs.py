@@ -1,6 +1,7 @@
 """The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
-from the results database only. A combination is "supported" only when inference and its accuracy baseline
-passed on that platform in the latest run that tested it.
+from the results database only. Whether a row is "supported" is results/queries.py's one definition
+(:func:`results.queries.supported`: inference and its accuracy baseline passed on that platform in the latest run
+that tested it).
 
 Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
 """
@@ -26,12 +27,13 @@ from flows.docs_render import (
     render_run_page,
     render_trends,
     scrub,
+    supported,
     write_atomic,
 )
 from results.db import read_only_engine, redact
 from results.migrate import require_current
 from results.models import ArtifactRecord, Metric, Result, Run, RunKind
-from results.queries import latest_status
+from results.queries import SUPPORT_REQUIRED, latest_status
 from results.regressions import published_regressions
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
     with Session(engine) as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
         marks = regression_marks(s)
-        statuses = latest_status(s)
+        statuses = latest_status(s, required=SUPPORT_REQUIRED)
         params = model_parameters({st.key.model for st in statuses}, data_dir)
         for st in statuses:
             results = s.scalars(select(Result).where(
@@ -193,8 +195,7 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
     finally:
         engine.dispose()
-    supported = [r for r in rows if r.status == "pass"]
-    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported),
+    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported(rows)),
             "trend_images": [t.file for t in trends]}
 
 

@@ -1,6 +1,7 @@
 """Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
 one row per model, one column per precision), per-run evidence pages and perf-trend PNGs. Pure functions of their
-inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py.
+inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py. Whether a row
+is supported is results/queries.py's to say (:func:`results.queries.supported`), never re-derived here.
 
 Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is applied to every free-text field.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
+from results.queries import supported as supported_verdict
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -124,9 +126,10 @@ def slug(text: str) -> str:
 
 
 def cell_kind(r: MatrixRow) -> CellKind:
-    """Supported = inference and accuracy passed in the latest run; export verified only = the only passing stages
-    are quantize/export and nothing failed (the later stages were not run here, e.g. no device of the platform)."""
-    if r.status == "pass" and r.stages.get("infer") == "pass" and r.stages.get("accuracy") == "pass":
+    """Supported = what :func:`results.queries.supported` says of its status; export verified only = the only
+    passing stages are quantize/export and nothing failed (the later stages were not run here, e.g. no device of
+    the platform)."""
+    if supported_verdict(r.status):
         return CellKind.SUPPORTED
     passed = {s for s, st in r.stages.items() if st == "pass"}
     others = {st for s, st in r.stages.items() if s not in EXPORT_STAGES}

@@ -14,6 +14,9 @@ Verdict of a row in one run, given its required stages (default: infer and accur
   - ``incomplete`` otherwise (a required stage missing or skipped), and always when a result ran on test stand-ins
     of a toolchain's tools (``Result.standin``): a stand-in is never evidence.
 
+A row is *supported* (the docs' mark, the count ``edgefarm docs`` prints) when its verdict in its latest run, judged
+with :data:`SUPPORT_REQUIRED`, is ``pass``: :func:`supported` is that definition, and the docs ask it.
+
 A run that compared toolchain versions (a matrix's ``toolchain_versions:``) has results of one row per chosen
 version (``Result.chosen_versions``): :func:`latest_status` and :func:`row_history` give one status per version, side
 by side; :func:`passing_rows` judges the row as a whole (any version failing blocks it). Two toolchains of one
@@ -39,6 +42,7 @@ from results.models import Result, ResultStatus, RowLatest, Run, RunKind, parse_
 from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
+SUPPORT_REQUIRED: tuple[Stage, ...] = DEFAULT_REQUIRED  # the stages a supported row passed (see supported)
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)
 _BLOCKING = (ResultStatus.FAIL, ResultStatus.ERROR)
 # Worst first: the status shown for a stage that has several test ids.
@@ -58,6 +62,13 @@ def _stage_order(stage: str) -> tuple[int, str]:
     """Pipeline order; a stage this farm does not know (a newer farm recorded it) after the known ones."""
     known = list(Stage)
     return (known.index(stage), "") if stage in known else (len(known), str(stage))
+
+
+def supported(verdict: Verdict | str) -> bool:
+    """Whether a row counts as supported, given its verdict in its latest run judged with
+    :data:`SUPPORT_REQUIRED` (or the status shown for it): only ``pass`` does, so export-only evidence, a waived
+    or skipped required stage and stand-in tools never do. The one definition; the docs ask it."""
+    return str(verdict) == Verdict.PASS.value
 
 
 @dataclass(frozen=True, order=True)

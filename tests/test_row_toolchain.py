@@ -4,7 +4,7 @@ x86-cpu runs edgellm-ort and onnxruntime-genai side by side: each toolchain's jo
 latest run, verdict, history and regression baseline, and the docs and ``edgefarm query`` show the two next to each
 other. ``Result.toolchain`` stays what made a stage's result: a quantize stage made by tensorrt-edgellm for an
 edgellm-ort job belongs to the edgellm-ort row. Migration 0009 adds ``results.job_toolchain`` (backfilled) and keys
-``row_latest`` by it.
+``row_latest`` by it. "Supported" has one definition (``results.queries.supported``), which the docs ask.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from edgellm.types import Precision
+from flows.docs import matrix_rows, write_docs
+from flows.docs_render import cell_kind
 from results.db import make_engine
 from results.migrate import (
     alembic_config,
@@ -30,7 +32,15 @@ from results.migrate import (
     upgrade,
 )
 from results.models import Result, ResultStatus, RowLatest
-from results.queries import RowKey, Verdict, latest_status, passing_rows, row_history
+from results.queries import (
+    SUPPORT_REQUIRED,
+    RowKey,
+    Verdict,
+    latest_status,
+    passing_rows,
+    row_history,
+    supported,
+)
 from results.recorder import Recorder, rebuild_row_latest
 from results.regressions import find_regressions, flag_regressions, published_regressions
 from stages import Stage
@@ -294,3 +304,37 @@ def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine:
         made = {(r.precision, r.stage): (r.toolchain, r.job_toolchain) for r in s.scalars(select(Result))}
     assert made == {(INT4, Stage.QUANTIZE): (TRT, ORT), (INT4, Stage.EXPORT): (ORT, ORT),
                     (FP16, Stage.INFER): (GENAI, GENAI), (FP16, Stage.ACCURACY): (GENAI, GENAI)}
+
+
+# -- "supported": one definition ----------------------------------------------------------------------------------
+def test_supported_is_the_queries_pass_verdict_everywhere(engine: Engine, tmp_path: Path) -> None:
+    """The docs' supported rows are exactly the rows :func:`results.queries.supported` accepts, which are exactly
+    what ``passing_rows`` computes in SQL with SUPPORT_REQUIRED. A required stage with a pass and a waived test
+    passes (the waived one neither proves nor blocks): its cell used to be re-checked from the worst status per
+    stage, which is ``waived``, and the docs disagreed with the queries."""
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "cron", "v1")
+    _job(rec, run, "plain", FP16, ORT, PASSED, version=ORT_V)
+    _job(rec, run, "waived-too", FP16, ORT, PASSED, version=ORT_V)
+    rec.record_result(run, model="waived-too", precision=FP16, platform=CPU, stage="infer", test_id="long-ctx",
+                      status="waived", toolchain=ORT)
+    _job(rec, run, "only-waived", FP16, ORT, {"infer": "waived", "accuracy": "pass"}, version=ORT_V)
+    _job(rec, run, "genai", FP16, GENAI, PASSED, version=GENAI_V)
+    _job(rec, run, "export-only", INT4, ORT, {"quantize": "pass", "export": "pass", "infer": "skipped"},
+         version=ORT_V)
+    rec.record_result(run, model="standin", precision=FP16, platform=CPU, stage="infer", test_id="s",
+                      status="pass", toolchain=ORT, standin=True)
+    rec.record_result(run, model="standin", precision=FP16, platform=CPU, stage="accuracy", test_id="s",
+                      status="pass", toolchain=ORT)
+    rec.finish_run(run, "passed")
+
+    by_queries = {st.key for st in latest_status(engine, required=SUPPORT_REQUIRED) if supported(st.verdict)}
+    assert by_queries == set(passing_rows(engine, required=SUPPORT_REQUIRED))
+    assert {k.model for k in by_queries} == {"plain", "waived-too", "genai"}
+    rows = matrix_rows(engine)
+    by_docs = {(r.model, r.precision, r.platform) for r in rows if cell_kind(r).value == "supported"}
+    assert by_docs == {(k.model, k.precision.value, k.platform) for k in by_queries}
+    assert all(supported(r.status) == (cell_kind(r).value == "supported") for r in rows)
+    assert not supported("waived") and not supported(Verdict.INCOMPLETE) and supported(Verdict.PASS)
+    url = engine.url.render_as_string(hide_password=False)
+    assert write_docs(url, tmp_path / "docs")["supported"] == len(by_queries)
