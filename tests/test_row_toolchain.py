@@ -9,6 +9,10 @@ edgellm-ort job belongs to the edgellm-ort row. Migration 0009 adds ``results.jo
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +22,12 @@ from alembic import command
 from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from typer.testing import CliRunner
 
 from edgellm.types import Precision
+from flows.cli import app
 from flows.docs import matrix_rows, write_docs
-from flows.docs_render import cell_kind
+from flows.docs_render import MatrixRow, cell_kind, render_markdown
 from results.db import make_engine
 from results.migrate import (
     alembic_config,
@@ -338,3 +344,119 @@ def test_supported_is_the_queries_pass_verdict_everywhere(engine: Engine, tmp_pa
     assert not supported("waived") and not supported(Verdict.INCOMPLETE) and supported(Verdict.PASS)
     url = engine.url.render_as_string(hide_password=False)
     assert write_docs(url, tmp_path / "docs")["supported"] == len(by_queries)
+
+
+# -- the docs and `edgefarm query` ---------------------------------------------------------------------------------
+@pytest.fixture
+def side_by_side(engine: Engine) -> Engine:
+    """x86-cpu ran both toolchains for stories260K fp16 (both pass), onnxruntime-genai alone for fp32 (fails); a
+    version comparison of onnxruntime-genai; orin and a platform this farm does not know, one toolchain each."""
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "cron", "v1")
+    metrics = {"decode_tokens_per_s": (400.0, "tok/s"), "perplexity_ratio": (1.0001, "")}
+    _job(rec, run, "stories260K", FP16, ORT, {**PASSED, "bench": "pass"}, version=ORT_V, metrics=metrics)
+    _job(rec, run, "stories260K", FP16, GENAI, {**PASSED, "bench": "pass"}, version=GENAI_V,
+         metrics={"decode_tokens_per_s": (300.0, "tok/s"), "perplexity_ratio": (1.0002, "")})
+    _job(rec, run, "stories260K", FP32, GENAI, {"infer": "pass", "accuracy": "fail"}, version=GENAI_V)
+    _job(rec, run, "tiny-qwen3", FP16, GENAI, PASSED, version="0.6.0", chosen=f"{GENAI}==0.6.0",
+         test_id=f"tiny-fp16-by.{GENAI}-{GENAI}==0.6.0")
+    _job(rec, run, "tiny-qwen3", INT4, TRT, {"quantize": "pass", **PASSED}, platform="orin", version=TRT_V)
+    _job(rec, run, "<b>m|x</b>", FP16, ORT, PASSED, platform="npu-x", version=ORT_V)
+    rec.finish_run(run, "failed")
+    return engine
+
+
+def _section(md: str, platform: str) -> str:
+    return md.split(f"## {platform}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_docs_show_two_toolchains_of_a_platform_side_by_side(side_by_side: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "docs"
+    summary = write_docs(side_by_side.url.render_as_string(hide_password=False), out)
+    assert summary["supported"] == 5
+    md = (out / "supported-models.md").read_text()
+    cpu = _section(md, CPU)
+    assert f"Toolchains: {ORT} {ORT_V}, {GENAI} 0.6.0, {GENAI} {GENAI_V}" in cpu
+    lines = [x for x in cpu.splitlines() if x.startswith("| ") and not x.startswith("| Model")]
+    assert lines == [  # FP32 | FP16; the failed fp32 row of onnxruntime-genai shows nothing
+        "| stories260K | 260K |  | [✓ edgellm-ort](runs/run-1.md#stories260k-fp16-x86-cpu) |",
+        f"| stories260K ({GENAI}) | 260K |  | [✓ onnxruntime-genai](runs/run-1.md#stories260k-fp16-x86-cpu-by-"
+        f"{GENAI}) |",
+        f"| tiny-qwen3 ({GENAI}; {GENAI}==0.6.0) | - |  | [✓ onnxruntime-genai](runs/run-1.md#tiny-qwen3-fp16-x86-cpu-"
+        f"by-{GENAI}-{GENAI}-0-6-0) |"], cpu
+    assert "| tiny-qwen3 | - | [✓](runs/run-1.md#tiny-qwen3-int4-awq-orin) |" in _section(md, "orin")
+    assert "(edgellm-ort)" in _section(md, "npu-x")  # a platform this farm does not know: every toolchain named
+
+    page = (out / "runs" / "run-1.md").read_text()
+    anchors = re.findall(r"<a id='([^']+)'></a>", page)
+    assert len(anchors) == len(set(anchors)) == 6
+    for link in re.findall(r"\(runs/run-1\.md#([^)]+)\)", md):
+        assert link in anchors
+    assert f"## stories260K ({GENAI}) · fp16 · x86-cpu" in page and "## stories260K · fp16 · x86-cpu" in page
+    genai = page.split(f"<a id='stories260k-fp16-x86-cpu-by-{GENAI}'></a>", 1)[1].split("<a id=", 1)[0]
+    assert f"| infer | pass | {GENAI} {GENAI_V} |" in genai and ORT not in genai
+
+    html = (out / "support-matrix.html").read_text()
+    keys = re.findall(r"data-key='([^']+)'", html)
+    assert len(keys) == len(set(keys)) == 6
+    assert f"<tr data-model='stories260K ({GENAI})'>" in html and "<tr data-model='stories260K'>" in html
+    assert "<b>m|x</b>" not in html and "&lt;b&gt;m|x&lt;/b&gt; (edgellm-ort)" in html  # escaped as ever
+
+
+def test_preferred_toolchain_rows_look_as_before() -> None:
+    """A row of the platform's preferred toolchain renders exactly as a row that names no toolchain (the pages of
+    runs with one toolchain per platform are pinned by tests/test_docs.py's golden files)."""
+    base = dict(model="m", precision="fp16", status="pass", run_id=3, run_started="t", toolchain=ORT,
+                toolchain_version=ORT_V, stages={"infer": "pass", "accuracy": "pass"})
+    for platform, preferred in ((CPU, ORT), ("orin", TRT), ("x86-h200", TRT)):
+        named, plain = MatrixRow(platform=platform, job_toolchain=preferred, **base), MatrixRow(platform=platform,
+                                                                                              **base)
+        assert (named.label, named.anchor) == (plain.label, plain.anchor) == ("m", f"m-fp16-{platform}")
+        assert render_markdown([named], generated_at="t", db_label="x") == render_markdown(
+            [plain], generated_at="t", db_label="x")
+    other = MatrixRow(platform="x86-h200", job_toolchain="edgellm-torch-cuda", **base)
+    assert (other.label, other.anchor) == ("m (edgellm-torch-cuda)", "m-fp16-x86-h200-by-edgellm-torch-cuda")
+
+
+def _query(db: Engine, *args: str) -> Any:
+    result = CliRunner().invoke(app, ["query", "--db", db.url.render_as_string(hide_password=False), *args],
+                                env={"COLUMNS": "300"})
+    return result
+
+
+def test_query_names_each_rows_toolchain(side_by_side: Engine) -> None:
+    result = _query(side_by_side, "--platform", CPU, "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["model"], r["precision"], r["job_toolchain"], r["toolchain"], r["toolchain_version"], r["status"])
+            for r in rows] == [
+        ("stories260K", "fp16", ORT, ORT, ORT_V, "pass"), ("stories260K", "fp16", GENAI, GENAI, GENAI_V, "pass"),
+        ("stories260K", "fp32", GENAI, GENAI, GENAI_V, "fail"), ("tiny-qwen3", "fp16", GENAI, GENAI, "0.6.0", "pass")]
+    result = _query(side_by_side, "--toolchain", "edgellm-ort", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    parsed = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [(r["model"], r["platform"], r["job_toolchain"]) for r in parsed] == [
+        ("<b>m|x</b>", "npu-x", ORT), ("stories260K", CPU, ORT)]
+    result = _query(side_by_side, "--platform", CPU)
+    assert result.exit_code == 0, result.output
+    assert f"stories260K ({GENAI})" in result.stdout and GENAI_V in result.stdout
+    result = _query(side_by_side, "--platform", "npu-x")
+    assert "<b>m|x</b> (edgellm-ort)" in result.stdout  # Rich markup in a name is printed, never applied
+    bad = _query(side_by_side, "--toolchain", "onnxruntime-gnai")
+    assert bad.exit_code == 2 and "unknown toolchain 'onnxruntime-gnai'" in bad.output
+
+
+def test_query_regressions_name_the_rows_toolchain(engine: Engine) -> None:
+    rec = Recorder(engine)
+    for tps in (50.0, 51.0, 49.0, 10.0):
+        run = rec.start_run("nightly", "cron", "v")
+        _job(rec, run, "m", FP16, GENAI, {**PASSED, "bench": "pass"}, metrics={"decode_tokens_per_s": (tps, "t/s")})
+        if tps == 10.0:
+            flag_regressions(engine, run)
+        rec.finish_run(run, "passed")
+    result = _query(engine, "--regressions", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [(r["metric"], r["job_toolchain"]) for r in json.loads(result.stdout)] == [("decode_tokens_per_s", GENAI)]
+    table = _query(engine, "--regressions")
+    assert f"m ({GENAI})" in table.stdout
+    assert json.loads(_query(engine, "--regressions", "--toolchain", ORT, "--format", "json").stdout) == []
