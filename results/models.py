@@ -256,8 +256,8 @@ class Result(Base):
     model_revision: Mapped[str | None] = mapped_column(String(64))  # checkpoint sha256
     precision: Mapped[str] = mapped_column(VocabularyName("precision"))
     platform: Mapped[str] = mapped_column(String(64))
-    # the toolchain that made this stage's result: for a quantize stage the quantizer's (tensorrt-edgellm quantizes
-    # for edgellm-ort jobs), for every other stage the job's
+    # the toolchain that made this stage's result: for a quantize stage the quantizer's, which may be another
+    # toolchain than the job's; for every other stage the job's
     toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
     toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
     # the toolchain the job ran with: part of the row's key (a platform may run two toolchains side by side)
