@@ -1,6 +1,7 @@
 """The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
-from the results database only. A combination is "supported" only when inference and its accuracy baseline
-passed on that platform in the latest run that tested it.
+from the results database only. Whether a row is "supported" is results/queries.py's one definition
+(:func:`results.queries.supported`: inference and its accuracy baseline passed on that platform in the latest run
+that tested it); a row is one (model, precision, platform, the toolchain its jobs ran with).
 
 Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
 """
@@ -25,13 +26,16 @@ from flows.docs_render import (
     render_markdown,
     render_run_page,
     render_trends,
+    row_label,
     scrub,
+    shown_toolchain,
+    supported,
     write_atomic,
 )
 from results.db import read_only_engine, redact
 from results.migrate import require_current
 from results.models import ArtifactRecord, Metric, Result, Run, RunKind
-from results.queries import latest_status
+from results.queries import SUPPORT_REQUIRED, latest_status
 from results.regressions import published_regressions
 
 log = logging.getLogger(__name__)
@@ -74,17 +78,18 @@ def model_parameters(models: set[str], data_dir: Path | None) -> dict[str, int]:
 
 
 def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]:
-    """The latest evidence per (model, precision, platform), with the key metrics of that run."""
+    """The latest evidence per row (model, precision, platform, job toolchain), with the key metrics of that run."""
     rows = []
     with Session(engine) as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
         marks = regression_marks(s)
-        statuses = latest_status(s)
+        statuses = latest_status(s, required=SUPPORT_REQUIRED)
         params = model_parameters({st.key.model for st in statuses}, data_dir)
         for st in statuses:
             results = s.scalars(select(Result).where(
                 Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
-                Result.platform == st.key.platform, Result.chosen_versions.is_(None) if st.chosen_versions is None
+                Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
+                Result.chosen_versions.is_(None) if st.chosen_versions is None
                 else Result.chosen_versions == st.chosen_versions)).all()
             metrics: dict[str, float] = {}
             for name, value in s.execute(select(Metric.name, Metric.value).where(
@@ -110,17 +115,18 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                 reason=scrub("; ".join(reasons), data_dir) or None,
                 stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
                 toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
-                regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform), ())),
-                chosen_versions=st.chosen_versions,
+                regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform,
+                                             str(st.key.toolchain)), ())),
+                chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain),
             ))
     return rows
 
 
-def regression_marks(s: Session) -> dict[tuple[str, str, str], list[RegressionMark]]:
-    """Regressions flagged in each row's latest published run."""
-    marks: dict[tuple[str, str, str], list[RegressionMark]] = defaultdict(list)
+def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[RegressionMark]]:
+    """Regressions flagged in each row's latest published run, by row (model, precision, platform, job toolchain)."""
+    marks: dict[tuple[str, str, str, str], list[RegressionMark]] = defaultdict(list)
     for f in published_regressions(s):
-        marks[(f.model, f.precision.value, f.platform)].append(RegressionMark(
+        marks[(f.model, f.precision.value, f.platform, str(f.job_toolchain))].append(RegressionMark(
             f.metric, f.value, f.baseline, f.change, f.severity.value, f.run_id, f.previous_run_id))
     return marks
 
@@ -137,13 +143,16 @@ def display_status(verdict: str, stages: dict[str, str]) -> str:
 
 
 def trend_points(engine: Engine) -> list[TrendPoint]:
-    stmt = (select(Run.id, Run.started_at, Result.model, Result.precision, Result.platform, Metric.name,
-                   Metric.value)
+    """Trend metrics of the published nightly runs; a row of a platform's other toolchain is its own line, named
+    by its label."""
+    stmt = (select(Run.id, Run.started_at, Result.model, Result.precision, Result.platform, Result.job_toolchain,
+                   Metric.name, Metric.value)
             .join(Result, Result.run_id == Run.id).join(Metric, Metric.result_id == Result.id)
             .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None), Metric.name.in_(TREND_METRICS)))
     with Session(engine) as s:
-        return [TrendPoint(run_id=r, started=t.isoformat(), model=m, precision=p.value, platform=pl, metric=n,
-                           value=v) for r, t, m, p, pl, n, v in s.execute(stmt)]
+        return [TrendPoint(run_id=r, started=t.isoformat(), model=row_label(m, None, shown_toolchain(pl, tc)),
+                           precision=p.value, platform=pl, metric=n, value=v)
+                for r, t, m, p, pl, tc, n, v in s.execute(stmt)]
 
 
 def run_evidence(engine: Engine, run_id: int,
@@ -169,7 +178,7 @@ def run_evidence(engine: Engine, run_id: int,
             results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
                             "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
                             "toolchain": str(r.toolchain), "toolchain_version": r.toolchain_version,
-                            "chosen_versions": r.chosen_versions,
+                            "job_toolchain": str(r.job_toolchain), "chosen_versions": r.chosen_versions,
                             "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
                             "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})
     return info, results
@@ -193,8 +202,7 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
     finally:
         engine.dispose()
-    supported = [r for r in rows if r.status == "pass"]
-    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported),
+    return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported(rows)),
             "trend_images": [t.file for t in trends]}
 
 
@@ -208,8 +216,9 @@ def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
         rows = matrix_rows(engine, data_dir)
     finally:
         engine.dispose()
-    table = [{"model": r.model, "precision": r.precision, "platform": r.platform, "status": html_status(r),
-              "toolchain": r.made_by or "-", "run": r.run_id, "reason": r.reason or ""} for r in rows]
+    table = [{"model": r.model, "precision": r.precision, "platform": r.platform, "job_toolchain": r.job_toolchain,
+              "status": html_status(r), "toolchain": r.made_by or "-", "run": r.run_id, "reason": r.reason or ""}
+             for r in rows]
     create_table_artifact(table=table, key="support-matrix",
                           description="Latest evidence per model x precision x platform")
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

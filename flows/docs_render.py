@@ -1,6 +1,11 @@
 """Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
 one row per model, one column per precision), per-run evidence pages and perf-trend PNGs. Pure functions of their
-inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py.
+inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py. Whether a row
+is supported is results/queries.py's to say (:func:`results.queries.supported`), never re-derived here.
+
+A platform that runs two toolchains side by side has a table row per toolchain: the rows of its preferred toolchain
+(the first its device type lists) look as they always did; another toolchain's rows are labelled
+``<model> (<toolchain>)`` and anchored with ``-by-<toolchain>`` (:func:`shown_toolchain`).
 
 Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is applied to every free-text field.
 """
@@ -15,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
+from results.queries import supported as supported_verdict
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,7 +59,7 @@ class CellKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class MatrixRow:
-    """The latest evidence for one (model, precision, platform)."""
+    """The latest evidence for one row: (model, precision, platform, the toolchain its jobs ran with)."""
 
     model: str
     precision: str
@@ -69,20 +76,25 @@ class MatrixRow:
     params: int | None = None  # the model's parameter count, when its checkpoint could be read
     regressions: tuple[RegressionMark, ...] = ()  # metrics outside their baseline in this run
     chosen_versions: str | None = None  # the toolchain versions its run compared ("name==version"); None: pinned
+    job_toolchain: str | None = None  # the toolchain its jobs ran with (its row's); None: not known
 
     @property
     def made_by(self) -> str:
         return " ".join(x for x in (self.toolchain, self.toolchain_version) if x)
 
     @property
+    def shown_toolchain(self) -> str | None:
+        return shown_toolchain(self.platform, self.job_toolchain)
+
+    @property
     def label(self) -> str:
-        """The table row it shows in: its model, and the toolchain versions when its run compared versions (one
-        row per version, next to each other, for a release engineer to compare)."""
-        return row_label(self.model, self.chosen_versions)
+        """The table row it shows in: its model, with its toolchain when that is not the platform's preferred one
+        and the toolchain versions when its run compared versions (one row each, next to each other)."""
+        return row_label(self.model, self.chosen_versions, self.shown_toolchain)
 
     @property
     def anchor(self) -> str:
-        return slug(f"{self.model}-{self.precision}-{self.platform}{version_suffix(self.chosen_versions)}")
+        return row_anchor(self.model, self.precision, self.platform, self.chosen_versions, self.shown_toolchain)
 
     @property
     def evidence_link(self) -> str:
@@ -111,12 +123,38 @@ class TrendImage:
     file: str  # name inside the docs dir
 
 
-def row_label(model: str, chosen_versions: str | None) -> str:
-    return f"{model} ({chosen_versions})" if chosen_versions else model
+def shown_toolchain(platform: str, job_toolchain: str | None) -> str | None:
+    """The toolchain a row's label and anchor name: its jobs' toolchain, unless that is the platform's preferred
+    one (the first its device type lists), whose rows keep the plain label; on a platform this farm does not know,
+    every toolchain is named."""
+    if job_toolchain is None:
+        return None
+    device_type = DEVICE_TYPES.get(platform)
+    if device_type is not None and str(job_toolchain) == str(device_type.toolchains[0]):
+        return None
+    return str(job_toolchain)
+
+
+def row_label(model: str, chosen_versions: str | None, toolchain: str | None = None) -> str:
+    notes = "; ".join(x for x in (toolchain, chosen_versions) if x)
+    return f"{model} ({notes})" if notes else model
 
 
 def version_suffix(chosen_versions: str | None) -> str:
     return f"-{chosen_versions}" if chosen_versions else ""
+
+
+def row_name(model: str, precision: str, platform: str, chosen_versions: str | None,
+             toolchain: str | None = None) -> str:
+    """A row's name on its run's evidence page, which orders the page's sections; its slug is the row's anchor."""
+    by = f"-by-{toolchain}" if toolchain else ""
+    return f"{model}-{precision}-{platform}{by}{version_suffix(chosen_versions)}"
+
+
+def row_anchor(model: str, precision: str, platform: str, chosen_versions: str | None,
+               toolchain: str | None = None) -> str:
+    """The id of a row's section on its run's evidence page (and of its cell in the HTML matrix)."""
+    return slug(row_name(model, precision, platform, chosen_versions, toolchain))
 
 
 def slug(text: str) -> str:
@@ -124,9 +162,10 @@ def slug(text: str) -> str:
 
 
 def cell_kind(r: MatrixRow) -> CellKind:
-    """Supported = inference and accuracy passed in the latest run; export verified only = the only passing stages
-    are quantize/export and nothing failed (the later stages were not run here, e.g. no device of the platform)."""
-    if r.status == "pass" and r.stages.get("infer") == "pass" and r.stages.get("accuracy") == "pass":
+    """Supported = what :func:`results.queries.supported` says of its status; export verified only = the only
+    passing stages are quantize/export and nothing failed (the later stages were not run here, e.g. no device of
+    the platform)."""
+    if supported_verdict(r.status):
         return CellKind.SUPPORTED
     passed = {s for s, st in r.stages.items() if st == "pass"}
     others = {st for s, st in r.stages.items() if s not in EXPORT_STAGES}
@@ -251,6 +290,11 @@ def _chosen(res: dict[str, object]) -> str | None:
     return chosen if isinstance(chosen, str) else None
 
 
+def _shown(res: dict[str, object]) -> str | None:
+    job_toolchain = res.get("job_toolchain")
+    return shown_toolchain(str(res["platform"]), None if job_toolchain is None else str(job_toolchain))
+
+
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
     """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
@@ -258,11 +302,12 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
         lines.append(f"- {key}: {run.get(key)}")
     lines.append("")
     grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
-    for res in results:
-        grouped[f"{res['model']}-{res['precision']}-{res['platform']}{version_suffix(_chosen(res))}"].append(res)
+    for res in results:  # one section per row (and per compared version)
+        grouped[row_name(str(res["model"]), str(res["precision"]), str(res["platform"]), _chosen(res),
+                         _shown(res))].append(res)
     for key in sorted(grouped):
         first = grouped[key][0]
-        label = row_label(str(first["model"]), _chosen(first))
+        label = row_label(str(first["model"]), _chosen(first), _shown(first))
         lines += [f"<a id='{slug(key)}'></a>", f"## {label} · {first['precision']} · {first['platform']}", "",
                   "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",
                   "|---|---|---|---|---|---|---|---|"]

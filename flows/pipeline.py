@@ -98,7 +98,7 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
             continue
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
                   "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain,
-                  "chosen_versions": chosen_versions(job.entry.toolchain_versions)}
+                  "job_toolchain": job.toolchain, "chosen_versions": chosen_versions(job.entry.toolchain_versions)}
                  for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status
     farm.recorder.record_results(ctx.run_id, rows)

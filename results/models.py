@@ -259,13 +259,13 @@ class Run(Base):
 
 
 class Result(Base):
-    """One stage of one test of one (model, precision, platform) in one run."""
+    """One stage of one test of one row (model, precision, platform, job toolchain) in one run."""
 
     __tablename__ = "results"
     __table_args__ = (
         UniqueConstraint("run_id", "model", "precision", "platform", "stage", "test_id"),
         # "Which rows pass": per row, seek its latest run and read stage + status from the index alone.
-        Index("ix_results_row_run", "model", "precision", "platform", "run_id", "stage", "status"),
+        Index("ix_results_row_run", "model", "precision", "platform", "job_toolchain", "run_id", "stage", "status"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -274,8 +274,12 @@ class Result(Base):
     model_revision: Mapped[str | None] = mapped_column(String(64))  # checkpoint sha256
     precision: Mapped[str] = mapped_column(VocabularyName("precision"))
     platform: Mapped[str] = mapped_column(String(64))
+    # the toolchain that made this stage's result: for a quantize stage the quantizer's, which may be another
+    # toolchain than the job's; for every other stage the job's
     toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
     toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
+    # the toolchain the job ran with: part of the row's key (a platform may run two toolchains side by side)
+    job_toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
     device: Mapped[str | None] = mapped_column(String(200))
     stage: Mapped[str] = mapped_column(VocabularyName("stage"))
     test_id: Mapped[str] = mapped_column(String(200))
@@ -296,13 +300,15 @@ class Result(Base):
 
 
 class RowLatest(Base):
-    """Latest published run id per (model, precision, platform), moved when a run is published (see recorder)."""
+    """Latest published run id per row (model, precision, platform, job toolchain), moved when a run is published
+    (see recorder)."""
 
     __tablename__ = "row_latest"
 
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
     platform: Mapped[str] = mapped_column(String(64), primary_key=True)
+    toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"), primary_key=True)  # Result.job_toolchain
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
 
 

@@ -1,8 +1,10 @@
 """Read-side questions about the results database, answered as plain dataclasses.
 
-A *row* is one (model, precision, platform). Its *latest run* is the highest published run id that has a result
-for it (run ids are assigned in start order; a run is published when it finishes, never while it runs or when it
-is reaped), kept in the ``row_latest`` table by the recorder.
+A *row* is one (model, precision, platform, toolchain), the toolchain being the one its jobs ran with
+(``Result.job_toolchain``): a platform that runs two toolchains side by side has two rows per (model, precision).
+Its *latest run* is the highest published run id that has a result for it (run ids are assigned in start order; a
+run is published when it finishes, never while it runs or when it is reaped), kept in the ``row_latest`` table by
+the recorder. ``RowStatus.toolchain`` is another thing: what made the evidence (the last stage that ran).
 
 Verdict of a row in one run, given its required stages (default: infer and accuracy):
   - ``fail``  if any result failed; else ``error`` if any result errored (the run broke, not the model);
@@ -12,9 +14,13 @@ Verdict of a row in one run, given its required stages (default: infer and accur
   - ``incomplete`` otherwise (a required stage missing or skipped), and always when a result ran on test stand-ins
     of a toolchain's tools (``Result.standin``): a stand-in is never evidence.
 
+A row is *supported* (the docs' mark, the count ``edgefarm docs`` prints) when its verdict in its latest run, judged
+with :data:`SUPPORT_REQUIRED`, is ``pass``: :func:`supported` is that definition, and the docs ask it.
+
 A run that compared toolchain versions (a matrix's ``toolchain_versions:``) has results of one row per chosen
 version (``Result.chosen_versions``): :func:`latest_status` and :func:`row_history` give one status per version, side
-by side; :func:`passing_rows` judges the row as a whole (any version failing blocks it).
+by side; :func:`passing_rows` judges the row as a whole (any version failing blocks it). Two toolchains of one
+platform are two rows: each judged alone, everywhere.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from results.models import Result, ResultStatus, RowLatest, Run, RunKind, parse_
 from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
+SUPPORT_REQUIRED: tuple[Stage, ...] = DEFAULT_REQUIRED  # the stages a supported row passed (see supported)
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)
 _BLOCKING = (ResultStatus.FAIL, ResultStatus.ERROR)
 # Worst first: the status shown for a stage that has several test ids.
@@ -57,11 +64,19 @@ def _stage_order(stage: str) -> tuple[int, str]:
     return (known.index(stage), "") if stage in known else (len(known), str(stage))
 
 
+def supported(verdict: Verdict | str) -> bool:
+    """Whether a row counts as supported, given its verdict in its latest run judged with
+    :data:`SUPPORT_REQUIRED` (or the status shown for it): only ``pass`` does, so export-only evidence, a waived
+    or skipped required stage and stand-in tools never do. The one definition; the docs ask it."""
+    return str(verdict) == Verdict.PASS.value
+
+
 @dataclass(frozen=True, order=True)
 class RowKey:
     model: str
     precision: Precision
     platform: str
+    toolchain: str  # the toolchain the row's jobs ran with (Result.job_toolchain), not the maker of each stage
 
 
 @dataclass(frozen=True)
@@ -138,7 +153,8 @@ def _session(db: Engine | Session) -> AbstractContextManager[Session]:
     return nullcontext(db) if isinstance(db, Session) else Session(db)
 
 
-def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None) -> list[Any]:
+def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None,
+                toolchain: str | None) -> list[Any]:
     where: list[Any] = []
     if model is not None:
         where.append(RowLatest.model == model)
@@ -146,7 +162,16 @@ def _row_filter(model: str | None, precision: Precision | str | None, platform: 
         where.append(RowLatest.precision == parse_name("precision", precision))
     if platform is not None:
         where.append(RowLatest.platform == platform)
+    if toolchain is not None:
+        where.append(RowLatest.toolchain == parse_name("toolchain", toolchain))
     return where
+
+
+def _latest_results() -> Any:
+    """The join of a row's latest-run pointer with that row's results in that run."""
+    return and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
+                Result.platform == RowLatest.platform, Result.job_toolchain == RowLatest.toolchain,
+                Result.run_id == RowLatest.run_id)
 
 
 def latest_status(
@@ -155,25 +180,26 @@ def latest_status(
     model: str | None = None,
     precision: Precision | str | None = None,
     platform: str | None = None,
+    toolchain: str | None = None,
     required: Iterable[Stage | str] = DEFAULT_REQUIRED,
 ) -> list[RowStatus]:
-    """Every row's stage statuses and verdict in its latest run, sorted by row."""
+    """Every row's stage statuses and verdict in its latest run, sorted by row (``toolchain``: rows whose jobs ran
+    with it)."""
     req = _required(required)
+    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.run_id)
+    made = (Result.chosen_versions, Result.stage, Result.status, Result.toolchain, Result.toolchain_version,
+            Result.standin, Result.route)
     latest = (
-        select(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.chosen_versions,
-               Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route,
-               func.count())
-        .join(Result, and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
-                           Result.platform == RowLatest.platform, Result.run_id == RowLatest.run_id))
-        .where(*_row_filter(model, precision, platform))
-        .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.run_id, Result.chosen_versions,
-                  Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin,
-                  Result.route)
+        select(*row, *made, func.count())
+        .join(Result, _latest_results())
+        .where(*_row_filter(model, precision, platform, toolchain))
+        .group_by(*row, *made)
     )
     tallies: dict[tuple[RowKey, int, str], _Tally] = defaultdict(_Tally)
     with _session(db) as s:
-        for m, p, pl, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl), run_id, chosen or "")].add(stage, status, n, tc, version, standin, route)
+        for m, p, pl, job_tc, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
+            tallies[(RowKey(m, p, pl, job_tc), run_id, chosen or "")].add(stage, status, n, tc, version, standin,
+                                                                          route)
     return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks(),
                       chosen_versions=chosen or None)
             for (key, run_id, chosen), t in sorted(tallies.items())]
@@ -184,14 +210,15 @@ def passing_rows(
     *,
     required: Iterable[Stage | str] = DEFAULT_REQUIRED,
     platform: str | None = None,
+    toolchain: str | None = None,
 ) -> list[RowKey]:
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
-    stmt = passing_rows_stmt(_required(required), platform)
+    stmt = passing_rows_stmt(_required(required), platform, toolchain)
     with _session(db) as s:
-        return [RowKey(m, p, pl) for m, p, pl in s.execute(stmt)]
+        return [RowKey(m, p, pl, tc) for m, p, pl, tc in s.execute(stmt)]
 
 
-def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None) -> Select[Any]:
+def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
     """The SQL of :func:`passing_rows` (one index range scan per row's latest run; see benchmarks/bench_db.py)."""
 
     def n(cond: Any) -> Any:
@@ -205,16 +232,15 @@ def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None) -> Sele
     for stage in req:
         having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
         having.append(n(and_(Result.stage == stage, Result.status.not_in(_ACCEPTABLE))) == 0)
-    stmt = (
-        select(RowLatest.model, RowLatest.precision, RowLatest.platform)
-        .join(Result, and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
-                           Result.platform == RowLatest.platform, Result.run_id == RowLatest.run_id))
-        .where(*_row_filter(None, None, platform))
-        .group_by(RowLatest.model, RowLatest.precision, RowLatest.platform)
+    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain)
+    return (
+        select(*row)
+        .join(Result, _latest_results())
+        .where(*_row_filter(None, None, platform, toolchain))
+        .group_by(*row)
         .having(and_(*having))
-        .order_by(RowLatest.model, RowLatest.precision, RowLatest.platform)
+        .order_by(*row)
     )
-    return stmt
 
 
 def row_history(
@@ -223,25 +249,27 @@ def row_history(
     precision: Precision | str,
     platform: str,
     *,
+    toolchain: str | None = None,
     required: Iterable[Stage | str] = DEFAULT_REQUIRED,
 ) -> list[RowStatus]:
-    """The row's verdict in every published run that has a result for it, oldest first."""
+    """The verdict of (model, precision, platform) in every published run that has a result for it, oldest first:
+    of the row whose jobs ran with ``toolchain``, or, without one, of each toolchain's row (side by side in a run
+    that ran several)."""
     req = _required(required)
-    key = RowKey(model, parse_name("precision", precision), platform)
-    stmt = (
-        select(Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, Result.stage, Result.status,
-               Result.toolchain, Result.toolchain_version, Result.standin, Result.route, func.count())
-        .join(Run, Run.id == Result.run_id)
-        .where(Result.model == key.model, Result.precision == key.precision, Result.platform == key.platform,
-               Run.published_at.is_not(None))
-        .group_by(Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, Result.stage, Result.status,
-                  Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
-    )
-    tallies: dict[tuple[int, str], _Tally] = defaultdict(_Tally)
+    prec = parse_name("precision", precision)
+    where = [Result.model == model, Result.precision == prec, Result.platform == platform,
+             Run.published_at.is_not(None)]
+    if toolchain is not None:
+        where.append(Result.job_toolchain == parse_name("toolchain", toolchain))
+    cols = (Result.run_id, Result.job_toolchain, Result.chosen_versions, Run.kind, Run.started_at, Result.stage,
+            Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
+    stmt = select(*cols, func.count()).join(Run, Run.id == Result.run_id).where(*where).group_by(*cols)
+    tallies: dict[tuple[int, str, str], _Tally] = defaultdict(_Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for run_id, chosen, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
-            tallies[(run_id, chosen or "")].add(stage, status, n, tc, version, standin, route)
+        for run_id, job_tc, chosen, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
+            tallies[(run_id, job_tc, chosen or "")].add(stage, status, n, tc, version, standin, route)
             runs[run_id] = (kind, started)
-    return [RowStatus(key, rid, t.verdict(req), t.worst(), *runs[rid], *t.toolchain(), *t.marks(),
-                      chosen_versions=chosen or None) for (rid, chosen), t in sorted(tallies.items())]
+    return [RowStatus(RowKey(model, prec, platform, job_tc), rid, t.verdict(req), t.worst(), *runs[rid],
+                      *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
+            for (rid, job_tc, chosen), t in sorted(tallies.items())]

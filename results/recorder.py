@@ -4,6 +4,8 @@ Idempotent: a result is unique on (run, model, precision, platform, stage, test 
 task) replaces its status, reason and metrics instead of adding a row. A result, its metrics and its artifact refs
 are written in one transaction, so a crash leaves nothing half-written. A run's results become evidence (the
 rows' "latest run" pointers move to it) only when it finishes and is published, in the transaction that ends it.
+A row is (model, precision, platform, job toolchain): a result names the toolchain its job ran with
+(``job_toolchain``) besides the one that made it (``toolchain``; a quantizer's for a quantize stage).
 """
 
 from __future__ import annotations
@@ -140,10 +142,10 @@ class Recorder:
             s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=now,
                                                                    published_at=now if publish else None))
             if publish:
-                rows = s.execute(select(Result.model, Result.precision, Result.platform).distinct()
-                                 .where(Result.run_id == run_id)).all()
-                for model, precision, platform in rows:
-                    self._bump_latest(s, model, precision, platform, run_id)
+                rows = s.execute(select(Result.model, Result.precision, Result.platform, Result.job_toolchain)
+                                 .distinct().where(Result.run_id == run_id)).all()
+                for model, precision, platform, toolchain in rows:
+                    self._bump_latest(s, model, precision, platform, toolchain, run_id)
 
     def heartbeat(self, run_id: int) -> None:
         """The orchestrator of ``run_id`` is alive (see results.liveness)."""
@@ -160,7 +162,8 @@ class Recorder:
 
     # results ----------------------------------------------------------------------------------------------------
     def record_result(self, run_id: int, **fields: Any) -> int:
-        """Insert or replace one result with its metrics and artifact refs (fields: see :meth:`_result_rows`);
+        """Insert or replace one result with its metrics and artifact refs (fields: see :meth:`_result_rows`;
+        ``toolchain`` made the result, ``job_toolchain`` is the one its job ran with, by default the same);
         returns the result id."""
         return self.record_results(run_id, [fields])[0]
 
@@ -193,6 +196,7 @@ class Recorder:
         route: str | None = None,
         standin: bool = False,
         chosen_versions: str | None = None,
+        job_toolchain: str | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
@@ -204,6 +208,7 @@ class Recorder:
             "status": parse_choice(ResultStatus, status, "result status"),
             "toolchain": parse_name("toolchain", toolchain),
             "toolchain_version": _version(toolchain_version),
+            "job_toolchain": parse_name("toolchain", toolchain if job_toolchain is None else job_toolchain),
             "model_revision": None if model_revision is None else _sha(model_revision, "model revision"),
             "device": device,
             "reason": reason,
@@ -268,11 +273,13 @@ class Recorder:
             return row.id
 
     @staticmethod
-    def _bump_latest(s: Session, model: str, precision: str, platform: str, run_id: int) -> None:
-        ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, run_id=run_id)
+    def _bump_latest(s: Session, model: str, precision: str, platform: str, toolchain: str, run_id: int) -> None:
+        ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, toolchain=toolchain,
+                                           run_id=run_id)
         col = RowLatest.__table__.c.run_id
         newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
-        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform"], set_={"run_id": newer}))
+        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform", "toolchain"],
+                                            set_={"run_id": newer}))
 
     # artifacts --------------------------------------------------------------------------------------------------
     @staticmethod
@@ -366,8 +373,10 @@ def rebuild_row_latest(engine: Engine) -> int:
     returns its size."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
-        agg = (select(Result.model, Result.precision, Result.platform, func.max(Result.run_id))
+        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
+        agg = (select(*row, func.max(Result.run_id))
                .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
-               .group_by(Result.model, Result.precision, Result.platform))
-        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "run_id"], agg))
+               .group_by(*row))
+        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "run_id"],
+                                                           agg))
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

@@ -1,10 +1,11 @@
 """Regressions: a metric of a finished run outside its row's baseline.
 
 Baseline of (row, stage, test id, metric) = the values of the last ``BASELINE_RUNS`` published nightly runs
-before this one where that result passed: their median, and their median absolute deviation (MAD) as a robust
-spread. A value is flagged when it is worse than the median by more than ``max(K_MAD * 1.4826 * MAD,
-floor * |median|)`` (the floor keeps a run of identical values from flagging noise). Accuracy metrics that
-regress fail the row (the accuracy result becomes ``fail``); performance ones only warn.
+before this one where that result passed, the row being (model, precision, platform, job toolchain), so a metric
+is only compared with runs of its own toolchain (results/queries.py): their median, and their median absolute
+deviation (MAD) as a robust spread. A value is flagged when it is worse than the median by more than
+``max(K_MAD * 1.4826 * MAD, floor * |median|)`` (the floor keeps a run of identical values from flagging noise).
+Accuracy metrics that regress fail the row (the accuracy result becomes ``fail``); performance ones only warn.
 
 The metric names are those the stage tasks emit (tasks/accuracy.py, tasks/bench.py, tasks/infer.py).
 """
@@ -18,12 +19,22 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError, ErrorKind
 from results.db import write_session
-from results.models import Metric, Regression, RegressionSeverity, Result, ResultStatus, RowLatest, Run, RunKind
+from results.models import (
+    Metric,
+    Regression,
+    RegressionSeverity,
+    Result,
+    ResultStatus,
+    RowLatest,
+    Run,
+    RunKind,
+    parse_name,
+)
 
 BASELINE_RUNS = 7
 MIN_BASELINE_RUNS = 3
@@ -77,6 +88,8 @@ class Flag:
     previous_run_id: int | None
     change: float  # relative, positive = worse
     severity: RegressionSeverity
+    # the toolchain the flagged result's job ran with (its row's): read from that result, not stored with the flag
+    job_toolchain: str | None = None
 
     def describe(self) -> str:
         """``perplexity_ratio 1.3 vs 1.01 (+28.7 %, median of 5 nightly runs; last: run 7)``."""
@@ -110,7 +123,8 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     """The regressions of ``run_id``'s passing results against the published nightly runs before it."""
     if runs < MIN_BASELINE_RUNS:
         raise ConfigurationError(f"bad baseline run count {runs!r}: need >= {MIN_BASELINE_RUNS}")
-    cols = (Result.model, Result.precision, Result.platform, Result.stage, Result.test_id, Metric.name)
+    cols = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.stage, Result.test_id,
+            Metric.name)
     names = list(RULES)
     current = (select(*cols, Metric.value, Metric.unit).join(Metric, Metric.result_id == Result.id)
                .where(Result.run_id == run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names)))
@@ -124,23 +138,23 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     )
     history: dict[tuple[object, ...], list[tuple[int, float]]] = defaultdict(list)
     with _session(db) as s:
-        cur = {tuple(r[:6]): (r[6], r[7]) for r in s.execute(current)}
+        cur = {tuple(r[:7]): (r[7], r[8]) for r in s.execute(current)}
         if not cur:
             return []
         for row in s.execute(select(ranked).where(ranked.c.rn <= runs)):
-            history[tuple(row[:6])].append((row[7], row[6]))
+            history[tuple(row[:7])].append((row[8], row[7]))
     flags = []
     for key, (value, unit) in sorted(cur.items(), key=lambda kv: tuple(map(str, kv[0]))):
         past = history.get(key, [])
-        rule = RULES[str(key[5])]
+        rule = RULES[str(key[6])]
         verdict = judge(value, [v for _, v in past], rule)
         if verdict is None:
             continue
         median, mad, change = verdict
-        model, precision, platform, stage, test_id, metric = key
+        model, precision, platform, job_toolchain, stage, test_id, metric = key
         flags.append(Flag(run_id, str(model), precision, str(platform), stage, str(test_id),
                           str(metric), unit, value, median, mad, len(past), max(r for r, _ in past), change,
-                          rule.severity))
+                          rule.severity, job_toolchain))
     return flags
 
 
@@ -155,7 +169,7 @@ def flag_regressions(engine: Engine, run_id: int) -> list[Flag]:
     with write_session(engine) as s:
         s.execute(delete(Regression).where(Regression.run_id == run_id))
         for f in flags:
-            s.add(Regression(**{k: getattr(f, k) for k in Flag.__dataclass_fields__}))
+            s.add(Regression(**{k: getattr(f, k) for k in _STORED}))
             if f.severity is RegressionSeverity.FAIL:
                 s.execute(update(Result).where(
                     Result.run_id == run_id, Result.model == f.model, Result.precision == f.precision,
@@ -165,20 +179,30 @@ def flag_regressions(engine: Engine, run_id: int) -> list[Flag]:
     return flags
 
 
+_STORED = [k for k in Flag.__dataclass_fields__ if k != "job_toolchain"]  # the regressions table's columns
+
+
 def published_regressions(db: Engine | Session, *, model: str | None = None, platform: str | None = None,
-                          run_id: int | None = None) -> list[Flag]:
-    """The stored regressions of every row's latest published run (or of one run)."""
+                          run_id: int | None = None, toolchain: str | None = None) -> list[Flag]:
+    """The stored regressions of every row's latest published run (or of one run), each with its result's job
+    toolchain (``toolchain``: of rows whose jobs ran with it)."""
     r = Regression
-    stmt = select(r)
+    # the flagged result (one per run, model, precision, platform, stage, test id) names the row's toolchain
+    flagged = and_(Result.run_id == r.run_id, Result.model == r.model, Result.precision == r.precision,
+                   Result.platform == r.platform, Result.stage == r.stage, Result.test_id == r.test_id)
+    stmt = select(r, Result.job_toolchain).outerjoin(Result, flagged)
     if run_id is not None:
         stmt = stmt.where(r.run_id == run_id)
     else:
         stmt = stmt.join(RowLatest, (RowLatest.model == r.model) & (RowLatest.precision == r.precision)
-                         & (RowLatest.platform == r.platform) & (RowLatest.run_id == r.run_id))
+                         & (RowLatest.platform == r.platform) & (RowLatest.toolchain == Result.job_toolchain)
+                         & (RowLatest.run_id == r.run_id))
     if model is not None:
         stmt = stmt.where(r.model == model)
     if platform is not None:
         stmt = stmt.where(r.platform == platform)
-    stmt = stmt.order_by(r.model, r.precision, r.platform, r.stage, r.test_id, r.metric)
+    if toolchain is not None:
+        stmt = stmt.where(Result.job_toolchain == parse_name("toolchain", toolchain))
+    stmt = stmt.order_by(r.model, r.precision, r.platform, Result.job_toolchain, r.stage, r.test_id, r.metric)
     with _session(db) as s:
-        return [Flag(**{k: getattr(row, k) for k in Flag.__dataclass_fields__}) for row in s.scalars(stmt)]
+        return [Flag(**{k: getattr(row, k) for k in _STORED}, job_toolchain=tc) for row, tc in s.execute(stmt)]

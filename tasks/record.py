@@ -1,8 +1,9 @@
 """Record: write one stage's outcome (status, reason, error kind, metrics, artifact refs) to the results database.
 
 Idempotent: the result is keyed by (run, model, precision, platform, stage, test id), so a retried record never
-duplicates a row; the result and its metrics go in one transaction. A stage the database does not record (one
-without a ``Stage`` of its own) is only reported (progress event, returned outcome).
+duplicates a row; the result and its metrics go in one transaction. It names the toolchain that made it (a
+quantizer's for a quantize stage) and the one its job ran with (its row's). A stage the database does not record
+(one without a ``Stage`` of its own) is only reported (progress event, returned outcome).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
             metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
-            chosen_versions=job.chosen_versions,
+            chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's; toolchain: the maker's
         )
         if result.device is not None and not result.cached:
             farm.recorder.record_attempt(

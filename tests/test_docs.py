@@ -128,3 +128,29 @@ def test_export_only_cells_never_count_as_supported() -> None:
 def test_format_params() -> None:
     assert [format_params(n) for n in (None, 999, 260_000, 1_540_000, 494_000_000, 7_620_000_000)] == [
         "-", "999", "260K", "1.5M", "494M", "7.6B"]
+
+
+# -- pages of runs with one toolchain per platform ---------------------------------------------------------------
+GOLDEN = Path(__file__).parent / "data" / "golden_docs"
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
+_PNG = re.compile(r"data:image/png;base64,[A-Za-z0-9+/=]+")
+
+
+def _normalized(text: str) -> str:
+    """A page without what changes between two generations: times and the trend images' bytes."""
+    return _PNG.sub("data:image/png;base64,<png>", _TIME.sub("<time>", text))
+
+
+@pytest.mark.parametrize("page", ["supported-models.md", "support-matrix.html", "runs/run-2.md"])
+def test_pages_of_runs_with_one_toolchain_per_platform_match_the_golden_files(docs: Path, page: str) -> None:
+    """Rows, labels, anchors and layout of the pages as they were before rows were keyed by toolchain (each
+    platform here ran its preferred toolchain only). After an intended change, regenerate with
+    ``EDGEFARM_UPDATE_GOLDEN=1 pytest tests/test_docs.py`` and review the diff of ``tests/data/golden_docs/``."""
+    import os
+
+    golden = GOLDEN / page.replace("/", "-")
+    text = _normalized((docs / page).read_text())
+    if os.environ.get("EDGEFARM_UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text()

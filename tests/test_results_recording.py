@@ -143,7 +143,7 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
                       status="not_applicable", toolchain=TC)
     unfinished = {(s.key.model, s.run_id) for s in latest_status(rec.engine)}
     assert ("flip", r1) in unfinished and ("fixed", r1) in unfinished  # run 2 is still running: run 1 stands
-    assert passing_rows(rec.engine) == [RowKey("flip", FP16, P), RowKey("good", FP16, P)]
+    assert passing_rows(rec.engine) == [RowKey("flip", FP16, P, TC), RowKey("good", FP16, P, TC)]
     assert [h.run_id for h in row_history(rec.engine, "flip", "fp16", P)] == [r1]
     rec.finish_run(r2, "failed")
 
@@ -157,13 +157,13 @@ def test_queries_tricky_rows(rec: Recorder) -> None:
     assert status[("flip", P)].stages == {Stage.INFER: ResultStatus.PASS, Stage.ACCURACY: ResultStatus.FAIL}
 
     passing = passing_rows(rec.engine)
-    assert passing == [RowKey("fixed", FP16, P), RowKey("good", FP16, P)]
+    assert passing == [RowKey("fixed", FP16, P, TC), RowKey("good", FP16, P, TC)]
     assert passing == sorted(s.key for s in status.values() if s.verdict is Verdict.PASS)
     # a different required set: only infer -> "missing" and "waived" and "skipped" pass too
     assert {k.model for k in passing_rows(rec.engine, required=["infer"])} == {
         "fixed", "good", "missing", "waived", "skipped"}
-    assert passing_rows(rec.engine, required=["infer"], platform="orin") == [RowKey("good", FP16, "orin")]
-    assert passing_rows(rec.engine, required=["bench"]) == [RowKey("good", FP16, P)]
+    assert passing_rows(rec.engine, required=["infer"], platform="orin") == [RowKey("good", FP16, "orin", TC)]
+    assert passing_rows(rec.engine, required=["bench"]) == [RowKey("good", FP16, P, TC)]
     with pytest.raises(ConfigurationError, match="deploy"):
         passing_rows(rec.engine, required=["deploy"])
 

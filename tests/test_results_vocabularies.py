@@ -56,8 +56,10 @@ OPEN_COLUMNS = {
     ("results", "precision"): "precision",
     ("results", "stage"): "stage",
     ("results", "toolchain"): "toolchain",
+    ("results", "job_toolchain"): "toolchain",
     ("results", "route"): "route",
     ("row_latest", "precision"): "precision",
+    ("row_latest", "toolchain"): "toolchain",
     ("metric_baselines", "precision"): "precision",
     ("metric_baselines", "stage"): "stage",
     ("attempts", "precision"): "precision",
@@ -67,6 +69,7 @@ OPEN_COLUMNS = {
     ("regressions", "precision"): "precision",
     ("regressions", "stage"): "stage",
 }
+NEWER_COLUMNS = {("results", "job_toolchain"), ("row_latest", "toolchain")}  # made by 0009, never with a CHECK
 KNOWN = {"precision": "fp16", "stage": "infer", "toolchain": "edgellm-ort", "route": "onnx", "run_kind": "l0"}
 T0 = "2026-11-01 02:00:00"
 SHA = "ab" * 32
@@ -200,7 +203,7 @@ def test_the_check_reader_sees_the_open_checks_of_0007(empty: Engine) -> None:
     upgrade(empty, "0007")
     with empty.connect() as conn:
         checked = {(c.table, c.column) for c in db_checks(conn)}
-    assert set(OPEN_COLUMNS) <= checked
+    assert {k for k in OPEN_COLUMNS if k not in NEWER_COLUMNS} <= checked
 
 
 def _dump(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
@@ -272,9 +275,11 @@ def test_upgrade_from_0007_keeps_every_row_index_and_key(empty: Engine) -> None:
         _fill_0007(conn)
     before, layout = _dump(empty), _layout(empty)
     assert all(before.values()), {t: len(r) for t, r in before.items()}
-    assert upgrade(empty) == head_revision()
+    assert upgrade(empty, "0008") == "0008"  # 0009 adds columns (tests/test_row_toolchain.py)
     assert _dump(empty) == before
     assert _layout(empty) == layout
+    _assert_open_columns_unchecked(empty)
+    assert upgrade(empty) == head_revision()
     _assert_open_columns_unchecked(empty)
     _assert_checks_match_enums(empty)
     assert schema_diff(empty) == []
@@ -386,7 +391,7 @@ def test_a_name_new_to_its_registry_is_written_without_a_migration(
         s.add(Regression(**{**_regression(run, "fp6_e3m2"), "stage": "lint"}))
         s.commit()
     assert cache.lookup(engine, "3" * 64).toolchain is Newer.ACME  # type: ignore[union-attr]
-    assert passing_rows(engine) == [RowKey("m", Newer.FP6, "npu")]  # type: ignore[arg-type]
+    assert passing_rows(engine) == [RowKey("m", Newer.FP6, "npu", Newer.ACME)]  # type: ignore[arg-type]
     [status] = latest_status(engine, precision="fp6_e3m2")
     assert status.verdict is Verdict.PASS and list(status.stages) == [Stage.INFER, Stage.ACCURACY, Newer.LINT]
     assert status.toolchain == "acme-npu" and status.route == "jit"
@@ -456,12 +461,12 @@ def test_names_a_newer_farm_wrote_are_read_back(engine: Engine, tmp_path: Path) 
         for i, stage in enumerate(("lint", "infer", "accuracy")):
             conn.execute(text(
                 "INSERT INTO results (run_id, model, precision, platform, stage, test_id, status, recorded_at, "
-                "toolchain, route, standin) VALUES (50, 'm', 'fp6_e3m2', 'npu', :st, 't', 'pass', :t, 'acme-npu', "
-                "'jit', :f)"), {"st": stage, "t": T0, "f": False})
+                "toolchain, job_toolchain, route, standin) VALUES (50, 'm', 'fp6_e3m2', 'npu', :st, 't', 'pass', :t, "
+                "'acme-npu', 'acme-npu', 'jit', :f)"), {"st": stage, "t": T0, "f": False})
             conn.execute(text("INSERT INTO metrics (result_id, name, value, unit) VALUES "
                               "((SELECT max(id) FROM results), 'ttft_ms', :v, 'ms')"), {"v": 1.0 + i})
-        conn.execute(text("INSERT INTO row_latest (model, precision, platform, run_id) "
-                          "VALUES ('m', 'fp6_e3m2', 'npu', 50)"))
+        conn.execute(text("INSERT INTO row_latest (model, precision, platform, toolchain, run_id) "
+                          "VALUES ('m', 'fp6_e3m2', 'npu', 'acme-npu', 50)"))
         conn.execute(INSERT_REGRESSION, {**_regression(50, "fp6_e3m2"), "stage": "lint", "platform": "npu"})
         conn.execute(text("INSERT INTO attempts (run_id, model, precision, platform, stage, test_id, status, "
                           "recorded_at, toolchain) VALUES (50, 'm', 'fp6_e3m2', 'npu', 'lint', 't', 'pass', :t, "
@@ -486,11 +491,12 @@ def test_names_a_newer_farm_wrote_are_read_back(engine: Engine, tmp_path: Path) 
         assert s.scalars(select(Attempt.toolchain)).one() == "acme-npu"
     assert cache.lookup(engine, "4" * 64).toolchain == "acme-npu"  # type: ignore[union-attr]
     statuses = {st.key: st for st in latest_status(engine)}
-    newer = statuses[RowKey("m", "fp6_e3m2", "npu")]  # type: ignore[arg-type]
+    newer = statuses[RowKey("m", "fp6_e3m2", "npu", "acme-npu")]  # type: ignore[arg-type]
     assert newer.verdict is Verdict.PASS and list(newer.stages) == [Stage.INFER, Stage.ACCURACY, "lint"]
-    assert statuses[RowKey("m", Precision.FP16, "orin")].verdict is Verdict.PASS
-    newer_key = RowKey("m", "fp6_e3m2", "npu")  # type: ignore[arg-type]
-    assert passing_rows(engine) == [RowKey("m", Precision.FP16, "orin"), newer_key]
+    assert type(newer.key.toolchain) is UnknownName
+    assert statuses[RowKey("m", Precision.FP16, "orin", "tensorrt-edgellm")].verdict is Verdict.PASS
+    newer_key = RowKey("m", "fp6_e3m2", "npu", "acme-npu")  # type: ignore[arg-type]
+    assert passing_rows(engine) == [RowKey("m", Precision.FP16, "orin", "tensorrt-edgellm"), newer_key]
     assert [h.run_id for h in row_history(engine, "m", "fp16", "orin")] == [old]
     [flag] = published_regressions(engine)
     assert (flag.precision, flag.stage) == ("fp6_e3m2", "lint")

@@ -291,12 +291,14 @@ def run(
         _finish(result, json_out=json_out)
 
 
-QUERY_FIELDS = ("model", "precision", "platform", "chosen_versions", "status", "toolchain", "toolchain_version",
-                "route", "standin", "run_id", "run_kind", "run_started_at", "stages")
+# a row is (model, precision, platform, job_toolchain: the toolchain its jobs ran with); toolchain and
+# toolchain_version name what made its evidence (the last stage that ran)
+QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "chosen_versions", "status", "toolchain",
+                "toolchain_version", "route", "standin", "run_id", "run_kind", "run_started_at", "stages")
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
-               status: str | None) -> list[dict[str, Any]]:
+               status: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
     from sqlalchemy.orm import Session
 
     from flows.docs import display_status
@@ -314,12 +316,13 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
     try:
         require_current(engine, redact(db_url))
         with Session(engine) as s:
-            rows = latest_status(s, model=model, precision=precision, platform=platform)
+            rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain)
             runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
     finally:
         engine.dispose()
     rows_out = [
         {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
+         "job_toolchain": str(r.key.toolchain),  # a platform running two toolchains: one row each
          "chosen_versions": r.chosen_versions,  # a run comparing toolchain versions: one row per version
          "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
          "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
@@ -335,6 +338,8 @@ def query(
     model: Annotated[str | None, typer.Option("--model")] = None,
     precision: Annotated[str | None, typer.Option("--precision")] = None,
     platform: Annotated[str | None, typer.Option("--platform")] = None,
+    toolchain: Annotated[str | None, typer.Option("--toolchain", help="only rows whose jobs ran with this "
+                                                                      "toolchain")] = None,
     status: Annotated[str | None, typer.Option("--status", help="pass | fail | error | incomplete | "
                                                                  "not_applicable | skipped | waived")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
@@ -342,21 +347,27 @@ def query(
                                                                          "each row's latest run instead")] = False,
     db: DbOption = None,
 ) -> None:
-    """Which rows pass? The latest status of every (model, precision, platform), from the results database."""
+    """Which rows pass? The latest status of every (model, precision, platform, toolchain its jobs ran with), from
+    the results database."""
     with farm_errors("query"):
         from edgellm.errors import ConfigurationError
         from edgellm.types import Precision
         from flows.settings import Settings
+        from toolchains.base import parse as parse_toolchain
 
         if fmt not in ("table", "json", "csv"):
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
         if precision is not None:
             precision = Precision.parse(precision, what="precision").value
+        if toolchain is not None:
+            toolchain = parse_toolchain(toolchain)
         db_url = Settings.resolve(db=db, create=False).db_url
         if show_regressions:
-            _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform), fmt)
+            _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform,
+                                               toolchain=toolchain), fmt)
             return
-        rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status)
+        rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status,
+                          toolchain=toolchain)
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif fmt == "csv":
@@ -367,6 +378,10 @@ def query(
             writer.writerow({**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())})
         sys.stdout.write(buf.getvalue())
     else:
+        from rich.markup import escape
+
+        from flows.docs_render import row_label, shown_toolchain
+
         t = Table(title=f"latest status ({len(rows)} rows)")
         compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
         for col in ("model", "precision", "platform", *(["versions"] if compared else []), "status", "toolchain",
@@ -379,17 +394,19 @@ def query(
                                            r["route"] and f"({r['route']} route)",
                                            "STAND-IN (never evidence)" if r["standin"] else None) if x)
             versions = [r["chosen_versions"] or "pinned"] if compared else []
-            t.add_row(r["model"], r["precision"], r["platform"], *versions, f"[{colour}]{r['status']}[/]", made_by,
-                      str(r["run_id"]), bad)
+            # as in the docs: a row of a toolchain other than the platform's preferred one names it
+            label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
+            t.add_row(*map(escape, (label, r["precision"], r["platform"], *versions)),
+                      f"[{colour}]{escape(r['status'])}[/]", escape(made_by), str(r["run_id"]), escape(bad))
         out.print(t)
 
 
-REGRESSION_FIELDS = ("model", "precision", "platform", "stage", "test_id", "metric", "severity", "value",
-                     "baseline", "spread", "change", "baseline_runs", "run_id", "previous_run_id")
+REGRESSION_FIELDS = ("model", "precision", "platform", "job_toolchain", "stage", "test_id", "metric", "severity",
+                     "value", "baseline", "spread", "change", "baseline_runs", "run_id", "previous_run_id")
 
 
 def regression_rows(db_url: str, *, model: str | None, precision: str | None,
-                    platform: str | None) -> list[dict[str, Any]]:
+                    platform: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
     from sqlalchemy.orm import Session
 
     from results.db import read_only_engine, redact
@@ -400,7 +417,7 @@ def regression_rows(db_url: str, *, model: str | None, precision: str | None,
     try:
         require_current(engine, redact(db_url))
         with Session(engine) as s:
-            flags = published_regressions(s, model=model, platform=platform)
+            flags = published_regressions(s, model=model, platform=platform, toolchain=toolchain)
     finally:
         engine.dispose()
     return [{k: (v.value if hasattr(v, "value") else v) for k, v in
@@ -419,15 +436,20 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
+    from rich.markup import escape
+
+    from flows.docs_render import row_label, shown_toolchain
+
     t = Table(title=f"regressions in the latest runs ({len(rows)})")
     for col in ("model", "precision", "platform", "metric", "severity", "value", "baseline (median)", "change",
                 "runs"):
         t.add_column(col)
     for r in rows:
         colour = "red" if r["severity"] == "fail" else "yellow"
-        t.add_row(r["model"], r["precision"], r["platform"], r["metric"], f"[{colour}]{r['severity']}[/]",
-                  f"{r['value']:.4g}", f"{r['baseline']:.4g}", f"{r['change']:.1%} worse",
-                  f"{r['previous_run_id']} -> {r['run_id']}")
+        label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
+        t.add_row(*map(escape, (label, r["precision"], r["platform"], r["metric"])),
+                  f"[{colour}]{escape(r['severity'])}[/]", f"{r['value']:.4g}", f"{r['baseline']:.4g}",
+                  f"{r['change']:.1%} worse", f"{r['previous_run_id']} -> {r['run_id']}")
     out.print(t)
 
 
