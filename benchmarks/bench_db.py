@@ -36,7 +36,8 @@ MODELS = [f"model-{i:02d}" for i in range(20)]
 PRECISIONS = list(Precision)[:10]
 PLATFORMS = ["x86-cpu", "x86-h200", "orin", "thor"]
 STAGES = [Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY, Stage.BENCH]
-COLS = ["run_id", "model", "precision", "platform", "stage", "test_id", "status", "recorded_at", "toolchain"]
+COLS = ["run_id", "model", "precision", "platform", "stage", "test_id", "status", "recorded_at", "toolchain",
+        "job_toolchain"]
 
 
 def _median_ms(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
@@ -72,7 +73,7 @@ def load(engine: Engine, rows: int) -> dict[str, float]:
                             x = rng.random()
                             status = "pass" if x < 0.93 else "fail" if x < 0.96 else "error" if x < 0.97 else (
                                 "skipped" if x < 0.99 else "not_applicable")
-                            yield (r, m, p.value, pl, st.value, "t0", status, now, "edgellm-ort")
+                            yield (r, m, p.value, pl, st.value, "t0", status, now, "edgellm-ort", "edgellm-ort")
 
     raw = engine.raw_connection()
     try:

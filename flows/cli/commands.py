@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from edgellm.errors import EdgeLLMError, ErrorKind
@@ -454,21 +455,28 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
 
 
 def _print_matrix(db_url: str) -> None:
+    """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision."""
+    from flows.docs_render import row_label, shown_toolchain
+
     rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
     platforms = sorted({r["platform"] for r in rows})
     t = Table(title="support matrix (latest evidence)")
     t.add_column("model")
     t.add_column("precision")
     for p in platforms:
-        t.add_column(p)
-    cells = {(r["model"], r["precision"], r["platform"]): r["status"] for r in rows}
+        t.add_column(escape(p))
+
+    def label(r: dict[str, Any]) -> str:
+        return row_label(r["model"], r["chosen_versions"], shown_toolchain(r["platform"], r["job_toolchain"]))
+
+    cells = {(label(r), r["precision"], r["platform"]): r["status"] for r in rows}
     colour = {"pass": "green", "fail": "red", "error": "yellow"}
-    for model, precision in sorted({(r["model"], r["precision"]) for r in rows}):
+    for model, precision in sorted({(label(r), r["precision"]) for r in rows}):
         vals = []
         for p in platforms:
             st = cells.get((model, precision, p), "")
-            vals.append(f"[{colour.get(st, 'dim')}]{st}[/]" if st else "")
-        t.add_row(model, precision, *vals)
+            vals.append(f"[{colour.get(st, 'dim')}]{escape(st)}[/]" if st else "")
+        t.add_row(escape(model), escape(precision), *vals)
     out.print(t)
 
 
