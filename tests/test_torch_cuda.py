@@ -389,6 +389,31 @@ def test_graphed_decode_step_equals_a_prefill_of_the_same_positions(cuda_engines
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("compile_decode", [False, True])
+def test_every_decode_variant_captures_and_equals_a_prefill(cuda_engines, compile_decode: bool) -> None:
+    """The decode step captured as a CUDA graph with and without torch.compile (bench_gpu's graph-only variant):
+    nothing in it may copy a CPU tensor in during capture (the mask value once did), and both give a prefill's
+    logits."""
+    from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
+    from edgellm.backends.torch_cuda.session import TorchCudaSession
+    from edgellm.runtime import Engine
+
+    _, cuda_dir, _ = cuda_engines["fp32"]
+    engine = Engine.open(cuda_dir)
+    manifest = json.loads((cuda_dir / "engine_manifest.json").read_text())
+    engine.session = TorchCudaSession(cuda_dir / ENGINE_DATA, read_table(cuda_dir / WEIGHT_TABLE), engine.config,
+                                      io=manifest["io"], max_batch_size=2, max_seq_len=64,
+                                      compile_decode=compile_decode)
+    engine.session.warm_up([1, 2])  # captures both batch sizes
+    ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
+    whole = engine.logits(ids[0].tolist())
+    cache = engine.new_cache(1)
+    engine.step(ids[:, :-2], cache)
+    stepped = [engine.step(ids[:, i:i + 1], cache)[0, 0] for i in (ids.shape[1] - 2, ids.shape[1] - 1)]
+    np.testing.assert_allclose(np.stack(stepped), whole[-2:], atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_infer_and_bench_cli_run_unchanged(cuda_engines, tmp_path, capsys) -> None:
     _, cuda_dir, _ = cuda_engines["fp16"]
     requests = tmp_path / "req.json"

@@ -245,17 +245,20 @@ class AddRMSNorm(torch.autograd.Function):
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      heads: tuple[int, int, int], scale: float, b: int, s: int) -> torch.Tensor:
+                      heads: tuple[int, int, int], scale: float, b: int, s: int,
+                      masked: torch.Tensor | None = None) -> torch.Tensor:
     """Causal grouped-query attention as transformers' eager path computes it (scores in the model dtype, softmax
     in fp32): q [B, H, S, D] against k/v [B, KV, T, D] -> [B, S, H * D]; ``heads`` (H, KV, D) and ``b``, ``s`` are
     given (a trace records shapes read from tensors). K/V are not repeated: the query heads of a group fold into the
     rows (row j * S + i is query position i of the group's head j), so ``mask`` (True = attend) broadcasts to
-    [B, KV, rep * S, T]; masked scores take MASK_VALUE."""
+    [B, KV, rep * S, T]; masked scores take MASK_VALUE (``masked``: that value as a 0-dim float32 tensor already
+    on the scores' device, for a caller captured in a CUDA graph, where a CPU constant cannot be copied)."""
     n_heads, n_kv, head_dim = heads
     rep = n_heads // n_kv
     qg = q.reshape(b, n_kv, rep * s, head_dim)
     scores = (torch.matmul(qg, k.transpose(2, 3)) * scale).float()  # [B, KV, rep*S, T]
-    scores = torch.where(mask, scores, torch.tensor(MASK_VALUE, dtype=torch.float32))
+    fill = masked if masked is not None else torch.tensor(MASK_VALUE, dtype=torch.float32)
+    scores = torch.where(mask, scores, fill)
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v).view(b, n_heads, s, head_dim)
     return out.transpose(1, 2).reshape(b, s, n_heads * head_dim)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from edgellm.config import ModelConfig
 from edgellm.models import family_for
-from edgellm.models.decoder import Decoder, Layer, grouped_attention, rope_cos_sin, rotary
+from edgellm.models.decoder import MASK_VALUE, Decoder, Layer, grouped_attention, rope_cos_sin, rotary
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CAPACITY_ALIGN = 64  # cache length rounded up so SDPA's masked kernels need no padded copy of the mask
@@ -66,8 +66,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      heads: tuple[int, int, int], scale: float) -> torch.Tensor:
     """One query per row against the whole cache: q [B, Hq, 1, D], k/v [B, KV, T, D], mask bool [B, 1, 1, T] ->
     [B, 1, Hq * D]. The model's grouped attention: two batched matmuls parallel over T (a fused kernel with one query
-    block per head would walk T serially)."""
-    return grouped_attention(q, k, v, mask, heads, scale, q.shape[0], 1)
+    block per head would walk T serially). The mask value is made on the GPU: a CUDA graph cannot copy a CPU
+    constant in."""
+    masked = q.new_full((), MASK_VALUE, dtype=torch.float32)
+    return grouped_attention(q, k, v, mask, heads, scale, q.shape[0], 1, masked)
 
 
 def attn_out_mlp(layer: Layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
