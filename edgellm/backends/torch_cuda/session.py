@@ -39,8 +39,19 @@ LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the host's reading of t
 _M32 = 0xFFFFFFFF
 
 
+RECOMPILE_LIMIT = 64  # compiles of one decode function a process may make (dynamo's default, 8, is per code object)
+
+
 def compiled_fns() -> dict[str, Any]:
-    """The per-layer functions through torch.compile (shapes specialize on first use, then go dynamic)."""
+    """The per-layer functions through torch.compile (shapes specialize on first use, then go dynamic). Each engine
+    variant a process opens (weight dtype, cache length, head layout) is a compile of each function, and dynamo
+    counts them per function: its default limit of 8 made the ninth engine of one process fail (fullgraph), so the
+    limit is raised to RECOMPILE_LIMIT here (never lowered)."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name in this torch, then the older one
+        if hasattr(config, name):
+            setattr(config, name, max(int(getattr(config, name)), RECOMPILE_LIMIT))
+            break
     return {name: torch.compile(fn, fullgraph=True)
             for name, fn in (("attn_in_decode", attn_in_decode), ("decode_attention", decode_attention),
                              ("attn_out_mlp", attn_out_mlp), ("lm_head", lm_head))}
