@@ -281,11 +281,10 @@ def test_a_metric_is_compared_with_its_own_toolchains_runs_only(engine: Engine) 
 
 
 def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
-    from tasks.outcome import StageOutcome
-    from tasks.spec import CheckpointRef, JobSpec
-
     from flows.pipeline import RunReport, record_plan_decisions
     from flows.plan import Decision, Job, Plan
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import StageOutcome
     from tasks.farm import Farm, FarmContext
     from tasks.record import record
     from test_lists.testlist import TestEntry
