@@ -232,7 +232,8 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
         return ""
     kind = cell_kind(r)
     if kind is CellKind.SUPPORTED:
-        text = f"{SUPPORTED_MARK} {r.toolchain}" if several_toolchains and r.toolchain else SUPPORTED_MARK
+        # where a platform's table holds several toolchains, each cell names the toolchain and version it proves
+        text = f"{SUPPORTED_MARK} {r.made_by}" if several_toolchains and r.toolchain else SUPPORTED_MARK
         regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
         return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + regressed
     if kind is CellKind.EXPORT_ONLY:
