@@ -155,7 +155,7 @@ def test_login_environment_and_tools_on_path(jetson_board: JetsonBoard) -> None:
 
 def test_board_python_has_only_the_standard_library(jetson_board: JetsonBoard) -> None:
     for module in ("edgellm", "numpy", "paramiko", "toolchains", "devices"):
-        done = jetson_board.ssh(f"cd {jetson_board.work_dir} && PYTHONPATH={REPO} python3 -c 'import {module}'")
+        done = jetson_board.ssh(f"cd {REPO} && PYTHONPATH={REPO} python3 -c 'import {module}'")
         assert done.rc == 1 and f"No module named '{module}'" in done.stderr, (module, done)
     done = jetson_board.ssh("python3 -c 'import json, hashlib, sys; print(sys.flags.isolated, sys.flags.no_site)'")
     assert (done.rc, done.stdout.split()) == (0, ["1", "1"])
