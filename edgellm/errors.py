@@ -16,11 +16,14 @@ class ErrorKind(enum.StrEnum):
     CONFIGURATION = "configuration"  # bad input, unsupported model or option: fix the input
     TEST_FAILURE = "test_failure"  # the thing under test ran and produced a wrong result
     BUG = "bug"  # an internal invariant broke: fix the code
+    # the job needed more than the machine had (memory, disk): a finding about the row on that machine, with the
+    # figures; not retried (the same job on the same machine runs out again)
+    RESOURCE = "resource"
 
     @property
     def exit_code(self) -> int:
         """The exit code of every ``edgellm`` and ``edgefarm`` command that ends with this kind of error (the one
-        definition: 1 test failure, 2 bad input, 3 infrastructure, 4 bug)."""
+        definition: 1 test failure, 2 bad input, 3 infrastructure, 4 bug, 5 out of resources)."""
         return _EXIT_CODES[self]
 
     @classmethod
@@ -32,8 +35,9 @@ class ErrorKind(enum.StrEnum):
         return next((kind for kind, known in _EXIT_CODES.items() if known == code), cls.BUG)
 
 
-_EXIT_CODES = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4}
-EXIT_CODES_HELP = "exit codes: 0 ok, 1 test failure, 2 bad input, 3 infrastructure, 4 bug"
+_EXIT_CODES = {ErrorKind.TEST_FAILURE: 1, ErrorKind.CONFIGURATION: 2, ErrorKind.INFRASTRUCTURE: 3, ErrorKind.BUG: 4,
+               ErrorKind.RESOURCE: 5}
+EXIT_CODES_HELP = "exit codes: 0 ok, 1 test failure, 2 bad input, 3 infrastructure, 4 bug, 5 out of resources"
 
 
 class EdgeLLMError(Exception):
@@ -71,6 +75,19 @@ class InfrastructureError(EdgeLLMError):
     """The machine failed, not the model: retryable."""
 
     kind = ErrorKind.INFRASTRUCTURE
+
+
+class DeviceConfigurationError(InfrastructureError):
+    """A device is set up wrong for a job's tools (a tool, library or plugin missing, a build of another version):
+    the job is not to blame. The farm quarantines the device with this reason (a passing health check releases it)
+    and moves the job to another device."""
+
+
+class ResourceError(EdgeLLMError):
+    """The job needed more than the machine had (killed for memory, out of device memory, a full disk); the
+    message carries the figures."""
+
+    kind = ErrorKind.RESOURCE
 
 
 class TestFailure(EdgeLLMError):

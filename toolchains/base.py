@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from edgellm.errors import BugError, ConfigurationError, UnsupportedError
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from artifacts.kinds import ArtifactKind
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
+    from devices.transport.base import CommandResult
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
 
@@ -60,6 +61,38 @@ class Variant:
     precision: Precision
     lm_head: LMHeadPrecision | None = None
     kv_cache: KVCachePrecision | None = None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a toolchain's kernels care about of a model, read from its config without its weights (the plan asks a
+    driver's :meth:`ToolchainDriver.model_problem` with it, so a model its kernels cannot take is never planned)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int
+    vocab_size: int
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads per KV head (grouped-query attention's group size)."""
+        return self.num_attention_heads // max(1, self.num_key_value_heads)
+
+
+@dataclass(frozen=True)
+class DeviceRequirements:
+    """What must be on a device before a toolchain's stages run there, checked by the farm's agent (``agent check``)
+    at the first contact of a run and by ``edgefarm devices check``: a missing one is the device's configuration
+    problem (the device is quarantined with it), never the job's. Paths are the device's (absolute)."""
+
+    tools: dict[str, str] = field(default_factory=dict)  # name -> executable file
+    lib_dirs: tuple[str, ...] = ()  # where ``libs`` are looked for
+    libs: tuple[str, ...] = ()  # file globs that must match in one of ``lib_dirs`` (e.g. a runtime's .so)
+    files: tuple[str, ...] = ()  # other files that must exist (e.g. a plugin library)
+    build_dirs: tuple[str, ...] = ()  # CMake build dirs whose project version and source revision are recorded
+    dpkg: tuple[str, ...] = ()  # package globs whose installed versions the environment records
 
 
 @dataclass(frozen=True)
@@ -236,6 +269,12 @@ class ToolchainDriver(ABC):
         ``env["toolchains"][name]``. None: the device's ``edgellm env`` says enough."""
         return None
 
+    def device_requirements(self, device: Device) -> DeviceRequirements | None:
+        """What must be on ``device`` for this toolchain's stages (checked by the agent; see
+        :class:`DeviceRequirements`); what the agent read back (tools, libraries, build versions, packages) reaches
+        :meth:`device_version` as ``env["toolchains"][name]``. None: nothing beyond :meth:`probe_step`."""
+        return None
+
     def device_problem(self) -> str | None:
         """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
         return None
@@ -256,6 +295,31 @@ class ToolchainDriver(ABC):
     def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
         """Why none of the platform's ``devices`` (at least one) can run this toolchain's device stages, or None."""
         return None
+
+    def model_problem(self, shape: ModelShape, sm: int | None, variant: Variant) -> str | None:
+        """Why this toolchain's kernels cannot run a model of ``shape`` on a GPU of compute capability ``sm`` (None:
+        no GPU) at ``variant``, or None. The plan records such a row as not applicable (e.g. a head size no
+        attention kernel of the toolchain takes). Default: no limit beyond its precisions."""
+        return None
+
+    def classify_exit(self, result: CommandResult) -> EdgeLLMError | None:
+        """How a device command of this toolchain ended, by the toolchain's own conventions: None when it passed,
+        else the error it stands for: ``TestFailure`` (the tool ran and failed: the message its last lines),
+        ``ResourceError`` (out of memory, a full disk: with the figures), ``DeviceConfigurationError`` (a tool or
+        library missing on the device: the device is quarantined, the job moves on), ``InfrastructureError``.
+        A timeout never reaches it (the farm's). Default: the exit codes of edgellm's commands
+        (``ErrorKind.exit_code``)."""
+        from edgellm.errors import InfrastructureError, TestFailure
+
+        kind = ErrorKind.from_exit_code(result.exit_code)
+        if kind is None:
+            return None
+        message = _last_line(result.stderr) or f"exit code {result.exit_code}"
+        if kind is ErrorKind.INFRASTRUCTURE:
+            return InfrastructureError(f"the device reported an infrastructure failure: {message}")
+        if kind is ErrorKind.TEST_FAILURE:
+            return TestFailure(message)
+        return EdgeLLMError(message, kind=kind)
 
     def standin(self, device: Device) -> bool:
         """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
@@ -369,6 +433,11 @@ class ToolchainDriver(ABC):
         """True: the report decides pass/fail (the device command only produced); False: the device command's
         exit code does, and the report must agree with it."""
         return False
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:2000] if lines else ""
 
 
 def pushed_path(path: Path) -> str:
