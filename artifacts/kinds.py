@@ -9,6 +9,7 @@ class ArtifactKind(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     ONNX = "onnx"
     ENGINE = "engine"
+    ENGINE_MANIFEST = "engine_manifest"  # an engine that stays on its device: where it is and its digest
     LOG = "log"
     REPORT = "report"
     OTHER = "other"

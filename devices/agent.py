@@ -62,18 +62,32 @@ Exit codes:
              emc_clock), with the reason; the paths named are relative to --root
   Not read: tegrastats (a sampler that runs until killed; the same temperatures and clocks come from sysfs).
 
-``check [--tool NAME=PATH ...] [--lib DIR ...] [--needs-lib GLOB ...] [--file PATH ...]``: whether each tool
-exists and is executable (a PATH without "/" is looked up on PATH), each library dir is a directory, each
-``--needs-lib`` glob (a file name pattern such as ``libcudart.so*``) matches a file in at least one ``--lib`` dir,
-and each ``--file`` is a regular file. Keys: ok, problems (one line each, naming the path and what is wrong), tools
-{NAME: resolved path or null}, libs {GLOB: the first matching path or null}.
+``check [--tool NAME=PATH ...] [--lib DIR ...] [--needs-lib GLOB ...] [--file PATH ...] [--build-dir DIR ...]
+[--cmake-key KEY ...]``: whether each tool exists and is executable (a PATH without "/" is looked up on PATH), each
+library dir is a directory, each ``--needs-lib`` glob (a file name pattern such as ``libcudart.so*``) matches a file
+in at least one ``--lib`` dir, and each ``--file`` is a regular file (a symlink to one counts). Each ``--build-dir``
+is a CMake build directory: its ``CMakeCache.txt`` is read for the project's name and version
+(``CMAKE_PROJECT_NAME``, ``CMAKE_PROJECT_VERSION``), its build type, the source dir (``CMAKE_HOME_DIRECTORY``)
+and the ``--cmake-key`` entries asked for; the source's git revision is read from its ``.git`` (HEAD, the ref it
+names, packed-refs; no git binary needed). Keys: ok, problems (one line each, naming the path and what is wrong),
+tools {NAME: resolved path or null}, libs {GLOB: the first matching path or null}, builds {DIR: {"project",
+"version", "build_type", "source_dir", "revision", "cache": {KEY: value}}} (null where not found; a missing
+``CMakeCache.txt`` is a problem).
 
 ``hash PATH [--within DIR]``: sha256 of a file, or the tree digest of a directory: the sha256 of the lines that
 ``cd PATH && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum`` prints (so it equals ``sha256sum``
 of a ``.sha256sums`` seal made that way; an empty directory hashes the empty text). Names holding a backslash or a
 newline are escaped as sha256sum does; a name holding a carriage return is refused (coreutils before 9.0 and after
 write it differently). Symlinks anywhere and special files are refused, never followed; with ``--within``, a PATH
-not strictly inside DIR is refused. Keys: kind ("file" or "tree"), sha256, files, bytes.
+not strictly inside DIR is refused. Keys: kind ("file" or "tree"), sha256, files, bytes; with ``--list`` also
+listing [{"path": "./a/b", "sha256", "bytes"}] (a tree's files, in digest order). ``--seal FILE`` (trees only) writes
+those sha256sum lines to FILE atomically while hashing (so ``sha256sum FILE`` is the digest): the seal of a cache
+entry, made without reading the files twice.
+
+``oom [--root DIR] [--last N]``: the kernel's OOM-killer records a job can be told from, read from the kernel log
+files under the root (``var/log/kern.log``, ``var/log/syslog``; ``dmesg`` needs root on most boards and is not
+run), the last N (default 5), oldest first, and the memory now. Keys: kills [{"pid", "comm", "total_vm_kb",
+"anon_rss_kb", "line"}], sources (the files read), memory_total_bytes, memory_available_bytes.
 
 ``cache usage|evict|touch``: the device cache is a directory of entries named by their sha256 (a file or a
 directory), each with an optional seal ``<sha>.sha256sums``; uploads in progress are ``.<sha>.partial-*`` (listed,
@@ -780,8 +794,89 @@ def cmd_check(args):
             problems.append(f"file {path} is a dangling symlink")
         elif not os.path.isfile(path):
             problems.append(f"file {path} is not a regular file")
+    builds = {}
+    for build in args.build_dir or []:
+        builds[build] = _cmake_build(build, args.cmake_key or [], problems)
     note = f"check: {len(problems)} problem(s), the first: {problems[0]}" if problems else None
-    return {"ok": not problems, "problems": problems, "tools": tools, "libs": libs}, (1 if problems else 0), note
+    return ({"ok": not problems, "problems": problems, "tools": tools, "libs": libs, "builds": builds},
+            (1 if problems else 0), note)
+
+
+CMAKE_ENTRY = re.compile(r"([A-Za-z_][A-Za-z0-9_.+-]*):[A-Z]+=(.*)\Z")
+
+
+def _cmake_build(build, keys, problems):
+    """What a CMake build dir's CMakeCache.txt and its source's git say about it (module doc: check)."""
+    out = {"project": None, "version": None, "build_type": None, "source_dir": None, "revision": None,
+           "cache": {k: None for k in keys}}
+    path = os.path.join(build, "CMakeCache.txt")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 22)
+    except OSError as exc:
+        problems.append(f"build dir {build}: cannot read CMakeCache.txt ({exc.strerror or exc})")
+        return out
+    entries = {}
+    for line in text.splitlines():
+        found = CMAKE_ENTRY.match(line.strip())
+        if found:
+            entries[found.group(1)] = found.group(2)
+    out["project"] = entries.get("CMAKE_PROJECT_NAME")
+    out["version"] = entries.get("CMAKE_PROJECT_VERSION")
+    out["build_type"] = entries.get("CMAKE_BUILD_TYPE")
+    out["source_dir"] = source = entries.get("CMAKE_HOME_DIRECTORY")
+    out["cache"] = {k: entries.get(k) for k in keys}
+    if source:
+        out["revision"] = _git_revision(source)
+    return out
+
+
+def _git_revision(source):
+    """The commit the source tree's HEAD names (a 40-hex sha), or None (no .git, unreadable, unborn)."""
+    git = os.path.join(source, ".git")
+    try:
+        if os.path.isfile(git):  # a worktree or submodule: "gitdir: <path>"
+            with open(git, encoding="utf-8") as f:
+                pointer = f.read(4096).strip()
+            if not pointer.startswith("gitdir:"):
+                return None
+            git = os.path.join(source, pointer[len("gitdir:"):].strip())
+        with open(os.path.join(git, "HEAD"), encoding="utf-8") as f:
+            head = f.read(4096).strip()
+        if re.match(r"[0-9a-f]{40}\Z", head):
+            return head
+        if not head.startswith("ref: "):
+            return None
+        ref = head[5:].strip()
+        if ".." in ref.split("/"):
+            return None
+        for base in (git, _common_dir(git)):
+            try:
+                with open(os.path.join(base, ref), encoding="utf-8") as f:
+                    sha = f.read(4096).strip()
+                if re.match(r"[0-9a-f]{40}\Z", sha):
+                    return sha
+            except OSError:
+                pass
+            try:
+                with open(os.path.join(base, "packed-refs"), encoding="utf-8") as f:
+                    for line in f:
+                        parts = line.split()
+                        if len(parts) == 2 and parts[1] == ref and re.match(r"[0-9a-f]{40}\Z", parts[0]):
+                            return parts[0]
+            except OSError:
+                pass
+    except OSError:
+        return None
+    return None
+
+
+def _common_dir(git):
+    try:
+        with open(os.path.join(git, "commondir"), encoding="utf-8") as f:
+            return os.path.join(git, f.read(4096).strip())
+    except OSError:
+        return git
 
 
 # ----------------------------------------------------------------------------------------------------------- hash
@@ -833,18 +928,25 @@ def tree_files(top):
     return sorted(found, key=lambda rel: b"./" + rel)
 
 
-def tree_digest(top):
-    """(sha256 of the sha256sum lines, file count, total bytes) of the directory ``top``."""
+def tree_digest(top, listing=None, seal=None):
+    """(sha256 of the sha256sum lines, file count, total bytes) of the directory ``top``; each file's
+    {"path", "sha256", "bytes"} appended to ``listing`` and each line written to ``seal`` (a binary file) when given."""
     digest, total = hashlib.sha256(), 0
     files = tree_files(top)
     for rel in files:
         file_sha, size = _sha256_open(os.path.join(os.fsencode(top), rel))
         total += size
         name = b"./" + rel
+        if listing is not None:
+            listing.append({"path": _show(name), "sha256": file_sha, "bytes": size})
+        line = b""
         if b"\\" in name or b"\n" in name:
             name = name.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
-            digest.update(b"\\")
-        digest.update(file_sha.encode() + b"  " + name + b"\n")
+            line = b"\\"
+        line += file_sha.encode() + b"  " + name + b"\n"
+        digest.update(line)
+        if seal is not None:
+            seal.write(line)
     return digest.hexdigest(), len(files), total
 
 
@@ -865,12 +967,60 @@ def cmd_hash(args):
     if stat.S_ISLNK(mode):
         raise BadInput(f"{path}: a symbolic link (refused, never followed)")
     if stat.S_ISREG(mode):
+        if args.seal is not None:
+            raise BadInput(f"--seal: {path} is a file (a seal lists a tree's files)")
         sha, size = _sha256_open(path)
-        return {"kind": "file", "sha256": sha, "files": 1, "bytes": size}, 0, None
+        out = {"kind": "file", "sha256": sha, "files": 1, "bytes": size}
+        if args.list:
+            out["listing"] = [{"path": os.path.basename(path), "sha256": sha, "bytes": size}]
+        return out, 0, None
     if stat.S_ISDIR(mode):
-        sha, count, size = tree_digest(path)
-        return {"kind": "tree", "sha256": sha, "files": count, "bytes": size}, 0, None
+        listing = [] if args.list else None
+        if args.seal is None:
+            sha, count, size = tree_digest(path, listing)
+        else:
+            tmp = f"{args.seal}.tmp-{os.getpid()}"
+            try:
+                with open(tmp, "wb") as seal:
+                    sha, count, size = tree_digest(path, listing, seal)
+                os.replace(tmp, args.seal)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        out = {"kind": "tree", "sha256": sha, "files": count, "bytes": size}
+        if listing is not None:
+            out["listing"] = listing
+        return out, 0, None
     raise BadInput(f"{path}: not a regular file or directory")
+
+
+# ------------------------------------------------------------------------------------------------------------ oom
+
+OOM_LINE = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)"
+                      r"(?:.*?total-vm:(\d+)kB)?(?:.*?anon-rss:(\d+)kB)?")
+OOM_LOGS = ("var/log/kern.log", "var/log/syslog")
+
+
+def cmd_oom(args):
+    root = args.root or os.environ.get("AGENT_SYSROOT") or "/"
+    if args.last < 1:
+        raise BadInput(f"--last {args.last}: must be at least 1")
+    sysroot, kills, sources = SysRoot(root), [], []
+    for rel in OOM_LOGS:
+        text, _ = sysroot.read(rel, limit=1 << 24)
+        if text is None:
+            continue
+        sources.append(rel)
+        for line in text.splitlines():
+            found = OOM_LINE.search(line)
+            if found:
+                pid, comm, vm, rss = found.groups()
+                kills.append({"pid": int(pid), "comm": comm, "total_vm_kb": int(vm) if vm else None,
+                              "anon_rss_kb": int(rss) if rss else None, "line": line.strip()[:500]})
+    mem_text, _ = sysroot.read("/proc/meminfo")
+    mem = parse_meminfo(mem_text) if mem_text is not None else {}
+    return {"kills": kills[-args.last:], "sources": sources, "memory_total_bytes": mem.get("MemTotal"),
+            "memory_available_bytes": mem.get("MemAvailable")}, 0, None
 
 
 # ---------------------------------------------------------------------------------------------------------- cache
@@ -1177,12 +1327,21 @@ def build_parser():
     check.add_argument("--lib", action="append", metavar="DIR")
     check.add_argument("--needs-lib", action="append", metavar="GLOB")
     check.add_argument("--file", action="append", metavar="PATH")
+    check.add_argument("--build-dir", action="append", metavar="DIR", help="a CMake build dir to read")
+    check.add_argument("--cmake-key", action="append", metavar="KEY", help="a CMakeCache.txt entry to report")
     check.set_defaults(handler=cmd_check)
 
     hash_ = sub.add_parser("hash", help="sha256 of a file, or the tree digest of a directory")
     hash_.add_argument("path")
     hash_.add_argument("--within", metavar="DIR", help="refuse a path outside DIR")
+    hash_.add_argument("--list", action="store_true", help="also list every file's sha256 and size")
+    hash_.add_argument("--seal", metavar="FILE", help="write a tree's sha256sum lines to FILE")
     hash_.set_defaults(handler=cmd_hash)
+
+    oom = sub.add_parser("oom", help="the kernel's OOM-killer records and the memory now")
+    oom.add_argument("--root", help="prefix of every file read (default $AGENT_SYSROOT or /)")
+    oom.add_argument("--last", type=int, default=5)
+    oom.set_defaults(handler=cmd_oom)
 
     cache = sub.add_parser("cache", help="the device cache").add_subparsers(dest="cache_command", required=True)
     usage = cache.add_parser("usage")

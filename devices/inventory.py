@@ -37,6 +37,7 @@ from toolchains import base as toolchains
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+DEFAULT_CACHE_MAX_GB = 20.0  # a few quantized small-model engines; a 64 GB Orin holds a handful of 8B ones
 
 
 class TransportKind(enum.StrEnum):
@@ -68,6 +69,12 @@ class Device(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # set for every command on the device (PATH, PYTHONPATH...)
     connect_timeout: float = Field(default=10.0, gt=0, le=300)
     toolchains: dict[str, Any] = Field(default_factory=dict)  # toolchain name -> its block (see module doc)
+    # the bound of its artifact cache (staged inputs, engines it built): least recently used entries go first
+    cache_max_gb: float = Field(default=DEFAULT_CACHE_MAX_GB, gt=0, le=100_000)
+
+    @property
+    def cache_max_bytes(self) -> int:
+        return int(self.cache_max_gb * 2**30)
 
     def toolchain_config(self, name: str) -> Any:
         """What toolchain ``name``'s driver read of its block in this device's file (None: no block)."""

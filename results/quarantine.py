@@ -1,5 +1,7 @@
 """Flaky devices, named: the infrastructure-error rate per device (and per test) over recent runs, and the
-quarantine that keeps a device above the threshold out of leasing until a health check passes.
+quarantine that keeps a device above the threshold out of leasing until a health check passes. A device whose
+setup is wrong for a job's tools (a tool or library missing, a build of another release: ``DeviceConfigurationError``)
+is quarantined at once with that reason (:func:`quarantine`), without waiting for a rate.
 
 A *try* of a device is a final result it produced, or an attempt on it that failed for infrastructure reasons
 (the stage then moved elsewhere). Only tries after the device's last release count, so a device that passed
@@ -97,6 +99,18 @@ def update_quarantine(engine: Engine, *, runs: int = RECENT_RUNS, threshold: flo
             s.add(q)
             new.append(q)
     return new
+
+
+def quarantine(engine: Engine, device_id: str, reason: str) -> DeviceQuarantine | None:
+    """Quarantine ``device_id`` now with ``reason`` (a configuration problem of the device: one is enough); None
+    when it is already quarantined (its first reason stands)."""
+    with write_session(engine) as s:
+        if device_id in active(s):
+            return None
+        q = DeviceQuarantine(device_id=device_id, since=utcnow(), error_rate=1.0,
+                             reason=f"{reason[:1800]}; a passing health check (edgefarm devices check) releases it")
+        s.add(q)
+    return q
 
 
 def release(engine: Engine, device_ids: Iterable[str], health_id: int | None) -> list[str]:

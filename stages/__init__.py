@@ -16,10 +16,12 @@ generic body (``tasks.common.run_stage``) does the rest, so the module holds no 
   - ``def <name>_key(ctx, job, *upstream) -> Keyed | StageOutcome`` (``stages.outcome.Keyed``): the inputs the key is
     the digest of, whose product the cached artifact is (toolchain and version), and what a hit's outcome records
     (device, route, stand-in). An outcome instead decides the stage without the cache (quantize's identity).
-  - the body looks the key up; a hit counts only once the store has re-hashed its blob (a corrupt one is evicted:
-    a miss). A hit's outcome passes, cached, with ``hit_reason``, ``hit_metric`` = 1, the entry's toolchain version
-    and the stored artifact as ``outputs[output]`` (and as evidence, for a recorded stage); ``Keyed.on_hit`` builds
-    it instead where the artifact is not what the next stage reads (a quantizer re-reads its checkpoint's report).
+  - the body looks the key up; a hit counts only when it is of the declared kind, once the store has re-hashed its
+    blob (a corrupt one is evicted: a miss) and, where the entry declares ``verify``, that says the product is
+    still usable (an engine still on its device). A hit's outcome passes, cached, with ``hit_reason``,
+    ``hit_metric`` = 1, the entry's toolchain version and the stored artifact as ``outputs[output]`` (and as
+    evidence, for a recorded stage); ``Keyed.on_hit`` builds it instead where the artifact is not what the next
+    stage reads (a quantizer re-reads its checkpoint's report).
   - on a miss the work runs as ``work(ctx, job, *upstream, keyed=keyed)`` (a host stage's under one of the host's
     slots) and calls ``keyed.made(ref)`` once its product is stored and vouched for; the body remembers it under
     the key (even when the work fails after that), sets ``hit_metric`` = 0 when the product was handed on, and the
@@ -82,6 +84,9 @@ class StageCache:
     output: str  # the key of StageOutcome.outputs that hands the product on
     hit_reason: str = "cache hit"
     hit_metric: str = "cache_hit"  # 1 on a hit, 0 when the work handed a new product on
+    # "module:function": (ctx, job, ref) -> bool, whether a stored hit is still usable beyond its blob (e.g. the
+    # device holding an engine still has it); None: the blob is the product
+    verify: str | None = None
 
 
 @dataclass(frozen=True)
@@ -248,9 +253,10 @@ register(StageSpec(
     timeout_s=1200, shared=Shared.EXPORT))
 register(StageSpec(
     name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
-    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "edgellm_build", "max_batch_size",
-               "max_input_len", "max_seq_len", TOOLCHAIN_INPUTS),
-    cache=StageCache(key="tasks.build:build_key", kind=ArtifactKind.ENGINE, packing=Packing.TAR, output="engine"),
+    cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "max_batch_size", "max_input_len",
+               "max_seq_len", TOOLCHAIN_INPUTS),
+    cache=StageCache(key="tasks.build:build_key", kind=ArtifactKind.ENGINE_MANIFEST, packing=Packing.FILE,
+                     output="engine", verify="tasks.build:engine_present"),
     timeout_s=1200))
 register(StageSpec(
     name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer", cache_key=(),

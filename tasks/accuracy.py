@@ -19,6 +19,7 @@ from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
+from tasks import engines
 from tasks.common import attempt_recorder, from_device_run
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
@@ -38,21 +39,24 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: 
             local_ref = Path(tmp) / "reference.npz"
             farm.store.get_file(ref.sha256, local_ref)
         ours = toolchain.accuracy_request(local_ref) if local_ref is not None else None
-        staged = [engine, ref] if ours is None else [engine]
+        staged = [ref] if ours is None else []
         request = None
         if ours is not None:  # the device generates our requests; the reference stays here
             request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
             staged.append(request)
 
+        on_device = engines.load(farm, engine)
+
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
             return toolchain.accuracy_step(
-                device, f"cache/{engine.sha256}", f"cache/{ref.sha256}" if ours is None else None,
+                device, engines.locate(farm, device, transport, on_device),
+                f"cache/{ref.sha256}" if ours is None else None,
                 f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds)
 
         run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step, inputs=staged,
                         fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.ACCURACY),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.ACCURACY, toolchain),
-                        toolchain=toolchain)
+                        toolchain=toolchain, only=engines.holders(farm, on_device))
         out = from_device_run(Stage.ACCURACY, run, toolchain)
         if not run.fetched:
             return out

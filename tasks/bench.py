@@ -10,6 +10,7 @@ from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
+from tasks import engines
 from tasks.common import (
     attempt_recorder,
     from_device_run,
@@ -33,21 +34,23 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     engine = built.outputs["engine"]
     toolchain = job.driver(ctx.data_dir)
     prompt, past = bench_lengths(job)
+    on_device = engines.load(farm, engine)
     runs: list[tuple[BenchRun, DeviceRun]] = []
     for index in range(2):  # prefill, then decode (the driver's order)
         chosen: list[BenchRun] = []
 
         def step(device: Device, transport: Transport, job_dir: str, index: int = index,
                  chosen: list[BenchRun] = chosen) -> DeviceStep:
-            bench_run = toolchain.bench_runs(device, f"cache/{engine.sha256}", job_dir, prompt_len=prompt,
+            path = engines.locate(farm, device, transport, on_device)
+            bench_run = toolchain.bench_runs(device, path, job_dir, prompt_len=prompt,
                                              past_len=past, warmup=WARMUP, iterations=ITERATIONS)[index]
             chosen.append(bench_run)
             return bench_run.step
 
-        run = run_stage(farm, platform=job.platform, what=f"bench-{index}-{job.key}", argv=step, inputs=[engine],
+        run = run_stage(farm, platform=job.platform, what=f"bench-{index}-{job.key}", argv=step,
                         timeout=job.timeout(Stage.BENCH),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH, toolchain), exclusive=True,
-                        toolchain=toolchain)
+                        toolchain=toolchain, only=engines.holders(farm, on_device), snapshots=True)
         if run.status is not ResultStatus.PASS:
             return from_device_run(Stage.BENCH, run, toolchain)
         runs.append((chosen[-1], run))

@@ -1,15 +1,20 @@
-"""Build: ONNX -> engine on a device of the target platform, cached by content.
+"""Build: ONNX -> engine on a device of the target platform, cached by content; the engine stays on that device.
 
 Key (``build_key``; the generic body looks it up) = (ONNX sha256, platform, the job's toolchain and its version on
-the device, the device's edgellm source digest, what the toolchain adds of the device's install (route, stand-in),
-build parameters); an engine is remembered only once its precision was read back. The toolchain driver says how to
-build, where the engine lands and how its precision is read back (never a fixed backend: a platform runs only the
-toolchains its device type names). The precision read back from the built engine must be the one asked for.
+the device, what the toolchain adds of the device's install (route, stand-in) and of what its probe read there (e.g.
+the runtime library's release), build parameters); an engine is remembered only once its precision was read back.
+The product is an engine manifest (``tasks.engines.DeviceEngine``): the engine itself is sealed into the building
+device's cache and never crosses back, but for the files the toolchain reads back to check it (and all of it when
+``fetch_engines`` asks). A hit counts only while its device still holds the engine (``engine_present``). The
+toolchain driver says how to build, where the engine lands and how its precision is read back (never a fixed
+backend: a platform runs only the toolchains its device type names). The precision read back from the built engine
+must be the one asked for.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,21 +23,23 @@ from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
-from edgellm.errors import ErrorKind, InfrastructureError
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import Keyed, StageOutcome
+from tasks import engines
 from tasks.common import attempt_recorder, from_device_run
-from tasks.device_exec import DeviceRun, promote_to_cache, run_stage, toolchain_env
+from tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
 from toolchains.base import DeviceStep, ToolchainDriver
 
 log = logging.getLogger(__name__)
 
 
-def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple[Device, dict[str, object]]:
-    """The platform's first reachable device the toolchain drives, and its env there (no lease: a probe)."""
+def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple[Device, dict[str, Any]]:
+    """The platform's first reachable device the toolchain drives, and its env there (no lease: a probe). A device
+    set up wrong for the toolchain is quarantined and the next one asked."""
     errors = []
     with farm.lock:
         bad = set(farm.bad_devices)
@@ -42,16 +49,17 @@ def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple
             with open_transport(device) as transport:
                 return device, toolchain_env(farm, device, transport, toolchain)
         except InfrastructureError as exc:
-            errors.append(f"{device.id}: {exc}")
-    raise InfrastructureError(f"no reachable {platform} device to ask for its backend version: {'; '.join(errors)}")
+            device_failed(farm, device, exc)
+            errors.append(f"{device.id}: {str(exc).splitlines()[0]}")
+    raise InfrastructureError(f"no reachable {platform} device to ask for its toolchain version: {'; '.join(errors)}")
 
 
-def engine_key_inputs(onnx_sha: str, job: JobSpec, version: str, env: dict[str, object],
+def engine_key_inputs(onnx_sha: str, job: JobSpec, version: str, runtime: dict[str, Any],
                       installed: dict[str, Any]) -> dict[str, object]:
-    """An engine's cache key inputs: ``env`` is the probed device's ``edgellm env``, ``installed`` what its toolchain
-    install contributes (``ToolchainDriver.build_key_inputs``)."""
+    """An engine's cache key inputs: ``runtime`` what the toolchain takes of its probe on the device
+    (``ToolchainDriver.runtime_key_inputs``), ``installed`` what its install contributes (``build_key_inputs``)."""
     return {"stage": "build", "onnx_sha256": onnx_sha, "platform": job.platform, "toolchain": job.toolchain,
-            "toolchain_version": version, "edgellm_build": env.get("edgellm_build"), **installed, **job.build_params}
+            "toolchain_version": version, **runtime, **installed, **job.build_params}
 
 
 def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
@@ -61,52 +69,99 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     toolchain = job.driver(ctx.data_dir)
     probe, env = platform_env(farm, job.platform, toolchain)
     version = toolchain.device_version(probe, env)
-    inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, env, toolchain.build_key_inputs(probe))
+    facts = (env.get("toolchains") or {}).get(toolchain.name) or {}
+    inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, toolchain.runtime_key_inputs(facts),
+                               toolchain.build_key_inputs(probe))
     return Keyed(inputs, toolchain=job.toolchain, toolchain_version=version, route=toolchain.route(),
                  standin=toolchain.standin(probe))
 
 
+def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
+    """Whether a cached engine manifest's engine can still be used: its bytes are in the store, or its device is in
+    the inventory, not quarantined and still holds it (a miss builds it again)."""
+    farm = Farm.get(ctx)
+    try:
+        engine = engines.load(farm, ref)
+        if engine.stored is not None and farm.store.has(engine.stored):
+            return True
+        device = farm.inventory.devices.get(engine.device)
+        if device is None:
+            return False
+        with open_transport(device) as transport:
+            return engines.present(transport, engine.digest)
+    except (EdgeLLMError, OSError) as exc:
+        log.info("build %s: cached engine %s not usable: %s", job.key, ref.sha256[:12], str(exc).splitlines()[0])
+        return False
+
+
 def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keyed) -> StageOutcome:
-    """A cache miss: build the export's ONNX into an engine on a leased device of the platform."""
+    """A cache miss: build the export's ONNX into an engine on a leased device of the platform; it stays there."""
     farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
     toolchain = job.driver(ctx.data_dir)
 
     def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
         return toolchain.build_step(device, f"cache/{onnx.sha256}", f"{job_dir}/engine", job.build_params)
 
-    produced: dict[str, ArtifactRef] = {}
+    scratch = farm.ctx.host_work_dir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    made: dict[str, Any] = {}
 
     def keep(transport: Transport, run: DeviceRun) -> None:
         if run.status is not ResultStatus.PASS:
             return
-        ref = farm.store.put(run.fetched["engine"], ArtifactKind.ENGINE)
-        promote_to_cache(transport, f"{run.job_dir}/engine", ref.sha256)
-        produced["engine"] = ref
+        sealed = engines.seal_built(farm, run.device, transport, run.job_dir)
+        made["readback"] = engines.read_back(transport, sealed, toolchain.engine_readback(),
+                                             Path(tempfile.mkdtemp(dir=scratch, prefix="engine-")))
+        stored = None
+        if farm.ctx.fetch_engines:  # a policy asks for the bytes: the engine then also runs elsewhere
+            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+                transport.get(f"cache/{sealed.digest}", Path(tmp) / "engine")
+                stored = farm.store.put(Path(tmp) / "engine", ArtifactKind.ENGINE)
+            made["stored"] = stored
+        made["engine"] = engines.DeviceEngine(
+            digest=sealed.digest, device=run.device.id, platform=job.platform, toolchain=toolchain.name,
+            toolchain_version=toolchain.device_version(run.device, run.env), bytes=sealed.bytes, files=sealed.files,
+            stored=stored.sha256 if stored is not None else None)
 
-    run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
-                    timeout=job.timeout(Stage.BUILD), on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD,
-                                                                                          toolchain),
-                    after=keep, toolchain=toolchain)
+    try:
+        run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
+                        fetch_on=(), timeout=job.timeout(Stage.BUILD),
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD, toolchain),
+                        after=keep, toolchain=toolchain, reserve=onnx.size or 0)
+        return _judged(farm, job, toolchain, run, onnx, made, keyed)
+    finally:
+        if "readback" in made:
+            shutil.rmtree(made["readback"], ignore_errors=True)
+
+
+def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun, onnx: ArtifactRef,
+            made: dict[str, Any], keyed: Keyed) -> StageOutcome:
     out = from_device_run(Stage.BUILD, run, toolchain)
-    if "engine" in produced:
-        ref = produced["engine"]
-        out.outputs["engine"] = ref
-        out.artifacts.append(ref)
-        out.metrics["engine_bytes"] = (float(ref.size), "B")
-        scratch = farm.ctx.host_work_dir / "scratch"
-        scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-            onnx_dir = None
-            if toolchain.needs_onnx_for_check():
-                onnx_dir = Path(tmp) / "onnx"
-                farm.store.extract(onnx.sha256, onnx_dir)
-            found = toolchain.check_engine(run.fetched["engine"], onnx_dir, job.build_params)
-        out.metrics.update(found.metrics)
-        if found.precision != job.precision.value:  # never count an engine of another precision as evidence
-            out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
-            out.reason = f"asked for {job.precision.value} but the built engine holds {found.precision} weights"
-        else:
-            keyed.made(ref, out.toolchain_version)  # only once read back: a hit's precision was checked
-            out.reason = found.detail
+    if "engine" not in made:
+        return out
+    engine: engines.DeviceEngine = made["engine"]
+    ref = engines.store(farm, engine)
+    out.outputs["engine"] = ref
+    out.artifacts.append(ref)
+    if "stored" in made:
+        out.artifacts.append(made["stored"])
+    out.metrics["engine_bytes"] = (float(engine.bytes), "B")
+    scratch = farm.ctx.host_work_dir / "scratch"
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        onnx_dir = None
+        if toolchain.needs_onnx_for_check():
+            onnx_dir = Path(tmp) / "onnx"
+            farm.store.extract(onnx.sha256, onnx_dir)
+        try:
+            found = toolchain.check_engine(made["readback"], onnx_dir, job.build_params)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"the engine on {engine.device} (cache/{engine.digest[:12]}) could not be read "
+                                     f"back: {exc}") from None
+    out.metrics.update(found.metrics)
+    if found.precision != job.precision.value:  # never count an engine of another precision as evidence
+        out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
+        out.reason = f"asked for {job.precision.value} but the built engine holds {found.precision} weights"
+    else:
+        keyed.made(ref, out.toolchain_version)  # only once read back: a hit's precision was checked
+        out.reason = f"{found.detail}; engine {engine.digest[:12]} stays on {engine.device}"
     return out
-

@@ -84,9 +84,15 @@ def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[St
     farm = Farm.get(ctx)
     key = cache.cache_key(keyed.inputs)
     hit = cache.lookup(farm.engine, key)
-    if hit is not None and farm.store.has(hit.sha256):  # has() re-hashes the blob; a corrupt one is evicted: a miss
-        cache.touch(farm.engine, key)
+    ref = None
+    # has() re-hashes the blob (a corrupt one is evicted: a miss); an entry of another kind (made before the
+    # product changed) or one its verify refuses is a miss too, and the new product replaces it
+    if hit is not None and hit.kind == declared.kind and farm.store.has(hit.sha256):
         ref = farm.store.ref(hit.sha256, declared.kind, declared.packing)
+        if declared.verify is not None and not stage_function(spec.name, declared.verify)(ctx, job, ref):
+            ref = None
+    if hit is not None and ref is not None:
+        cache.touch(farm.engine, key)
         log.info("%s %s: cache hit (key %s, %s sha256 %s)", spec.name, job.key, key[:12], declared.kind,
                  hit.sha256[:12])
         return _hit(spec, keyed, ref, hit.toolchain_version)

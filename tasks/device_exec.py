@@ -1,10 +1,17 @@
-"""Run one ``edgellm`` command for a stage on a leased device of a platform.
+"""Run one command of a stage's toolchain on a leased device of a platform.
 
-A device is leased in the database (never more than its ``max_jobs``, across processes and hosts). Inputs come
+A device is leased in the database (never more than its ``max_jobs``, across processes and hosts). What the farm
+knows of it comes from the agent it pushes there (``tasks.agent``: standard-library Python, nothing installed): its
+environment once per run, and per toolchain whether the files the driver requires are there
+(``ToolchainDriver.device_requirements``) and what the driver's own probe prints (``probe_step``). Inputs come
 from the artifact store and are staged into the device's cache (``cache/<sha256>``, verified on transfer and
-reused by later stages). An infrastructure failure (unreachable, connection lost, ...) is recorded as an
-attempt on that device, the device is avoided for the rest of the run, and the stage moves to another device of
-the same platform; with none left, the InfrastructureError propagates (Prefect retries only those).
+reused by later stages), after the agent made room under the cache's bound; each entry a stage uses is marked in use
+by the run (``tasks.engines``). How a command ended is the toolchain's to say (``classify_exit``): a device set up
+wrong (``DeviceConfigurationError``: a tool or library missing, a build of another release) quarantines the device at
+once with that reason; an out-of-memory kill is a resource failure with the device's memory figures. An
+infrastructure failure (unreachable, connection lost, a device set up wrong, ...) is recorded as an attempt on that
+device, the device is avoided for the rest of the run, and the stage moves to another device of the same platform;
+with none left, the InfrastructureError propagates (Prefect retries only those).
 """
 
 from __future__ import annotations
@@ -27,13 +34,20 @@ from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
 from devices.transport import CommandResult, RemoteNameError, Transport, open_transport
-from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
+from edgellm.errors import (
+    ConfigurationError,
+    DeviceConfigurationError,
+    EdgeLLMError,
+    ErrorKind,
+    InfrastructureError,
+    ResourceError,
+)
 from results import leases, quarantine
 from results.models import ResultStatus
-from stages.outcome import classify, last_line
-from tasks import device_cache
+from stages.outcome import last_line
+from tasks import agent, device_cache, engines
 from tasks.farm import Farm
-from toolchains.base import DeviceStep, ToolchainDriver
+from toolchains.base import DeviceRequirements, DeviceStep, ToolchainDriver, edgellm_exit
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +69,9 @@ class DeviceRun:
     duration_s: float
     lease_wait_s: float
     job_dir: str
-    env: dict[str, Any]  # `edgellm env` of the device (the toolchain version there is read from it)
+    # the device's environment (the agent's env) with what the toolchain's probe read under "toolchains"
+    env: dict[str, Any]
+    snapshots: tuple[dict[str, Any], dict[str, Any]] | None = None  # the environment just before and after it
 
 
 def slug(text: str) -> str:
@@ -129,49 +145,103 @@ def pushed(farm: Farm, toolchain: ToolchainDriver | None) -> list[ArtifactRef]:
 
 def toolchain_env(farm: Farm, device: Device, transport: Transport,
                   toolchain: ToolchainDriver | None) -> dict[str, Any]:
-    """The device's ``edgellm env``, with what the toolchain's own probe printed there (once per device, toolchain
-    and run) under ``toolchains``; the toolchain's files are staged first."""
+    """The device's environment, with what the toolchain's checks and probe read there (once per device, toolchain
+    and run) under ``toolchains``. A device whose files contradict the driver's requirements or the inventory
+    raises DeviceConfigurationError (quarantined by the caller)."""
     env = device_env_info(farm, device, transport)
-    probe = toolchain.probe_step(device) if toolchain is not None else None
-    if toolchain is None or probe is None:
+    if toolchain is None:
         return env
     key = f"{device.id}\0{toolchain.name}"
     with farm.lock:
         known = farm.backend_versions.get(key)
     if known is None:
-        for ref in pushed(farm, toolchain):
-            ensure_on_device(farm, transport, ref)
-        res = transport.run(probe.argv, timeout=120, env={**device.env, **probe.env} or None)
-        if res.exit_code != 0:
-            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe failed: {last_line(res.stderr)}")
-        try:
-            known = json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe printed no JSON: "
-                                      f"{res.stdout[:200]!r}") from None
+        known = _probe_toolchain(farm, device, transport, toolchain)
         with farm.lock:
             farm.backend_versions[key] = known
     return {**env, "toolchains": {toolchain.name: known}}
 
 
+def requirement_args(needs: DeviceRequirements) -> list[str]:
+    """``agent check`` arguments for a driver's requirements."""
+    args = ["check"]
+    for name, path in sorted(needs.tools.items()):
+        args += ["--tool", f"{name}={path}"]
+    for lib in needs.lib_dirs:
+        args += ["--lib", lib]
+    for pattern in needs.libs:
+        args += ["--needs-lib", pattern]
+    for path in needs.files:
+        args += ["--file", path]
+    for build in needs.build_dirs:
+        args += ["--build-dir", build]
+    return args
+
+
+def check_requirements(farm: Farm, device: Device, transport: Transport, needs: DeviceRequirements,
+                       what: str) -> dict[str, Any]:
+    """What the agent found of ``needs`` on the device; DeviceConfigurationError naming every problem."""
+    args = requirement_args(needs)
+    # library dirs that do not exist are fine as long as one holds each library: only the libraries are required
+    found = agent.run(farm, device, transport, *args, no_ok=True)
+    problems = [p for p in found.get("problems") or [] if not str(p).startswith("lib dir ")]
+    if problems:
+        raise DeviceConfigurationError(f"{device.id}: {what} is not installed as its inventory file says: "
+                                       + "; ".join(map(str, problems)))
+    if needs.dpkg:
+        packaged = agent.run(farm, device, transport, "env", "--work-dir", ".", *[
+            a for glob in needs.dpkg for a in ("--dpkg", glob)])
+        found["packages"] = packaged.get("packages") or {}
+    return found
+
+
+def _probe_toolchain(farm: Farm, device: Device, transport: Transport, toolchain: ToolchainDriver) -> dict[str, Any]:
+    for ref in pushed(farm, toolchain):
+        ensure_on_device(farm, transport, ref)
+    facts: dict[str, Any] = {}
+    needs = toolchain.device_requirements(device)
+    if needs is not None:
+        facts = check_requirements(farm, device, transport, needs, f"toolchain {toolchain.name}")
+        problem = toolchain.device_facts_problem(device, facts)
+        if problem is not None:
+            raise DeviceConfigurationError(f"{device.id}: {problem}")
+    probe = toolchain.probe_step(device)
+    if probe is not None:
+        res = transport.run(probe.argv, timeout=120, env={**device.env, **probe.env} or None)
+        if res.exit_code != 0:
+            failed = toolchain.classify_exit(res)
+            if isinstance(failed, InfrastructureError):  # e.g. its runtime missing: the device's configuration
+                raise type(failed)(f"{device.id}: the {toolchain.name} probe failed: {failed}")
+            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe failed: {last_line(res.stderr)}")
+        try:
+            printed = json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe printed no JSON: "
+                                      f"{res.stdout[:200]!r}") from None
+        facts = {**facts, **printed} if isinstance(printed, dict) else facts
+    return facts
+
+
 def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[str, Any]:
-    """``edgellm env`` on the device, once per run (keys engine caches by the backend version there); the first
-    contact of the run also sweeps what dead uploads left in its cache."""
+    """The device's environment (the agent's ``env``), once per run; the first contact of the run also sweeps what
+    dead uploads left in its cache."""
     with farm.lock:
         known = farm.backend_versions.get(device.id)
     if known is not None:
         return known
-    res = transport.run([device.interpreter, "-m", "edgellm", "env"], timeout=120, env=device.env or None)
-    if res.exit_code != 0:
-        raise InfrastructureError(f"{device.id}: `edgellm env` failed: {last_line(res.stderr)}")
-    try:
-        info = json.loads(res.stdout)
-    except json.JSONDecodeError:
-        raise InfrastructureError(f"{device.id}: `edgellm env` printed no JSON: {res.stdout[:200]!r}") from None
+    info = agent.run(farm, device, transport, "env", "--work-dir", ".")
     with farm.lock:
         farm.backend_versions[device.id] = info
     device_cache.sweep_partials(transport)  # once per device and run, like this probe
     return info
+
+
+def device_failed(farm: Farm, device: Device, exc: InfrastructureError) -> None:
+    """Avoid ``device`` for the rest of the run; one set up wrong is also quarantined with the reason."""
+    with farm.lock:
+        farm.bad_devices.add(device.id)
+    reason = str(exc).splitlines()[0]
+    if isinstance(exc, DeviceConfigurationError) and quarantine.quarantine(farm.engine, device.id, reason):
+        log.warning("%s quarantined: %s", device.id, str(exc).splitlines()[0])
 
 
 def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
@@ -212,9 +282,18 @@ def run_stage(
     exclusive: bool = False,  # hold every slot of the device (benchmarks: nothing runs beside them)
     # the job's toolchain: only the platform's devices it drives; its files staged, its probe run (toolchain_env)
     toolchain: ToolchainDriver | None = None,
+    only: Sequence[str] | None = None,  # the devices it may run on (e.g. the one holding its engine); None: any
+    reserve: int = 0,  # bytes the command will add to the device's cache (e.g. an engine): room made first
+    snapshots: bool = False,  # take the device's environment just before and after the command (benchmarks)
 ) -> DeviceRun:
     accepts = toolchain.drives if toolchain is not None else None
     candidates = [d for d in farm.inventory.select(platform=platform) if accepts is None or accepts(d)]
+    if only is not None:
+        held = [d for d in candidates if d.id in only]
+        if not held:
+            raise InfrastructureError(f"{what}: it must run on {', '.join(only)} (which holds its engine), and no "
+                                      f"such {platform} device is in the inventory {farm.inventory.directory}")
+        candidates = held
     if not candidates:
         raise ConfigurationError(f"no device of platform {platform} in the inventory {farm.inventory.directory}"
                                  + (" that the job's toolchain can drive" if accepts is not None else ""))
@@ -235,15 +314,14 @@ def run_stage(
         try:
             with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
                 run = _run_once(farm, device, transport, what, argv, [*inputs, *pushed(farm, toolchain)], fetch_on,
-                                timeout, waited, t0, toolchain)
+                                timeout, waited, t0, toolchain, reserve, snapshots)
                 if after is not None:
                     after(transport, run)
                 return run
         except InfrastructureError as exc:
             elapsed = time.monotonic() - t0
             tried.add(device.id)
-            with farm.lock:
-                farm.bad_devices.add(device.id)
+            device_failed(farm, device, exc)
             failures.append(f"{device.id}: {str(exc).splitlines()[0]}")
             log.warning("%s: infrastructure failure on %s (%s); trying another %s device", what, device.id,
                         str(exc).splitlines()[0], platform)
@@ -255,12 +333,11 @@ def run_stage(
 def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
               argv: Callable[[Device, Transport, str], list[str] | DeviceStep], inputs: Sequence[ArtifactRef],
               fetch_on: Sequence[ResultStatus], timeout: float, waited: float, t0: float,
-              toolchain: ToolchainDriver | None) -> DeviceRun:
+              toolchain: ToolchainDriver | None, reserve: int = 0, snapshots: bool = False) -> DeviceRun:
     job_dir = f"jobs/run-{farm.ctx.run_id}/{slug(what)}-{int(time.time() * 1000)}"
     device_env_info(farm, device, transport)  # first contact of the run: sweeps dead uploads before any staging
-    for ref in inputs:
-        ensure_on_device(farm, transport, ref)
     env = toolchain_env(farm, device, transport, toolchain)
+    _stage_inputs(farm, device, transport, inputs, reserve)
     transport.run(["mkdir", "-p", job_dir], timeout=60)
     made = argv(device, transport, job_dir)
     step = made if isinstance(made, DeviceStep) else DeviceStep(made)
@@ -269,8 +346,10 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{slug(what)}-{device.id}.log"
     log_path.write_text(f"$ {' '.join(command)}\n", encoding="utf-8")
+    before = agent.run(farm, device, transport, "env", "--work-dir", ".") if snapshots else None
     result = transport.run(command, timeout=timeout, log=log_path, env={**device.env, **step_env} or None)
-    status, kind, reason = classify(result, timeout)
+    after = agent.run(farm, device, transport, "env", "--work-dir", ".") if snapshots else None
+    status, kind, reason = judge_exit(farm, device, transport, toolchain, result, timeout, command)
     fetched: dict[str, Path] = {}  # only what the step made names
     if status in fetch_on and fetch:
         local_dir = _fetch_dir(farm)
@@ -289,7 +368,71 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     log_ref = farm.store.put(log_path, ArtifactKind.LOG)
     return DeviceRun(device=device, result=result, status=status, error_kind=kind, reason=reason, fetched=fetched,
                      log=log_ref, duration_s=time.monotonic() - t0, lease_wait_s=waited, job_dir=job_dir,
-                     env=env, step=step)
+                     env=env, step=step, snapshots=(before, after) if before is not None and after is not None
+                     else None)
+
+
+def _stage_inputs(farm: Farm, device: Device, transport: Transport, inputs: Sequence[ArtifactRef],
+                  reserve: int) -> None:
+    """Stage what the device's cache lacks, after making room for it (and ``reserve``) under the cache's bound;
+    every input is marked in use by the run."""
+    missing = [ref for ref in inputs if not device_cache.usable(transport, ref.sha256, ref.packing)]
+    incoming = sum(ref.size or 0 for ref in missing) + reserve
+    if incoming:
+        engines.make_room(farm, device, transport, incoming)
+    for ref in inputs:
+        ensure_on_device(farm, transport, ref)
+    engines.mark_in_use(farm, transport, [ref.sha256 for ref in inputs])
+
+
+def judge_exit(farm: Farm, device: Device, transport: Transport, toolchain: ToolchainDriver | None,
+               result: CommandResult, timeout: float, command: Sequence[str]
+               ) -> tuple[ResultStatus, ErrorKind | None, str | None]:
+    """(status, error kind, reason) of a finished command, by its toolchain's conventions (``classify_exit``);
+    raises what is the device's fault (InfrastructureError, DeviceConfigurationError: the caller quarantines)."""
+    if result.timed_out:
+        return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
+    error = toolchain.classify_exit(result) if toolchain is not None else edgellm_exit(result)
+    if error is None:
+        return ResultStatus.PASS, None, None
+    if isinstance(error, InfrastructureError):
+        raise type(error)(f"{device.id}: {error}")
+    reason = str(error)
+    if isinstance(error, ResourceError):
+        reason = f"{reason}; {memory_figures(farm, device, transport, command)}"
+    status = ResultStatus.FAIL if error.kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
+    if isinstance(error, EdgeLLMError) and error.kind is ErrorKind.CONFIGURATION and _not_applicable(error):
+        status = ResultStatus.NOT_APPLICABLE
+    return status, error.kind, reason[:2000]
+
+
+def _not_applicable(error: EdgeLLMError) -> bool:
+    from toolchains.base import NotApplicable
+
+    return isinstance(error, NotApplicable)
+
+
+def memory_figures(farm: Farm, device: Device, transport: Transport, command: Sequence[str]) -> str:
+    """The device's memory and the kernel's record of the kill (its OOM-killer line for the tool), for a resource
+    failure's reason; what cannot be read is said so."""
+    try:
+        found = agent.run(farm, device, transport, "oom")
+    except EdgeLLMError as exc:
+        return f"memory figures unavailable ({str(exc).splitlines()[0][:200]})"
+    mib = 2**20
+    total, free = found.get("memory_total_bytes"), found.get("memory_available_bytes")
+    parts = [f"device memory {total // mib} MiB, {free // mib} MiB available after the kill"
+             if isinstance(total, int) and isinstance(free, int) else "device memory unknown"]
+    tool = Path(command[0]).name[:15] if command else ""  # the kernel's comm: the first 15 characters
+    kills = [k for k in found.get("kills") or [] if k.get("comm") == tool]
+    if kills:
+        last = kills[-1]
+        rss = last.get("anon_rss_kb")
+        parts.append(f"the kernel's OOM killer killed {tool} (pid {last.get('pid')}"
+                     + (f", {rss // 1024} MiB resident" if isinstance(rss, int) else "") + ")")
+    else:
+        parts.append(f"no OOM-killer record of {tool} in the kernel log the agent can read")
+    return "; ".join(parts)
 
 
 def promote_to_cache(transport: Transport, job_path: str, sha256: str) -> None:

@@ -27,6 +27,7 @@ class FarmContext:
     host_slots: int = 2  # stages that run on the orchestrating host (quantize, export, reference) at once
     quantize_device: str = "cpu"  # the quantizer's --device on the orchestrating host
     max_unquantized_share: float = 0.0  # a quantized checkpoint leaving more of its linears in float fails
+    fetch_engines: bool = False  # also copy every built engine's bytes into the store (they stay on the device)
 
     @property
     def store_dir(self) -> Path:
@@ -46,7 +47,9 @@ class Farm:
     inventory: Inventory
     host_slots: threading.BoundedSemaphore
     bad_devices: set[str] = field(default_factory=set)  # devices that failed (infrastructure) in this run
-    backend_versions: dict[str, dict[str, object]] = field(default_factory=dict)  # device id -> `edgellm env`
+    # device id -> its environment (the agent's env); "<device>\0<toolchain>" -> what the toolchain's probe read
+    backend_versions: dict[str, dict[str, object]] = field(default_factory=dict)
+    touched_devices: set[str] = field(default_factory=set)  # devices whose cache entries this run marked in use
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     _instances: ClassVar[dict[FarmContext, Farm]] = {}

@@ -1,4 +1,4 @@
-"""Infer: run a batch of fixed prompts through the engine on a device of the platform. The toolchain driver says
+"""Infer: run a batch of fixed prompts through the engine on the device holding it. The toolchain driver says
 the command and translates our requests (``edgellm infer``'s format) into its input file and its output back into
 our responses."""
 
@@ -10,10 +10,12 @@ import statistics
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
+from edgellm.errors import EdgeLLMError
 from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
+from tasks import engines
 from tasks.common import (
     attempt_recorder,
     from_device_run,
@@ -47,14 +49,25 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         ours = requests_for(job)["requests"]
         request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 
-        def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-            return toolchain.infer_step(device, f"cache/{engine.sha256}", f"cache/{request.sha256}", job_dir)
+        on_device = engines.load(farm, engine)
 
-        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[engine, request],
-                        timeout=job.timeout(Stage.INFER),
-                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), toolchain=toolchain)
+        def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
+            path = engines.locate(farm, device, transport, on_device)
+            return toolchain.infer_step(device, path, f"cache/{request.sha256}", job_dir)
+
+        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[request],
+                        fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.INFER),
+                        on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), toolchain=toolchain,
+                        only=engines.holders(farm, on_device))
         out = from_device_run(Stage.INFER, run, toolchain)
         out.outputs["engine"] = engine
+        if run.status is ResultStatus.FAIL and "out.json" in run.fetched:  # the tool names what failed in it
+            try:
+                toolchain.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)
+            except EdgeLLMError as exc:
+                out.reason = f"{out.reason}; {exc}"[:2000]
+            except ValueError:
+                pass
         if run.status is ResultStatus.PASS:
             out.artifacts.append(farm.store.put(run.fetched["out.json"], ArtifactKind.REPORT))
             responses = toolchain.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)

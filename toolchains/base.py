@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
 
+ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
 
 
@@ -275,6 +276,21 @@ class ToolchainDriver(ABC):
         :meth:`device_version` as ``env["toolchains"][name]``. None: nothing beyond :meth:`probe_step`."""
         return None
 
+    def device_facts_problem(self, device: Device, facts: Mapping[str, Any]) -> str | None:
+        """Why what the agent read of the toolchain on ``device`` (``facts``: its check's JSON) contradicts the
+        inventory (e.g. a build of another release than listed), or None. A problem quarantines the device."""
+        return None
+
+    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        """Engine-cache key inputs from what the device's probe read (e.g. the runtime library's release)."""
+        return {}
+
+    def engine_readback(self) -> tuple[str, ...]:
+        """Files of a built engine dir (relative) that :meth:`check_engine` reads: only these come back from the
+        device (the engine stays there, in its cache). The farm adds ``ENGINE_LISTING`` (every file's size and
+        sha256) beside them."""
+        return ()
+
     def device_problem(self) -> str | None:
         """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
         return None
@@ -309,17 +325,7 @@ class ToolchainDriver(ABC):
         library missing on the device: the device is quarantined, the job moves on), ``InfrastructureError``.
         A timeout never reaches it (the farm's). Default: the exit codes of edgellm's commands
         (``ErrorKind.exit_code``)."""
-        from edgellm.errors import InfrastructureError, TestFailure
-
-        kind = ErrorKind.from_exit_code(result.exit_code)
-        if kind is None:
-            return None
-        message = _last_line(result.stderr) or f"exit code {result.exit_code}"
-        if kind is ErrorKind.INFRASTRUCTURE:
-            return InfrastructureError(f"the device reported an infrastructure failure: {message}")
-        if kind is ErrorKind.TEST_FAILURE:
-            return TestFailure(message)
-        return EdgeLLMError(message, kind=kind)
+        return edgellm_exit(result)
 
     def standin(self, device: Device) -> bool:
         """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
@@ -433,6 +439,34 @@ class ToolchainDriver(ABC):
         """True: the report decides pass/fail (the device command only produced); False: the device command's
         exit code does, and the report must agree with it."""
         return False
+
+
+def edgellm_exit(result: CommandResult) -> EdgeLLMError | None:
+    """How an ``edgellm`` command ended, by its exit codes (``ErrorKind.exit_code``): None when it passed."""
+    from edgellm.errors import InfrastructureError, ResourceError, TestFailure
+
+    kind = ErrorKind.from_exit_code(result.exit_code)
+    if kind is None:
+        return None
+    message = _last_line(result.stderr) or f"exit code {result.exit_code}"
+    if kind is ErrorKind.INFRASTRUCTURE:
+        return InfrastructureError(f"the device reported an infrastructure failure: {message}")
+    if kind is ErrorKind.TEST_FAILURE:
+        return TestFailure(message)
+    if kind is ErrorKind.RESOURCE:
+        return ResourceError(message)
+    return EdgeLLMError(message, kind=kind)
+
+
+def engine_listing(engine_dir: Path) -> dict[str, Any]:
+    """The ``ENGINE_LISTING`` beside a build's read-back files: {"digest", "bytes", "files": {path: {"sha256",
+    "bytes"}}} of the whole engine dir as it is on the device."""
+    import json
+
+    found = json.loads((Path(engine_dir) / ENGINE_LISTING).read_text(encoding="utf-8"))
+    if not isinstance(found, dict) or not isinstance(found.get("files"), dict):
+        raise ConfigurationError(f"{engine_dir}: {ENGINE_LISTING} is not an engine listing")
+    return found
 
 
 def _last_line(text: str) -> str:

@@ -24,8 +24,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -68,6 +69,61 @@ def inside(root: Path, rel: str) -> Path:
     if not target.resolve().is_relative_to(root.resolve()):
         raise RemoteNameError(f"{rel!r} resolves to {target.resolve()}, outside {root}")
     return target
+
+
+@dataclass
+class TransferCounts:
+    """Bytes and files moved to (put) and from (get) one device; ``got_names`` counts the base names fetched (so a
+    run can show that no engine file came back)."""
+
+    put_files: int = 0
+    put_bytes: int = 0
+    get_files: int = 0
+    get_bytes: int = 0
+    got_names: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"put_files": self.put_files, "put_bytes": self.put_bytes, "get_files": self.get_files,
+                "get_bytes": self.get_bytes, "got_names": dict(sorted(self.got_names.items()))}
+
+
+_transfers: dict[str, TransferCounts] = {}
+_transfers_lock = threading.Lock()
+
+
+def count_transfer(device_id: str, direction: str, files: list[Path]) -> None:
+    """Count a verified transfer of ``files`` (local paths: what was sent, or what arrived) for ``device_id``."""
+    sizes = [f.stat().st_size for f in files]
+    with _transfers_lock:
+        counts = _transfers.setdefault(device_id, TransferCounts())
+        if direction == "put":
+            counts.put_files += len(files)
+            counts.put_bytes += sum(sizes)
+        else:
+            counts.get_files += len(files)
+            counts.get_bytes += sum(sizes)
+            for f in files:
+                counts.got_names[f.name] = counts.got_names.get(f.name, 0) + 1
+
+
+def transfer_counts() -> dict[str, TransferCounts]:
+    """This process's transfers so far, per device (a snapshot: a run reports the difference of two)."""
+    with _transfers_lock:
+        return {d: TransferCounts(c.put_files, c.put_bytes, c.get_files, c.get_bytes, dict(c.got_names))
+                for d, c in _transfers.items()}
+
+
+def transfers_since(before: dict[str, TransferCounts]) -> dict[str, TransferCounts]:
+    """What moved since the snapshot ``before``, per device that moved anything."""
+    out: dict[str, TransferCounts] = {}
+    for device, now in transfer_counts().items():
+        was = before.get(device, TransferCounts())
+        names = {n: c - was.got_names.get(n, 0) for n, c in now.got_names.items() if c > was.got_names.get(n, 0)}
+        diff = TransferCounts(now.put_files - was.put_files, now.put_bytes - was.put_bytes,
+                              now.get_files - was.get_files, now.get_bytes - was.get_bytes, names)
+        if diff.put_files or diff.get_files:
+            out[device] = diff
+    return out
 
 
 @dataclass(frozen=True)

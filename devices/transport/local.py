@@ -18,6 +18,7 @@ from devices.transport.base import (
     CommandResult,
     Transport,
     check_argv,
+    count_transfer,
     local_tree,
     make_local_temp,
     remove_local,
@@ -127,9 +128,11 @@ class LocalTransport(Transport):
 
     def put(self, local_path: Path, remote_path: str) -> None:
         self._copy(Path(local_path), self._path(remote_path))
+        count_transfer(self.device_id, "put", _files_of(Path(local_path)))
 
     def get(self, remote_path: str, local_path: Path) -> None:
         self._copy(self._path(remote_path), Path(local_path))
+        count_transfer(self.device_id, "get", _files_of(Path(local_path)))
 
     def _copy(self, src: Path, dst: Path) -> None:
         if not src.exists():
@@ -160,3 +163,7 @@ class LocalTransport(Transport):
 
     def close(self) -> None:
         pass
+
+
+def _files_of(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]

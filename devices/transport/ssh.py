@@ -33,6 +33,7 @@ from devices.transport.base import (
     Transport,
     check_argv,
     check_remote_name,
+    count_transfer,
     inside,
     local_tree,
     make_local_temp,
@@ -364,6 +365,7 @@ class SSHTransport(Transport):
                     raise InfrastructureError(f"{self._where}: sha256 of the uploaded {dest} differs from {src}")
                 self._replace_remote(sftp, tmp, dest)
                 self._stale.discard(tmp)
+                count_transfer(self.device_id, "put", [src / rel if rel else src for rel in files])
             finally:
                 if tmp in self._stale and self._ssh is not None:
                     with contextlib.suppress(Exception):
@@ -408,6 +410,7 @@ class SSHTransport(Transport):
                     sftp.get(posixpath.join(src, rel) if rel else src, str(target))
                     if sha256_file(target) != digest:
                         raise InfrastructureError(f"{self._where}: sha256 of the downloaded {rel or src} differs")
+                count_transfer(self.device_id, "get", [inside(tmp, rel) if rel else tmp for rel in files])
                 replace_local(tmp, dst)
             except BaseException:
                 remove_local(tmp)

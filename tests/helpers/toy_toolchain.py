@@ -117,6 +117,9 @@ class ToyEcho(ToolchainDriver):
     def probe_step(self, device: Device) -> DeviceStep | None:
         return DeviceStep([device.interpreter, pushed_path(TOOL), "env"])
 
+    def engine_readback(self) -> tuple[str, ...]:
+        return ("engine.json",)
+
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         return str(((env.get("toolchains") or {}).get(self.name) or {}).get("version", "unknown"))
 

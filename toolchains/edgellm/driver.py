@@ -117,8 +117,19 @@ class EdgellmToolchain(ToolchainDriver):
     def host_version(self) -> str:
         return self.version(_host_env())
 
+    def probe_step(self, device: Device) -> DeviceStep | None:
+        """This toolchain needs this package (and its backend's) on the device: ``edgellm env`` there says which."""
+        return DeviceStep([device.interpreter, "-m", "edgellm", "env"])
+
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        return self.version(env)
+        return self.version((env.get("toolchains") or {}).get(self.name) or {})
+
+    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        """The device's edgellm source digest (an engine is the product of the code that built it)."""
+        return {"edgellm_build": facts.get("edgellm_build")}
+
+    def engine_readback(self) -> tuple[str, ...]:
+        return (ENGINE_MANIFEST,)
 
     # --- host stage: export (host_stages.py) ---
 

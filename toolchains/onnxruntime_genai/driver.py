@@ -86,6 +86,10 @@ class OnnxruntimeGenai(ToolchainDriver):
     def probe_step(self, device: Device) -> DeviceStep | None:
         return DeviceStep(runner.env_argv(device.interpreter, pushed_path(runner.RUNNER)))
 
+    def engine_readback(self) -> tuple[str, ...]:
+        """The check reads the engine record, the genai config and the graph (not its external weights)."""
+        return (runner.ENGINE_RECORD, "genai_config.json", "*/genai_config.json", "*.onnx", "*/*.onnx")
+
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         found = (env.get("toolchains") or {}).get(self.name) or {}
         return str(found.get("onnxruntime_genai") or "unknown")

@@ -16,6 +16,7 @@ device paths (POSIX strings). The ONNX-less route (``tensorrt-edgellm-build`` fr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -26,16 +27,20 @@ from edgellm.runtime.requests import GenerationRequest
 from edgellm.types import BenchMode
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
-INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required
-OPTIONAL_KEYS = ("version", "standin")  # the C++ build's release (no package records it); a test stand-in
+INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required (one build)
+OPTIONAL_KEYS = ("version", "standin")  # the C++ build's release (CMakeCache.txt's project version); a test stand-in
+BUILD_KEYS = ("build_dir", "plugin_path")  # of each entry of ``builds:`` (plugin_path optional there)
+PLUGIN_NAME = "libNvInfer_edgellm_plugin.so"  # written next to the build's tools (cpp/CMakeLists.txt)
 ENGINE_FILE = "llm.engine"
 # What llm_inference writes as output_text for a request it could not handle.
 FAILED_TEXT = "TensorRT Edge LLM cannot handle this request. Fails."
+_VERSION = re.compile(r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]*)?\Z")
 
 
 @dataclass(frozen=True)
 class DeviceInstall:
-    """Where a device's TensorRT Edge-LLM lives (inventory data)."""
+    """One build of TensorRT Edge-LLM on a device (inventory data): where its tools and plugin are, the TensorRT
+    they run with, and the release it was built from."""
 
     build_dir: PurePosixPath  # the CMake build directory of TensorRT-Edge-LLM
     trt_package_dir: PurePosixPath  # TensorRT's install (lib/ holds libnvinfer)
@@ -46,31 +51,12 @@ class DeviceInstall:
 
     @classmethod
     def from_inventory(cls, data: Mapping[str, Any], *, device: str) -> DeviceInstall:
-        if not isinstance(data, Mapping):
-            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm must be a mapping with "
-                                     f"{', '.join(INSTALL_KEYS)} (optional: {', '.join(OPTIONAL_KEYS)})")
-        missing = [k for k in INSTALL_KEYS if not data.get(k)]
-        unknown = sorted(set(data) - set(INSTALL_KEYS) - set(OPTIONAL_KEYS))
-        if missing or unknown:
-            raise ConfigurationError(
-                f"device {device!r}: tensorrt-edgellm install needs {', '.join(INSTALL_KEYS)}"
-                + (f"; missing {', '.join(missing)}" if missing else "")
-                + (f"; unknown {', '.join(unknown)}" if unknown else "")
-                + f" (valid keys: {', '.join(INSTALL_KEYS + OPTIONAL_KEYS)})"
-            )
-        paths = {k: PurePosixPath(str(data[k])) for k in INSTALL_KEYS}
-        relative = [f"{k}={v}" for k, v in paths.items() if not v.is_absolute()]
-        if relative:
-            raise ConfigurationError(f"device {device!r}: install paths must be absolute: {', '.join(relative)}")
-        standin, version = data.get("standin", False), data.get("version")
-        if not isinstance(standin, bool):
-            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm.standin must be true or false, "
-                                     f"got {standin!r}")
-        if version is not None and (not isinstance(version, str) or not version.strip()):
-            raise ConfigurationError(f"device {device!r}: toolchains.tensorrt-edgellm.version must be a non-empty "
-                                     f"string, "
-                                     f"got {version!r}")
-        return cls(**paths, version=version, standin=standin)
+        """The one-build form of the block (``build_dir``, ``trt_package_dir``, ``plugin_path``[, ``version``,
+        ``standin``])."""
+        builds = DeviceBuilds.from_inventory(data, device=device).builds
+        if len(builds) != 1:
+            raise ConfigurationError(f"device {device!r}: expected one tensorrt-edgellm build, got {len(builds)}")
+        return builds[0]
 
     def describe(self) -> dict[str, Any]:
         """What a result records of the install (no paths: they reach published pages)."""
@@ -81,11 +67,104 @@ class DeviceInstall:
             raise ConfigurationError(f"unknown TensorRT Edge-LLM tool {name!r}; valid: {', '.join(TOOLS)}")
         return str(self.build_dir / "examples" / "llm" / name)
 
+    def lib_dirs(self) -> tuple[str, ...]:
+        """Where TensorRT's libraries may be under its package dir (cmake/FindTensorRT.cmake's suffixes)."""
+        base = self.trt_package_dir
+        return (str(base / "lib"), str(base / "lib64"), str(base / "lib" / "aarch64-linux-gnu"),
+                str(base / "lib" / "x86_64-linux-gnu"))
+
     def env(self, ld_library_path: str | None = None) -> dict[str, str]:
         """Environment for the tools: TensorRT's libraries first on LD_LIBRARY_PATH, the plugin by path."""
         libs = str(self.trt_package_dir / "lib")
         return {"TRT_PACKAGE_DIR": str(self.trt_package_dir), "EDGELLM_PLUGIN_PATH": str(self.plugin_path),
                 "LD_LIBRARY_PATH": f"{libs}:{ld_library_path}" if ld_library_path else libs}
+
+
+@dataclass(frozen=True)
+class DeviceBuilds:
+    """A device's ``toolchains: {tensorrt-edgellm: {...}}`` block: its builds of TensorRT Edge-LLM, one per release.
+
+    Two forms. One build: ``{build_dir, trt_package_dir, plugin_path, version, standin}``. Several:
+    ``{trt_package_dir, standin, builds: {"0.11.0": {build_dir, plugin_path}, "0.10.0": {...}}}`` (``plugin_path``
+    defaults to ``<build_dir>/libNvInfer_edgellm_plugin.so``; versions are quoted strings). A job runs only on the
+    build of its export's version (:meth:`build`)."""
+
+    builds: tuple[DeviceInstall, ...]
+    standin: bool = False
+
+    @classmethod
+    def from_inventory(cls, data: Any, *, device: str) -> DeviceBuilds:
+        where = f"device {device!r}: toolchains.tensorrt-edgellm"
+        valid = (f"{', '.join(INSTALL_KEYS)} (optional: {', '.join(OPTIONAL_KEYS)}), or trt_package_dir, standin "
+                 f"and builds: {{VERSION: {{{', '.join(BUILD_KEYS)}}}}}")
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(f"{where} must be a mapping with {valid}")
+        standin = data.get("standin", False)
+        if not isinstance(standin, bool):
+            raise ConfigurationError(f"{where}.standin must be true or false, got {standin!r}")
+        if "builds" in data:
+            return cls(_several(data, where, valid, standin), standin)
+        missing = [k for k in INSTALL_KEYS if not data.get(k)]
+        unknown = sorted(set(data) - set(INSTALL_KEYS) - set(OPTIONAL_KEYS))
+        if missing or unknown:
+            raise ConfigurationError(
+                f"device {device!r}: tensorrt-edgellm install needs {', '.join(INSTALL_KEYS)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+                + f" (valid keys: {', '.join(INSTALL_KEYS + OPTIONAL_KEYS)}, or builds:)"
+            )
+        version = data.get("version")
+        if version is not None:
+            version = _version(version, f"{where}.version")
+        paths = _absolute({k: data[k] for k in INSTALL_KEYS}, device)
+        return cls((DeviceInstall(**paths, version=version, standin=standin),), standin)
+
+    def build(self, version: str | None) -> DeviceInstall | None:
+        """The build of ``version`` (None: the only build, whatever its version), or None."""
+        if version is None:
+            return self.builds[0] if len(self.builds) == 1 else None
+        return next((b for b in self.builds if b.version == version), None)
+
+    def versions(self) -> list[str]:
+        return [b.version or "unknown" for b in self.builds]
+
+
+def _version(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _VERSION.match(value.strip()):
+        raise ConfigurationError(f"{where}: {value!r} is not a release like \"0.11.0\" (quote it in YAML: 0.10 "
+                                 f"would read as a number)")
+    return value.strip()
+
+
+def _absolute(raw: Mapping[str, Any], device: str) -> dict[str, PurePosixPath]:
+    paths = {k: PurePosixPath(str(v)) for k, v in raw.items()}
+    relative = [f"{k}={v}" for k, v in paths.items() if not v.is_absolute()]
+    if relative:
+        raise ConfigurationError(f"device {device!r}: install paths must be absolute: {', '.join(relative)}")
+    return paths
+
+
+def _several(data: Mapping[str, Any], where: str, valid: str, standin: bool) -> tuple[DeviceInstall, ...]:
+    device = where.split("'")[1]
+    unknown = sorted(set(data) - {"builds", "trt_package_dir", "standin"})
+    if unknown or not data.get("trt_package_dir"):
+        raise ConfigurationError(f"{where}: with builds: give trt_package_dir and optionally standin"
+                                 + (f"; unknown {', '.join(unknown)}" if unknown else "; missing trt_package_dir")
+                                 + f" (valid: {valid})")
+    builds = data["builds"]
+    if not isinstance(builds, Mapping) or not builds:
+        raise ConfigurationError(f"{where}.builds must map each release to its build dir, e.g. "
+                                 f"{{\"0.11.0\": {{build_dir: /opt/TensorRT-Edge-LLM-0.11.0/build}}}}; got {builds!r}")
+    trt_dir = _absolute({"trt_package_dir": data["trt_package_dir"]}, device)["trt_package_dir"]
+    out = []
+    for raw_version, entry in builds.items():
+        version = _version(raw_version, f"{where}.builds")
+        if not isinstance(entry, Mapping) or not entry.get("build_dir") or set(entry) - set(BUILD_KEYS):
+            raise ConfigurationError(f"{where}.builds.{version}: expected {{build_dir[, plugin_path]}}, got {entry!r}")
+        paths = _absolute({k: entry[k] for k in BUILD_KEYS if k in entry}, device)
+        plugin = paths.get("plugin_path", paths["build_dir"] / PLUGIN_NAME)
+        out.append(DeviceInstall(paths["build_dir"], trt_dir, plugin, version=version, standin=standin))
+    return tuple(sorted(out, key=lambda b: b.version or ""))
 
 
 def _positive(**values: int) -> None:

@@ -31,6 +31,7 @@ from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precisio
 from toolchains.base import (
     Availability,
     BenchRun,
+    DeviceRequirements,
     DeviceStep,
     EngineCheck,
     Environment,
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PINNED_VERSION = DEFAULT_VERSION
+LIBNVINFER_VERSIONED = "libnvinfer.so.*.*.*"  # the real file behind libnvinfer.so.N: its name carries the release
+# what the tools load at start (ld.so stops them with exit 127 without one: research §3)
+REQUIRED_LIBS = ("libnvinfer.so.*", "libnvonnxparser.so.*", LIBNVINFER_VERSIONED)
+DPKG_PACKAGES = ("tensorrt", "libnvinfer*", "nvidia-tensorrt")  # what JetPack installs TensorRT as
 STANDIN_NOTE = "STAND-IN tools (test only, never evidence)"
 _FLOAT_HEADS = frozenset({LMHeadPrecision.FP16})  # the head the exporter writes when the quantizer leaves it alone
 _install_failures: dict[Path, str] = {}  # env dir -> why installing it failed in this process
@@ -225,39 +230,81 @@ class TensorrtEdgellm(ToolchainDriver):
         return [_environment(e) for e in list_envs(self._root())]
 
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        found = self._config(device)
-        version = found.version if found is not None else None
-        return (version or "unknown") + ("+standin" if found is not None and found.standin else "")
+        """The release of the build the job ran with: what its CMakeCache.txt says (the probe refused a device
+        where that differs from the inventory), else the inventory's; ``+standin`` on a stand-in."""
+        config = self._config(device)
+        build = config.build(self.host_env_version) if config is not None else None
+        facts = (env.get("toolchains") or {}).get(self.name) or {}
+        read = ((facts.get("builds") or {}).get(str(build.build_dir)) or {}) if build is not None else {}
+        version = read.get("version") or (build.version if build is not None else None)
+        return (version or "unknown") + ("+standin" if config is not None and config.standin else "")
 
-    # --- its block in a device's inventory ---
+    # --- its block in a device's inventory (one build per release: device.DeviceBuilds) ---
 
-    def device_config(self, block: Any, device: str) -> trt.DeviceInstall:
-        return trt.DeviceInstall.from_inventory(block, device=device)
+    def device_config(self, block: Any, device: str) -> trt.DeviceBuilds:
+        return trt.DeviceBuilds.from_inventory(block, device=device)
 
     @staticmethod
-    def _config(device: Device) -> trt.DeviceInstall | None:
+    def _config(device: Device) -> trt.DeviceBuilds | None:
         found = device.toolchain_config(TOOLCHAIN)
-        return found if isinstance(found, trt.DeviceInstall) else None
+        return found if isinstance(found, trt.DeviceBuilds) else None
 
     def _install_of(self, device: Device) -> trt.DeviceInstall:
-        found = self._config(device)
-        if found is None:
+        """The device's build of the version this driver exports (a job never runs on a build of another)."""
+        config = self._config(device)
+        if config is None:
             raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install (add a toolchains: "
                                    f"{{{TOOLCHAIN}: {{...}}}} block with {', '.join(trt.INSTALL_KEYS)} to its "
                                    f"inventory file)")
-        return found
+        build = config.build(self.host_env_version)
+        if build is None:
+            raise UnsupportedError(f"device {device.id} has no {TOOLCHAIN} {self.host_env_version} build (its "
+                                   f"builds: {', '.join(config.versions())}); an export runs only on a build of "
+                                   f"its own version")
+        return build
 
     def drives(self, device: Device) -> bool:
-        return self._config(device) is not None
+        config = self._config(device)
+        return config is not None and config.build(self.host_env_version) is not None
 
     def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
         if any(self.drives(d) for d in devices):
             return None
-        return (f"no device of platform {platform} has a TensorRT Edge-LLM install (add a toolchains: "
-                f"{{{TOOLCHAIN}: {{...}}}} block with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+        installed = {d.id: config.versions() for d in devices if (config := self._config(d)) is not None}
+        if not installed:
+            return (f"no device of platform {platform} has a TensorRT Edge-LLM install (add a toolchains: "
+                    f"{{{TOOLCHAIN}: {{...}}}} block with {', '.join(trt.INSTALL_KEYS)} to its inventory file)")
+        builds = "; ".join(f"{d}: {', '.join(v)}" for d, v in sorted(installed.items()))
+        return (f"no {platform} device has a {TOOLCHAIN} {self.host_env_version} build, the version this row "
+                f"exports with (builds: {builds}); a version mismatch is refused: add that build to a device's "
+                f"inventory (builds: {{\"{self.host_env_version}\": {{build_dir: ...}}}}) or choose its version "
+                f"(toolchain_versions)")
+
+    def device_requirements(self, device: Device) -> DeviceRequirements | None:
+        build = self._install_of(device)
+        return DeviceRequirements(
+            tools={name: build.tool(name) for name in trt.TOOLS}, lib_dirs=build.lib_dirs(),
+            libs=REQUIRED_LIBS, files=(str(build.plugin_path),), build_dirs=(str(build.build_dir),),
+            dpkg=DPKG_PACKAGES)
+
+    def device_facts_problem(self, device: Device, facts: Mapping[str, Any]) -> str | None:
+        build = self._install_of(device)
+        read = (facts.get("builds") or {}).get(str(build.build_dir)) or {}
+        found = read.get("version")
+        if build.version is not None and found is not None and found != build.version:
+            return (f"its {TOOLCHAIN} build at {build.build_dir} is release {found} (CMakeCache.txt), but the "
+                    f"inventory lists it as {build.version}: a mismatched build is refused (fix the inventory's "
+                    f"builds, or rebuild that release)")
+        if build.version is None and found is None:
+            return (f"the release of its {TOOLCHAIN} build at {build.build_dir} is unknown: CMakeCache.txt names no "
+                    f"CMAKE_PROJECT_VERSION and the inventory gives no version")
+        return None
 
     def standin(self, device: Device) -> bool:
-        return self._install_of(device).standin
+        config = self._config(device)
+        if config is None:
+            raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install")
+        return config.standin
 
     def route(self) -> Route | None:
         return Route.ONNX
@@ -294,6 +341,11 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def build_key_inputs(self, device: Device) -> dict[str, Any]:
         return {"route": Route.ONNX.value, **self._install_of(device).describe()}
+
+    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        """The TensorRT an engine was built with (its plan file runs only there): the versioned library's name."""
+        found = (facts.get("libs") or {}).get(LIBNVINFER_VERSIONED)
+        return {"tensorrt": found.rsplit("/", 1)[-1] if isinstance(found, str) else None}
 
     def _env(self, device: Device) -> dict[str, str]:
         return self._install_of(device).env(device.env.get("LD_LIBRARY_PATH"))
