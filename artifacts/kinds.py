@@ -9,10 +9,10 @@ class ArtifactKind(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     ONNX = "onnx"
     ENGINE = "engine"
-    ENGINE_MANIFEST = "engine_manifest"  # an engine that stays on its device: where it is and its digest
     LOG = "log"
     REPORT = "report"
     OTHER = "other"
+    ENGINE_MANIFEST = "engine_manifest"  # an engine that stays on its device: where it is and its digest
 
 
 class Packing(enum.StrEnum):

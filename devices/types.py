@@ -56,6 +56,10 @@ class DeviceType(BaseModel):
     lm_head_precisions: tuple[LMHeadPrecision, ...] = Field(min_length=1)
     # precisions a toolchain of this type could make but that would not count as evidence here, with the reason
     refuses: dict[Precision, str] = Field(default_factory=dict)
+    # the conditions its benchmarks are meant to run in: the power mode's name (nvpmodel -q) and locked clocks
+    # (jetson_clocks); a benchmark run otherwise is recorded as such and never compared with these in regressions
+    bench_power_mode: str | None = Field(default=None, min_length=1, max_length=64)
+    bench_clocks_locked: bool = False
 
     @field_validator("arch", mode="before")
     @classmethod

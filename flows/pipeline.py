@@ -29,6 +29,7 @@ from stages import Where
 from stages.job import CheckpointRef, JobSpec, chosen_versions
 from stages.outcome import StageOutcome
 from tasks.common import stage_task
+from tasks.environment import host_record
 from tasks.farm import Farm, FarmContext
 from tasks.record import record
 from test_lists.catalog import ModelSource
@@ -98,7 +99,8 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
             continue
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
                   "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain,
-                  "job_toolchain": job.toolchain, "chosen_versions": chosen_versions(job.entry.toolchain_versions)}
+                  "job_toolchain": job.toolchain, "chosen_versions": chosen_versions(job.entry.toolchain_versions),
+                  "environment": host_record()}  # decided by the orchestrator
                  for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status
     farm.recorder.record_results(ctx.run_id, rows)

@@ -294,9 +294,25 @@ class Result(Base):
     # the toolchain versions a matrix chose for this job ("name==version, ..."): two versions of one row in one
     # run are told apart by it; None: none chosen (each toolchain ran its pinned version)
     chosen_versions: Mapped[str | None] = mapped_column(String(300))
+    # the environment it ran in (Environment.digest): the device's for a device stage, the orchestrator's otherwise
+    environment: Mapped[str | None] = mapped_column(ForeignKey("environments.digest"))
+    # how a benchmark's board differed from its device type's benchmark conditions (power mode, locked clocks);
+    # None: they matched, or do not apply. Regressions compare only results of equal conditions.
+    bench_conditions: Mapped[str | None] = mapped_column(String(300))
 
     run: Mapped[Run] = relationship(back_populates="results")
     metrics: Mapped[list[Metric]] = relationship(passive_deletes=True)
+
+
+class Environment(Base):
+    """One distinct environment results ran in (a device's: L4T/JetPack, TensorRT, CUDA, driver, the toolchain
+    build's release and revision, power mode, clocks; or the orchestrator's), stored once by its digest."""
+
+    __tablename__ = "environments"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the canonical JSON of data
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class RowLatest(Base):

@@ -10,6 +10,8 @@ A row is (model, precision, platform, job toolchain): a result names the toolcha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import socket
@@ -30,6 +32,7 @@ from results.models import (
     ArtifactRecord,
     Attempt,
     DeviceHealth,
+    Environment,
     Metric,
     MetricBaseline,
     Result,
@@ -80,6 +83,15 @@ def _sha(value: str, what: str) -> str:
     if not _SHA256.fullmatch(value or ""):
         raise ConfigurationError(f"bad {what} {value!r}: need 64 lowercase hex digits (a sha256)")
     return value
+
+
+def environment_digest(environment: Mapping[str, Any]) -> str:
+    """An environment's key: the sha256 of its canonical JSON (sorted keys, no spaces)."""
+    try:
+        text = json.dumps(environment, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"an environment must be plain JSON data: {exc}") from None
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _upsert(session: Session) -> Any:
@@ -197,6 +209,8 @@ class Recorder:
         standin: bool = False,
         chosen_versions: str | None = None,
         job_toolchain: str | None = None,
+        environment: Mapping[str, Any] | None = None,
+        bench_conditions: str | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
@@ -218,6 +232,10 @@ class Recorder:
             "route": None if route is None else parse_name("route", route),
             "standin": bool(standin),
             "chosen_versions": None if chosen_versions is None else _nonempty(chosen_versions, "chosen versions", 300),
+            "bench_conditions": None if bench_conditions is None else _nonempty(bench_conditions, "bench conditions",
+                                                                                 300),
+            "environment": None if environment is None else environment_digest(environment),
+            "_environment": environment,
         }
         metric_rows = [
             {"name": _nonempty(name, "metric name", 100), "value": float(v), "unit": unit}
@@ -228,6 +246,11 @@ class Recorder:
     def _write_result(self, s: Session, values: dict[str, Any], metric_rows: list[dict[str, Any]],
                       links: list[ArtifactLink]) -> int:
         key = ["run_id", "model", "precision", "platform", "stage", "test_id"]
+        values = dict(values)
+        environment = values.pop("_environment", None)
+        if environment is not None:
+            s.execute(_upsert(s)(Environment).values(digest=values["environment"], data=dict(environment),
+                                                     recorded_at=utcnow()).on_conflict_do_nothing())
         ins = _upsert(s)(Result).values(**values)
         replace = {k: ins.excluded[k] for k in values if k not in key}
         stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)

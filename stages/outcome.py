@@ -35,6 +35,8 @@ class StageOutcome:
     started_at: float = field(default_factory=time.time)  # wall clock when the task body began
     ended_at: float = 0.0
     task_run_id: str | None = None  # the Prefect task run that produced it (orchestration overhead is measured)
+    environment: dict[str, Any] | None = None  # where it ran (tasks.environment); None: the orchestrator's
+    bench_conditions: str | None = None  # how a benchmark's board differed from its type's declared conditions
 
     @property
     def passed(self) -> bool:

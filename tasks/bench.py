@@ -10,7 +10,7 @@ from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
-from tasks import engines
+from tasks import engines, environment
 from tasks.common import (
     attempt_recorder,
     from_device_run,
@@ -57,8 +57,37 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     out = from_device_run(Stage.BENCH, runs[-1][1], toolchain)
     out.standin = any(toolchain.standin(r.device) for _, r in runs)
     out.duration_s = sum(r.duration_s for _, r in runs)
+    _conditions(out, runs)
     for bench_run, run in runs:
         for path in run.fetched.values():
             out.artifacts.append(farm.store.put(path, ArtifactKind.REPORT))
         out.metrics.update(toolchain.bench_metrics(bench_run, run.fetched))
     return out
+
+
+def _conditions(out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]]) -> None:
+    """Record the board around each benchmark command (clocks, temperatures, power mode before and after) and how
+    it differed from its device type's declared benchmark conditions (then the result says so, and regressions never
+    compare it with runs in the declared conditions)."""
+    around = []
+    problems: list[str] = []
+    for bench_run, run in runs:
+        if run.snapshots is None:
+            continue
+        before, after = run.snapshots
+        around.append({"mode": bench_run.mode.value, "before": environment.snapshot(before),
+                       "after": environment.snapshot(after)})
+        found = environment.bench_conditions(run.device.device_type, before)
+        if found is not None and found not in problems:
+            problems.append(found)
+        for when, env in (("before", before), ("after", after)):
+            hottest = max((t.get("temp_c") for t in env.get("thermal") or [] if isinstance(t, dict)
+                           and isinstance(t.get("temp_c"), (int, float))), default=None)
+            if hottest is not None:
+                out.metrics[f"{bench_run.mode.value}_temp_max_c_{when}"] = (float(hottest), "C")
+    if out.environment is not None and around:
+        out.environment = {**out.environment, "bench": around}
+    if problems:
+        out.bench_conditions = "; ".join(problems)[:300]
+        note = f"benchmarked outside its device type's conditions: {out.bench_conditions}"
+        out.reason = f"{note}; {out.reason}" if out.reason else note

@@ -26,6 +26,7 @@ from results.models import ResultStatus
 from stages import Stage, Where
 from stages.job import JobSpec
 from stages.outcome import Keyed, StageOutcome
+from tasks import environment
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
 from toolchains.base import ToolchainDriver
@@ -227,10 +228,13 @@ def adopted_problem(stage: str, need: str, upstream: Upstream) -> StageOutcome |
 def from_device_run(stage: str, run: DeviceRun, toolchain: ToolchainDriver) -> StageOutcome:
     """A device stage's outcome as its run left it: where it ran, the toolchain's version there, its route and
     whether the device runs stand-ins of the tools (its results are never evidence)."""
+    version = toolchain.device_version(run.device, run.env)
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
                        error_kind=run.error_kind, duration_s=run.duration_s,
-                       toolchain_version=toolchain.device_version(run.device, run.env), route=toolchain.route(),
-                       standin=toolchain.standin(run.device))
+                       toolchain_version=version, route=toolchain.route(),
+                       standin=toolchain.standin(run.device),
+                       environment=environment.device_record(run.device.id, str(run.device.platform), run.env,
+                                                             toolchain.name, version))
     if run.log is not None:
         out.artifacts.append(run.log)
     out.metrics["lease_wait_s"] = (run.lease_wait_s, "s")

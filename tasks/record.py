@@ -16,6 +16,7 @@ from edgellm.errors import EdgeLLMError, InfrastructureError
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
 from tasks.common import infra_only
+from tasks.environment import host_record
 from tasks.farm import Farm, FarmContext
 from tasks.progress import StageEvent, emit
 
@@ -45,6 +46,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
             metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
             chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's; toolchain: the maker's
+            environment=result.environment or host_record(), bench_conditions=result.bench_conditions,
         )
         if result.device is not None and not result.cached:
             farm.recorder.record_attempt(
