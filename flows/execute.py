@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from devices.transport import open_transport
+from devices.transport.base import transfer_counts, transfers_since
+from edgellm.errors import EdgeLLMError
 from edgellm.reference import checkpoint_digest
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
@@ -21,6 +24,7 @@ from results.quarantine import update_quarantine
 from results.recorder import Recorder
 from results.regressions import Flag, flag_regressions
 from stages.job import CheckpointRef, job_key
+from tasks import engines
 from tasks.farm import Farm, FarmContext
 from test_lists.catalog import ModelSource
 
@@ -47,10 +51,11 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
                       quantize_device=settings.quantize_device,
-                      max_unquantized_share=settings.max_unquantized_share)
+                      max_unquantized_share=settings.max_unquantized_share, fetch_engines=settings.fetch_engines)
     report = RunReport(run_id=run_id)
     status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()
+    moved = transfer_counts()
     try:
         with heartbeat(recorder, run_id):
             farm = Farm.get(ctx)
@@ -72,10 +77,27 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
             for q in update_quarantine(engine):
                 log.warning("device %s quarantined: %s", q.device_id, q.reason)
         finally:
+            release_devices(ctx)
+            report.transfers = {d: c.to_dict() for d, c in sorted(transfers_since(moved).items())}
             Farm.close(ctx)
             engine.dispose()
     timing["run_wall_s"] = round(time.time() - started, 3)
     return report, timing
+
+
+def release_devices(ctx: FarmContext) -> None:
+    """Remove the run's in-use markers from the caches of the devices it used (best effort: they also expire)."""
+    farm = Farm.get(ctx)
+    for device_id in sorted(farm.touched_devices):
+        device = farm.inventory.devices.get(device_id)
+        if device is None:
+            continue
+        try:
+            with open_transport(device) as transport:
+                engines.release_run(farm, transport)
+        except EdgeLLMError as exc:
+            log.warning("%s: could not remove run %s's in-use markers (they expire): %s", device_id, ctx.run_id,
+                        str(exc).splitlines()[0])
 
 
 def fail_regressed(report: RunReport, flags: list[Flag]) -> None:

@@ -59,5 +59,6 @@ def summary(plan: Plan, report: Any, timing: dict[str, float], docs: dict[str, A
         "cache_hits": report.cache_hits(),
         "failed": report.failed,
         "timing": timing,
+        "transfers": report.transfers,
         "docs": docs,
     }

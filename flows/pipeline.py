@@ -52,6 +52,9 @@ class RunReport:
     ran: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = field(default_factory=lambda: defaultdict(dict))
     engine_overheads_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    # what crossed to and from each device during the run (devices.transport.TransferCounts as dicts): engines
+    # stay on their devices, so no engine file comes back unless fetch_engines asked
+    transfers: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[str]:

@@ -20,6 +20,8 @@ ENV_DB_URL = "EDGEFARM_DB_URL"
 ENV_DOCS_DIR = "EDGEFARM_DOCS_DIR"
 ENV_QUANTIZE_DEVICE = "EDGEFARM_QUANTIZE_DEVICE"
 ENV_MAX_UNQUANTIZED_SHARE = "EDGEFARM_MAX_UNQUANTIZED_SHARE"
+ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
+BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
 
@@ -32,6 +34,9 @@ class Settings:
     quantize_device: str = "cpu"  # where the quantizer runs on the orchestrating host ($EDGEFARM_QUANTIZE_DEVICE)
     # the share of a checkpoint's linears a quantization method may leave in float ($EDGEFARM_MAX_UNQUANTIZED_SHARE)
     max_unquantized_share: float = 0.0
+    # also copy each built engine's bytes into the store ($EDGEFARM_FETCH_ENGINES=1); by default engines stay on
+    # the device that built them and only their manifest and read-back files come back
+    fetch_engines: bool = False
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -50,7 +55,15 @@ class Settings:
         inv = Path(inventory or env.get(INVENTORY_ENV) or PACKAGED_INVENTORY_DIR)
         docs = Path(docs_dir or env.get(ENV_DOCS_DIR) or root / "docs")
         return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
-                   quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env))
+                   quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
+                   fetch_engines=_flag(env, ENV_FETCH_ENGINES))
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "")
+    if raw.strip().lower() not in BOOLEANS:
+        raise ConfigurationError(f"bad {name} {raw!r}; valid: {', '.join(k for k in BOOLEANS if k)} (or unset)")
+    return BOOLEANS[raw.strip().lower()]
 
 
 def _quantize_device(env: Mapping[str, str]) -> str:
