@@ -1,12 +1,17 @@
-"""Device health: reachable, disk free in the work dir, Python and edgellm versions, architecture.
+"""Device health: what ``edgefarm devices check`` reports of each device, read by the farm's agent.
 
-The checks run on the device through its transport, with the interpreter the farm will use there
-(``Device.interpreter``), so a healthy report means the farm's commands can run.
+A device needs nothing of ours installed: the agent (``devices/agent.py``, standard-library Python 3.8+) is pushed
+into its cache and run with its own ``python3 -I -S``. The report: reachable; the interpreter and its version (3.8+);
+the architecture against the device type's; free disk in the work dir; the platform (L4T / JetPack, CUDA, GPU
+driver, board); power mode, whether clocks are locked and the hottest thermal zone, against the device type's
+benchmark conditions (a difference is a note: tests run, benchmarks are recorded as off-conditions); per toolchain
+the device type runs and the device can drive (each of its builds), whether its files are there and its version
+(``devices.probe``); and the device cache's use against its bound. Problems make a device unhealthy (and a passing
+check releases a quarantine); notes do not.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,19 +19,26 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from devices import agent_client
 from devices.inventory import Device, Inventory
+from devices.probe import probe_toolchain
 from devices.transport import Transport, open_transport
-from edgellm.errors import EdgeLLMError, ErrorKind
+from edgellm.errors import DeviceConfigurationError, EdgeLLMError, ErrorKind
+from toolchains import base as toolchains
 
 log = logging.getLogger(__name__)
 
-MIN_PYTHON = (3, 11)
-_PROBE = (
-    "import json, platform, shutil; "
-    "print(json.dumps({'python': platform.python_version(), 'machine': platform.machine(), "
-    "'free': shutil.disk_usage('.').free}))"
-)
+MIN_PYTHON = (3, 8)  # the agent's floor (JetPack 5); a toolchain that needs more says so in its own probe
 _ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class ToolchainHealth:
+    name: str
+    build: str | None  # the build's release the check was for (toolchains with one build per release), else None
+    version: str | None  # what the device has, read back
+    ok: bool
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,10 +50,23 @@ class HealthReport:
     reachable: bool
     healthy: bool
     python_version: str | None = None
-    edgellm_version: str | None = None
+    edgellm_version: str | None = None  # the edgellm package on the device, where a toolchain of it runs there
     disk_free_bytes: int | None = None
     arch: str | None = None
+    l4t: str | None = None
+    jetpack: str | None = None
+    cuda: str | None = None
+    gpu_driver: str | None = None
+    power_mode: str | None = None
+    clocks_locked: bool | None = None
+    temp_max_c: float | None = None
+    toolchains: tuple[ToolchainHealth, ...] = ()
+    cache_bytes: int | None = None
+    cache_max_bytes: int | None = None
+    cache_entries: int | None = None
+    cache_in_use: int | None = None
     problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # not problems: e.g. a power mode benchmarks would be recorded as off-conditions
     error_kind: ErrorKind | None = None  # kind of the failure that made the device unreachable
     checked_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     duration: float = 0.0
@@ -54,13 +79,31 @@ class HealthReport:
         data = asdict(self)
         data["disk_free_gb"] = None if self.disk_free_gb is None else round(self.disk_free_gb, 2)
         data["problems"] = list(self.problems)
+        data["notes"] = list(self.notes)
+        data["toolchains"] = [{**asdict(t), "problems": list(t.problems)} for t in self.toolchains]
         data["checked_at"] = self.checked_at.isoformat()
         return data
 
 
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
+def _version_of(block: Any) -> str | None:
+    return block.get("version") if isinstance(block, dict) else None
+
+
+def _toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
+    """Each toolchain of the device's type that the device can drive, once per build it lists."""
+    out = []
+    for name in device.device_type.toolchains:
+        for build in toolchains.driver_class(name)().device_builds(device):
+            driver = toolchains.driver(name, pins={name: build} if build is not None else None)
+            if not driver.drives(device):
+                continue
+            try:
+                facts = probe_toolchain(device, transport, driver)
+                env = {"toolchains": {name: facts}}
+                out.append(ToolchainHealth(name, build, driver.device_version(device, env), True))
+            except DeviceConfigurationError as exc:
+                out.append(ToolchainHealth(name, build, None, False, (str(exc).removeprefix(f"{device.id}: "),)))
+    return out
 
 
 def check_device(
@@ -75,59 +118,79 @@ def check_device(
         "address": device.address,
     }
     own = transport is None
-    link = transport if transport is not None else open_transport(device)
-    python = device.interpreter
     problems: list[str] = []
-    facts: dict[str, Any] = {}
+    notes: list[str] = []
     try:
-        probe = link.run([python, "-c", _PROBE], timeout=timeout)
-        if probe.ok:
-            try:
-                facts = json.loads(probe.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                problems.append(f"python probe printed no JSON: {_last_line(probe.stdout)}")
-        else:
-            problems.append(f"{python} does not run ({probe.exit_code}): {_last_line(probe.stderr)}")
-        version = link.run([python, "-m", "edgellm", "--version"], timeout=timeout)
-        edgellm_version = version.stdout.strip().removeprefix("edgellm ").strip() if version.ok else None
-        if not version.ok:
-            problems.append(f"{python} -m edgellm --version failed ({version.exit_code}): {_last_line(version.stderr)}")
+        link = transport if transport is not None else open_transport(device)
+    except EdgeLLMError as err:
+        return HealthReport(**base, reachable=False, healthy=False, problems=(str(err),), error_kind=err.kind,
+                            duration=time.monotonic() - start)
+    try:
+        try:
+            env = agent_client.run(device, link, "env", "--work-dir", ".", timeout=timeout)
+        except DeviceConfigurationError as err:  # the device answers, its python3 does not run the agent
+            return HealthReport(**base, reachable=True, healthy=False, problems=(str(err),),
+                                error_kind=err.kind, duration=time.monotonic() - start)
+        health = _toolchains(device, link)
+        cache = agent_client.run(device, link, "cache", "usage", "--cache", "cache", timeout=timeout)
     except EdgeLLMError as err:
         log.warning("%s: unreachable: %s", device.id, err)
-        return HealthReport(
-            **base,
-            reachable=False,
-            healthy=False,
-            problems=(str(err),),
-            error_kind=err.kind,
-            duration=time.monotonic() - start,
-        )
+        return HealthReport(**base, reachable=False, healthy=False, problems=(str(err),), error_kind=err.kind,
+                            duration=time.monotonic() - start)
     finally:
         if own:
             link.close()
-    python_version = facts.get("python")
-    if python_version is not None:
-        parts = tuple(int(p) for p in python_version.split(".")[:2] if p.isdigit())
-        if parts < MIN_PYTHON:
-            problems.append(f"Python {python_version} is too old (needs {'.'.join(map(str, MIN_PYTHON))}+)")
-    free_bytes = int(facts["free"]) if "free" in facts else None
-    free_gb = None if free_bytes is None else free_bytes / 2**30
-    if free_gb is not None and free_gb < min_free_gb:
-        problems.append(f"only {free_gb:.2f} GiB free in {device.work_dir} (needs {min_free_gb:g} GiB)")
-    arch = facts.get("machine")
+    python = env.get("python")
+    parts = tuple(int(p) for p in str(python or "").split(".")[:2] if p.isdigit())
+    if python is not None and parts < MIN_PYTHON:
+        problems.append(f"Python {python} is too old (the agent needs {'.'.join(map(str, MIN_PYTHON))}+)")
+    free = env.get("disk_free_bytes")
+    if isinstance(free, int) and free / 2**30 < min_free_gb:
+        problems.append(f"only {free / 2**30:.2f} GiB free in {device.work_dir} (needs {min_free_gb:g} GiB)")
+    arch = env.get("machine")
     if arch is not None:
         arch = _ARCH_ALIASES.get(arch, arch)
         if arch != device.device_type.arch:
             problems.append(f"reports architecture {arch} but type {device.type} is {device.device_type.arch}")
+    for t in health:
+        problems.extend(f"{t.name}{f' {t.build}' if t.build else ''}: {p}" for p in t.problems)
+    power = env.get("power_mode") if isinstance(env.get("power_mode"), dict) else {}
+    dtype = device.device_type
+    if dtype.bench_power_mode is not None and power.get("name") != dtype.bench_power_mode:
+        notes.append(f"power mode {power.get('name') or 'unknown'}: {dtype.name} benchmarks at "
+                     f"{dtype.bench_power_mode} (benchmarks here are recorded as off-conditions)")
+    if dtype.bench_clocks_locked and env.get("clocks_locked") is not True:
+        notes.append("clocks not locked (run jetson_clocks): benchmarks here are recorded as off-conditions")
+    temps = [t.get("temp_c") for t in env.get("thermal") or [] if isinstance(t, dict)
+             and isinstance(t.get("temp_c"), (int, float))]
+    used = cache.get("total_bytes") if isinstance(cache.get("total_bytes"), int) else None
+    if used is not None and used > device.cache_max_bytes:
+        notes.append(f"cache holds {used / 2**30:.2f} GiB, over its {device.cache_max_gb:g} GiB bound (the next "
+                     f"stage evicts the least recently used entries)")
+    entries = cache.get("entries") if isinstance(cache.get("entries"), list) else []
+    edgellm = next((t.version for t in health if t.name.startswith("edgellm") and t.version), None)
     return HealthReport(
         **base,
         reachable=True,
         healthy=not problems,
-        python_version=python_version,
-        edgellm_version=edgellm_version,
-        disk_free_bytes=free_bytes,
+        python_version=python,
+        edgellm_version=edgellm.split("+")[0] if edgellm else None,
+        disk_free_bytes=free if isinstance(free, int) else None,
         arch=arch,
+        l4t=(env.get("l4t") or {}).get("release") if isinstance(env.get("l4t"), dict) else None,
+        jetpack=_version_of(env.get("jetpack")),
+        cuda=_version_of(env.get("cuda")),
+        gpu_driver=_version_of(env.get("gpu_driver")),
+        power_mode=power.get("name"),
+        clocks_locked=env.get("clocks_locked"),
+        temp_max_c=max(temps) if temps else None,
+        toolchains=tuple(health),
+        cache_bytes=used,
+        cache_max_bytes=device.cache_max_bytes,
+        cache_entries=len(entries),
+        cache_in_use=sum(1 for e in entries if isinstance(e, dict) and e.get("in_use")),
         problems=tuple(problems),
+        notes=tuple(notes),
         duration=time.monotonic() - start,
     )
 

@@ -17,7 +17,6 @@ with none left, the InfrastructureError propagates (Prefect retries only those).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import shutil
@@ -32,7 +31,9 @@ from typing import Any
 from artifacts.inuse import mark_in_use, release
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
+from devices import agent_client
 from devices.inventory import Device
+from devices.probe import probe_toolchain
 from devices.transport import CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import (
     ConfigurationError,
@@ -44,10 +45,9 @@ from edgellm.errors import (
 )
 from results import leases, quarantine
 from results.models import ResultStatus
-from stages.outcome import last_line
-from tasks import agent, device_cache, engines
+from tasks import device_cache, engines
 from tasks.farm import Farm
-from toolchains.base import DeviceRequirements, DeviceStep, ToolchainDriver, edgellm_exit
+from toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
 
 log = logging.getLogger(__name__)
 
@@ -155,70 +155,10 @@ def toolchain_env(farm: Farm, device: Device, transport: Transport,
     with farm.lock:
         known = farm.backend_versions.get(key)
     if known is None:
-        known = _probe_toolchain(farm, device, transport, toolchain)
+        known = probe_toolchain(device, transport, toolchain)
         with farm.lock:
             farm.backend_versions[key] = known
     return {**env, "toolchains": {toolchain.name: known}}
-
-
-def requirement_args(needs: DeviceRequirements) -> list[str]:
-    """``agent check`` arguments for a driver's requirements."""
-    args = ["check"]
-    for name, path in sorted(needs.tools.items()):
-        args += ["--tool", f"{name}={path}"]
-    for lib in needs.lib_dirs:
-        args += ["--lib", lib]
-    for pattern in needs.libs:
-        args += ["--needs-lib", pattern]
-    for path in needs.files:
-        args += ["--file", path]
-    for build in needs.build_dirs:
-        args += ["--build-dir", build]
-    return args
-
-
-def check_requirements(farm: Farm, device: Device, transport: Transport, needs: DeviceRequirements,
-                       what: str) -> dict[str, Any]:
-    """What the agent found of ``needs`` on the device; DeviceConfigurationError naming every problem."""
-    args = requirement_args(needs)
-    # library dirs that do not exist are fine as long as one holds each library: only the libraries are required
-    found = agent.run(farm, device, transport, *args, no_ok=True)
-    problems = [p for p in found.get("problems") or [] if not str(p).startswith("lib dir ")]
-    if problems:
-        raise DeviceConfigurationError(f"{device.id}: {what} is not installed as its inventory file says: "
-                                       + "; ".join(map(str, problems)))
-    if needs.dpkg:
-        packaged = agent.run(farm, device, transport, "env", "--work-dir", ".", *[
-            a for glob in needs.dpkg for a in ("--dpkg", glob)])
-        found["packages"] = packaged.get("packages") or {}
-    return found
-
-
-def _probe_toolchain(farm: Farm, device: Device, transport: Transport, toolchain: ToolchainDriver) -> dict[str, Any]:
-    for ref in pushed(farm, toolchain):
-        ensure_on_device(farm, transport, ref)
-    facts: dict[str, Any] = {}
-    needs = toolchain.device_requirements(device)
-    if needs is not None:
-        facts = check_requirements(farm, device, transport, needs, f"toolchain {toolchain.name}")
-        problem = toolchain.device_facts_problem(device, facts)
-        if problem is not None:
-            raise DeviceConfigurationError(f"{device.id}: {problem}")
-    probe = toolchain.probe_step(device)
-    if probe is not None:
-        res = transport.run(probe.argv, timeout=120, env={**device.env, **probe.env} or None)
-        if res.exit_code != 0:
-            failed = toolchain.classify_exit(res)
-            if isinstance(failed, InfrastructureError):  # e.g. its runtime missing: the device's configuration
-                raise type(failed)(f"{device.id}: the {toolchain.name} probe failed: {failed}")
-            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe failed: {last_line(res.stderr)}")
-        try:
-            printed = json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise InfrastructureError(f"{device.id}: the {toolchain.name} probe printed no JSON: "
-                                      f"{res.stdout[:200]!r}") from None
-        facts = {**facts, **printed} if isinstance(printed, dict) else facts
-    return facts
 
 
 def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[str, Any]:
@@ -228,7 +168,7 @@ def device_env_info(farm: Farm, device: Device, transport: Transport) -> dict[st
         known = farm.backend_versions.get(device.id)
     if known is not None:
         return known
-    info = agent.run(farm, device, transport, "env", "--work-dir", ".")
+    info = agent_client.run(device, transport, "env", "--work-dir", ".")
     with farm.lock:
         farm.backend_versions[device.id] = info
     device_cache.sweep_partials(transport)  # once per device and run, like this probe
@@ -346,9 +286,9 @@ def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{slug(what)}-{device.id}.log"
     log_path.write_text(f"$ {' '.join(command)}\n", encoding="utf-8")
-    before = agent.run(farm, device, transport, "env", "--work-dir", ".") if snapshots else None
+    before = agent_client.run(device, transport, "env", "--work-dir", ".") if snapshots else None
     result = transport.run(command, timeout=timeout, log=log_path, env={**device.env, **step_env} or None)
-    after = agent.run(farm, device, transport, "env", "--work-dir", ".") if snapshots else None
+    after = agent_client.run(device, transport, "env", "--work-dir", ".") if snapshots else None
     status, kind, reason = judge_exit(farm, device, transport, toolchain, result, timeout, command)
     fetched: dict[str, Path] = {}  # only what the step made names
     if status in fetch_on and fetch:
@@ -416,7 +356,7 @@ def memory_figures(farm: Farm, device: Device, transport: Transport, command: Se
     """The device's memory and the kernel's record of the kill (its OOM-killer line for the tool), for a resource
     failure's reason; what cannot be read is said so."""
     try:
-        found = agent.run(farm, device, transport, "oom")
+        found = agent_client.run(device, transport, "oom")
     except EdgeLLMError as exc:
         return f"memory figures unavailable ({str(exc).splitlines()[0][:200]})"
     mib = 2**20

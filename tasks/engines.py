@@ -28,10 +28,11 @@ from typing import Any
 
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
+from devices import agent_client
 from devices.inventory import Device
 from devices.transport import RemoteNameError, Transport
 from edgellm.errors import ConfigurationError, InfrastructureError
-from tasks import agent, device_cache
+from tasks import device_cache
 from tasks.farm import Farm
 from toolchains.base import ENGINE_LISTING
 
@@ -155,7 +156,7 @@ def make_room(farm: Farm, device: Device, transport: Transport, incoming: int) -
     if incoming > limit:
         raise ConfigurationError(f"{device.id}: {incoming / 2**30:.2f} GiB to stage exceeds its cache bound of "
                                  f"{limit / 2**30:.2f} GiB (cache_max_gb in its inventory file)")
-    found = agent.run(farm, device, transport, "cache", "evict", "--cache", "cache", "--max-bytes",
+    found = agent_client.run(device, transport, "cache", "evict", "--cache", "cache", "--max-bytes",
                       str(limit - incoming), no_ok=True)
     if not found.get("ok"):
         blocked = found.get("blocked") or []
@@ -177,7 +178,7 @@ def seal_built(farm: Farm, device: Device, transport: Transport, job_dir: str, r
     """Hash and seal the engine a build left in ``<job_dir>/<rel>`` (one read of its files, by the agent) and move it
     into the cache as ``cache/<digest>``, marked in use by the run."""
     engine_dir, seal = f"{job_dir}/{rel}", f"{job_dir}/{rel}.sha256sums"
-    found = agent.run(farm, device, transport, "hash", engine_dir, "--within", job_dir, "--list", "--seal", seal,
+    found = agent_client.run(device, transport, "hash", engine_dir, "--within", job_dir, "--list", "--seal", seal,
                       timeout=device_cache.CHECK_TIMEOUT_S)
     digest = str(found.get("sha256"))
     if found.get("kind") != "tree" or not _SHA.match(digest):

@@ -304,6 +304,11 @@ class ToolchainDriver(ABC):
             raise ConfigurationError(f"device {device!r}: toolchain {self.name} takes no settings, got {block!r}")
         return None
 
+    def device_builds(self, device: Device) -> list[str | None]:
+        """The releases of this toolchain a device's inventory lists (one build each; the health check checks
+        each), or ``[None]`` when the toolchain keeps no builds per release there."""
+        return [None]
+
     def drives(self, device: Device) -> bool:
         """Whether this toolchain's device stages can run on ``device`` (e.g. it has the toolchain's install)."""
         return True

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from devices.health import HealthReport, check_inventory
@@ -141,23 +142,31 @@ def list_devices(
     Console(soft_wrap=True).print(table)
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f}"
+
+
 def _health_table(reports: list[HealthReport]) -> Table:
+    """One row per device; every value a device reported is escaped (a hostile device prints no markup)."""
     table = Table(title="device health")
-    for column in ("id", "type", "address", "status", "python", "edgellm", "free GiB", "problems"):
+    for column in ("id", "type", "address", "status", "python", "platform", "power", "toolchains", "cache GiB",
+                   "free GiB", "problems / notes"):
         table.add_column(column, no_wrap=column in ("id", "address", "status"))
     for r in reports:
         status = "[green]healthy[/]" if r.healthy else ("[red]unhealthy[/]" if r.reachable else "[red]unreachable[/]")
+        platform = ", ".join(p for p in (r.l4t and f"L4T {r.l4t}", r.jetpack and f"JetPack {r.jetpack}",
+                                         r.cuda and f"CUDA {r.cuda}", r.gpu_driver and f"driver {r.gpu_driver}") if p)
+        power = ", ".join(p for p in (r.power_mode, {True: "clocks locked", False: "clocks unlocked"}.get(
+            r.clocks_locked), r.temp_max_c is not None and f"{r.temp_max_c:.0f} C") if p)
+        chains = "; ".join(f"{t.name}{f' [{t.build}]' if t.build else ''} {t.version or '?'} "
+                           f"{'ok' if t.ok else 'BROKEN'}" for t in r.toolchains)
+        cache = (f"{_gib(r.cache_bytes)} of {_gib(r.cache_max_bytes)} ({r.cache_entries} entries, "
+                 f"{r.cache_in_use} in use)" if r.cache_bytes is not None else "-")
         free = f"{r.disk_free_gb:.1f}" if r.disk_free_gb is not None else "-"
-        table.add_row(
-            r.device_id,
-            r.platform,
-            r.address,
-            status,
-            r.python_version or "-",
-            r.edgellm_version or "-",
-            free,
-            "; ".join(r.problems),
-        )
+        said = "; ".join([*r.problems, *(f"note: {n}" for n in r.notes)])
+        table.add_row(escape(r.device_id), escape(r.platform), escape(r.address), status,
+                      escape(r.python_version or "-"), escape(platform or "-"), escape(power or "-"),
+                      escape(chains or "-"), escape(cache), free, escape(said))
     return table
 
 
@@ -169,7 +178,9 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="print the reports as JSON instead of a table")] = False,
     db: Annotated[str | None, typer.Option("--db", help="also record the reports in this results database")] = None,
 ) -> None:
-    """Probe every device (in parallel): reachable, disk free, Python and edgellm versions."""
+    """Probe every device (in parallel) with the farm's agent: reachable, Python, L4T/JetPack, CUDA and driver,
+    power mode and clocks, each toolchain's files and version (each build), the cache's use against its bound,
+    free disk. A problem makes a device unhealthy; a passing check (with --db) releases its quarantine."""
     devices, _ = _load(inventory)
     if db is not None:
         from results.db import parse_url

@@ -263,6 +263,10 @@ class TensorrtEdgellm(ToolchainDriver):
                                    f"its own version")
         return build
 
+    def device_builds(self, device: Device) -> list[str | None]:
+        config = self._config(device)
+        return [b.version for b in config.builds] if config is not None else []
+
     def drives(self, device: Device) -> bool:
         config = self._config(device)
         return config is not None and config.build(self.host_env_version) is not None
