@@ -154,6 +154,9 @@ def check_device(
             problems.append(f"reports architecture {arch} but type {device.type} is {device.device_type.arch}")
     for t in health:
         problems.extend(f"{t.name}{f' {t.build}' if t.build else ''}: {p}" for p in t.problems)
+    if not health:
+        problems.append(f"no toolchain of type {device.type} ({', '.join(device.device_type.toolchains)}) can run "
+                        f"on it: add the toolchain's block to its inventory file (toolchains: {{name: {{...}}}})")
     power = env.get("power_mode") if isinstance(env.get("power_mode"), dict) else {}
     dtype = device.device_type
     if dtype.bench_power_mode is not None and power.get("name") != dtype.bench_power_mode:

@@ -305,8 +305,8 @@ class Result(Base):
 
 
 class Environment(Base):
-    """One distinct environment results ran in (a device's: L4T/JetPack, TensorRT, CUDA, driver, the toolchain
-    build's release and revision, power mode, clocks; or the orchestrator's), stored once by its digest."""
+    """One distinct environment results ran in (a device's: L4T/JetPack, the runtime libraries, CUDA, driver, the
+    toolchain build's release and revision, power mode, clocks; or the orchestrator's), stored once by its digest."""
 
     __tablename__ = "environments"
 

@@ -95,12 +95,16 @@ def _variants() -> dict[str, list[dict[str, Any]]]:
                    trt.export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
         "build": [engine_key_inputs(ONNX, ORT_FP32, ORT_VERSION, {"edgellm_build": "build-1"},
                                     ort.build_key_inputs(CPU)),
-                  engine_key_inputs(ONNX, TRT_ORIN, "0.11.0+standin", {"edgellm_build": "build-2"},
+                  engine_key_inputs(ONNX, TRT_ORIN, "0.11.0+standin",
+                                    trt.runtime_key_inputs({"libs": {"libnvinfer.so.*.*.*":
+                                                                     "/usr/lib/libnvinfer.so.10.3.0"}}),
                                     trt.build_key_inputs(ORIN))],
     }
 
 
-# what main computed for these inputs before the cache moved into the generic body (bb2e55e)
+# what main computed for these inputs before the cache moved into the generic body (bb2e55e); the TensorRT engine
+# key changed once since, on purpose: its device has no edgellm (no edgellm_build), and an engine is the product of
+# the board's TensorRT release (the versioned libnvinfer the agent found)
 PINNED = {
     REFERENCE: ["71bfa29d09572951a79ee925f324f813c35ed7072c9df72852d358ad1e035331"],
     "quantize": ["ab708f60d84b91480453e7ce2e0e26a328a3e377f905e5c4693f01f95da6fbaa",
@@ -109,7 +113,7 @@ PINNED = {
                "7320fde6c0bb0be729940d132b777ec7211b61de29628939ce4fc887598fd9d6",
                "e6c04384f6f4cbb30d12cf06c5b3bf03f1f0783517597014313c72aad2d17d1f"],
     "build": ["5cbbcf9829cb1210a3f8ce2ce3b1d9fc17a9701ee29ebd0a95371ac1b84daf16",
-              "6978fcdd3937470f29f8d6be2ea4b06e7ca4e72632d42fbeba58394a28699530"],
+              "c47b36212e80e7a53fa312f4c3ab09a421e260fee0660cf439ab26ef5512c94d"],
 }
 
 
@@ -191,10 +195,10 @@ def test_the_key_functions_hand_on_those_inputs(farm_ctx: FarmContext, trt_env: 
 
     onnx = StageOutcome(stage="export", status=ResultStatus.PASS,
                         outputs={"onnx": ArtifactRef(ONNX, 1, ArtifactKind.ONNX, Packing.TAR)})
-    built = build_key(farm_ctx, job, onnx)  # probes the local device's `edgellm env`
-    env = Farm.get(farm_ctx).backend_versions["local-cpu"]
-    assert built.inputs == engine_key_inputs(ONNX, job, version, env, {})
-    assert built.inputs["edgellm_build"] == env["edgellm_build"] and built.toolchain_version == version
+    built = build_key(farm_ctx, job, onnx)  # probes the local device's `edgellm env` (the toolchain's probe)
+    facts = Farm.get(farm_ctx).backend_versions[f"local-cpu\0{ORT}"]
+    assert built.inputs == engine_key_inputs(ONNX, job, version, {"edgellm_build": facts["edgellm_build"]}, {})
+    assert built.inputs["edgellm_build"] == facts["edgellm_build"] and built.toolchain_version == version
     assert (built.route, built.standin, built.device) == (None, False, None)
 
 
