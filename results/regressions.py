@@ -1,8 +1,9 @@
 """Regressions: a metric of a finished run outside its row's baseline.
 
-Baseline of (row, stage, test id, metric) = the values of the last ``BASELINE_RUNS`` published nightly runs
-before this one where that result passed, the row being (model, precision, platform, job toolchain), so a metric
-is only compared with runs of its own toolchain (results/queries.py): their median, and their median absolute
+Baseline of (row, stage, test id, metric, bench conditions) = the values of the last ``BASELINE_RUNS`` published
+nightly runs before this one where that result passed, the row being (model, precision, platform, job toolchain), so a
+metric is only compared with runs of its own toolchain (results/queries.py) and a benchmark only with runs in the
+same conditions (power mode, clocks: ``results.bench_conditions``): their median, and their median absolute
 deviation (MAD) as a robust spread. A value is flagged when it is worse than the median by more than
 ``max(K_MAD * 1.4826 * MAD, floor * |median|)`` (the floor keeps a run of identical values from flagging noise).
 Accuracy metrics that regress fail the row (the accuracy result becomes ``fail``); performance ones only warn.
@@ -123,8 +124,10 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     """The regressions of ``run_id``'s passing results against the published nightly runs before it."""
     if runs < MIN_BASELINE_RUNS:
         raise ConfigurationError(f"bad baseline run count {runs!r}: need >= {MIN_BASELINE_RUNS}")
+    # bench_conditions last: a benchmark is compared only with runs in the same conditions (an unlocked board's
+    # numbers never with locked ones; NULL, the declared conditions, with NULL)
     cols = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.stage, Result.test_id,
-            Metric.name)
+            Metric.name, Result.bench_conditions)
     names = list(RULES)
     current = (select(*cols, Metric.value, Metric.unit).join(Metric, Metric.result_id == Result.id)
                .where(Result.run_id == run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names)))
@@ -138,11 +141,11 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     )
     history: dict[tuple[object, ...], list[tuple[int, float]]] = defaultdict(list)
     with _session(db) as s:
-        cur = {tuple(r[:7]): (r[7], r[8]) for r in s.execute(current)}
+        cur = {tuple(r[:8]): (r[8], r[9]) for r in s.execute(current)}
         if not cur:
             return []
         for row in s.execute(select(ranked).where(ranked.c.rn <= runs)):
-            history[tuple(row[:7])].append((row[8], row[7]))
+            history[tuple(row[:8])].append((row[9], row[8]))
     flags = []
     for key, (value, unit) in sorted(cur.items(), key=lambda kv: tuple(map(str, kv[0]))):
         past = history.get(key, [])
@@ -151,7 +154,7 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
         if verdict is None:
             continue
         median, mad, change = verdict
-        model, precision, platform, job_toolchain, stage, test_id, metric = key
+        model, precision, platform, job_toolchain, stage, test_id, metric, _conditions = key
         flags.append(Flag(run_id, str(model), precision, str(platform), stage, str(test_id),
                           str(metric), unit, value, median, mad, len(past), max(r for r, _ in past), change,
                           rule.severity, job_toolchain))

@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.toolchain",
     "tests.fixtures.browser",
     "tests.fixtures.quantized",
+    "tests.fixtures.board",
 ]

@@ -49,7 +49,7 @@ def make_onnx(board: JetsonBoard, name: str = "onnx", drop: tuple[str, ...] = ()
     directory.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in {**CONFIG, **overrides}.items() if v is not None}
     files = {"model.onnx": "STAND-IN graph: AttentionPlugin x4", "config.json": json.dumps(config),
-             "tokenizer.json": "{}", "tokenizer_config.json": "{}", "processed_chat_template.json": "{}",
+             "tokenizer.json": "{}", "tokenizer_config.json": "{}", "chat_template.jinja": "{{ messages }}",
              "embedding.safetensors": "embedding"}
     for file, text in files.items():
         if file not in drop:
@@ -131,7 +131,7 @@ def test_board_starts_fast_and_reads_like_an_inventory(make_board: Callable[...,
         device = board.device()
         assert (device.type, device.host, device.port, device.user) == ("orin", "127.0.0.1", board.port, board.user)
         assert device.env["AGENT_SYSROOT"] == str(board.sysroot)
-        install = device.toolchain_config("tensorrt-edgellm")
+        install = device.toolchain_config("tensorrt-edgellm").build("0.11.0")
         assert (str(install.build_dir), install.version, install.standin) == (str(board.build_dir), "0.11.0", True)
         assert Path(install.tool("llm_build")) == board.tool("llm_build")
         entry = board.inventory_entry()
@@ -306,7 +306,7 @@ def test_bad_numbers(jetson_board: JetsonBoard) -> None:
 
 def test_build_writes_engine_config_and_copies(jetson_board: JetsonBoard, engine: Path) -> None:
     names = sorted(p.name for p in engine.iterdir())
-    assert names == ["config.json", "embedding.safetensors", "llm.engine", "processed_chat_template.json",
+    assert names == ["chat_template.jinja", "config.json", "embedding.safetensors", "llm.engine",
                      "tokenizer.json", "tokenizer_config.json"]
     config = json.loads((engine / "config.json").read_text())
     assert {k: v for k, v in config.items() if k in CONFIG} == CONFIG  # the export's config, carried over
@@ -334,7 +334,7 @@ def test_build_log_lines_and_streams(jetson_board: JetsonBoard) -> None:
         f"Parsing ONNX model: {onnx}/model.onnx", f"Created directory {engine} for saving LLM engine.",
         f"Engine saved to {engine}/llm.engine", f"Copied config.json with builder config to {engine}/config.json",
         "Copied tokenizer file: tokenizer_config.json", "Copied tokenizer file: tokenizer.json",
-        "Copied tokenizer file: processed_chat_template.json",
+        "Copied tokenizer file: chat_template.jinja",
         f"Copied embedding.safetensors to {engine}/embedding.safetensors", "LLM engine built successfully."]
     assert log_lines(done.stdout)[-1].split("] ")[2] == "[llm_build.cpp:261:main"
     debug = build(jetson_board, onnx, engine, "--debug")

@@ -25,6 +25,7 @@ from typing import Any
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import GenerationRequest
 from edgellm.types import BenchMode
+from toolchains.base import ENGINE_LISTING, engine_listing
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
 INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required (one build)
@@ -371,13 +372,23 @@ def _gemm_weight_kinds(onnx_dir: Path) -> list[str]:
     return kinds
 
 
+def _engine_bytes(engine_dir: Path) -> int:
+    """The size of the engine's plan file: from the listing of the engine as it is on the device (the plan stays
+    there: ``toolchains.base.ENGINE_LISTING``), else the file itself (an engine dir fetched whole)."""
+    if (engine_dir / ENGINE_LISTING).is_file():
+        entry = engine_listing(engine_dir)["files"].get(ENGINE_FILE) or {}
+        return int(entry.get("bytes") or 0)
+    engine = engine_dir / ENGINE_FILE
+    return engine.stat().st_size if engine.is_file() else 0
+
+
 def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> EngineReadBack:
     """Read back an llm_build output: ``llm.engine`` is there and not empty, its ``config.json`` carries the
     ``builder_config`` of the limits asked, and the weight precision is that of the quantized GEMMs of the graph it
     was built from (a TensorRT plan cannot be opened without TensorRT; its per-layer types need the engine
     inspector on the device, not driven here). Raises TestFailure on any mismatch."""
-    engine = engine_dir / ENGINE_FILE
-    if not engine.is_file() or engine.stat().st_size == 0:
+    engine_bytes = _engine_bytes(engine_dir)
+    if not engine_bytes:
         raise TestFailure(f"llm_build wrote no {ENGINE_FILE} (or an empty one) in the engine dir")
     config_path = engine_dir / "config.json"
     try:
@@ -397,4 +408,4 @@ def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> 
         raise TestFailure(f"the engine's graph mixes quantized GEMM kinds {', '.join(found)}")
     weights = _WEIGHT_KINDS[found[0]] if found else "fp16"
     return EngineReadBack(weights=weights, kv_cache=str(config.get("kv_cache_dtype", "fp16")),
-                          quantized_gemms=len(kinds), engine_bytes=engine.stat().st_size, builder_config=builder)
+                          quantized_gemms=len(kinds), engine_bytes=engine_bytes, builder_config=builder)

@@ -363,6 +363,10 @@ class TensorrtEdgellm(ToolchainDriver):
     def needs_onnx_for_check(self) -> bool:
         return True
 
+    def engine_readback(self) -> tuple[str, ...]:
+        """The engine's runtime config (its builder_config: the limits it was built for); the plan stays there."""
+        return ("config.json",)
+
     def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
         assert onnx_dir is not None
         found = trt.read_engine(engine_dir, onnx_dir, params)
