@@ -26,7 +26,7 @@ Exit codes:
 "packages". Host names and user names are never printed. Keys:
   schema                  1 (this layout)
   python                  "3.10.12"; python_implementation "CPython"
-  system, machine         "Linux", "aarch64"
+  system, machine         "Linux", "aarch64" (machine: /proc/sys/kernel/arch, else uname)
   kernel, kernel_build    uname's release and version
   libc                    "glibc 2.35"
   cpu_count, cpus_usable  os.cpu_count() and the CPUs this process may run on
@@ -461,7 +461,10 @@ def _env_host(report, sysroot, work_dir):
     report.put("python", platform.python_version())
     report.put("python_implementation", platform.python_implementation())
     report.put("system", uname.sysname)
-    report.put("machine", uname.machine)
+    # the kernel's own answer (sysctl kernel.arch, Linux 5.x+) read through the root, so a fake board's root says
+    # what its board is; uname's where the file is absent
+    arch, _ = sysroot.read("/proc/sys/kernel/arch")
+    report.put("machine", arch.strip() if arch and arch.strip() else uname.machine)
     report.put("kernel", uname.release)
     report.put("kernel_build", uname.version)
     try:
