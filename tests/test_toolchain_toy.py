@@ -80,7 +80,8 @@ def test_a_toolchain_defined_in_one_file_runs_every_stage(toy: str, tmp_path: Pa
         assert {versions[s] for s in ("build", "infer", "accuracy", "bench")} == {"0.1-device"}  # read on the device
         assert all(r.test_id.endswith("-by.toy.echo") for r in rows)
         entries = s.scalars(select(CacheEntry)).all()
-        assert {(e.kind.value, e.toolchain) for e in entries} >= {("checkpoint", toy), ("onnx", toy), ("engine_manifest", toy)}
+        assert {(e.kind.value, e.toolchain) for e in entries} >= {("checkpoint", toy), ("onnx", toy),
+                                                                   ("engine_manifest", toy)}
 
 
 def test_no_generic_layer_names_a_registered_toolchain() -> None:
