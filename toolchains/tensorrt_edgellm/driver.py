@@ -334,15 +334,13 @@ class TensorrtEdgellm(ToolchainDriver):
             lengths = {"input_len": length} if mode is BenchMode.PREFILL else {"past_kv_len": length}
             argv = trt.bench_argv(self._install_of(device), engine_dir, mode, iterations=iterations, warmup=warmup,
                                   output_dir=out, **lengths)
-            e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)
-            runs.append(BenchRun(DeviceStep(argv, env=self._env(device),
-                                            fetch={"e2e.csv": e2e, "samples.csv": trt.samples_csv(e2e)}), mode))
+            e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)  # the only file llm_bench writes there
+            runs.append(BenchRun(DeviceStep(argv, env=self._env(device), fetch={"e2e.csv": e2e}), mode))
         return runs
 
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        samples = fetched.get("samples.csv")
         return trt.parse_bench(run.mode, fetched["e2e.csv"].read_text(encoding="utf-8"),
-                               samples.read_text(encoding="utf-8") if samples is not None else None)
+                               **trt.bench_asked(run.mode, run.step.argv))
 
     # accuracy: llm_inference gives text only, so the device generates the reference's prompts greedily and the
     # host scores greedy text agreement (accuracy.py)
