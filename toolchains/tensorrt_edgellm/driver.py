@@ -58,6 +58,7 @@ from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
+    from devices.transport.base import CommandResult
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
@@ -261,6 +262,14 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def route(self) -> Route | None:
         return Route.ONNX
+
+    def classify_exit(self, result: CommandResult) -> EdgeLLMError | None:
+        """By the Edge-LLM tools' own conventions (``exits``): a loader, tool or plugin missing on the device is a
+        DeviceConfigurationError, the OOM killer or a GPU allocation failure a ResourceError, a command line they
+        refuse the farm's bug, a kernel that cannot take the model NotApplicable, anything else a TestFailure."""
+        from toolchains.tensorrt_edgellm import exits
+
+        return exits.classify(result)
 
     # --- host stages (toolchains/tensorrt_edgellm/host_stages.py) ---
 
