@@ -96,8 +96,8 @@ FP8_KV = re.compile(r"FP8 KV cache is supported only on (?P<sms>.+?); got SM(?P<
 TRT_VERSION = re.compile(r"The engine plan file is not compatible with this version of TensorRT, expecting library "
                          r"version (?P<here>\d+(?:\.\d+)*) got (?P<engine>\d+(?:\.\d+)*)")
 TRT_TAG = re.compile(r"stdVersionRead == serializationVersion failed|Version tag does not match")
-SM_MISMATCH = re.compile(r"generated on an incompatible device, expecting compute (?P<here>[\d.]+) got compute "
-                         r"(?P<engine>[\d.]+)")
+SM_MISMATCH = re.compile(r"generated on an incompatible device, expecting compute (?P<here>\d+(?:\.\d+)*) got "
+                         r"compute (?P<engine>\d+(?:\.\d+)*)")
 STALE_PLUGIN = "this engine was likely serialized by an older, incompatible build of this plugin"
 # each tool's own log locations (its main file and those only it logs from), and its argv[0] in glibc's and the
 # loader's lines
@@ -118,7 +118,7 @@ def log_messages(text: str, levels: tuple[str, ...] = ERROR_LEVELS) -> list[str]
 
 def _tool(result: CommandResult) -> str:
     """Which tool ran, from its log locations or its argv[0] in glibc's and the loader's lines."""
-    text = result.stderr + "\n" + result.stdout
+    text = "\n" + result.stderr + "\n" + result.stdout
     for name, sources in TOOL_SOURCES.items():
         if any(f"[{source}:" in text for source in sources) or f"/{name}: " in text or f"\n{name}: " in text:
             return name
@@ -131,11 +131,11 @@ def _clip(text: str) -> str:
 
 def last_errors(result: CommandResult) -> str:
     """The tool's last ERROR lines (at most 3, prefix stripped, joined with " | ", clipped); without any, its last
-    non-empty stderr lines, then stdout's; "" when it printed nothing."""
+    non-empty stderr lines, then stdout's (log prefixes stripped); "" when it printed nothing."""
     errors = [m for m in log_messages(result.stderr + "\n" + result.stdout) if m]
     if not errors:
         for stream in (result.stderr, result.stdout):
-            errors = [line.strip() for line in stream.splitlines() if line.strip()]
+            errors = [_strip(line) for line in stream.splitlines() if line.strip()]
             if errors:
                 break
     return _clip(" | ".join(errors[-MAX_LINES:]))
