@@ -63,11 +63,12 @@ def owned(board: JetsonBoard, path: Path) -> Path:
 
 
 def make_onnx(board: JetsonBoard, name: str) -> Path:
+    """An exporter-shaped ONNX dir with both chat-template artifacts (0.10.0's and 0.11.0's)."""
     directory = board.work_dir / name
     directory.mkdir(parents=True, exist_ok=True)
     for file, text in {"model.onnx": "STAND-IN graph: AttentionPlugin x4", "config.json": json.dumps(CONFIG),
                        "tokenizer.json": "{}", "tokenizer_config.json": "{}", "processed_chat_template.json": "{}",
-                       "embedding.safetensors": "embedding"}.items():
+                       "chat_template.jinja": "{{ messages }}", "embedding.safetensors": "embedding"}.items():
         (directory / file).write_text(text)
     return owned(board, directory)
 

@@ -50,13 +50,14 @@ TS = "[12:00:01.123]"
 
 
 def make_onnx(board: JetsonBoard, name: str, **overrides: object) -> Path:
-    """An exporter-shaped ONNX dir on the board (model.onnx only names its plugin ops)."""
+    """An exporter-shaped ONNX dir on the board (model.onnx only names its plugin ops), with both chat-template
+    artifacts (0.10.0's builder copies processed_chat_template.json, 0.11.0's exporter writes chat_template.jinja)."""
     directory = board.work_dir / name
     directory.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in {**CONFIG, **overrides}.items() if v is not None}
     files = {"model.onnx": "STAND-IN graph: AttentionPlugin x4", "config.json": json.dumps(config),
              "tokenizer.json": "{}", "tokenizer_config.json": "{}", "processed_chat_template.json": "{}",
-             "embedding.safetensors": "embedding"}
+             "chat_template.jinja": "{{ messages }}", "embedding.safetensors": "embedding"}
     for file, text in files.items():
         (directory / file).write_text(text)
     subprocess.run(["chown", "-R", f"{board.user}:{board.user}", str(directory)], check=True)
