@@ -5,12 +5,14 @@ On a TensorRT device the toolchain is a CMake build of TensorRT-Edge-LLM (tools 
 ``llm_inference --engineDir E --inputFile I --outputFile O [--checkpointDir C --warmup N --maxGenerateLength N]``;
 ``llm_bench --engineDir E --mode prefill|decode (--inputLen N | --pastKVLen N) --iterations N --warmup N
 [--batchSize N --outputDir D]``. What they write: ``llm_build`` puts ``llm.engine`` and ``config.json`` (the export's
-runtime config plus a ``builder_config`` block with the limits it built for) into the engine dir; ``llm_inference``
-writes ``{"responses": [{"output_text", "request_idx", "batch_idx", ...}]}``; ``llm_bench --outputDir D`` writes
-``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,batch_size,osl,e2e_time_ms,
-per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row) and a ``_samples`` CSV of per-iteration
-latencies. Option names were checked against the tools' sources and the published input-format guide. Paths are
-device paths (POSIX strings). The ONNX-less route (``tensorrt-edgellm-build`` from the checkpoint) is not driven.
+runtime config plus a ``builder_config`` block with the limits it built for, snake_case) into the engine dir;
+``llm_inference`` writes ``{"responses": [{"output_text", "request_idx" (flat index into the requests), "batch_idx"
+(within its batch), "finish_reason", ...}]}``, also when some requests failed (then it exits 1); ``llm_bench
+--outputDir D`` writes only ``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,
+batch_size,osl,e2e_time_ms,per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row of aggregates; no
+per-iteration file). research/trt_edgellm_tools.md sections 1-2 hold the tools' exact behaviour; how their exits are
+read: ``exits``. Paths are device paths (POSIX strings). The ONNX-less route (``tensorrt-edgellm-build`` from the
+checkpoint) is not driven.
 """
 
 from __future__ import annotations
@@ -228,7 +230,9 @@ def to_trt_requests(requests: list[GenerationRequest], *, batch_size: int = 1) -
     """Our requests (``edgellm infer``'s file) -> llm_inference's OpenAI-like input file.
 
     Plain prompts are sent as one user message without the chat template (a completion, like ours); messages go
-    through the engine's chat template. Greedy (temperature 0) is sent as top_k 1.
+    through the engine's chat template. Greedy (temperature 0) is sent as top_k 1. llm_inference reads no seed (it
+    ignores keys it does not know), so none is written: a seed is irrelevant to greedy requests, and a sampling
+    request that asks for one is refused rather than silently run unseeded.
     """
     if not requests:
         raise ConfigurationError("no requests to translate")
@@ -241,6 +245,11 @@ def to_trt_requests(requests: list[GenerationRequest], *, batch_size: int = 1) -
                                  "prompt and messages requests in one file")
     temperature, top_k, top_p = (_same(requests, a) for a in ("temperature", "top_k", "top_p"))
     greedy = temperature == 0.0
+    seeded = [f"{r.id} (seed {r.seed})" for r in requests if r.seed is not None]
+    if seeded and not greedy:
+        raise ConfigurationError(f"llm_inference takes no sampling seed (its input file has no seed key), so a seed "
+                                 f"cannot be honoured at temperature {temperature}: request(s) {', '.join(seeded)}; "
+                                 f"drop the seed or use temperature 0 (greedy)")
     plain = kinds.pop()
     out: dict[str, Any] = {
         "batch_size": batch_size,
@@ -252,9 +261,6 @@ def to_trt_requests(requests: list[GenerationRequest], *, batch_size: int = 1) -
         "add_generation_prompt": not plain,
         "requests": [],
     }
-    seed = _same(requests, "seed")
-    if seed is not None:
-        out["sampling_seed"] = seed
     for r in requests:
         messages = [{"role": "user", "content": r.prompt}] if plain else r.messages
         entry: dict[str, Any] = {"messages": messages}
@@ -264,63 +270,129 @@ def to_trt_requests(requests: list[GenerationRequest], *, batch_size: int = 1) -
     return out
 
 
+# llm_inference's finish_reason (cpp/runtime/streaming.cpp) -> ours (edgellm.runtime.requests.FINISH_REASONS).
+# "cancelled" and "not-finished" have no counterpart and map to None like any unknown one (never guessed);
+# "error" marks a failed request.
+FINISH_REASONS = {"end-of-sequence": "eos", "max-length": "length", "stop-words": "stop"}
+FAILED_REASON = "error"
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def from_trt_responses(output: Mapping[str, Any], requests: list[GenerationRequest], *,
                        batch_size: int = 1) -> dict[str, Any]:
-    """llm_inference's output file -> our ``{"responses": [...]}`` in request order. Token ids, finish reasons
-    and timings are not in its file: they are null, never guessed. A request it could not handle is a TestFailure."""
+    """llm_inference's output file -> our ``{"responses": [...]}`` in request order.
+
+    ``request_idx`` is the flat index into the requests sent and ``batch_idx`` its place in its batch of
+    ``batch_size`` consecutive requests (checked). Its ``finish_reason`` is mapped to ours (:data:`FINISH_REASONS`;
+    others None). Token ids and timings are not in its file: they are null, never guessed. The file is also
+    written when requests failed (llm_inference then exits 1): a request whose finish_reason is "error" or whose
+    text is its failure text, or that has no response, raises TestFailure naming the request ids."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     responses = output.get("responses")
     if not isinstance(responses, list):
         raise TestFailure("llm_inference output has no 'responses' list")
-    by_index: dict[int, str] = {}
-    for item in responses:
-        index = int(item["request_idx"]) * batch_size + int(item["batch_idx"])
-        by_index[index] = item["output_text"]
+    by_index: dict[int, Mapping[str, Any]] = {}
+    problems: list[str] = []
+    for n, item in enumerate(responses):
+        if not isinstance(item, Mapping):
+            problems.append(f"responses[{n}] is not an object")
+            continue
+        index, batch_index = _index(item.get("request_idx")), _index(item.get("batch_idx"))
+        if index is None or not 0 <= index < len(requests):
+            problems.append(f"responses[{n}].request_idx {item.get('request_idx')!r} is not an index into the "
+                            f"{len(requests)} request(s) sent")
+        elif index in by_index:
+            problems.append(f"responses[{n}] repeats request_idx {index}")
+        elif batch_index != index % batch_size:
+            problems.append(f"responses[{n}].batch_idx {item.get('batch_idx')!r} does not match request_idx {index} "
+                            f"in batches of {batch_size} (expected {index % batch_size})")
+        elif not isinstance(item.get("output_text"), str):
+            problems.append(f"responses[{n}].output_text {item.get('output_text')!r} is not a string")
+        else:
+            by_index[index] = item
+    if problems:
+        raise TestFailure(f"llm_inference output is inconsistent: {'; '.join(problems[:3])}"
+                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    failed = [r.id for i, r in enumerate(requests) if i in by_index and (
+        by_index[i].get("finish_reason") == FAILED_REASON or by_index[i]["output_text"] == FAILED_TEXT)]
     missing = [r.id for i, r in enumerate(requests) if i not in by_index]
-    if missing:
-        raise TestFailure(f"llm_inference returned no output for request(s) {', '.join(missing)}")
-    failed = [r.id for i, r in enumerate(requests) if by_index[i] == FAILED_TEXT]
-    if failed:
-        raise TestFailure(f"llm_inference could not handle request(s) {', '.join(failed)}")
-    return {"responses": [{"id": r.id, "text": by_index[i], "output_ids": None, "finish_reason": None,
+    if failed or missing:
+        raise TestFailure("llm_inference "
+                          + "; ".join(([f"failed request(s) {', '.join(failed)}"] if failed else [])
+                                      + ([f"returned no output for request(s) {', '.join(missing)}"] if missing
+                                         else [])))
+    return {"responses": [{"id": r.id, "text": by_index[i]["output_text"], "output_ids": None,
+                           "finish_reason": FINISH_REASONS.get(str(by_index[i].get("finish_reason"))),
                            "timings": None} for i, r in enumerate(requests)]}
 
 
 def bench_csv(output_dir: str, mode: BenchMode, length: int) -> str:
-    """Where ``llm_bench --outputDir`` writes its end-to-end timing of ``mode`` (see the module doc)."""
+    """Where ``llm_bench --outputDir`` writes its end-to-end timing of ``mode`` (see the module doc); the only file it
+    writes there without ``--profile`` (no per-iteration samples: the E2E CSV holds aggregates)."""
     name = f"e2e_prefill_inputlen{length}" if mode is BenchMode.PREFILL else f"e2e_decode_pastkvlen{length}"
     return f"{output_dir}/{name}.csv"
 
 
-def samples_csv(e2e_csv: str) -> str:
-    return e2e_csv.removesuffix(".csv") + "_samples.csv"
-
-
 E2E_COLUMNS = ("mode", "batch_size", "osl", "e2e_time_ms", "per_token_ms", "throughput_tps")
+# the E2E CSV's mode-specific last column, and the bench_argv flag that sets it
+LENGTH_COLUMNS = {BenchMode.PREFILL: ("input_len", "--inputLen"), BenchMode.DECODE: ("past_kv_len", "--pastKVLen")}
 
 
-def parse_bench(mode: BenchMode, e2e: str, samples: str | None) -> dict[str, tuple[float, str]]:
-    """llm_bench's end-to-end CSV (and its per-iteration samples, when written) -> the farm's bench metrics."""
+def bench_asked(mode: BenchMode, argv: list[str]) -> dict[str, int]:
+    """What an ``llm_bench`` command line (:func:`bench_argv`) asked: ``length`` (input_len or past_kv_len) and
+    ``batch_size``, the values its E2E CSV must echo (:func:`parse_bench`)."""
+    flags = {"length": LENGTH_COLUMNS[mode][1], "batch_size": "--batchSize"}
+    asked: dict[str, int] = {}
+    for key, flag in flags.items():
+        if flag in argv[:-1]:
+            asked[key] = int(argv[argv.index(flag) + 1])
+    return asked
+
+
+def _csv_int(row: Mapping[str, str], column: str, mode: BenchMode) -> int:
+    try:
+        return int(row[column])
+    except ValueError:
+        raise TestFailure(f"llm_bench {mode.value}: {column} {row[column]!r} is not an integer") from None
+
+
+def parse_bench(mode: BenchMode, e2e: str, *, length: int | None = None,
+                batch_size: int | None = None) -> dict[str, tuple[float, str]]:
+    """llm_bench's end-to-end CSV -> the farm's bench metrics: ``<mode>_tokens_per_s`` (its throughput_tps, which
+    llm_bench does not multiply by the batch size), ``<mode>_ms_per_token`` and ``<mode>_e2e_ms`` (means over its
+    iterations). Its mode, mode-specific length column and batch size must be those asked (``length``,
+    ``batch_size``: checked when given); osl must be 1 (the farm passes no ``--osl``, so a decode row times one
+    step). No latency percentiles: llm_bench writes no per-iteration times."""
     import csv
     import io
-    import statistics
 
+    column = LENGTH_COLUMNS[mode][0]
     rows = list(csv.DictReader(io.StringIO(e2e)))
-    if len(rows) != 1 or any(c not in rows[0] for c in E2E_COLUMNS):
-        raise TestFailure(f"llm_bench {mode.value}: expected one row with {', '.join(E2E_COLUMNS)}; got "
+    needed = (*E2E_COLUMNS, column)
+    if len(rows) != 1 or any(c not in rows[0] for c in needed):
+        raise TestFailure(f"llm_bench {mode.value}: expected one row with {', '.join(needed)}; got "
                           f"{len(rows)} row(s) with {', '.join(rows[0]) if rows else 'no columns'}")
     row = rows[0]
     if row["mode"] != mode.value:
         raise TestFailure(f"llm_bench wrote mode {row['mode']!r} for a {mode.value} run")
+    found = {"length": _csv_int(row, column, mode), "batch_size": _csv_int(row, "batch_size", mode)}
+    asked = {"length": length, "batch_size": batch_size}
+    names = {"length": column, "batch_size": "batch_size"}
+    wrong = [f"{names[k]} {found[k]} (asked {v})" for k, v in asked.items() if v is not None and found[k] != v]
+    osl = _csv_int(row, "osl", mode)
+    if osl != 1:
+        wrong.append(f"osl {osl} (asked 1)")
+    if wrong:
+        raise TestFailure(f"llm_bench {mode.value} timed another shape: {', '.join(wrong)}")
     try:
         out = {f"{mode.value}_tokens_per_s": (float(row["throughput_tps"]), "tokens/s"),
                f"{mode.value}_ms_per_token": (float(row["per_token_ms"]), "ms"),
                f"{mode.value}_e2e_ms": (float(row["e2e_time_ms"]), "ms")}
-        if samples:
-            lat = sorted(float(r["latency_ms"]) for r in csv.DictReader(io.StringIO(samples)))
-            if lat:
-                out[f"{mode.value}_latency_ms_median"] = (statistics.median(lat), "ms")
-                out[f"{mode.value}_latency_ms_p90"] = (lat[min(len(lat) - 1, int(0.9 * len(lat)))], "ms")
-    except (KeyError, ValueError) as exc:
+    except ValueError as exc:
         raise TestFailure(f"llm_bench {mode.value}: unreadable timing ({exc})") from None
     bad = [k for k, (v, _) in out.items() if not v > 0]
     if bad:
@@ -341,7 +413,12 @@ class EngineReadBack:
 
 # quantized GEMM kind in the exported graph -> the precision it stands for
 _WEIGHT_KINDS = {"int4": "int4_awq", "int8": "int8_sq", "fp8": "fp8", "fp4": "nvfp4", "mxfp8": "mxfp8"}
-_LIMITS = {"max_batch_size": "maxBatchSize", "max_input_len": "maxInputLen", "max_seq_len": "maxKVCacheCapacity"}
+# the farm's build params -> the builder_config keys llm_build writes for them (its --maxBatchSize, --maxInputLen,
+# --maxKVCacheCapacity)
+_LIMITS = {"max_batch_size": "max_batch_size", "max_input_len": "max_input_len", "max_seq_len": "max_kv_cache_capacity"}
+# builder_config keys of flags the farm never passes, with llm_build's defaults
+_DEFAULTS = {"spec_draft": False, "spec_base": False, "max_lora_rank": 0}
+TOKENS_PER_PAGE = 128  # the paged KV cache's page (kTOKENS_PER_PAGE)
 
 
 def _gemm_weight_kinds(onnx_dir: Path) -> list[str]:
@@ -382,6 +459,19 @@ def _engine_bytes(engine_dir: Path) -> int:
     return engine.stat().st_size if engine.is_file() else 0
 
 
+def builder_config_problems(builder: Mapping[str, Any], params: Mapping[str, int]) -> list[str]:
+    """Where the ``builder_config`` llm_build wrote differs from what the farm asked (``params``: max_batch_size,
+    max_input_len, max_seq_len, each checked when given) or from the defaults of the flags it never passes; the
+    KV pool must be the one it resolves with no ``--maxKVPoolPages``: batch x ceil(capacity / 128) pages."""
+    expected: dict[str, Any] = {theirs: params[ours] for ours, theirs in _LIMITS.items() if ours in params}
+    expected.update(_DEFAULTS)
+    if "max_batch_size" in params and "max_seq_len" in params:
+        pages = -(-params["max_seq_len"] // TOKENS_PER_PAGE)
+        expected["max_kv_pool_pages"] = params["max_batch_size"] * pages
+    return [f"{key}={builder.get(key)!r} (expected {value!r})" for key, value in expected.items()
+            if key not in builder or builder[key] != value or type(builder[key]) is not type(value)]
+
+
 def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> EngineReadBack:
     """Read back an llm_build output: ``llm.engine`` is there and not empty, its ``config.json`` carries the
     ``builder_config`` of the limits asked, and the weight precision is that of the quantized GEMMs of the graph it
@@ -398,8 +488,7 @@ def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> 
     builder = config.get("builder_config")
     if not isinstance(builder, dict):
         raise TestFailure("the engine's config.json has no builder_config block (not written by llm_build?)")
-    wrong = [f"{theirs}={builder.get(theirs)!r} (asked {params[ours]})" for ours, theirs in _LIMITS.items()
-             if ours in params and builder.get(theirs) != params[ours]]
+    wrong = builder_config_problems(builder, params)
     if wrong:
         raise TestFailure(f"the engine was built for other limits: {', '.join(wrong)}")
     kinds = _gemm_weight_kinds(onnx_dir)

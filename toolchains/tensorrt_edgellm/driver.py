@@ -59,6 +59,7 @@ from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
+    from devices.transport.base import CommandResult
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
@@ -313,6 +314,14 @@ class TensorrtEdgellm(ToolchainDriver):
     def route(self) -> Route | None:
         return Route.ONNX
 
+    def classify_exit(self, result: CommandResult) -> EdgeLLMError | None:
+        """By the Edge-LLM tools' own conventions (``exits``): a loader, tool or plugin missing on the device is a
+        DeviceConfigurationError, the OOM killer or a GPU allocation failure a ResourceError, a command line they
+        refuse the farm's bug, a kernel that cannot take the model NotApplicable, anything else a TestFailure."""
+        from toolchains.tensorrt_edgellm import exits
+
+        return exits.classify(result)
+
     # --- host stages (toolchains/tensorrt_edgellm/host_stages.py) ---
 
     def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
@@ -394,15 +403,13 @@ class TensorrtEdgellm(ToolchainDriver):
             lengths = {"input_len": length} if mode is BenchMode.PREFILL else {"past_kv_len": length}
             argv = trt.bench_argv(self._install_of(device), engine_dir, mode, iterations=iterations, warmup=warmup,
                                   output_dir=out, **lengths)
-            e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)
-            runs.append(BenchRun(DeviceStep(argv, env=self._env(device),
-                                            fetch={"e2e.csv": e2e, "samples.csv": trt.samples_csv(e2e)}), mode))
+            e2e = trt.bench_csv(f"bench-{mode.value}", mode, length)  # the only file llm_bench writes there
+            runs.append(BenchRun(DeviceStep(argv, env=self._env(device), fetch={"e2e.csv": e2e}), mode))
         return runs
 
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        samples = fetched.get("samples.csv")
         return trt.parse_bench(run.mode, fetched["e2e.csv"].read_text(encoding="utf-8"),
-                               samples.read_text(encoding="utf-8") if samples is not None else None)
+                               **trt.bench_asked(run.mode, run.step.argv))
 
     # accuracy: llm_inference gives text only, so the device generates the reference's prompts greedily and the
     # host scores greedy text agreement (accuracy.py)
