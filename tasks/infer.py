@@ -10,7 +10,7 @@ import statistics
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, TestFailure
 from results.models import ResultStatus
 from stages import Stage
 from stages.job import JobSpec
@@ -70,7 +70,11 @@ def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
                 pass
         if run.status is ResultStatus.PASS:
             out.artifacts.append(farm.store.put(run.fetched["out.json"], ArtifactKind.REPORT))
-            responses = toolchain.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)
+            try:
+                written = json.loads(run.fetched["out.json"].read_text())
+            except ValueError as exc:  # a tool that exits 0 with an empty or cut output file (a full disk)
+                raise TestFailure(f"the inference tool exited 0 but its output file is not JSON ({exc})") from None
+            responses = toolchain.infer_responses(written, ours)
             empty = [r["id"] for r in responses if not (r.get("output_ids") or r.get("text"))]
             if len(responses) != job.max_batch_size or empty:
                 out.status = ResultStatus.FAIL
