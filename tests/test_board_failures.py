@@ -120,23 +120,26 @@ def test_an_out_of_memory_kill_is_a_resource_error_with_the_memory_figures(
     assert board.id not in _held(farm_dir)  # the job's finding, not the board's fault
 
 
-def _entry(board: JetsonBoard, nbytes: int, age_s: float) -> str:
-    """A cache entry (a sparse file named by a sha256) last used ``age_s`` ago."""
+def _entry(board: JetsonBoard, nbytes: int) -> str:
+    """A cache entry (a sparse file named by a sha256), used now: entries made one after another are used in that
+    order (the agent's last use is the latest of mtime and ctime, and ctime cannot be set back)."""
     name = os.urandom(32).hex()
-    path = board.work_dir / "cache" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
+    cache = board.work_dir / "cache"
+    if not cache.is_dir():
+        cache.mkdir(parents=True)
+        subprocess.run(["chown", f"{board.user}:{board.user}", str(cache)], check=True)
+    path = cache / name
     with path.open("wb") as f:
         f.truncate(nbytes)
-    when = time.time() - age_s
-    os.utime(path, (when, when))
-    subprocess.run(["chown", "-R", f"{board.user}:{board.user}", str(board.work_dir)], check=True)
+    subprocess.run(["chown", f"{board.user}:{board.user}", str(path)], check=True)
+    time.sleep(0.02)
     return name
 
 
 def test_the_device_cache_stays_under_its_bound(make_board: Callable[..., JetsonBoard], farm_dir: Path) -> None:
     board = make_board("orin")
     mib = 2**20
-    old = [_entry(board, 30 * mib, age_s=3600 * (10 - i)) for i in range(4)]  # 120 MiB, oldest first
+    old = [_entry(board, 30 * mib) for _ in range(4)]  # 120 MiB, least recently used first
     bound_gb = 64 / 1024  # 64 MiB: the old entries overfill it
     inventory = _inventory(farm_dir, board, cache_max_gb=bound_gb)
     summary = _run(farm_dir, inventory)
