@@ -809,3 +809,59 @@ def test_evict_waits_for_the_lock_then_fails_as_infrastructure(monkeypatch, caps
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("agent: infrastructure: ") and "another evict" in err
     assert agent.main(["cache", "evict", "--cache", str(cache), "--max-bytes", "0"]) == 0
+
+
+def test_hash_lists_and_seals_a_tree_in_one_read(python: str, tmp_path: Path) -> None:
+    top = _odd_tree(tmp_path / "engine")
+    seal = tmp_path / "engine.sha256sums"
+    result = run(python, "hash", str(top), "--list", "--seal", str(seal))
+    assert result.rc == 0, result.stderr
+    pipeline = subprocess.run(["sh", "-c", "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"],
+                              cwd=top, capture_output=True, check=True).stdout
+    assert seal.read_bytes() == pipeline  # the seal the farm's shell check reads (sha256sum -c)
+    assert hashlib.sha256(seal.read_bytes()).hexdigest() == result.out["sha256"] == _pipeline_digest(top)
+    listing = result.out["listing"]
+    assert len(listing) == result.out["files"] and sum(e["bytes"] for e in listing) == result.out["bytes"]
+    assert all(e["path"].startswith("./") and len(e["sha256"]) == 64 for e in listing)
+    assert run(python, "hash", str(_write(tmp_path / "f", "x")), "--seal", str(seal)).rc == 2  # files: no seal
+
+
+def test_check_reads_a_cmake_build_and_its_git_revision(python: str, tmp_path: Path) -> None:
+    src = tmp_path / "TensorRT-Edge-LLM"
+    build = src / "build"
+    _write(build / "CMakeCache.txt", f"# cache\nCMAKE_HOME_DIRECTORY:INTERNAL={src}\n"
+                                      "CMAKE_PROJECT_NAME:STATIC=tensorrt_edgellm_sdk\n"
+                                      "CMAKE_PROJECT_VERSION:STATIC=0.11.0\nCMAKE_BUILD_TYPE:STRING=Release\n"
+                                      "EMBEDDED_TARGET:STRING=jetson-orin\n")
+    sha = "c0ffee" * 6 + "abcd"
+    _write(src / ".git" / "HEAD", "ref: refs/heads/release/0.11\n")
+    _write(src / ".git" / "packed-refs", f"# pack-refs with: peeled\n{sha} refs/heads/release/0.11\n")
+    result = run(python, "check", "--build-dir", str(build), "--cmake-key", "EMBEDDED_TARGET")
+    assert result.rc == 0, result.stderr
+    assert result.out["builds"][str(build)] == {
+        "project": "tensorrt_edgellm_sdk", "version": "0.11.0", "build_type": "Release", "source_dir": str(src),
+        "revision": sha, "cache": {"EMBEDDED_TARGET": "jetson-orin"}}
+    missing = run(python, "check", "--build-dir", str(tmp_path / "nowhere"))
+    assert missing.rc == 1 and "cannot read CMakeCache.txt" in missing.out["problems"][0]
+
+
+def test_oom_reads_the_kernels_kill_records_and_the_memory(python: str, tmp_path: Path) -> None:
+    _write(tmp_path / "proc" / "meminfo", "MemTotal:       64349428 kB\nMemAvailable:     123456 kB\n")
+    _write(tmp_path / "var" / "log" / "kern.log",
+           "Dec  1 10:00:00 jetson kernel: [ 1.0] usb 1-1: new device\n"
+           "Dec  1 10:00:01 jetson kernel: [ 2.0] Out of memory: Killed process 4242 (llm_build) "
+           "total-vm:31457280kB, anon-rss:29884416kB, file-rss:0kB, shmem-rss:0kB, UID:1000\n")
+    result = run(python, "oom", "--root", str(tmp_path))
+    assert result.rc == 0, result.stderr
+    assert result.out["kills"] == [{"pid": 4242, "comm": "llm_build", "total_vm_kb": 31457280,
+                                    "anon_rss_kb": 29884416, "line": result.out["kills"][0]["line"]}]
+    assert (result.out["memory_total_bytes"], result.out["memory_available_bytes"]) == (64349428 * 1024,
+                                                                                       123456 * 1024)
+    assert run(python, "oom", "--root", str(tmp_path / "empty-root-does-not-exist")).rc == 0  # nothing to read
+
+
+def test_env_reads_the_machine_through_the_root(python: str, tmp_path: Path) -> None:
+    _write(tmp_path / "proc" / "sys" / "kernel" / "arch", "aarch64\n")
+    assert run(python, "env", "--root", str(tmp_path)).out["machine"] == "aarch64"
+    (tmp_path / "bare").mkdir()
+    assert run(python, "env", "--root", str(tmp_path / "bare")).out["machine"] == os.uname().machine

@@ -192,3 +192,19 @@ def test_a_board_off_its_benchmark_conditions_is_recorded_as_such(
     report = json.loads(checked.stdout)[0]
     assert checked.exit_code == 0 and report["healthy"] and report["power_mode"] == "MODE_15W"
     assert any("benchmarks here are recorded as off-conditions" in n for n in report["notes"])
+
+
+def test_a_cached_engine_is_reused_on_its_board_and_a_full_disk_fails_inference(
+        make_board: Callable[..., JetsonBoard], farm_dir: Path) -> None:
+    board = make_board("orin")
+    inventory = _inventory(farm_dir, board)
+    first = _results(farm_dir, _run(farm_dir, inventory)["run_id"])
+    assert first["infer"].status.value == "pass", first["infer"].reason
+    builds = len([c for c in board.calls() if c["tool"] == "llm_build"])
+    board.disk_full()  # llm_inference still exits 0, its output file left empty (writes unchecked, as the real one)
+    second = _results(farm_dir, _run(farm_dir, inventory)["run_id"])
+    assert second["build"].status.value == "pass" and "cache hit" in second["build"].reason  # still on the board
+    assert len([c for c in board.calls() if c["tool"] == "llm_build"]) == builds  # not built again
+    infer = second["infer"]
+    assert (infer.status.value, infer.error_kind.value) == ("fail", "test_failure"), infer.reason
+    assert "exited 0 but its output file is not JSON" in infer.reason
