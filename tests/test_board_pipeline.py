@@ -34,7 +34,7 @@ from flows.cli import app
 from results.db import make_engine
 from results.models import Environment, Result
 from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW
-from test_lists.catalog import load_catalog
+from test_lists.catalog import Catalog
 from tests.fixtures.board import STANDIN_REVISION, JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 
@@ -45,7 +45,7 @@ LAYOUTS = {"orin": ("qwen2.5-0.5b-layout", "llama-3.2-1b-layout"), "thor": ("qwe
 def _answers(models: tuple[str, ...], data: Path, root: Path) -> dict[str, Any]:
     """Per model (by its shape, as the stand-in keys them): prompt -> the transformers reference's greedy
     continuation, with the farm's reference settings."""
-    catalog = load_catalog()
+    catalog = Catalog.load()
     by_shape: dict[str, dict[str, str]] = {}
     for name in models:
         checkpoint = Path(catalog.get(name).locate(data))
