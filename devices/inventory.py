@@ -65,7 +65,9 @@ class Device(BaseModel):
     work_dir: str = Field(min_length=1)
     labels: tuple[str, ...] = ()
     max_jobs: int = Field(default=1, ge=1, le=256)
-    python: str | None = None  # interpreter with edgellm installed; default python3 (ssh) / this one (local)
+    # the device's Python 3.8+ (runs the farm's stdlib-only agent; the edgellm toolchains also need edgellm importable
+    # by it); default python3 (ssh) / this one (local)
+    python: str | None = None
     env: dict[str, str] = Field(default_factory=dict)  # set for every command on the device (PATH, PYTHONPATH...)
     connect_timeout: float = Field(default=10.0, gt=0, le=300)
     toolchains: dict[str, Any] = Field(default_factory=dict)  # toolchain name -> its block (see module doc)
@@ -92,7 +94,7 @@ class Device(BaseModel):
 
     @property
     def interpreter(self) -> str:
-        """The Python on the device that has edgellm installed."""
+        """The Python the farm runs on the device (its agent; edgellm's own toolchains' commands)."""
         if self.python is not None:
             return self.python
         return sys.executable if self.transport is TransportKind.LOCAL else "python3"
