@@ -216,7 +216,8 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     if entry.waived and entry.waiver is not None:
         return _Decided(Decision.WAIVED, candidates[0], f"waived until {entry.waiver.expires} ({entry.waiver.bug})")
     pins = dict(entry.toolchain_versions)
-    capable = [(name, capability(platform, name, variant)) for name in candidates]
+    shape = catalog.get(entry.model).shape()  # None: unreadable here; decided without the model's limits
+    capable = [(name, capability(platform, name, variant, shape)) for name in candidates]
     if not any(cap for _, cap in capable):  # no toolchain of the platform can, in principle
         return _Decided(Decision.NOT_APPLICABLE, candidates[0], capable[0][1].reason)
     chosen: ToolchainDriver | None = None
