@@ -1,12 +1,15 @@
-"""The one answer to "can this platform run this variant with this toolchain": ``capability(platform, toolchain,
-variant) -> Capability``. The plan (matrices and test lists), ``edgefarm lists validate`` and anything else that asks
-use it, so a combination is refused for the same reason everywhere.
+"""The one answer to "can this platform run this variant of this model with this toolchain": ``capability(platform,
+toolchain, variant, shape) -> Capability``. The plan (matrices and test lists), ``edgefarm lists validate`` and
+anything else that asks use it, so a combination is refused for the same reason everywhere.
 
 In order, the first refusal wins:
   1. the device type's hardware: the weight precision (``precisions``, ``refuses``, the SM it needs), the KV cache
      (``kv_cache_precisions``) and the LM head (``lm_head_precisions``);
   2. the toolchain (when one is named): the platform runs it (the type's ``toolchains``), it produces the precision,
-     and it can give the LM head and KV cache asked for (``ToolchainDriver.variant_problem``).
+     and it can give the LM head and KV cache asked for (``ToolchainDriver.variant_problem``);
+  3. the model (when its shape is known: ``ModelSource.shape()``, read from its config without its weights): the
+     toolchain's kernels take it on the type's SM (``ToolchainDriver.model_problem``: e.g. a head size no attention
+     kernel of the toolchain has). A model whose shape cannot be read is decided by 1 and 2 alone.
 Whether the toolchain is installed here, or a device of the platform exists, is not a capability (the plan records
 those rows as skipped, not as not applicable).
 """
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 from devices.types import device_type
 from toolchains import base as toolchains
-from toolchains.base import Variant
+from toolchains.base import ModelShape, Variant
 
 
 @dataclass(frozen=True)
@@ -42,15 +45,15 @@ def hardware(platform: str, variant: Variant) -> Capability:
     return Capability(True)
 
 
-def capability(platform: str, toolchain: str | None, variant: Variant) -> Capability:
+def capability(platform: str, toolchain: str | None, variant: Variant, shape: ModelShape | None = None) -> Capability:
     """Whether ``platform`` can run ``variant`` with ``toolchain`` (None: with any of the platform's toolchains;
-    the reason is then the preferred toolchain's)."""
+    the reason is then the preferred toolchain's), for a model of ``shape`` (None: unknown; no model limit asked)."""
     found = hardware(platform, variant)
     if not found:
         return found
     dtype = device_type(platform)
     if toolchain is None:
-        reasons = [c for name in dtype.toolchains if not (c := capability(platform, name, variant))]
+        reasons = [c for name in dtype.toolchains if not (c := capability(platform, name, variant, shape))]
         return Capability(True) if len(reasons) < len(dtype.toolchains) else reasons[0]
     name = toolchains.parse(toolchain)
     if name not in dtype.toolchains:
@@ -61,4 +64,6 @@ def capability(platform: str, toolchain: str | None, variant: Variant) -> Capabi
         return Capability(False, f"toolchain {name} cannot produce {variant.precision} (produces: "
                                  f"{', '.join(p.value for p in produced)})")
     problem = driver.variant_problem(variant)
+    if problem is None and shape is not None:
+        problem = driver.model_problem(shape, dtype.sm, variant)
     return Capability(False, problem) if problem is not None else Capability(True)

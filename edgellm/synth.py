@@ -46,11 +46,15 @@ def make_checkpoint(
     max_shard_size: str | None = None,
     seed: int = 0,
     tokenizer_from: Path = BUNDLED_MODEL_DIR,
+    tokenizer_config: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
     """Write a random ``family`` checkpoint to ``out_dir`` (safetensors, config, tokenizer) and return it.
 
     ``max_shard_size`` (e.g. ``"20KB"``) writes a sharded checkpoint with ``model.safetensors.index.json``.
+    ``tokenizer_config``: keys merged into the copied ``tokenizer_config.json`` (e.g. ``{"pad_token": "<unk>"}``:
+    transformers' Qwen2 tokenizer otherwise adds ``<|endoftext|>`` as a pad token outside the bundled vocabulary);
+    without it the tokenizer files are copied byte for byte.
     The same arguments always give byte-identical tensors.
     """
     import torch
@@ -83,7 +87,15 @@ def make_checkpoint(
         src = Path(tokenizer_from) / name
         if src.exists():
             shutil.copyfile(src, out_dir / name)
+    if tokenizer_config:
+        _merge_json(out_dir / "tokenizer_config.json", tokenizer_config)
     return out_dir
+
+
+def _merge_json(path: Path, keys: dict[str, Any]) -> None:
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    data.update(keys)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _fix_dtype(config_path: Path, torch_dtype: str) -> None:

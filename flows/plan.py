@@ -216,7 +216,10 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     if entry.waived and entry.waiver is not None:
         return _Decided(Decision.WAIVED, candidates[0], f"waived until {entry.waiver.expires} ({entry.waiver.bug})")
     pins = dict(entry.toolchain_versions)
-    capable = [(name, capability(platform, name, variant)) for name in candidates]
+    # the model's limits (its toolchain's kernels) bind where a stage runs on the device; None: its shape is unknown
+    # here, or only host stages (quantize, export) run, which no kernel of the device's takes part in
+    shape = None if set(entry.stages) <= stages.host_stages() else catalog.get(entry.model).shape()
+    capable = [(name, capability(platform, name, variant, shape)) for name in candidates]
     if not any(cap for _, cap in capable):  # no toolchain of the platform can, in principle
         return _Decided(Decision.NOT_APPLICABLE, candidates[0], capable[0][1].reason)
     chosen: ToolchainDriver | None = None

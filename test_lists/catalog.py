@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from edgellm.errors import ConfigurationError
 from edgellm.thresholds import FIELDS, Thresholds
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
+from toolchains.base import ModelShape
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
@@ -81,6 +83,27 @@ class ModelSource:
             raise ConfigurationError(f"model {self.name!r}: no checkpoint at {path} (config.json not found)")
         return path
 
+    def shape(self) -> ModelShape | None:
+        """What a toolchain's kernels ask of the model (``ToolchainDriver.model_problem``), read without its weights:
+        a synthetic model's family ``tiny_config`` with the entry's overrides (what ``edgellm.synth`` writes), a
+        bundled or path checkpoint's ``config.json`` (a multimodal one's ``text_config``). None when that cannot be
+        read here (a path checkpoint absent on this host, a config without the keys): the plan then decides the
+        model's rows without its limits."""
+        if self.kind == "synthetic":
+            from edgellm.models.base import family_named
+
+            try:
+                config = {**family_named(self.spec["family"]).tiny_config, **self.spec}
+            except ConfigurationError:
+                return None
+            return _shape(config)
+        try:
+            directory = ASSETS_DIR / self.spec["bundled"] if self.kind == "bundled" else self._path()
+            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except (ConfigurationError, OSError, ValueError):
+            return None
+        return _shape(config)
+
     def locate(self, data_dir: Path) -> Path:
         """The checkpoint directory, materializing synthetic checkpoints once under ``data_dir``.
 
@@ -94,6 +117,25 @@ class ModelSource:
         if self.kind == "synthetic":
             return _materialize_synthetic(self, data_dir)
         return self._path()
+
+
+def _shape(config: Any) -> ModelShape | None:
+    """A Hugging Face config's attention shape (head_dim defaults to hidden_size // num_attention_heads and
+    num_key_value_heads to num_attention_heads, as transformers does); None when it lacks the keys."""
+    if isinstance(config, dict) and "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    if not isinstance(config, dict):
+        return None
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        kv = config.get("num_key_value_heads")
+        head_dim = config.get("head_dim")
+        return ModelShape(hidden_size=hidden, num_attention_heads=heads,
+                          num_key_value_heads=heads if kv is None else int(kv),
+                          head_dim=hidden // heads if head_dim is None else int(head_dim),
+                          num_hidden_layers=int(config["num_hidden_layers"]), vocab_size=int(config["vocab_size"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _materialize_synthetic(src: ModelSource, data_dir: Path) -> Path:

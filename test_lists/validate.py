@@ -131,19 +131,28 @@ class Validator:
 
     def _capability_problems(self, spec: TestSpec, platforms: Iterable[str]) -> list[tuple[str, str]]:
         """(field, reason) for each selected platform that cannot run the test (``devices.capability``: the one
-        answer the plan gives too), naming the first field that fails there."""
+        answer the plan gives too), naming the first field that fails there. The model's own limits (its shape
+        against the toolchains' kernels) are asked as the plan asks them: when a stage runs on the device and the
+        catalog can read the model's shape here."""
         if not self.catalog.device_types:
             return []
+        import stages
         from devices.capability import capability
         from toolchains.base import Variant
 
+        shape = None
+        if spec.model in self.models and not set(spec.stages) <= stages.host_stages():
+            shape = self.models.get(spec.model).shape()
         out = []
         for name in sorted(platforms):
-            steps = [("precision", Variant(spec.precision)),
-                     ("kv_cache_precision", Variant(spec.precision, kv_cache=spec.kv_cache_precision)),
-                     ("lm_head_precision", Variant(spec.precision, spec.lm_head_precision, spec.kv_cache_precision))]
-            for fname, variant in steps:
-                found = capability(name, None, variant)
+            whole = Variant(spec.precision, spec.lm_head_precision, spec.kv_cache_precision)
+            steps = [("precision", Variant(spec.precision), None),
+                     ("kv_cache_precision", Variant(spec.precision, kv_cache=spec.kv_cache_precision), None),
+                     ("lm_head_precision", whole, None)]
+            if shape is not None:
+                steps.append(("model", whole, shape))
+            for fname, variant, model in steps:
+                found = capability(name, None, variant, model)
                 if not found:
                     out.append((fname, found.reason))
                     break

@@ -43,13 +43,13 @@ def test_default_matrix_plan_decides_every_cell_with_a_reason(_own_data_dir: Pat
     assert by[("stories260K", "fp32", "x86-cpu")].devices == ("local-cpu",)
     orin_fp8 = by[("stories260K", "fp8", "orin")]
     assert orin_fp8.decision is Decision.NOT_APPLICABLE and "needs SM89+" in orin_fp8.reason
+    # no tiny model's head size (8-32) has a TensorRT Edge-LLM attention kernel: not applicable on Orin and Thor
     thor_fp16 = by[("tiny-qwen3", "fp16", "thor")]
-    assert thor_fp16.decision is Decision.SKIPPED and "no device of platform thor" in thor_fp16.reason
-    assert thor_fp16.toolchain == "tensorrt-edgellm"
+    assert (thor_fp16.decision, thor_fp16.toolchain) == (Decision.NOT_APPLICABLE, "tensorrt-edgellm")
+    assert thor_fp16.reason == ("TensorRT Edge-LLM's attention kernels take head sizes 64, 128, 256, 512 (prefill "
+                                "and decode); this model's is 32 (a decode kernel, but no prefill kernel)")
     thor_fp8 = by[("tiny-qwen2", "fp8", "thor")]
-    assert thor_fp8.decision is Decision.SKIPPED
-    assert f"toolchain tensorrt-edgellm is not available: tensorrt-edgellm 0.11.0 is not installed in the farm's " \
-           f"data dir (run: {INSTALL})" in thor_fp8.reason
+    assert thor_fp8.decision is Decision.NOT_APPLICABLE and "this model's is 16" in thor_fp8.reason
     cpu_fp8 = by[("tiny-qwen2", "fp8", "x86-cpu")]
     assert (cpu_fp8.decision, cpu_fp8.reason) == (Decision.NOT_APPLICABLE,
                                                   "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)")
@@ -122,7 +122,10 @@ def test_an_orin_in_the_inventory_is_never_planned_with_onnx_runtime(tmp_path: P
     orin = [j for j in plan.jobs if j.platform == "orin"]
     assert orin and all(j.toolchain == "tensorrt-edgellm" for j in orin)
     assert not [j for j in orin if j.decision is Decision.RUN]
-    fp16 = next(j for j in orin if j.precision.value == "fp16")
+    fp16 = next(j for j in orin if j.precision.value == "fp16")  # the nightly's tiny models: no kernel on Orin
+    assert fp16.decision is Decision.NOT_APPLICABLE and "attention kernels take head sizes" in fp16.reason
+    layout = plan_test_list(load_list("l0_pipeline_orin"), inventory, Catalog.load(), data_dir=tmp_path)
+    fp16 = next(j for j in layout.jobs if j.model == "qwen2.5-0.5b-layout" and j.precision.value == "fp16")
     assert fp16.decision is Decision.SKIPPED and fp16.devices == ("orin-1",)
     assert fp16.reason == ("no device/toolchain can run it here: toolchain tensorrt-edgellm is not available: "
                            f"tensorrt-edgellm 0.11.0 is not installed in the farm's data dir (run: {INSTALL})")
@@ -166,16 +169,21 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
         registry.add(name, StandInTensorrtEdgellm if name == "tensorrt-edgellm" else cls)
     monkeypatch.setattr(base, "_DRIVERS", registry)
     base._instances.cache_clear()
+    matrix = tmp_path / "m.yml"
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K", "qwen2.5-0.5b-layout"],
+                                      "precisions": ["fp16", "fp8"], "platforms": ["orin"],
+                                      "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
     try:
         inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
-        plan = plan_matrix(DEFAULT_MATRIX, inventory, Catalog.load(), data_dir=tmp_path)
+        plan = plan_matrix(matrix, inventory, Catalog.load(), data_dir=tmp_path)
     finally:
         base._instances.cache_clear()
     by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
-    fp16 = by[("stories260K", "fp16", "orin")]
+    fp16 = by[("qwen2.5-0.5b-layout", "fp16", "orin")]
     assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))
     assert fp16.toolchain_version == "stand-in"  # resolved once by the plan, handed to the stages
-    assert by[("stories260K", "fp8", "orin")].decision is Decision.NOT_APPLICABLE
+    assert by[("qwen2.5-0.5b-layout", "fp8", "orin")].decision is Decision.NOT_APPLICABLE
+    assert by[("stories260K", "fp16", "orin")].decision is Decision.NOT_APPLICABLE  # head size 8: no kernel
 
 
 def test_orin_with_an_fp8_kv_cache_is_not_applicable_for_its_hardware(tmp_path: Path) -> None:
@@ -245,7 +253,10 @@ def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_ow
     assert tiny["fp16"].entry.stages == (Stage.EXPORT,)  # nothing to quantize at fp16
     by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog,
                                                                               data_dir=_own_data_dir).jobs}
-    thor = by[("tiny-qwen3", "fp16", "thor")]
+    assert by[("tiny-qwen3", "fp16", "thor")].decision is Decision.NOT_APPLICABLE  # no kernel for its head size
+    thor = next(j for j in plan_test_list(load_list("l0_pipeline_thor"), inventory, catalog,
+                                          data_dir=_own_data_dir).jobs
+                if (j.model, j.precision.value) == ("qwen3-0.6b-layout", "nvfp4"))
     assert thor.decision is Decision.SKIPPED
     assert "no device of platform thor in the inventory" in thor.reason
     assert ("no device of platform thor has a TensorRT Edge-LLM install (add a toolchains: {tensorrt-edgellm: "
@@ -262,7 +273,7 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
     stand_in_toolchain_env(_own_data_dir)
     directory = _inventory_with(tmp_path, "orin")
     matrix = tmp_path / "m.yml"
-    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["qwen2.5-0.5b-layout"], "precisions": ["fp16"],
                                       "platforms": ["orin"],
                                       "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
     job = plan_matrix(matrix, load_inventory(directory, data_dir=_own_data_dir), Catalog.load(),
@@ -331,7 +342,7 @@ def test_planning_installs_the_toolchain_only_when_a_job_would_then_run(tmp_path
     calls: list[Path | None] = []
     monkeypatch.setattr(driver, "ensure_installed", lambda data_dir: calls.append(data_dir))
     matrix = tmp_path / "m.yml"
-    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K"], "precisions": ["fp16"],
+    matrix.write_text(yaml.safe_dump({"name": "m", "models": ["qwen2.5-0.5b-layout"], "precisions": ["fp16"],
                                       "platforms": ["orin"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,
                                                                           "max_input_len": 32}}))
     inventory, catalog = load_inventory(data_dir=tmp_path), Catalog.load()

@@ -191,6 +191,12 @@ class TensorrtEdgellm(ToolchainDriver):
             return f"toolchain {self.name}: an fp8 KV cache needs a quantized precision (not fp16)"
         return None
 
+    def model_problem(self, shape: ModelShape, sm: int | None, variant: Variant) -> str | None:  # noqa: F821
+        """Its attention kernels' limits (head size, query/KV head ratio, SM, FP8 KV cache): ``kernels``."""
+        from toolchains.tensorrt_edgellm import kernels
+
+        return kernels.problem(shape, sm, variant.kv_cache)
+
     @staticmethod
     def quantizer_lm_head(lm_head: LMHeadPrecision | None) -> str | None:
         """The quantizer's ``--lm_head_quantization`` for an LM-head precision a test asks for (None: left alone)."""
