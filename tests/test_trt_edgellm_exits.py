@@ -462,3 +462,27 @@ def test_last_errors_keep_three_lines_and_500_characters() -> None:
     assert last_errors(result(1, "plain text on stderr\n", "stdout line\n")) == "plain text on stderr"
     assert last_errors(result(1, "", "only stdout\n" + info("llm_bench.cpp:1:main", "then a log line"))) == (
         "only stdout | then a log line")
+
+
+def test_a_host_tool_failure_names_the_root_cause_of_a_chained_traceback(tmp_path: Path) -> None:
+    """NVIDIA's exporter on an fp32 Qwen2 checkpoint (0.11.0): torch.export wraps the model's TypeError in a generic
+    TorchExportError whose message says nothing of the model. The reason leads with the cause."""
+    from toolchains.tensorrt_edgellm.process import ToolRun
+
+    log = tmp_path / "export.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "linear.py", line 54, in _require_fp16_input\n'
+        "TypeError: FP16Linear expects float16 input, got torch.float32\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        "torch.onnx._internal.exporter._errors.TorchExportError: Failed to export the model with torch.export. "
+        "\x1b[96mThis is step 1/3\x1b[0m of exporting the model to ONNX. Next steps:\n"
+        "- Create an issue in the PyTorch GitHub repository\n"
+        "<class 'TypeError'>: FP16Linear expects float16 input, got torch.float32\n")
+    line = ToolRun(["tensorrt-edgellm-export"], 1, 1.0, 0, log).error_line()
+    assert line.startswith("TypeError: FP16Linear expects float16 input, got torch.float32 (raised as "
+                           "torch.onnx._internal.exporter._errors.TorchExportError: Failed to export"), line
+    assert "\x1b" not in line
+    log.write_text("loading\nValueError: model_type='qwen2' does not provide a chat template\n")
+    assert ToolRun(["x"], 1, 1.0, 0, log).error_line() == "ValueError: model_type='qwen2' does not provide a chat template"

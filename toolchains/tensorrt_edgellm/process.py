@@ -29,13 +29,26 @@ class ToolRun:
         return "\n".join(text[-lines:])
 
     def error_line(self) -> str:
-        """The most telling line of a failed run: the last exception or error line of the log (no colour codes)."""
+        """The most telling line of a failed run: the last exception or error line of the log (no colour codes).
+        When that exception wraps another (a chained traceback), the first of the chain leads: ``torch.export``
+        wraps the model's own error in a generic one ("TypeError: FP16Linear expects float16 input, got
+        torch.float32 (raised as TorchExportError: Failed to export the model with torch.export ...)")."""
         raw = _ANSI.sub("", self.log.read_text(encoding="utf-8", errors="replace"))
         text = [ln.strip() for ln in raw.splitlines()]
-        for line in reversed(text):
-            if line and (line.split(":", 1)[0].endswith(("Error", "Exception")) or line.startswith("ERROR")):
-                return line[:400]
-        return next((ln for ln in reversed(text) if ln), "(no output)")[:400]
+        errors = [ln for ln in text if ln and _is_error_line(ln)]
+        if not errors:
+            return next((ln for ln in reversed(text) if ln), "(no output)")[:400]
+        last, first = errors[-1], errors[0]
+        if first == last or not any(c in ln for ln in text for c in _CHAINED):
+            return last[:400]
+        return f"{first[:300]} (raised as {last[:200]})"
+
+
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+def _is_error_line(line: str) -> bool:
+    return line.split(":", 1)[0].endswith(("Error", "Exception")) or line.startswith("ERROR")
 
 
 def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float, cwd: Path | None = None) -> ToolRun:
