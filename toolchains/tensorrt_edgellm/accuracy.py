@@ -72,13 +72,14 @@ def compare_text(reference: Path, tokenizer: Path, texts: list[str]) -> list[dic
     out = []
     for prompt, ids, steps, text in zip(ref.prompts, ref.greedy_ids, ref.greedy_steps, texts, strict=True):
         body = [t for t in ids if t not in eos]
-        matched = 0
-        while matched < len(body) and text.startswith(codec.decode(body[:matched + 1])):
-            matched += 1
+        # the longest agreeing prefix, searched from the whole continuation down: a byte-token run decodes as a
+        # whole (one U+FFFD per byte when the run is not valid UTF-8), so a shorter prefix can read otherwise than
+        # the same tokens inside the longer text
+        matched = next((k for k in range(len(body), 0, -1) if text.startswith(_complete(codec, body[:k]))), 0)
         full = codec.decode(body)
         margin, exact = 0.0, True
         if matched < len(body) or text != full:
-            rest = text[len(codec.decode(body[:matched])):]
+            rest = text[len(_complete(codec, body[:matched])):]
             row = steps[min(matched, len(steps) - 1)]
             top, _ = row.value(row.top())
             guess = codec.encode(rest, add_special_tokens=False)[:1] if rest else []
@@ -93,6 +94,12 @@ def compare_text(reference: Path, tokenizer: Path, texts: list[str]) -> list[dic
                     "divergence_margin": margin, "margin_exact": exact, "reference_text": full,
                     "engine_text": text})
     return out
+
+
+def _complete(codec: TextCodec, ids: list[int]) -> str:
+    """The text of ``ids`` without trailing U+FFFD: a prefix that ends inside a character spelled in byte tokens
+    (two of the three byte tokens of a right quote) decodes to replacement characters the whole text lacks."""
+    return codec.decode(ids).rstrip("\ufffd")
 
 
 def judge(per_prompt: list[dict[str, Any]], limits: TextLimits) -> dict[str, Any]:
