@@ -89,6 +89,7 @@ def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = N
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
                    chat_template=None if template is None else str(template),
                    thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {},
+                   calibration_samples=source.calibration_samples if source is not None else None,
                    toolchain_versions=e.toolchain_versions)
 
 

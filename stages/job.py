@@ -53,6 +53,7 @@ class JobSpec:
     kv_cache_precision: KVCachePrecision | None = None
     chat_template: str | None = None  # the catalog's template for exports whose checkpoint ships none
     thresholds: dict[str, float] = field(hash=False, default_factory=dict)  # the catalog's accuracy limits, if any
+    calibration_samples: int | None = None  # the catalog's calibration rows for its quantizer (None: its default)
     # the versions a matrix chose for toolchains this job uses (empty: each one's pinned version)
     toolchain_versions: tuple[tuple[str, str], ...] = ()
     # resolved by the plan: the toolchain's version on the orchestrating host (its host stages' product), and the

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgellm import ASSETS_DIR
 from edgellm.errors import ConfigurationError
@@ -40,6 +40,8 @@ class _Entry(BaseModel):
     chat_template: str | None = None  # a Jinja file (relative to the catalog) for checkpoints that ship none
     # accuracy thresholds over the library's defaults, per precision: {int4_awq: {top1_min_agreement: 0.0}}
     thresholds: dict[str, dict[str, float]] | None = None
+    # rows of the shipped calibration text a quantizer runs (None: the quantizer's own default)
+    calibration_samples: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> _Entry:
@@ -56,6 +58,7 @@ class ModelSource:
     spec: dict[str, Any] = field(default_factory=dict)
     chat_template: Path | None = None  # what export supplies when the checkpoint has no chat template
     thresholds: dict[Precision, dict[str, float]] = field(default_factory=dict)  # accuracy limits over the defaults
+    calibration_samples: int | None = None  # rows of calibration text its quantization runs (None: the quantizer's)
 
     def describe(self) -> str:
         if self.kind == "bundled":
@@ -210,11 +213,12 @@ class Catalog:
                     problems.append(f"{path}: model {name!r} chat_template: no file {template}")
             limits = _thresholds(entry.thresholds or {}, f"{path}: model {name!r} thresholds", problems)
             if entry.bundled is not None:
-                sources[name] = ModelSource(name, "bundled", {"bundled": entry.bundled}, template, limits)
+                kind, spec = "bundled", {"bundled": entry.bundled}
             elif entry.synthetic is not None:
-                sources[name] = ModelSource(name, "synthetic", entry.synthetic.model_dump(), template, limits)
+                kind, spec = "synthetic", entry.synthetic.model_dump()
             else:
-                sources[name] = ModelSource(name, "path", {"path": entry.path}, template, limits)
+                kind, spec = "path", {"path": entry.path}
+            sources[name] = ModelSource(name, kind, spec, template, limits, entry.calibration_samples)
         if problems:
             raise ConfigurationError("\n".join(problems))
         return cls(sources, Path(path))

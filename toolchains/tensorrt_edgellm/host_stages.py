@@ -46,8 +46,13 @@ ONNX_CHECK = 1  # version of the structural check a cached export passed (bump w
 
 # --- quantize ------------------------------------------------------------------------------------------------------
 
+def _samples(job: JobSpec) -> int:
+    """The catalog's calibration rows for the model, else the farm's default."""
+    return job.calibration_samples or NUM_SAMPLES
+
+
 def quantize_key_inputs(driver: TensorrtEdgellm, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
-    options = quantize_options(job.precision.value, device=quantize_device, num_samples=NUM_SAMPLES,
+    options = quantize_options(job.precision.value, device=quantize_device, num_samples=_samples(job),
                                lm_head=driver.quantizer_lm_head(job.lm_head_precision),
                                kv_cache=driver.quantizer_kv_cache(job.kv_cache_precision),
                                calibration=CALIBRATION_FILE)
@@ -63,7 +68,7 @@ def quantize(driver: TensorrtEdgellm, work: HostWork, job: JobSpec, keyed: Keyed
         out_dir = tmp / "quantized"
         try:
             result = run_quantizer(driver.env_path(), Path(job.checkpoint.path), out_dir, job.precision.value,
-                                   chat_template=template, device=work.quantize_device, num_samples=NUM_SAMPLES,
+                                   chat_template=template, device=work.quantize_device, num_samples=_samples(job),
                                    lm_head=driver.quantizer_lm_head(job.lm_head_precision),
                                    kv_cache=driver.quantizer_kv_cache(job.kv_cache_precision),
                                    calibration=CALIBRATION_FILE, timeout=work.timeout,
