@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.types import Precision
 from flows.cli import app
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
 from toolchains.tensorrt_edgellm.env import (
@@ -119,6 +120,37 @@ def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
     catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    chat_template: plain.jinja\n")
     assert Catalog.load(catalog).get("m").chat_template == tmp_path / "plain.jinja"
     assert Catalog.load().get("tiny-qwen3-128").chat_template is None  # the export default applies
+
+
+def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_path: Path) -> None:
+    """A model's calibration_samples is the quantizer's --num_samples and part of the quantize key; without it the
+    farm's default rows; a value below 1 is refused naming the model and field."""
+    from flows.pipeline import job_spec
+    from stages.job import CheckpointRef
+    from test_lists.catalog import Catalog
+    from toolchains.base import driver
+    from toolchains.tensorrt_edgellm.host_stages import NUM_SAMPLES
+
+    catalog = tmp_path / "models.yml"
+    catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    calibration_samples: 0\n")
+    with pytest.raises(ConfigurationError, match=r"model 'm' calibration_samples: .*greater than or equal to 1"):
+        Catalog.load(catalog)
+    catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    calibration_samples: 8\n"
+                       "  n:\n    synthetic: {family: qwen3}\n")
+    sources = Catalog.load(catalog)
+
+    class _Entry:
+        model, precision, test_id, max_seq_len, max_batch_size, max_input_len = "m", Precision.FP8, "t", 64, 1, 32
+        stages, timeouts, lm_head_precision, kv_cache_precision, toolchain_versions = ("quantize",), {}, None, None, ()
+
+    class _Job:
+        entry, platform, toolchain = _Entry(), "thor", "tensorrt-edgellm"
+        toolchain_version, quantizer, quantizer_version = "0.11.0", "tensorrt-edgellm", "0.11.0"
+
+    ref = CheckpointRef(model="m", path="/nowhere", sha256="0" * 64)
+    trt = driver("tensorrt-edgellm")
+    keys = [trt.quantize_key_inputs(job_spec(_Job(), ref, sources.get(name)), "cpu", "0.11.0") for name in "mn"]
+    assert [k["num_samples"] for k in keys] == [8, NUM_SAMPLES]
 
 
 def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> None:
