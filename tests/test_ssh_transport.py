@@ -14,6 +14,7 @@ import pytest
 
 from devices.inventory import load_inventory
 from devices.transport import TIMEOUT_EXIT_CODE, HostKeyError, open_transport
+from devices.transport.base import transfer_counts, transfers_since
 from devices.transport.ssh import SSHTransport
 from edgellm.errors import ErrorKind, InfrastructureError
 from tests.fixtures.sshd import SshHosts, free_port
@@ -176,12 +177,16 @@ def test_50mb_file_both_ways_and_directory(live_ssh_hosts: SshHosts, tmp_path: P
     (tree / "a.txt").write_text("alpha\n")
     (tree / "sub dir" / "it's b.bin").write_bytes(os.urandom(3 * MB + 7))
     (tree / "sub dir" / "deeper" / "zero").write_bytes(b"")
+    before = transfer_counts()
     with open_transport(host.device()) as link:
         link.put(src, "xfer/blob.bin")
         remote = host.work_dir / "xfer" / "blob.bin"
         assert _sha(remote) == _sha(src)
         link.get("xfer/blob.bin", tmp_path / "back" / "blob.bin")
         assert _sha(tmp_path / "back" / "blob.bin") == _sha(src)
+    moved = transfers_since(before)[host.device().id]  # counted under the names that arrived, not temp names
+    assert (moved.put_bytes, moved.get_bytes, moved.got_names) == (50 * MB, 50 * MB, {"blob.bin": 1})
+    with open_transport(host.device()) as link:
 
         link.put(tree, "xfer/tree")
         (tree / "a.txt").write_text("alpha v2\n")

@@ -410,11 +410,11 @@ class SSHTransport(Transport):
                     sftp.get(posixpath.join(src, rel) if rel else src, str(target))
                     if sha256_file(target) != digest:
                         raise InfrastructureError(f"{self._where}: sha256 of the downloaded {rel or src} differs")
-                count_transfer(self.device_id, "get", [inside(tmp, rel) if rel else tmp for rel in files])
                 replace_local(tmp, dst)
             except BaseException:
                 remove_local(tmp)
                 raise
+            count_transfer(self.device_id, "get", [inside(dst, rel) if rel else dst for rel in files])
 
     def _remote_tree(self, root: str) -> tuple[list[str], list[str]]:
         argv = ["find", root, "-mindepth", "1", "-printf", r"%y %P\0"]
