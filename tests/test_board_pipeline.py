@@ -147,7 +147,7 @@ def test_no_engine_bytes_cross_back_and_engines_stay_sealed_on_the_board(orin: d
     device = board.device()
     with open_transport(device) as link:
         usage = agent_client.run(device, link, "cache", "usage", "--cache", "cache")
-    engines = [e for e in usage["entries"] if e["kind"] == "tree" and e["sealed"]
+    engines = [e for e in usage["entries"] if e["kind"] == "dir" and e["sealed"]
                and (board.work_dir / "cache" / e["sha256"] / "llm.engine").is_file()]
     assert len(engines) == len(builds)
     assert not any(e["in_use"] for e in usage["entries"])  # the run's markers went when it ended
