@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +39,26 @@ from toolchains.base import DeviceStep, ToolchainDriver
 log = logging.getLogger(__name__)
 
 
-def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver) -> tuple[Device, dict[str, Any]]:
+def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver,
+                 on_failed: Callable[[Device, InfrastructureError, float], None] | None = None,
+                 ) -> tuple[Device, dict[str, Any]]:
     """The platform's first reachable device the toolchain drives, and its env there (no lease: a probe). A device
-    set up wrong for the toolchain is quarantined and the next one asked."""
+    that fails is avoided for the run (one set up wrong is quarantined), its failure given to ``on_failed`` (an
+    attempt on it), and the next one asked."""
     errors = []
     with farm.lock:
         bad = set(farm.bad_devices)
     usable = [d for d in farm.inventory.select(platform=platform) if toolchain.drives(d)]
     for device in sorted(usable, key=lambda d: (d.id in bad, d.id)):
+        t0 = time.monotonic()
         try:
             with open_transport(device) as transport:
                 return device, toolchain_env(farm, device, transport, toolchain)
         except InfrastructureError as exc:
             device_failed(farm, device, exc)
             errors.append(f"{device.id}: {str(exc).splitlines()[0]}")
+            if on_failed is not None:
+                on_failed(device, exc, time.monotonic() - t0)
     raise InfrastructureError(f"no reachable {platform} device to ask for its toolchain version: {'; '.join(errors)}")
 
 
@@ -67,7 +75,7 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     (probed, not leased)."""
     farm = Farm.get(ctx)
     toolchain = job.driver(ctx.data_dir)
-    probe, env = platform_env(farm, job.platform, toolchain)
+    probe, env = platform_env(farm, job.platform, toolchain, attempt_recorder(farm, job, Stage.BUILD, toolchain))
     version = toolchain.device_version(probe, env)
     facts = (env.get("toolchains") or {}).get(toolchain.name) or {}
     inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, toolchain.runtime_key_inputs(facts),

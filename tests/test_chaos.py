@@ -5,8 +5,8 @@ a SIGKILLed ``edgefarm nightly`` process and its temporary Prefect server.
   run 1  fault 1: sshd of dev-a killed (listener and sessions) while an artifact is being uploaded to it
          fault 2: the local device cpu-0's disk is full (all runs)
   run 2  fault 4: the orchestrator (a separate ``edgefarm nightly`` process) SIGKILLed while a stage runs on a device
-         fault 3: between runs 2 and 3, two store blobs are corrupted: an engine (a build-cache entry) and the
-                  infer request every run stores again
+         fault 3: between runs 2 and 3, two store blobs are corrupted: an engine's manifest (the build-cache
+                  entry; the engine itself stays on its device) and the infer request every run stores again
   run 3  the restart: a rerun of the same matrix
 
 Expected: nothing lost (run 1's evidence unchanged, every referenced artifact intact, the database consistent, no
@@ -267,7 +267,7 @@ def _engine_blob(engine: Engine, run_id: int, model: str) -> str | None:
     with Session(engine) as s:
         return s.scalar(select(ArtifactRecord.sha256).join(Result, ArtifactRecord.result_id == Result.id)
                         .where(Result.run_id == run_id, Result.model == model, Result.stage == Stage.BUILD,
-                               ArtifactRecord.kind == ArtifactKind.ENGINE))
+                               ArtifactRecord.kind == ArtifactKind.ENGINE_MANIFEST))
 
 
 def _request_sha() -> str:
@@ -320,7 +320,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
     f2 = sc.check("cpu-0's disk full: work dir on a 1 MiB tmpfs filled to ENOSPC (runs 1-3)",
                   "every try on cpu-0 is an infrastructure attempt naming ENOSPC; its stages move to an SSH host; "
                   "no result comes from cpu-0")
-    f3 = sc.check("store blobs corrupted between runs 2 and 3 (stories260K's engine, the infer request)",
+    f3 = sc.check("store blobs corrupted between runs 2 and 3 (stories260K's engine manifest, the infer request)",
                   "each found by its digest, never served, made again; the store verifies after the rerun; "
                   "no device blamed for it")
     f4 = sc.check("orchestrator SIGKILLed mid-stage (run 2), then rerun (run 3)",
