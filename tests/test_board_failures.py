@@ -208,3 +208,32 @@ def test_a_cached_engine_is_reused_on_its_board_and_a_full_disk_fails_inference(
     infer = second["infer"]
     assert (infer.status.value, infer.error_kind.value) == ("fail", "test_failure"), infer.reason
     assert "exited 0 but its output file is not JSON" in infer.reason
+
+
+def test_the_fetch_engines_policy_brings_the_engine_bytes_back(make_board: Callable[..., JetsonBoard],
+                                                                tmp_path: Path, trt_env: Path) -> None:
+    """By default no engine byte crosses back (tests/test_board_pipeline.py); EDGEFARM_FETCH_ENGINES=1 asks for them:
+    the sealed engine is fetched whole and stored, its manifest names the stored copy."""
+    from artifacts.kinds import ArtifactKind
+    from artifacts.store import ArtifactStore
+    from results.models import ArtifactRecord
+
+    link_real_toolchain(tmp_path / "data", trt_env)
+    board = make_board("orin")
+    inventory = _inventory(tmp_path, board)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEFARM_FETCH_ENGINES", "1")
+        summary = _run(tmp_path, inventory, stages=("export", "build"))
+    build = _results(tmp_path, summary["run_id"])["build"]
+    assert build.status.value == "pass", build.reason
+    assert summary["transfers"][board.id]["got_names"].get("llm.engine") == 1
+    engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'edgefarm.db'}")
+    try:
+        with Session(engine) as s:
+            kinds = {a.kind: a.sha256 for a in s.scalars(select(ArtifactRecord)
+                                                         .where(ArtifactRecord.result_id == build.id))}
+    finally:
+        engine.dispose()
+    store = ArtifactStore(tmp_path / "data" / "artifacts")
+    manifest = json.loads(store.path(kinds[ArtifactKind.ENGINE_MANIFEST]).read_bytes())
+    assert manifest["stored"] == kinds[ArtifactKind.ENGINE] and store.has(kinds[ArtifactKind.ENGINE])
