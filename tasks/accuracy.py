@@ -20,6 +20,7 @@ from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
 from tasks import engines
+from tasks.build import with_engine
 from tasks.common import attempt_recorder, from_device_run
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
@@ -28,6 +29,10 @@ from toolchains.base import DeviceStep
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
     """Compare the engine with the model's transformers reference on a device of the platform."""
+    return with_engine(ctx, job, inferred, lambda holder: _accuracy(ctx, job, holder, reference))
+
+
+def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
     farm = Farm.get(ctx)
     engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
     toolchain = job.driver(ctx.data_dir)

@@ -11,6 +11,7 @@ from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
 from tasks import engines, environment
+from tasks.build import with_engine
 from tasks.common import (
     attempt_recorder,
     from_device_run,
@@ -30,6 +31,10 @@ def bench_lengths(job: JobSpec) -> tuple[int, int]:
 
 def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     """Prefill, then decode throughput of the built engine, each on a device held alone."""
+    return with_engine(ctx, job, built, lambda holder: _bench(ctx, job, holder))
+
+
+def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     farm = Farm.get(ctx)
     engine = built.outputs["engine"]
     toolchain = job.driver(ctx.data_dir)

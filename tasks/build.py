@@ -13,6 +13,7 @@ must be the one asked for.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import stages
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
@@ -31,7 +33,7 @@ from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import Keyed, StageOutcome
 from tasks import engines
-from tasks.common import attempt_recorder, from_device_run
+from tasks.common import attempt_recorder, from_device_run, work_again
 from tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
 from toolchains.base import DeviceStep, ToolchainDriver
@@ -129,7 +131,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
         made["engine"] = engines.DeviceEngine(
             digest=sealed.digest, device=run.device.id, platform=job.platform, toolchain=toolchain.name,
             toolchain_version=toolchain.device_version(run.device, run.env), bytes=sealed.bytes, files=sealed.files,
-            stored=stored.sha256 if stored is not None else None)
+            stored=stored.sha256 if stored is not None else None, onnx=onnx.sha256)
 
     try:
         run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
@@ -172,4 +174,42 @@ def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun
     else:
         keyed.made(ref, out.toolchain_version)  # only once read back: a hit's precision was checked
         out.reason = f"{found.detail}; engine {engine.digest[:12]} stays on {engine.device}"
+    return out
+
+
+def with_engine(ctx: FarmContext, job: JobSpec, holder: StageOutcome,
+                attempt: Callable[[StageOutcome], StageOutcome]) -> StageOutcome:
+    """Run a stage that uses the engine ``holder`` hands on (``outputs["engine"]``). When the device keeping that
+    engine is lost for the run (it failed for infrastructure reasons) and no copy of its bytes was fetched, the
+    engine is built again from the same export on another device of the platform (the build cache then names the
+    new one) and the stage runs once more with it; its reason says so."""
+    farm = Farm.get(ctx)
+    engine = engines.load(farm, holder.outputs["engine"])
+
+    def lost() -> bool:
+        with farm.lock:
+            return engine.device in farm.bad_devices and engine.stored is None and engine.onnx is not None
+
+    if not lost():
+        try:
+            return attempt(holder)
+        except InfrastructureError:
+            if not lost():
+                raise
+    export = stages.spec(Stage.EXPORT).cache
+    assert export is not None and engine.onnx is not None
+    exported = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS,
+                            outputs={"onnx": farm.store.ref(engine.onnx, export.kind, export.packing)})
+    log.warning("%s: engine %s was lost with %s; building it again", job.key, engine.digest[:12], engine.device)
+    rebuilt = work_again(ctx, Stage.BUILD, job, [exported])
+    if not rebuilt.passed or "engine" not in rebuilt.outputs:
+        raise InfrastructureError(f"engine {engine.digest[:12]} was lost with {engine.device}, and building it "
+                                  f"again failed: {rebuilt.reason}")
+    again = copy.copy(holder)
+    again.outputs = {**holder.outputs, "engine": rebuilt.outputs["engine"]}
+    out = attempt(again)
+    new = engines.load(farm, rebuilt.outputs["engine"])
+    note = (f"engine built again on {new.device} ({new.digest[:12]}): {engine.device}, which held "
+            f"{engine.digest[:12]}, was lost")
+    out.reason = f"{out.reason}; {note}" if out.reason else note
     return out

@@ -72,6 +72,12 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
     return outcome
 
 
+def work_again(ctx: FarmContext, stage: str, job: JobSpec, ready: list[StageOutcome]) -> StageOutcome:
+    """A stage's work once more, behind its cache (whose verify decides whether the product it holds is still
+    usable): what a later stage asks for when the product it was handed is lost (an engine's device went down)."""
+    return _work(ctx, stages.spec(stage), job, ready)
+
+
 def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[StageOutcome]) -> StageOutcome:
     """The stage's work, behind its content cache when it declares one (``stages.StageCache``)."""
     declared = spec.cache

@@ -36,7 +36,7 @@ from tasks import device_cache
 from tasks.farm import Farm
 from toolchains.base import ENGINE_LISTING
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the ONNX it was built from (to build it again when its device is lost)
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
@@ -67,6 +67,7 @@ class DeviceEngine:
     bytes: int
     files: int
     stored: str | None = None  # sha256 of the engine dir's tar in the store, when a policy fetched it
+    onnx: str | None = None  # sha256 of the export it was built from (the store keeps it)
     schema: int = SCHEMA
 
     def to_json(self) -> bytes:
@@ -77,7 +78,7 @@ class DeviceEngine:
         fields = set(cls.__dataclass_fields__)
         if not isinstance(data, dict) or set(data) != fields or data.get("schema") != SCHEMA:
             raise ConfigurationError(f"{where}: not an engine manifest of schema {SCHEMA} (keys {sorted(fields)})")
-        bad = [k for k in ("digest", "stored") if data[k] is not None and not _SHA.match(str(data[k]))]
+        bad = [k for k in ("digest", "stored", "onnx") if data[k] is not None and not _SHA.match(str(data[k]))]
         bad += [k for k in ("device", "platform", "toolchain") if not _ID.match(str(data[k]))]
         bad += [k for k in ("bytes", "files") if not isinstance(data[k], int) or data[k] < 0]
         if bad or data["digest"] is None:

@@ -16,6 +16,7 @@ from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
 from tasks import engines
+from tasks.build import with_engine
 from tasks.common import (
     attempt_recorder,
     from_device_run,
@@ -41,6 +42,10 @@ def requests_for(job: JobSpec) -> dict[str, object]:
 
 def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     """Generate for the fixed prompts with the built engine on a device of the platform."""
+    return with_engine(ctx, job, built, lambda holder: _infer(ctx, job, holder))
+
+
+def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
 
     def body() -> StageOutcome:
         farm = Farm.get(ctx)

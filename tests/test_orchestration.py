@@ -50,7 +50,8 @@ def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs:
     code, summary = _nightly(["--matrix", str(_matrix(tmp_path, MINI)), "--inventory", str(farm_dirs["inventory"]),
                               "--data-dir", str(farm_dirs["data"])])
     assert code == 0, summary
-    assert summary["plan"] == {"run": 4, "not_applicable": 6, "skipped": 2}
+    # orin fp16 is not applicable too: the tiny models' head sizes have no TensorRT Edge-LLM attention kernel
+    assert summary["plan"] == {"run": 4, "not_applicable": 8}
     assert summary["failed"] == []
     assert summary["cache_hits"] == {}
     engine = make_engine(f"sqlite:///{farm_dirs['db']}")
