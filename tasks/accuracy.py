@@ -29,7 +29,7 @@ from toolchains.base import DeviceStep
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
     """Compare the engine with the model's transformers reference on a device of the platform."""
-    return with_engine(ctx, job, inferred, lambda holder: _accuracy(ctx, job, holder, reference))
+    return with_engine(ctx, job, Stage.ACCURACY, inferred, lambda holder: _accuracy(ctx, job, holder, reference))
 
 
 def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:

@@ -31,7 +31,7 @@ def bench_lengths(job: JobSpec) -> tuple[int, int]:
 
 def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     """Prefill, then decode throughput of the built engine, each on a device held alone."""
-    return with_engine(ctx, job, built, lambda holder: _bench(ctx, job, holder))
+    return with_engine(ctx, job, Stage.BENCH, built, lambda holder: _bench(ctx, job, holder))
 
 
 def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:

@@ -177,7 +177,7 @@ def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun
     return out
 
 
-def with_engine(ctx: FarmContext, job: JobSpec, holder: StageOutcome,
+def with_engine(ctx: FarmContext, job: JobSpec, stage: str, holder: StageOutcome,
                 attempt: Callable[[StageOutcome], StageOutcome]) -> StageOutcome:
     """Run a stage that uses the engine ``holder`` hands on (``outputs["engine"]``). When the device keeping that
     engine is lost for the run (it failed for infrastructure reasons) and no copy of its bytes was fetched, the
@@ -202,9 +202,11 @@ def with_engine(ctx: FarmContext, job: JobSpec, holder: StageOutcome,
                             outputs={"onnx": farm.store.ref(engine.onnx, export.kind, export.packing)})
     log.warning("%s: engine %s was lost with %s; building it again", job.key, engine.digest[:12], engine.device)
     rebuilt = work_again(ctx, Stage.BUILD, job, [exported])
-    if not rebuilt.passed or "engine" not in rebuilt.outputs:
-        raise InfrastructureError(f"engine {engine.digest[:12]} was lost with {engine.device}, and building it "
-                                  f"again failed: {rebuilt.reason}")
+    if not rebuilt.passed or "engine" not in rebuilt.outputs:  # judged as the build was (infrastructure raised)
+        return StageOutcome(stage=stage, status=ResultStatus.ERROR if rebuilt.passed else rebuilt.status,
+                            error_kind=rebuilt.error_kind or ErrorKind.BUG, device=rebuilt.device,
+                            reason=f"engine {engine.digest[:12]} was lost with {engine.device}, and building it "
+                                   f"again did not pass: {rebuilt.reason}"[:2000]).done()
     again = copy.copy(holder)
     again.outputs = {**holder.outputs, "engine": rebuilt.outputs["engine"]}
     out = attempt(again)

@@ -42,7 +42,7 @@ def requests_for(job: JobSpec) -> dict[str, object]:
 
 def infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     """Generate for the fixed prompts with the built engine on a device of the platform."""
-    return with_engine(ctx, job, built, lambda holder: _infer(ctx, job, holder))
+    return with_engine(ctx, job, Stage.INFER, built, lambda holder: _infer(ctx, job, holder))
 
 
 def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
