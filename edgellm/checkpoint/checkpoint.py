@@ -1,6 +1,7 @@
-"""``Checkpoint.open(dir)``: config, family, every tensor's location and every problem, from headers only.
+"""``Checkpoint.open(dir)``: config, family, every tensor's location and every problem, from headers only (and a
+quantized checkpoint's scales, whose values edgellm.checkpoint.modelopt checks).
 
-Tensor data is read only by ``load_tensor``, and only after ``validate()`` found no problem (and the file has not
+Other tensor data is read only by ``load_tensor``, and only after ``validate()`` found no problem (and the file has not
 changed since its header was checked).
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,6 +67,54 @@ class StoredFormat:
             shape = scale.shape(out, inp, group)
             parts.append(f"{suffix} {list(shape) if shape is not None else '[] (scalar)'}")
         return ", ".join(parts)
+
+
+def scale_value_problem(dtype: str, chunks: Iterable[bytes]) -> str | None:
+    """Why the stored values of a scale (its raw little-endian bytes in ``chunks`` of whole elements, safetensors
+    ``dtype``) are unusable, or None.
+
+    A scale multiplies a quantized value back to its float; one that is NaN, infinite, zero or negative is no
+    quantizer's output but a poisoned or broken checkpoint (ONNX Runtime's kernels even compute finite logits from a
+    NaN scale, so nothing downstream would notice). Checked on the raw bits: fp8 (e4m3fn) has NaN at magnitude 0x7F
+    and no infinity; e8m0 (U8 block scales) is a power of two, NaN at 0xFF."""
+    import numpy as np
+
+    if dtype not in SCALE_BITS:
+        return f"dtype {dtype} is not a scale type ({', '.join(SCALE_BITS)})"
+    found: dict[str, int] = {}
+    first: int | None = None
+    seen = 0
+    for data in chunks:
+        bad = _bad_scale_values(np, dtype, data)
+        for what, mask in bad.items():
+            if mask.any():
+                found[what] = found.get(what, 0) + int(mask.sum())
+                at = seen + int(np.argmax(mask))
+                first = at if first is None else min(first, at)
+        seen += len(data) * 8 // SCALE_BITS[dtype]
+    if not found:
+        return None
+    return (f"holds {', '.join(f'{n} {what}' for what, n in found.items())} of its {seen} values (the first at "
+            f"flat index {first}); a scale must be finite and > 0")
+
+
+def _bad_scale_values(np: Any, dtype: str, data: bytes) -> dict[str, Any]:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if dtype == "F8_E4M3":
+        mag = raw & 0x7F
+        return {"NaN": mag == 0x7F, "zero": mag == 0, "negative": ((raw & 0x80) != 0) & (mag != 0)}
+    if dtype == "U8":
+        return {"NaN": raw == 0xFF}
+    if dtype == "BF16":
+        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(data, dtype=_NUMPY_FLOATS[dtype])
+    with np.errstate(invalid="ignore"):
+        return {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
+
+
+_NUMPY_FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
+SCALE_BITS = {"F8_E4M3": 8, "U8": 8, "F16": 16, "BF16": 16, "F32": 32, "F64": 64}  # dtypes whose values are checked
 
 
 def groups(group: int | None, inp: int) -> int:
