@@ -124,3 +124,71 @@ def test_scale_value_words() -> None:
                                                  "(the first at flat index 0); a scale must be finite and > 0")
     assert scale_value_problem("U8", [bytes([0x7F, 0xFF])]) is not None  # e8m0: 0xFF is NaN
     assert scale_value_problem("U8", [bytes([0x00, 0x7F, 0xFE])]) is None  # 2^-127 .. 2^127: all positive
+
+
+def _regrouped(rtn: dict[str, Path], group: int, dest: Path) -> Path:
+    """The int4_awq checkpoint declaring ``group`` with weight_scale shaped for it (ones): consistent on disk."""
+    import json
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(rtn["int4_awq"], dest)
+    tensors = load_file(dest / ST)
+    for name, t in list(tensors.items()):
+        if name.endswith(".weight_scale"):
+            inp = tensors[name.removesuffix("_scale")].shape[1]
+            tensors[name] = torch.ones(t.shape[0], math.ceil(inp / group))
+    save_file(tensors, dest / ST, metadata={"format": "pt"})
+    cfg = json.loads((dest / "hf_quant_config.json").read_text())
+    cfg["quantization"]["group_size"] = group
+    (dest / "hf_quant_config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def _matmulnbits_block(group: int) -> bool:
+    """ONNX Runtime's MatMulNBits block_size: a power of two and >= 16 (its schema; what its CPU kernel asserts)."""
+    return group >= 16 and group & (group - 1) == 0
+
+
+@pytest.mark.parametrize("group", [7, 8, 48, 100])
+def test_int4_awq_group_size_no_kernel_takes_is_refused_at_inspect(rtn: dict[str, Path], tmp_path: Path,
+                                                                  group: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """7 was a crash in export (exit 4), 8 / 48 / 100 passed inspect and export and failed in the build on ONNX
+    Runtime's kernel assertion: each is bad input at inspect, naming the value and what is valid."""
+    d = _regrouped(rtn, group, tmp_path / "ck")
+    assert main(["inspect", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"group_size {group}" in err and "a power of two >= 16" in err and "Traceback" not in err, err
+    assert main(["export", str(d), str(tmp_path / "onnx")]) == 2
+    err = capsys.readouterr().err
+    assert f"group_size {group}" in err and "Traceback" not in err, err
+
+
+@settings(max_examples=25, deadline=None)
+@given(group=st.one_of(st.integers(min_value=1, max_value=600), st.sampled_from([16, 32, 64, 128, 256, 512])))
+def test_int4_awq_group_sizes_inspect_as_the_kernel_takes_them(rtn: dict[str, Path], tmp_path_factory:
+                                                               pytest.TempPathFactory, group: int) -> None:
+    d = _regrouped(rtn, group, tmp_path_factory.getbasetemp() / "regrouped")
+    assert (main(["inspect", str(d)]) == 0) is _matmulnbits_block(group)
+
+
+def test_int4_awq_group_16_builds(rtn: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The smallest block inspect accepts is one ONNX Runtime builds."""
+    d = _regrouped(rtn, 16, tmp_path / "ck")
+    assert main(["export", str(d), str(tmp_path / "onnx")]) == 0, capsys.readouterr().err
+    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "engine"), "--backend", "ort"]) == 0, \
+        capsys.readouterr().err
+
+
+BLOCKS = {"int4_awq": _matmulnbits_block, "nvfp4": lambda g: g == 16, "mxfp8": lambda g: g == 32}
+
+
+@given(name=st.sampled_from(sorted(BLOCKS)), group=st.integers(min_value=1, max_value=1 << 20))
+def test_each_method_takes_the_group_sizes_of_its_kernel(name: str, group: int) -> None:
+    from edgellm.quant import method
+
+    problem = method(name).group_size_problem(group)
+    assert (problem is None) is BLOCKS[name](group)
+    if problem is not None:
+        assert f"group_size {group} " in problem

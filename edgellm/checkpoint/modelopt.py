@@ -116,6 +116,11 @@ def quant_layout(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], c
     if fmt is not None and fmt.needs_group and quant.group_size is None:
         layout.problems.append(CheckpointError(f"{quant.source}: {quant.method.value} needs a group_size"))
         return layout
+    if found is not None and quant.group_size is not None:
+        why = found.group_size_problem(quant.group_size)
+        if why is not None:  # every scale shape would follow from a group no kernel runs: one problem, not one a layer
+            layout.problems.append(CheckpointError(f"{quant.source}: {quant.method.value} {why}"))
+            return layout
     for module, (out, inp) in linear_modules(family, cfg).items():
         weight = tensors.get(module + ".weight")
         if weight is None:

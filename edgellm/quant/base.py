@@ -139,6 +139,7 @@ class QuantizationMethod:
       kernel          the GEMM a runtime that lacks it would need (in refusals), default the GEMM kind
       thresholds      accuracy limits of its engines against the float source, by ``edgellm.thresholds`` field
                       (None: no defaults; a thresholds file is needed)
+    A method with groups says which group sizes its kernel takes by overriding ``group_size_problem``.
     """
 
     name: ClassVar[str]
@@ -161,6 +162,12 @@ class QuantizationMethod:
     @classmethod
     def gemm_label(cls) -> str:
         return cls.kernel or (cls.gemm.value if cls.gemm is not None else cls.name)
+
+    @classmethod
+    def group_size_problem(cls, group: int) -> str | None:
+        """Why a checkpoint's ``group_size`` is one this method's kernel does not take (None: it takes it, or the
+        method has no groups). Checked by inspect, before any layer is read."""
+        return None
 
     @classmethod
     def ort_linear(cls, layer: LinearLayer, tensors: Mapping[str, Any], layout: QuantLayout) -> nn.Module:
