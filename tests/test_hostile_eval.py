@@ -66,3 +66,17 @@ def test_non_finite_outputs_fail_under_the_catalogs_loosest_limits() -> None:
         assert "outputs_finite" in [c.name for c in broken if not c.passed]
         windows_only = _make_checks(limits, **_metrics(top1=0.29, finite=False))
         assert [c.name for c in windows_only if not c.passed] == ["outputs_finite"]
+
+
+@given(margins=st.lists(st.floats(min_value=0, max_value=0.5), min_size=1, max_size=4),
+       at=st.integers(min_value=0, max_value=4), bad=st.sampled_from(NON_FINITE))
+def test_tensorrt_edgellm_text_check_fails_on_a_non_finite_margin_in_any_prompt(margins: list[float], at: int,
+                                                                                bad: float) -> None:
+    """The worst margin over the prompts was ``max(...)``: a NaN after the first prompt compared false and was
+    dropped, so the check passed on it."""
+    from toolchains.tensorrt_edgellm.accuracy import TextLimits, judge
+
+    margins = [*margins[:at], bad, *margins[at:]]
+    per_prompt = [{"divergence_margin": m, "fraction": 1.0} for m in margins]
+    report = judge(per_prompt, TextLimits(max_divergence_margin=1.0, min_match_fraction=None))
+    assert report["passed"] is False and report["failed_checks"] == ["greedy_divergence_margin"], report
