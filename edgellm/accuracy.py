@@ -11,7 +11,8 @@ comparison path runs, on the reference's token ids:
   3. perplexity of a text in non-overlapping windows of the reference's window size (same windows for both),
      plus teacher-forced top-1 agreement on the same positions;
   4. tokenizer parity: the engine's tokenizer gives the reference's ids on the prompts and the text.
-The checks that count, and their limits, come from ``edgellm.thresholds`` keyed by the engine's own precision.
+The checks that count, and their limits, come from ``edgellm.thresholds`` keyed by the engine's own precision; one
+more always counts (``outputs_finite``: every logit of 1 and 3 is finite), and a non-finite metric fails its check.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ class Check:
 
 
 def _check(name: str, value: float | bool, threshold: float | bool, op: str, detail: str = "") -> Check:
-    if op == "<=":
-        ok = bool(value <= threshold)  # NaN compares false: fails
+    if isinstance(value, float) and not math.isfinite(value):
+        ok = False  # a metric of a working engine is finite: NaN or inf never passes, on either side of a limit
+    elif op == "<=":
+        ok = bool(value <= threshold)
     elif op == ">=":
         ok = bool(value >= threshold)
     else:
@@ -379,10 +382,12 @@ def _compare_perplexity(engine: Any, ref: ReferenceData, windows: list[list[int]
     nll_e = 0.0
     count = agree = 0
     t_eng = 0.0
+    finite = True
     for w, top1 in zip(windows, ref.window_top1, strict=True):
         t0 = time.perf_counter()
         e = engine.logits(w)
         t_eng += time.perf_counter() - t0
+        finite = finite and bool(np.all(np.isfinite(e)))
         se, n = window_nll(e, w)
         nll_e, count = nll_e + se, count + n
         agree += int(np.sum(np.argmax(e[:-1], axis=-1) == top1))
@@ -391,12 +396,20 @@ def _compare_perplexity(engine: Any, ref: ReferenceData, windows: list[list[int]
     ppl_e = math.exp(nll_e / count) if math.isfinite(nll_e) else math.nan
     ppl_r = math.exp(nll_r / count)
     return {"engine": ppl_e, "reference": ppl_r, "tokens": count, "top1_agreement": agree / count,
-            "rel_diff": abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan}
+            "rel_diff": abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan, "finite": finite}
 
 
 def _make_checks(t: Thresholds, *, logits: dict[str, Any], greedy: list[dict[str, Any]], ppl: dict[str, Any],
                  tokenizer_ok: bool, tok_detail: str) -> list[Check]:
     checks: list[Check] = []
+    # Always checked, whatever the thresholds: limits loosened for a model whose metrics mean little (a catalog's
+    # top1_min_agreement 0.0 for random weights) must not let an engine computing NaN or inf pass. The logits'
+    # difference is NaN exactly when a prompt's logits were not finite; the text windows say so themselves (or, when
+    # only their reductions came back, through the engine's perplexity).
+    finite = (math.isfinite(logits["max_abs_diff"]) and math.isfinite(ppl["engine"])
+              and bool(ppl.get("finite", True)))
+    checks.append(Check("outputs_finite", finite, True, "==", finite,
+                        "every logit of the fixed prompts and the text windows is finite (no threshold disables it)"))
     if t.tokenizer_match is not None:
         checks.append(_check("tokenizer_match", tokenizer_ok, t.tokenizer_match, "==", tok_detail))
     if t.logits_max_abs_diff is not None:

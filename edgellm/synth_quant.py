@@ -38,6 +38,7 @@ WRITTEN = ("int4_awq", "int8_sq")  # the methods this writer implements (below);
 QUANT_ALGOS = {name: method(name).modelopt_algos[0] for name in WRITTEN}
 EXCLUDED = ("lm_head", "model.embed_tokens")  # what ModelOpt leaves in float for these methods
 RUNTIME_FILES = ("generation_config.json", *TOKENIZER_FILES)
+FP16_TINY, FP16_MAX = 2.0**-14, 65504.0  # fp16's smallest normal and largest finite values
 
 
 def quantize_rtn(src: Path, out: Path, method: str, calibration_ids: Sequence[int], *,
@@ -138,7 +139,9 @@ def _quantize_linear(module: str, w: Any, act_amax: Any, w_amax: Any, method: st
 
     s = (act_amax.clamp_min(1e-8) / w_amax.clamp_min(1e-8)).sqrt()
     s = s / s.log().mean().exp()  # geometric mean 1: smoothing moves range, not magnitude
-    pqs = (1.0 / s).to(torch.float16)
+    # within fp16's normal range: a dead input channel against a wide weight would round to inf (or 0), a scale
+    # inspect refuses (edgellm.quant.base.scale_value_problem)
+    pqs = (1.0 / s).clamp(FP16_TINY, FP16_MAX).to(torch.float16)
     ws = w * (1.0 / pqs.float())  # [out, in], exact against the fp16 pre_quant_scale
     if method == "int8_sq":
         scale = (ws.abs().amax(dim=1) / 127).clamp_min(1e-12)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 import stages
+from edgellm.backends.base import MAX_BATCH_SIZE, MAX_SEQ_LEN
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
 from stages import Stage
@@ -54,6 +55,8 @@ KVCacheField = Annotated[KVCachePrecision, BeforeValidator(_enum_parser(KVCacheP
 # any stage of the stage table (a stage a test registers too), not only the recorded ones
 StageField = Annotated[str, BeforeValidator(_parser(stages.parse))]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+SeqLen = Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN)]  # the library's engine limits
+BatchSize = Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH_SIZE)]
 TimeoutSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_TIMEOUT)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 # one number for every stage, or seconds per stage; tagged so an error names only the form that was given
@@ -85,9 +88,9 @@ class _EntryFields(_Strict):
     precision: PrecisionField | None = None
     lm_head_precision: LMHeadField | None = None
     kv_cache_precision: KVCacheField | None = None
-    max_seq_len: PositiveInt | None = None
-    max_batch_size: PositiveInt | None = None
-    max_input_len: PositiveInt | None = None
+    max_seq_len: SeqLen | None = None
+    max_batch_size: BatchSize | None = None
+    max_input_len: SeqLen | None = None
     stages: list[StageField] | None = None
     timeout: Timeout | None = None
 
@@ -103,9 +106,9 @@ class TestSpec(_EntryFields):
 
     model: NonEmptyStr
     precision: PrecisionField
-    max_seq_len: PositiveInt
-    max_batch_size: PositiveInt
-    max_input_len: PositiveInt
+    max_seq_len: SeqLen
+    max_batch_size: BatchSize
+    max_input_len: SeqLen
     case: NonEmptyStr | None = None
     stages: list[StageField] = list(DEFAULT_STAGES)
 

@@ -32,8 +32,8 @@ def test_eval_fp32_passes_with_every_check_reported(stories_engine, tmp_path, ca
     assert report["passed"] is True and report["failed_checks"] == []
     assert report["precision"] == "fp32"
     checks = report["checks"]
-    assert set(checks) == {"tokenizer_match", "logits_max_abs_diff", "logits_min_cosine", "greedy_match_fraction",
-                           "perplexity_rel_diff", "top1_agreement"}
+    assert set(checks) == {"outputs_finite", "tokenizer_match", "logits_max_abs_diff", "logits_min_cosine",
+                           "greedy_match_fraction", "perplexity_rel_diff", "top1_agreement"}
     for c in checks.values():
         assert {"value", "threshold", "op", "passed"} <= set(c) and c["passed"] is True
     assert checks["logits_max_abs_diff"]["threshold"] == 1e-3

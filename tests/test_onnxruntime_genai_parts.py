@@ -228,7 +228,7 @@ def test_fp32_logits_pass_edgellm_eval_checks_against_the_float_reference(made: 
     assert full.stat().st_size < 3 * 2**20  # tiny model: every logit fits in ~2.4 MB
     rep = report(full, reference, "fp32", {})
     assert rep["passed"], rep["failed_checks"]
-    assert set(rep["checks"]) == {"tokenizer_match", "logits_max_abs_diff", "logits_min_cosine",
+    assert set(rep["checks"]) == {"outputs_finite", "tokenizer_match", "logits_max_abs_diff", "logits_min_cosine",
                                   "greedy_match_fraction", "perplexity_rel_diff", "top1_agreement"}
     assert rep["checks"]["logits_max_abs_diff"]["value"] < 1e-4
     assert rep["perplexity_from"] == "logits" and abs(rep["perplexity_ratio"] - 1) < 1e-6

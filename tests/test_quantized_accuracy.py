@@ -19,7 +19,7 @@ def test_stories_quantized_within_thresholds(quantized: Quantized, method: str) 
     limits = DEFAULTS[Precision(method)]
     assert report["precision"] == method
     assert report["thresholds"] == limits.enabled()
-    assert set(report["checks"]) == {"tokenizer_match", "perplexity_rel_diff", "top1_agreement"}
+    assert set(report["checks"]) == {"outputs_finite", "tokenizer_match", "perplexity_rel_diff", "top1_agreement"}
     assert report["passed"], report["checks"]
     assert abs(report["perplexity_ratio"] - 1) == pytest.approx(report["checks"]["perplexity_rel_diff"]["value"])
     # quantization costs something: an engine identical to the float model would mean the quantized layers were lost

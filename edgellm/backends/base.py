@@ -26,6 +26,11 @@ from edgellm.errors import BugError, ConfigurationError, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import Precision
 
+# The largest engine any backend builds: far past every edge model's context and a board's memory (the KV cache alone
+# of 2^20 positions is gigabytes per row), small enough that a typo (1e20, a billion rows) is refused as bad input.
+MAX_SEQ_LEN = 1 << 20
+MAX_BATCH_SIZE = 1024
+
 
 @dataclass(frozen=True)
 class BuildParams:
@@ -34,8 +39,13 @@ class BuildParams:
     max_seq_len: int
 
     def __post_init__(self) -> None:
-        problems = [f"{k} {v!r} must be an integer >= 1" for k, v in asdict(self).items()
-                    if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        top = {"max_batch_size": MAX_BATCH_SIZE, "max_input_len": MAX_SEQ_LEN, "max_seq_len": MAX_SEQ_LEN}
+        problems = []
+        for k, v in asdict(self).items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                problems.append(f"{k} {v!r} must be an integer >= 1")
+            elif v > top[k]:
+                problems.append(f"{k} {v} must be <= {top[k]}")
         if not problems and self.max_input_len > self.max_seq_len:
             problems.append(f"max_input_len {self.max_input_len} must be <= max_seq_len {self.max_seq_len}")
         if problems:

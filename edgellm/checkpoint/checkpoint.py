@@ -1,6 +1,7 @@
-"""``Checkpoint.open(dir)``: config, family, every tensor's location and every problem, from headers only.
+"""``Checkpoint.open(dir)``: config, family, every tensor's location and every problem, from headers only (and a
+quantized checkpoint's scales, whose values edgellm.checkpoint.modelopt checks).
 
-Tensor data is read only by ``load_tensor``, and only after ``validate()`` found no problem (and the file has not
+Other tensor data is read only by ``load_tensor``, and only after ``validate()`` found no problem (and the file has not
 changed since its header was checked).
 """
 
@@ -16,7 +17,7 @@ from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, ShardIndex, check_
 from edgellm.checkpoint.reconcile import Reconciliation, reconcile
 from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
-from edgellm.models.base import ModelFamily, family_for
+from edgellm.models.base import LAYER_PREFIX, ModelFamily, family_for, layers_held
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +80,14 @@ class Checkpoint:
         # not "missing" too.
         unreadable = {s for s in shard_names if headers.get(s) is None}
         unknown = rejected - set(tensors)
-        if index is not None:
+        # the config's layer count against the layers the tensors' names hold, before anything is built per layer
+        # from the config (num_hidden_layers 1000000 would otherwise take minutes and gigabytes to reconcile)
+        named = set(tensors) | rejected | (set(index.weight_map) if index is not None else set())
+        too_many = _layers_problem(config, named)
+        if too_many is not None:
+            problems.append(too_many)
+            rec = Reconciliation(family=family.name)
+        elif index is not None:
             unknown |= {n for n, s in index.weight_map.items() if s in unreadable}
             rec = reconcile(tensors, family, config, quant, unknown=unknown)
         elif unreadable:
@@ -125,3 +133,15 @@ class Checkpoint:
     @property
     def tensor_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+
+def _layers_problem(config: ModelConfig, names: set[str]) -> CheckpointError | None:
+    """config.json asking for more decoder layers than the checkpoint's tensor names hold (fewer: the surplus
+    tensors are reported by reconciliation, one by one)."""
+    held = layers_held(names)
+    top = max(held, default=-1)
+    if config.num_hidden_layers <= top + 1:
+        return None
+    holds = f"{len(held)} layers ({min(held)}..{top})" if held else f"no {LAYER_PREFIX}* tensor"
+    return CheckpointError(f"num_hidden_layers {config.num_hidden_layers} disagrees with the tensors: they hold "
+                           f"{holds}; fix num_hidden_layers or the shards", file="config.json")

@@ -1,4 +1,5 @@
-"""ModelOpt's unified Hugging Face checkpoint format (what ``tensorrt-edgellm-quantize`` writes), read from headers.
+"""ModelOpt's unified Hugging Face checkpoint format (what ``tensorrt-edgellm-quantize`` writes), read from headers
+and the scales' values.
 
 ``hf_quant_config.json`` (or ``config.json``'s ``quantization_config`` with ``quant_method: modelopt``) names one
 ``quant_algo`` for the model and the modules left in float (``exclude_modules``, fnmatch patterns). Each quantized
@@ -8,14 +9,15 @@ quantization method says (``stored``, a ``StoredFormat``, in its module of edgel
 
 ``read_quant_layout(dir)`` gives the method, group size, KV-cache quantization and, per linear layer, the precision
 actually stored there, plus every problem found (a quantized layer without its scales, scales whose shape does not
-fit the weight and group size, a quantized declaration over unpacked float weights).
+fit the weight and group size, a quantized declaration over unpacked float weights, a scale holding a NaN, infinite,
+zero or negative value: the scales are the only tensor data read here).
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
 from edgellm.models.base import ModelFamily
 from edgellm.quant import methods
-from edgellm.quant.base import QuantizationMethod, StoredFormat
+from edgellm.quant.base import QuantizationMethod, StoredFormat, scale_value_problem
 from edgellm.types import Precision, QuantMethod
 
 _FLOAT_PRECISION = {"F32": Precision.FP32, "F16": Precision.FP16, "BF16": Precision.BF16}
@@ -84,7 +86,8 @@ class QuantLayout:
 
 
 def read_quant_layout(checkpoint_dir: Path | str) -> QuantLayout:
-    """The quantization layout of a checkpoint, from its headers only (see ``QuantLayout.problems``)."""
+    """The quantization layout of a checkpoint, from its headers and its scales' values (see
+    ``QuantLayout.problems``)."""
     from edgellm.checkpoint.checkpoint import Checkpoint
 
     ckpt = Checkpoint.open(checkpoint_dir)
@@ -113,6 +116,11 @@ def quant_layout(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], c
     if fmt is not None and fmt.needs_group and quant.group_size is None:
         layout.problems.append(CheckpointError(f"{quant.source}: {quant.method.value} needs a group_size"))
         return layout
+    if found is not None and quant.group_size is not None:
+        why = found.group_size_problem(quant.group_size)
+        if why is not None:  # every scale shape would follow from a group no kernel runs: one problem, not one a layer
+            layout.problems.append(CheckpointError(f"{quant.source}: {quant.method.value} {why}"))
+            return layout
     for module, (out, inp) in linear_modules(family, cfg).items():
         weight = tensors.get(module + ".weight")
         if weight is None:
@@ -135,6 +143,30 @@ def quant_layout(tensors: Mapping[str, TensorInfo], family: type[ModelFamily], c
 
 def _bad(info: TensorInfo, msg: str) -> CheckpointError:
     return CheckpointError(msg, file=info.file.name, tensor=info.name)
+
+
+SCALE_CHUNK_BYTES = 8 * 1024 * 1024  # a multiple of every element size
+
+
+def _scale_values(info: TensorInfo) -> str | None:
+    """Why a scale's stored values are unusable (``scale_value_problem``), read in chunks from its checked
+    offsets: scales are the one tensor data inspect reads (a small fraction of the weights)."""
+    def chunks() -> Iterator[bytes]:
+        begin, end = info.file_offsets
+        with open(info.file, "rb") as fp:
+            fp.seek(begin)
+            while begin < end:
+                data = fp.read(min(SCALE_CHUNK_BYTES, end - begin))
+                if not data:
+                    raise OSError(f"the file ends at byte {begin}, inside the tensor (changed since its header "
+                                  f"was read?)")
+                begin += len(data)
+                yield data
+
+    try:
+        return scale_value_problem(info.dtype, chunks())
+    except OSError as exc:
+        return f"could not be read ({exc})"
 
 
 def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensors: Mapping[str, TensorInfo],
@@ -170,6 +202,9 @@ def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensor
         elif info.dtype not in scale.dtypes:
             problems.append(_bad(info, f"scale dtype {info.dtype} is not one {method} stores for {suffix} "
                                        f"({', '.join(scale.dtypes)})"))
+            ok = False
+        elif (why := _scale_values(info)) is not None:
+            problems.append(_bad(info, f"{method} {suffix} {why}"))
             ok = False
     if missing:
         problems.append(_bad(weight, f"declared {method}-quantized but its scales are missing: {', '.join(missing)}"))

@@ -1,4 +1,5 @@
-"""``edgellm inspect CKPT_DIR [--output inventory.json]``: validate a checkpoint from its headers and summarise it.
+"""``edgellm inspect CKPT_DIR [--output inventory.json]``: validate a checkpoint from its headers (and a quantized
+one's scale values) and summarise it.
 
 Exit 0 when the checkpoint is complete and supported; 2 otherwise, with every problem on its own stderr line
 (``problem: <file>: tensor '<name>': <rule>``). The JSON inventory is written (atomically) either way.

@@ -30,10 +30,12 @@ ENGINE_MANIFEST = "engine_manifest.json"
 
 def default_params(cfg: ModelConfig, *, max_batch_size: int | None, max_input_len: int | None,
                    max_seq_len: int | None) -> BuildParams:
-    seq = max_seq_len or min(cfg.max_position_embeddings, 4096)
+    """The build's limits: each given one as given (a 0 is refused by BuildParams, never replaced), the rest
+    defaulted."""
+    seq = min(cfg.max_position_embeddings, 4096) if max_seq_len is None else max_seq_len
     return BuildParams(
-        max_batch_size=max_batch_size or 4,
-        max_input_len=max_input_len or min(seq, 2048),
+        max_batch_size=4 if max_batch_size is None else max_batch_size,
+        max_input_len=min(seq, 2048) if max_input_len is None else max_input_len,
         max_seq_len=seq,
     )
 

@@ -139,7 +139,8 @@ def parse_export_precision(value: str | Precision | None) -> Precision | None:
 
 
 def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | None) -> tuple[Precision, Any]:
-    """The export precision and, for a quantized checkpoint, its validated layout."""
+    """The export precision and, for a quantized checkpoint, its validated layout. Every checkpoint is validated as
+    inspect does (headers, names and shapes: a second at most) before a byte of its weights is hashed or loaded."""
     from edgellm.checkpoint import Checkpoint
     from edgellm.quant import check_exportable
 
@@ -150,6 +151,7 @@ def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | No
                                      f"one is not quantized): run tensorrt-edgellm-quantize --quantization "
                                      f"{asked.value} first; a float checkpoint exports as "
                                      f"{', '.join(p.value for p in EXPORT_PRECISIONS)}")
+        Checkpoint.open(ckpt_dir).validate()
         return asked or Precision.FP32, None
     ckpt = Checkpoint.open(ckpt_dir)
     ckpt.validate()

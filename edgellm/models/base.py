@@ -7,6 +7,7 @@ the class's ``model_types`` and ``architectures`` and refuses a class that lacks
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,7 +92,7 @@ class ModelFamily:
         params: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
         qkv_bias = cls.has_qkv_bias(cfg)
         for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
+            p = f"{LAYER_PREFIX}{i}."
             params[p + "input_layernorm.weight"] = (h,)
             params[p + "post_attention_layernorm.weight"] = (h,)
             params[p + "self_attn.q_proj.weight"] = (q, h)
@@ -123,6 +124,20 @@ class ModelFamily:
     def tied_parameters(cls, cfg: ModelConfig) -> dict[str, str]:
         """Checkpoint names that alias another parameter when embeddings are tied: name -> source."""
         return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {}
+
+
+LAYER_PREFIX = "model.layers."  # decoder layer i's parameters are named model.layers.{i}.*
+
+
+def layers_held(names: Iterable[str]) -> set[int]:
+    """The decoder layer indices that tensor ``names`` hold (``model.layers.{i}.*``), read from the names only."""
+    held = set()
+    for name in names:
+        if name.startswith(LAYER_PREFIX):
+            index = name[len(LAYER_PREFIX):].partition(".")[0]
+            if index.isascii() and index.isdigit() and len(index) <= 18:  # longer: no layer, an unexpected name
+                held.add(int(index))
+    return held
 
 
 FAMILIES: Registry[type[ModelFamily]] = Registry("model_type")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -69,6 +69,54 @@ class StoredFormat:
         return ", ".join(parts)
 
 
+def scale_value_problem(dtype: str, chunks: Iterable[bytes]) -> str | None:
+    """Why the stored values of a scale (its raw little-endian bytes in ``chunks`` of whole elements, safetensors
+    ``dtype``) are unusable, or None.
+
+    A scale multiplies a quantized value back to its float; one that is NaN, infinite, zero or negative is no
+    quantizer's output but a poisoned or broken checkpoint (ONNX Runtime's kernels even compute finite logits from a
+    NaN scale, so nothing downstream would notice). Checked on the raw bits: fp8 (e4m3fn) has NaN at magnitude 0x7F
+    and no infinity; e8m0 (U8 block scales) is a power of two, NaN at 0xFF."""
+    import numpy as np
+
+    if dtype not in SCALE_BITS:
+        return f"dtype {dtype} is not a scale type ({', '.join(SCALE_BITS)})"
+    found: dict[str, int] = {}
+    first: int | None = None
+    seen = 0
+    for data in chunks:
+        bad = _bad_scale_values(np, dtype, data)
+        for what, mask in bad.items():
+            if mask.any():
+                found[what] = found.get(what, 0) + int(mask.sum())
+                at = seen + int(np.argmax(mask))
+                first = at if first is None else min(first, at)
+        seen += len(data) * 8 // SCALE_BITS[dtype]
+    if not found:
+        return None
+    return (f"holds {', '.join(f'{n} {what}' for what, n in found.items())} of its {seen} values (the first at "
+            f"flat index {first}); a scale must be finite and > 0")
+
+
+def _bad_scale_values(np: Any, dtype: str, data: bytes) -> dict[str, Any]:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if dtype == "F8_E4M3":
+        mag = raw & 0x7F
+        return {"NaN": mag == 0x7F, "zero": mag == 0, "negative": ((raw & 0x80) != 0) & (mag != 0)}
+    if dtype == "U8":
+        return {"NaN": raw == 0xFF}
+    if dtype == "BF16":
+        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(data, dtype=_NUMPY_FLOATS[dtype])
+    with np.errstate(invalid="ignore"):
+        return {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
+
+
+_NUMPY_FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
+SCALE_BITS = {"F8_E4M3": 8, "U8": 8, "F16": 16, "BF16": 16, "F32": 32, "F64": 64}  # dtypes whose values are checked
+
+
 def groups(group: int | None, inp: int) -> int:
     """Scale columns of a weight with ``inp`` inputs in groups of ``group`` (None: one group)."""
     return math.ceil(inp / (group or inp))
@@ -91,6 +139,7 @@ class QuantizationMethod:
       kernel          the GEMM a runtime that lacks it would need (in refusals), default the GEMM kind
       thresholds      accuracy limits of its engines against the float source, by ``edgellm.thresholds`` field
                       (None: no defaults; a thresholds file is needed)
+    A method with groups says which group sizes its kernel takes by overriding ``group_size_problem``.
     """
 
     name: ClassVar[str]
@@ -113,6 +162,12 @@ class QuantizationMethod:
     @classmethod
     def gemm_label(cls) -> str:
         return cls.kernel or (cls.gemm.value if cls.gemm is not None else cls.name)
+
+    @classmethod
+    def group_size_problem(cls, group: int) -> str | None:
+        """Why a checkpoint's ``group_size`` is one this method's kernel does not take (None: it takes it, or the
+        method has no groups). Checked by inspect, before any layer is read."""
+        return None
 
     @classmethod
     def ort_linear(cls, layer: LinearLayer, tensors: Mapping[str, Any], layout: QuantLayout) -> nn.Module:

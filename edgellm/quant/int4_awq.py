@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from edgellm.checkpoint.modelopt import LinearLayer, QuantLayout
 
-MIN_BLOCK = 16  # MatMulNBits' smallest block
+MIN_BLOCK = 16  # MatMulNBits' smallest block; every power of two from it up is one (its schema; measured to 4096)
 
 
 @register_method
@@ -45,6 +45,13 @@ class Int4Awq(QuantizationMethod):
     gemm = GemmKind.INT4
     kernel = "int4 (AWQ, MatMulNBits)"
     thresholds: ClassVar[dict[str, float]] = {"ppl_max_rel_diff": 0.05, "top1_min_agreement": 0.85}
+
+    @classmethod
+    def group_size_problem(cls, group: int) -> str | None:
+        if group >= MIN_BLOCK and group & (group - 1) == 0:
+            return None
+        return (f"group_size {group} is not a block ONNX Runtime's MatMulNBits takes (its block_size: a power of two "
+                f">= {MIN_BLOCK}, e.g. 32, 64, 128)")
 
     @classmethod
     def ort_linear(cls, layer: LinearLayer, tensors: Mapping[str, Any], layout: QuantLayout) -> nn.Module:

@@ -17,3 +17,7 @@ class Mxfp8(QuantizationMethod):
     stored = StoredFormat(("F8_E4M3",), lambda o, i: (o, i),
                           {"weight_scale": Scale(lambda o, i, g: (o, i // (g or 32)), dtypes=("U8",))})
     refused = "MXFP8 (e8m0 block scales) has no ONNX Runtime CPU kernel and no ONNX scale type before opset 23"
+
+    @classmethod
+    def group_size_problem(cls, group: int) -> str | None:
+        return None if group == 32 else f"group_size {group} is not MXFP8's block (32 e4m3 values per e8m0 scale)"

@@ -20,3 +20,7 @@ class Nvfp4(QuantizationMethod):
                            "input_scale": Scale(scalar)})
     refused = ("NVFP4 (e2m1 weights with fp8 block scales) needs Blackwell tensor cores; ONNX Runtime's CPU provider "
                "has no fp4 type or kernel")
+
+    @classmethod
+    def group_size_problem(cls, group: int) -> str | None:
+        return None if group == 16 else f"group_size {group} is not NVFP4's block (16 e2m1 values per fp8 scale)"

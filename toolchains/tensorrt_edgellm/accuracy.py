@@ -23,6 +23,7 @@ is a configuration error naming what to set. Never borrowed from another precisi
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,14 +106,20 @@ def _complete(codec: TextCodec, ids: list[int]) -> str:
 def judge(per_prompt: list[dict[str, Any]], limits: TextLimits) -> dict[str, Any]:
     """The accuracy report (the shape of ``edgellm eval``'s: ``passed``, ``checks``, ``failed_checks``)."""
     checks: dict[str, dict[str, Any]] = {}
-    worst_margin = max(p["divergence_margin"] for p in per_prompt)
-    worst_fraction = min(p["fraction"] for p in per_prompt)
+    # the worst value is a non-finite one if any prompt has it (max() would drop a NaN after the first prompt), and
+    # a non-finite value never passes
+    margins = [float(p["divergence_margin"]) for p in per_prompt]
+    worst_margin = next((m for m in margins if not math.isfinite(m)), max(margins))
+    fractions = [float(p["fraction"]) for p in per_prompt]
+    worst_fraction = next((f for f in fractions if not math.isfinite(f)), min(fractions))
     if limits.max_divergence_margin is not None:
-        checks["greedy_divergence_margin"] = {"value": worst_margin, "limit": limits.max_divergence_margin,
-                                              "op": "<=", "passed": worst_margin <= limits.max_divergence_margin}
+        checks["greedy_divergence_margin"] = {
+            "value": worst_margin, "limit": limits.max_divergence_margin, "op": "<=",
+            "passed": math.isfinite(worst_margin) and worst_margin <= limits.max_divergence_margin}
     if limits.min_match_fraction is not None:
-        checks["greedy_match_fraction"] = {"value": worst_fraction, "limit": limits.min_match_fraction,
-                                           "op": ">=", "passed": worst_fraction >= limits.min_match_fraction}
+        checks["greedy_match_fraction"] = {
+            "value": worst_fraction, "limit": limits.min_match_fraction, "op": ">=",
+            "passed": math.isfinite(worst_fraction) and worst_fraction >= limits.min_match_fraction}
     checks["greedy_mean_match_fraction"] = {
         "value": sum(p["fraction"] for p in per_prompt) / len(per_prompt), "limit": None, "op": "report",
         "passed": True}
