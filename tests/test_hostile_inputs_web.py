@@ -70,7 +70,7 @@ def test_query_on_an_unreachable_database_never_prints_its_password() -> None:
 
 HOSTILE_NAMES = ["[/]", "[red]boom[/red] [link=http://evil.example]click[/link]", "x\\", "tail\\[/]",
                  "a|b\nc", "=cmd|' /C calc'!A0", "<script>alert(1)</script>", "<img src=x onerror=alert(1)>",
-                 "esc\x1b[2Jcleared", "[bold]", "[/red]"]
+                 "esc\x1b[2Jcleared", "[bold]", "[/red]", "$\\frac{$", "*em* _em_ `code` ~~s~~ &lt; &#60;"]
 hostile_text = st.one_of(st.sampled_from(HOSTILE_NAMES),
                          st.text(st.sampled_from("[]/\\=|\n\x1b<>&#*_`'\"!@+-abc "), min_size=1, max_size=30))
 
@@ -166,3 +166,134 @@ def test_devices_list_prints_hostile_hosts_and_labels_as_written(tmp_path: Path)
                            env={"EDGEFARM_DATA_DIR": str(tmp_path / "data"), "EDGEFARM_DB_URL": None})
     assert code == 0, output
     assert "[/], [red]boom[/red], [link=http://evil.example]x" in output and "[/]:22" in output, output
+
+
+# --- 10. names in Markdown, HTML and CSV ------------------------------------------------------------------------
+
+def _markdown_html(text: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").enable("strikethrough").render(text)
+
+
+class _Tags:
+    """Every start tag of an HTML text, and its text content."""
+
+    def __init__(self, text: str) -> None:
+        from html.parser import HTMLParser
+
+        tags: list[tuple[str, dict[str, str | None]]] = []
+        data: list[str] = []
+
+        class Parser(HTMLParser):
+            def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+                tags.append((tag, dict(attrs)))
+
+            def handle_data(self, chunk: str) -> None:
+                data.append(chunk)
+
+        Parser(convert_charrefs=True).feed(text)
+        self.tags, self.text = tags, "".join(data)
+
+    def names(self) -> list[str]:
+        return [t for t, _ in self.tags]
+
+
+def _one_line(value: str) -> str:
+    import re
+
+    return re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+", " ", value).strip()
+
+
+def _words(value: str) -> list[str]:
+    return _one_line(value).split()
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=hostile_text)
+def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str) -> None:
+    from flows.escape import markdown_text
+
+    cell_html = _Tags(_markdown_html(f"| a | b |\n|---|---|\n| {markdown_text(value)} | x |\n"))
+    assert cell_html.names() == ["table", "thead", "tr", "th", "th", "tbody", "tr", "td", "td"], cell_html.tags
+    assert _words(cell_html.text) == _words(f"a b {value} x")  # the value, word for word
+    heading = _Tags(_markdown_html(f"## {markdown_text(value)} · fp32\n"))
+    assert heading.names() == ["h2"], heading.tags
+    assert _words(heading.text) == _words(f"{value} · fp32")
+
+
+def _supported_db(path: Path, names: list[str]) -> str:
+    """A run in which every hostile name passed every stage: each is a supported cell of the matrix."""
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.recorder import Recorder
+
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abc", toolchain={"edgellm-farm": "0.1.0"})
+    for name in names:
+        for stage in ("export", "build", "infer", "accuracy", "bench"):
+            rec.record_result(run, model=name, precision="fp32", platform="x86-cpu", stage=stage, test_id=name,
+                              status="pass", device="local-cpu", toolchain="edgellm-ort", toolchain_version="0.1",
+                              metrics={"decode_tokens_per_s": (10.0, "tok/s")} if stage == "bench" else None)
+    rec.finish_run(run, "passed")
+    engine.dispose()
+    return url
+
+
+COLLIDING = ["[ ]", "[[]]", "<b>", "a b", "a/b", "a-b"]  # slugs: nothing, nothing, b, a-b, a-b, a-b
+
+
+def test_docs_pages_show_hostile_names_as_text_with_unique_anchors(tmp_path: Path) -> None:
+    import re
+
+    from flows.docs import write_docs
+
+    names = [*HOSTILE_NAMES, *COLLIDING]
+    write_docs(_supported_db(tmp_path / "x.db", names), tmp_path / "docs", tmp_path / "data")
+    matrix = (tmp_path / "docs" / "supported-models.md").read_text()
+    rendered = _Tags(_markdown_html(matrix))
+    assert not {"script", "img", "em", "strong", "code", "s", "del"} & set(rendered.names()), rendered.names()
+    links = [a.get("href") for t, a in rendered.tags if t == "a"]
+    assert len(links) == len(names) and len(set(links)) == len(names), links  # one link per row, none shared
+    rows = [line for line in matrix.splitlines() if line.startswith("| ") and "runs/run-" in line]
+    assert len(rows) == len(names)  # a newline or | in a name breaks no row
+    for name in names:
+        assert " ".join(_words(name)) in " ".join(_words(rendered.text)), name
+    page = (tmp_path / "docs" / "runs" / "run-1.md").read_text()
+    ids = re.findall(r"<a id='([^']*)'></a>", page)
+    assert len(ids) == len(set(ids)) == len(names), ids
+    assert {link.split("#", 1)[1] for link in links} == set(ids)  # every link lands on its own section
+    page_html = _Tags(_markdown_html(page))
+    assert not {"script", "img", "em", "strong", "code"} & set(page_html.names()), page_html.names()
+    html_page = _Tags((tmp_path / "docs" / "support-matrix.html").read_text())
+    assert html_page.names().count("script") == 2  # the page's own two
+    assert all(a.get("class") == "trend" and str(a.get("src")).startswith("data:image/png;base64,")
+               for t, a in html_page.tags if t == "img")  # only its trend plots
+    assert all(not k.startswith("on") for _, attrs in html_page.tags for k in attrs)
+
+
+def test_query_csv_neutralises_spreadsheet_formulas(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    names = ["=cmd|' /C calc'!A0", "+1+2", "-2+3", "@SUM(A1)", "\tx", "plain"]
+    code, output = _invoke("query", "--db", _hostile_db(tmp_path / "x.db", names), "--format", "csv")
+    assert code == 0, output
+    rows = list(csv.DictReader(io.StringIO(output)))
+    assert sorted(r["model"] for r in rows) == sorted("'" + n if n != "plain" else n for n in names)
+    for r in rows:
+        assert not any(v.startswith(("=", "+", "-", "@", "\t", "\r")) for v in r.values()), r
+
+
+@FEW
+@given(value=st.one_of(hostile_text, st.sampled_from(["=1+1", "+x", "-x", "@x", "\t=x", "\uff1d1"])))
+def test_a_spreadsheet_cell_never_starts_a_formula(value: str) -> None:
+    from flows.escape import spreadsheet_cell
+
+    shown = spreadsheet_cell(value)
+    assert isinstance(shown, str) and not shown.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d"))
+    assert shown in (value, "'" + value)
+    assert spreadsheet_cell(-1.5) == -1.5 and spreadsheet_cell(None) is None

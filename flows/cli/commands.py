@@ -24,6 +24,7 @@ from rich.text import Text
 
 from edgellm.errors import EdgeLLMError, ErrorKind
 from flows.cli.text import cell, visible
+from flows.escape import spreadsheet_cell
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -379,7 +380,8 @@ def query(
         writer = csv.DictWriter(buf, fieldnames=QUERY_FIELDS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())})
+            row = {**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())}
+            writer.writerow({k: spreadsheet_cell(v) for k, v in row.items()})
         sys.stdout.write(buf.getvalue())
     else:
         from flows.docs_render import row_label, shown_toolchain
@@ -435,7 +437,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=REGRESSION_FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
         sys.stdout.write(buf.getvalue())
         return
     from flows.docs_render import row_label, shown_toolchain
