@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from devices.inventory import Device
+from devices.transport.base import CommandResult, Transport
 from flows.cli import app
 from results.db import for_parameters, from_parameter, redact
 
@@ -297,3 +299,148 @@ def test_a_spreadsheet_cell_never_starts_a_formula(value: str) -> None:
     assert isinstance(shown, str) and not shown.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d"))
     assert shown in (value, "'" + value)
     assert spreadsheet_cell(-1.5) == -1.5 and spreadsheet_cell(None) is None
+
+
+# --- 7. a device answering the health probe with hostile values ---------------------------------------------------
+
+class _Answering(Transport):
+    """A transport whose device answers the agent and the toolchains' probes with the given JSON (or text)."""
+
+    device_id = "hostile"
+
+    def __init__(self, env: object, cache: object = None, probe: object = None, check: object = None) -> None:
+        self.answers = {"env": env, "cache": {} if cache is None else cache,
+                        "check": {"problems": []} if check is None else check}
+        self.probe = {} if probe is None else probe
+
+    def run(self, argv: list[str], *, timeout: float, log: Path | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None) -> CommandResult:
+        import json
+
+        from devices import agent_client
+
+        def answer(value: object) -> CommandResult:
+            return CommandResult(0, value if isinstance(value, str) else json.dumps(value), "", 0.0)
+
+        if argv[0] == "sha256sum":
+            return answer(f"{agent_client.AGENT_SHA256}  {argv[-1]}\n")
+        if agent_client.AGENT_PATH in argv:
+            return answer(self.answers[argv[argv.index(agent_client.AGENT_PATH) + 1]])
+        return answer(self.probe)
+
+    def put(self, local_path: Path, remote_path: str) -> None:
+        pass
+
+    def get(self, remote_path: str, local_path: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _local_device(tmp_path: Path, python: str | None = None) -> Device:
+    import yaml
+
+    from devices.inventory import load_inventory
+
+    inventory = tmp_path / "inv"
+    inventory.mkdir(exist_ok=True)
+    block = {"type": "x86-cpu", "transport": "local", "work_dir": str(tmp_path / "w")}
+    (inventory / "hostile.yaml").write_text(yaml.safe_dump({**block, **({"python": python} if python else {})}))
+    return load_inventory(inventory, data_dir=tmp_path / "data").get("hostile")
+
+
+HOSTILE_ENVS = [
+    {"python": 3, "free": "lots"},
+    {"python": "3.10.1 [/]", "machine": ["x86_64"], "disk_free_bytes": "lots", "clocks_locked": "yes"},
+    {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": -1, "l4t": "36.4", "jetpack": {"version": 6},
+     "cuda": {"version": "[red]12[/red]"}, "power_mode": {"name": {"x": 1}}, "thermal": {"temp_c": 40}},
+    {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": True, "thermal": [{"temp_c": float("nan")}, 3]},
+]
+
+
+@pytest.mark.parametrize("env", HOSTILE_ENVS)
+def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: dict[str, object],
+                                                                           tmp_path: Path) -> None:
+    import json
+
+    from devices.health import check_device
+    from flows.cli.devices import _health_table
+
+    device = _local_device(tmp_path)
+    report = check_device(device, transport=_Answering(env, {"total_bytes": "x", "entries": 3}))
+    assert report.reachable and not report.healthy, report
+    assert any("answered" in p and "valid:" in p for p in report.problems), report.problems
+    json.dumps(report.to_dict())  # storable
+    _rendered(_health_table([report]))  # printable
+
+
+def test_a_toolchain_probe_answering_markup_or_the_wrong_shape_is_a_problem(tmp_path: Path) -> None:
+    from devices.health import check_device
+
+    device = _local_device(tmp_path)
+    env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
+    probe = {"edgellm": "edgellm [/]", "packages": {"onnxruntime": "1.22.0"}, "onnxruntime_genai": "0.6.0"}
+    report = check_device(device, transport=_Answering(env, probe=probe))
+    assert not report.healthy and report.edgellm_version is None
+    assert any("edgellm-ort: its probe answered version = 'edgellm [/]+onnxruntime-1.22.0'" in p
+               for p in report.problems), report.problems
+    shaped = check_device(device, transport=_Answering(env, check={"problems": 7}))
+    assert shaped.reachable
+
+
+@settings(max_examples=30, deadline=None)
+@given(env=st.dictionaries(
+    st.sampled_from(["python", "machine", "disk_free_bytes", "l4t", "jetpack", "cuda", "gpu_driver", "power_mode",
+                     "clocks_locked", "thermal"]),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | hostile_text,
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                     st.sampled_from(["version", "name", "release", "temp_c"]), inner, max_size=2), max_leaves=5)),
+    cache=st.dictionaries(st.sampled_from(["total_bytes", "entries"]),
+                          st.none() | st.integers() | hostile_text | st.lists(st.integers(), max_size=2)))
+def test_no_health_answer_crashes_the_check(env: dict[str, object], cache: dict[str, object],
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    import json
+
+    from devices.health import check_device
+    from flows.cli.devices import _health_table
+
+    device = _local_device(tmp_path_factory.mktemp("dev"))
+    report = check_device(device, transport=_Answering(env, cache))
+    assert report.reachable
+    json.dumps(report.to_dict())
+    _rendered(_health_table([report]))
+
+
+def test_devices_check_survives_and_stores_a_hostile_device(tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.models import DeviceHealth
+
+    fake = tmp_path / "python3"  # the device's interpreter answers every question with hostile JSON
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = -m ]; then echo '{\"edgellm\": \"edgellm [/]\", \"packages\": {}}'; exit 0; fi\n"
+                    "case \"$4\" in\n"
+                    "  env) echo '{\"python\": 3, \"free\": \"lots\", \"machine\": \"[red]x86_64[/red]\"}' ;;\n"
+                    "  cache) echo '{\"total_bytes\": \"lots\", \"entries\": \"[/]\"}' ;;\n"
+                    "  *) echo '{}' ;;\n"
+                    "esac\n")
+    fake.chmod(0o755)
+    _local_device(tmp_path, python=str(fake))
+    url = f"sqlite:///{tmp_path / 'health.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    code, output = _invoke("devices", "check", "--inventory", str(tmp_path / "inv"), "--db", url)
+    assert code == 1, output  # unhealthy, not a crash
+    assert "Traceback" not in output and "answered python = 3" in output, output
+    engine = create_engine(url)
+    with Session(engine) as session:
+        rows = list(session.scalars(select(DeviceHealth)))
+    engine.dispose()
+    assert len(rows) == 1 and rows[0].python_version is None and rows[0].details["healthy"] is False
+    assert any("answered machine = '[red]x86_64[/red]'" in p for p in rows[0].details["problems"])
+
