@@ -16,6 +16,7 @@ from devices.inventory import Device
 from devices.transport.base import CommandResult, Transport
 from flows.cli import app
 from results.db import for_parameters, from_parameter, redact
+from tests.fixtures.sshd import SshHosts
 
 SECRET = "S3cret-pw"
 FEW = settings(max_examples=40, deadline=None)
@@ -443,4 +444,70 @@ def test_devices_check_survives_and_stores_a_hostile_device(tmp_path: Path) -> N
     engine.dispose()
     assert len(rows) == 1 and rows[0].python_version is None and rows[0].details["healthy"] is False
     assert any("answered machine = '[red]x86_64[/red]'" in p for p in rows[0].details["problems"])
+
+
+# --- 8. unbounded device output ----------------------------------------------------------------------------------
+
+LOUD = ("import sys\n"
+        "w = sys.stdout.buffer.write\n"
+        "w(b'HEAD-')\n"
+        "for _ in range(64):\n"
+        "    w(b'x' * (1 << 20))\n"
+        "w(b'-TAIL')\n"
+        "sys.stderr.write('err' * 10)\n")
+LOUD_BYTES = 64 * (1 << 20) + 10
+
+
+def _assert_capped(result: CommandResult, limit: int) -> None:
+    assert result.ok, result.stderr
+    assert result.stdout.startswith("HEAD-") and result.stdout.endswith("-TAIL")
+    assert result.stdout_dropped == LOUD_BYTES - limit, result.stdout_dropped
+    assert f"<<< {LOUD_BYTES - limit} bytes dropped here" in result.stdout
+    assert len(result.stdout) < limit + 200
+    assert result.stderr == "err" * 10 and result.stderr_dropped == 0
+
+
+def test_local_transport_keeps_head_and_tail_of_a_flood_and_counts_the_rest(tmp_path: Path) -> None:
+    import sys
+    import tracemalloc
+
+    from devices.transport.local import LocalTransport
+
+    link = LocalTransport("loud", tmp_path / "w")
+    link.max_output_bytes = 1 << 20
+    log = tmp_path / "loud.log"
+    tracemalloc.start()
+    try:
+        result = link.run([sys.executable, "-c", LOUD], timeout=60, log=log)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak {peak / 2**20:.0f} MiB for 64 MiB of output"  # was 2 x the output
+    _assert_capped(result, 1 << 20)
+    assert log.stat().st_size == LOUD_BYTES + 30  # the log still gets everything
+
+
+@FEW
+@given(chunks=st.lists(st.binary(max_size=300), max_size=30), limit=st.integers(min_value=2, max_value=400))
+def test_an_output_buffer_keeps_exactly_its_head_and_tail(chunks: list[bytes], limit: int) -> None:
+    from devices.transport.base import OutputBuffer
+
+    buffer = OutputBuffer(limit)
+    for chunk in chunks:
+        buffer.extend(chunk)
+    whole = b"".join(chunks)
+    half = limit // 2
+    if len(whole) <= 2 * half:
+        assert buffer.dropped == 0 and buffer.text() == whole.decode(errors="replace")
+    else:
+        assert buffer.dropped == len(whole) - 2 * half
+        assert bytes(buffer.head) == whole[:half] and buffer._tail_kept() == whole[len(whole) - half:]
+
+
+def test_ssh_transport_keeps_head_and_tail_of_a_flood(live_ssh_hosts: SshHosts) -> None:
+    from devices.transport.ssh import SSHTransport
+
+    with SSHTransport(live_ssh_hosts[0].device()) as link:
+        link.max_output_bytes = 1 << 20
+        _assert_capped(link.run(["python3", "-c", LOUD], timeout=120), 1 << 20)
 
