@@ -511,3 +511,79 @@ def test_ssh_transport_keeps_head_and_tail_of_a_flood(live_ssh_hosts: SshHosts) 
         link.max_output_bytes = 1 << 20
         _assert_capped(link.run(["python3", "-c", LOUD], timeout=120), 1 << 20)
 
+
+# --- 2. edgefarm serve's API and the priorities it runs ---------------------------------------------------------
+
+def test_a_priority_is_a_test_list_of_the_list_directory_only(tmp_path: Path) -> None:
+    from edgellm.errors import ConfigurationError
+    from flows.test_list import list_name
+    from test_lists.loader import LISTS_DIR
+
+    assert list_name("l0_pipeline_x86cpu") == "l0_pipeline_x86cpu"
+    assert list_name(str(LISTS_DIR / "l0_pipeline_x86cpu.yml")) == "l0_pipeline_x86cpu"
+    elsewhere = tmp_path / "l0_pipeline_x86cpu.yml"
+    elsewhere.write_text((LISTS_DIR / "l0_pipeline_x86cpu.yml").read_text())
+    for bad in (str(elsewhere), str(LISTS_DIR / "models.yml"), str(LISTS_DIR / "waivers.yml"),
+                str(LISTS_DIR / ".." / "test_lists" / ".." / "infra" / "prefect.yaml"), "../../etc/passwd.yml",
+                "/etc/passwd"):
+        with pytest.raises(ConfigurationError, match=r"is not a test list of .*; valid: .*l0_pipeline_x86cpu"):
+            list_name(bad)
+    from flows.test_list import run_test_list
+
+    with pytest.raises(ConfigurationError, match="is not a test list of"):  # a deployment's run: refused first
+        run_test_list.fn(priority=str(elsewhere), data_dir=str(tmp_path / "data"))
+
+
+def _http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
+          body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+def test_the_served_api_refuses_other_origins_requests_without_csrf_token_and_without_auth(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    import json
+
+    from flows.prefect_env import free_port
+    from flows.serve import guard_env, start_server, stop_server
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    port = free_port()
+    proc, api = start_server("127.0.0.1", port, tmp_path / "prefect" / "server.log",
+                             guard=guard_env("127.0.0.1", port, "farm:" + SECRET), timeout_s=240)
+    try:
+        auth = {"Authorization": "Basic " + base64.b64encode(f"farm:{SECRET}".encode()).decode()}
+        preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+        evil = _http(f"{api}/flow_runs/filter", "OPTIONS", {**preflight, "Origin": "http://evil.example"})
+        assert evil[1].get("access-control-allow-origin") not in ("*", "http://evil.example"), evil
+        own = _http(f"{api}/flow_runs/filter", "OPTIONS", {**preflight, "Origin": f"http://127.0.0.1:{port}"})
+        assert own[0] == 200 and own[1].get("access-control-allow-origin") == f"http://127.0.0.1:{port}", own
+        body, json_type = b"{}", {"Content-Type": "application/json"}
+        assert _http(f"{api}/csrf-token?client=evil")[0] == 401  # no credentials, no token
+        no_token = _http(f"{api}/flow_runs/filter", "POST", {**auth, **json_type}, body)
+        assert no_token[0] == 403 and b"CSRF" in no_token[2], no_token
+        code, _, raw = _http(f"{api}/csrf-token?client=test", headers=auth)
+        assert code == 200, raw
+        token = {"Prefect-Csrf-Token": json.loads(raw)["token"], "Prefect-Csrf-Client": "test"}
+        assert _http(f"{api}/flow_runs/filter", "POST", {**json_type, **token}, body)[0] == 401  # token, no auth
+        assert _http(f"{api}/flow_runs/filter", "POST", {**auth, **json_type, **token}, body)[0] == 200
+    finally:
+        stop_server(proc)
+
+
+def test_serve_refuses_an_auth_string_without_a_password() -> None:
+    from edgellm.errors import ConfigurationError
+    from flows.serve import guard_env
+
+    with pytest.raises(ConfigurationError, match="USER:PASSWORD"):
+        guard_env("127.0.0.1", 4200, "farm")
+    assert "PREFECT_SERVER_API_AUTH_STRING" not in guard_env("127.0.0.1", 4200)
+    assert guard_env("127.0.0.1", 4200)["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
