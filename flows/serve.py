@@ -63,8 +63,8 @@ def guard_env(host: str, port: int, auth: str | None = None) -> dict[str, str]:
     """Settings that keep web pages out of a loopback server's API (a page open in the operator's browser could
     otherwise read run parameters and logs, or start deployments): only the UI's own origin may make cross-origin
     requests, every state-changing request needs Prefect's CSRF token (which only those origins can read), and
-    with ``auth`` every request needs it as HTTP basic auth (which also stops a page that rebinds its own DNS name
-    to 127.0.0.1: it has no credentials for that name)."""
+    with ``auth`` every request needs it as HTTP basic auth. A guarded server also answers loopback Host names only
+    (flows/prefect_server.py), which stops a page that points its own DNS name at 127.0.0.1."""
     origins = sorted({f"http://{h}:{port}" for h in (host, "127.0.0.1", "localhost")})
     env = {"PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true", "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "true",
            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins)}
@@ -79,7 +79,7 @@ def guard_env(host: str, port: int, auth: str | None = None) -> dict[str, str]:
 def start_server(host: str, port: int, log_file: Path, *, ui: bool = False, guard: dict[str, str] | None = None,
                  timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
     """A Prefect server on loopback, healthy when this returns; with ``ui`` it also serves the UI at the API's
-    root (the UI's files go next to ``log_file``); ``guard``: settings of :func:`guard_env`."""
+    root (the UI's files go next to ``log_file``); ``guard``: settings of :func:`guard_env`, and the Host check."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ConfigurationError(f"serve binds to loopback only; got host {host!r} (valid: 127.0.0.1, localhost)")
     api_url = f"http://{host}:{port}/api"
@@ -88,10 +88,16 @@ def start_server(host: str, port: int, log_file: Path, *, ui: bool = False, guar
     if ui:
         env.update(ui_env(api_url, log_file.parent / "ui"))
     env.update(guard or {})
+    if guard:  # Prefect's app behind a Host header check (flows/prefect_server.py)
+        env["PREFECT_SERVER_UI_ENABLED"] = "true" if ui else "false"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PREFECT_YAML.parent.parent), env.get("PYTHONPATH")) if p)
+        command = [sys.executable, "-m", "flows.prefect_server", "--host", host, "--port", str(port)]
+    else:
+        command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+                   "--ui" if ui else "--no-ui"]
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
-             "--ui" if ui else "--no-ui"],
+            command,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             preexec_fn=die_with_parent,  # never outlives serve (or a run's temporary server, its runner)
         )

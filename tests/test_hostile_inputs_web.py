@@ -547,7 +547,7 @@ def _http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
         return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
 
 
-def test_the_served_api_refuses_other_origins_requests_without_csrf_token_and_without_auth(
+def test_the_served_api_refuses_other_origins_and_hosts_requests_without_csrf_token_and_without_auth(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import base64
     import json
@@ -568,6 +568,10 @@ def test_the_served_api_refuses_other_origins_requests_without_csrf_token_and_wi
         assert own[0] == 200 and own[1].get("access-control-allow-origin") == f"http://127.0.0.1:{port}", own
         body, json_type = b"{}", {"Content-Type": "application/json"}
         assert _http(f"{api}/csrf-token?client=evil")[0] == 401  # no credentials, no token
+        # a page that points its own name at 127.0.0.1 (DNS rebinding) is answered nothing, credentials or not
+        rebound = _http(f"{api}/csrf-token?client=evil", headers={**auth, "Host": f"evil.example:{port}"})
+        assert rebound[0] == 400 and b"Invalid host header" in rebound[2], rebound
+        assert _http(f"http://localhost:{port}/api/health", headers={"Host": f"localhost:{port}"})[0] == 200
         no_token = _http(f"{api}/flow_runs/filter", "POST", {**auth, **json_type}, body)
         assert no_token[0] == 403 and b"CSRF" in no_token[2], no_token
         code, _, raw = _http(f"{api}/csrf-token?client=test", headers=auth)
