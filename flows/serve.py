@@ -56,9 +56,6 @@ def ui_env(api_url: str, static_dir: Path) -> dict[str, str]:
             "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}
 
 
-AUTH_ENV = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password": the served API (and its UI) asks for it
-
-
 def guard_env(host: str, port: int, auth: str | None = None) -> dict[str, str]:
     """Settings that keep web pages out of a loopback server's API (a page open in the operator's browser could
     otherwise read run parameters and logs, or start deployments): only the UI's own origin may make cross-origin
@@ -70,8 +67,8 @@ def guard_env(host: str, port: int, auth: str | None = None) -> dict[str, str]:
            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins)}
     if auth is not None:
         if ":" not in auth or not auth.split(":", 1)[1]:
-            raise ConfigurationError(f"${AUTH_ENV} must be USER:PASSWORD with a password; got a value of "
-                                     f"{len(auth)} characters without one")
+            raise ConfigurationError(f"$EDGEFARM_SERVE_AUTH_STRING must be USER:PASSWORD with a password; got a "
+                                     f"value of {len(auth)} characters without one")
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     return env
 
@@ -120,9 +117,10 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None,
-          announce: Callable[[str], None] | None = None) -> int:
+          announce: Callable[[str], None] | None = None, auth: str | None = None) -> int:
     """Start the server with its UI, then serve the chosen deployments (default: nightly and l0-x86-cpu) until
-    interrupted; ``announce`` gets the UI's URL once the server is healthy. Prefect must not have been imported
+    interrupted; ``announce`` gets the UI's URL once the server is healthy; ``auth``: the login its API asks
+    for (Settings.serve_auth), if any. Prefect must not have been imported
     yet: its API URL is set here."""
     if "prefect" in sys.modules:
         raise ConfigurationError("serve must run before Prefect is imported (its API URL is set at start)")
@@ -134,7 +132,7 @@ def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None,
     # Started in the background by a non-interactive shell, SIGINT is ignored, and Prefect's runner turns SIGTERM
     # into SIGINT: restore the default so `kill` stops serve (and the server with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    guard = guard_env(host, port, os.environ.get(AUTH_ENV) or None)
+    guard = guard_env(host, port, auth)
     # a first start migrates a new database and copies the UI's files: minutes on a busy small machine
     proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log", ui=True, guard=guard,
                                  timeout_s=300)

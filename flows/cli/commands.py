@@ -518,7 +518,8 @@ def serve(
         _prefect(settings.data_dir)
         from flows.serve import serve as run_serve
 
-        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui))
+        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui,
+                                   auth=settings.serve_auth))
 
 
 def gc(
