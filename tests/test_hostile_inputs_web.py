@@ -225,6 +225,35 @@ def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str)
     assert _words(heading.text) == _words(f"{value} · fp32")
 
 
+def _rows(model: str, platform: str, toolchain: str) -> list[object]:
+    from flows.docs_render import MatrixRow
+
+    passed = dict.fromkeys(("export", "build", "infer", "accuracy", "bench"), "pass")
+    return [MatrixRow(model=model, precision=precision, platform=platform, status="pass", run_id=1,
+                      run_started="2026-01-01", device=model, reason=model, stages=passed,
+                      metrics={"decode_tokens_per_s": 1.0}, toolchain=toolchain, toolchain_version=model)
+            for precision in ("fp32", "fp16")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=hostile_text, platform=hostile_text, toolchain=hostile_text)
+def test_rendered_pages_keep_their_structure_whatever_the_names(model: str, platform: str, toolchain: str) -> None:
+    from flows.docs_html import render_html
+    from flows.docs_render import render_markdown
+
+    rows = _rows(model, platform, toolchain)
+    markdown = render_markdown(rows, generated_at="now", db_label="SQLite")  # type: ignore[arg-type]
+    tags = _Tags(_markdown_html(markdown))
+    assert not {"script", "img", "em", "strong", "code", "s", "del", "br", "hr"} & set(tags.names()), tags.names()
+    assert tags.names().count("table") == 1 and tags.names().count("td") == 4, tags.names()  # model, params, 2 cells
+    assert " ".join(_words(model)) in " ".join(_words(tags.text))
+    page = _Tags(render_html(rows, generated_at="now", db_label="SQLite"))  # type: ignore[arg-type]
+    assert page.names().count("script") == 2 and page.names().count("table") == 1 and "img" not in page.names()
+    assert page.names().count("td") == 3 and page.names().count("tr") == 2, page.names()  # header row + 1 model
+    assert all(not k.startswith("on") for _, attrs in page.tags for k in attrs)
+    assert model.replace("\r\n", "\n").replace("\r", "\n") in page.text or not model.strip()
+
+
 def _supported_db(path: Path, names: list[str]) -> str:
     """A run in which every hostile name passed every stage: each is a supported cell of the matrix."""
     from results.db import make_engine
