@@ -28,7 +28,8 @@ QUANTIZE_DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class Settings:
-    db_url: str  # the real URL (a password included): never a flow parameter (results.db.for_parameters)
+    # the real URL (a password included): never a flow parameter (results.db.for_parameters), nor in this repr
+    db_url: str = field(repr=False)
     data_dir: Path
     inventory_dir: Path
     docs_dir: Path

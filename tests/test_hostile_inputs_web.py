@@ -62,6 +62,15 @@ def test_a_secret_query_parameter_never_shows(key: str, value: str, other: str) 
     assert from_parameter(for_parameters(url)) == url
 
 
+def test_the_settings_never_show_the_database_password(tmp_path: Path) -> None:
+    from flows.settings import Settings
+
+    url = f"postgresql+psycopg://u@db.example/edgefarm?password={SECRET}"
+    settings = Settings.resolve(db=url, data_dir=tmp_path, create=False)
+    assert settings.db_url == url  # the real one, for the engine
+    assert SECRET not in repr(settings) and SECRET not in str(settings)  # a log line or a traceback
+
+
 def test_query_on_an_unreachable_database_never_prints_its_password() -> None:
     code, output = _invoke("query", "--db", f"postgresql+psycopg://u@127.0.0.1:1/db?password={SECRET}")
     assert code == 3, output  # nothing listens on port 1: infrastructure
