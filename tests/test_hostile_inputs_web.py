@@ -16,6 +16,7 @@ from devices.inventory import Device
 from devices.transport.base import CommandResult, Transport
 from flows.cli import app
 from results.db import for_parameters, from_parameter, redact
+from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHosts
 
 SECRET = "S3cret-pw"
@@ -629,3 +630,37 @@ def test_serve_refuses_an_auth_string_without_a_password() -> None:
         guard_env("127.0.0.1", 4200, "farm")
     assert "PREFECT_SERVER_API_AUTH_STRING" not in guard_env("127.0.0.1", 4200)
     assert guard_env("127.0.0.1", 4200)["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_password_given_as_a_query_parameter_never_reaches_prefect(postgres: PostgresServer,
+                                                                     farm_dirs: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """`edgefarm nightly --db 'postgresql+psycopg://u@host/db?password=...'`: the flow run's stored parameters, its
+    logs, the pages and the output carry the URL with the password hidden."""
+    import json
+
+    import yaml
+    from prefect import get_client
+
+    url, password = postgres.create_database(), postgres.password
+    url = url.replace(f":{password}@", "@") + f"?sslmode=disable&password={password}"
+    matrix = tmp_path / "nodevice.yml"  # planned, recorded, nothing to run: the flow itself is under test
+    matrix.write_text(yaml.safe_dump({
+        "name": "nodevice", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["orin"],
+        "defaults": {"stages": ["export", "build", "infer"], "max_seq_len": 256, "max_batch_size": 2,
+                     "max_input_len": 128}}))
+    code, output = _invoke("nightly", "--json", "--matrix", str(matrix), "--db", url, "--inventory",
+                           str(farm_dirs["inventory"]), "--data-dir", str(tmp_path / "data"),
+                           "--docs-dir", str(tmp_path / "docs"))
+    assert code == 0, output
+    assert password not in output
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs() if r.parameters.get("matrix") == str(matrix)]
+        assert len(runs) == 1 and runs[0].parameters["db_url"] == redact(url)
+        stored = json.dumps([r.model_dump(mode="json") for r in runs])
+        logs = json.dumps([log.message for log in client.read_logs()])
+    assert password not in stored and password not in logs
+    for page in (tmp_path / "docs").rglob("*"):
+        if page.is_file():
+            assert password not in page.read_text(errors="replace"), page
