@@ -345,8 +345,9 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
 
 # --- trend plots ---------------------------------------------------------------------------------------------------
 def plot_text(value: str) -> str:
-    """``value`` as literal matplotlib text: a ``$`` would start mathtext (which a stray one makes raise)."""
-    return value.replace("$", "\\$")
+    """``value`` as literal matplotlib text on one line: a ``$`` would start mathtext (which a stray one makes
+    raise); control characters are shown as ``\\xNN``."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", value).replace("$", "\\$")
 
 
 def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[TrendPoint]]) -> Figure:
