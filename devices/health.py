@@ -13,6 +13,8 @@ check releases a quarantine); notes do not.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -85,8 +87,82 @@ class HealthReport:
         return data
 
 
-def _version_of(block: Any) -> str | None:
-    return block.get("version") if isinstance(block, dict) else None
+# what a device may report as a version, a name or a mode (its answers are hostile input like any other): no
+# markup, quotes, control characters or path tricks, at most 100 characters
+_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._+:~()/,=-]{0,99}\Z")
+_TEXT_RULE = "letters, digits, spaces and ._+:~()/,=- (at most 100, starting with a letter or digit)"
+_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?[A-Za-z0-9.+-]{0,40}\Z")
+
+
+def _shown(value: Any) -> str:
+    """A value a device sent, for a problem: its repr (quotes and escapes make control characters visible),
+    at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Answers:
+    """Reads a device's JSON answers field by field: a value of the wrong type or form becomes a problem that
+    names the field, the value and what is valid (the device is unhealthy), never an exception."""
+
+    def __init__(self, what: str, data: dict[str, Any], problems: list[str]) -> None:
+        self.what, self.data, self.problems = what, data, problems
+
+    def _bad(self, key: str, value: Any, valid: str) -> None:
+        self.problems.append(f"{self.what} answered {key} = {_shown(value)}; valid: {valid}")
+
+    def text(self, key: str, value: Any = None, *, pattern: re.Pattern[str] = _TEXT,
+             rule: str = _TEXT_RULE) -> str | None:
+        value = self.data.get(key) if value is None else value
+        if value is None or (isinstance(value, str) and pattern.match(value)):
+            return value
+        self._bad(key, value, rule)
+        return None
+
+    def count(self, key: str) -> int | None:
+        value = self.data.get(key)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        self._bad(key, value, "a whole number of bytes, 0 or more")
+        return None
+
+    def flag(self, key: str) -> bool | None:
+        value = self.data.get(key)
+        if value is None or isinstance(value, bool):
+            return value
+        self._bad(key, value, "true, false or null")
+        return None
+
+    def block(self, key: str, field: str) -> str | None:
+        """``data[key][field]``: a text in an object (``{"version": "12.6"}``)."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self._bad(key, value, f'an object like {{"{field}": "..."}} or null')
+            return None
+        return self.text(f"{key}.{field}", value.get(field))
+
+    def items(self, key: str) -> list[dict[str, Any]]:
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            self._bad(key, value, "a list of objects or null")
+            return []
+        return value
+
+    def temperatures(self) -> list[float]:
+        temps = []
+        for zone in self.items("thermal"):
+            t = zone.get("temp_c")
+            if t is None:
+                continue
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and -100 <= t <= 300:
+                temps.append(float(t))
+            else:
+                self._bad("thermal.temp_c", t, "degrees Celsius between -100 and 300, or null")
+        return temps
 
 
 def _toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
@@ -100,7 +176,16 @@ def _toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
             try:
                 facts = probe_toolchain(device, transport, driver)
                 env = {"toolchains": {name: facts}}
-                out.append(ToolchainHealth(name, build, driver.device_version(device, env), True))
+                try:
+                    version = driver.device_version(device, env)
+                except (AttributeError, TypeError, ValueError, KeyError) as exc:  # facts of the wrong shape
+                    out.append(ToolchainHealth(name, build, None, False, (
+                        f"its probe's answer has the wrong shape ({type(exc).__name__}: {exc}); valid: the JSON "
+                        f"its probe prints on a working device",)))
+                    continue
+                problems: list[str] = []
+                version = _Answers("its probe", {}, problems).text("version", version)
+                out.append(ToolchainHealth(name, build, version, not problems, tuple(problems)))
             except DeviceConfigurationError as exc:
                 out.append(ToolchainHealth(name, build, None, False, (str(exc).removeprefix(f"{device.id}: "),)))
     return out
@@ -140,14 +225,15 @@ def check_device(
     finally:
         if own:
             link.close()
-    python = env.get("python")
+    answers = _Answers("its agent (env)", env, problems)
+    python = answers.text("python", pattern=_VERSION, rule="a Python version like '3.10.12'")
     parts = tuple(int(p) for p in str(python or "").split(".")[:2] if p.isdigit())
     if python is not None and parts < MIN_PYTHON:
         problems.append(f"Python {python} is too old (the agent needs {'.'.join(map(str, MIN_PYTHON))}+)")
-    free = env.get("disk_free_bytes")
-    if isinstance(free, int) and free / 2**30 < min_free_gb:
+    free = answers.count("disk_free_bytes")
+    if free is not None and free / 2**30 < min_free_gb:
         problems.append(f"only {free / 2**30:.2f} GiB free in {device.work_dir} (needs {min_free_gb:g} GiB)")
-    arch = env.get("machine")
+    arch = answers.text("machine")
     if arch is not None:
         arch = _ARCH_ALIASES.get(arch, arch)
         if arch != device.device_type.arch:
@@ -157,20 +243,23 @@ def check_device(
     if not health:
         problems.append(f"no toolchain of type {device.type} ({', '.join(device.device_type.toolchains)}) can run "
                         f"on it: add the toolchain's block to its inventory file (toolchains: {{name: {{...}}}})")
-    power = env.get("power_mode") if isinstance(env.get("power_mode"), dict) else {}
+    power_mode = answers.block("power_mode", "name")
     dtype = device.device_type
-    if dtype.bench_power_mode is not None and power.get("name") != dtype.bench_power_mode:
-        notes.append(f"power mode {power.get('name') or 'unknown'}: {dtype.name} benchmarks at "
+    if dtype.bench_power_mode is not None and power_mode != dtype.bench_power_mode:
+        notes.append(f"power mode {power_mode or 'unknown'}: {dtype.name} benchmarks at "
                      f"{dtype.bench_power_mode} (benchmarks here are recorded as off-conditions)")
-    if dtype.bench_clocks_locked and env.get("clocks_locked") is not True:
+    clocks_locked = answers.flag("clocks_locked")
+    if dtype.bench_clocks_locked and clocks_locked is not True:
         notes.append("clocks not locked (run jetson_clocks): benchmarks here are recorded as off-conditions")
-    temps = [t.get("temp_c") for t in env.get("thermal") or [] if isinstance(t, dict)
-             and isinstance(t.get("temp_c"), (int, float))]
-    used = cache.get("total_bytes") if isinstance(cache.get("total_bytes"), int) else None
+    temps = answers.temperatures()
+    l4t = answers.block("l4t", "release")
+    jetpack, cuda, gpu_driver = (answers.block(key, "version") for key in ("jetpack", "cuda", "gpu_driver"))
+    usage = _Answers("its agent (cache usage)", cache, problems)
+    used = usage.count("total_bytes")
     if used is not None and used > device.cache_max_bytes:
         notes.append(f"cache holds {used / 2**30:.2f} GiB, over its {device.cache_max_gb:g} GiB bound (the next "
                      f"stage evicts the least recently used entries)")
-    entries = cache.get("entries") if isinstance(cache.get("entries"), list) else []
+    entries = usage.items("entries")
     edgellm = next((t.version for t in health if t.name.startswith("edgellm") and t.version), None)
     return HealthReport(
         **base,
@@ -178,20 +267,20 @@ def check_device(
         healthy=not problems,
         python_version=python,
         edgellm_version=edgellm.split("+")[0] if edgellm else None,
-        disk_free_bytes=free if isinstance(free, int) else None,
+        disk_free_bytes=free,
         arch=arch,
-        l4t=(env.get("l4t") or {}).get("release") if isinstance(env.get("l4t"), dict) else None,
-        jetpack=_version_of(env.get("jetpack")),
-        cuda=_version_of(env.get("cuda")),
-        gpu_driver=_version_of(env.get("gpu_driver")),
-        power_mode=power.get("name"),
-        clocks_locked=env.get("clocks_locked"),
+        l4t=l4t,
+        jetpack=jetpack,
+        cuda=cuda,
+        gpu_driver=gpu_driver,
+        power_mode=power_mode,
+        clocks_locked=clocks_locked,
         temp_max_c=max(temps) if temps else None,
         toolchains=tuple(health),
         cache_bytes=used,
         cache_max_bytes=device.cache_max_bytes,
         cache_entries=len(entries),
-        cache_in_use=sum(1 for e in entries if isinstance(e, dict) and e.get("in_use")),
+        cache_in_use=sum(1 for e in entries if e.get("in_use") is True),
         problems=tuple(problems),
         notes=tuple(notes),
         duration=time.monotonic() - start,

@@ -59,7 +59,11 @@ def probe_toolchain(device: Device, transport: Transport, driver: ToolchainDrive
     if needs is not None:
         found = agent_client.run(device, transport, *requirement_args(needs), no_ok=True)
         # a library dir that does not exist is fine while another holds each library: only the libraries count
-        problems = [str(p) for p in found.get("problems") or [] if not str(p).startswith("lib dir ")]
+        listed = found.get("problems") or []
+        if not isinstance(listed, list):
+            raise DeviceConfigurationError(f"{where}: the agent's check answered problems = {repr(listed)[:80]}; "
+                                           f"valid: a list of strings")
+        problems = [str(p) for p in listed if not str(p).startswith("lib dir ")]
         if problems:
             raise DeviceConfigurationError(f"{where} is not installed as the inventory says: " + "; ".join(problems))
         facts = found

@@ -227,8 +227,9 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
     out += [
         "<aside id='details' hidden><button id='close-details' style='float:right'>×</button><h3></h3><dl></dl>"
         "<a class='evidence' href='#'></a></aside>",
-        # "</" is escaped so no value can end the script element
-        "<script type='application/json' id='cell-data'>" + json.dumps(data).replace("</", "<\\/") + "</script>",
+        # <, > and & as JSON escapes: no value can end the script element or open a comment in it
+        "<script type='application/json' id='cell-data'>" + json.dumps(data).replace("<", "\\u003c")
+        .replace(">", "\\u003e").replace("&", "\\u0026") + "</script>",
         f"<script>{_JS}</script>",
         "</body></html>",
     ]

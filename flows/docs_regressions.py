@@ -10,6 +10,8 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flows.escape import markdown_text
+
 
 @dataclass(frozen=True)
 class RegressionMark:
@@ -50,5 +52,6 @@ def mark_markdown(marks: Sequence[RegressionMark]) -> str:
     parts = []
     for m in marks:
         before = f"[run {m.previous_run_id}]({run_link(m.previous_run_id)}) → " if m.previous_run_id else ""
-        parts.append(f"⚠ {m.severity} regression: {m.text}; {before}[run {m.run_id}]({run_link(m.run_id)})")
+        parts.append(f"⚠ {markdown_text(m.severity)} regression: {markdown_text(m.text)}; {before}"
+                     f"[run {m.run_id}]({run_link(m.run_id)})")
     return "<br>".join(parts)

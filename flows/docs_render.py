@@ -13,6 +13,7 @@ Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is ap
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 from flows.docs_regressions import RegressionMark, mark_markdown
+from flows.escape import markdown_text
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -154,11 +156,26 @@ def row_name(model: str, precision: str, platform: str, chosen_versions: str | N
 def row_anchor(model: str, precision: str, platform: str, chosen_versions: str | None,
                toolchain: str | None = None) -> str:
     """The id of a row's section on its run's evidence page (and of its cell in the HTML matrix)."""
-    return slug(row_name(model, precision, platform, chosen_versions, toolchain))
+    return anchor(row_name(model, precision, platform, chosen_versions, toolchain))
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# the registries' names and "name==version, ..." lists of them: their slug alone is their anchor
+_PLAIN_PART = r"[A-Za-z0-9][A-Za-z0-9._+=-]*"
+_PLAIN_NAME = re.compile(rf"{_PLAIN_PART}(?:, ?{_PLAIN_PART})*\Z")
+
+
+def anchor(name: str) -> str:
+    """The id of a section named ``name``: its slug, readable; a name beyond the registries' characters (``[/]``,
+    ``a b``, markup: whose slugs collide) also gets a digest of the exact name, so no two such rows share one."""
+    readable = slug(name)
+    if _PLAIN_NAME.match(name) and readable:
+        return readable
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{readable}-{digest}" if readable else digest
 
 
 def cell_kind(r: MatrixRow) -> CellKind:
@@ -233,11 +250,11 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
     kind = cell_kind(r)
     if kind is CellKind.SUPPORTED:
         # where a platform's table holds several toolchains, each cell names the toolchain and version it proves
-        text = f"{SUPPORTED_MARK} {r.made_by}" if several_toolchains and r.toolchain else SUPPORTED_MARK
+        text = f"{SUPPORTED_MARK} {markdown_text(r.made_by)}" if several_toolchains and r.toolchain else SUPPORTED_MARK
         regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
         return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + regressed
     if kind is CellKind.EXPORT_ONLY:
-        return f"{EXPORT_ONLY_MARK} export only, {r.made_by or 'toolchain unknown'} (run {r.run_id})"
+        return f"{EXPORT_ONLY_MARK} export only, {markdown_text(r.made_by or 'toolchain unknown')} (run {r.run_id})"
     return ""
 
 
@@ -269,19 +286,20 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         precisions = precision_order(r.precision for r in tested)
         cells = {(r.label, r.precision): r for r in shown}  # one table row per model (per compared version)
         params = {r.label: r.params for r in tested}
-        lines += [f"## {platform}", "",
-                  f"Toolchain{'s' if len(toolchains) > 1 else ''}: {', '.join(toolchains) or 'not recorded'}", "",
-                  "| Model | Params | " + " | ".join(p.upper() for p in precisions) + " |",
+        lines += [f"## {markdown_text(platform)}", "",
+                  f"Toolchain{'s' if len(toolchains) > 1 else ''}: "
+                  f"{markdown_text(', '.join(toolchains) or 'not recorded')}", "",
+                  "| Model | Params | " + " | ".join(markdown_text(p.upper()) for p in precisions) + " |",
                   "|---|---:|" + ":-:|" * len(precisions)]
         for model in sorted({r.label for r in shown}, key=str.lower):
-            row = [model, format_params(params.get(model))]
+            row = [markdown_text(model), format_params(params.get(model))]
             row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links) for p in precisions]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if not any(cell_kind(r) is not CellKind.NONE for r in rows):
         lines += ["No combination has passing evidence yet.", ""]
     if without:
-        lines += [f"Tested, no passing evidence yet: {', '.join(without)}.", ""]
+        lines += [f"Tested, no passing evidence yet: {markdown_text(', '.join(without))}.", ""]
     return "\n".join(lines)
 
 
@@ -300,7 +318,7 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
     for key in ("status", "trigger", "code_version", "started_at", "finished_at"):
-        lines.append(f"- {key}: {run.get(key)}")
+        lines.append(f"- {key}: {markdown_text(run.get(key))}")
     lines.append("")
     grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
     for res in results:  # one section per row (and per compared version)
@@ -309,7 +327,8 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     for key in sorted(grouped):
         first = grouped[key][0]
         label = row_label(str(first["model"]), _chosen(first), _shown(first))
-        lines += [f"<a id='{slug(key)}'></a>", f"## {label} · {first['precision']} · {first['platform']}", "",
+        title = " · ".join(markdown_text(x) for x in (label, first["precision"], first["platform"]))
+        lines += [f"<a id='{anchor(key)}'></a>", f"## {title}", "",
                   "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",
                   "|---|---|---|---|---|---|---|---|"]
         for res in grouped[key]:
@@ -317,16 +336,20 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
             arts = ", ".join(f"{k}:{s[:12]}" for k, s in res.get("artifacts", []))
             dur = res.get("duration_s")
             made_by = " ".join(str(x) for x in (res.get("toolchain"), res.get("toolchain_version")) if x)
-            lines.append(
-                f"| {res['stage']} | {res['status']} | {made_by or '-'} | {res.get('device') or '-'} | "
-                f"{f'{dur:.2f}' if isinstance(dur, (int, float)) else '-'} | "
-                f"{str(res.get('reason') or '').replace('|', '/')} | {metrics} | {arts} |"
-            )
+            cells = (res["stage"], res["status"], made_by or "-", res.get("device") or "-",
+                     f"{dur:.2f}" if isinstance(dur, (int, float)) else "-", res.get("reason") or "", metrics, arts)
+            lines.append("| " + " | ".join(markdown_text(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
 # --- trend plots ---------------------------------------------------------------------------------------------------
+def plot_text(value: str) -> str:
+    """``value`` as literal matplotlib text on one line: a ``$`` would start mathtext (which a stray one makes
+    raise); control characters are shown as ``\\xNN``."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", value).replace("$", "\\$")
+
+
 def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[TrendPoint]]) -> Figure:
     """One figure: a line per (model, precision) over nightly runs; the x axis shows the run ids as integers."""
     import matplotlib
@@ -342,7 +365,7 @@ def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[
         pts = sorted(pts, key=lambda x: x.run_id)
         run_ids |= {x.run_id for x in pts}
         ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
-                label=f"{model} {precision}")
+                label=plot_text(f"{model} {precision}"))
     ids = sorted(run_ids)
     ax.set_xlim(ids[0] - 0.5, ids[-1] + 0.5)  # a single run still gets a readable, integer axis
     if len(ids) <= 20:
@@ -351,7 +374,7 @@ def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("nightly run id")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} on {platform} over nightly runs")
+    ax.set_title(plot_text(f"{metric} on {platform} over nightly runs"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()

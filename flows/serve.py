@@ -56,10 +56,27 @@ def ui_env(api_url: str, static_dir: Path) -> dict[str, str]:
             "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}
 
 
-def start_server(host: str, port: int, log_file: Path, *, ui: bool = False,
+def guard_env(host: str, port: int, auth: str | None = None) -> dict[str, str]:
+    """Settings that keep web pages out of a loopback server's API (a page open in the operator's browser could
+    otherwise read run parameters and logs, or start deployments): only the UI's own origin may make cross-origin
+    requests, every state-changing request needs Prefect's CSRF token (which only those origins can read), and
+    with ``auth`` every request needs it as HTTP basic auth. A guarded server also answers loopback Host names only
+    (flows/prefect_server.py), which stops a page that points its own DNS name at 127.0.0.1."""
+    origins = sorted({f"http://{h}:{port}" for h in (host, "127.0.0.1", "localhost")})
+    env = {"PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true", "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "true",
+           "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins)}
+    if auth is not None:
+        if ":" not in auth or not auth.split(":", 1)[1]:
+            raise ConfigurationError(f"$EDGEFARM_SERVE_AUTH_STRING must be USER:PASSWORD with a password; got a "
+                                     f"value of {len(auth)} characters without one")
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
+    return env
+
+
+def start_server(host: str, port: int, log_file: Path, *, ui: bool = False, guard: dict[str, str] | None = None,
                  timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
     """A Prefect server on loopback, healthy when this returns; with ``ui`` it also serves the UI at the API's
-    root (the UI's files go next to ``log_file``)."""
+    root (the UI's files go next to ``log_file``); ``guard``: settings of :func:`guard_env`, and the Host check."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ConfigurationError(f"serve binds to loopback only; got host {host!r} (valid: 127.0.0.1, localhost)")
     api_url = f"http://{host}:{port}/api"
@@ -67,10 +84,17 @@ def start_server(host: str, port: int, log_file: Path, *, ui: bool = False,
     env = os.environ.copy()
     if ui:
         env.update(ui_env(api_url, log_file.parent / "ui"))
+    env.update(guard or {})
+    if guard:  # Prefect's app behind a Host header check (flows/prefect_server.py)
+        env["PREFECT_SERVER_UI_ENABLED"] = "true" if ui else "false"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PREFECT_YAML.parent.parent), env.get("PYTHONPATH")) if p)
+        command = [sys.executable, "-m", "flows.prefect_server", "--host", host, "--port", str(port)]
+    else:
+        command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+                   "--ui" if ui else "--no-ui"]
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
-             "--ui" if ui else "--no-ui"],
+            command,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             preexec_fn=die_with_parent,  # never outlives serve (or a run's temporary server, its runner)
         )
@@ -93,9 +117,10 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None,
-          announce: Callable[[str], None] | None = None) -> int:
+          announce: Callable[[str], None] | None = None, auth: str | None = None) -> int:
     """Start the server with its UI, then serve the chosen deployments (default: nightly and l0-x86-cpu) until
-    interrupted; ``announce`` gets the UI's URL once the server is healthy. Prefect must not have been imported
+    interrupted; ``announce`` gets the UI's URL once the server is healthy; ``auth``: the login its API asks
+    for (Settings.serve_auth), if any. Prefect must not have been imported
     yet: its API URL is set here."""
     if "prefect" in sys.modules:
         raise ConfigurationError("serve must run before Prefect is imported (its API URL is set at start)")
@@ -107,8 +132,13 @@ def serve(host: str, port: int, data_dir: Path, names: list[str] | None = None,
     # Started in the background by a non-interactive shell, SIGINT is ignored, and Prefect's runner turns SIGTERM
     # into SIGINT: restore the default so `kill` stops serve (and the server with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    guard = guard_env(host, port, auth)
     # a first start migrates a new database and copies the UI's files: minutes on a busy small machine
-    proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log", ui=True, timeout_s=300)
+    proc, api_url = start_server(host, port, data_dir / "prefect" / "server.log", ui=True, guard=guard,
+                                 timeout_s=300)
+    os.environ["PREFECT_CLIENT_CSRF_SUPPORT_ENABLED"] = "true"  # this process's runner is a client of that API
+    if "PREFECT_SERVER_API_AUTH_STRING" in guard:
+        os.environ["PREFECT_API_AUTH_STRING"] = guard["PREFECT_SERVER_API_AUTH_STRING"]
     os.environ["PREFECT_API_URL"] = api_url
     os.environ["PREFECT_UI_URL"] = api_url.removesuffix("/api")
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
@@ -21,13 +21,15 @@ ENV_DOCS_DIR = "EDGEFARM_DOCS_DIR"
 ENV_QUANTIZE_DEVICE = "EDGEFARM_QUANTIZE_DEVICE"
 ENV_MAX_UNQUANTIZED_SHARE = "EDGEFARM_MAX_UNQUANTIZED_SHARE"
 ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
+ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edgefarm serve` asks for
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class Settings:
-    db_url: str  # the real URL (a password included): never a flow parameter (results.db.for_parameters)
+    # the real URL (a password included): never a flow parameter (results.db.for_parameters), nor in this repr
+    db_url: str = field(repr=False)
     data_dir: Path
     inventory_dir: Path
     docs_dir: Path
@@ -37,6 +39,7 @@ class Settings:
     # also copy each built engine's bytes into the store ($EDGEFARM_FETCH_ENGINES=1); by default engines stay on
     # the device that built them and only their manifest and read-back files come back
     fetch_engines: bool = False
+    serve_auth: str | None = field(default=None, repr=False)  # $EDGEFARM_SERVE_AUTH_STRING (a secret: never shown)
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -56,7 +59,7 @@ class Settings:
         docs = Path(docs_dir or env.get(ENV_DOCS_DIR) or root / "docs")
         return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
-                   fetch_engines=_flag(env, ENV_FETCH_ENGINES))
+                   fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
+from edgellm.errors import ConfigurationError
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, installing_toolchains, plan_test_list
 from flows.settings import Settings
 from results.db import from_parameter
 from test_lists.catalog import Catalog
-from test_lists.loader import load_list
+from test_lists.loader import LISTS_DIR, list_names, load_list
+
+
+def list_name(priority: str) -> str:
+    """The test list a deployment's priority names: a list of the test-list directory by name
+    (``l0_pipeline_x86cpu``) or by its path there. Any other file is refused: deployment parameters are set by
+    whoever reaches the API, and a list decides what runs where (``edgefarm run --priority FILE``, typed by a person
+    at the farm's terminal, may still name a list file elsewhere)."""
+    names = list_names()
+    text = str(priority)
+    if text in names:
+        return text
+    path = Path(text)
+    if path.suffix in (".yml", ".yaml") and path.resolve().parent == LISTS_DIR.resolve() and path.stem in names:
+        return path.stem
+    raise ConfigurationError(f"priority {text!r} is not a test list of {LISTS_DIR}; valid: {', '.join(names)} "
+                             f"(a name, or its file there)")
 
 
 def make_plan(priority: str, settings: Settings, *, install: bool = False) -> Plan:
@@ -35,7 +53,7 @@ def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None
     """Run the list's tests for every platform it selects that has devices; record everything (with the plan
     the caller already made, if any)."""
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
-    if plan is None:
-        plan = make_plan(priority, settings, install=True)
+    if plan is None:  # a deployment's run: its priority is a parameter anyone reaching the API may have set
+        plan = make_plan(list_name(priority), settings, install=True)
     report, timing = execute_plan(plan, settings, trigger=trigger)
     return summary(plan, report, timing, None)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
@@ -36,12 +36,30 @@ def default_url(data_dir: Path) -> str:
     return f"sqlite:///{(Path(data_dir) / 'edgefarm.db').resolve()}"
 
 
+HIDDEN = "***"
+# a query parameter (or libpq keyword) whose value is a secret: password, sslpassword, PGPASSWORD, a token...
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|auth", re.IGNORECASE)
+# the same in text that does not parse as a URL: `key=value` after ?, & or ; or a space (libpq's conninfo form)
+_SECRET_PAIR = re.compile(r"((?:^|[?&;\s])[^=&;\s]*(?:pass|pwd|secret|token|auth)[^=&;\s]*\s*=\s*)"
+                          r"('[^']*'|[^&;\s]*)", re.IGNORECASE)
+
+
 def redact(url: str | URL) -> str:
-    """The URL with its password hidden, for logs and error messages."""
+    """The URL with every secret hidden, for logs, error messages and flow parameters: the password of
+    ``user:password@`` and the value of every query parameter named like one (``password``, ``sslpassword``,
+    ``PGPASSWORD``, ``...token``); text that is no URL gets the same treatment by pattern."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+        text = re.sub(r"(://[^:/@]*:)[^@]*@", rf"\1{HIDDEN}@", str(url))
+        return _SECRET_PAIR.sub(rf"\1{HIDDEN}", text)
+    shown = parsed.set(query={}).render_as_string(hide_password=True)
+    pairs = [(key, value) for key, values in parsed.query.items()
+             for value in ((values,) if isinstance(values, str) else values)]
+    if pairs:
+        shown += "?" + "&".join(
+            f"{quote_plus(key)}={HIDDEN if _SECRET_KEY.search(key) else quote_plus(value)}" for key, value in pairs)
+    return shown
 
 
 def for_parameters(url: str) -> str:
@@ -59,7 +77,7 @@ def from_parameter(value: str | None, configured: str | None = None) -> str | No
     """The real database URL for a parameter made by :func:`for_parameters`: the one this process handed out,
     else ``configured`` (where the flow runs: the settings' ``$EDGEFARM_DB_URL``) when it matches. A URL with no
     password, or None for the default, is returned as is."""
-    if value is None or "***" not in value:
+    if value is None or HIDDEN not in value:
         return value
     with _handed_out_lock:
         real = _handed_out.get(value)

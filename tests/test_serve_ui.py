@@ -92,8 +92,10 @@ def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(serv
     tab.screenshot("prefect-ui-nightly-run-artifacts.png")
     run_id = m.group(1).rsplit("/", 1)[1]
     query = {"artifacts": {"flow_run_id": {"any_": [run_id]}}}
+    with urllib.request.urlopen(f"{ui}/api/csrf-token?client=ui-test", timeout=30) as resp:  # serve wants CSRF
+        csrf = {"Prefect-Csrf-Token": json.loads(resp.read())["token"], "Prefect-Csrf-Client": "ui-test"}
     req = urllib.request.Request(f"{ui}/api/artifacts/filter", method="POST", data=json.dumps(query).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **csrf})
     with urllib.request.urlopen(req, timeout=30) as resp:
         artifacts = {a["key"]: a for a in json.loads(resp.read())}
     assert set(artifacts) == {"support-matrix", "supported-models"}

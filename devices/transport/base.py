@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -126,6 +127,57 @@ def transfers_since(before: dict[str, TransferCounts]) -> dict[str, TransferCoun
     return out
 
 
+# what a command's result keeps of each of its streams in memory: the first and the last half of this; the bytes
+# between are counted, not kept (a device printing 400 MB costs the orchestrator 2 x 16 MiB). The log file, when
+# the caller gives one, still receives everything.
+MAX_KEPT_OUTPUT_BYTES = 16 << 20
+
+
+class OutputBuffer:
+    """One stream of a command's output as it arrives, bounded: its first ``limit // 2`` bytes and its last
+    ``limit // 2`` bytes are kept; ``dropped`` counts the bytes between, which are not."""
+
+    def __init__(self, limit: int = MAX_KEPT_OUTPUT_BYTES) -> None:
+        if limit < 2:
+            raise ValueError(f"an output limit must be at least 2 bytes, got {limit}")
+        self.half = limit // 2
+        self.head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self._dropped = 0
+
+    def extend(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self._tail.append(bytes(chunk))
+        self._tail_bytes += len(chunk)
+        while self._tail_bytes - len(self._tail[0]) >= self.half:  # whole chunks that fell out of the tail
+            gone = len(self._tail.popleft())
+            self._tail_bytes -= gone
+            self._dropped += gone
+
+    def _tail_kept(self) -> bytes:
+        tail = b"".join(self._tail)
+        return tail[len(tail) - self.half:] if len(tail) > self.half else tail
+
+    @property
+    def dropped(self) -> int:
+        """How many bytes of the stream were not kept (0: all of it was)."""
+        return self._dropped + max(0, self._tail_bytes - self.half)
+
+    def text(self) -> str:
+        """What was kept, decoded; where bytes were dropped a line says how many."""
+        head = self.head.decode(errors="replace")
+        if not self.dropped:
+            return head + self._tail_kept().decode(errors="replace")
+        return (f"{head}\n<<< {self.dropped} bytes dropped here: only the first and the last {self.half} bytes of "
+                f"this output are kept >>>\n{self._tail_kept().decode(errors='replace')}")
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_code: int
@@ -133,6 +185,8 @@ class CommandResult:
     stderr: str
     duration: float  # seconds
     timed_out: bool = False
+    stdout_dropped: int = 0  # bytes of stdout not kept (OutputBuffer: its first and last part are)
+    stderr_dropped: int = 0
 
     @property
     def ok(self) -> bool:

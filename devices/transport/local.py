@@ -14,8 +14,10 @@ from typing import IO
 
 from devices.lifetime import die_with_parent
 from devices.transport.base import (
+    MAX_KEPT_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
     CommandResult,
+    OutputBuffer,
     Transport,
     check_argv,
     count_transfer,
@@ -28,7 +30,7 @@ from devices.transport.base import (
 from edgellm.errors import ConfigurationError, InfrastructureError
 
 
-def _pump(stream: IO[bytes], sink: bytearray, log: IO[bytes] | None, lock: threading.Lock) -> None:
+def _pump(stream: IO[bytes], sink: OutputBuffer, log: IO[bytes] | None, lock: threading.Lock) -> None:
     while chunk := stream.read1(65536):  # type: ignore[attr-defined]
         sink.extend(chunk)
         if log is not None:
@@ -43,6 +45,8 @@ def _kill_group(pgid: int) -> None:
 
 
 class LocalTransport(Transport):
+    max_output_bytes = MAX_KEPT_OUTPUT_BYTES  # kept per stream of a command (devices.transport.base.OutputBuffer)
+
     def __init__(self, device_id: str, work_dir: Path, *, env: dict[str, str] | None = None) -> None:
         self.device_id = device_id
         self.work_dir = Path(work_dir)
@@ -83,7 +87,7 @@ class LocalTransport(Transport):
             return CommandResult(127, "", f"{argv[0]}: command not found\n", time.monotonic() - start)
         except PermissionError:
             return CommandResult(126, "", f"{argv[0]}: permission denied\n", time.monotonic() - start)
-        out, err = bytearray(), bytearray()
+        out, err = OutputBuffer(self.max_output_bytes), OutputBuffer(self.max_output_bytes)
         lock = threading.Lock()
         log_file = None
         if log is not None:
@@ -120,10 +124,12 @@ class LocalTransport(Transport):
         code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
         return CommandResult(
             exit_code=code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stdout=out.text(),
+            stderr=err.text(),
             duration=time.monotonic() - start,
             timed_out=timed_out,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
         )
 
     def put(self, local_path: Path, remote_path: str) -> None:

@@ -26,9 +26,11 @@ import paramiko
 
 from devices.inventory import Device, known_hosts_name, parse_host_key
 from devices.transport.base import (
+    MAX_KEPT_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
     CommandResult,
     HostKeyError,
+    OutputBuffer,
     RemoteNameError,
     Transport,
     check_argv,
@@ -88,6 +90,8 @@ class _Reject(paramiko.MissingHostKeyPolicy):
 
 
 class SSHTransport(Transport):
+    max_output_bytes = MAX_KEPT_OUTPUT_BYTES  # kept per stream of a command (devices.transport.base.OutputBuffer)
+
     def __init__(self, device: Device) -> None:
         if device.host is None or device.user is None or device.key_file is None:
             raise ConfigurationError(f"{device.id}: an ssh device needs host, user and key_file")
@@ -240,7 +244,7 @@ class SSHTransport(Transport):
         command = remote_command(argv, timeout=timeout, cwd=cwd, env=env)
         start = time.monotonic()
         deadline = start + timeout + GRACE_S
-        out, err = bytearray(), bytearray()
+        out, err = OutputBuffer(self.max_output_bytes), OutputBuffer(self.max_output_bytes)
         log_file: IO[bytes] | None = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,18 +271,20 @@ class SSHTransport(Transport):
         timed_out = code == KILLED_BY_TIMEOUT and duration >= timeout
         return CommandResult(
             exit_code=TIMEOUT_EXIT_CODE if timed_out else code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stdout=out.text(),
+            stderr=err.text(),
             duration=duration,
             timed_out=timed_out,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
         )
 
     def _drain(
         self,
         channel: paramiko.Channel,
         transport: paramiko.Transport,
-        out: bytearray,
-        err: bytearray,
+        out: OutputBuffer,
+        err: OutputBuffer,
         log_file: IO[bytes] | None,
         deadline: float,
         argv: list[str],

@@ -19,10 +19,12 @@ from typing import Annotated, Any, ClassVar
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from edgellm.errors import EdgeLLMError, ErrorKind
+from flows.cli.text import cell, visible
+from flows.escape import spreadsheet_cell
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -44,9 +46,9 @@ def farm_errors(command: str) -> Iterator[None]:
         yield
     except EdgeLLMError as exc:
         lines = str(exc).splitlines() or [type(exc).__name__]
-        err.print(f"edgefarm {command}: error ({exc.kind.value}): {lines[0]}", markup=False)
+        err.print(f"edgefarm {command}: error ({exc.kind.value}): {visible(lines[0])}", markup=False)
         for line in lines[1:]:
-            err.print(f"  {line}", markup=False)
+            err.print(f"  {visible(line)}", markup=False)
         raise typer.Exit(exc.kind.exit_code) from None
     except ValidationError as exc:  # a flow parameter of the wrong type
         err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
@@ -94,18 +96,19 @@ def _temporary_server(data_dir: Path) -> Iterator[None]:
 class Progress:
     """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
 
-    SYMBOL: ClassVar[dict[str, str]] = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "error": "[yellow]ERROR[/]",
-              "skipped": "[dim]skip[/]", "waived": "[magenta]waived[/]", "not_applicable": "[dim]n/a[/]"}
+    SYMBOL: ClassVar[dict[str, tuple[str, str]]] = {
+        "pass": ("pass", "green"), "fail": ("FAIL", "red"), "error": ("ERROR", "yellow"), "skipped": ("skip", "dim"),
+        "waived": ("waived", "magenta"), "not_applicable": ("n/a", "dim")}
 
     def __init__(self, jobs: list[str], stages: list[str]) -> None:
         self.jobs, self.stages = jobs, stages
-        self.cells: dict[tuple[str, str], str] = {}
+        self.cells: dict[tuple[str, str], Text] = {}
         self.lock = threading.Lock()
 
     def update(self, event: Any) -> None:
-        mark = self.SYMBOL.get(event.status, event.status)
+        mark = cell(*self.SYMBOL.get(event.status, (event.status, "")))
         if event.cached:
-            mark += " [cyan](cached)[/]"
+            mark.append(" (cached)", style="cyan")
         with self.lock:
             self.cells[(event.job, event.stage)] = mark
 
@@ -117,7 +120,7 @@ class Progress:
         with self.lock:
             done = len(self.cells)
             for job in self.jobs:
-                t.add_row(job, *[self.cells.get((job, s), "[dim]…[/]") for s in self.stages])
+                t.add_row(cell(job), *[self.cells.get((job, s), cell("…", "dim")) for s in self.stages])
         t.caption = f"{done} stage results recorded"
         return t
 
@@ -186,21 +189,22 @@ def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str,
 
 def _print_summary(result: dict[str, Any]) -> int:
     t = result.get("timing", {})
-    out.print(f"run {result['run_id']}: plan {result['plan']}; stage results {result['stages']}")
+    out.print(f"run {result['run_id']}: plan {result['plan']}; stage results {result['stages']}", markup=False)
     hits = result.get("cache_hits") or {}
     out.print("cache hits: " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none")
-              + " (exports and engines are reused when their inputs are unchanged)")
+              + " (exports and engines are reused when their inputs are unchanged)", markup=False)
     if t:
         out.print(f"wall {t.get('wall_s')} s, critical path {t.get('critical_path_s')} s "
                   f"(ratio {t.get('wall_over_critical_path')}); Prefect overhead per task "
                   f"{t.get('median_task_overhead_ms')} ms (median), start latency once inputs are ready "
-                  f"{t.get('median_task_start_latency_ms')} ms")
+                  f"{t.get('median_task_start_latency_ms')} ms", markup=False)
     if result.get("docs"):
         d = result["docs"]
         out.print(f"docs: {d['out_dir']}/supported-models.md and support-matrix.html "
-                  f"({d['supported']} supported of {d['rows']} rows)")
+                  f"({d['supported']} supported of {d['rows']} rows)", markup=False)
     if result["failed"]:
-        out.print(f"[red]{len(result['failed'])} job(s) failed:[/] " + ", ".join(result["failed"]))
+        out.print(Text.assemble((f"{len(result['failed'])} job(s) failed: ", "red"),
+                                visible(", ".join(result["failed"]))))
         return 1
     return 0
 
@@ -376,11 +380,10 @@ def query(
         writer = csv.DictWriter(buf, fieldnames=QUERY_FIELDS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())})
+            row = {**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())}
+            writer.writerow({k: spreadsheet_cell(v) for k, v in row.items()})
         sys.stdout.write(buf.getvalue())
     else:
-        from rich.markup import escape
-
         from flows.docs_render import row_label, shown_toolchain
 
         t = Table(title=f"latest status ({len(rows)} rows)")
@@ -397,8 +400,8 @@ def query(
             versions = [r["chosen_versions"] or "pinned"] if compared else []
             # as in the docs: a row of a toolchain other than the platform's preferred one names it
             label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
-            t.add_row(*map(escape, (label, r["precision"], r["platform"], *versions)),
-                      f"[{colour}]{escape(r['status'])}[/]", escape(made_by), str(r["run_id"]), escape(bad))
+            t.add_row(*map(cell, (label, r["precision"], r["platform"], *versions)), cell(r["status"], colour),
+                      *map(cell, (made_by, r["run_id"], bad)))
         out.print(t)
 
 
@@ -434,11 +437,9 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=REGRESSION_FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
         sys.stdout.write(buf.getvalue())
         return
-    from rich.markup import escape
-
     from flows.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"regressions in the latest runs ({len(rows)})")
@@ -448,9 +449,9 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
     for r in rows:
         colour = "red" if r["severity"] == "fail" else "yellow"
         label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
-        t.add_row(*map(escape, (label, r["precision"], r["platform"], r["metric"])),
-                  f"[{colour}]{escape(r['severity'])}[/]", f"{r['value']:.4g}", f"{r['baseline']:.4g}",
-                  f"{r['change']:.1%} worse", f"{r['previous_run_id']} -> {r['run_id']}")
+        t.add_row(*map(cell, (label, r["precision"], r["platform"], r["metric"])), cell(r["severity"], colour),
+                  *map(cell, (f"{r['value']:.4g}", f"{r['baseline']:.4g}", f"{r['change']:.1%} worse",
+                              f"{r['previous_run_id']} -> {r['run_id']}")))
     out.print(t)
 
 
@@ -464,7 +465,7 @@ def _print_matrix(db_url: str) -> None:
     t.add_column("model")
     t.add_column("precision")
     for p in platforms:
-        t.add_column(escape(p))
+        t.add_column(cell(p))
 
     def label(r: dict[str, Any]) -> str:
         return row_label(r["model"], r["chosen_versions"], shown_toolchain(r["platform"], r["job_toolchain"]))
@@ -475,8 +476,8 @@ def _print_matrix(db_url: str) -> None:
         vals = []
         for p in platforms:
             st = cells.get((model, precision, p), "")
-            vals.append(f"[{colour.get(st, 'dim')}]{escape(st)}[/]" if st else "")
-        t.add_row(escape(model), escape(precision), *vals)
+            vals.append(cell(st, colour.get(st, "dim")) if st else cell(""))
+        t.add_row(cell(model), cell(precision), *vals)
     out.print(t)
 
 
@@ -494,7 +495,8 @@ def docs(
         settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir)
         result = write_docs(settings.db_url, settings.docs_dir, settings.data_dir)
     out.print(f"wrote {result['out_dir']}/supported-models.md, support-matrix.html, runs/ and "
-              f"{len(result['trend_images'])} trend plot(s): {result['supported']} supported of {result['rows']} rows")
+              f"{len(result['trend_images'])} trend plot(s): {result['supported']} supported of {result['rows']} rows",
+              markup=False)
 
 
 def _announce_ui(url: str) -> None:
@@ -516,7 +518,8 @@ def serve(
         _prefect(settings.data_dir)
         from flows.serve import serve as run_serve
 
-        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui))
+        raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui,
+                                   auth=settings.serve_auth))
 
 
 def gc(
@@ -553,4 +556,4 @@ def gc(
         scratch = host / "scratch"
         stale = remove_stale(scratch, f"{FETCH_PREFIX}*", older_than_days * 86400)  # left by killed runs
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
-              f"{len(referenced)} referenced blob(s) kept; {len(stale)} stale fetch dir(s) removed")
+              f"{len(referenced)} referenced blob(s) kept; {len(stale)} stale fetch dir(s) removed", markup=False)

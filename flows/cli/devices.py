@@ -12,12 +12,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from devices.health import HealthReport, check_inventory
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+from flows.cli.text import cell, visible
 from flows.settings import Settings
 
 app = typer.Typer(
@@ -43,9 +43,9 @@ EXIT_UNHEALTHY = ErrorKind.TEST_FAILURE.exit_code  # some device failed its heal
 def _fail(err: EdgeLLMError) -> typer.Exit:
     errors = Console(stderr=True, soft_wrap=True, highlight=False)
     lines = str(err).splitlines()
-    errors.print(f"error: {lines[0]}", markup=False)
+    errors.print(f"error: {visible(lines[0])}", markup=False)
     for line in lines[1:]:
-        errors.print(f"  {line}", markup=False)
+        errors.print(f"  {visible(line)}", markup=False)
     return typer.Exit(err.kind.exit_code)
 
 
@@ -133,12 +133,12 @@ def list_devices(
         held = quarantined(settings.db_url, given=db is not None)
     except EdgeLLMError as err:
         raise _fail(err) from None
-    table = Table(title=f"{len(devices)} device(s) in {devices.directory}")
+    table = Table(title=cell(f"{len(devices)} device(s) in {devices.directory}"))
     for column in ("id", "type", "transport", "host:port", "labels", "max jobs", "quarantine"):
         table.add_column(column, no_wrap=column in ("id", "host:port"))
     for d in devices:
         why = "unknown (no results database)" if held is None else held.get(d.id, "no")
-        table.add_row(d.id, str(d.platform), str(d.transport), d.address, ", ".join(d.labels), str(d.max_jobs), why)
+        table.add_row(*map(cell, (d.id, d.platform, d.transport, d.address, ", ".join(d.labels), d.max_jobs, why)))
     Console(soft_wrap=True).print(table)
 
 
@@ -147,13 +147,13 @@ def _gib(n: int | None) -> str:
 
 
 def _health_table(reports: list[HealthReport]) -> Table:
-    """One row per device; every value a device reported is escaped (a hostile device prints no markup)."""
+    """One row per device; every value a device reported is plain text (a hostile device prints no markup)."""
     table = Table(title="device health")
     for column in ("id", "type", "address", "status", "python", "platform", "power", "toolchains", "cache GiB",
                    "free GiB", "problems / notes"):
         table.add_column(column, no_wrap=column in ("id", "address", "status"))
     for r in reports:
-        status = "[green]healthy[/]" if r.healthy else ("[red]unhealthy[/]" if r.reachable else "[red]unreachable[/]")
+        status = cell("healthy", "green") if r.healthy else cell("unhealthy" if r.reachable else "unreachable", "red")
         platform = ", ".join(p for p in (r.l4t and f"L4T {r.l4t}", r.jetpack and f"JetPack {r.jetpack}",
                                          r.cuda and f"CUDA {r.cuda}", r.gpu_driver and f"driver {r.gpu_driver}") if p)
         power = ", ".join(p for p in (r.power_mode, {True: "clocks locked", False: "clocks unlocked"}.get(
@@ -164,9 +164,9 @@ def _health_table(reports: list[HealthReport]) -> Table:
                  f"{r.cache_in_use} in use)" if r.cache_bytes is not None else "-")
         free = f"{r.disk_free_gb:.1f}" if r.disk_free_gb is not None else "-"
         said = "; ".join([*r.problems, *(f"note: {n}" for n in r.notes)])
-        table.add_row(escape(r.device_id), escape(r.platform), escape(r.address), status,
-                      escape(r.python_version or "-"), escape(platform or "-"), escape(power or "-"),
-                      escape(chains or "-"), escape(cache), free, escape(said))
+        table.add_row(cell(r.device_id), cell(r.platform), cell(r.address), status,
+                      *map(cell, (r.python_version or "-", platform or "-", power or "-", chains or "-", cache, free,
+                                  said)))
     return table
 
 

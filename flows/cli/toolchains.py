@@ -14,11 +14,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from edgellm.errors import ConfigurationError, ErrorKind
 from flows.cli.commands import DataDirOption, farm_errors
+from flows.cli.text import cell
 from toolchains import base as toolchains
 from toolchains.base import Environment, ToolchainDriver
 
@@ -57,9 +57,8 @@ def _table(envs: list[Environment]) -> Table:
     for column in ("toolchain", "version", "status", "path", "problems"):
         table.add_column(column, no_wrap=column in ("toolchain", "version", "status"))
     for e in envs:
-        status = "[green]healthy[/]" if e.healthy else "[red]unhealthy[/]"
-        table.add_row(escape(e.toolchain), escape(e.version or "-"), status, escape(e.path),
-                      escape("; ".join(e.problems)))
+        status = cell("healthy", "green") if e.healthy else cell("unhealthy", "red")
+        table.add_row(cell(e.toolchain), cell(e.version or "-"), status, cell(e.path), cell("; ".join(e.problems)))
     return table
 
 
@@ -88,7 +87,6 @@ def list_command(
     if as_json:
         Console().print_json(json.dumps([e.to_dict() for e in envs]))
     else:
-        Console().print(_table(envs) if envs else f"no toolchain environments under {root / 'toolchains'}",
-                        markup=False)
+        Console().print(_table(envs) if envs else cell(f"no toolchain environments under {root / 'toolchains'}"))
     if any(not e.healthy for e in envs):
         raise typer.Exit(ErrorKind.TEST_FAILURE.exit_code)
