@@ -130,7 +130,7 @@ def layers_check(checkpoint: Path | str, reference: Path | str, layers: int | No
     if not checkpoint.is_dir():
         raise ConfigurationError(f"{checkpoint}: checkpoint directory not found")
     if work_dir is not None and not Path(work_dir).is_dir():
-        raise ConfigurationError(f"--work-dir {work_dir}: not a directory")
+        raise ConfigurationError(f"--work-dir {work_dir}: not found; give an existing directory")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     ckpt = Checkpoint.open(checkpoint)

@@ -121,6 +121,10 @@ def test_a_config_edgellm_cannot_read_is_a_finding_too(gemma: Path, tmp_path: Pa
     assert [f["kind"] for f in inv["findings"]] == ["no_registered_family", "config_not_read"]
     assert "missing required key 'hidden_size'" in inv["findings"][1]["message"]
     assert inv["config"] is None and inv["config_json"]["n_embd"] == 64 and inv["tensor_count"] == 15
+    res = closest_family(d)
+    assert res["classification"] == NEW_STRUCTURE and "missing required key 'hidden_size'" in res["config_problem"]
+    assert "n_embd" in res["deciding"]
+    assert any(x.startswith("config refused: ") and "hidden_size" in x for x in res["deciding"])
     (d / "config.json").write_text("{")
     rc, _, err, _ = _inspect(capsys, d, tmp_path / "inv2.json")
     assert rc == 2 and "config.json is not valid JSON" in err

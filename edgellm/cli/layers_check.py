@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where the truncated checkpoint, export and engine are made (a temporary directory)")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: runtime's)")
-    p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    p.add_argument("--output", "-o", type=Path, default=None, help="write the JSON report here")
 
 
 def run(args: argparse.Namespace) -> int:
