@@ -109,6 +109,19 @@ def test_family_free_inventory_keeps_the_header_hardening(gemma: Path, tmp_path:
     assert rc == 2 and "found pytorch_model.bin: only safetensors is supported" in err and inv["ok"] is False
 
 
+def test_family_free_inventory_keeps_the_index_hardening(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = make_gemma3_text(tmp_path / "sharded", max_shard_size="100KB")
+    rc, _, err, inv = _inspect(capsys, d, tmp_path / "ok.json")
+    assert (rc, err) == (0, "") and inv["sharded"] is True and len(inv["shards"]) > 1 and inv["tensor_count"] == 15
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    name = "model.norm.weight"
+    index["weight_map"][name] = "../" + index["weight_map"][name]
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    rc, _, err, inv = _inspect(capsys, d, tmp_path / "bad.json")
+    assert rc == 2 and f"tensor '{name}': shard name '../model-0000" in err
+    assert "is not a plain file name inside the checkpoint directory" in err and inv["family"] is None
+
+
 def test_a_config_edgellm_cannot_read_is_a_finding_too(gemma: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     d = shutil.copytree(gemma, tmp_path / "gpt")

@@ -116,6 +116,17 @@ def test_a_wrong_layer_output_fails_with_the_numbers(refs: dict[str, Path], ckpt
     assert report["checks"]["logits_max_abs_diff"]["value"] > 1e-3
 
 
+def test_an_ill_conditioned_lm_head_leaves_the_hidden_states_unchecked(refs: dict[str, Path], ckpts: Ckpts,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm import layers_check
+
+    monkeypatch.setattr(layers_check, "MAX_LM_HEAD_CONDITION", 1.0)
+    report = layers_check.layers_check(ckpts.stories, refs["stories"])
+    assert report["passed"] is True and set(report["checks"]) == {"logits_max_abs_diff", "logits_min_cosine"}
+    assert report["hidden"]["observable"] is False
+    assert "lm_head model.embed_tokens.weight [512, 64] has condition number" in report["hidden"]["why"]
+
+
 def test_layers_check_bad_inputs_exit_2(refs: dict[str, Path], ckpts: Ckpts, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     def run(*args: str) -> str:
