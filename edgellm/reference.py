@@ -10,6 +10,10 @@ File format (``edgellm-reference/1``): one uncompressed ``.npz`` (numpy zip, no 
   greedy{i}_eos_logits        float32 [n_i, E]: each step's logits of the E end-of-sequence ids
   window_nll                  float64 [W]: reference next-token NLL sum of each perplexity window
   window{j}_top1              int64 [len_j - 1]: reference argmax at each predicting position of window j
+  prompt{i}_hidden            float32 [S_i, hidden]: with ``layers`` N > 0, the hidden state after the first N
+                              decoder layers (the output of layer N-1, before any final norm)
+  prompt{i}_layer_logits      float32 [S_i, vocab]: the model's own final norm and lm_head applied to that hidden
+                              state: the logits of the checkpoint truncated to its first N layers
 Windows are non-overlapping runs of ``settings.window`` tokens over the first ``max_tokens`` text ids, so an
 engine is evaluated on the same windows whatever its own limits (eval refuses one whose max_input_len is smaller).
 K = min(vocab, GREEDY_TOP_K): exact for small vocabularies; for large ones a divergence to a token outside the
@@ -66,9 +70,12 @@ class ReferenceSettings:
     greedy_tokens: int = DEFAULT_GREEDY_TOKENS
     window: int = DEFAULT_WINDOW
     prompts: tuple[str, ...] = PROMPTS
+    layers: int = 0  # > 0: also keep the hidden states after the first ``layers`` decoder layers
 
     def validate(self) -> None:
         problems = []
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            problems.append(f"--layers {self.layers!r}: must be an integer >= 1 (or 0: no hidden states)")
         if self.greedy_tokens < 1:
             problems.append(f"--greedy-tokens {self.greedy_tokens}: must be >= 1")
         if self.max_tokens < 2:
@@ -155,6 +162,13 @@ class ReferenceData:
     window_top1: list[np.ndarray]
     source: str = "<memory>"
     timings: dict[str, float] = field(default_factory=dict)
+    hidden: list[np.ndarray] = field(default_factory=list)  # per prompt [S_i, hidden] after ``layers`` layers
+    layer_logits: list[np.ndarray] = field(default_factory=list)  # per prompt [S_i, vocab]
+
+    @property
+    def layers(self) -> int:
+        """N of the stored hidden states (0: none stored)."""
+        return int(self.header["settings"].get("layers", 0))
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -205,6 +219,9 @@ class ReferenceData:
                                           else np.zeros((0, e), np.float32))
         for j, top1 in enumerate(self.window_top1):
             a[f"window{j}_top1"] = np.asarray(top1, dtype=np.int64)
+        for i, (h, lg) in enumerate(zip(self.hidden, self.layer_logits, strict=True)):
+            a[f"prompt{i}_hidden"] = np.asarray(h, dtype=np.float32)
+            a[f"prompt{i}_layer_logits"] = np.asarray(lg, dtype=np.float32)
         return a
 
     def save(self, path: Path) -> str:
@@ -289,6 +306,29 @@ class HFModel:
             out = self.model(input_ids=self.tensor([ids]), use_cache=False)
         return out.logits[0].float().cpu().numpy()
 
+    def after_layers(self, ids: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The hidden state after the first ``n`` decoder layers, float32 [S, hidden] (captured at the output of
+        layer n-1, so before the final norm even when n is every layer), and the model's own final norm and lm_head
+        applied to it, float32 [S, vocab]: what the checkpoint truncated to n layers computes."""
+        base = self.model.base_model
+        layers, norm, head = getattr(base, "layers", None), getattr(base, "norm", None), \
+            self.model.get_output_embeddings()
+        if layers is None or norm is None or head is None:
+            raise ConfigurationError(f"{type(self.model).__name__}: no decoder layers / final norm / lm_head found "
+                                     f"(base_model.layers, base_model.norm, output embeddings): hidden states after "
+                                     f"{n} layers cannot be taken")
+        caught: list[Any] = []
+        hook = layers[n - 1].register_forward_hook(
+            lambda _m, _i, out: caught.append(out[0] if isinstance(out, tuple) else out))
+        try:
+            with self.torch.inference_mode():
+                self.model(input_ids=self.tensor([ids]), use_cache=False)
+                hidden = caught[0]
+                logits = head(norm(hidden))
+        finally:
+            hook.remove()
+        return hidden[0].float().cpu().numpy(), logits[0].float().cpu().numpy()
+
     def greedy(self, ids: list[int], n: int, eos: set[int]) -> tuple[list[int], list[np.ndarray]]:
         """Plain greedy loop (no generation_config: no repetition penalty or other defaults a checkpoint carries).
 
@@ -329,6 +369,15 @@ def checkpoint_digest(ckpt: Path) -> str:
     return tree_sha256(file_table(ckpt))
 
 
+def checkpoint_revision(ckpt: Path) -> str | None:
+    """The Hugging Face hub revision (commit) of a checkpoint in the hub cache (``.../snapshots/<commit>``), or
+    None; the identity that always counts is the digest (``checkpoint_digest``)."""
+    path = Path(ckpt).resolve()
+    if path.parent.name == "snapshots" and len(path.name) == 40 and all(c in "0123456789abcdef" for c in path.name):
+        return path.name
+    return None
+
+
 def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str = "cpu") -> ReferenceData:
     """Run transformers on the checkpoint once (fp32 on ``device``) and keep everything eval compares an engine
     against."""
@@ -339,6 +388,9 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
     if not (checkpoint / "config.json").is_file():
         raise ConfigurationError(f"checkpoint {checkpoint} has no config.json (give a Hugging Face checkpoint dir)")
     cfg = ModelConfig.load(checkpoint)
+    if settings.layers > cfg.num_hidden_layers:
+        raise ConfigurationError(f"--layers {settings.layers}: checkpoint {checkpoint} has {cfg.num_hidden_layers} "
+                                 f"decoder layers; valid: 1..{cfg.num_hidden_layers}")
     eos = checkpoint_eos_ids(checkpoint, cfg)
     eos_t = tuple(sorted(eos))
     text = Path(settings.text_file).read_text(encoding="utf-8", errors="replace")
@@ -358,6 +410,13 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
         t0 = time.perf_counter()
         prompt_logits = [hf.logits(ids) for ids in prompt_ids]
         timings["logits_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hidden, layer_logits = [], []
+        for ids in prompt_ids if settings.layers else []:
+            h, lg = hf.after_layers(ids, settings.layers)
+            hidden.append(h)
+            layer_logits.append(lg)
+        timings["hidden_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         greedy_ids, greedy_steps = [], []
         for ids in prompt_ids:
@@ -387,12 +446,12 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
         "versions": versions,
         "device": where,
         "created_unix": int(time.time()),
-        "checkpoint": {"path": str(checkpoint.resolve()), "sha256": digest,
+        "checkpoint": {"path": str(checkpoint.resolve()), "sha256": digest, "revision": checkpoint_revision(checkpoint),
                        "config": {k: getattr(cfg, k) for k in CONFIG_KEYS}},
         "settings": {"prompts": list(settings.prompts), "text_file": str(settings.text_file),
                      "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                      "max_tokens": settings.max_tokens, "greedy_tokens": settings.greedy_tokens,
-                     "window": settings.window},
+                     "window": settings.window, "layers": settings.layers},
         "eos_ids": list(eos_t),
         "auto_tokenizer_class": auto_class,
         "greedy_top_k": min(GREEDY_TOP_K, cfg.vocab_size),
@@ -404,7 +463,7 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
     return ReferenceData(header=header, prompt_ids=prompt_ids, prompt_auto_ids=prompt_auto,
                          prompt_logits=prompt_logits, text=text, text_ids=text_ids, text_auto_ids=text_auto,
                          greedy_ids=greedy_ids, greedy_steps=greedy_steps, window_nll=np.asarray(nll, np.float64),
-                         window_top1=top1, timings=timings)
+                         window_top1=top1, timings=timings, hidden=hidden, layer_logits=layer_logits)
 
 
 # --- reading it back (untrusted input: no pickles, every shape checked) ------------------------------------
@@ -487,6 +546,21 @@ def _from_arrays(arrays: dict[str, np.ndarray], source: str) -> ReferenceData:
         if len(t) != len(w) - 1:
             raise ValueError(f"window{j}_top1 has {len(t)} positions, expected {len(w) - 1}")
         top1.append(t)
+    layers = s.get("layers", 0)  # files made before hidden states were stored have none
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 0 <= layers <= int(
+            header["checkpoint"]["config"]["num_hidden_layers"]):
+        raise ValueError(f"setting layers={layers!r}")
+    hidden, layer_logits = [], []
+    hidden_size = int(header["checkpoint"]["config"]["hidden_size"])
+    for i, ids in enumerate(ids_of if layers else []):
+        h = _arr(arrays, f"prompt{i}_hidden", "f", 2)
+        lg = _arr(arrays, f"prompt{i}_layer_logits", "f", 2)
+        if h.shape != (len(ids), hidden_size) or lg.shape != (len(ids), vocab):
+            raise ValueError(f"prompt{i}_hidden {list(h.shape)} / prompt{i}_layer_logits {list(lg.shape)}, expected "
+                             f"[{len(ids)}, {hidden_size}] / [{len(ids)}, {vocab}]")
+        hidden.append(h)
+        layer_logits.append(lg)
     return ReferenceData(header=header, prompt_ids=ids_of, prompt_auto_ids=auto_of, prompt_logits=logits, text=text,
                          text_ids=text_ids, text_auto_ids=text_auto, greedy_ids=greedy_ids,
-                         greedy_steps=greedy_steps, window_nll=nll, window_top1=top1, source=source)
+                         greedy_steps=greedy_steps, window_nll=nll, window_top1=top1, source=source, hidden=hidden,
+                         layer_logits=layer_logits)

@@ -201,9 +201,6 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[Path], None], list[str]]] = {
     "int_weight_unquantized": ("llama", lambda d: resave(d, lambda t: t.update(
         {Q_PROJ: torch.zeros(64, 64, dtype=torch.int8)})),
         [f"problem: {L}: tensor '{Q_PROJ}': dtype I8 is not a float type", "declares no quantization"]),
-    "unknown_model_type": ("llama", lambda d: write_json(d, "config.json", lambda c: {**c, "model_type": "gpt9",
-                                                                                      "architectures": []}),
-                           ["problem: unknown model_type 'gpt9'", "registered: llama, mistral, qwen2, qwen3"]),
     "broken_config": ("llama", lambda d: (d / "config.json").write_text("{"),
                       ["problem: ", "config.json: config.json is not valid JSON"]),
     "unknown_quant_algo": ("llama", lambda d: write_json(d, "hf_quant_config.json", lambda _: {
@@ -258,6 +255,18 @@ def test_corrupt_checkpoint_exit_2_with_reason(case: str, ckpts: Ckpts, tmp_path
         assert any(needle in ln for ln in problem_lines), f"{needle!r} not in:\n{err}"
     assert inv["ok"] is False and len(inv["problems"]) == len(problem_lines)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_unknown_model_type_is_a_finding_unless_a_family_is_required(ckpts: Ckpts, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    d = ckpts.copy("llama", tmp_path / "ck")
+    write_json(d, "config.json", lambda c: {**c, "model_type": "gpt9", "architectures": []})
+    rc, out, err, inv = inspect(capsys, d, tmp_path / "inv.json")
+    assert (rc, err) == (0, "") and inv["ok"] is True and inv["family"] is None
+    assert "finding: no_registered_family: unknown model_type 'gpt9'" in out
+    rc = main(["inspect", str(d), "--require-family"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "problem: unknown model_type 'gpt9'; registered: llama, mistral, qwen2, qwen3" in err
 
 
 def test_problems_are_collected_across_files(ckpts: Ckpts, tmp_path: Path,

@@ -16,6 +16,7 @@ from edgellm.checkpoint.header import (
 from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, read_index
 from edgellm.checkpoint.inventory import build_inventory, name_patterns, write_json_atomic
 from edgellm.checkpoint.reconcile import Reconciliation, reconcile
+from edgellm.checkpoint.survey import inspect_checkpoint
 
 __all__ = [
     "DTYPE_BITS",
@@ -27,6 +28,7 @@ __all__ = [
     "SafetensorsHeader",
     "TensorInfo",
     "build_inventory",
+    "inspect_checkpoint",
     "name_patterns",
     "read_header",
     "read_index",

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgellm.checkpoint.header import SafetensorsHeader, TensorInfo, scan_header
-from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, ShardIndex, check_index, merge_shards, read_index
+from edgellm.checkpoint.header import SafetensorsHeader, TensorInfo
+from edgellm.checkpoint.index import ShardIndex
 from edgellm.checkpoint.reconcile import Reconciliation, reconcile
+from edgellm.checkpoint.tensors import read_tensor_files
 from edgellm.config import ModelConfig, QuantConfig
 from edgellm.errors import CheckpointError
 from edgellm.models.base import LAYER_PREFIX, ModelFamily, family_for, layers_held
@@ -46,57 +47,22 @@ class Checkpoint:
         config = ModelConfig.load(root)
         family = family_for(config)
         quant = QuantConfig.load(root, config.raw)
-        problems: list[CheckpointError] = []
-        index: ShardIndex | None = None
-        if (root / INDEX_FILE).is_file():
-            index = read_index(root)
-            problems.extend(index.problems)
-            shard_names = index.shards
-        elif (root / SINGLE_FILE).is_file():
-            shard_names = [SINGLE_FILE]
-        else:
-            others = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
-            hint = f" (found {', '.join(others)}: only safetensors is supported)" if others else ""
-            raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE}{hint}", file=str(root))
-        headers: dict[str, SafetensorsHeader | None] = {}
-        stamps: dict[str, tuple[int, int]] = {}
-        rejected: set[str] = set()  # tensors a header names but whose entry broke a rule (already reported)
-        for shard in shard_names:
-            path = root / shard
-            if index is not None and not path.is_file():
-                continue  # reported by check_index with the tensors it should hold
-            scan = scan_header(path, name=shard)
-            headers[shard] = scan.header
-            problems.extend(scan.problems)
-            rejected |= {p.tensor for p in scan.problems if p.tensor}
-            if scan.header is not None:
-                st = path.stat()
-                stamps[shard] = (st.st_size, st.st_mtime_ns)
-        if index is not None:
-            problems.extend(check_index(root, index, headers))
-        tensors, dup_problems = merge_shards(headers)
-        problems.extend(dup_problems)
-        # Tensors of an unreadable or absent shard, or with a rejected header entry, are already reported:
-        # not "missing" too.
-        unreadable = {s for s in shard_names if headers.get(s) is None}
-        unknown = rejected - set(tensors)
+        files = read_tensor_files(root)
+        problems = list(files.problems)
         # the config's layer count against the layers the tensors' names hold, before anything is built per layer
         # from the config (num_hidden_layers 1000000 would otherwise take minutes and gigabytes to reconcile)
-        named = set(tensors) | rejected | (set(index.weight_map) if index is not None else set())
-        too_many = _layers_problem(config, named)
+        too_many = _layers_problem(config, files.named)
         if too_many is not None:
             problems.append(too_many)
             rec = Reconciliation(family=family.name)
-        elif index is not None:
-            unknown |= {n for n, s in index.weight_map.items() if s in unreadable}
-            rec = reconcile(tensors, family, config, quant, unknown=unknown)
-        elif unreadable:
+        elif files.index is None and files.unreadable:
             rec = Reconciliation(family=family.name, expected=len(family.expected_parameters(config)))
         else:
-            rec = reconcile(tensors, family, config, quant, unknown=unknown)
+            rec = reconcile(files.tensors, family, config, quant, unknown=files.unknown)
         problems.extend(rec.problems)
-        return cls(root=root, config=config, family=family, quant=quant, headers=headers, tensors=tensors,
-                   index=index, reconciliation=rec, problems=problems, _stamps=stamps)
+        return cls(root=root, config=config, family=family, quant=quant, headers=files.headers,
+                   tensors=files.tensors, index=files.index, reconciliation=rec, problems=problems,
+                   _stamps=files.stamps)
 
     @property
     def ok(self) -> bool:

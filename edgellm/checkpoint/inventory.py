@@ -11,11 +11,12 @@ from typing import Any
 
 from edgellm import files
 from edgellm.checkpoint.checkpoint import Checkpoint
-from edgellm.checkpoint.header import TensorInfo
+from edgellm.checkpoint.header import SafetensorsHeader, TensorInfo
 from edgellm.checkpoint.modelopt import QuantLayout
-from edgellm.config import QuantConfig
+from edgellm.checkpoint.tensors import TensorFiles
+from edgellm.config import ModelConfig, QuantConfig
 
-SCHEMA = "edgellm.inventory/1"
+SCHEMA = "edgellm.inventory/2"  # 2: findings, config_json; family and reconciliation null without a family
 _NUMERIC_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
 
 
@@ -82,15 +83,17 @@ def layer_table(layout: QuantLayout) -> list[dict[str, Any]]:
     return rows
 
 
-def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
+def tensor_summary(tensors: dict[str, TensorInfo], headers: dict[str, SafetensorsHeader | None],
+                   sharded: bool) -> dict[str, Any]:
+    """What the headers alone say: dtypes, sizes, shards and name patterns (no family needed)."""
     dtypes: dict[str, dict[str, int]] = {}
-    for info in ckpt.tensors.values():
+    for info in tensors.values():
         d = dtypes.setdefault(info.dtype, {"tensors": 0, "parameters": 0, "bytes": 0})
         d["tensors"] += 1
         d["parameters"] += info.numel
         d["bytes"] += info.nbytes
     shards = []
-    for name, header in sorted(ckpt.headers.items()):
+    for name, header in sorted(headers.items()):
         shards.append({
             "file": name,
             "readable": header is not None,
@@ -99,22 +102,52 @@ def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
             "file_bytes": header.file_size if header else None,
         })
     return {
+        "tensor_count": len(tensors),
+        "stored_parameters": sum(t.numel for t in tensors.values()),
+        "bytes": sum(t.nbytes for t in tensors.values()),
+        "dtypes": dict(sorted(dtypes.items())),
+        "sharded": sharded,
+        "shards": shards,
+        "patterns": name_patterns(tensors),
+    }
+
+
+def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
+    return {
         "schema": SCHEMA,
         "checkpoint": str(ckpt.root),
         "ok": ckpt.ok,
         "problems": [str(p) for p in ckpt.problems],
+        "findings": [],
         "config": ckpt.config.summary(),
+        "config_json": ckpt.config.raw,
         "family": ckpt.family.name,
         "quantization": quant_summary(ckpt.quant) | _layout_summary(ckpt.reconciliation.quant_layout),
         "parameters": ckpt.parameter_count,
-        "tensor_count": len(ckpt.tensors),
-        "stored_parameters": sum(t.numel for t in ckpt.tensors.values()),
-        "bytes": ckpt.tensor_bytes,
-        "dtypes": dict(sorted(dtypes.items())),
-        "sharded": ckpt.index is not None,
-        "shards": shards,
-        "patterns": name_patterns(ckpt.tensors),
+        **tensor_summary(ckpt.tensors, ckpt.headers, ckpt.index is not None),
         "reconciliation": ckpt.reconciliation.to_json(),
+    }
+
+
+def family_free_inventory(root: Path, raw: dict[str, Any], files: TensorFiles, quant: QuantConfig,
+                          config: ModelConfig | None, findings: list[dict[str, str]],
+                          problems: list[str]) -> dict[str, Any]:
+    """The inventory of a checkpoint no registered family takes: everything but reconciliation (``family`` and
+    ``reconciliation`` null; ``parameters`` counts every stored element, as no family says which are used)."""
+    every = problems + [str(p) for p in files.problems]
+    return {
+        "schema": SCHEMA,
+        "checkpoint": str(root),
+        "ok": not every,
+        "problems": every,
+        "findings": findings,
+        "config": config.summary() if config is not None else None,
+        "config_json": raw,
+        "family": None,
+        "quantization": quant_summary(quant),
+        "parameters": sum(t.numel for t in files.tensors.values()),
+        **tensor_summary(files.tensors, files.headers, files.index is not None),
+        "reconciliation": None,
     }
 
 
@@ -126,8 +159,8 @@ def _layout_summary(layout: QuantLayout | None) -> dict[str, Any]:
 
 def failed_inventory(ckpt_dir: Path, problem: str) -> dict[str, Any]:
     """The inventory of a checkpoint whose config, family or quantization could not be read."""
-    return {"schema": SCHEMA, "checkpoint": str(ckpt_dir), "ok": False, "problems": [problem], "config": None,
-            "family": None, "quantization": None}
+    return {"schema": SCHEMA, "checkpoint": str(ckpt_dir), "ok": False, "problems": [problem], "findings": [],
+            "config": None, "config_json": None, "family": None, "quantization": None}
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

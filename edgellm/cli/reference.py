@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                    help=f"perplexity window in tokens (default {DEFAULT_WINDOW}); engines with a smaller "
                         f"max_input_len are refused by eval")
+    p.add_argument("--layers", type=int, default=0, metavar="N",
+                   help="also store each prompt's hidden state after the first N decoder layers and the logits of "
+                        "the checkpoint truncated to N layers (for `edgellm layers-check`; default 0: none)")
     p.add_argument("--device", choices=REFERENCE_DEVICES, default="cpu",
                    help="where transformers runs the checkpoint, always in fp32 (default cpu; cuda: the first GPU, "
                         "TF32 off); recorded in the file")
@@ -42,13 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = ReferenceSettings(text_file=args.text, max_tokens=args.max_tokens, greedy_tokens=args.greedy_tokens,
-                                 window=args.window)
+                                 window=args.window, layers=args.layers)
     t0 = time.perf_counter()
     ref = compute_reference(args.checkpoint, settings, args.device)
     sha = ref.save(args.output)
     summary = {"output": str(args.output), "sha256": sha, "bytes": Path(args.output).stat().st_size,
-               "checkpoint_sha256": ref.checkpoint_sha256, "settings": {k: v for k, v in ref.settings.items()
-                                                                         if k != "prompts"},
+               "checkpoint_sha256": ref.checkpoint_sha256,
+               "checkpoint_revision": ref.header["checkpoint"]["revision"], "layers": ref.layers,
+               "settings": {k: v for k, v in ref.settings.items() if k != "prompts"},
                "reference_perplexity": ref.header["reference_perplexity"], "device": ref.device,
                "seconds": round(time.perf_counter() - t0, 3)}
     json.dump(summary, sys.stdout, indent=2)

@@ -140,6 +140,11 @@ def layers_held(names: Iterable[str]) -> set[int]:
     return held
 
 
+class NoFamilyError(UnsupportedError):
+    """No registered family takes this config: its model_type or an architecture is unknown, or they name different
+    families. (A family that refuses a config it does own raises plain ``UnsupportedError``.)"""
+
+
 FAMILIES: Registry[type[ModelFamily]] = Registry("model_type")
 ARCHITECTURES: Registry[type[ModelFamily]] = Registry("architecture")
 
@@ -159,12 +164,14 @@ def family_for(cfg: ModelConfig) -> type[ModelFamily]:
     """The family for a config, by ``model_type`` (checked against ``architectures``). Fails fast, listing
     every registered ``model_type``, before any tensor is read."""
     _load_builtin_families()
+    if cfg.model_type not in FAMILIES:
+        raise NoFamilyError(FAMILIES.unknown_message(cfg.model_type))
     family = FAMILIES.get(cfg.model_type)
     for arch in cfg.architectures:
         if arch not in ARCHITECTURES:
-            raise UnsupportedError(ARCHITECTURES.unknown_message(arch))
+            raise NoFamilyError(ARCHITECTURES.unknown_message(arch))
         if ARCHITECTURES.get(arch) is not family:
-            raise UnsupportedError(
+            raise NoFamilyError(
                 f"architecture {arch!r} belongs to family {ARCHITECTURES.get(arch).name!r}, "
                 f"but model_type {cfg.model_type!r} names {family.name!r}"
             )
@@ -183,6 +190,17 @@ def _load_builtin_families() -> None:
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if info.name not in ("base", "decoder"):
             importlib.import_module(f"edgellm.models.{info.name}")
+
+
+def registered_families() -> list[type[ModelFamily]]:
+    """Every registered family once, sorted by name."""
+    _load_builtin_families()
+    return sorted({cls for _, cls in FAMILIES.items()}, key=lambda c: c.name)
+
+
+def is_registered_model_type(model_type: object) -> bool:
+    _load_builtin_families()
+    return isinstance(model_type, str) and model_type in FAMILIES
 
 
 def family_named(name: str) -> type[ModelFamily]:
