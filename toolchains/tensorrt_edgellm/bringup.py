@@ -11,6 +11,7 @@ missing keys with defaults (a config.json without ``hidden_size`` would be read 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -117,6 +118,12 @@ def _registry(facts: dict[str, Any], config: ModelConfig) -> RegistryCheck:
                          layout_family=family, reason=why)
 
 
+def _same_shape(expected: list[int], found: list[int]) -> bool:
+    """A scalar and a one-element tensor are the same to the toolchain (its loader assigns either; a per-tensor
+    scale is written [] by ModelOpt and declared [1] by its linears); otherwise the shapes must be equal."""
+    return list(expected) == list(found) or (math.prod(expected) == 1 == math.prod(found))
+
+
 def registry_check(env: Path, checkpoint: Path) -> RegistryCheck:
     """Whether the toolchain in ``env`` registers the checkpoint's model_type, would fall back to its default model
     (accepted only for a family declared layout-identical: ``layouts``), or refuses it (unsupported)."""
@@ -142,7 +149,7 @@ def reconcile(env: Path, checkpoint: Path) -> WeightReconciliation:
     matched: set[str] = set()
     for a in found["assigned"]:
         expected = a["expected"]
-        if expected is not None and list(expected) != list(a["found"]):
+        if expected is not None and not _same_shape(expected, a["found"]):
             mismatches.append(ShapeMismatch(a["tensor"], a["target"], tuple(expected), tuple(a["found"])))
             where = "" if a["target"] == a["tensor"] else f" (loaded into {a['target']!r})"
             problems.append(str(CheckpointError(
