@@ -100,6 +100,19 @@ def test_every_declared_family_reconciles_cleanly_with_the_default_model(trt: To
     assert {"llama", "mistral", "qwen2", "qwen3"} == LAYOUT_IDENTICAL_FAMILIES
 
 
+def test_a_modelopt_int8_sq_checkpoint_reconciles_with_its_quantized_linears(trt: ToolchainDriver, ckpts,
+                                                                             tmp_path: Path) -> None:
+    """Per-tensor scales are stored as scalars ([]) and declared [1] by the toolchain's linears: the same to it.
+    (The real quantizer's fp8, nvfp4, int4_awq and int8_sq checkpoints of tiny-qwen3-128 reconcile cleanly too.)"""
+    from edgellm.synth_quant import quantize_rtn
+
+    quantized = quantize_rtn(ckpts.qwen3, tmp_path / "int8_sq", "int8_sq", list(range(1, 40)), group_size=32)
+    rec = trt.reconcile(quantized)
+    assert rec.ok, rec.problems
+    assert rec.matched == rec.expected == 25 + 14 * 3  # each linear: int8 weight, weight_scale, input_scale
+    assert rec.missing == {} and rec.unexpected == ()
+
+
 def test_a_model_type_only_the_default_model_would_take_stops_at_the_registry_check(trt: ToolchainDriver, ckpts,
                                                                                      tmp_path: Path) -> None:
     foreign = _foreign(ckpts.llama, tmp_path / "mollama")
