@@ -119,7 +119,9 @@ def _reconcile(checkpoint: str, captured: _Stop, tensors: dict[str, dict[str, An
                 name = f"{prefix}.{attr}" if prefix else attr
                 slots[name] = None if value is None else tuple(value.shape)
     persistent = set(model.state_dict(keep_vars=True))
-    modules = {id(module): prefix for prefix, module in model.named_modules(remove_duplicate=False)}
+    modules: dict[int, str] = {}  # module -> its first name, the one ``slots`` uses
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        modules.setdefault(id(module), prefix)
     root = os.path.realpath(checkpoint)
     by_file: dict[str, list[str]] = {}
     for name, info in tensors.items():
