@@ -170,6 +170,123 @@ class HostWork(Protocol):
     def materialize_checkpoint(self, ref: ArtifactRef) -> tuple[Path, dict[str, Any]]: ...
 
 
+# --- bring-up checks (a toolchain that offers them): does it know the model, and do the weights fit its model ---
+
+class RegistryStatus(_ChoiceEnum):
+    """What a toolchain's own model registry makes of a checkpoint's model_type."""
+
+    REGISTERED = "registered"  # a model class of its own for it
+    DEFAULT_FALLBACK = "default-fallback"  # no class of its own: it would load the checkpoint into its default model
+    UNSUPPORTED = "unsupported"  # it refuses the checkpoint (its config reader or its model factory)
+
+
+@dataclass(frozen=True)
+class RegistryCheck:
+    """A toolchain's registry answer for one checkpoint, asked inside the toolchain's own environment. A fallback to
+    the default model passes only where ``layout_family`` names the family of ours that declares the model
+    layout-identical to that default (the toolchain package keeps the declaration)."""
+
+    toolchain: str
+    toolchain_version: str
+    model_type: str
+    architectures: tuple[str, ...]
+    status: RegistryStatus
+    model_class: str | None  # the class that would load it (module.qualname); None when unsupported
+    default_class: str | None = None  # the toolchain's default model, where it has one
+    layout_family: str | None = None  # our family declaring the model layout-identical to ``default_class``
+    reason: str | None = None  # why unsupported, or why a fallback is or is not accepted
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RegistryStatus.REGISTERED or (
+            self.status is RegistryStatus.DEFAULT_FALLBACK and self.layout_family is not None)
+
+    @property
+    def problem(self) -> str | None:
+        """One line naming the model_type, the toolchain and what would pass, or None when :attr:`ok`."""
+        if self.ok:
+            return None
+        return (f"{self.toolchain} {self.toolchain_version} does not support model_type {self.model_type!r} "
+                f"({self.status}): {self.reason}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolchain": self.toolchain, "toolchain_version": self.toolchain_version,
+                "model_type": self.model_type, "architectures": list(self.architectures), "status": str(self.status),
+                "model_class": self.model_class, "default_class": self.default_class,
+                "layout_family": self.layout_family, "reason": self.reason, "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class ShapeMismatch:
+    tensor: str  # the checkpoint's name
+    target: str  # the model parameter it loads into (the toolchain's name, after its key remapping)
+    expected: tuple[int, ...]  # the parameter's shape
+    found: tuple[int, ...]  # the checkpoint tensor's
+
+
+@dataclass(frozen=True)
+class WeightReconciliation:
+    """A checkpoint's tensors (headers only) against the parameters of the model a toolchain loads them into, both
+    ways; edgellm's own report (``edgellm.checkpoint.Reconciliation``) in the same shape, with the toolchain named."""
+
+    toolchain: str
+    toolchain_version: str
+    model: str  # the model compared with: the toolchain's class, or our family
+    expected: int  # parameters the model loads from a checkpoint
+    matched: int
+    missing: dict[str, tuple[int, ...]]  # parameter -> shape: no checkpoint tensor fills it
+    unexpected: tuple[str, ...]  # checkpoint tensors no parameter takes
+    shape_mismatches: tuple[ShapeMismatch, ...]
+    tied: dict[str, str] = field(default_factory=dict)  # parameter -> the one it shares
+    ignored: dict[str, str] = field(default_factory=dict)  # checkpoint tensor -> why it is skipped by design
+    defaulted: tuple[str, ...] = ()  # parameters the toolchain fills itself when the checkpoint has none
+    problems: tuple[str, ...] = ()  # one line each, naming the tensor
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolchain": self.toolchain, "toolchain_version": self.toolchain_version, "model": self.model,
+                "expected": self.expected, "matched": self.matched,
+                "missing": {name: list(shape) for name, shape in self.missing.items()},
+                "unexpected": list(self.unexpected),
+                "shape_mismatches": [{"name": m.tensor, "target": m.target, "expected": list(m.expected),
+                                      "found": list(m.found)} for m in self.shape_mismatches],
+                "tied": dict(self.tied), "ignored": dict(self.ignored), "defaulted": list(self.defaulted),
+                "problems": list(self.problems), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class LayerExport:
+    """A few-layer export (the first ``layers`` decoder layers) and what its structural check found."""
+
+    toolchain: str
+    toolchain_version: str
+    layers: int
+    out_dir: Path  # what the toolchain's exporter wrote
+    evidence: dict[str, Any]  # the toolchain's own account: its export record and its structural report
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolchain": self.toolchain, "toolchain_version": self.toolchain_version, "layers": self.layers,
+                "out_dir": str(self.out_dir), "evidence": self.evidence, "problems": list(self.problems),
+                "ok": self.ok}
+
+
+class NotOffered(UnsupportedError):
+    """A toolchain does not offer a bring-up check (the bring-up records the rung as not offered by it)."""
+
+
+def _offering(method: str) -> str:
+    found = [n for n in names() if getattr(_DRIVERS.get(n), method) is not getattr(ToolchainDriver, method)]
+    return ", ".join(found) or "none"
+
+
 class NotApplicable(UnsupportedError):
     """A tool cannot apply to this checkpoint at all (e.g. a block size its widths do not divide): the row is not
     applicable, with the reason, rather than failed."""
@@ -445,6 +562,27 @@ class ToolchainDriver(ABC):
         exit code does, and the report must agree with it."""
         return False
 
+
+    # --- bring-up checks (optional; see :class:`RegistryCheck`, :class:`WeightReconciliation`) ---
+
+    def registry_check(self, checkpoint: Path) -> RegistryCheck:
+        """Whether this toolchain's own model registry takes the checkpoint's model_type (asked where the toolchain
+        runs). ConfigurationError for a config.json that is not a readable model config; :class:`NotOffered` when
+        the toolchain has no registry to ask."""
+        raise NotOffered(f"toolchain {self.name} offers no registry check (toolchains that do: "
+                         f"{_offering('registry_check')})")
+
+    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
+        """The checkpoint's tensors (headers only) against the parameters of this toolchain's model for it, both
+        ways, without allocating weights; :class:`NotOffered` when the toolchain cannot say."""
+        raise NotOffered(f"toolchain {self.name} offers no weight reconciliation (toolchains that do: "
+                         f"{_offering('reconcile')})")
+
+    def export_layers(self, checkpoint: Path, out_dir: Path, layers: int) -> LayerExport:
+        """Export the first ``layers`` decoder layers of the checkpoint into ``out_dir`` (must not exist) and check
+        the result structurally; :class:`NotOffered` where the toolchain has no few-layer export."""
+        raise NotOffered(f"toolchain {self.name} offers no few-layer export (toolchains that do: "
+                         f"{_offering('export_layers')})")
 
 def edgellm_exit(result: CommandResult) -> EdgeLLMError | None:
     """How an ``edgellm`` command ended, by its exit codes (``ErrorKind.exit_code``): None when it passed."""

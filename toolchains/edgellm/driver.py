@@ -26,8 +26,10 @@ from toolchains.base import (
     BenchRun,
     DeviceStep,
     EngineCheck,
+    RegistryCheck,
     ToolchainDriver,
     Variant,
+    WeightReconciliation,
     register_toolchain,
 )
 
@@ -116,6 +118,16 @@ class EdgellmToolchain(ToolchainDriver):
 
     def host_version(self) -> str:
         return self.version(_host_env())
+
+    def registry_check(self, checkpoint: Path) -> RegistryCheck:
+        from toolchains.edgellm import bringup
+
+        return bringup.registry_check(self.name, self.host_version(), checkpoint)
+
+    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
+        from toolchains.edgellm import bringup
+
+        return bringup.reconcile(self.name, self.host_version(), checkpoint)
 
     def probe_step(self, device: Device) -> DeviceStep | None:
         """This toolchain needs this package (and its backend's) on the device: ``edgellm env`` there says which."""

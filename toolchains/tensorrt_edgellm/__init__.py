@@ -2,8 +2,10 @@
 
 Host side (runs here, CPU or CUDA): an isolated environment per version (env), the shipped calibration text
 (calibration), quantize with a per-linear quantization report (quantize), ONNX export (export) and its structural
-check (onnx_check). Device side (TensorRT devices only): argument lists and environments for the C++ tools
-``llm_build`` / ``llm_inference`` / ``llm_bench`` and the direct builder ``tensorrt-edgellm-build`` (device).
+check (onnx_check); the bring-up checks of a checkpoint against its model registry and its own model, run inside
+its environment, and a few-layer export (bringup, model_probe, layouts). Device side (TensorRT devices only):
+argument lists and environments for the C++ tools ``llm_build`` / ``llm_inference`` / ``llm_bench`` and the direct
+builder ``tensorrt-edgellm-build`` (device).
 Everything is a plain function so the farm's stage table can call it.
 """
 

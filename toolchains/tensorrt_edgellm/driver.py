@@ -35,9 +35,12 @@ from toolchains.base import (
     DeviceStep,
     EngineCheck,
     Environment,
+    LayerExport,
+    RegistryCheck,
     Route,
     ToolchainDriver,
     Variant,
+    WeightReconciliation,
     register_toolchain,
 )
 from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN
@@ -224,6 +227,29 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def host_version(self) -> str:
         return installed_version(self.env_path())
+
+    # --- bring-up checks, in its environment on the host (``bringup``) ---
+
+    def _ready_env(self) -> Path:
+        problem = env_problem(self.env_path(), self.host_env_version)
+        if problem is not None:
+            raise ConfigurationError(problem)
+        return self.env_path()
+
+    def registry_check(self, checkpoint: Path) -> RegistryCheck:
+        from toolchains.tensorrt_edgellm import bringup
+
+        return bringup.registry_check(self._ready_env(), checkpoint)
+
+    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
+        from toolchains.tensorrt_edgellm import bringup
+
+        return bringup.reconcile(self._ready_env(), checkpoint)
+
+    def export_layers(self, checkpoint: Path, out_dir: Path, layers: int) -> LayerExport:
+        from toolchains.tensorrt_edgellm import bringup
+
+        return bringup.export_layers(self._ready_env(), checkpoint, out_dir, layers)
 
     def _root(self) -> Path:
         if self.data_dir is None:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +55,12 @@ def _staged(checkpoint: Path, template: Path, stage: Path) -> Path:
 
 
 def export(env: Path, checkpoint: Path, out_dir: Path, *, chat_template: Path | None = DEFAULT_CHAT_TEMPLATE,
-           timeout: float = TIMEOUT_S) -> ExportResult:
+           timeout: float = TIMEOUT_S, extra_args: Sequence[str] = ()) -> ExportResult:
     """Export ``checkpoint`` into ``out_dir`` (created atomically; must not exist).
 
-    ``chat_template`` is used only when the checkpoint has none. Raises TestFailure when the tool fails or
-    writes no ONNX, InfrastructureError on timeout.
+    ``chat_template`` is used only when the checkpoint has none; ``extra_args`` go to the exporter after the
+    positional arguments (e.g. its few-layer option). Raises TestFailure when the tool fails or writes no ONNX,
+    InfrastructureError on timeout.
     """
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     if not (checkpoint / "config.json").is_file():
@@ -73,7 +75,7 @@ def export(env: Path, checkpoint: Path, out_dir: Path, *, chat_template: Path | 
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
         source = checkpoint if own_template else _staged(checkpoint, Path(chat_template), work / "staged")
-        argv = [str(script(env, "tensorrt-edgellm-export")), str(source), str(work / "onnx")]
+        argv = [str(script(env, "tensorrt-edgellm-export")), str(source), str(work / "onnx"), *extra_args]
         run = run_tool(argv, env=offline_env(cache_dir=work / "cache"), log=work / "export.log", timeout=timeout)
         if run.returncode != 0:
             raise TestFailure(f"tensorrt-edgellm-export failed (exit {run.returncode}) on {checkpoint}: "
