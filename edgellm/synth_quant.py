@@ -92,6 +92,20 @@ def quantize_rtn(src: Path, out: Path, method: str, calibration_ids: Sequence[in
     return out
 
 
+def calibration_ids(checkpoint: Path, n: int = 64) -> list[int]:
+    """The first ``n`` token ids of the bundled text in ``checkpoint``'s own tokenizer: the one batch
+    :func:`quantize_rtn` reads activation statistics from, when nothing else is given (e.g. the model catalog's
+    ``synth_quant`` entries)."""
+    from tokenizers import Tokenizer
+
+    from edgellm import BUNDLED_TEXT_FILE
+
+    tokenizer = Path(checkpoint) / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise ConfigurationError(f"checkpoint {checkpoint} has no tokenizer.json to make calibration ids with")
+    return list(Tokenizer.from_file(str(tokenizer)).encode(BUNDLED_TEXT_FILE.read_text(encoding="utf-8")).ids[:n])
+
+
 def _activation_amax(src: Path, modules: list[str], ids: Sequence[int]) -> dict[str, Any]:
     """Per linear: the max |input| per input channel over one forward pass of ``ids`` (transformers, fp32)."""
     import torch
