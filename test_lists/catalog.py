@@ -109,9 +109,13 @@ class ModelSource:
         if self.kind == "synthetic":
             return QuantConfig.none()
         if self.kind == "synth_quant":
+            from edgellm.synth_quant import MODELOPT_WRITTEN
+
             base = self.base.name if self.base is not None else "?"
+            modelopt = self.spec["method"] in MODELOPT_WRITTEN  # else Hugging Face's layout (GPTQ)
+            where = "hf_quant_config.json" if modelopt else "config.json: quantization_config"
             return QuantConfig(method=QuantMethod(self.spec["method"]), group_size=self.spec.get("group_size"),
-                               source=f"hf_quant_config.json (edgellm.synth_quant of {base})", modelopt=True)
+                               source=f"{where} (edgellm.synth_quant of {base})", modelopt=modelopt)
         try:
             directory = ASSETS_DIR / self.spec["bundled"] if self.kind == "bundled" else self._path()
         except ConfigurationError:

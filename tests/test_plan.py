@@ -140,9 +140,9 @@ def test_a_precision_the_asked_toolchain_cannot_produce_is_not_applicable_naming
                                       "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
     [job] = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path).jobs
     assert (job.decision, job.toolchain) == (Decision.NOT_APPLICABLE, "edgellm-ort")
-    assert job.reason == ("toolchain edgellm-ort cannot produce int4_wo (produces: fp32, fp16, int4_awq, int8_sq, fp8): "
-                          "edgellm's export reads no int4_wo checkpoint (edgellm/quant/int4_wo.py declares no stored "
-                          "layout)")
+    assert job.reason == ("toolchain edgellm-ort cannot produce int4_wo (produces: fp32, fp16, int4_awq, int8_sq, "
+                          "fp8): edgellm's export reads no int4_wo checkpoint (edgellm/quant/int4_wo.py declares no "
+                          "stored layout)")
     assert job.test_id.endswith("-by.edgellm.ort")  # a toolchain a block asks for is part of the test's id
 
 

@@ -355,3 +355,91 @@ def test_a_prequantized_row_runs_on_the_cpu_without_quantize(tmp_path: Path,
     assert export_key["checkpoint_sha256"] == checkpoint_digest(checkpoints / PREQUANTIZED)
     assert reference_key["checkpoint_sha256"] == checkpoint_digest(checkpoints / "tiny-qwen3-128")
     assert rows["export"].model_revision == export_key["checkpoint_sha256"]
+
+
+# --- int4_gptq for real: a GPTQ checkpoint, exported by NVIDIA's exporter for Thor --------------------------------
+
+
+def test_synth_quant_writes_hugging_faces_gptq_layout(tmp_path: Path) -> None:
+    """What NVIDIA's exporter reads as int4_gptq: qweight/qzeros/scales/g_idx, config.json's quantization_config;
+    the stored nibbles dequantize to the float weights within half a step."""
+    import torch
+    from safetensors.torch import load_file
+
+    from edgellm.checkpoint.modelopt import quantized_linear_count
+    from edgellm.synth import make_checkpoint
+    from edgellm.synth_quant import quantize_rtn
+
+    src = make_checkpoint(tmp_path / "src", "qwen3", seed=0, hidden_size=128, intermediate_size=256,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    out = quantize_rtn(src, tmp_path / "gptq", "int4_gptq", [])
+    assert not (out / "hf_quant_config.json").exists()
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert {k: config[k] for k in ("quant_method", "bits", "group_size", "sym", "desc_act")} == {
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+    found = QuantConfig.load(out)
+    assert (found.method, found.modelopt, found.group_size) == (QuantMethod.INT4_GPTQ, False, 128)
+    assert quantized_linear_count(out) == 14  # 7 linears x 2 layers; lm_head stays float
+    stored, float_ = load_file(str(out / "model.safetensors")), load_file(str(src / "model.safetensors"))
+    module = "model.layers.1.mlp.down_proj"  # [128, 256]: two groups along the input
+    layout = {s: (stored[f"{module}.{s}"].dtype, tuple(stored[f"{module}.{s}"].shape))
+              for s in ("qweight", "qzeros", "scales", "g_idx")}
+    assert layout == {"qweight": (torch.int32, (32, 128)), "qzeros": (torch.int32, (2, 16)),
+                      "scales": (torch.float16, (2, 128)), "g_idx": (torch.int32, (256,))}
+    assert f"{module}.weight" not in stored and stored["lm_head.weight"].dtype == torch.float16
+    assert set(stored[f"{module}.qzeros"].flatten().tolist()) == {0x77777777}  # zero 8, stored as 7
+    packed = stored[f"{module}.qweight"].to(torch.int64)
+    nibbles = torch.stack([(packed >> (4 * i)) & 0xF for i in range(8)], dim=1).reshape(256, 128)  # [in, out]
+    scales = stored[f"{module}.scales"].float()[stored[f"{module}.g_idx"].long()]  # [in, out]
+    weight = ((nibbles - 8).float() * scales).t()
+    assert torch.all((weight - float_[f"{module}.weight"]).abs() <= scales.t() / 2 + 1e-6)
+
+
+def test_int4_gptq_exports_for_thor_and_is_not_applicable_on_the_cpu(trt_env: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      prefect_harness: Path) -> None:
+    """Through the farm: the shipped export list's GPTQ row runs tensorrt-edgellm's exporter on the checkpoint as it
+    is (no quantizer; its 14 int4 linears checked in the graph); the nightly's CPU row of it is not applicable with
+    edgellm-ort's reason."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from results.db import make_engine
+    from results.models import CacheEntry, Result
+    from tests.helpers.toolchain_env import link_real_toolchain
+
+    data, inventory = tmp_path / "data", tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "local-cpu.yaml").write_text(yaml.safe_dump({
+        "type": "x86-cpu", "transport": "local", "work_dir": str(data / "devices" / "local-cpu"), "max_jobs": 2,
+        "python": sys.executable, "env": {"PYTHONPATH": str(REPO)}}))
+    link_real_toolchain(data, trt_env)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("EDGEFARM_DB_URL", raising=False)
+    model = "tiny-qwen3-128-int4-gptq"
+    matrix = tmp_path / "gptq.yml"
+    matrix.write_text(yaml.safe_dump({"name": "gptq", "models": [model], "precisions": ["int4_gptq"],
+                                      "platforms": ["x86-cpu"], "defaults": LIMITS,
+                                      "lists": [{"name": "l0_checkpoint_export", "models": [model]}]}))
+    result = runner.invoke(app, ["nightly", "--json", "--matrix", str(matrix), "--inventory", str(inventory),
+                                 "--data-dir", str(data), "--docs-dir", str(tmp_path / "docs")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    summary, _ = json.JSONDecoder().raw_decode(result.stdout[result.stdout.index('{\n  "run_id"'):])
+    assert result.exit_code == 0 and summary["failed"] == [], summary
+    assert summary["plan"] == {"run": 1, "not_applicable": 1}, summary
+    engine = make_engine(f"sqlite:///{data / 'edgefarm.db'}")
+    with Session(engine) as s:
+        rows = {(r.platform, r.stage.value): r for r in s.scalars(select(Result).where(
+            Result.run_id == summary["run_id"]))}
+        keys = [e for e in s.scalars(select(CacheEntry.inputs))]
+    engine.dispose()
+    export = rows[("thor", "export")]
+    assert (export.status.value, export.toolchain.value, export.precision.value) == ("pass", "tensorrt-edgellm",
+                                                                                    "int4_gptq")
+    assert export.reason.startswith("pre-quantized checkpoint: precision int4_gptq read from config.json: "
+                                    "quantization_config; 2 attention plugins for 2 layers, 14 quantized GEMMs "
+                                    "(report: 14)"), export.reason
+    assert not [k for k in keys if k["stage"] == "quantize"]
+    cpu = [r for (platform, _), r in rows.items() if platform == "x86-cpu"]
+    assert cpu and {r.status.value for r in cpu} == {"not_applicable"}
+    assert all("edgellm's export reads no int4_gptq checkpoint" in r.reason for r in cpu)
