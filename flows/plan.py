@@ -347,10 +347,10 @@ def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict
 
 
 def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[str, ...]],
-                  data_dir: Path) -> list[TestEntry]:
+                  data_dir: Path, prequantized: bool = False) -> list[TestEntry]:
     """One entry per combination of the chosen versions of the toolchains the test would use on ``platform`` (the
-    toolchains it may run with that produce its precision, and the one that quantizes it for them), each carrying
-    its versions; the entry itself when it uses none of them."""
+    toolchains it may run with that produce its precision, and the one that quantizes it for them unless its
+    checkpoint is ``prequantized``), each carrying its versions; the entry itself when it uses none of them."""
     if not versions:
         return [entry]
     uses: set[str] = set()
@@ -358,7 +358,7 @@ def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[
         found = toolchains.driver(name, data_dir)
         if entry.precision in found.precisions():
             uses.add(name)
-            if found.takes_quantized_checkpoint(entry.precision) and (
+            if not prequantized and found.takes_quantized_checkpoint(entry.precision) and (
                     maker := toolchains.quantizer(entry.precision, data_dir)) is not None:
                 uses.add(maker.name)
     chosen = sorted(t for t in versions if t in uses)
@@ -455,7 +455,10 @@ def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir:
     for share in matrix.lists:
         pairs += [(e, p) for e, p in _list_pairs(load_list(share.name, today=today), inventory, catalog, today)
                   if share.takes(e)]
-    pairs = [(e, p) for entry, p in pairs for e in with_versions(entry, p, matrix.versions, data_dir)]
+    carried = {m: catalog.get(m).checkpoint_precision() is not None for m in {e.model for e, _ in pairs}} \
+        if matrix.versions else {}
+    pairs = [(e, p) for entry, p in pairs
+             for e in with_versions(entry, p, matrix.versions, data_dir, carried.get(entry.model, False))]
     return _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
 
 

@@ -188,6 +188,16 @@ def test_the_plan_refuses_a_precision_the_checkpoint_disagrees_with(tmp_path: Pa
         True, True]
 
 
+def test_a_prequantized_row_is_no_job_of_a_quantizers_chosen_versions(tmp_path: Path,
+                                                                       _own_data_dir: Path) -> None:
+    """A matrix comparing quantizer versions multiplies the rows that quantize, not a pre-quantized one's."""
+    path = _matrix(tmp_path, [PREQUANTIZED, "tiny-qwen3-128"], ["int4_awq"], ["x86-cpu"])
+    path.write_text(path.read_text() + "toolchain_versions: {tensorrt-edgellm: ['0.11.0']}\n")
+    plan = plan_matrix(path, load_inventory(data_dir=_own_data_dir), SHIPPED, data_dir=_own_data_dir)
+    assert {j.model: j.entry.toolchain_versions for j in plan.jobs} == {
+        PREQUANTIZED: (), "tiny-qwen3-128": (("tensorrt-edgellm", "0.11.0"),)}
+
+
 def test_int4_gptq_is_not_applicable_on_the_cpu_with_the_drivers_reason(tmp_path: Path,
                                                                          _own_data_dir: Path) -> None:
     """A GPTQ checkpoint's rows on x86-cpu: edgellm's export reads no GPTQ layout (its reason, not the hardware's),
