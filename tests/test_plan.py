@@ -228,9 +228,9 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "json", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, onnxruntime-genai's rows (3
-    # models x 2 precisions), the export list's share
-    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 6 + 2
+    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the GPTQ checkpoint's CPU row,
+    # onnxruntime-genai's rows (3 models x 2 precisions), the export list's share
+    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 1 + 6 + 2
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")
