@@ -59,10 +59,9 @@ def capability(platform: str, toolchain: str | None, variant: Variant, shape: Mo
     if name not in dtype.toolchains:
         return Capability(False, f"{dtype.label} does not run toolchain {name} (runs: {', '.join(dtype.toolchains)})")
     driver = toolchains.driver(name)
-    produced = driver.precisions()
-    if variant.precision not in produced:
-        return Capability(False, f"toolchain {name} cannot produce {variant.precision} (produces: "
-                                 f"{', '.join(p.value for p in produced)})")
+    problem = driver.precision_problem(variant.precision)
+    if problem is not None:
+        return Capability(False, problem)
     problem = driver.variant_problem(variant)
     if problem is None and shape is not None:
         problem = driver.model_problem(shape, dtype.sm, variant)

@@ -1,4 +1,5 @@
-"""ModelOpt unified checkpoints made by round-to-nearest from a float checkpoint, in seconds: for benchmarks.
+"""ModelOpt unified checkpoints (and Hugging Face GPTQ ones) made by round-to-nearest from a float checkpoint, in
+seconds: for benchmarks and tests.
 
 NVIDIA's quantizer (``tensorrt-edgellm-quantize``) calibrates with the model on the CPU, which takes close to an hour
 for int4_awq on a 0.5B model here. A decode benchmark needs the real file layout and kernels, not calibrated weights,
@@ -11,11 +12,22 @@ tensor names, dtypes and shapes (float tensors fp16, scales fp32, ``lm_head`` an
     W8A8_SQ_PER_CHANNEL   weight I8 [out, in], weight_scale F32 [out] = row amax / 127, input_scale F32 [] =
                           activation amax / 127 (static), pre_quant_scale F16 [in]
 
-Smoothing (both): per input channel j, ``s_j = sqrt(act_amax_j / w_amax_j)`` normalized to geometric mean 1 (the
-SmoothQuant / AWQ form with alpha 0.5, no search); the stored weight is ``W * s`` and ``pre_quant_scale = 1 / s``
-(rounded to fp16 first, so the product is exact before the weight's rounding). The activation statistics come from
-one forward pass of transformers over ``calibration_ids`` (one batch, no search: not a calibration for accuracy).
-The producer is named ``edgellm.synth_quant`` in both quantization configs, so ``edgellm inspect`` tells it apart.
+Hugging Face's GPTQ layout (``int4_gptq``; what AutoGPTQ / GPTQModel write, and what NVIDIA's exporter reads as
+int4_gptq: no ``hf_quant_config.json``, ``config.json``'s ``quantization_config`` with ``quant_method: gptq``, bits 4,
+sym, no act-order), round-to-nearest without GPTQ's Hessian updates (its file layout, not its algorithm), every
+linear but ``lm_head``:
+
+    int4_gptq             qweight I32 [in/8, out] (eight unsigned nibbles along the input, input row 8r+i at bits
+                          4i), qzeros I32 [in/group, out/8] (zero 8 stored as 7: AutoGPTQ's zero - 1, nibbles along
+                          the output), scales F16 [in/group, out] = block amax / 7, g_idx I32 [in] = row // group;
+                          a linear's bias stays float
+
+Smoothing (int4_awq, int8_sq): per input channel j, ``s_j = sqrt(act_amax_j / w_amax_j)`` normalized to geometric
+mean 1 (the SmoothQuant / AWQ form with alpha 0.5, no search); the stored weight is ``W * s`` and ``pre_quant_scale
+= 1 / s`` (rounded to fp16 first, so the product is exact before the weight's rounding). The activation statistics
+come from one forward pass of transformers over ``calibration_ids`` (one batch, no search: not a calibration for
+accuracy). The producer is named ``edgellm.synth_quant`` in both quantization configs, so ``edgellm inspect`` tells
+it apart.
 """
 
 from __future__ import annotations
@@ -34,8 +46,11 @@ from edgellm.synth import TOKENIZER_FILES
 
 QUANTIZER_NAME = "synthetic RTN in ModelOpt format"
 PRODUCER = {"name": "edgellm.synth_quant", "version": __version__}
-WRITTEN = ("int4_awq", "int8_sq")  # the methods this writer implements (below); their quant_algo is the method's own
-QUANT_ALGOS = {name: method(name).modelopt_algos[0] for name in WRITTEN}
+MODELOPT_WRITTEN = ("int4_awq", "int8_sq")  # in ModelOpt's layout; their quant_algo is the method's own
+HF_WRITTEN = ("int4_gptq",)  # in Hugging Face's layout of the method (config.json quantization_config only)
+WRITTEN = (*MODELOPT_WRITTEN, *HF_WRITTEN)  # the methods this writer implements (below)
+QUANT_ALGOS = {name: method(name).modelopt_algos[0] for name in MODELOPT_WRITTEN}
+GPTQ_STORED_ZERO = 7  # AutoGPTQ stores zero - 1: a symmetric zero point of 8 reads 0x77777777
 EXCLUDED = ("lm_head", "model.embed_tokens")  # what ModelOpt leaves in float for these methods
 RUNTIME_FILES = ("generation_config.json", *TOKENIZER_FILES)
 FP16_TINY, FP16_MAX = 2.0**-14, 65504.0  # fp16's smallest normal and largest finite values
@@ -43,7 +58,8 @@ FP16_TINY, FP16_MAX = 2.0**-14, 65504.0  # fp16's smallest normal and largest fi
 
 def quantize_rtn(src: Path, out: Path, method: str, calibration_ids: Sequence[int], *,
                  group_size: int = 128) -> Path:
-    """Write ``src`` (a float Hugging Face checkpoint) quantized with ``method`` (int4_awq | int8_sq) to ``out``."""
+    """Write ``src`` (a float Hugging Face checkpoint) quantized with ``method`` (int4_awq | int8_sq | int4_gptq) to
+    ``out`` (``calibration_ids`` are read by the smoothed methods only)."""
     import torch
     from safetensors.torch import save_file
 
@@ -52,12 +68,14 @@ def quantize_rtn(src: Path, out: Path, method: str, calibration_ids: Sequence[in
     from edgellm.models import family_for
     from edgellm.weights import load_weights
 
-    if method not in QUANT_ALGOS:
-        raise ConfigurationError(f"synthetic quantization {method!r} is not written; valid: {', '.join(QUANT_ALGOS)}")
+    if method not in WRITTEN:
+        raise ConfigurationError(f"synthetic quantization {method!r} is not written; valid: {', '.join(WRITTEN)}")
     src, out = Path(src), Path(out)
     cfg = ModelConfig.load(src)
     family = family_for(cfg)
     linears = {m: shape for m, shape in linear_modules(family, cfg).items() if m not in EXCLUDED}
+    if method in HF_WRITTEN:
+        return _write_gptq(src, out, cfg, load_weights(src, family, cfg), set(linears), group_size)
     act_amax = _activation_amax(src, list(linears), calibration_ids)
     state = load_weights(src, family, cfg)
     # int8_sq: linears reading one input (q/k/v, gate/up) share pre_quant_scale and input_scale, as ModelOpt's
@@ -91,6 +109,73 @@ def quantize_rtn(src: Path, out: Path, method: str, calibration_ids: Sequence[in
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
     return out
+
+
+def _write_gptq(src: Path, out: Path, cfg: Any, state: dict[str, Any], linears: set[str], group: int) -> Path:
+    """The GPTQ layout of ``state`` (see the module doc): every linear in ``linears`` packed, the rest fp16."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        module = name.removesuffix(".weight")
+        if module in linears and name.endswith(".weight"):
+            tensors.update(_gptq_linear(module, t.float(), group))
+        elif name != "lm_head.weight" or not cfg.tie_word_embeddings:
+            tensors[name] = t.to(torch.float16).contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = "float16"
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": True,
+                                     "desc_act": False, "producer": PRODUCER}
+    (out / "config.json").write_text(json.dumps(config, indent=4, sort_keys=True))
+    for name in RUNTIME_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+    return out
+
+
+def _gptq_linear(module: str, w: Any, group: int) -> dict[str, Any]:
+    """One linear (``w`` float32 [out, in]) in GPTQ's layout, symmetric round-to-nearest per group."""
+    import torch
+
+    n, k = w.shape
+    if k % group or k % 8 or n % 8:
+        raise ConfigurationError(f"{module}: GPTQ's layout needs in_features divisible by group_size {group} and by 8, "
+                                 f"and out_features by 8; the linear is [{n}, {k}]")
+    grouped = w.reshape(n, k // group, group)
+    scale = (grouped.abs().amax(dim=2) / 7).clamp_min(1e-8).to(torch.float16)  # [out, groups]
+    q = torch.clamp(torch.round(grouped / scale.float()[..., None]) + 8, 0, 15).to(torch.int64).reshape(n, k)
+    rows = q.t().reshape(k // 8, 8, n)  # [in/8, 8, out]: input row 8r + i
+    packed = sum(rows[:, i, :] << (4 * i) for i in range(8))
+    zeros = sum(GPTQ_STORED_ZERO << (4 * i) for i in range(8))
+    return {f"{module}.qweight": _int32(packed),
+            f"{module}.qzeros": torch.full((k // group, n // 8), zeros, dtype=torch.int64).to(torch.int32),
+            f"{module}.scales": scale.t().contiguous(),
+            f"{module}.g_idx": (torch.arange(k, dtype=torch.int32) // group)}
+
+
+def _int32(x: Any) -> Any:
+    """int64 holding 32-bit patterns -> int32 with the same bits."""
+    import torch
+
+    return (((x + 2**31) % 2**32) - 2**31).to(torch.int32).contiguous()
+
+
+def calibration_ids(checkpoint: Path, n: int = 64) -> list[int]:
+    """The first ``n`` token ids of the bundled text in ``checkpoint``'s own tokenizer: the one batch
+    :func:`quantize_rtn` reads activation statistics from, when nothing else is given (e.g. the model catalog's
+    ``synth_quant`` entries)."""
+    from tokenizers import Tokenizer
+
+    from edgellm import BUNDLED_TEXT_FILE
+
+    tokenizer = Path(checkpoint) / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise ConfigurationError(f"checkpoint {checkpoint} has no tokenizer.json to make calibration ids with")
+    return list(Tokenizer.from_file(str(tokenizer)).encode(BUNDLED_TEXT_FILE.read_text(encoding="utf-8")).ids[:n])
 
 
 def _activation_amax(src: Path, modules: list[str], ids: Sequence[int]) -> dict[str, Any]:

@@ -60,10 +60,11 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
         with heartbeat(recorder, run_id):
             farm = Farm.get(ctx)
             record_plan_decisions(ctx, plan, report)
-            checkpoints = locate_checkpoints(sorted({j.model for j in plan.runnable()}), plan.sources,
-                                             settings.data_dir)
+            models = {j.model for j in plan.runnable()}
+            bases = {b.name for m in models if (b := plan.sources[m].base) is not None}  # their references' sources
+            checkpoints = locate_checkpoints(sorted(models | bases), plan.sources, settings.data_dir)
             jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
-            submit_jobs(ctx, jobs, report, plan.sources)
+            submit_jobs(ctx, jobs, report, plan.sources, checkpoints)
             if plan.kind == RunKind.NIGHTLY.value:
                 fail_regressed(report, flag_regressions(engine, run_id))
             status = run_status(report)

@@ -77,13 +77,16 @@ class RunReport:
         return dict(counts)
 
 
-def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = None) -> JobSpec:
-    """``source``: the model's catalog entry (its chat template and accuracy thresholds, when it names them)."""
+def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = None,
+             reference: CheckpointRef | None = None) -> JobSpec:
+    """``source``: the model's catalog entry (its chat template and accuracy thresholds, when it names them);
+    ``reference``: the checkpoint of its float base, when the catalog names one (a pre-quantized checkpoint's)."""
     e = job.entry
     template = source.chat_template if source is not None else None
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
                    test_id=e.test_id, toolchain_version=job.toolchain_version, quantizer=job.quantizer,
-                   quantizer_version=job.quantizer_version,
+                   quantizer_version=job.quantizer_version, prequantized=job.prequantized,
+                   reference_checkpoint=reference,
                    checkpoint=checkpoint, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
@@ -111,13 +114,17 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
 
 
 def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport,
-                sources: Mapping[str, ModelSource] | None = None) -> None:
-    """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded."""
+                sources: Mapping[str, ModelSource] | None = None,
+                checkpoints: Mapping[str, CheckpointRef] | None = None) -> None:
+    """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded.
+    ``checkpoints``: every located checkpoint by model (a pre-quantized model's base among them)."""
     submitted_at = time.time()
     runs: dict[tuple[str, tuple[object, ...]], PrefectFuture[Any]] = {}  # (stage, what it serves) -> its one run
     records: list[tuple[str, str, PrefectFuture[Any]]] = []
     for job, checkpoint in jobs:
-        spec = job_spec(job, checkpoint, (sources or {}).get(job.model))
+        source = (sources or {}).get(job.model)
+        base = source.base.name if source is not None and source.base is not None else None
+        spec = job_spec(job, checkpoint, source, None if base is None else (checkpoints or {}).get(base))
         futures: dict[str, PrefectFuture[Any]] = {}
         for name in stages.closure(spec.stages):
             stage = stages.spec(name)

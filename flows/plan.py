@@ -17,14 +17,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 import stages
-from devices.capability import capability, hardware
+from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
 from devices.types import DEVICE_TYPES
+from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 from stages.job import job_key
-from test_lists.catalog import Catalog, ModelSource
+from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains import base as toolchains
@@ -56,6 +57,8 @@ class Job:
     toolchain_version: str | None = None
     quantizer: str | None = None
     quantizer_version: str | None = None
+    # the checkpoint is already quantized: its precision, read from it, and where (no quantize stage runs for it)
+    prequantized: str | None = None
 
     @property
     def model(self) -> str:
@@ -90,6 +93,8 @@ class Job:
                "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
         if e.toolchain_versions:
             out["toolchain_versions"] = dict(e.toolchain_versions)
+        if self.prequantized is not None:
+            out["prequantized"] = self.prequantized
         return out
 
 
@@ -203,11 +208,14 @@ class _Decided:
     quantizer: ToolchainDriver | None = None
 
 
-def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path) -> _Decided:
+def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path,
+            prequantized: QuantConfig | None = None) -> _Decided:
     """Hardware first (not applicable: ``devices.capability``), then the waiver, then who could run it here: a
     toolchain (the entry's, else the platform's in order of preference) that can run the variant there and is
     available with its quantizer, and, when a stage runs on a device, a device of the platform that the toolchain can
-    drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device."""
+    drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device. A ``prequantized``
+    checkpoint (its quantization, read from it) is exported as it is: a toolchain whose export cannot read it is not
+    applicable (``ToolchainDriver.prequantized_problem``), and none quantizes it."""
     dtype = DEVICE_TYPES[platform]
     candidates = (entry.toolchain,) if entry.toolchain is not None else dtype.toolchains
     variant = Variant(entry.precision, entry.lm_head_precision, entry.kv_cache_precision)
@@ -220,6 +228,9 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     # here, or only host stages (quantize, export) run, which no kernel of the device's takes part in
     shape = None if set(entry.stages) <= stages.host_stages() else catalog.get(entry.model).shape()
     capable = [(name, capability(platform, name, variant, shape)) for name in candidates]
+    if prequantized is not None:
+        capable = [(name, cap if not cap else _reads(toolchains.driver(name, data_dir, pins), prequantized))
+                   for name, cap in capable]
     if not any(cap for _, cap in capable):  # no toolchain of the platform can, in principle
         return _Decided(Decision.NOT_APPLICABLE, candidates[0], capable[0][1].reason)
     chosen: ToolchainDriver | None = None
@@ -229,7 +240,7 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
         if not cap:
             continue
         found = toolchains.driver(name, data_dir, pins)
-        problem, maker = runnable_problem(found, entry.precision)
+        problem, maker = runnable_problem(found, entry.precision, prequantized is not None)
         if problem is None:
             chosen = found
             break
@@ -258,6 +269,12 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     except ConfigurationError as exc:
         return _Decided(Decision.SKIPPED, chosen.name, f"checkpoint not available: {exc}", devices)
     return _Decided(Decision.RUN, chosen.name, "", devices, chosen, maker)
+
+
+def _reads(found: ToolchainDriver, quant: QuantConfig) -> Capability:
+    """Whether the toolchain's export reads the pre-quantized checkpoint as it is (its driver's reason if not)."""
+    problem = found.prequantized_problem(quant)
+    return Capability(True) if problem is None else Capability(False, problem)
 
 
 def load_matrix(path: Path, catalog: Catalog) -> Matrix:
@@ -330,10 +347,10 @@ def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict
 
 
 def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[str, ...]],
-                  data_dir: Path) -> list[TestEntry]:
+                  data_dir: Path, prequantized: bool = False) -> list[TestEntry]:
     """One entry per combination of the chosen versions of the toolchains the test would use on ``platform`` (the
-    toolchains it may run with that produce its precision, and the one that quantizes it for them), each carrying
-    its versions; the entry itself when it uses none of them."""
+    toolchains it may run with that produce its precision, and the one that quantizes it for them unless its
+    checkpoint is ``prequantized``), each carrying its versions; the entry itself when it uses none of them."""
     if not versions:
         return [entry]
     uses: set[str] = set()
@@ -341,7 +358,7 @@ def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[
         found = toolchains.driver(name, data_dir)
         if entry.precision in found.precisions():
             uses.add(name)
-            if found.takes_quantized_checkpoint(entry.precision) and (
+            if not prequantized and found.takes_quantized_checkpoint(entry.precision) and (
                     maker := toolchains.quantizer(entry.precision, data_dir)) is not None:
                 uses.add(maker.name)
     chosen = sorted(t for t in versions if t in uses)
@@ -400,6 +417,7 @@ def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], whe
 
 
 def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
+    assert spec.precision is not None  # a matrix block names its precisions
     return TestEntry(
         list_name=list_name, model=spec.model, precision=spec.precision, max_seq_len=spec.max_seq_len,
         max_batch_size=spec.max_batch_size, max_input_len=spec.max_input_len, stages=tuple(spec.stages),
@@ -437,7 +455,10 @@ def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir:
     for share in matrix.lists:
         pairs += [(e, p) for e, p in _list_pairs(load_list(share.name, today=today), inventory, catalog, today)
                   if share.takes(e)]
-    pairs = [(e, p) for entry, p in pairs for e in with_versions(entry, p, matrix.versions, data_dir)]
+    carried = {m: catalog.get(m).checkpoint_precision() is not None for m in {e.model for e, _ in pairs}} \
+        if matrix.versions else {}
+    pairs = [(e, p) for entry, p in pairs
+             for e in with_versions(entry, p, matrix.versions, data_dir, carried.get(entry.model, False))]
     return _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
 
 
@@ -482,15 +503,32 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
           data_dir: Path) -> Plan:
     plan = Plan(name=name, kind=kind)
     seen: set[str] = set()
+    refused: list[str] = []
+    carried: dict[str, QuantConfig | None] = {}  # per model: the quantization its checkpoint already carries
     for entry, platform in pairs:
-        decided = _decide(entry, platform, inventory, catalog, data_dir)
+        source = catalog.get(entry.model)
+        try:  # a pre-quantized checkpoint's precision is its own (the catalog decides, as for lists validate)
+            row_precision(source, entry.precision, entry.stages)
+            if entry.model not in carried:
+                found = source.quantization()
+                carried[entry.model] = found if found is not None and found.is_quantized else None
+        except ConfigurationError as exc:
+            if (line := f"{entry.source}: {exc}") not in refused:
+                refused.append(line)
+            continue
+        decided = _decide(entry, platform, inventory, catalog, data_dir, carried[entry.model])
         job = Job(entry=entry, platform=platform, decision=decided.decision, toolchain=decided.toolchain,
-                  reason=decided.reason, devices=decided.devices, **_resolved(decided))
+                  reason=decided.reason, devices=decided.devices, **_resolved(decided),
+                  prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None)
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
         seen.add(job.key)
         plan.jobs.append(job)
         if job.decision is Decision.RUN:
-            plan.sources.setdefault(job.model, catalog.get(job.model))
+            plan.sources.setdefault(job.model, source)
+            if source.base is not None:  # the float model its accuracy reference is computed from
+                plan.sources.setdefault(source.base.name, source.base)
+    if refused:
+        raise ConfigurationError("\n".join(refused))
     return plan
 

@@ -61,6 +61,18 @@ class JobSpec:
     toolchain_version: str | None = None
     quantizer: str | None = None
     quantizer_version: str | None = None
+    # the source checkpoint is already quantized at ``precision``: where that was read (the plan's evidence line);
+    # quantize then hands the source on as it is, and never quantizes it again
+    prequantized: str | None = None
+    # the float checkpoint the accuracy reference is computed from, when it is not the source (a pre-quantized
+    # checkpoint's base in the catalog); None: the source
+    reference_checkpoint: CheckpointRef | None = None
+
+    @property
+    def reference_source(self) -> CheckpointRef:
+        """The checkpoint the transformers reference reads: the float base of a pre-quantized one, else the
+        source."""
+        return self.reference_checkpoint if self.reference_checkpoint is not None else self.checkpoint
 
     @property
     def chosen_versions(self) -> str | None:

@@ -26,6 +26,11 @@ def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed
 
 
 def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome, *, keyed: Keyed) -> StageOutcome:
-    """A cache miss: export the checkpoint with the job's toolchain."""
-    return job.driver(ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, quantized.outputs["checkpoint"],
-                                           int(quantized.outputs.get("quantized_linears", 0)), keyed)
+    """A cache miss: export the checkpoint with the job's toolchain. A pre-quantized checkpoint's export records
+    where its precision was read (its row runs no quantize stage that would)."""
+    out = job.driver(ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, quantized.outputs["checkpoint"],
+                                          int(quantized.outputs.get("quantized_linears", 0)), keyed)
+    carried = quantized.outputs.get("prequantized")
+    if carried is not None:
+        out.reason = "; ".join(r for r in (str(carried), out.reason) if r)
+    return out

@@ -1,7 +1,11 @@
 """Quantize: produce the checkpoint a precision is exported from, and return its reference.
 
-Where the job's export reads the source checkpoint (unquantized precisions, and precisions its toolchain quantizes
-in its own export), quantize is the identity: the source's own reference, no copy, no second digest. Otherwise the
+Where the job's export reads the source checkpoint (unquantized precisions, precisions its toolchain quantizes in its
+own export, and a source checkpoint that is already quantized: ``JobSpec.prequantized``), quantize is the identity:
+the source's own reference, no copy, no second digest; for a pre-quantized one it hands on how many linears the
+checkpoint stores quantized (its layout read and checked). A quantizer never runs on a checkpoint that is already
+quantized: that is refused as a configuration error naming it (the plan never asks it; a job made otherwise might).
+Otherwise the
 toolchain the plan chose as the job's quantizer (``JobSpec.quantizer``: the one whose driver ``quantizes()`` the
 precision) runs on the orchestrating host, once per (model, precision, LM head, KV cache) whichever toolchain
 consumes it. Its key and work are the driver's (``ToolchainDriver.quantize_key`` / ``quantize``); the generic body
@@ -13,6 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from artifacts.store import ArtifactRef
+from edgellm.checkpoint.modelopt import quantized_linear_count
+from edgellm.config import QuantConfig
+from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED
 from results.models import ResultStatus
 from stages import Stage
@@ -27,6 +34,12 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
     maker = job.quantizer_driver(ctx.data_dir)
     if maker is None:
         return identity(job)
+    already = QuantConfig.load(Path(job.checkpoint.path))
+    if already.is_quantized:
+        raise ConfigurationError(
+            f"model {job.model!r}: checkpoint {job.checkpoint.path} is already quantized ({already.method.value}, "
+            f"{already.source}); toolchain {maker.name} would quantize it again for {job.precision}: refused (a "
+            f"pre-quantized checkpoint is exported as it is, at its own precision)")
     state = maker.available()
     if not state.ok:
         return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
@@ -52,12 +65,26 @@ def quantize(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
 
 def identity(job: JobSpec) -> StageOutcome:
     ref = job.checkpoint
-    why = (f"identity for {job.precision}" if job.precision in UNQUANTIZED
-           else f"identity: toolchain {job.toolchain} quantizes {job.precision} in its export")
+    linears, carried = 0, None
+    if job.prequantized is not None:  # read again from the checkpoint itself: what the run's evidence says
+        found = QuantConfig.load(Path(ref.path))
+        if not found.is_quantized or found.method.value != job.precision.value:
+            raise ConfigurationError(
+                f"model {job.model!r}: the plan read precision {job.precision} ({job.prequantized}), but checkpoint "
+                f"{ref.path} declares {found.method.value} ({found.source})")
+        linears = quantized_linear_count(Path(ref.path))
+        carried = f"pre-quantized checkpoint: precision {job.precision} read from {Path(found.source).name}"
+        why = f"identity: {carried}; {linears} linear layers stored quantized"
+    elif job.precision in UNQUANTIZED:
+        why = f"identity for {job.precision}"
+    else:
+        why = f"identity: toolchain {job.toolchain} quantizes {job.precision} in its export"
     out = StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.PASS, reason=f"{why} (checkpoint sha256 "
                                                                               f"{ref.sha256[:12]})")
     out.outputs["checkpoint"] = ref
-    out.outputs["quantized_linears"] = 0
+    out.outputs["quantized_linears"] = linears
+    if carried is not None:
+        out.outputs["prequantized"] = carried
     size = sum(p.stat().st_size for p in Path(ref.path).rglob("*") if p.is_file())
     out.metrics["checkpoint_bytes"] = (float(size), "B")
     return out

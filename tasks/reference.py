@@ -21,6 +21,7 @@ from devices.transport.local import LocalTransport
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
+from edgellm.errors import ConfigurationError
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
 from results.models import ResultStatus
 from stages import REFERENCE
@@ -49,14 +50,19 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
 
 
 def reference_key(ctx: FarmContext, job: JobSpec) -> Keyed:
-    """The table's cache key function: a reference is no toolchain's product."""
-    return Keyed(reference_key_inputs(job.checkpoint.sha256), toolchain=None, toolchain_version=None,
+    """The table's cache key function: a reference is no toolchain's product. A pre-quantized checkpoint's is its
+    float base's (transformers reads no ModelOpt checkpoint, and would read some as float without a word)."""
+    if job.prequantized is not None and job.reference_checkpoint is None:
+        raise ConfigurationError(f"model {job.model!r}: {job.prequantized}; its transformers reference needs the "
+                                 f"float checkpoint it was quantized from: name it in the model catalog (base: MODEL)")
+    return Keyed(reference_key_inputs(job.reference_source.sha256), toolchain=None, toolchain_version=None,
                  device="orchestrator")
 
 
 def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
-    """A cache miss: ``edgellm reference`` on the source checkpoint."""
-    farm, model, timeout_s = Farm.get(ctx), job.checkpoint.model, job.timeout(REFERENCE)
+    """A cache miss: ``edgellm reference`` on the source checkpoint (a pre-quantized one's float base)."""
+    source = job.reference_source
+    farm, model, timeout_s = Farm.get(ctx), source.model, job.timeout(REFERENCE)
     work = farm.ctx.host_work_dir / "scratch"
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=work, prefix="reference-"))
@@ -64,7 +70,7 @@ def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
         logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"reference-{model.replace('/', '--')}.log"
-        argv = [sys.executable, "-m", "edgellm", "reference", str(Path(job.checkpoint.path)),
+        argv = [sys.executable, "-m", "edgellm", "reference", str(Path(source.path)),
                 "--output", str(tmp / "reference.npz"), "--max-tokens", str(EVAL_MAX_TOKENS),
                 "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS), "--window", str(REFERENCE_WINDOW)]
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")

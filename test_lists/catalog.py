@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgellm import ASSETS_DIR
-from edgellm.errors import ConfigurationError
+from edgellm.config import QuantConfig
+from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.thresholds import FIELDS, Thresholds
-from edgellm.types import Precision
+from edgellm.types import Precision, QuantMethod
 from edgellm.yamlio import read_yaml
 from toolchains.base import ModelShape
 
@@ -32,11 +35,23 @@ class _Synthetic(BaseModel):
     dtype: str = "fp32"
 
 
+class _SynthQuant(BaseModel):
+    """A checkpoint ``edgellm.synth_quant`` writes from the entry's ``base`` (round-to-nearest, ModelOpt's layout)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str
+    group_size: int = Field(default=128, ge=1)
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bundled: str | None = None
     synthetic: _Synthetic | None = None
     path: str | None = None
+    synth_quant: _SynthQuant | None = None
+    # the float catalog model a pre-quantized checkpoint was quantized from: its checkpoint gives the accuracy
+    # reference (transformers reads no ModelOpt checkpoint) and its shape
+    base: str | None = None
     chat_template: str | None = None  # a Jinja file (relative to the catalog) for checkpoints that ship none
     # accuracy thresholds over the library's defaults, per precision: {int4_awq: {top1_min_agreement: 0.0}}
     thresholds: dict[str, dict[str, float]] | None = None
@@ -45,10 +60,15 @@ class _Entry(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> _Entry:
-        given = [k for k in ("bundled", "synthetic", "path") if getattr(self, k) is not None]
+        given = [k for k in SOURCE_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of bundled, synthetic, path (got {', '.join(given) or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(SOURCE_KINDS)} (got {', '.join(given) or 'none'})")
+        if self.synth_quant is not None and self.base is None:
+            raise ValueError("synth_quant quantizes the entry's base: give base (a float catalog model)")
         return self
+
+
+SOURCE_KINDS = ("bundled", "synthetic", "path", "synth_quant")
 
 
 @dataclass(frozen=True)
@@ -59,12 +79,15 @@ class ModelSource:
     chat_template: Path | None = None  # what export supplies when the checkpoint has no chat template
     thresholds: dict[Precision, dict[str, float]] = field(default_factory=dict)  # accuracy limits over the defaults
     calibration_samples: int | None = None  # rows of calibration text its quantization runs (None: the quantizer's)
+    base: ModelSource | None = None  # the float model a pre-quantized checkpoint was quantized from (catalog ``base``)
 
     def describe(self) -> str:
         if self.kind == "bundled":
             return f"bundled {self.spec['bundled']}"
         if self.kind == "synthetic":
             return f"synthetic {self.spec['family']} (seed {self.spec.get('seed', 0)})"
+        if self.kind == "synth_quant":
+            return f"synth_quant {self.spec['method']} of {self.base.name if self.base else '?'}"
         return f"path {self.spec['path']}"
 
     def check(self) -> None:
@@ -73,6 +96,42 @@ class ModelSource:
             self._path()
         elif self.kind == "bundled" and not (ASSETS_DIR / self.spec["bundled"] / "config.json").is_file():
             raise ConfigurationError(f"model {self.name!r}: bundled checkpoint {self.spec['bundled']!r} is missing")
+        if self.base is not None:
+            self.base.check()
+
+    def quantization(self) -> QuantConfig | None:
+        """The quantization the checkpoint already carries, read from its ``hf_quant_config.json`` or its
+        ``config.json``'s ``quantization_config`` (``edgellm.config.QuantConfig``: no weights read); a
+        ``QuantConfig`` whose ``is_quantized`` is False for a float checkpoint; None when the checkpoint cannot be read
+        here (a path checkpoint absent on this host). A synthetic model is float; a ``synth_quant`` one is what its
+        entry declares, known without writing it. Raises ConfigurationError when the checkpoint declares a
+        quantization edgellm does not know (naming it and the known ones)."""
+        if self.kind == "synthetic":
+            return QuantConfig.none()
+        if self.kind == "synth_quant":
+            from edgellm.synth_quant import MODELOPT_WRITTEN
+
+            base = self.base.name if self.base is not None else "?"
+            modelopt = self.spec["method"] in MODELOPT_WRITTEN  # else Hugging Face's layout (GPTQ)
+            where = "hf_quant_config.json" if modelopt else "config.json: quantization_config"
+            return QuantConfig(method=QuantMethod(self.spec["method"]), group_size=self.spec.get("group_size"),
+                               source=f"{where} (edgellm.synth_quant of {base})", modelopt=modelopt)
+        try:
+            directory = ASSETS_DIR / self.spec["bundled"] if self.kind == "bundled" else self._path()
+        except ConfigurationError:
+            return None
+        if not (directory / "config.json").is_file():
+            return None
+        try:
+            return QuantConfig.load(directory)
+        except EdgeLLMError as exc:
+            raise ConfigurationError(f"model {self.name!r}: {exc}") from None
+
+    def checkpoint_precision(self) -> Precision | None:
+        """The precision a pre-quantized checkpoint carries (what its rows run at); None for a float checkpoint or
+        one that cannot be read here (see :meth:`quantization`)."""
+        found = self.quantization()
+        return None if found is None or not found.is_quantized else Precision(found.method.value)
 
     def _path(self) -> Path:
         raw = self.spec["path"]
@@ -91,7 +150,9 @@ class ModelSource:
         a synthetic model's family ``tiny_config`` with the entry's overrides (what ``edgellm.synth`` writes), a
         bundled or path checkpoint's ``config.json`` (a multimodal one's ``text_config``). None when that cannot be
         read here (a path checkpoint absent on this host, a config without the keys): the plan then decides the
-        model's rows without its limits."""
+        model's rows without its limits. A ``synth_quant`` model has its base's shape."""
+        if self.kind == "synth_quant":
+            return self.base.shape() if self.base is not None else None
         if self.kind == "synthetic":
             from edgellm.models.base import family_named
 
@@ -118,8 +179,49 @@ class ModelSource:
                 raise ConfigurationError(f"model {self.name!r}: bundled checkpoint {path} is missing")
             return path
         if self.kind == "synthetic":
-            return _materialize_synthetic(self, data_dir)
+            return _materialize(self, data_dir, lambda tmp: _write_synthetic(self, tmp))
+        if self.kind == "synth_quant":
+            assert self.base is not None  # the catalog refuses synth_quant without a base
+            base = self.base.locate(data_dir)
+            return _materialize(self, data_dir, lambda tmp: _write_synth_quant(self, base, tmp))
         return self._path()
+
+
+def row_precision(source: ModelSource, requested: Precision | None,
+                  stages: tuple[str, ...] | list[str] = ()) -> Precision:
+    """The precision a test row of ``source`` runs at, decided here for ``edgefarm lists validate`` and the plan
+    alike: a checkpoint that is already quantized gives its own (a row that asks another is refused, naming the
+    model and both precisions; so is one that lists the quantize stage); a float checkpoint takes the requested one
+    (which must then be given). ConfigurationError otherwise."""
+    found = source.quantization()
+    if found is not None and found.is_quantized:
+        carried = Precision(found.method.value)
+        if requested is not None and requested != carried:
+            raise ConfigurationError(
+                f"model {source.name!r}: its checkpoint is already quantized at precision {carried.value} "
+                f"({found.source}), but the row asks for precision {requested.value}: a pre-quantized checkpoint's "
+                f"precision is read from it, never requested (give precision {carried.value}, or leave it out)")
+        if "quantize" in stages:
+            raise ConfigurationError(f"model {source.name!r}: its checkpoint is already quantized at precision "
+                                     f"{carried.value} ({found.source}); stage quantize would quantize it again: "
+                                     f"leave quantize out of stages")
+        return carried
+    if requested is None:
+        why = ("its checkpoint cannot be read here to take the precision from" if found is None
+               else "its checkpoint is not quantized")
+        raise ConfigurationError(f"model {source.name!r}: no precision given, and {why}; give precision (one of "
+                                 f"{', '.join(p.value for p in Precision)})")
+    return requested
+
+
+def prequantized_evidence(source: ModelSource) -> str | None:
+    """What a run records of a pre-quantized checkpoint's precision (None: the checkpoint is float): the precision
+    and where it was read."""
+    found = source.quantization()
+    if found is None or not found.is_quantized:
+        return None
+    producer = f", made by {found.producer}" if found.producer else ""
+    return f"pre-quantized checkpoint: precision {found.method.value} read from {found.source}{producer}"
 
 
 def _shape(config: Any) -> ModelShape | None:
@@ -141,18 +243,29 @@ def _shape(config: Any) -> ModelShape | None:
         return None
 
 
-def _materialize_synthetic(src: ModelSource, data_dir: Path) -> Path:
+def _write_synthetic(src: ModelSource, out: Path) -> None:
     from edgellm.synth import make_checkpoint
 
     spec = dict(src.spec)
     family, seed, dtype = spec.pop("family"), spec.pop("seed", 0), spec.pop("dtype", "fp32")
+    make_checkpoint(out, family, dtype=dtype, seed=seed, **spec)
+
+
+def _write_synth_quant(src: ModelSource, base: Path, out: Path) -> None:
+    from edgellm.synth_quant import calibration_ids, quantize_rtn
+
+    quantize_rtn(base, out, src.spec["method"], calibration_ids(base), group_size=int(src.spec["group_size"]))
+
+
+def _materialize(src: ModelSource, data_dir: Path, write: Callable[[Path], None]) -> Path:
+    """The checkpoint ``write`` makes, once under ``data_dir`` (written aside, then moved into place)."""
     dest = Path(data_dir) / "checkpoints" / src.name.replace("/", "--")
     if (dest / "config.json").is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
-        make_checkpoint(tmp, family, dtype=dtype, seed=seed, **spec)
+        write(tmp)
         os.replace(tmp, dest)
     except FileExistsError:  # another process won the race; its checkpoint is identical
         shutil.rmtree(tmp, ignore_errors=True)
@@ -186,6 +299,13 @@ def _thresholds(raw: dict[str, dict[str, float]], where: str,
     return out
 
 
+def _synth_quant_method(name: str, where: str, problems: list[str]) -> None:
+    from edgellm.synth_quant import WRITTEN
+
+    if name not in WRITTEN:
+        problems.append(f"{where}: {name!r} is not written by edgellm.synth_quant; valid: {', '.join(WRITTEN)}")
+
+
 class Catalog:
     def __init__(self, sources: dict[str, ModelSource], path: Path) -> None:
         self.sources = sources
@@ -198,6 +318,7 @@ class Catalog:
         if not isinstance(models, dict):
             raise ConfigurationError(f"{path}: expected a mapping 'models: {{NAME: SOURCE}}'")
         problems, sources = [], {}
+        bases: dict[str, str] = {}
         for name, raw in models.items():
             try:
                 entry = _Entry.model_validate(raw)
@@ -216,9 +337,23 @@ class Catalog:
                 kind, spec = "bundled", {"bundled": entry.bundled}
             elif entry.synthetic is not None:
                 kind, spec = "synthetic", entry.synthetic.model_dump()
+            elif entry.synth_quant is not None:
+                kind, spec = "synth_quant", entry.synth_quant.model_dump()
+                _synth_quant_method(spec["method"], f"{path}: model {name!r} synth_quant.method", problems)
             else:
                 kind, spec = "path", {"path": entry.path}
             sources[name] = ModelSource(name, kind, spec, template, limits, entry.calibration_samples)
+            if entry.base is not None:
+                bases[name] = entry.base
+        for name, base in bases.items():
+            found = sources.get(base)
+            where = f"{path}: model {name!r} base"
+            if found is None:
+                problems.append(f"{where}: unknown model {base!r}; known: {', '.join(sorted(sources))}")
+            elif base == name or base in bases:
+                problems.append(f"{where}: {base!r} must be a float model without a base of its own")
+            else:
+                sources[name] = dataclasses.replace(sources[name], base=found)
         if problems:
             raise ConfigurationError("\n".join(problems))
         return cls(sources, Path(path))

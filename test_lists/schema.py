@@ -105,7 +105,9 @@ class TestSpec(_EntryFields):
     __test__ = False  # not a pytest class
 
     model: NonEmptyStr
-    precision: PrecisionField
+    # None: the model's checkpoint is already quantized and its precision is read from it (the validator fills it
+    # in from the model catalog, and refuses a row that gives another)
+    precision: PrecisionField | None = None
     max_seq_len: SeqLen
     max_batch_size: BatchSize
     max_input_len: SeqLen
@@ -140,7 +142,7 @@ class TestSpec(_EntryFields):
         return {s: given.get(s, defaults[s]) for s in self.stages}
 
 
-def stage_problems(listed: list[str], precision: Precision) -> list[str]:
+def stage_problems(listed: list[str], precision: Precision | None) -> list[str]:
     """Why this stage list cannot run in this order, if it cannot."""
     if not listed:
         return ["stages is empty; give at least one of " + ", ".join(stages.order())]

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from edgellm.errors import ConfigurationError
 from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
-from test_lists.catalog import Catalog
+from test_lists.catalog import Catalog, row_precision
 from test_lists.ids import short_model_name
 from test_lists.platforms import PlatformCatalog
 from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
@@ -278,6 +279,19 @@ class Validator:
             errors += problems
             if spec is None:
                 continue
+            if spec.model in self.models:
+                try:  # a pre-quantized checkpoint's precision is its own (the catalog decides it for the plan too)
+                    precision = row_precision(self.models.get(spec.model), spec.precision, spec.stages)
+                except ConfigurationError as exc:
+                    field = "stages" if "stage quantize" in str(exc) else "precision"
+                    errors.append(Problem(src, str(exc), line_of(item, (field,)) or line_of(item, ()), where, field))
+                    continue
+                spec = spec.model_copy(update={"precision": precision})
+            elif spec.precision is None:  # its precision cannot be known: reported now, the entry is not made
+                errors.append(Problem(src, f"unknown model {spec.model!r}; the model catalog {self.models.path} has: "
+                                           f"{', '.join(sorted(self.models.sources))}",
+                                      line_of(item, ("model",)), where, "model"))
+                continue
             entry = _entry(str(name), spec, f"{src}:{line_of(item, ())}")
             where = f"tests[{i}] {entry.test_id}"
             if spec.model not in self.models:
@@ -336,6 +350,7 @@ class Validator:
 
 
 def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
+    assert spec.precision is not None  # filled in from the catalog (row_precision) before
     return TestEntry(
         list_name=list_name,
         model=spec.model,

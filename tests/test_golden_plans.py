@@ -85,6 +85,10 @@ def test_golden_plans_keep_the_evidence_rules() -> None:
     # with the pinned toolchain: the CPU's quantized rows run end to end, the export rows run on the host alone
     trt = json.loads((GOLDEN / "local-trt.json").read_text())
     cpu = [j for j in trt["matrix nightly"]["jobs"] if j["platform"] == "x86-cpu" and j["precision"] != "fp8"]
+    gptq = [j for j in cpu if j["precision"] == "int4_gptq"]  # no CPU toolchain reads a GPTQ checkpoint: it says so
+    assert gptq and all(j["decision"] == "not_applicable" and "edgellm's export reads no int4_gptq" in j["reason"]
+                        for j in gptq)
+    cpu = [j for j in cpu if j not in gptq]
     assert all(j["decision"] == "run" and j["devices"] == ["local-cpu"] for j in cpu)
     assert {j["precision"] for j in cpu} >= {"int4_awq", "int8_sq"}
     exports = trt["list l0_checkpoint_export"]["jobs"]

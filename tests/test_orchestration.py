@@ -137,7 +137,8 @@ def test_l0_list_run_on_the_local_device(farm_dirs: dict[str, Path]) -> None:
         run = s.scalars(select(Run).order_by(Run.id.desc())).first()
         assert run is not None and run.kind.value == "l0" and run.status.value == "passed"
         ids = set(s.scalars(select(Result.test_id).where(Result.run_id == run.id)))
-        assert "stories260K-fp32-mxsl256-mxbs2-mxil128" in ids and len(ids) == 6
+        assert "stories260K-fp32-mxsl256-mxbs2-mxil128" in ids and len(ids) == 7
+        assert "tiny-qwen3-128-int4-awq-int4_awq-mxsl256-mxbs2-mxil128" in ids  # pre-quantized: no quantizer
     engine.dispose()
 
 

@@ -140,7 +140,9 @@ def test_a_precision_the_asked_toolchain_cannot_produce_is_not_applicable_naming
                                       "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
     [job] = plan_matrix(matrix, load_inventory(data_dir=tmp_path), Catalog.load(), data_dir=tmp_path).jobs
     assert (job.decision, job.toolchain) == (Decision.NOT_APPLICABLE, "edgellm-ort")
-    assert job.reason == "toolchain edgellm-ort cannot produce int4_wo (produces: fp32, fp16, int4_awq, int8_sq, fp8)"
+    assert job.reason == ("toolchain edgellm-ort cannot produce int4_wo (produces: fp32, fp16, int4_awq, int8_sq, "
+                          "fp8): edgellm's export reads no int4_wo checkpoint (edgellm/quant/int4_wo.py declares no "
+                          "stored layout)")
     assert job.test_id.endswith("-by.edgellm.ort")  # a toolchain a block asks for is part of the test's id
 
 
@@ -226,9 +228,9 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["nightly", "--dry-run", "--format", "json", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, onnxruntime-genai's rows (3
-    # models x 2 precisions), the export list's share
-    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 6 + 2
+    # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the GPTQ checkpoint's CPU row,
+    # onnxruntime-genai's rows (3 models x 2 precisions), the export list's share
+    assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == 6 * 3 * 3 + 3 + 1 + 6 + 2
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")

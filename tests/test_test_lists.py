@@ -101,12 +101,15 @@ def test_shipped_lists_content() -> None:
     assert {(e.model, e.precision) for e in thor if e.model.endswith("-layout")} == {
         ("qwen2.5-0.5b-layout", Precision.FP16), ("qwen2.5-0.5b-layout", Precision.FP8),
         ("qwen2.5-0.5b-layout", Precision.NVFP4), ("qwen3-0.6b-layout", Precision.NVFP4)}
-    # every catalog model x five precisions, host stages only; not the layout models (quantizing their real widths
-    # takes minutes per method on 2 cores: their quantized rows are the hardware lists')
+    # every float catalog model x five precisions, host stages only; not the layout models (quantizing their real
+    # widths takes minutes per method on 2 cores: their quantized rows are the hardware lists'); a pre-quantized one
+    # at its own precision
     exports = load_list("l0_checkpoint_export")
+    sources = Catalog.load().sources
     assert {(e.model, e.precision) for e in exports.entries} == {
-        (m, p) for m in Catalog.load().sources if not m.endswith("-layout")
-        for p in (Precision.FP16, Precision.FP8, Precision.INT4_AWQ, Precision.INT8_SQ, Precision.NVFP4)}
+        (m, p) for m, s in sources.items() if not m.endswith("-layout") and s.base is None
+        for p in (Precision.FP16, Precision.FP8, Precision.INT4_AWQ, Precision.INT8_SQ, Precision.NVFP4)} | {
+        (m, s.checkpoint_precision()) for m, s in sources.items() if s.base is not None}
     assert all(set(e.stages) <= {Stage.QUANTIZE, Stage.EXPORT} for e in exports.entries)
 
 
@@ -257,7 +260,8 @@ def test_entries_defaults_timeouts_and_sources(tmp_path: Path) -> None:
         ("      - {model: stories260K, precision: fp16, lm_head_precision: nvfp4, case: b}",
          "x86-cpu (CPU) does not support a nvfp4 LM head (supported: fp32, fp16, int8_wo, int4_wo)"),
         ("      - just a string", "tests[2]: must be a mapping"),
-        ("      - {model: stories260K}", "tests[2] (stories260K): precision: required key is missing"),
+        ("      - {model: stories260K}", "tests[2] (stories260K): precision: model 'stories260K': no precision given, "
+                                       "and its checkpoint is not quantized; give precision (one of fp32"),
     ],
 )
 def test_entry_problems(tmp_path: Path, extra: str, needle: str) -> None:

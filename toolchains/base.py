@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
     from devices.transport.base import CommandResult
+    from edgellm.config import QuantConfig
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
 
@@ -332,6 +333,22 @@ class ToolchainDriver(ABC):
     def variant_problem(self, variant: Variant) -> str | None:
         """Why this toolchain cannot give the LM head and KV cache asked for at the variant's precision (None: it
         can, and they reach its export and build). The plan records such a combination as not applicable."""
+
+    def precision_problem(self, precision: Precision) -> str | None:
+        """Why this toolchain cannot produce ``precision`` at all (None: it is one of :meth:`precisions`); the plan
+        records such a row as not applicable with this reason. A driver that knows why says so."""
+        produced = self.precisions()
+        if precision in produced:
+            return None
+        return (f"toolchain {self.name} cannot produce {precision} (produces: "
+                f"{', '.join(p.value for p in produced)})")
+
+    def prequantized_problem(self, quant: QuantConfig) -> str | None:
+        """Why this toolchain's export cannot read a checkpoint that is already quantized as ``quant`` says
+        (``edgellm.config.QuantConfig``, read from the checkpoint), or None. Such a checkpoint is exported as it is:
+        its rows run at its own precision and no quantize stage runs for them. Default: it reads none."""
+        return (f"toolchain {self.name} exports from float checkpoints only; this checkpoint is already quantized "
+                f"({quant.method.value}, {quant.source})")
 
     def quantizes(self) -> tuple[Precision, ...]:
         """Weight precisions this toolchain's quantize stage makes a checkpoint at, on the orchestrating host; ()
@@ -729,13 +746,15 @@ def availability(found: ToolchainDriver) -> Availability:
     return state
 
 
-def runnable_problem(found: ToolchainDriver, precision: Precision) -> tuple[str | None, ToolchainDriver | None]:
+def runnable_problem(found: ToolchainDriver, precision: Precision,
+                     prequantized: bool = False) -> tuple[str | None, ToolchainDriver | None]:
     """Why ``found`` cannot run ``precision`` here now (not installed; its quantizer missing or not installed), or
-    None; and the toolchain that quantizes the precision for it (None: it exports from the source checkpoint)."""
+    None; and the toolchain that quantizes the precision for it (None: it exports from the source checkpoint, as
+    it does a ``prequantized`` one)."""
     state = availability(found)
     if not state.ok:
         return f"toolchain {found.name} is not available: {state.reason}", None
-    if not found.takes_quantized_checkpoint(precision):
+    if prequantized or not found.takes_quantized_checkpoint(precision):
         return None, None
     maker = quantizer(precision, found.data_dir, found.pins)
     if maker is None:

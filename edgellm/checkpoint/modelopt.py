@@ -212,3 +212,24 @@ def _quantized_layer(module: str, out: int, inp: int, weight: TensorInfo, tensor
     if not ok:
         return None
     return LinearLayer(module, Precision(quant.method.value), out, inp, names)
+
+
+GPTQ_PACKED = ".qweight"  # the packed int4 weight of each linear in a Hugging Face GPTQ or AWQ checkpoint
+
+
+def quantized_linear_count(checkpoint_dir: Path | str) -> int:
+    """How many linear layers a checkpoint stores quantized (0 for a float one), from its headers: ModelOpt's
+    layout read and checked (its first problem raises: a layer declared quantized without its scales is never
+    exported as float); a Hugging Face GPTQ or AWQ checkpoint (whose layout edgellm does not read further) by its
+    packed ``qweight`` tensors."""
+    from edgellm.checkpoint.checkpoint import Checkpoint
+
+    ckpt = Checkpoint.open(checkpoint_dir)
+    if not ckpt.quant.is_quantized:
+        return 0
+    if not ckpt.quant.modelopt:
+        return sum(1 for name in ckpt.tensors if name.endswith(GPTQ_PACKED))
+    layout = quant_layout(ckpt.tensors, ckpt.family, ckpt.config, ckpt.quant)
+    if layout.problems:
+        raise layout.problems[0]
+    return len(layout.quantized)

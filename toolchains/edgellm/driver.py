@@ -20,7 +20,7 @@ from edgellm.compiler.build import ENGINE_MANIFEST
 from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.thresholds import FIELDS
-from edgellm.types import BenchMode, Precision
+from edgellm.types import UNQUANTIZED, BenchMode, Precision
 from toolchains.base import (
     Availability,
     BenchRun,
@@ -35,6 +35,7 @@ from toolchains.base import (
 
 if TYPE_CHECKING:
     from devices.inventory import Device
+    from edgellm.config import QuantConfig
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
@@ -97,6 +98,39 @@ class EdgellmToolchain(ToolchainDriver):
         backend = registered_backends().get(self.backend)
         built = set(backend.precisions) if backend is not None else set()
         return (*buildable(self.backend), *(p for p in quantized_export_precisions() if p in built))
+
+    def precision_problem(self, precision: Precision) -> str | None:
+        """The generic refusal, with the library's own reason for a quantization method its export reads no
+        checkpoint of (e.g. int4_gptq: the method's module in edgellm/quant declares no stored layout)."""
+        problem = super().precision_problem(precision)
+        if problem is None or precision in UNQUANTIZED:
+            return problem
+        from edgellm.quant import method
+
+        found = method(precision.value)
+        if found.stored is None:
+            why = (f"edgellm's export reads no {precision} checkpoint (edgellm/quant/{found.name}.py declares no "
+                   f"stored layout)")
+        elif not found.exported():
+            why = f"edgellm's export has no ONNX Runtime lowering of {precision}: {found.refused or 'not written'}"
+        elif self.backend in backend_names() and precision not in registered_backends()[self.backend].precisions:
+            why = f"the {self.backend} backend builds no {precision} engine"
+        else:
+            return problem
+        return f"{problem}: {why}"
+
+    def prequantized_problem(self, quant: QuantConfig) -> str | None:
+        """edgellm's export reads ModelOpt's unified checkpoints (edgellm.checkpoint.modelopt) at the precisions
+        :meth:`precisions` holds; a quantized KV cache it refuses (``edgellm.quant.check_exportable``)."""
+        precision = Precision(quant.method.value)
+        if not quant.modelopt:
+            return (f"toolchain {self.name}: edgellm's export reads ModelOpt unified checkpoints only "
+                    f"(hf_quant_config.json, or quantization_config with quant_method modelopt); this checkpoint's "
+                    f"{precision} is declared by {quant.source}")
+        if quant.kv_cache is not None:
+            return (f"toolchain {self.name}: the checkpoint's {quant.kv_cache} KV cache ({quant.source}) is not "
+                    f"exported; the ONNX Runtime engine keeps its cache in float")
+        return self.precision_problem(precision)
 
     def variant_problem(self, variant: Variant) -> str | None:
         try:

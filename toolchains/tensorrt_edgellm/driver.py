@@ -57,12 +57,14 @@ from toolchains.tensorrt_edgellm.env import (
     script,
     toolchains_root,
 )
+from toolchains.tensorrt_edgellm.export import HF_PREQUANTIZED
 from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 
 if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
     from devices.inventory import Device
     from devices.transport.base import CommandResult
+    from edgellm.config import QuantConfig
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
@@ -176,7 +178,27 @@ class TensorrtEdgellm(ToolchainDriver):
         return tuple(Precision(m.value) for m in METHODS)
 
     def precisions(self) -> tuple[Precision, ...]:
-        return (Precision.FP16, *self.quantizes())
+        """fp16, what its quantizer makes, and what its exporter reads only from a checkpoint already quantized
+        (int4_gptq: Hugging Face GPTQ checkpoints; nothing here quantizes to it)."""
+        made = self.quantizes()
+        return (Precision.FP16, *made, *(Precision(m.value) for m in HF_PREQUANTIZED if Precision(m.value) not in made))
+
+    def prequantized_problem(self, quant: QuantConfig) -> str | None:
+        """Its exporter reads ModelOpt checkpoints of its quantizer's methods and Hugging Face GPTQ / AWQ ones
+        (``export.HF_PREQUANTIZED``); whatever else it would silently export as fp16 is refused here."""
+        method = quant.method
+        if quant.modelopt and method in METHODS:
+            return None
+        if not quant.modelopt and method in HF_PREQUANTIZED:
+            return None
+        if quant.modelopt:
+            readable = ", ".join(f"{m.value} ({spec.quant_algo})" for m, spec in METHODS.items())
+            return (f"toolchain {self.name}: its exporter (0.11.0) reads ModelOpt {method.value} ({quant.source}) as "
+                    f"fp16 without a word (its quant_algo parser has no such branch): refused; ModelOpt methods it "
+                    f"reads: {readable}")
+        readable = ", ".join(m.value for m in HF_PREQUANTIZED)
+        return (f"toolchain {self.name}: its exporter (0.11.0) reads a Hugging Face {method.value} checkpoint "
+                f"({quant.source}) as fp16 without a word: refused; Hugging Face quantizations it reads: {readable}")
 
     def variant_problem(self, variant: Variant) -> str | None:
         quantized = variant.precision is not Precision.FP16

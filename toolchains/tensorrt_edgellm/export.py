@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.types import QuantMethod
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import offline_env
 from toolchains.tensorrt_edgellm.env import installed_version, script
@@ -25,6 +26,12 @@ from toolchains.tensorrt_edgellm.process import run_tool, tree_bytes
 from toolchains.tensorrt_edgellm.quantize import has_chat_template
 
 DEFAULT_CHAT_TEMPLATE = Path(__file__).resolve().parent / "plain_chat_template.jinja"
+# What the exporter (read in 0.11.0: tensorrt_edgellm/config.py, _parse_quant) takes from a checkpoint that is
+# already quantized, besides ModelOpt checkpoints of its own quantizer's methods: Hugging Face's GPTQ (config.json
+# quantization_config quant_method gptq; AutoGPTQ's qweight [in/8, out] int32, qzeros, scales, g_idx: its
+# GPTQLinear) and AWQ (quant_method awq: its AWQLinear). Anything else it exports as fp16 without a word: ModelOpt's
+# W4A16_GPTQ (_algo_to_quant_type has no GPTQ branch) or a quant_method fp8 config (no branch at all).
+HF_PREQUANTIZED = (QuantMethod.INT4_GPTQ, QuantMethod.INT4_AWQ)
 TIMEOUT_S = 1200  # the reference CI's export stage limit
 
 
