@@ -954,6 +954,9 @@ def test_direct_builder_refusals(jetson_board: JetsonBoard) -> None:
     assert done.returncode == 1 and last.startswith("ValueError: unsupported model_type 'gemma3_text'; supported model "
                                                     "types: NemotronH_Nano_Omni_Reasoning_V3, "), last
     assert ", qwen2, qwen2_5_vl, " in last
+    untyped = make_checkpoint(jetson_board, "ckpt-untyped", model_type=None)
+    done = direct(jetson_board, "--model-dir", str(untyped), "--engine-dir", engine)
+    assert done.stderr.strip().splitlines()[-1] == "ValueError: config.json must define a non-empty model_type"
     checkpoint = make_checkpoint(jetson_board, "ckpt-noplugin")
     done = direct(jetson_board, "--model-dir", str(checkpoint), "--engine-dir", engine)  # default: relative path
     assert done.returncode == 1
