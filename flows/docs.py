@@ -117,7 +117,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                 toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
                 regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform,
                                              str(st.key.toolchain)), ())),
-                chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain),
+                chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain), route=st.route,
             ))
     return rows
 

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from flows.docs_regressions import mark_html
 from flows.docs_render import (
+    DIRECT_ONLY,
     EXPORT_ONLY_MARK,
-    LEGEND,
     SUPPORTED_MARK,
     CellKind,
     MatrixRow,
     TrendImage,
     cell_kind,
     format_params,
+    legend,
     metrics_text,
     platform_toolchains,
     precision_order,
@@ -147,10 +148,11 @@ def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
     fields = cell_fields(r)
     hover = "\n".join(f"{k}: {v}" for k, v in fields.items())
     mark = {CellKind.SUPPORTED: SUPPORTED_MARK + " ", CellKind.EXPORT_ONLY: EXPORT_ONLY_MARK + " "}.get(r.kind, "")
+    direct = f" · {DIRECT_ONLY}" if r.direct_only else ""
     return (f"<td class='cell {e(status)}' data-key='{e(r.anchor)}' data-platform='{e(platform)}' "
             f"data-precision='{e(precision)}' data-status='{e(status)}' data-kind='{e(r.kind.value)}' "
             f"style='background:{colour};color:{fg}' title='{e(hover)}'>"
-            f"<a href='{e(r.evidence_link)}'>{mark}<b>{e(status)}</b> · run {r.run_id}</a>"
+            f"<a href='{e(r.evidence_link)}'>{mark}<b>{e(status)}</b> · run {r.run_id}{e(direct)}</a>"
             f"<div class='m'>{e(metrics_text(r.metrics, ' · ') if r.kind is CellKind.SUPPORTED else r.made_by)}"
             f"</div>{mark_html(r.regressions)}</td>")
 
@@ -206,7 +208,7 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
         f"<p>Generated {e(generated_at)} from the results database ({e(db_label)}). One table per platform; each "
         "cell is the latest evidence for that model and precision there. Hover a cell for its details, click it "
         "to pin them, click its link for the run's evidence.</p>",
-        "<ul class='legend-text'>" + "".join(f"<li>{e(item)}</li>" for item in LEGEND) + "</ul>",
+        "<ul class='legend-text'>" + "".join(f"<li>{e(item)}</li>" for item in legend(rows)) + "</ul>",
         "<p class='legend'>" + "".join(
             f"<span style='background:{c};color:{'#333' if s in _DARK_TEXT else '#fff'}'>{e(s)}</span>"
             for s, c in STATUS_COLOURS.items()) + "</p>",

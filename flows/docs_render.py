@@ -25,6 +25,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 from results.queries import supported as supported_verdict
+from toolchains.base import Route
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,6 +52,10 @@ LEGEND = (
     "the model has not run on that platform (not support).",
     "empty: no passing evidence.",
 )
+DIRECT_ONLY = "checkpoint-direct only"
+# shown in the legend only where some cell carries the mark
+DIRECT_ONLY_LEGEND = (f"{DIRECT_ONLY}: proven only on the route that builds the engine straight from the checkpoint "
+                      "(the toolchain's direct builder); its ONNX export was not built and run there.")
 
 
 class CellKind(enum.StrEnum):
@@ -79,6 +84,12 @@ class MatrixRow:
     regressions: tuple[RegressionMark, ...] = ()  # metrics outside their baseline in this run
     chosen_versions: str | None = None  # the toolchain versions its run compared ("name==version"); None: pinned
     job_toolchain: str | None = None  # the toolchain its jobs ran with (its row's); None: not known
+    route: str | None = None  # how its engines were made in that run ("onnx", "direct", both joined); None: one way
+
+    @property
+    def direct_only(self) -> bool:
+        """Supported on the checkpoint-direct route alone: its latest evidence made every engine that way."""
+        return self.route == Route.DIRECT.value and cell_kind(self) is CellKind.SUPPORTED
 
     @property
     def made_by(self) -> str:
@@ -252,10 +263,16 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
         # where a platform's table holds several toolchains, each cell names the toolchain and version it proves
         text = f"{SUPPORTED_MARK} {markdown_text(r.made_by)}" if several_toolchains and r.toolchain else SUPPORTED_MARK
         regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
-        return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + regressed
+        direct = f" {DIRECT_ONLY}" if r.direct_only else ""
+        return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + direct + regressed
     if kind is CellKind.EXPORT_ONLY:
         return f"{EXPORT_ONLY_MARK} export only, {markdown_text(r.made_by or 'toolchain unknown')} (run {r.run_id})"
     return ""
+
+
+def legend(rows: Sequence[MatrixRow]) -> tuple[str, ...]:
+    """The legend, with the checkpoint-direct mark's line where some row carries it."""
+    return (*LEGEND, DIRECT_ONLY_LEGEND) if any(r.direct_only for r in rows) else LEGEND
 
 
 def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True) -> str:
@@ -268,7 +285,7 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         "",
         "Legend:",
         "",
-        *(f"- {item}" for item in LEGEND),
+        *(f"- {item}" for item in legend(rows)),
         "",
     ]
     by_platform: dict[str, list[MatrixRow]] = defaultdict(list)

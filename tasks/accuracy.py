@@ -53,12 +53,13 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
         on_device = engines.load(farm, engine)
 
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-            return toolchain.accuracy_step(
+            return engines.runtime_step(toolchain, on_device, toolchain.accuracy_step(
                 device, engines.locate(farm, device, transport, on_device),
                 f"cache/{ref.sha256}" if ours is None else None,
-                f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds)
+                f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds))
 
-        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step, inputs=staged,
+        run = run_stage(farm, platform=job.platform, what=f"accuracy-{job.key}", argv=step,
+                        inputs=[*staged, *engines.runtime_inputs(farm, on_device)],
                         fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.ACCURACY),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.ACCURACY, toolchain),
                         toolchain=toolchain, only=engines.holders(farm, on_device))

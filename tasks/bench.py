@@ -50,10 +50,10 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
             bench_run = toolchain.bench_runs(device, path, job_dir, prompt_len=prompt,
                                              past_len=past, warmup=WARMUP, iterations=ITERATIONS)[index]
             chosen.append(bench_run)
-            return bench_run.step
+            return engines.runtime_step(toolchain, on_device, bench_run.step)
 
         run = run_stage(farm, platform=job.platform, what=f"bench-{index}-{job.key}", argv=step,
-                        timeout=job.timeout(Stage.BENCH),
+                        inputs=engines.runtime_inputs(farm, on_device), timeout=job.timeout(Stage.BENCH),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BENCH, toolchain), exclusive=True,
                         toolchain=toolchain, only=engines.holders(farm, on_device), snapshots=True)
         if run.status is not ResultStatus.PASS:

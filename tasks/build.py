@@ -9,6 +9,12 @@ device's cache and never crosses back, but for the files the toolchain reads bac
 toolchain driver says how to build, where the engine lands and how its precision is read back (never a fixed
 backend: a platform runs only the toolchains its device type names). The precision read back from the built engine
 must be the one asked for.
+
+Where the toolchain builds from the checkpoint on the platform's devices (a route with ``from_checkpoint``: a vendor's
+direct, ONNX-less builder), the build reads the checkpoint the export was made from (staged into the device's cache
+from the store) instead of the export, its key adds that checkpoint's digest, the build runs only on devices of that
+route, the engine is read back against the checkpoint, and its manifest names the checkpoint every later stage stages
+with it (it reads its weights from there at run time).
 """
 
 from __future__ import annotations
@@ -27,16 +33,16 @@ from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
 from devices.transport import Transport, open_transport
-from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from results.models import ResultStatus
 from stages import Stage
-from stages.job import JobSpec
+from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
 from tasks import engines
 from tasks.common import attempt_recorder, from_device_run, work_again
 from tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep, ToolchainDriver
+from toolchains.base import DeviceStep, Route, ToolchainDriver
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +88,27 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     facts = (env.get("toolchains") or {}).get(toolchain.name) or {}
     inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, toolchain.runtime_key_inputs(facts),
                                toolchain.build_key_inputs(probe))
-    return Keyed(inputs, toolchain=job.toolchain, toolchain_version=version, route=toolchain.route(),
+    route = toolchain.route(probe)
+    if route is not None and route.from_checkpoint:  # the engine is the checkpoint's product, not the export's
+        # (the export's digest stays in the key, as the table names it for every build: such an engine is made again
+        # when the export changes, never reused for another checkpoint)
+        inputs["checkpoint_sha256"] = _checkpoint(exported).sha256
+    return Keyed(inputs, toolchain=job.toolchain, toolchain_version=version, route=route,
                  standin=toolchain.standin(probe))
+
+
+def _checkpoint(exported: StageOutcome) -> CheckpointRef:
+    """The checkpoint the export was made from (what a build from the checkpoint reads)."""
+    found = exported.outputs.get("checkpoint")
+    if not isinstance(found, CheckpointRef):
+        raise BugError("the export handed on no checkpoint (a build from the checkpoint needs it)")
+    return found
+
+
+def _route_devices(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, route: Route | None) -> list[str]:
+    """The platform's devices the toolchain drives by ``route`` (the key's: an engine is made the way its key says)."""
+    return [d.id for d in farm.inventory.select(platform=job.platform)
+            if toolchain.drives(d) and toolchain.route(d) == route]
 
 
 def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
@@ -108,9 +133,15 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
     """A cache miss: build the export's ONNX into an engine on a leased device of the platform; it stays there."""
     farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
     toolchain = job.driver(ctx.data_dir)
+    route = Route(keyed.route) if keyed.route is not None else None
+    checkpoint = None
+    source = onnx  # what the build reads: the export, or the checkpoint it was made from
+    if route is not None and route.from_checkpoint:
+        checkpoint = _checkpoint(exported)
+        source = farm.store.put(Path(checkpoint.path), ArtifactKind.CHECKPOINT)
 
     def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-        return toolchain.build_step(device, f"cache/{onnx.sha256}", f"{job_dir}/engine", job.build_params)
+        return toolchain.build_step(device, f"cache/{source.sha256}", f"{job_dir}/engine", job.build_params)
 
     scratch = farm.ctx.host_work_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -131,21 +162,23 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
         made["engine"] = engines.DeviceEngine(
             digest=sealed.digest, device=run.device.id, platform=job.platform, toolchain=toolchain.name,
             toolchain_version=toolchain.device_version(run.device, run.env), bytes=sealed.bytes, files=sealed.files,
-            stored=stored.sha256 if stored is not None else None, onnx=onnx.sha256)
+            stored=stored.sha256 if stored is not None else None, onnx=onnx.sha256,
+            checkpoint=source.sha256 if checkpoint is not None else None)
 
     try:
-        run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[onnx],
+        run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[source],
                         fetch_on=(), timeout=job.timeout(Stage.BUILD),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD, toolchain),
-                        after=keep, toolchain=toolchain, reserve=onnx.size or 0)
-        return _judged(farm, job, toolchain, run, onnx, made, keyed)
+                        after=keep, toolchain=toolchain, reserve=source.size or 0,
+                        only=_route_devices(farm, job, toolchain, route))
+        return _judged(farm, job, toolchain, run, onnx, made, keyed, checkpoint)
     finally:
         if "readback" in made:
             shutil.rmtree(made["readback"], ignore_errors=True)
 
 
 def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun, onnx: ArtifactRef,
-            made: dict[str, Any], keyed: Keyed) -> StageOutcome:
+            made: dict[str, Any], keyed: Keyed, checkpoint: CheckpointRef | None) -> StageOutcome:
     out = from_device_run(Stage.BUILD, run, toolchain)
     if "engine" not in made:
         return out
@@ -159,11 +192,15 @@ def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun
     scratch = farm.ctx.host_work_dir / "scratch"
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         onnx_dir = None
-        if toolchain.needs_onnx_for_check():
+        if toolchain.needs_onnx_for_check() and checkpoint is None:
             onnx_dir = Path(tmp) / "onnx"
             farm.store.extract(onnx.sha256, onnx_dir)
         try:
-            found = toolchain.check_engine(made["readback"], onnx_dir, job.build_params)
+            if checkpoint is not None:
+                found = toolchain.check_engine_from_checkpoint(made["readback"], Path(checkpoint.path),
+                                                               job.build_params)
+            else:
+                found = toolchain.check_engine(made["readback"], onnx_dir, job.build_params)
         except ConfigurationError as exc:
             raise ConfigurationError(f"the engine on {engine.device} (cache/{engine.digest[:12]}) could not be read "
                                      f"back: {exc}") from None
@@ -182,13 +219,15 @@ def with_engine(ctx: FarmContext, job: JobSpec, stage: str, holder: StageOutcome
     """Run a stage that uses the engine ``holder`` hands on (``outputs["engine"]``). When the device keeping that
     engine is lost for the run (it failed for infrastructure reasons) and no copy of its bytes was fetched, the
     engine is built again from the same export on another device of the platform (the build cache then names the
-    new one) and the stage runs once more with it; its reason says so."""
+    new one) and the stage runs once more with it; its reason says so. (An engine of the checkpoint-direct route is
+    not built again here: its stage fails as the lost device's infrastructure error.)"""
     farm = Farm.get(ctx)
     engine = engines.load(farm, holder.outputs["engine"])
 
     def lost() -> bool:
         with farm.lock:
-            return engine.device in farm.bad_devices and engine.stored is None and engine.onnx is not None
+            return (engine.device in farm.bad_devices and engine.stored is None and engine.onnx is not None
+                    and engine.checkpoint is None)  # an engine built from the checkpoint is not built again here
 
     if not lost():
         try:

@@ -237,7 +237,7 @@ def from_device_run(stage: str, run: DeviceRun, toolchain: ToolchainDriver) -> S
     version = toolchain.device_version(run.device, run.env)
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
                        error_kind=run.error_kind, duration_s=run.duration_s,
-                       toolchain_version=version, route=toolchain.route(),
+                       toolchain_version=version, route=toolchain.route(run.device),
                        standin=toolchain.standin(run.device),
                        environment=environment.device_record(run.device.id, str(run.device.platform), run.env,
                                                              toolchain.name, version))

@@ -34,7 +34,7 @@ from devices.transport import RemoteNameError, Transport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from tasks import device_cache
 from tasks.farm import Farm
-from toolchains.base import ENGINE_LISTING
+from toolchains.base import ENGINE_LISTING, DeviceStep, ToolchainDriver
 
 SCHEMA = 2  # 2: the ONNX it was built from (to build it again when its device is lost)
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
@@ -69,16 +69,25 @@ class DeviceEngine:
     stored: str | None = None  # sha256 of the engine dir's tar in the store, when a policy fetched it
     onnx: str | None = None  # sha256 of the export it was built from (the store keeps it)
     schema: int = SCHEMA
+    # sha256 of the checkpoint's tar in the store that an engine built from the checkpoint reads its weights from at
+    # run time (staged wherever it runs); None: the engine holds its weights. Manifests written before it lack it.
+    checkpoint: str | None = None
 
     def to_json(self) -> bytes:
-        return (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode()
+        data = asdict(self)
+        if data["checkpoint"] is None:  # an engine holding its weights: the manifest it always had
+            del data["checkpoint"]
+        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_json(cls, data: Any, *, where: str) -> DeviceEngine:
         fields = set(cls.__dataclass_fields__)
-        if not isinstance(data, dict) or set(data) != fields or data.get("schema") != SCHEMA:
+        if (not isinstance(data, dict) or set(data) - {"checkpoint"} != fields - {"checkpoint"}
+                or data.get("schema") != SCHEMA):
             raise ConfigurationError(f"{where}: not an engine manifest of schema {SCHEMA} (keys {sorted(fields)})")
-        bad = [k for k in ("digest", "stored", "onnx") if data[k] is not None and not _SHA.match(str(data[k]))]
+        data = {"checkpoint": None, **data}
+        bad = [k for k in ("digest", "stored", "onnx", "checkpoint")
+               if data[k] is not None and not _SHA.match(str(data[k]))]
         bad += [k for k in ("device", "platform", "toolchain") if not _ID.match(str(data[k]))]
         bad += [k for k in ("bytes", "files") if not isinstance(data[k], int) or data[k] < 0]
         if bad or data["digest"] is None:
@@ -98,6 +107,21 @@ def load(farm: Farm, ref: ArtifactRef) -> DeviceEngine:
     except ValueError:
         raise ConfigurationError(f"{where}: not JSON") from None
     return DeviceEngine.from_json(data, where=where)
+
+
+def runtime_inputs(farm: Farm, engine: DeviceEngine) -> list[ArtifactRef]:
+    """What a stage running ``engine`` stages besides it: the checkpoint it reads its weights from, if any."""
+    if engine.checkpoint is None:
+        return []
+    return [farm.store.ref(engine.checkpoint, ArtifactKind.CHECKPOINT, Packing.TAR)]
+
+
+def runtime_step(toolchain: ToolchainDriver, engine: DeviceEngine, step: DeviceStep) -> DeviceStep:
+    """``step`` (a command running ``engine``) as the engine needs it: given its checkpoint (staged by
+    :func:`runtime_inputs`) where it reads its weights from one."""
+    if engine.checkpoint is None:
+        return step
+    return toolchain.with_checkpoint(step, device_cache.entry(engine.checkpoint))
 
 
 def store(farm: Farm, engine: DeviceEngine) -> ArtifactRef:

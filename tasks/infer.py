@@ -58,9 +58,11 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
 
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
             path = engines.locate(farm, device, transport, on_device)
-            return toolchain.infer_step(device, path, f"cache/{request.sha256}", job_dir)
+            return engines.runtime_step(toolchain, on_device,
+                                        toolchain.infer_step(device, path, f"cache/{request.sha256}", job_dir))
 
-        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step, inputs=[request],
+        run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step,
+                        inputs=[request, *engines.runtime_inputs(farm, on_device)],
                         fetch_on=(ResultStatus.PASS, ResultStatus.FAIL), timeout=job.timeout(Stage.INFER),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.INFER, toolchain), toolchain=toolchain,
                         only=engines.holders(farm, on_device))

@@ -4,7 +4,10 @@ Each check names what the real tool does (research/trt_edgellm_tools.md; NVIDIA/
 glibc getopt_long parsing, log format and streams, exit codes, files and schemas, the loader's exit 127, the plugin
 found late, attention head sizes, the kernel's OOM kill, version checks; then nvpmodel, jetson_clocks, tegrastats and
 the fake root; then that the board's python3 has no access to this repository. At the end, the driver reads what the
-real tools write where it once disagreed with them (builder_config keys, llm_bench's one CSV, request_idx).
+real tools write where it once disagreed with them (builder_config keys, llm_bench's one CSV, request_idx). Last,
+the direct builder ``tensorrt-edgellm-build`` (the 0.11.0 package's ``experimental/builder/cli.py``): its argparse
+command line compared with the real tool's where that runs here (it stops at TensorRT only after parsing), what it
+writes, and the runtime's need of the checkpoint it read.
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ def test_board_python_has_only_the_standard_library(jetson_board: JetsonBoard) -
 def test_standin_sources_are_stdlib_only_python_3_8() -> None:
     stdlib = set(sys.stdlib_module_names)
     scripts = [p for p in (BOARD_FILES / "tools").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    assert len(scripts) == 8
+    assert len(scripts) == 10
     for script in scripts:
         text = script.read_text()
         if not script.suffix:
@@ -176,7 +179,8 @@ def test_standin_sources_are_stdlib_only_python_3_8() -> None:
         tree = ast.parse(text, feature_version=(3, 8))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert imported <= stdlib | {"__future__", "_edgellm_standin", "_jetson_standin"}, (script, imported)
+        assert imported <= stdlib | {"__future__", "_edgellm_standin", "_jetson_standin", "_direct_build_standin"}, (
+            script, imported)
 
 
 def test_fake_root_reports_jetpack_6_orin(jetson_board: JetsonBoard) -> None:
@@ -820,3 +824,191 @@ def test_driver_maps_batched_responses(jetson_board: JetsonBoard, engine: Path) 
     mapped = trt.from_trt_responses(json.loads(out.read_text()), requests, batch_size=2)
     assert [r["text"] for r in mapped["responses"]] == ["STAND-IN a", "STAND-IN b", "STAND-IN c"]
     assert [r["finish_reason"] for r in mapped["responses"]] == ["eos", "eos", "eos"]
+
+
+# ---------------------------------------------------------------- the direct builder (tensorrt-edgellm-build)
+
+DIRECT = "tensorrt-edgellm-build"
+QWEN = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 256, "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "max_position_embeddings": 512, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "torch_dtype": "float16"}
+
+
+def make_checkpoint(board: JetsonBoard, name: str = "ckpt", **overrides: object) -> Path:
+    """A checkpoint dir in the board's work dir: config.json, one safetensors file (header and zeros), a tokenizer."""
+    directory = board.work_dir / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in {**QWEN, **overrides}.items() if v is not None}
+    (directory / "config.json").write_text(json.dumps(config))
+    hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.layers.0.self_attn.q_proj.weight": [hidden, hidden],
+              "model.norm.weight": [hidden]}
+    header, offset = {}, 0
+    for tensor, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[tensor] = {"dtype": "F16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    (directory / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(offset))
+    (directory / "tokenizer.json").write_text("{}")
+    subprocess.run(["chown", "-R", f"{board.user}:{board.user}", str(directory)], check=True)
+    return directory
+
+
+def direct(board: JetsonBoard, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return board.run([str(board.tool(DIRECT)), *args], env={"COLUMNS": "80", **(env or {})})
+
+
+def real_direct(trt_env: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real tool of the installed 0.11.0 package (its parsing runs here; a build stops at TensorRT)."""
+    return subprocess.run([str(trt_env / "bin" / DIRECT), *args], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "80", "HOME": "/tmp"}, check=False)
+
+
+@pytest.fixture(scope="module")
+def direct_engine(jetson_board: JetsonBoard) -> tuple[Path, Path]:
+    """(checkpoint, engine dir) of one direct build on the session's board (the tests below only read them)."""
+    checkpoint = make_checkpoint(jetson_board, "ckpt-shared")
+    engine = jetson_board.work_dir / "direct-engine-shared"
+    done = direct(jetson_board, "--model-dir", str(checkpoint), "--engine-dir", str(engine), "--max-input-len", "128",
+                  "--max-kv-cache-capacity", "256", "--max-batch-size", "2", "--plugin-path",
+                  str(jetson_board.plugin_path))
+    assert done.returncode == 0, done.stderr
+    return checkpoint, engine
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["--model-dir", "m", "--engine-dir", "e", "--foo"],
+    ["--model-dir", "m"],
+    ["--model-dir", "m", "--engine-dir", "e", "--max-input-len", "x"],
+    ["--model-dir", "m", "--engine-dir", "e", "--dense", "int8"],
+    ["--model-dir", "m", "--engine-dir", "e", "--max-kv", "12", "--spec-type"],
+], ids=["help", "unknown", "required", "bad-int", "bad-choice", "missing-value"])
+def test_direct_builder_parses_like_the_real_one(jetson_board: JetsonBoard, trt_env: Path, argv: list[str]) -> None:
+    """Everything the real tool decides before it needs TensorRT: same output, same streams, same exit code."""
+    ours, real = direct(jetson_board, *argv), real_direct(trt_env, *argv)
+    assert (ours.returncode, ours.stdout, ours.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert real.returncode == (0 if argv == ["--help"] else 2)
+
+
+def test_direct_builder_without_tensorrt_stops_like_the_real_one(spare: JetsonBoard, trt_env: Path) -> None:
+    """No TensorRT Python bindings (here: no libnvinfer): TensorRTDependencyError, a traceback, exit 1."""
+    checkpoint = make_checkpoint(spare)
+    argv = ["--model-dir", str(checkpoint), "--engine-dir", str(spare.work_dir / "e")]
+    real = real_direct(trt_env, *argv)
+    spare.remove_libnvinfer()
+    ours = direct(spare, *argv)
+    for done in (ours, real):
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.startswith("Traceback (most recent call last):\n")
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("tensorrt_edgellm._native.TensorRTDependencyError: TensorRT Python bindings are "
+                               "required before checkpoint download or engine build."), last
+
+
+def test_direct_builder_writes_engine_config_and_bindings(jetson_board: JetsonBoard,
+                                                          direct_engine: tuple[Path, Path]) -> None:
+    checkpoint, engine = direct_engine
+    assert sorted(p.name for p in engine.iterdir()) == ["config.json", "llm.engine", "tokenizer.json"]
+    config = json.loads((engine / "config.json").read_text())
+    assert config["builder_config"] == {
+        "tp_size": 1, "max_input_len": 128, "spec_draft": False, "spec_base": False, "max_batch_size": 2,
+        "max_lora_rank": 0, "max_kv_cache_capacity": 256, "max_kv_pool_pages": 4,
+        "ragged_backend": "entry_padded_compatibility"}
+    assert trt.builder_config_problems(config["builder_config"], {"max_batch_size": 2, "max_input_len": 128,
+                                                                  "max_seq_len": 256}) == []
+    bound = [b["engine_name"] for b in config["checkpoint_weight_bindings"]]
+    assert bound == ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"]
+    assert config["checkpoint_identity"]["version"] == 1
+    assert "checkpoint_dir" not in config  # the weights are where --model-dir was: the runtime is told by flag
+    read = trt.read_direct_engine(engine, checkpoint, {"max_batch_size": 2, "max_input_len": 128, "max_seq_len": 256})
+    assert (read.weights, read.checkpoint_bindings) == ("fp16", 2)
+
+
+def test_direct_builder_log_and_outputs(jetson_board: JetsonBoard) -> None:
+    checkpoint = make_checkpoint(jetson_board, "ckpt-log")
+    engine = jetson_board.work_dir / "direct-engine-log"
+    done = direct(jetson_board, "--model-dir", str(checkpoint), "--engine-dir", str(engine), "--plugin-path",
+                  str(jetson_board.plugin_path))
+    assert done.returncode == 0, done.stderr
+    size = (engine / "llm.engine").stat().st_size
+    assert done.stdout == f"Engine outputs:\n  llm: {engine}/llm.engine ({size} bytes)\n"
+    lines = done.stderr.splitlines()
+    fmt = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|DEBUG) experimental\.builder[\w.]*: ")
+    assert lines and all(fmt.match(line) for line in lines), lines
+    text = "\n".join(lines)
+    assert "experimental.builder: Building 1 engines for qwen2: llm" in text
+    assert "quant=fp16" in text and f"Engine written to {engine}/llm.engine ({size} bytes)" in text
+    # the defaults when no limits are given: 32, 96, 1
+    builder = json.loads((engine / "config.json").read_text())["builder_config"]
+    assert (builder["max_input_len"], builder["max_kv_cache_capacity"], builder["max_batch_size"]) == (32, 96, 1)
+
+
+def test_direct_builder_refusals(jetson_board: JetsonBoard) -> None:
+    unknown = make_checkpoint(jetson_board, "ckpt-gemma3", model_type="gemma3_text")
+    engine = str(jetson_board.work_dir / "direct-refused")
+    done = direct(jetson_board, "--model-dir", str(unknown), "--engine-dir", engine, "--plugin-path",
+                  str(jetson_board.plugin_path))
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("ValueError: unsupported model_type 'gemma3_text'; supported model "
+                                                    "types: NemotronH_Nano_Omni_Reasoning_V3, "), last
+    assert ", qwen2, qwen2_5_vl, " in last
+    untyped = make_checkpoint(jetson_board, "ckpt-untyped", model_type=None)
+    done = direct(jetson_board, "--model-dir", str(untyped), "--engine-dir", engine)
+    assert done.stderr.strip().splitlines()[-1] == "ValueError: config.json must define a non-empty model_type"
+    checkpoint = make_checkpoint(jetson_board, "ckpt-noplugin")
+    done = direct(jetson_board, "--model-dir", str(checkpoint), "--engine-dir", engine)  # default: relative path
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == ("FileNotFoundError: plugin library not found: "
+                                                    "build/libNvInfer_edgellm_plugin.so")
+    assert not Path(engine).exists()
+
+
+def test_direct_engine_runs_only_with_its_checkpoint(jetson_board: JetsonBoard,
+                                                     direct_engine: tuple[Path, Path]) -> None:
+    """The runtime reads the bound weights from --checkpointDir; without it (and no checkpoint_dir in the config)
+    ExternalWeightManager stops: llm_inference and llm_bench exit 1."""
+    checkpoint, engine = direct_engine
+    inputs = requests_file(jetson_board, ["p"], "req-direct.json")
+    out = jetson_board.work_dir / "out-direct.json"
+    done = infer(jetson_board, engine, inputs, out)
+    assert done.returncode == 1
+    assert "A component checkpoint directory is required for runtime weight loading" in done.stderr
+    done = infer(jetson_board, engine, inputs, out, "--checkpointDir", str(checkpoint))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["responses"][0]["output_text"] == "STAND-IN p"
+    done = bench(jetson_board, engine, "--mode", "decode", "--pastKVLen", "64")
+    assert done.returncode == 1 and "A component checkpoint directory is required" in done.stderr
+    assert bench(jetson_board, engine, "--mode", "decode", "--pastKVLen", "64", "--checkpointDir",
+                 str(checkpoint)).returncode == 0
+    other = make_checkpoint(jetson_board, "ckpt-other", hidden_size=64)
+    done = infer(jetson_board, engine, inputs, out, "--checkpointDir", str(other))
+    assert done.returncode == 1 and "does not match the identity recorded" in done.stderr
+
+
+def test_driver_direct_argv_is_accepted(make_board: Callable[..., JetsonBoard]) -> None:
+    """The driver's direct build and runtime command lines, on a board whose inventory names the direct builder."""
+    board = make_board("orin", name="orin-direct-argv", direct=True)
+    try:
+        install = trt.DeviceInstall.from_inventory(board.toolchain_block(), device=board.id)
+        assert install.direct_builder == board.direct_builder
+        checkpoint = make_checkpoint(board, "ckpt-driver")
+        engine = board.work_dir / "direct-driver"
+        argv = trt.direct_build_argv(install, str(checkpoint), str(engine), max_batch_size=2, max_input_len=128,
+                                     max_kv_cache_capacity=256)
+        env = install.env(None)
+        done = board.run(argv, env=env)
+        assert done.returncode == 0, done.stderr
+        read = trt.read_direct_engine(engine, checkpoint, {"max_batch_size": 2, "max_input_len": 128,
+                                                           "max_seq_len": 256})
+        assert read.weights == "fp16"
+        inputs = requests_file(board, ["p"], "req-driver.json")
+        argv = trt.with_checkpoint_dir(trt.inference_argv(install, str(engine), str(inputs),
+                                                          str(board.work_dir / "out.json")), str(checkpoint))
+        assert board.run(argv, env=env).returncode == 0
+        argv = trt.with_checkpoint_dir(trt.bench_argv(install, str(engine), "prefill", input_len=64,
+                                                      output_dir=str(board.work_dir / "bd")), str(checkpoint))
+        assert board.run(argv, env=env).returncode == 0
+    finally:
+        board.close()

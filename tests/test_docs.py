@@ -154,3 +154,45 @@ def test_pages_of_runs_with_one_toolchain_per_platform_match_the_golden_files(do
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+# -- rows proven only on the checkpoint-direct route ---------------------------------------------------------------
+def test_rows_proven_only_on_the_direct_route_are_marked(tmp_path: Path) -> None:
+    """A row whose latest evidence made its engine straight from the checkpoint (route ``direct``: TensorRT
+    Edge-LLM's direct builder) says "checkpoint-direct only" in both pages, with a legend line; an ONNX-route row and
+    a direct row that did not pass do not."""
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.recorder import Recorder
+    from tests.helpers.docs_db import PIPELINE
+
+    url = f"sqlite:///{tmp_path / 'edgefarm.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abc123")
+    passed = {"quantize": "pass", **dict.fromkeys(PIPELINE, "pass")}
+    failed = {"quantize": "pass", "export": "pass", "build": "fail", **dict.fromkeys(PIPELINE[2:], "skipped")}
+    for precision, route, stages in (("fp16", "direct", passed), ("int4_awq", "onnx", passed),
+                                     ("fp8", "direct", failed)):
+        for stage, status in stages.items():
+            on_host = stage in ("quantize", "export")
+            rec.record_result(run, model="tiny-qwen3", precision=precision, platform="thor", stage=stage,
+                              test_id=f"tiny-qwen3-{precision}", status=status,
+                              device="orchestrator" if on_host else "thor-1", toolchain="tensorrt-edgellm",
+                              toolchain_version="0.11.0", route=None if on_host else route,
+                              reason="boom" if status == "fail" else None)
+    rec.finish_run(run, "failed")
+    engine.dispose()
+    out = tmp_path / "published"
+    summary = write_docs(url, out, tmp_path / "data")
+    assert summary["supported"] == 2
+    md = (out / "supported-models.md").read_text()
+    line = next(x for x in _section(md, "thor").splitlines() if x.startswith("| tiny-qwen3"))
+    cells = dict(zip(("FP16", "FP8", "INT4_AWQ"), line.strip("| ").split(" | ")[2:], strict=True))
+    assert cells["FP16"] == f"[{SUPPORTED_MARK}](runs/run-1.md#tiny-qwen3-fp16-thor) checkpoint-direct only"
+    assert cells["INT4_AWQ"] == f"[{SUPPORTED_MARK}](runs/run-1.md#tiny-qwen3-int4-awq-thor)"
+    assert cells["FP8"] == ""
+    assert "- checkpoint-direct only: proven only on the route that builds the engine straight from the" in md
+    html = (out / "support-matrix.html").read_text()
+    assert html.count("· checkpoint-direct only</a>") == 1 and "<li>checkpoint-direct only: proven only" in html

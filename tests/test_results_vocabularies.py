@@ -293,8 +293,7 @@ def test_upgrade_from_0007_keeps_every_row_index_and_key(empty: Engine) -> None:
         assert r is not None
         assert (r.precision, r.stage, r.toolchain, r.route) == ("mxfp8", "build", "tensorrt-edgellm", "direct")
         assert r.precision is Precision.MXFP8 and r.stage is Stage.BUILD
-        assert r.toolchain == "tensorrt-edgellm" and r.route == "direct"  # a route no toolchain makes any more
-        assert type(r.route) is UnknownName
+        assert r.toolchain == "tensorrt-edgellm" and r.route is Route.DIRECT  # a route the registry knows again
 
 
 def test_downgrade_leaves_the_columns_open_and_upgrade_runs_again(empty: Engine) -> None:

@@ -18,7 +18,9 @@ from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import FINISH_REASONS, GenerationRequest, parse_request_file
 from edgellm.types import BenchMode
 from toolchains.tensorrt_edgellm.device import (
+    DIRECT_BUILDER,
     FAILED_TEXT,
+    DeviceBuilds,
     DeviceInstall,
     bench_argv,
     bench_asked,
@@ -28,6 +30,7 @@ from toolchains.tensorrt_edgellm.device import (
     from_trt_responses,
     inference_argv,
     parse_bench,
+    read_direct_engine,
     read_engine,
     to_trt_requests,
 )
@@ -174,6 +177,96 @@ def test_read_engine_checks_the_builder_config(tmp_path: Path) -> None:
     with pytest.raises(TestFailure, match=r"^the engine was built for other limits: max_batch_size=2 \(expected 4\), "
                                           r"max_kv_pool_pages=4 \(expected 8\)$"):
         read_engine(engine_dir, onnx_dir, {**PARAMS, "max_batch_size": 4})
+
+
+# ---------------------------------------------------------------- the direct (ONNX-less) builder
+
+ONE = {"build_dir": "/opt/e/build", "trt_package_dir": "/usr",
+       "plugin_path": "/opt/e/build/libNvInfer_edgellm_plugin.so", "version": "0.11.0"}
+VENV_BUILDER = "/opt/e/.venv/bin/tensorrt-edgellm-build"
+
+
+def _device(block: dict[str, Any], name: str = "orin-01") -> Any:
+    from devices.inventory import Device
+
+    return Device(id=name, type="orin", work_dir="/w", host="127.0.0.1", toolchains={"tensorrt-edgellm": block})
+
+
+def test_the_direct_builder_is_named_per_build_in_the_inventory() -> None:
+    inst = DeviceInstall.from_inventory({**ONE, "direct_builder": VENV_BUILDER}, device="orin-01")
+    assert inst.tool(DIRECT_BUILDER) == VENV_BUILDER
+    assert list(inst.tools()) == ["llm_build", "llm_inference", "llm_bench", DIRECT_BUILDER]
+    plain = DeviceInstall.from_inventory(ONE, device="orin-01")
+    assert plain.direct_builder is None and DIRECT_BUILDER not in plain.tools()
+    with pytest.raises(ConfigurationError, match=r"unknown TensorRT Edge-LLM tool 'tensorrt-edgellm-build' of this "
+                                                 r"build; valid: llm_build, llm_inference, llm_bench$"):
+        plain.tool(DIRECT_BUILDER)
+    with pytest.raises(ConfigurationError, match="must be absolute: direct_builder=bin/tensorrt-edgellm-build"):
+        DeviceInstall.from_inventory({**ONE, "direct_builder": "bin/tensorrt-edgellm-build"}, device="orin-01")
+    several = DeviceBuilds.from_inventory({"trt_package_dir": "/usr", "builds": {
+        "0.11.0": {"build_dir": "/opt/e11/build", "direct_builder": VENV_BUILDER},
+        "0.10.0": {"build_dir": "/opt/e10/build"}}}, device="orin-01")
+    new, old = several.build("0.11.0"), several.build("0.10.0")
+    assert new is not None and old is not None
+    assert (str(new.direct_builder), old.direct_builder) == (VENV_BUILDER, None)
+    with pytest.raises(ConfigurationError, match=r"builds\.0\.10\.0: expected \{build_dir\[, plugin_path, "
+                                                 r"direct_builder\]\}, got \{'build_dir': '/b', 'builder': '/x'\}"):
+        DeviceBuilds.from_inventory({"trt_package_dir": "/usr", "builds": {"0.10.0": {"build_dir": "/b",
+                                                                                      "builder": "/x"}}}, device="d")
+
+
+def test_the_driver_builds_from_the_checkpoint_where_the_device_has_the_direct_builder() -> None:
+    from toolchains.base import Route, driver
+
+    trt = driver("tensorrt-edgellm")
+    direct, onnx = _device({**ONE, "direct_builder": VENV_BUILDER}), _device(ONE, "orin-02")
+    assert (trt.route(direct), trt.route(onnx), trt.route()) == (Route.DIRECT, Route.ONNX, Route.ONNX)
+    assert Route.DIRECT.from_checkpoint and not Route.ONNX.from_checkpoint
+    assert trt.build_key_inputs(direct) == {"route": "direct", "version": "0.11.0", "standin": False}
+    assert trt.build_key_inputs(onnx) == {"route": "onnx", "version": "0.11.0", "standin": False}
+    step = trt.build_step(direct, "cache/ckpt", "jobs/j/engine", PARAMS)
+    assert step.argv == [VENV_BUILDER, "--model-dir", "cache/ckpt", "--engine-dir", "jobs/j/engine",
+                         "--max-input-len", "128", "--max-kv-cache-capacity", "256", "--max-batch-size", "2",
+                         "--plugin-path", "/opt/e/build/libNvInfer_edgellm_plugin.so"]
+    assert step.fetch == {"engine": "engine"} and step.env["LD_LIBRARY_PATH"] == "/usr/lib"
+    assert trt.build_step(onnx, "cache/onnx", "jobs/j/engine", PARAMS).argv[0] == "/opt/e/build/examples/llm/llm_build"
+    needs = trt.device_requirements(direct)
+    assert needs is not None and needs.tools[DIRECT_BUILDER] == VENV_BUILDER
+    needs = trt.device_requirements(onnx)
+    assert needs is not None and DIRECT_BUILDER not in needs.tools
+    run = trt.with_checkpoint(trt.infer_step(direct, "cache/e", "cache/r", "jobs/j"), "cache/ckpt")
+    assert run.argv[-2:] == ["--checkpointDir", "cache/ckpt"] and run.fetch == {"out.json": "out.json"}
+    with pytest.raises(ConfigurationError, match="already names a checkpoint dir"):
+        trt.with_checkpoint(run, "cache/other")
+
+
+def _direct_engine(engine_dir: Path, **config: Any) -> None:
+    engine_dir.mkdir()
+    (engine_dir / "llm.engine").write_bytes(b"plan")
+    builder = {**BUILDER_CONFIG, "tp_size": 1, "ragged_backend": "entry_padded_compatibility"}
+    (engine_dir / "config.json").write_text(json.dumps({**CONFIG, "builder_config": builder, **config}))
+
+
+def test_read_direct_engine_takes_the_precision_the_checkpoint_declares(tmp_path: Path) -> None:
+    checkpoint, engine_dir = tmp_path / "ckpt", tmp_path / "engine"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    binding = {"engine_name": "w", "shape": [2, 2], "dtype": "F16", "checkpoint_keys": ["w"]}
+    _direct_engine(engine_dir, checkpoint_weight_bindings=[binding], checkpoint_identity={"version": 1})
+    found = read_direct_engine(engine_dir, checkpoint, PARAMS)
+    assert (found.weights, found.checkpoint_bindings, found.engine_bytes) == ("fp16", 1, 4)
+    (checkpoint / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A16_AWQ"}}))
+    assert read_direct_engine(engine_dir, checkpoint, PARAMS).weights == "int4_awq"
+    (checkpoint / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
+    with pytest.raises(TestFailure, match="declares quant_algo 'W4A8_AWQ', which the farm cannot name; known: FP8, "):
+        read_direct_engine(engine_dir, checkpoint, PARAMS)
+    (checkpoint / "hf_quant_config.json").unlink()
+    with pytest.raises(TestFailure, match=r"other limits: max_batch_size=2 \(expected 4\)"):
+        read_direct_engine(engine_dir, checkpoint, {**PARAMS, "max_batch_size": 4})
+    bare = tmp_path / "bare"
+    _direct_engine(bare, checkpoint_weight_bindings=[binding])
+    with pytest.raises(TestFailure, match="records no checkpoint_identity"):
+        read_direct_engine(bare, checkpoint, PARAMS)
 
 
 # ---------------------------------------------------------------- llm_inference's input and output files

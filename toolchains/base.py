@@ -53,6 +53,13 @@ class Route(_ChoiceEnum):
     """How a toolchain with more than one way to make an engine made it (recorded per result; None: one way)."""
 
     ONNX = "onnx"  # exported ONNX -> the device's engine builder
+    DIRECT = "direct"  # the checkpoint itself -> the device's direct (ONNX-less) engine builder
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """Whether an engine made this way is built from the checkpoint (not the export) and reads its weights
+        from that checkpoint at run time (the checkpoint is staged wherever the engine runs)."""
+        return self is Route.DIRECT
 
 
 @dataclass(frozen=True)
@@ -470,8 +477,10 @@ class ToolchainDriver(ABC):
         """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
         return False
 
-    def route(self) -> Route | None:
-        """How this toolchain makes its engines (recorded per result), or None when it has one way."""
+    def route(self, device: Device | None = None) -> Route | None:
+        """How this toolchain makes its engines on ``device`` (recorded per result; None: on the devices it usually
+        builds on), or None when it has one way. A route that builds from the checkpoint
+        (``Route.from_checkpoint``) needs :meth:`check_engine_from_checkpoint` and :meth:`with_checkpoint`."""
         return None
 
     # --- host stages (the orchestrating host): the key inputs of each and its work ---
@@ -528,6 +537,17 @@ class ToolchainDriver(ABC):
 
     def needs_onnx_for_check(self) -> bool:
         return False
+
+    def check_engine_from_checkpoint(self, engine_dir: Path, checkpoint_dir: Path,
+                                     params: Mapping[str, int]) -> EngineCheck:
+        """Read back an engine built straight from the checkpoint (a route with ``from_checkpoint``): its weight
+        precision, read from what the builder reads (``checkpoint_dir``, the checkpoint on this host)."""
+        raise BugError(f"toolchain {self.name} built an engine from the checkpoint but cannot read one back")
+
+    def with_checkpoint(self, step: DeviceStep, checkpoint_dir: str) -> DeviceStep:
+        """``step`` (infer, accuracy or bench on an engine built from the checkpoint) given the checkpoint the engine
+        reads its weights from at run time (``checkpoint_dir``: staged on the device)."""
+        raise BugError(f"toolchain {self.name} built an engine from the checkpoint but cannot run it with one")
 
     @abstractmethod
     def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:

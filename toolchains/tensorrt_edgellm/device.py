@@ -11,8 +11,22 @@ runtime config plus a ``builder_config`` block with the limits it built for, sna
 --outputDir D`` writes only ``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,
 batch_size,osl,e2e_time_ms,per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row of aggregates; no
 per-iteration file). research/trt_edgellm_tools.md sections 1-2 hold the tools' exact behaviour; how their exits are
-read: ``exits``. Paths are device paths (POSIX strings). The ONNX-less route (``tensorrt-edgellm-build`` from the
-checkpoint) is not driven.
+read: ``exits``. Paths are device paths (POSIX strings).
+
+The checkpoint-direct (ONNX-less) route: where a build's inventory entry names ``direct_builder`` (the
+``tensorrt-edgellm-build`` console script of the Edge-LLM Python package installed on the board against its TensorRT,
+``experimental/builder/cli.py`` of release 0.11.0), the engine is built from the checkpoint: ``tensorrt-edgellm-build
+--model-dir C --engine-dir E --max-input-len N --max-kv-cache-capacity N --max-batch-size N --plugin-path P`` (its
+defaults are 32, 96 and 1, so all three limits are always passed; ``--plugin-path`` because its default is the
+wheel's bundled payload, else ``build/libNvInfer_edgellm_plugin.so`` relative to the working dir). It is a Python
+``argparse`` tool: an unknown flag or a bad number exits 2 with ``<prog>: error: ...`` after the usage; any failure
+after that is an uncaught exception (a traceback, exit 1). It writes ``E/llm.engine`` and ``E/config.json`` (the
+runtime config with a ``builder_config`` that also holds ``tp_size`` and ``ragged_backend``; weights it leaves in the
+checkpoint are listed as ``checkpoint_weight_bindings`` with a ``checkpoint_identity``) and prints ``Engine outputs:``
+then ``  llm: <path> (<n> bytes)`` on stdout. It reads the precision from the checkpoint's quantization block
+(``hf_quant_config.json``), never from a flag. Serving such an engine needs the checkpoint: ``llm_inference`` and
+``llm_bench`` take ``--checkpointDir C`` (without it, and with weight bindings, the runtime stops with "A component
+checkpoint directory is required for runtime weight loading").
 """
 
 from __future__ import annotations
@@ -30,9 +44,11 @@ from edgellm.types import BenchMode
 from toolchains.base import ENGINE_LISTING, engine_listing
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
+DIRECT_BUILDER = "tensorrt-edgellm-build"  # the ONNX-less builder (a console script of the Python package)
 INSTALL_KEYS = ("build_dir", "trt_package_dir", "plugin_path")  # required (one build)
-OPTIONAL_KEYS = ("version", "standin")  # the C++ build's release (CMakeCache.txt's project version); a test stand-in
-BUILD_KEYS = ("build_dir", "plugin_path")  # of each entry of ``builds:`` (plugin_path optional there)
+# the C++ build's release (CMakeCache.txt's project version); a test stand-in; the direct builder of that release
+OPTIONAL_KEYS = ("version", "standin", "direct_builder")
+BUILD_KEYS = ("build_dir", "plugin_path", "direct_builder")  # of each entry of ``builds:`` (build_dir required)
 PLUGIN_NAME = "libNvInfer_edgellm_plugin.so"  # written next to the build's tools (cpp/CMakeLists.txt)
 ENGINE_FILE = "llm.engine"
 # What llm_inference writes as output_text for a request it could not handle.
@@ -51,11 +67,13 @@ class DeviceInstall:
     version: str | None = None  # the release the build dir was made from (recorded with every result)
     # True: the tools are a test STAND-IN (they check their arguments, compute nothing): never evidence
     standin: bool = False
+    # the release's tensorrt-edgellm-build (absolute): engines are then built from the checkpoint (route direct)
+    direct_builder: PurePosixPath | None = None
 
     @classmethod
     def from_inventory(cls, data: Mapping[str, Any], *, device: str) -> DeviceInstall:
         """The one-build form of the block (``build_dir``, ``trt_package_dir``, ``plugin_path``[, ``version``,
-        ``standin``])."""
+        ``standin``, ``direct_builder``])."""
         builds = DeviceBuilds.from_inventory(data, device=device).builds
         if len(builds) != 1:
             raise ConfigurationError(f"device {device!r}: expected one tensorrt-edgellm build, got {len(builds)}")
@@ -66,9 +84,18 @@ class DeviceInstall:
         return {"version": self.version, "standin": self.standin}
 
     def tool(self, name: str) -> str:
+        if name == DIRECT_BUILDER and self.direct_builder is not None:
+            return str(self.direct_builder)
         if name not in TOOLS:
-            raise ConfigurationError(f"unknown TensorRT Edge-LLM tool {name!r}; valid: {', '.join(TOOLS)}")
+            valid = (*TOOLS, DIRECT_BUILDER) if self.direct_builder is not None else TOOLS
+            raise ConfigurationError(f"unknown TensorRT Edge-LLM tool {name!r} of this build; valid: "
+                                     f"{', '.join(valid)}")
         return str(self.build_dir / "examples" / "llm" / name)
+
+    def tools(self) -> dict[str, str]:
+        """Every tool of this build the farm runs: the C++ tools, and the direct builder where one is named."""
+        names = (*TOOLS, DIRECT_BUILDER) if self.direct_builder is not None else TOOLS
+        return {name: self.tool(name) for name in names}
 
     def lib_dirs(self) -> tuple[str, ...]:
         """Where TensorRT's libraries may be under its package dir (cmake/FindTensorRT.cmake's suffixes)."""
@@ -87,10 +114,11 @@ class DeviceInstall:
 class DeviceBuilds:
     """A device's ``toolchains: {tensorrt-edgellm: {...}}`` block: its builds of TensorRT Edge-LLM, one per release.
 
-    Two forms. One build: ``{build_dir, trt_package_dir, plugin_path, version, standin}``. Several:
-    ``{trt_package_dir, standin, builds: {"0.11.0": {build_dir, plugin_path}, "0.10.0": {...}}}`` (``plugin_path``
-    defaults to ``<build_dir>/libNvInfer_edgellm_plugin.so``; versions are quoted strings). A job runs only on the
-    build of its export's version (:meth:`build`)."""
+    Two forms. One build: ``{build_dir, trt_package_dir, plugin_path, version, standin, direct_builder}``. Several:
+    ``{trt_package_dir, standin, builds: {"0.11.0": {build_dir, plugin_path, direct_builder}, "0.10.0": {...}}}``
+    (``plugin_path`` defaults to ``<build_dir>/libNvInfer_edgellm_plugin.so``; versions are quoted strings;
+    ``direct_builder``, optional, is that release's ``tensorrt-edgellm-build``: its engines are then built from the
+    checkpoint). A job runs only on the build of its export's version (:meth:`build`)."""
 
     builds: tuple[DeviceInstall, ...]
     standin: bool = False
@@ -119,7 +147,7 @@ class DeviceBuilds:
         version = data.get("version")
         if version is not None:
             version = _version(version, f"{where}.version")
-        paths = _absolute({k: data[k] for k in INSTALL_KEYS}, device)
+        paths = _absolute({k: data[k] for k in (*INSTALL_KEYS, "direct_builder") if data.get(k)}, device)
         return cls((DeviceInstall(**paths, version=version, standin=standin),), standin)
 
     def build(self, version: str | None) -> DeviceInstall | None:
@@ -163,10 +191,12 @@ def _several(data: Mapping[str, Any], where: str, valid: str, standin: bool) -> 
     for raw_version, entry in builds.items():
         version = _version(raw_version, f"{where}.builds")
         if not isinstance(entry, Mapping) or not entry.get("build_dir") or set(entry) - set(BUILD_KEYS):
-            raise ConfigurationError(f"{where}.builds.{version}: expected {{build_dir[, plugin_path]}}, got {entry!r}")
+            raise ConfigurationError(f"{where}.builds.{version}: expected {{build_dir[, plugin_path, "
+                                     f"direct_builder]}}, got {entry!r}")
         paths = _absolute({k: entry[k] for k in BUILD_KEYS if k in entry}, device)
         plugin = paths.get("plugin_path", paths["build_dir"] / PLUGIN_NAME)
-        out.append(DeviceInstall(paths["build_dir"], trt_dir, plugin, version=version, standin=standin))
+        out.append(DeviceInstall(paths["build_dir"], trt_dir, plugin, version=version, standin=standin,
+                                 direct_builder=paths.get("direct_builder")))
     return tuple(sorted(out, key=lambda b: b.version or ""))
 
 
@@ -186,6 +216,30 @@ def build_argv(install: DeviceInstall, onnx_dir: str, engine_dir: str, *, max_ba
     return [install.tool("llm_build"), "--onnxDir", onnx_dir, "--engineDir", engine_dir,
             "--maxBatchSize", str(max_batch_size), "--maxInputLen", str(max_input_len),
             "--maxKVCacheCapacity", str(max_kv_cache_capacity)]
+
+
+def direct_build_argv(install: DeviceInstall, model_dir: str, engine_dir: str, *, max_batch_size: int,
+                      max_input_len: int, max_kv_cache_capacity: int) -> list[str]:
+    """``tensorrt-edgellm-build`` on a checkpoint dir (the route direct; see the module doc): the same limits as
+    :func:`build_argv`, the build's plugin by path."""
+    if install.direct_builder is None:
+        raise ConfigurationError(f"the {install.version or 'unversioned'} build at {install.build_dir} names no "
+                                 f"direct_builder (its {DIRECT_BUILDER}); valid: an absolute path in its inventory")
+    _positive(max_batch_size=max_batch_size, max_input_len=max_input_len, max_kv_cache_capacity=max_kv_cache_capacity)
+    if max_input_len > max_kv_cache_capacity:
+        raise ConfigurationError(f"max_input_len {max_input_len} exceeds max_kv_cache_capacity "
+                                 f"{max_kv_cache_capacity}")
+    return [install.tool(DIRECT_BUILDER), "--model-dir", model_dir, "--engine-dir", engine_dir,
+            "--max-input-len", str(max_input_len), "--max-kv-cache-capacity", str(max_kv_cache_capacity),
+            "--max-batch-size", str(max_batch_size), "--plugin-path", str(install.plugin_path)]
+
+
+def with_checkpoint_dir(argv: list[str], checkpoint_dir: str) -> list[str]:
+    """An ``llm_inference`` / ``llm_bench`` command line given the checkpoint a direct engine reads its weights
+    from (``--checkpointDir``; both tools take it)."""
+    if "--checkpointDir" in argv:
+        raise ConfigurationError(f"the command line already names a checkpoint dir: {argv!r}")
+    return [*argv, "--checkpointDir", checkpoint_dir]
 
 
 def inference_argv(install: DeviceInstall, engine_dir: str, input_file: str, output_file: str, *,
@@ -409,6 +463,7 @@ class EngineReadBack:
     quantized_gemms: int
     engine_bytes: int
     builder_config: dict[str, Any]
+    checkpoint_bindings: int = 0  # weights a direct engine reads from its checkpoint at run time
 
 
 # quantized GEMM kind in the exported graph -> the precision it stands for
@@ -472,25 +527,82 @@ def builder_config_problems(builder: Mapping[str, Any], params: Mapping[str, int
             if key not in builder or builder[key] != value or type(builder[key]) is not type(value)]
 
 
+def _engine_config(engine_dir: Path, params: Mapping[str, int], tool: str) -> tuple[int, dict[str, Any]]:
+    """The engine file's size and its config.json, whose ``builder_config`` must hold the limits asked."""
+    engine_bytes = _engine_bytes(engine_dir)
+    if not engine_bytes:
+        raise TestFailure(f"{tool} wrote no {ENGINE_FILE} (or an empty one) in the engine dir")
+    config_path = engine_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TestFailure(f"{tool} wrote no readable config.json in the engine dir ({exc})") from None
+    builder = config.get("builder_config")
+    if not isinstance(builder, dict):
+        raise TestFailure(f"the engine's config.json has no builder_config block (not written by {tool}?)")
+    wrong = builder_config_problems(builder, params)
+    if wrong:
+        raise TestFailure(f"the engine was built for other limits: {', '.join(wrong)}")
+    return engine_bytes, config
+
+
+def _declared_algos() -> dict[str, str]:
+    """hf_quant_config.json's quant_algo -> the precision (the quantizer's methods: ``quantize.METHODS``)."""
+    from toolchains.tensorrt_edgellm.quantize import METHODS
+
+    return {spec.quant_algo: method.value for method, spec in METHODS.items()}
+
+
+def checkpoint_precision(checkpoint_dir: Path) -> str:
+    """The weight precision the direct builder builds a checkpoint at: its ModelOpt ``quant_algo``
+    (``hf_quant_config.json``, else config.json's ``quantization_config``), fp16 when it declares none. An
+    algorithm the farm cannot name is a TestFailure naming it (never read as fp16)."""
+    declared = None
+    quant_file = checkpoint_dir / "hf_quant_config.json"
+    try:
+        if quant_file.is_file():
+            declared = (json.loads(quant_file.read_text(encoding="utf-8")).get("quantization") or {}).get(
+                "quant_algo")
+        else:
+            config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
+            declared = (config.get("quantization_config") or {}).get("quant_algo")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise TestFailure(f"the checkpoint's quantization block does not read ({exc})") from None
+    if declared is None:
+        return "fp16"
+    known = _declared_algos()
+    if declared not in known:
+        raise TestFailure(f"the checkpoint declares quant_algo {declared!r}, which the farm cannot name; known: "
+                          f"{', '.join(sorted(known))}")
+    return known[declared]
+
+
+def read_direct_engine(engine_dir: Path, checkpoint_dir: Path, params: Mapping[str, int]) -> EngineReadBack:
+    """Read back a ``tensorrt-edgellm-build`` output: ``llm.engine`` is there and not empty, its ``config.json``
+    carries the ``builder_config`` of the limits asked, and the weight precision is the one the builder reads from
+    the checkpoint it was given (:func:`checkpoint_precision`; a plan's layer types need TensorRT). Its
+    ``checkpoint_weight_bindings`` count the weights the engine reads from the checkpoint at run time (reported as
+    ``quantized_gemms`` 0: no graph to count them in). Raises TestFailure on any mismatch."""
+    engine_bytes, config = _engine_config(engine_dir, params, DIRECT_BUILDER)
+    bindings = config.get("checkpoint_weight_bindings") or []
+    if not isinstance(bindings, list):
+        raise TestFailure(f"the engine's checkpoint_weight_bindings is not a list: {type(bindings).__name__}")
+    if bindings and not isinstance(config.get("checkpoint_identity"), dict):
+        raise TestFailure("the engine reads weights from its checkpoint but its config.json records no "
+                          "checkpoint_identity")
+    return EngineReadBack(weights=checkpoint_precision(checkpoint_dir),
+                          kv_cache=str(config.get("kv_cache_dtype", "fp16")), quantized_gemms=0,
+                          engine_bytes=engine_bytes, builder_config=config["builder_config"],
+                          checkpoint_bindings=len(bindings))
+
+
 def read_engine(engine_dir: Path, onnx_dir: Path, params: Mapping[str, int]) -> EngineReadBack:
     """Read back an llm_build output: ``llm.engine`` is there and not empty, its ``config.json`` carries the
     ``builder_config`` of the limits asked, and the weight precision is that of the quantized GEMMs of the graph it
     was built from (a TensorRT plan cannot be opened without TensorRT; its per-layer types need the engine
     inspector on the device, not driven here). Raises TestFailure on any mismatch."""
-    engine_bytes = _engine_bytes(engine_dir)
-    if not engine_bytes:
-        raise TestFailure(f"llm_build wrote no {ENGINE_FILE} (or an empty one) in the engine dir")
-    config_path = engine_dir / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TestFailure(f"llm_build wrote no readable config.json in the engine dir ({exc})") from None
-    builder = config.get("builder_config")
-    if not isinstance(builder, dict):
-        raise TestFailure("the engine's config.json has no builder_config block (not written by llm_build?)")
-    wrong = builder_config_problems(builder, params)
-    if wrong:
-        raise TestFailure(f"the engine was built for other limits: {', '.join(wrong)}")
+    engine_bytes, config = _engine_config(engine_dir, params, "llm_build")
+    builder = config["builder_config"]
     kinds = _gemm_weight_kinds(onnx_dir)
     found = sorted(set(kinds))
     if len(found) > 1:

@@ -4,7 +4,9 @@ a precision takes its checkpoint) and its ONNX exporter on the orchestrating hos
 stages on a TensorRT device whose inventory has a ``toolchains: {tensorrt-edgellm: {...}}`` block: ``llm_build`` on
 the exported ``llm/`` dir, ``llm_inference`` with our requests translated to its input file and its output translated
 back, ``llm_bench`` prefill and decode, accuracy as greedy text agreement with the host's reference (``accuracy``).
-Argument lists, environment and file formats: ``device``. The route is ONNX (export -> llm_build). A device whose
+Argument lists, environment and file formats: ``device``. The route is ONNX (export -> llm_build), or direct where
+the device's build names its ``direct_builder``: ``tensorrt-edgellm-build`` from the checkpoint (quantize's, else the
+source), the engine then run with that checkpoint (``--checkpointDir``). A device whose
 block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and never count
 as evidence.
 
@@ -342,7 +344,7 @@ class TensorrtEdgellm(ToolchainDriver):
     def device_requirements(self, device: Device) -> DeviceRequirements | None:
         build = self._install_of(device)
         return DeviceRequirements(
-            tools={name: build.tool(name) for name in trt.TOOLS}, lib_dirs=build.lib_dirs(),
+            tools=build.tools(), lib_dirs=build.lib_dirs(),
             libs=REQUIRED_LIBS, files=(str(build.plugin_path),), build_dirs=(str(build.build_dir),),
             dpkg=DPKG_PACKAGES)
 
@@ -365,8 +367,13 @@ class TensorrtEdgellm(ToolchainDriver):
             raise UnsupportedError(f"device {device.id} has no TensorRT Edge-LLM install")
         return config.standin
 
-    def route(self) -> Route | None:
-        return Route.ONNX
+    def route(self, device: Device | None = None) -> Route | None:
+        """Direct on a device whose build of this version names its ``direct_builder``, else ONNX."""
+        if device is None:
+            return Route.ONNX
+        config = self._config(device)
+        build = config.build(self.host_env_version) if config is not None else None
+        return Route.DIRECT if build is not None and build.direct_builder is not None else Route.ONNX
 
     def classify_exit(self, result: CommandResult) -> EdgeLLMError | None:
         """By the Edge-LLM tools' own conventions (``exits``): a loader, tool or plugin missing on the device is a
@@ -404,10 +411,12 @@ class TensorrtEdgellm(ToolchainDriver):
 
         return host_stages.export(self, work, job, checkpoint, quantized_linears, keyed)
 
-    # --- device stages (ONNX route) ---
+    # --- device stages (ONNX route; direct where the device's build has the direct builder) ---
 
     def build_key_inputs(self, device: Device) -> dict[str, Any]:
-        return {"route": Route.ONNX.value, **self._install_of(device).describe()}
+        route = self.route(device)
+        assert route is not None
+        return {"route": route.value, **self._install_of(device).describe()}
 
     def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
         """The TensorRT an engine was built with (its plan file runs only there): the versioned library's name."""
@@ -418,9 +427,11 @@ class TensorrtEdgellm(ToolchainDriver):
         return self._install_of(device).env(device.env.get("LD_LIBRARY_PATH"))
 
     def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        argv = trt.build_argv(self._install_of(device), onnx_dir, engine_dir,
-                              max_batch_size=params["max_batch_size"], max_input_len=params["max_input_len"],
-                              max_kv_cache_capacity=params["max_seq_len"])
+        """``llm_build`` on the export's dir; on the direct route ``onnx_dir`` is the checkpoint's dir and
+        ``tensorrt-edgellm-build`` builds from it."""
+        build = trt.direct_build_argv if self.route(device) is Route.DIRECT else trt.build_argv
+        argv = build(self._install_of(device), onnx_dir, engine_dir, max_batch_size=params["max_batch_size"],
+                     max_input_len=params["max_input_len"], max_kv_cache_capacity=params["max_seq_len"])
         return DeviceStep(argv, env=self._env(device), fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
 
     def needs_onnx_for_check(self) -> bool:
@@ -437,6 +448,19 @@ class TensorrtEdgellm(ToolchainDriver):
                   f"config.json, {found.quantized_gemms} quantized GEMMs in the graph it was built from; "
                   f"KV cache {found.kv_cache}; route onnx)")
         return EngineCheck(found.weights, detail, {"quantized_gemms": (float(found.quantized_gemms), "")})
+
+    def check_engine_from_checkpoint(self, engine_dir: Path, checkpoint_dir: Path,
+                                     params: Mapping[str, int]) -> EngineCheck:
+        found = trt.read_direct_engine(engine_dir, checkpoint_dir, params)
+        detail = (f"engine precision {found.weights} (read back: {trt.ENGINE_FILE} and the builder_config of its "
+                  f"config.json; the precision the checkpoint it was built from declares, which "
+                  f"{trt.DIRECT_BUILDER} reads; {found.checkpoint_bindings} weights read from the checkpoint at run "
+                  f"time; KV cache {found.kv_cache}; route direct)")
+        return EngineCheck(found.weights, detail,
+                           {"checkpoint_weight_bindings": (float(found.checkpoint_bindings), "")})
+
+    def with_checkpoint(self, step: DeviceStep, checkpoint_dir: str) -> DeviceStep:
+        return DeviceStep(trt.with_checkpoint_dir(step.argv, checkpoint_dir), env=step.env, fetch=step.fetch)
 
     def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
         return trt.to_trt_requests(_parsed(requests))
