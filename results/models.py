@@ -62,6 +62,7 @@ class RunKind(enum.StrEnum):
     L0 = "l0"
     L1 = "l1"
     ADHOC = "adhoc"
+    BRINGUP = "bringup"  # edgefarm bring-up: a checkpoint up the add-model ladder (flows.bringup)
 
 
 class RunStatus(enum.StrEnum):
@@ -253,6 +254,7 @@ class Run(Base):
     host: Mapped[str | None] = mapped_column(String(200))  # the orchestrator's host and process
     pid: Mapped[int | None] = mapped_column(Integer)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its results are evidence from then on
+    report: Mapped[str | None] = mapped_column(String(1000))  # a report directory it wrote (a bring-up's)
 
     results: Mapped[list[Result]] = relationship(back_populates="run", passive_deletes=True)
     toolchain: Mapped[list[ToolchainVersion]] = relationship(passive_deletes=True)
@@ -302,6 +304,25 @@ class Result(Base):
 
     run: Mapped[Run] = relationship(back_populates="results")
     metrics: Mapped[list[Metric]] = relationship(passive_deletes=True)
+
+
+class BringupRung(Base):
+    """One rung of a bring-up's add-model ladder (``flows.bringup``), in the order it was climbed: its status (the
+    results' vocabulary: pass, fail, error, not_applicable, skipped), why, and its evidence (JSON)."""
+
+    __tablename__ = "bringup_rungs"
+    __table_args__ = (UniqueConstraint("run_id", "position"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32))
+    checkpoint_sha256: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Environment(Base):

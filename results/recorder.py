@@ -31,6 +31,7 @@ from results.db import make_engine, write_session
 from results.models import (
     ArtifactRecord,
     Attempt,
+    BringupRung,
     DeviceHealth,
     Environment,
     Metric,
@@ -158,6 +159,28 @@ class Recorder:
                                  .distinct().where(Result.run_id == run_id)).all()
                 for model, precision, platform, toolchain in rows:
                     self._bump_latest(s, model, precision, platform, toolchain, run_id)
+
+    # bring-up ---------------------------------------------------------------------------------------------------
+    def record_rung(self, run_id: int, position: int, name: str, status: ResultStatus | str, *,
+                    reason: str | None, evidence: Mapping[str, Any], duration_s: float | None = None,
+                    checkpoint_sha256: str | None = None) -> None:
+        """One rung of a bring-up's ladder (``flows.bringup``), in climbing order; its evidence must be JSON."""
+        st = parse_choice(ResultStatus, status, "rung status")
+        try:
+            data = json.loads(json.dumps(dict(evidence), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"rung {name!r}: evidence is not plain JSON ({exc})") from None
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            s.add(BringupRung(run_id=run_id, position=position, name=_nonempty(name, "rung name", 64),
+                              status=st.value, checkpoint_sha256=checkpoint_sha256,
+                              reason=None if reason is None else reason[:4000], evidence=data,
+                              duration_s=duration_s))
+
+    def set_report(self, run_id: int, report: str) -> None:
+        """The report directory ``run_id`` wrote (its run page links it)."""
+        with write_session(self.engine) as s:
+            self._run(s, run_id).report = _nonempty(report, "report path", 1000)
 
     def heartbeat(self, run_id: int) -> None:
         """The orchestrator of ``run_id`` is alive (see results.liveness)."""
