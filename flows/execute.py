@@ -41,13 +41,16 @@ def locate_checkpoints(models: list[str], sources: Mapping[str, ModelSource],
     return {m: CheckpointRef(model=m, path=str(p), sha256=digests[m]) for m, p in paths.items()}
 
 
-def execute_plan(plan: Plan, settings: Settings, *, trigger: str,
-                 host_slots: int = 2) -> tuple[RunReport, dict[str, float]]:
+def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: int = 2,
+                 run_id: int | None = None) -> tuple[RunReport, dict[str, float]]:
+    """Run the plan in a new run, or in ``run_id`` (a run its caller started, e.g. a bring-up's); the run is
+    finished here either way."""
     engine = make_engine(settings.db_url)
     prepare_for_run(engine)
     reap_stale_runs(engine)
     recorder = Recorder(engine)
-    run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
+    if run_id is None:
+        run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
                       quantize_device=settings.quantize_device,

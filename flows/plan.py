@@ -101,7 +101,7 @@ class Job:
 @dataclass
 class Plan:
     name: str
-    kind: str  # nightly | l0 | l1 | adhoc
+    kind: str  # results.models.RunKind: nightly | l0 | l1 | adhoc | bringup
     jobs: list[Job] = field(default_factory=list)
     # each job's model as the catalog said when the plan was made (its checkpoint, chat template, thresholds): the
     # run reads these, so the catalog is read once per run
@@ -466,6 +466,12 @@ def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog, *, d
                    today: dt.date | None = None) -> Plan:
     return _plan(tlist.name, tlist.stage.value, _list_pairs(tlist, inventory, catalog, today), inventory, catalog,
                  data_dir)
+
+
+def plan_entries(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventory: Inventory,
+                 catalog: Catalog, *, data_dir: Path) -> Plan:
+    """A plan of entries made elsewhere than a list file (a bring-up's rows), decided as a list's are."""
+    return _plan(name, kind, pairs, inventory, catalog, data_dir)
 
 
 def _list_pairs(tlist: TestList, inventory: Inventory, catalog: Catalog,
