@@ -88,9 +88,22 @@ def _temporary_server(data_dir: Path) -> Iterator[None]:
                                  timeout_s=TEMPORARY_SERVER_STARTUP_S)
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield
+            try:
+                yield
+            finally:
+                _flush_logs()
     finally:
         stop_server(proc)
+
+
+def _flush_logs() -> None:
+    """Send the flow's queued log records to the server before it stops (they would fail at exit otherwise)."""
+    from prefect.logging.handlers import APILogHandler
+
+    try:
+        APILogHandler().flush()
+    except Exception as exc:
+        err.print(f"edgefarm: could not send the run's logs to Prefect: {visible(exc)}", markup=False)
 
 
 class Progress:
