@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,12 @@ from flows.docs_render import (
 )
 from results.db import read_only_engine, redact
 from results.migrate import require_current
-from results.models import ArtifactRecord, Metric, Result, Run, RunKind
+from results.models import ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
 from results.queries import SUPPORT_REQUIRED, latest_status
 from results.regressions import published_regressions
 
 log = logging.getLogger(__name__)
+BRINGUP_PAGES = 50  # the latest bring-ups get a run page (with their rungs and report) even without rows
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
@@ -162,7 +164,12 @@ def run_evidence(engine: Engine, run_id: int,
         assert run is not None
         info = {"id": run.id, "kind": run.kind.value, "status": run.status.value, "trigger": scrub(run.trigger),
                 "code_version": run.code_version, "started_at": run.started_at.isoformat(timespec="seconds"),
-                "finished_at": run.finished_at.isoformat(timespec="seconds") if run.finished_at else None}
+                "finished_at": run.finished_at.isoformat(timespec="seconds") if run.finished_at else None,
+                "report": scrub(run.report, data_dir), "report_path": run.report,
+                "rungs": [{"position": g.position, "name": g.name, "status": g.status,
+                           "reason": scrub(g.reason, data_dir), "duration_s": g.duration_s}
+                          for g in s.scalars(select(BringupRung).where(BringupRung.run_id == run_id)
+                                             .order_by(BringupRung.position))]}
         metrics: dict[int, list[tuple[str, float, str]]] = defaultdict(list)
         for rid, name, value, unit in s.execute(select(Metric.result_id, Metric.name, Metric.value, Metric.unit)
                                                 .join(Result, Result.id == Metric.result_id)
@@ -197,8 +204,13 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         write_atomic(out_dir / "support-matrix.html",
                      render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
         linked = {m.previous_run_id for r in rows for m in r.regressions if m.previous_run_id is not None}
-        for run_id in sorted({r.run_id for r in rows} | linked):
+        with Session(engine) as s:  # a bring-up's run page links its report, whether or not it made rows
+            bringups = set(s.scalars(select(Run.id).where(Run.kind == RunKind.BRINGUP.value)
+                                     .order_by(Run.id.desc()).limit(BRINGUP_PAGES)))
+        for run_id in sorted({r.run_id for r in rows} | linked | bringups):
             info, results = run_evidence(engine, run_id, data_dir)
+            if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
+                info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
     finally:
         engine.dispose()

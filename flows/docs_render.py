@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
@@ -336,7 +337,19 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
     for key in ("status", "trigger", "code_version", "started_at", "finished_at"):
         lines.append(f"- {key}: {markdown_text(run.get(key))}")
+    report, link = run.get("report"), run.get("report_link")
+    if report and link:
+        lines.append(f"- report: [{markdown_text(report)}/report.md]({quote(str(link))})")
     lines.append("")
+    rungs = run.get("rungs") or []
+    if isinstance(rungs, list) and rungs:
+        lines += ["## Bring-up rungs", "", "| # | Rung | Status | Duration (s) | Reason |", "|---|---|---|---|---|"]
+        for g in rungs:
+            dur = g.get("duration_s")
+            lines.append("| " + " | ".join(markdown_text(c) for c in (
+                g["position"], g["name"], g["status"], f"{dur:.2f}" if isinstance(dur, (int, float)) else "-",
+                g.get("reason") or "")) + " |")
+        lines.append("")
     grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
     for res in results:  # one section per row (and per compared version)
         grouped[row_name(str(res["model"]), str(res["precision"]), str(res["platform"]), _chosen(res),

@@ -1,7 +1,7 @@
 """The ``edgefarm`` command line: the farm's front door, every command group in this package.
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
-One module per group (devices, lists, db, toolchains; commands: nightly, run, query, docs, serve, gc), mounted
+One module per group (devices, lists, db, toolchains; commands: nightly, run, query, docs, serve, gc; bring-up), mounted
 here; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands that need them.
 """
 
@@ -12,6 +12,7 @@ import sys
 import typer
 
 from flows.cli import commands
+from flows.cli.bringup import bring_up
 from flows.cli.db import app as db_app
 from flows.cli.devices import app as devices_app
 from flows.cli.lists import app as lists_app
@@ -26,6 +27,7 @@ app = typer.Typer(
 )
 for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve, commands.gc):
     app.command()(command)
+app.command(name="bring-up")(bring_up)
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")

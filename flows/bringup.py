@@ -1,0 +1,286 @@
+"""``bring_up``: one checkpoint up the add-model ladder, stopping at the first rung that fails.
+
+Rungs 1-6 run on this host (``tasks.bringup``: inventory, closest family, each toolchain's registry and weight
+reconciliation in its own environment, the provider reference with the first N layers' hidden states, the
+few-layer test); rung 7 is the farm's own pipeline for the checkpoint on each requested platform: export, build,
+infer, accuracy and bench where the inventory has a device of it, export only where it has none (then the row is
+export-verified, never supported). Every rung is recorded in the results database (``bringup_rungs``) under one run
+of kind ``bringup`` whose rung 7 results are the rows' evidence; the report (``report.json``, ``report.md``) is
+written to the report directory and the run names it (its run page links it).
+
+The checkpoint is a directory, or a catalog model's name (its checkpoint located as a run would). A directory the
+catalog holds under a model name keeps that name and its accuracy limits; any other is the model
+``bringup-<directory name>`` (or ``--name``), with the library's default limits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+import stages
+from devices.inventory import Inventory, load_inventory
+from devices.types import DEVICE_TYPES
+from edgellm.errors import ConfigurationError
+from edgellm.reference import checkpoint_digest
+from flows.bringup_report import write_report
+from flows.docs import write_docs
+from flows.execute import execute_plan
+from flows.nightly import MAX_WORKERS
+from flows.pipeline import RunReport, toolchain_versions
+from flows.plan import Decision, Plan, installing_toolchains, plan_entries
+from flows.settings import Settings, code_version
+from results.db import from_parameter, make_engine
+from results.liveness import heartbeat
+from results.migrate import prepare_for_run
+from results.models import ResultStatus, RunKind, RunStatus
+from results.recorder import Recorder
+from stages import Stage
+from tasks import bringup as rungs
+from test_lists.catalog import Catalog, ModelSource
+from test_lists.testlist import TestEntry
+from toolchains import base as toolchains
+from toolchains.base import ToolchainDriver
+
+DEFAULT_LAYERS = 1
+ENGINE_LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}  # as the L0 lists
+DEVICE_STAGES = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY, Stage.BENCH)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated bring-up: ``ConfigurationError`` (exit 2) for any bad value, naming it and what is valid."""
+
+    checkpoint: Path
+    source: ModelSource  # the catalog's entry, or one made for the directory
+    platforms: tuple[str, ...]
+    layers: int
+    report_dir: Path
+    catalog: Catalog
+    inventory: Inventory
+
+
+def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_dir: str | None, name: str | None,
+            settings: Settings) -> Request:
+    catalog = Catalog.load()
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        path = path.resolve()
+        if not (path / "config.json").is_file():
+            raise ConfigurationError(f"checkpoint {checkpoint!r}: {path} has no config.json (give a Hugging Face "
+                                     f"checkpoint directory)")
+        source = _source_for(path, name, catalog, settings.data_dir)
+    elif checkpoint in catalog:
+        if name is not None and name != checkpoint:
+            raise ConfigurationError(f"--name {name!r}: a catalog model keeps its name ({checkpoint!r})")
+        source = catalog.get(checkpoint)
+        path = Path(source.locate(settings.data_dir)).resolve()
+    else:
+        raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model; give a "
+                                 f"checkpoint directory or one of: {', '.join(sorted(catalog.sources))}")
+    chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
+                                                                           for d in inventory}))
+    unknown = [p for p in chosen if p not in DEVICE_TYPES]
+    if unknown or not chosen:
+        raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown; valid: "
+                                 f"{', '.join(sorted(DEVICE_TYPES))}")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
+                                 f"few-layer test)")
+    out = Path(report_dir).expanduser() if report_dir else settings.data_dir / "bringup" / source.name
+    if out.exists() and not out.is_dir():
+        raise ConfigurationError(f"--report {out}: exists and is not a directory")
+    if catalog.sources.get(source.name) is not source:
+        catalog = Catalog({**catalog.sources, source.name: source}, catalog.path)
+    return Request(path, source, chosen, layers, out, catalog, inventory)
+
+
+def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) -> ModelSource:
+    for src in catalog.sources.values():  # a directory the catalog already names keeps its entry
+        if src.kind in ("bundled", "path"):
+            try:
+                if Path(src.locate(data_dir)).resolve() == path:
+                    if name is not None and name != src.name:
+                        raise ConfigurationError(f"--name {name!r}: {path} is the catalog's {src.name!r}")
+                    return src
+            except ConfigurationError as exc:
+                if "--name" in str(exc):
+                    raise
+    chosen = name if name is not None else f"bringup-{path.name}"
+    if not _NAME.match(chosen):
+        raise ConfigurationError(f"--name {chosen!r}: a model name is letters, digits, '.', '_' and '-' (at most "
+                                 f"100, starting with a letter or digit)")
+    if chosen in catalog:
+        raise ConfigurationError(f"--name {chosen!r}: the catalog's model of that name is another checkpoint; give "
+                                 f"another --name")
+    return ModelSource(chosen, "path", {"path": str(path)})
+
+
+def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDriver]:
+    """Every toolchain a requested platform's device type runs, in the platforms' order of preference."""
+    names = dict.fromkeys(t for p in platforms for t in DEVICE_TYPES[p].toolchains)
+    return [toolchains.driver(n, data_dir) for n in names]
+
+
+def pipeline_plan(req: Request, settings: Settings) -> Plan:
+    """Rung 7's rows: per platform its first precision (or the checkpoint's own), the full pipeline where the
+    inventory has a device of it, the export alone where it has none."""
+    carried = req.source.checkpoint_precision()
+    pairs: list[tuple[TestEntry, str]] = []
+    for platform in req.platforms:
+        kind = DEVICE_TYPES[platform]
+        precision = carried or kind.precisions[0]
+        wanted = DEVICE_STAGES if req.inventory.select(platform=platform) else (Stage.EXPORT,)
+        entry = TestEntry(list_name="bring-up", model=req.source.name, precision=precision,
+                          stages=tuple(str(s) for s in wanted),
+                          timeouts={s: stages.spec(s).timeout_s for s in (Stage.QUANTIZE, *DEVICE_STAGES)},
+                          source=f"bring-up of {req.checkpoint}", **ENGINE_LIMITS)
+        pairs.append((entry, platform))
+
+    def make() -> Plan:
+        return plan_entries("bring-up", RunKind.BRINGUP.value, pairs, req.inventory, req.catalog,
+                            data_dir=settings.data_dir)
+
+    return installing_toolchains(make, settings.data_dir)
+
+
+def judge_pipeline(plan: Plan, report: RunReport) -> rungs.Rung:
+    """Passes when a row ran every stage it planned and none failed; rows that cannot run are the report's gaps."""
+    rows, failed, gaps, passed, export_only = [], [], [], 0, 0
+    for job in plan.jobs:
+        row = {"platform": job.platform, "precision": job.precision.value, "toolchain": job.toolchain,
+               "decision": job.decision.value, "reason": job.reason, "stages": {}}
+        if job.decision is Decision.RUN:
+            recorded = report.outcomes.get(job.key, {})
+            row["stages"] = {s: {"status": o.status.value, "reason": o.reason, "route": o.route,
+                                 "device": o.device, "standin": o.standin,
+                                 "metrics": {k: v for k, (v, _unit) in sorted(o.metrics.items())}}
+                             for s, o in recorded.items()}
+            bad = [f"{job.platform} {job.precision.value} {s}: {o.reason}" for s, o in recorded.items()
+                   if o.status in (ResultStatus.FAIL, ResultStatus.ERROR)]
+            failed += bad
+            if not bad and recorded and all(o.status is ResultStatus.PASS for o in recorded.values()):
+                passed += 1
+                if tuple(recorded) == (str(Stage.EXPORT),):
+                    export_only += 1
+                    gaps.append(f"{job.platform}: export verified only (no {job.platform} device in the inventory)")
+            elif not bad:
+                gaps.append(f"{job.platform} {job.precision.value}: not every stage passed "
+                            f"({', '.join(f'{s} {o.status.value}' for s, o in recorded.items())})")
+        else:
+            gaps.append(f"{job.platform} {job.precision.value}: {job.decision.value}: {job.reason}")
+        rows.append(row)
+    evidence = {"run_id": report.run_id, "rows": rows, "gaps": gaps}
+    if failed:
+        return rungs.Rung("pipeline", ResultStatus.FAIL, "; ".join(failed), evidence)
+    if not passed:
+        return rungs.Rung("pipeline", ResultStatus.FAIL, f"no row ran to its end: {'; '.join(gaps)}", evidence)
+    said = f"{passed - export_only} row(s) passed every stage"
+    if export_only:
+        said += f", {export_only} export verified only"
+    return rungs.Rung("pipeline", ResultStatus.PASS, f"{said} (run {report.run_id})", evidence)
+
+
+@task(name="bring-up rung", retries=0, cache_policy=NO_CACHE)
+def _rung_task(name: str, body: Callable[[], rungs.Rung]) -> rungs.Rung:
+    return rungs.timed(name, body)
+
+
+def _task(name: str, body: Callable[[], rungs.Rung]) -> rungs.Rung:
+    """A host rung as a Prefect task named after it (never retried: a rung's failure is the checkpoint's)."""
+    return _rung_task.with_options(name=f"bring-up {name}").submit(name, body).result()
+
+
+@flow(name="bring-up", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
+def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = DEFAULT_LAYERS,
+             report_dir: str | None = None, name: str | None = None, db_url: str | None = None,
+             data_dir: str | None = None, inventory: str | None = None,
+             trigger: str = "deployment") -> dict[str, Any]:
+    """Climb the ladder; returns the report (``result``: passed | failed, ``exit_code``, ``stopped_at``,
+    ``report_dir``). A deployment's run (its parameters set by whoever reaches the API) writes its report only
+    under the data dir's ``bringup/``."""
+    settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
+    req = resolve(checkpoint, platforms, layers, report_dir, name, settings)
+    if trigger != "cli":
+        allowed = (settings.data_dir / "bringup").resolve()
+        if not req.report_dir.resolve().is_relative_to(allowed):
+            raise ConfigurationError(f"report_dir {report_dir!r}: a deployment writes reports under {allowed} only")
+    req.report_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.db_url)
+    try:
+        prepare_for_run(engine)
+        recorder = Recorder(engine)
+        run_id = recorder.start_run(RunKind.BRINGUP, f"{trigger}: bring-up {req.source.name}", code_version(),
+                                    toolchain=toolchain_versions())
+        recorder.set_report(run_id, str(req.report_dir.resolve()))
+        climbed, finished = climb(req, settings, recorder, run_id)
+        if not finished:  # stopped before the pipeline ran: the run ends here, with nothing to publish
+            recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
+    finally:
+        engine.dispose()
+    report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md")
+    write_docs(settings.db_url, settings.docs_dir, settings.data_dir)  # the run page, linking the report
+    return report
+
+
+def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> tuple[list[rungs.Rung], bool]:
+    """Every rung in order until one stops the ladder (the rest are recorded as skipped); whether rung 7 ran (its
+    run was finished by the pipeline)."""
+    ckpt, out = req.checkpoint, req.report_dir
+    sha = checkpoint_digest(ckpt)
+    quant = req.source.quantization()
+    quantized = f"{quant.method.value}, {quant.source}" if quant is not None and quant.is_quantized else None
+    drivers = drivers_for(req.platforms, settings.data_dir)
+    steps: dict[str, Callable[[], rungs.Rung]] = {
+        "inventory": lambda: rungs.inventory(ckpt, out),
+        "closest_family": lambda: rungs.closest_family(ckpt, out),
+        "registry": lambda: rungs.registry(ckpt, drivers, out),
+        "reconciliation": lambda: rungs.reconciliation(ckpt, drivers, out),
+        "reference": lambda: rungs.reference(ckpt, req.layers, out, quantized),
+        "few_layers": lambda: rungs.few_layers(ckpt, req.layers, drivers, out, quantized),
+    }
+    climbed: list[rungs.Rung] = []
+    finished = False
+    with heartbeat(recorder, run_id):
+        for position, rung_name in enumerate(rungs.RUNGS, start=1):
+            if any(r.stops for r in climbed):
+                rung = rungs.Rung(rung_name, ResultStatus.SKIPPED, f"not climbed: {_stopped(climbed)} did not pass")
+            elif rung_name == "pipeline":
+                rung, finished = _pipeline(req, settings, run_id)
+            else:
+                rung = _task(rung_name, steps[rung_name])
+            recorder.record_rung(run_id, position, rung_name, rung.status, reason=rung.reason,
+                                 evidence=json.loads(json.dumps(rung.evidence, default=str)),
+                                 duration_s=round(rung.duration_s, 3), checkpoint_sha256=sha)
+            climbed.append(rung)
+    return climbed, finished
+
+
+def _pipeline(req: Request, settings: Settings, run_id: int) -> tuple[rungs.Rung, bool]:
+    """Rung 7 and whether its run was finished (by the pipeline; not when the rows could not be planned)."""
+    try:
+        plan = pipeline_plan(req, settings)
+    except ConfigurationError as exc:  # the plan refused the rows: the rung fails with the reason
+        return rungs.Rung("pipeline", ResultStatus.FAIL, f"the rows could not be planned: {exc}"), False
+    t0 = time.perf_counter()
+    report, _timing = execute_plan(plan, settings, trigger=f"bring-up {req.source.name}", run_id=run_id)
+    rung = judge_pipeline(plan, report)
+    rung.duration_s = time.perf_counter() - t0
+    return rung, True
+
+
+def _stopped(climbed: list[rungs.Rung]) -> str:
+    first = next(r for r in climbed if r.stops)
+    return f"rung {rungs.RUNGS.index(first.name) + 1} ({first.name})"
+

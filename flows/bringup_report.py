@@ -1,0 +1,193 @@
+"""A bring-up's report, in the shape the field asks for: the checkpoint's revision, the route each platform's
+engine took, the hardware it ran on, the weight reconciliation per toolchain, every rung with its status and
+evidence, and the gaps (what was not proven, and why). ``report.json`` (schema ``edgefarm.bringup/1``) and
+``report.md`` (the same, for people; every value escaped) are written atomically into the report directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as host_platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgellm.reference import checkpoint_digest, checkpoint_revision
+from flows.escape import markdown_text
+from results.models import ResultStatus
+from tasks.bringup import RUNGS, Rung
+
+if TYPE_CHECKING:
+    from flows.bringup import Request
+
+SCHEMA = "edgefarm.bringup/1"
+EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input: 2 (ConfigurationError, before any rung)
+_SHOWN = {ResultStatus.PASS: "✓ pass", ResultStatus.FAIL: "✗ fail", ResultStatus.ERROR: "✗ error",
+          ResultStatus.NOT_APPLICABLE: "– not applicable", ResultStatus.SKIPPED: "· not climbed"}
+
+
+def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:
+    stopped = next((r for r in climbed if r.stops), None)
+    by_name = {r.name: r for r in climbed}
+    config = json.loads((req.checkpoint / "config.json").read_text(encoding="utf-8"))
+    pipeline = by_name.get("pipeline")
+    rows = (pipeline.evidence.get("rows") if pipeline is not None else None) or []
+    return {
+        "schema": SCHEMA,
+        "result": "failed" if stopped is not None else "passed",
+        "exit_code": EXIT_FAILED if stopped is not None else EXIT_PASSED,
+        "stopped_at": None if stopped is None else {"rung": RUNGS.index(stopped.name) + 1, "name": stopped.name,
+                                                    "reason": stopped.reason},
+        "checkpoint": {"path": str(req.checkpoint), "sha256": checkpoint_digest(req.checkpoint),
+                       "revision": checkpoint_revision(req.checkpoint), "model_type": config.get("model_type"),
+                       "architectures": config.get("architectures") or []},
+        "model": req.source.name,
+        "platforms": list(req.platforms),
+        "layers": req.layers,
+        "run_id": run_id,
+        "run_page": str(run_page),
+        "route": _routes(rows),
+        "hardware": _hardware(req, rows),
+        "reconciliation": _reconciliation(by_name.get("reconciliation")),
+        "rungs": [r.to_json() for r in climbed],
+        "gaps": _gaps(climbed),
+    }
+
+
+def write_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:
+    report = build_report(req, climbed, run_id, run_page)
+    report["report_dir"] = str(req.report_dir.resolve())
+    _write_atomic(req.report_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
+    _write_atomic(req.report_dir / "report.md", render_markdown(report))
+    return report
+
+
+def _routes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        st = row.get("stages") or {}
+        build = st.get("build") or {}
+        if row["decision"] != "run":
+            route = None
+        elif not build:
+            route = "export only"
+        else:
+            route = "checkpoint-direct" if build.get("route") == "direct" else "ONNX"
+        out.append({"platform": row["platform"], "precision": row["precision"], "toolchain": row["toolchain"],
+                    "route": route, "decision": row["decision"]})
+    return out
+
+
+def _hardware(req: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    devices: dict[str, list[str]] = {}
+    for row in rows:
+        for stage in (row.get("stages") or {}).values():
+            if stage.get("device"):
+                devices.setdefault(row["platform"], [])
+                if stage["device"] not in devices[row["platform"]]:
+                    devices[row["platform"]].append(stage["device"])
+    standin = sorted({row["platform"] for row in rows for s in (row.get("stages") or {}).values() if s.get("standin")})
+    return {"host": {"machine": host_platform.machine(), "system": host_platform.system(), "cpus": os.cpu_count(),
+                     "python": sys.version.split()[0]},
+            "devices": devices, "standin_platforms": standin}
+
+
+def _reconciliation(rung: Rung | None) -> dict[str, Any]:
+    if rung is None:
+        return {}
+    out = {}
+    for name, found in (rung.evidence.get("toolchains") or {}).items():
+        if not found.get("offered"):
+            out[name] = {"offered": False}
+            continue
+        out[name] = {"offered": True, "ok": found.get("ok"), "model": found.get("model"),
+                     "expected": found.get("expected"), "matched": found.get("matched"),
+                     "missing": sorted(found.get("missing") or {}), "unexpected": found.get("unexpected") or [],
+                     "shape_mismatches": found.get("shape_mismatches") or [], "problems": found.get("problems") or []}
+    return out
+
+
+def _gaps(climbed: list[Rung]) -> list[str]:
+    gaps: list[str] = []
+    for rung in climbed:
+        if rung.status is ResultStatus.NOT_APPLICABLE:
+            gaps.append(f"{rung.name}: {rung.reason}")
+        for name, found in (rung.evidence.get("toolchains") or {}).items():
+            if not found.get("offered"):
+                gaps.append(f"{rung.name}: {name} offers no such check")
+        for name in (rung.evidence.get("structural") or {}):
+            gaps.append(f"few_layers: {name}'s few-layer export checked structurally only (numerics need its device)")
+        gaps += [f"pipeline: {g}" for g in rung.evidence.get("gaps") or []]
+    if any(r.status is ResultStatus.SKIPPED for r in climbed):
+        gaps.append("rungs after the one that failed were not climbed")
+    return gaps
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    t = markdown_text
+    ck = report["checkpoint"]
+    stopped = report["stopped_at"]
+    verdict = ("**Passed**: every rung climbed." if stopped is None else
+               f"**Failed** at rung {stopped['rung']} ({t(stopped['name'])}): {t(stopped['reason'])}")
+    lines = [f"# Bring-up of {t(report['model'])}", "", verdict, "",
+             f"- checkpoint: `{t(ck['path'])}`", f"- sha256: `{ck['sha256']}`",
+             f"- revision: {t(ck['revision'] or 'none recorded')}", f"- model_type: {t(ck['model_type'])}",
+             f"- platforms: {t(', '.join(report['platforms']))}; few-layer test: {report['layers']} layer(s)",
+             f"- run: {report['run_id']} ([run page]({_link(report['run_page'], report.get('report_dir'))}))", "",
+             "## Rungs", "", "| # | Rung | Status | Seconds | Reason |", "|---|---|---|---|---|"]
+    for i, rung in enumerate(report["rungs"], start=1):
+        lines.append(f"| {i} | {t(rung['title'])} | {_SHOWN[ResultStatus(rung['status'])]} | "
+                     f"{rung['duration_s']:.1f} | {t(rung['reason'] or '')} |")
+    lines += ["", "## Route", "", "| Platform | Precision | Toolchain | Route |", "|---|---|---|---|"]
+    for r in report["route"]:
+        lines.append(f"| {t(r['platform'])} | {t(r['precision'])} | {t(r['toolchain'])} | "
+                     f"{t(r['route'] or r['decision'])} |")
+    hw = report["hardware"]
+    lines += ["", "## Hardware", "", f"- host: {t(hw['host']['machine'])} {t(hw['host']['system'])}, "
+              f"{hw['host']['cpus']} CPUs, Python {t(hw['host']['python'])}"]
+    lines += [f"- {t(p)}: {t(', '.join(ids))}" for p, ids in sorted(hw["devices"].items())]
+    if hw["standin_platforms"]:
+        lines.append(f"- stand-in tools on: {t(', '.join(hw['standin_platforms']))} (never evidence of support)")
+    lines += ["", "## Reconciliation", "", "| Toolchain | Model | Matched | Missing | Unexpected | Problems |",
+              "|---|---|---|---|---|---|"]
+    for name, rec in sorted(report["reconciliation"].items()):
+        if not rec["offered"]:
+            lines.append(f"| {t(name)} | not offered | | | | |")
+            continue
+        lines.append(f"| {t(name)} | {t(rec['model'])} | {rec['matched']}/{rec['expected']} | "
+                     f"{t(', '.join(rec['missing']) or '-')} | {t(', '.join(rec['unexpected']) or '-')} | "
+                     f"{t('; '.join(rec['problems']) or '-')} |")
+    lines += ["", "## Gaps", ""] + ([f"- {t(g)}" for g in report["gaps"]] or ["- none"])
+    lines += ["", f"Evidence files (this directory): {', '.join(_files(report))}", ""]
+    return "\n".join(lines)
+
+
+def _link(target: str, report_dir: str | None) -> str:
+    """``target`` relative to the report directory (the two move together inside a data dir), URL-quoted."""
+    from urllib.parse import quote
+
+    return quote(os.path.relpath(target, report_dir) if report_dir else target)
+
+
+def _files(report: dict[str, Any]) -> list[str]:
+    found = ["report.json"]
+    for rung in report["rungs"]:
+        ev = rung["evidence"]
+        if isinstance(ev.get("file"), str):
+            found.append(ev["file"])
+        numeric = ev.get("numeric")
+        if isinstance(numeric, dict) and isinstance(numeric.get("file"), str):
+            found.append(numeric["file"])
+    return [markdown_text(f) for f in found]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,235 @@
+"""The host rungs of a bring-up's add-model ladder (``flows.bringup`` climbs them in ``RUNGS`` order), one function
+each: it runs the rung's check, writes its evidence file into the report directory and returns a :class:`Rung`.
+
+A rung's status is the results' vocabulary: ``pass``; ``fail`` (the checkpoint is not ready for the next rung: the
+reason names what, e.g. the tensor a reconciliation misses); ``not_applicable`` (the rung cannot apply, with why:
+a reference of a pre-quantized checkpoint); ``skipped`` (an earlier rung failed). Bad input raises
+``ConfigurationError`` before any rung runs; an infrastructure error (a toolchain that cannot be installed) is the
+rung's ``error``. What each toolchain answers is its driver's (``toolchains.base``: ``registry_check``,
+``reconcile``, ``export_layers``); one that does not offer a check is listed as such, and a rung needs at least one
+toolchain that answered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
+from results.models import ResultStatus
+from toolchains.base import NotOffered, ToolchainDriver
+
+RUNGS = ("inventory", "closest_family", "registry", "reconciliation", "reference", "few_layers", "pipeline")
+TITLES = {
+    "inventory": "Family-free inventory",
+    "closest_family": "Closest family",
+    "registry": "Toolchain registries",
+    "reconciliation": "Weight reconciliation",
+    "reference": "Provider reference",
+    "few_layers": "Few-layer numeric test",
+    "pipeline": "Export, build, infer, accuracy, bench",
+}
+PASSING_CLASSIFICATIONS = ("configuration-only variant", "alias")  # edgellm.checkpoint.closest: no new structure
+TENSOR_DIFFERENCES = ("missing tensor ", "unexpected tensor ", "wrong-shape tensor ")  # its tensor-only deciding items
+
+
+@dataclass
+class Rung:
+    name: str
+    status: ResultStatus
+    reason: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def stops(self) -> bool:
+        """Whether the ladder stops here (a failure or an error; not applicable goes on)."""
+        return self.status in (ResultStatus.FAIL, ResultStatus.ERROR)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": TITLES[self.name], "status": self.status.value, "reason": self.reason,
+                "evidence": self.evidence, "duration_s": round(self.duration_s, 3)}
+
+
+def timed(name: str, body: Callable[[], Rung]) -> Rung:
+    """Run one rung; an infrastructure error (or any other of the library's errors but bad input) is its ``error``
+    with the reason, never a traceback."""
+    t0 = time.perf_counter()
+    try:
+        rung = body()
+    except ConfigurationError:
+        raise
+    except EdgeLLMError as exc:
+        status = ResultStatus.FAIL if exc.kind in (ErrorKind.TEST_FAILURE,) else ResultStatus.ERROR
+        rung = Rung(name, status, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    rung.duration_s = time.perf_counter() - t0
+    return rung
+
+
+def _write(out_dir: Path, name: str, data: dict[str, Any]) -> str:
+    (out_dir / name).write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return name
+
+
+# rung 1 --------------------------------------------------------------------------------------------------------------
+def inventory(checkpoint: Path, out_dir: Path) -> Rung:
+    """Any model_type is inventoried; a checkpoint problem (headers, shards, scales, config) fails the rung. What the
+    checkpoint lacks against a family is reconciliation's (rung 4), not a problem here."""
+    from edgellm.checkpoint import inspect_checkpoint
+
+    try:
+        inv = inspect_checkpoint(checkpoint)
+    except EdgeLLMError as exc:
+        return Rung("inventory", ResultStatus.FAIL, f"no inventory: {exc}")
+    file = _write(out_dir, "inventory.json", inv)
+    against_family = _family_problems(checkpoint)
+    problems = [p for p in inv["problems"] if p not in against_family]
+    evidence = {"file": file, "model_type": (inv.get("config_json") or {}).get("model_type"),
+                "family": inv.get("family"), "findings": inv.get("findings", []), "tensors": inv.get("tensor_count"),
+                "shards": len(inv.get("shards") or []), "dtypes": sorted(inv.get("dtypes") or {}),
+                "parameters": inv.get("parameters"), "quantization": inv.get("quantization"), "problems": problems}
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Rung("inventory", ResultStatus.FAIL, f"{problems[0]}{more}", evidence)
+    findings = "; ".join(f["message"] for f in inv.get("findings", []))
+    return Rung("inventory", ResultStatus.PASS, findings or None, evidence)
+
+
+def _family_problems(checkpoint: Path) -> set[str]:
+    """The inventory's problems that are its registered family's reconciliation (rung 4 reports them)."""
+    from edgellm.checkpoint.checkpoint import Checkpoint
+
+    try:
+        ckpt = Checkpoint.open(checkpoint)
+    except EdgeLLMError:  # no registered family (a finding), or a config it refuses (a problem of the inventory)
+        return set()
+    return {str(p) for p in ckpt.reconciliation.problems}
+
+
+# rung 2 --------------------------------------------------------------------------------------------------------------
+def closest_family(checkpoint: Path, out_dir: Path) -> Rung:
+    """The closest registered family and the change's class; a new structure stops the ladder (a family is
+    needed), naming the fields and tensor roles that decide it."""
+    from edgellm.checkpoint.closest import closest_family as closest
+
+    found = closest(checkpoint)
+    file = _write(out_dir, "closest.json", found)
+    deciding = [d if isinstance(d, str) else json.dumps(d, sort_keys=True, default=str)
+                for d in found.get("deciding", [])]
+    evidence = {"file": file, "family": found["family"], "classification": found["classification"],
+                "deciding": deciding, "model_type": found["model_type"], "registered": found["registered"]}
+    said = f"{found['classification']} of {found['family']}"
+    if deciding:
+        said += f" (deciding: {', '.join(deciding[:6])}{' ...' if len(deciding) > 6 else ''})"
+    if found["classification"] in PASSING_CLASSIFICATIONS:
+        return Rung("closest_family", ResultStatus.PASS, said, evidence)
+    if deciding and all(d.startswith(TENSOR_DIFFERENCES) for d in deciding):
+        # the config is the family's; which tensors differ is the reconciliation's to judge, toolchain by toolchain
+        return Rung("closest_family", ResultStatus.PASS,
+                    f"{found['family']} by its config; its tensors differ (rung 4 reconciles them): "
+                    f"{', '.join(deciding[:6])}", evidence)
+    return Rung("closest_family", ResultStatus.FAIL, f"{said}: a new family is needed", evidence)
+
+
+# rungs 3 and 4 -------------------------------------------------------------------------------------------------------
+def _per_toolchain(name: str, drivers: Sequence[ToolchainDriver], ask: Callable[[ToolchainDriver], Any],
+                   out_dir: Path) -> Rung:
+    answers: dict[str, Any] = {}
+    failed: list[str] = []
+    for driver in drivers:
+        try:
+            found = ask(driver)
+        except NotOffered as exc:
+            answers[driver.name] = {"offered": False, "reason": str(exc)}
+            continue
+        except UnsupportedError as exc:
+            answers[driver.name] = {"offered": True, "ok": False, "problems": [str(exc)]}
+            failed.append(f"{driver.name}: {exc}")
+            continue
+        answers[driver.name] = {"offered": True, **found.to_json()}
+        if not found.ok:
+            why = getattr(found, "problem", None) or "; ".join(found.problems[:3])
+            failed.append(f"{driver.name}: {why}")
+    file = _write(out_dir, f"{name}.json", answers)
+    evidence = {"file": file, "toolchains": answers}
+    if failed:
+        return Rung(name, ResultStatus.FAIL, "; ".join(failed), evidence)
+    answered = sorted(n for n, a in answers.items() if a["offered"])
+    if not answered:
+        return Rung(name, ResultStatus.FAIL, f"none of {', '.join(d.name for d in drivers)} offers this check",
+                    evidence)
+    return Rung(name, ResultStatus.PASS, f"checked by {', '.join(answered)}", evidence)
+
+
+def registry(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path) -> Rung:
+    """Each toolchain's own model registry, asked in its own environment: registered, or a fallback to its default
+    model that one of our families declares layout-identical."""
+    return _per_toolchain("registry", drivers, lambda d: d.registry_check(checkpoint), out_dir)
+
+
+def reconciliation(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path) -> Rung:
+    """The checkpoint's tensors against each toolchain's model for it (meta device, headers only), both ways."""
+    return _per_toolchain("reconciliation", drivers, lambda d: d.reconcile(checkpoint), out_dir)
+
+
+# rung 5 --------------------------------------------------------------------------------------------------------------
+def reference(checkpoint: Path, layers: int, out_dir: Path, quantized: str | None) -> Rung:
+    """transformers on the checkpoint (fp32, greedy, the shipped prompts), with the hidden states after the first
+    ``layers`` decoder layers and the checkpoint's digest and revision; stored as ``reference.npz``."""
+    from edgellm.reference import ReferenceSettings, compute_reference
+
+    if quantized is not None:
+        return Rung("reference", ResultStatus.NOT_APPLICABLE,
+                    f"the checkpoint is already quantized ({quantized}): a provider reference is made from its float "
+                    f"base (the catalog's base:), not from it")
+    ref = compute_reference(checkpoint, ReferenceSettings(layers=layers))
+    sha = ref.save(out_dir / "reference.npz")
+    evidence = {"file": "reference.npz", "sha256": sha, "checkpoint_sha256": ref.checkpoint_sha256,
+                "checkpoint_revision": ref.header["checkpoint"].get("revision"), "layers": ref.layers,
+                "reference_perplexity": ref.header.get("reference_perplexity"), "device": ref.device,
+                "settings": {k: v for k, v in ref.settings.items() if k != "prompts"}}
+    device = ref.device.get("device") if isinstance(ref.device, dict) else ref.device
+    return Rung("reference", ResultStatus.PASS,
+                f"transformers fp32 on {device}, {ref.layers} layer(s) kept, perplexity "
+                f"{float(ref.header.get('reference_perplexity') or 0.0):.4g}", evidence)
+
+
+# rung 6 --------------------------------------------------------------------------------------------------------------
+def few_layers(checkpoint: Path, layers: int, drivers: Sequence[ToolchainDriver], out_dir: Path,
+               quantized: str | None) -> Rung:
+    """The checkpoint truncated to ``layers`` layers: ours exported, built and run on ONNX Runtime and compared
+    numerically with the reference's layer-N logits and hidden states; each other toolchain with a few-layer export
+    exports it on this host and checks its graph structurally (numerics need its device)."""
+    from edgellm.layers_check import layers_check
+
+    if quantized is not None:
+        return Rung("few_layers", ResultStatus.NOT_APPLICABLE,
+                    f"the checkpoint is already quantized ({quantized}): the few-layer test compares fp32 exports of "
+                    f"float checkpoints with their reference")
+    work = out_dir / "layers"
+    work.mkdir(exist_ok=True)
+    found = layers_check(checkpoint, out_dir / "reference.npz", layers, work_dir=work)
+    evidence: dict[str, Any] = {"numeric": {"toolchain": "edgellm", "file": _write(out_dir, "layers_check.json", found),
+                                            "passed": found["passed"], "failed_checks": found["failed_checks"],
+                                            "checks": found.get("checks")},
+                                "structural": {}}
+    problems = [f"ONNX Runtime against the reference: {', '.join(found['failed_checks'])} out of limits"
+                ] if not found["passed"] else []
+    for driver in drivers:
+        try:
+            done = driver.export_layers(checkpoint, work / driver.name, layers)
+        except NotOffered:
+            continue
+        evidence["structural"][driver.name] = done.to_json()
+        problems += [f"{driver.name} {done.toolchain_version}: {p}" for p in done.problems]
+    if not any(work.iterdir()):
+        work.rmdir()  # only ours ran: its truncated export lived in a temporary directory
+    if problems:
+        return Rung("few_layers", ResultStatus.FAIL, "; ".join(problems), evidence)
+    shown = ", ".join(["edgellm (ONNX Runtime, numeric)", *(f"{n} (export, structural)"
+                                                           for n in evidence["structural"])])
+    return Rung("few_layers", ResultStatus.PASS, f"{layers} layer(s): {shown}", evidence)
