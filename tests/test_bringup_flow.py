@@ -196,3 +196,24 @@ def test_the_bring_up_deployment_loads_from_prefect_yaml() -> None:
     deployment = _to_deployment(spec)
     assert (deployment.name, deployment.flow_name, deployment.parameters) == ("bring-up", "bring-up", {"layers": 1})
     assert spec["work_pool"]["name"] == "orchestrator"
+
+
+def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(farm_dirs: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """Without PREFECT_API_URL a command runs its flow on a temporary server of its own; the logs queued when the
+    flow ends are sent before that server stops (they failed at exit: 'Error logging to API')."""
+    import os
+    import subprocess
+    import sys
+
+    ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: a short flow
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env.pop("EDGEFARM_DB_URL", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "bring-up", str(ckpt), "--data-dir",
+                           str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--report",
+                           str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "closest_family" in json.loads((tmp_path / "report" / "report.json").read_text())["stopped_at"]["name"]
+    assert "Error logging to API" not in done.stdout + done.stderr
+    assert "All connection attempts failed" not in done.stdout + done.stderr
