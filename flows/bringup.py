@@ -108,15 +108,16 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
 
 def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) -> ModelSource:
     for src in catalog.sources.values():  # a directory the catalog already names keeps its entry
-        if src.kind in ("bundled", "path"):
-            try:
-                if Path(src.locate(data_dir)).resolve() == path:
-                    if name is not None and name != src.name:
-                        raise ConfigurationError(f"--name {name!r}: {path} is the catalog's {src.name!r}")
-                    return src
-            except ConfigurationError as exc:
-                if "--name" in str(exc):
-                    raise
+        if src.kind not in ("bundled", "path"):
+            continue
+        try:
+            same = Path(src.locate(data_dir)).resolve() == path
+        except ConfigurationError:  # a path entry absent on this host is not this directory
+            same = False
+        if same:
+            if name is not None and name != src.name:
+                raise ConfigurationError(f"--name {name!r}: {path} is the catalog's {src.name!r}")
+            return src
     chosen = name if name is not None else f"bringup-{path.name}"
     if not _NAME.match(chosen):
         raise ConfigurationError(f"--name {chosen!r}: a model name is letters, digits, '.', '_' and '-' (at most "
