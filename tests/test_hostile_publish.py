@@ -34,7 +34,7 @@ def _run_plan(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, breaks:
     break off with ``breaks`` (None: finish)."""
     started: list[int] = []
 
-    def submit_jobs(ctx: Any, jobs: Any, report: Any, sources: Any) -> None:
+    def submit_jobs(ctx: Any, jobs: Any, report: Any, sources: Any, checkpoints: Any = None) -> None:
         started.append(ctx.run_id)
         rec = Recorder(make_engine(url))
         for stage in PIPELINE:
