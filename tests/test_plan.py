@@ -297,7 +297,7 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
     with pytest.raises(ConfigurationError, match=r"orin-2.yaml: toolchains.tensorrt-edgellm: device 'orin-2': "
                                                  r".*unknown "
                                                  r"pluginPath \(valid keys: build_dir, trt_package_dir, plugin_path, "
-                                                 r"version, standin, or builds:\)"):
+                                                 r"version, standin, direct_builder, or builds:\)"):
         load_inventory(directory, data_dir=_own_data_dir)
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
                                                            "tensorrt_edgellm": install}))
