@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 
@@ -87,8 +88,7 @@ def health(env: Path, *, timeout: float = 300) -> EnvHealth:
              f"for name in {IMPORTS!r}: importlib.import_module(name)\n"
              f"print(json.dumps({{'version': m.version({TOOLCHAIN!r})}}))")
     try:
-        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = lifetime.run([str(python), "-c", probe], timeout=timeout)
     except subprocess.TimeoutExpired:
         return EnvHealth(env, None, False, [*problems, f"import probe timed out after {timeout:.0f} s"])
     version = None
@@ -158,7 +158,7 @@ def _build(env: Path, version: str, log: Path | None) -> None:
     ]
     for what, argv in steps:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False)
+            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S)  # its whole group dies with us
         except subprocess.TimeoutExpired:
             raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
                                       f"(slow package registry?)") from None
