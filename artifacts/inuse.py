@@ -3,6 +3,9 @@
 The owner holds an exclusive ``flock`` on the path for as long as it works on it; the kernel drops the lock when
 the owner exits, however it dies, so what a crashed process left behind is free to remove. ``gc`` removes an
 entry only if it is old enough *and* it can take the lock itself (without waiting).
+
+A new entry is unmarked for a moment between its creation and its lock, when a sweep may take it for abandoned:
+:func:`claim` makes it again if that happened, so its owner always ends up holding an entry that is there.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import fcntl
 import logging
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,47 @@ def in_use(path: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        release(fd)
+
+
+def claim(make: Callable[[], Path]) -> tuple[Path, int]:
+    """A new entry made by ``make`` (a fresh, uniquely named temporary file or directory), marked in use; made
+    again when a sweep removed it before the mark took. Returns it and the descriptor for :func:`release`."""
+    while True:
+        path = make()
+        try:
+            fd = mark_in_use(path)
+        except FileNotFoundError:  # swept before we could open it
+            continue
+        try:
+            if os.path.samestat(os.lstat(path), os.fstat(fd)):
+                return path, fd
+        except FileNotFoundError:  # swept while we waited for the lock
+            pass
+        release(fd)
+
+
+def new_file(directory: Path, prefix: str) -> tuple[Path, int]:
+    """An empty temporary file in ``directory``, marked in use (see :func:`claim`)."""
+
+    def make() -> Path:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
+        os.close(fd)
+        return Path(name)
+
+    return claim(make)
+
+
+@contextlib.contextmanager
+def held_dir(directory: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory under ``directory`` (made if missing), marked in use while the block runs and removed
+    when it ends. What a killed owner left is removed by :func:`remove_stale` (the owner's lock died with it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path, fd = claim(lambda: Path(tempfile.mkdtemp(dir=directory, prefix=prefix)))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
         release(fd)
 
 

@@ -37,6 +37,12 @@ class FarmContext:
     def host_work_dir(self) -> Path:
         return Path(self.data_dir) / "host"
 
+    @property
+    def scratch_dir(self) -> Path:
+        """Temporary work of stages on this host: each entry is marked in use by its owner
+        (``artifacts.inuse.held_dir``), so gc and the next run remove exactly what dead runs left."""
+        return self.host_work_dir / "scratch"
+
 
 @dataclass
 class Farm:

@@ -527,7 +527,6 @@ def gc(
 ) -> None:
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
-        from artifacts.inuse import remove_stale
         from artifacts.store import ArtifactStore
         from edgellm.errors import ConfigurationError
         from flows.settings import Settings
@@ -535,8 +534,7 @@ def gc(
         from results.db import read_only_engine, redact
         from results.migrate import require_current
         from results.recorder import Recorder
-        from tasks.device_exec import FETCH_PREFIX
-        from tasks.farm import FarmContext
+        from tasks.host import sweep_dead_work
 
         if older_than_days < 0:
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
@@ -549,8 +547,6 @@ def gc(
             engine.dispose()
         store = ArtifactStore(settings.data_dir / "artifacts")
         removed = store.gc(referenced, older_than_days * 86400)
-        host = FarmContext(run_id=0, db_url="", data_dir=str(settings.data_dir), inventory_dir="").host_work_dir
-        scratch = host / "scratch"
-        stale = remove_stale(scratch, f"{FETCH_PREFIX}*", older_than_days * 86400)  # left by killed runs
+        dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
-              f"{len(referenced)} referenced blob(s) kept; {len(stale)} stale fetch dir(s) removed")
+              f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed")
