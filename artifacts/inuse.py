@@ -81,11 +81,14 @@ def held_dir(directory: Path, prefix: str) -> Iterator[Path]:
     when it ends. What a killed owner left is removed by :func:`remove_stale` (the owner's lock died with it)."""
     directory.mkdir(parents=True, exist_ok=True)
     path, fd = claim(lambda: Path(tempfile.mkdtemp(dir=directory, prefix=prefix)))
+    owner = os.getpid()
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
-        release(fd)
+        # never in a forked copy of the owner (code run there between fork and exec can finalize this block)
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+            release(fd)
 
 
 def _remove_if_free(path: Path) -> bool:

@@ -9,7 +9,8 @@ its parent dies and then kills the whole group (``devices/supervisor.py``). It p
 unchanged (a signal as the same signal), and its rusage at ``wait4`` covers the command's (``ru_maxrss``: the
 largest child).
 
-libc and its ``prctl`` are resolved here, in the parent, so the child between fork and exec only makes one call.
+For :func:`die_with_parent`, libc and its ``prctl`` are resolved here, in the parent, so the child between fork and
+exec only makes one call.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +34,6 @@ SUPERVISOR = Path(__file__).with_name("supervisor.py")  # standard library only:
 # The supervisor's parent-death signal: a real-time one, so it is never mistaken for a SIGTERM someone sent (the
 # signal also comes when only the starting thread dies, while getppid() still names the process).
 ORPHANED = signal.SIGRTMIN + 1
-
-
-def _pdeathsig(sig: int) -> Callable[[], None]:
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if _prctl is None:
-            return
-        _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def die_with_parent() -> None:
@@ -69,8 +57,10 @@ def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     not there exits 127 (``<name>: command not found`` on its stderr), one that cannot run 126."""
     if "start_new_session" in popen or "preexec_fn" in popen:
         raise TypeError("spawn decides start_new_session and preexec_fn itself")
-    return subprocess.Popen(supervised(argv), start_new_session=True, preexec_fn=_pdeathsig(ORPHANED),
-                            **popen)
+    # no preexec_fn: Python code in a forked child of a threaded process can finalize other threads' objects
+    # there (a held scratch dir's cleanup ran in the child and removed the parent's dir); the supervisor asks for
+    # its parent-death signal itself
+    return subprocess.Popen(supervised(argv), start_new_session=True, **popen)
 
 
 def kill_group(pgid: int) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.inuse import in_use, remove_stale
+from artifacts.inuse import held_dir, in_use, remove_stale
 from artifacts.store import ArtifactStore
 from flows.cli import app
 from tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
@@ -150,3 +151,31 @@ def test_gc_and_the_next_run_sweep_the_scratch_of_a_killed_run_never_a_live_one(
         assert sweep_dead_work(data) == [again]  # what a run does first
         assert live.is_dir()
     assert not live.exists()
+
+
+def test_a_held_dir_survives_forks_made_by_other_threads(tmp_path: Path) -> None:
+    """A fork that runs Python before exec (``preexec_fn``) clears the other threads' state in the child, which
+    finalized their held dirs there: the child removed a running stage's fetch dir (seen as a FileNotFoundError
+    reading its bench.json). The cleanup only ever runs in the owner process."""
+    local = threading.local()
+    held, done = threading.Event(), threading.Event()
+    paths: list[Path] = []
+
+    def stage() -> None:  # as fetch_scope keeps a stage's fetch dirs: in a thread-local list
+        local.dirs = [contextlib.ExitStack()]
+        paths.append(local.dirs[0].enter_context(held_dir(tmp_path, FETCH_PREFIX)))
+        held.set()
+        done.wait(60)
+        local.dirs[0].close()
+
+    worker = threading.Thread(target=stage)
+    worker.start()
+    try:
+        assert held.wait(60)
+        for _ in range(20):
+            subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+        assert paths[0].is_dir()
+    finally:
+        done.set()
+        worker.join()
+    assert not paths[0].exists()  # removed by its owner when the block ended
