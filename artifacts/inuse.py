@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -113,6 +114,8 @@ def _remove_if_free(path: Path) -> bool:
 def remove_stale(directory: Path, pattern: str, older_than_s: float) -> list[Path]:
     """Remove the entries of ``directory`` matching ``pattern`` last modified over ``older_than_s`` ago and not
     marked in use; returns what was removed."""
+    if not (math.isfinite(older_than_s) and older_than_s >= 0):
+        raise ValueError(f"bad age {older_than_s!r}: need a finite number of seconds >= 0")
     if not directory.is_dir():
         return []
     cutoff = time.time() - older_than_s

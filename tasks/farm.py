@@ -78,4 +78,5 @@ class Farm:
         with cls._guard:
             farm = cls._instances.pop(ctx, None)
         if farm is not None:
+            farm.store.close()  # what the run put is kept from now on only if its results refer to it
             farm.engine.dispose()

@@ -540,13 +540,17 @@ def gc(
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
         settings = Settings.resolve(db=db, data_dir=data_dir)
         engine = read_only_engine(settings.db_url)
+        referenced: set[str] = set()
+
+        def read_references() -> set[str]:  # read by the store once puts are held off
+            referenced.update(Recorder(engine).referenced_artifacts() | cache.referenced(engine))
+            return referenced
+
         try:
             require_current(engine, redact(settings.db_url))
-            referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
+            removed = ArtifactStore(settings.data_dir / "artifacts").gc(read_references, older_than_days * 86400)
         finally:
             engine.dispose()
-        store = ArtifactStore(settings.data_dir / "artifacts")
-        removed = store.gc(referenced, older_than_days * 86400)
         dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
               f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed")
