@@ -29,8 +29,12 @@ CPU_TORCH = "torch==2.13.0"
 CONSOLE_SCRIPTS = ("tensorrt-edgellm-quantize", "tensorrt-edgellm-export")
 IMPORTS = ("tensorrt_edgellm", "modelopt", "torch", "onnx")
 STEP_TIMEOUT_S = 1800
-# an exact release (no ranges): 0.11.0, 0.11.0rc1, 0.11.0.post1, and a local label (0.11.0+relabel)
-_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
+# An exact PEP 440 release (no ranges), bounded, ASCII only (it names a directory): 0.11.0, 0.11.0rc1, 0.11.0.post1,
+# 0.11.0.dev2, and a local label (0.11.0+relabel). Matched whole (fullmatch: "$" would let a final newline in).
+_N = "(?:0|[1-9][0-9]{0,5})"  # a number: at most 6 digits, no leading zeros
+_VERSION = re.compile(rf"{_N}(?:\.{_N}){{0,5}}(?:(?:a|b|rc){_N})?(?:\.post{_N})?(?:\.dev{_N})?"
+                      r"(?:\+[a-z0-9]{1,16}(?:\.[a-z0-9]{1,16}){0,3})?", re.ASCII)
+MAX_VERSION_CHARS = 64
 # Lines pip prints when it cannot reach the index (the install then fails with "from versions: none").
 _UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
                 "Name or service not known", "ConnectTimeoutError", "Network is unreachable", "ProxyError",
@@ -51,9 +55,13 @@ class EnvHealth:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION.match(version):
-        raise ConfigurationError(f"bad {TOOLCHAIN} version {version!r}; expected an exact version like 0.11.0 "
-                                 f"(also 0.11.0rc1, 0.11.0.post1, 0.11.0+local), not a range or a name")
+    """``version`` when it is an exact, bounded PEP 440 version (see ``_VERSION``), else ConfigurationError naming
+    it (cut short when long) and what is valid."""
+    if not (isinstance(version, str) and len(version) <= MAX_VERSION_CHARS and _VERSION.fullmatch(version)):
+        shown = repr(version) if len(str(version)) <= 40 else f"{str(version)[:24]!r}... ({len(version)} characters)"
+        raise ConfigurationError(f"bad {TOOLCHAIN} version {shown}; expected an exact version like 0.11.0 "
+                                 f"(also 0.11.0rc1, 0.11.0.post1, 0.11.0.dev1, 0.11.0+local; numbers of at most 6 "
+                                 f"digits, {MAX_VERSION_CHARS} characters in all), not a range or a name")
     return version
 
 
