@@ -22,7 +22,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,35 @@ def run(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = Non
         raise
     kill_group(proc.pid)  # what it left running in the background
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt inside :func:`terminate_as_interrupt`."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While the block runs (in the main thread; elsewhere nothing changes), SIGTERM raises :class:`Terminated`, so
+    the block's cleanups run (its commands' groups killed, temporary files removed) as on Ctrl-C; then the process
+    ends by SIGTERM all the same (or the handler that was there gets it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+    if previous == signal.SIG_IGN:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default ends the process here
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

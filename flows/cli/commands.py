@@ -535,6 +535,7 @@ def gc(
         from results.migrate import require_current
         from results.recorder import Recorder
         from tasks.host import sweep_dead_work
+        from toolchains import base as toolchains
 
         if older_than_days < 0:
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
@@ -552,5 +553,8 @@ def gc(
         finally:
             engine.dispose()
         dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
+        installs = [p for name in toolchains.names()
+                    for p in toolchains.driver(name, settings.data_dir).sweep_dead_installs()]
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
-              f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed")
+              f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed; "
+              f"{len(installs)} leftover(s) of killed toolchain installs removed")

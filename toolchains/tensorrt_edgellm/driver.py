@@ -52,6 +52,7 @@ from toolchains.tensorrt_edgellm.env import (
     installed_version,
     list_envs,
     script,
+    sweep_dead_installs,
     toolchains_root,
 )
 from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
@@ -235,6 +236,9 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def environments(self) -> list[Environment]:
         return [_environment(e) for e in list_envs(self._root())]
+
+    def sweep_dead_installs(self) -> list[Path]:
+        return sweep_dead_installs(self._root())
 
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         """The release of the build the job ran with: what its CMakeCache.txt says (the probe refused a device

@@ -5,8 +5,11 @@ Recipe (measured on a CPU-only host): CPU torch first (any other torch pulls mul
 ``tensorrt-edgellm[tools]==V`` with that torch pinned, then remove torchvision (the registry's build is CUDA-linked
 and breaks every command next to a CPU torch: ``operator torchvision::nms does not exist``).
 
-Installs are atomic: the environment is built in a temporary sibling directory and renamed into place, so a failed
-or interrupted install leaves nothing that looks installed.
+Installs are atomic: the environment is built in a temporary sibling directory (``.tensorrt-edgellm-<version>.*``)
+and renamed into place, so a failed or interrupted install leaves nothing that looks installed. Its steps run in
+process groups that die with the installer (``devices.lifetime``); SIGTERM and Ctrl-C kill them and remove the
+temporary directory before the installer ends. The directory is marked in use while the install runs, so what a
+killed install left (kill -9) is removed by the next install and by ``edgefarm gc``, never a running one's.
 """
 
 from __future__ import annotations
@@ -14,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from artifacts.inuse import held_dir, remove_stale
 from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
 from toolchains.tensorrt_edgellm import TOOLCHAIN
@@ -140,19 +142,22 @@ def install(root: Path, version: str, *, log: Path | None = None) -> EnvHealth:
         if existing.healthy:
             return existing
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
-    try:
+    sweep_dead_installs(dest.parent)
+    with lifetime.terminate_as_interrupt(), held_dir(dest.parent, f".{dest.name}.") as tmp:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
         _build(tmp, version, log)
         _relocate(tmp, dest)
         _swap_into_place(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     result = health(dest)
     if not result.healthy:
         raise InfrastructureError(f"{TOOLCHAIN} {version} installed into {dest} but is unhealthy: "
                                   f"{'; '.join(result.problems)}")
     return result
+
+
+def sweep_dead_installs(root: Path) -> list[Path]:
+    """What installs that died left under ``root`` (their temporary directories), never a running one's."""
+    return remove_stale(Path(root), f".{TOOLCHAIN}-*", 0)
 
 
 def _build(env: Path, version: str, log: Path | None) -> None:
@@ -204,14 +209,11 @@ def _relocate(built: Path, dest: Path) -> None:
 
 
 def _swap_into_place(built: Path, dest: Path) -> None:
-    stale = None
-    if dest.exists():  # an unhealthy leftover: move it aside, then drop it once the new one is in place
-        stale = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.stale."))
-        os.replace(dest, stale / "env")
-    try:
-        os.replace(built, dest)
-    except OSError:
-        if not health(dest).healthy:  # not a concurrent install that won the race
-            raise
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
+    with held_dir(dest.parent, f".{dest.name}.stale.") as stale:
+        if dest.exists():  # an unhealthy leftover: move it aside, dropped once the new one is in place
+            os.replace(dest, stale / "env")
+        try:
+            os.replace(built, dest)
+        except OSError:
+            if not health(dest).healthy:  # not a concurrent install that won the race
+                raise
