@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from artifacts.store import ArtifactStore
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
 from flows.cli import app
@@ -103,3 +104,17 @@ def test_inventory_keeps_accepting_ordinary_devices(tmp_path: Path) -> None:
         "v6": {"host": "fe80::1%eth0", "user": "jetson_1", "work_dir": "edgefarm"},
     })
     assert sorted(load_inventory(directory, data_dir=tmp_path / "data").devices) == ["board", "cpu", "v6"]
+
+
+@pytest.mark.parametrize("age", ["nan", "inf", "-inf", "-1", "1e308", "NaN"])
+def test_gc_refuses_an_age_that_is_no_number_of_days(age: str, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'edgefarm.db'}"
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", db]).exit_code == 0
+    store = ArtifactStore(tmp_path / "data" / "artifacts")
+    blob = store.put(b"unreferenced")
+    store.close()
+    result = CliRunner().invoke(app, ["gc", "--older-than-days", age, "--db", db, "--data-dir", str(tmp_path / "data")])
+    line = " ".join(result.output.split())
+    assert result.exit_code == 2, line
+    assert f"bad --older-than-days {float(age)!r}" in line and "from 0 to 36500" in line
+    assert store.has(blob.sha256)  # nothing collected

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -519,6 +520,9 @@ def serve(
         raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui))
 
 
+MAX_GC_AGE_DAYS = 36500  # a century: anything larger is a typo, and would overflow to an infinite age
+
+
 def gc(
     older_than_days: Annotated[float, typer.Option("--older-than-days", help="only blobs last stored before this "
                                                                             "many days ago")] = 14.0,
@@ -537,8 +541,9 @@ def gc(
         from tasks.host import sweep_dead_work
         from toolchains import base as toolchains
 
-        if older_than_days < 0:
-            raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
+        if not (math.isfinite(older_than_days) and 0 <= older_than_days <= MAX_GC_AGE_DAYS):
+            raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need a number of days from 0 to "
+                                     f"{MAX_GC_AGE_DAYS} (0: every unreferenced blob; not nan, inf or negative)")
         settings = Settings.resolve(db=db, data_dir=data_dir)
         engine = read_only_engine(settings.db_url)
         referenced: set[str] = set()
