@@ -3,6 +3,9 @@
 The owner holds an exclusive ``flock`` on the path for as long as it works on it; the kernel drops the lock when
 the owner exits, however it dies, so what a crashed process left behind is free to remove. ``gc`` removes an
 entry only if it is old enough *and* it can take the lock itself (without waiting).
+
+A new entry is unmarked for a moment between its creation and its lock, when a sweep may take it for abandoned:
+:func:`claim` makes it again if that happened, so its owner always ends up holding an entry that is there.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,50 @@ def in_use(path: Path) -> Iterator[None]:
         release(fd)
 
 
+def claim(make: Callable[[], Path]) -> tuple[Path, int]:
+    """A new entry made by ``make`` (a fresh, uniquely named temporary file or directory), marked in use; made
+    again when a sweep removed it before the mark took. Returns it and the descriptor for :func:`release`."""
+    while True:
+        path = make()
+        try:
+            fd = mark_in_use(path)
+        except FileNotFoundError:  # swept before we could open it
+            continue
+        try:
+            if os.path.samestat(os.lstat(path), os.fstat(fd)):
+                return path, fd
+        except FileNotFoundError:  # swept while we waited for the lock
+            pass
+        release(fd)
+
+
+def new_file(directory: Path, prefix: str) -> tuple[Path, int]:
+    """An empty temporary file in ``directory``, marked in use (see :func:`claim`)."""
+
+    def make() -> Path:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
+        os.close(fd)
+        return Path(name)
+
+    return claim(make)
+
+
+@contextlib.contextmanager
+def held_dir(directory: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory under ``directory`` (made if missing), marked in use while the block runs and removed
+    when it ends. What a killed owner left is removed by :func:`remove_stale` (the owner's lock died with it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path, fd = claim(lambda: Path(tempfile.mkdtemp(dir=directory, prefix=prefix)))
+    owner = os.getpid()
+    try:
+        yield path
+    finally:
+        # never in a forked copy of the owner (code run there between fork and exec can finalize this block)
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+            release(fd)
+
+
 def _remove_if_free(path: Path) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -65,6 +114,8 @@ def _remove_if_free(path: Path) -> bool:
 def remove_stale(directory: Path, pattern: str, older_than_s: float) -> list[Path]:
     """Remove the entries of ``directory`` matching ``pattern`` last modified over ``older_than_s`` ago and not
     marked in use; returns what was removed."""
+    if not (math.isfinite(older_than_s) and older_than_s >= 0):
+        raise ValueError(f"bad age {older_than_s!r}: need a finite number of seconds >= 0")
     if not directory.is_dir():
         return []
     cutoff = time.time() - older_than_s

@@ -11,27 +11,36 @@ names empty, modes 0644/0755 keeping only the executable bit; symlinks and speci
 tree therefore always has the same sha256, and ``extract`` restores it. ``ArtifactRef.packing`` says which.
 
 Every read re-hashes the blob: a corrupt blob is never served (CorruptArtifactError names it); ``verify`` lists
-every corrupt blob in the store. The store knows nothing of the database: ``gc`` takes the referenced set.
+every corrupt blob in the store. The store knows nothing of the database: ``gc`` takes the referenced set (or a
+function reading it).
+
+``gc`` and puts exclude each other on ``<root>/gc.lock`` (puts share it, a gc holds it alone): a put either
+finishes before a gc starts, its blob pinned (``artifacts.pins``) until the store is closed, or waits for the gc to
+end and then finds the blob gone and stores it again. A gc reads the referenced set and the live pins under the
+lock, so what a put stored is kept until its caller recorded it and closed the store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import logging
+import math
 import os
 import re
 import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from artifacts.inuse import mark_in_use, release, remove_stale
+from artifacts import pins
+from artifacts.inuse import new_file, release, remove_stale
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.files import atomic_output
@@ -88,6 +97,22 @@ class ArtifactStore:
         self.root = Path(root)  # the farm keeps its store at <data dir>/artifacts
         self.blobs = self.root / "sha256"
         self.tmp = self.root / "tmp"
+        self._pins = pins.Pins(self.root / "pins")
+
+    def close(self) -> None:
+        """Drop this store's pins: what it put is kept from then on only if something refers to it."""
+        self._pins.close()
+
+    @contextlib.contextmanager
+    def _gc_lock(self, mode: int) -> Iterator[None]:
+        """``fcntl.LOCK_SH`` for a put, ``LOCK_EX`` for a gc (one descriptor per holder: threads too)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "gc.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)
 
     def path(self, sha256: str) -> Path:
         _check_sha(sha256)
@@ -124,25 +149,25 @@ class ArtifactStore:
         except ValueError:
             raise ConfigurationError(f"unknown artifact kind {kind!r}; valid: {', '.join(ArtifactKind)}") from None
         self.tmp.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="put-")
-        tmp = Path(tmp_name)
-        lock = mark_in_use(tmp)  # gc leaves it alone while this put runs
+        tmp, lock = new_file(self.tmp, "put-")  # gc leaves it alone while this put runs
         try:
-            with os.fdopen(fd, "wb") as out:
+            with open(tmp, "wb") as out:
                 packing = self._write(src, out)
                 out.flush()
                 os.fsync(out.fileno())
             sha = self._hash_file(tmp)
             size = tmp.stat().st_size
             dest = self.path(sha)
-            if dest.is_file() and self._hash_file(dest) == sha:
-                os.utime(dest)  # deduplicated: refresh its age so gc spares the new reference
-            else:
-                if dest.is_file():  # the stored copy rotted: the verified new one replaces it
-                    log.warning("artifact sha256:%s was corrupt: replaced by the content just stored", sha)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, dest)
+            with self._gc_lock(fcntl.LOCK_SH):  # no gc between the check and the pin
+                self._pins.add(sha)
+                if dest.is_file() and self._hash_file(dest) == sha:
+                    os.utime(dest)  # deduplicated: refresh its age so gc spares the new reference
+                else:
+                    if dest.is_file():  # the stored copy rotted: the verified new one replaces it
+                        log.warning("artifact sha256:%s was corrupt: replaced by the content just stored", sha)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.chmod(tmp, 0o444)
+                    os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
             release(lock)
@@ -231,21 +256,27 @@ class ArtifactStore:
         """The sha256 of every corrupt blob (content no longer matches its name)."""
         return [sha for sha in self.list() if self._hash_file(self.path(sha)) != sha]
 
-    def gc(self, referenced: set[str], older_than_s: float) -> list[str]:
+    def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> list[str]:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
-        files of puts no longer running); returns the removed sha256s. Referenced or young blobs are never
-        removed."""
-        if older_than_s < 0:
-            raise ConfigurationError(f"bad gc age {older_than_s!r}: need >= 0 seconds")
-        cutoff = time.time() - older_than_s
-        removed = []
-        for sha in self.list():
-            blob = self.path(sha)
-            if sha in referenced:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                if blob.stat().st_mtime < cutoff:
-                    blob.unlink()
-                    removed.append(sha)
-        remove_stale(self.tmp, "*", older_than_s)  # never a put still in progress (it holds its lock)
+        files of puts no longer running); returns the removed sha256s. Referenced, pinned (put by a store still
+        open) or young blobs are never removed. A function as ``referenced`` is read once puts are held off, so
+        a reference recorded just before is seen."""
+        if not (math.isfinite(older_than_s) and older_than_s >= 0):
+            raise ConfigurationError(f"bad gc age {older_than_s!r}: need a finite number of seconds >= 0")
+        removed: list[str] = []
+        if not self.root.is_dir():  # nothing stored yet (and nothing made by looking)
+            return removed
+        with self._gc_lock(fcntl.LOCK_EX):
+            keep = pins.live(self.root / "pins")
+            keep |= set(referenced() if callable(referenced) else referenced)
+            cutoff = time.time() - older_than_s
+            for sha in self.list():
+                blob = self.path(sha)
+                if sha in keep:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if blob.stat().st_mtime < cutoff:
+                        blob.unlink()
+                        removed.append(sha)
+            remove_stale(self.tmp, "*", older_than_s)  # never a put still in progress (it holds its lock)
         return removed

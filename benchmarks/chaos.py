@@ -1,11 +1,16 @@
-"""The chaos scenario (tests/test_chaos.py): a nightly on the local device and two SSH hosts with results on
-PostgreSQL while faults are injected (sshd killed mid-transfer, a full disk, corrupt store blobs, the orchestrator
-SIGKILLed and rerun). Runs that test, prints its table (fault, expected, observed, ok) and keeps it as
-benchmarks/results/chaos.json.
+"""The chaos scenarios: runs their tests, prints each table (fault, expected, observed, ok) and keeps it in
+benchmarks/results/.
 
-    .venv/bin/python benchmarks/chaos.py
+  nightly  tests/test_chaos.py: a nightly on the local device and two SSH hosts with results on PostgreSQL while
+           faults are injected (sshd killed mid-transfer, a full disk, corrupt store blobs, the orchestrator
+           SIGKILLed and rerun) -> benchmarks/results/chaos.json. Needs root, openssh-server and postgresql
+           (scripts/install-system-deps.sh).
+  host     tests/test_chaos_host_kill.py: the orchestrator (an ``edgefarm run`` process) SIGKILLed while NVIDIA's
+           quantizer runs for it and while it installs that toolchain; nothing may outlive it and ``edgefarm gc``
+           must leave nothing in scratch -> benchmarks/results/chaos-host.json. Needs the tensorrt-edgellm
+           environment the tests install once (tests/fixtures/toolchain.py); no network.
 
-Needs what the test needs: root, openssh-server and postgresql (scripts/install-system-deps.sh).
+    .venv/bin/python benchmarks/chaos.py [nightly|host|all]      # default: all
 """
 
 from __future__ import annotations
@@ -19,21 +24,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST = "tests/test_chaos.py"
-TABLE = ROOT / ".data" / "test-artifacts" / "chaos.json"  # written by the test
-OUT = ROOT / "benchmarks" / "results" / "chaos.json"
+ARTIFACTS = ROOT / ".data" / "test-artifacts"
+# scenario -> (its test, the table the test writes, where the table is kept)
+SCENARIOS = {
+    "nightly": ("tests/test_chaos.py", ARTIFACTS / "chaos.json", ROOT / "benchmarks" / "results" / "chaos.json"),
+    "host": ("tests/test_chaos_host_kill.py", ARTIFACTS / "chaos-host.json",
+             ROOT / "benchmarks" / "results" / "chaos-host.json"),
+}
 
 
-def main() -> int:
-    TABLE.unlink(missing_ok=True)
+def run(name: str) -> int:
+    test, table, out = SCENARIOS[name]
+    table.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
                           check=False)
     wall = time.perf_counter() - t0
-    if not TABLE.exists():
-        sys.exit(f"{TEST} wrote no table (pytest exit {proc.returncode})")
-    result = json.loads(TABLE.read_text())
-    result.update({"command": f"{Path(sys.executable).name} benchmarks/chaos.py (pytest {TEST})",
+    if not table.exists():
+        print(f"{test} wrote no table (pytest exit {proc.returncode})", file=sys.stderr)
+        return proc.returncode or 1
+    result = json.loads(table.read_text())
+    result.update({"command": f"{Path(sys.executable).name} benchmarks/chaos.py {name} (pytest {test})",
                    "pytest_exit_code": proc.returncode, "pytest_wall_s": round(wall, 1),
                    "machine": {"cpu_count": os.cpu_count(), "loadavg": os.getloadavg()}})
     for row in result["table"]:
@@ -42,11 +53,19 @@ def main() -> int:
             print(textwrap.fill(row[label], 116, initial_indent=f"  {label}: ", subsequent_indent="    "))
     print(f"\npytest exit {proc.returncode}; scenario {result['wall_s']} s ({result['phases_s']}); "
           f"pytest {wall:.0f} s with its services")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {OUT.relative_to(ROOT)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
     return proc.returncode
 
 
+def main(argv: list[str]) -> int:
+    chosen = argv[0] if argv else "all"
+    if chosen not in (*SCENARIOS, "all") or len(argv) > 1:
+        sys.exit(f"usage: chaos.py [{'|'.join(SCENARIOS)}|all] (got {' '.join(argv)!r})")
+    codes = [run(name) for name in (SCENARIOS if chosen == "all" else [chosen])]
+    return next((c for c in codes if c), 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -10,7 +10,9 @@ device). A toolchain whose driver needs such a block runs only on devices that h
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
 relative to the farm's data dir (given to :func:`load_inventory`); ``work_dir`` of an ssh device absolute or
-relative to the login directory.
+relative to the login directory. A work dir is the farm's own (it keeps and evicts a cache there): never ``/`` or
+the base it is relative to, never through ``..``. A host or user is a name, never something an ssh command line
+could take for an option (``-oProxyCommand=...``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import paramiko
@@ -37,6 +39,9 @@ from toolchains import base as toolchains
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+# a host name, IPv4 or IPv6 address (an IPv6 zone after %); a user name as useradd takes it
+_HOST = re.compile(r"[A-Za-z0-9_:\[](?:[A-Za-z0-9._:%\[\]-]{0,252}[A-Za-z0-9\]])?", re.ASCII)
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}", re.ASCII)
 DEFAULT_CACHE_MAX_GB = 20.0  # a few quantized small-model engines; a 64 GB Orin holds a handful of 8B ones
 
 
@@ -163,7 +168,30 @@ def _check_device(device: Device, path: Path) -> list[str]:
                 problems.append(f"{path}: known_hosts: {device.known_hosts} has no key for {name}")
     if device.work_dir.startswith("~"):
         problems.append(f"{path}: work_dir: {device.work_dir!r}: use an absolute path or one relative to the home")
+    if device.host is not None and not _HOST.fullmatch(device.host):
+        problems.append(f"{path}: host: {device.host!r} is not a host name or IP address (letters, digits, '.', "
+                        f"'-', ':'; never starting with '-', which ssh would take for an option)")
+    if device.user is not None and not _USER.fullmatch(device.user):
+        problems.append(f"{path}: user: {device.user!r} is not a user name (letters, digits, '.', '_', '-', at "
+                        f"most 32; never starting with '-', which ssh would take for an option)")
     return problems
+
+
+def _work_dir_problem(value: str, local: bool) -> str | None:
+    """Why ``value`` cannot be a device's work dir (checked as written, before it is made absolute), or None."""
+    base = "the farm's data dir" if local else "the login directory"
+    if not value:
+        return None  # the field's own check says it is required
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return f"{value!r} has control characters; use a plain path"
+    parts = PurePosixPath(value).parts
+    if ".." in parts:
+        return (f"{value!r} goes up through '..' (out of {base} or up to /); use an absolute path or one relative "
+                f"to {base}, without '..'")
+    if all(p in ("/", "//", ".") for p in parts):
+        return (f"{value!r} is {'/' if value.startswith('/') else base} itself: the farm keeps and evicts a cache "
+                f"in its work dir, so give it a directory of its own (e.g. devices/<id> or /var/lib/edgefarm)")
+    return None
 
 
 def _resolve_paths(data: dict[str, Any], directory: Path, data_dir: Path) -> dict[str, Any]:
@@ -178,6 +206,16 @@ def _resolve_paths(data: dict[str, Any], directory: Path, data_dir: Path) -> dic
 
 def _validate(data: dict[str, Any], root: Path, path: Path, data_dir: Path) -> tuple[Device | None, list[str]]:
     """The device and every problem of its file (cross-field checks too, on the fields that did parse)."""
+    raw = data.get("work_dir")
+    work_dir = _work_dir_problem(raw, data.get("transport") == TransportKind.LOCAL) if isinstance(raw, str) else None
+    device, problems = _validate_fields(data, root, path, data_dir)
+    if work_dir is not None:
+        return None, [f"{path}: work_dir: {work_dir}", *problems]
+    return device, problems
+
+
+def _validate_fields(data: dict[str, Any], root: Path, path: Path,
+                     data_dir: Path) -> tuple[Device | None, list[str]]:
     resolved = _resolve_paths(data, root, data_dir)
     try:
         device = Device.model_validate(resolved)

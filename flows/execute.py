@@ -26,6 +26,7 @@ from results.regressions import Flag, flag_regressions
 from stages.job import CheckpointRef, job_key
 from tasks import engines
 from tasks.farm import Farm, FarmContext
+from tasks.host import sweep_dead_work
 from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
     engine = make_engine(settings.db_url)
     prepare_for_run(engine)
     reap_stale_runs(engine)
+    for path in sweep_dead_work(settings.data_dir):
+        log.info("removed %s, left by a run that died", path)
     recorder = Recorder(engine)
     if run_id is None:
         run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())

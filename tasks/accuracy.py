@@ -8,9 +8,9 @@ stage's error, with its reason."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
+from artifacts.inuse import held_dir
 from artifacts.kinds import ArtifactKind
 from devices.inventory import Device
 from devices.transport import Transport
@@ -36,9 +36,7 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
     farm = Farm.get(ctx)
     engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
     toolchain = job.driver(ctx.data_dir)
-    scratch = farm.ctx.host_work_dir / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+    with held_dir(farm.ctx.scratch_dir, "accuracy-") as tmp:
         local_ref = None
         if toolchain.accuracy_reads_reference():  # the host judges what the device made against it
             local_ref = Path(tmp) / "reference.npz"

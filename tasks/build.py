@@ -19,16 +19,16 @@ with it (it reads its weights from there at run time).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import stages
+from artifacts.inuse import held_dir
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from devices.inventory import Device
@@ -143,19 +143,18 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
     def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
         return toolchain.build_step(device, f"cache/{source.sha256}", f"{job_dir}/engine", job.build_params)
 
-    scratch = farm.ctx.host_work_dir / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
     made: dict[str, Any] = {}
+    held = contextlib.ExitStack()  # the engine's read-back files, until it is judged
 
     def keep(transport: Transport, run: DeviceRun) -> None:
         if run.status is not ResultStatus.PASS:
             return
         sealed = engines.seal_built(farm, run.device, transport, run.job_dir)
         made["readback"] = engines.read_back(transport, sealed, toolchain.engine_readback(),
-                                             Path(tempfile.mkdtemp(dir=scratch, prefix="engine-")))
+                                             held.enter_context(held_dir(farm.ctx.scratch_dir, "engine-")))
         stored = None
         if farm.ctx.fetch_engines:  # a policy asks for the bytes: the engine then also runs elsewhere
-            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            with held_dir(farm.ctx.scratch_dir, "fetched-engine-") as tmp:
                 transport.get(f"cache/{sealed.digest}", Path(tmp) / "engine")
                 stored = farm.store.put(Path(tmp) / "engine", ArtifactKind.ENGINE)
             made["stored"] = stored
@@ -165,16 +164,13 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
             stored=stored.sha256 if stored is not None else None, onnx=onnx.sha256,
             checkpoint=source.sha256 if checkpoint is not None else None)
 
-    try:
+    with held:
         run = run_stage(farm, platform=job.platform, what=f"build-{job.key}", argv=step, inputs=[source],
                         fetch_on=(), timeout=job.timeout(Stage.BUILD),
                         on_attempt_failed=attempt_recorder(farm, job, Stage.BUILD, toolchain),
                         after=keep, toolchain=toolchain, reserve=source.size or 0,
                         only=_route_devices(farm, job, toolchain, route))
         return _judged(farm, job, toolchain, run, onnx, made, keyed, checkpoint)
-    finally:
-        if "readback" in made:
-            shutil.rmtree(made["readback"], ignore_errors=True)
 
 
 def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun, onnx: ArtifactRef,
@@ -189,8 +185,7 @@ def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun
     if "stored" in made:
         out.artifacts.append(made["stored"])
     out.metrics["engine_bytes"] = (float(engine.bytes), "B")
-    scratch = farm.ctx.host_work_dir / "scratch"
-    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+    with held_dir(farm.ctx.scratch_dir, "engine-check-") as tmp:
         onnx_dir = None
         if toolchain.needs_onnx_for_check() and checkpoint is None:
             onnx_dir = Path(tmp) / "onnx"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from artifacts.inuse import mark_in_use, release
+from artifacts.inuse import held_dir
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef
 from devices import agent_client
@@ -84,7 +84,7 @@ def ensure_on_device(farm: Farm, transport: Transport, ref: ArtifactRef) -> str:
     remote = device_cache.entry(ref.sha256)
     if device_cache.usable(transport, ref.sha256, ref.packing):
         return remote
-    with tempfile.TemporaryDirectory(dir=_scratch(farm)) as tmp:
+    with held_dir(farm.ctx.scratch_dir, "stage-") as tmp:
         local = Path(tmp) / ref.sha256
         if ref.packing is Packing.TAR:
             farm.store.extract(ref.sha256, local)
@@ -114,26 +114,21 @@ def fetch_scope() -> Iterator[None]:
     try:
         yield
     finally:
-        for path, lock in _fetches.dirs:
-            shutil.rmtree(path, ignore_errors=True)
-            release(lock)
+        for held in _fetches.dirs:
+            held.close()
         _fetches.dirs = outer
 
 
 def _fetch_dir(farm: Farm) -> Path:
-    path = Path(tempfile.mkdtemp(dir=_scratch(farm), prefix=FETCH_PREFIX))
-    held = getattr(_fetches, "dirs", None)
-    if held is None:
+    scope = getattr(_fetches, "dirs", None)
+    if scope is None:
+        farm.ctx.scratch_dir.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(dir=farm.ctx.scratch_dir, prefix=FETCH_PREFIX))
         log.warning("%s made outside a fetch scope: only gc will remove it", path)
-    else:
-        held.append((path, mark_in_use(path)))
-    return path
-
-
-def _scratch(farm: Farm) -> Path:
-    path = farm.ctx.host_work_dir / "scratch"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+        return path
+    held = contextlib.ExitStack()
+    scope.append(held)
+    return held.enter_context(held_dir(farm.ctx.scratch_dir, FETCH_PREFIX))
 
 
 def pushed(farm: Farm, toolchain: ToolchainDriver | None) -> list[ArtifactRef]:

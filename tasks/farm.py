@@ -37,6 +37,12 @@ class FarmContext:
     def host_work_dir(self) -> Path:
         return Path(self.data_dir) / "host"
 
+    @property
+    def scratch_dir(self) -> Path:
+        """Temporary work of stages on this host: each entry is marked in use by its owner
+        (``artifacts.inuse.held_dir``), so gc and the next run remove exactly what dead runs left."""
+        return self.host_work_dir / "scratch"
+
 
 @dataclass
 class Farm:
@@ -72,4 +78,5 @@ class Farm:
         with cls._guard:
             farm = cls._instances.pop(ctx, None)
         if farm is not None:
+            farm.store.close()  # what the run put is kept from now on only if its results refer to it
             farm.engine.dispose()

@@ -10,17 +10,15 @@ against that record each time it is handed out.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifacts.inuse import held_dir, remove_stale
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from edgellm.errors import TestFailure
@@ -30,6 +28,8 @@ from tasks.farm import Farm, FarmContext
 from toolchains.base import QUANTIZE_RECORD
 
 log = logging.getLogger(__name__)
+STAGING_PREFIX = "."  # entries of host/checkpoints/ being extracted or dropped (swept when their owner died)
+
 
 @dataclass(frozen=True)
 class FarmHostWork:
@@ -60,16 +60,10 @@ class FarmHostWork:
     def timeout(self) -> int:
         return self.job.timeout(self.stage)
 
-    @contextlib.contextmanager
-    def scratch(self, prefix: str) -> Iterator[Path]:
-        """A fresh directory under ``<data dir>/host/scratch``, removed when the block ends."""
-        root = self.ctx.host_work_dir / "scratch"
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
-        try:
-            yield tmp
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    def scratch(self, prefix: str) -> AbstractContextManager[Path]:
+        """A fresh directory under ``<data dir>/host/scratch``, marked in use while the block runs (gc spares it;
+        what a killed run left is swept) and removed when it ends."""
+        return held_dir(self.ctx.scratch_dir, prefix)
 
     def log_path(self, name: str) -> Path:
         """Where a tool's log of this run goes (stored as evidence by the stage)."""
@@ -108,24 +102,27 @@ class FarmHostWork:
             if record is not None and checkpoint_digest(dest / "checkpoint") == record.get("checkpoint_sha256"):
                 return dest, record
             log.warning("quantized checkpoint %s was altered on this host: extracting it again", dest)
-            stale = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{ref.sha256[:12]}.stale."))
-            os.replace(dest, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{ref.sha256[:12]}."))
-        try:
+            with held_dir(dest.parent, f"{STAGING_PREFIX}{ref.sha256[:12]}.stale.") as stale:
+                os.replace(dest, stale / "old")
+        with held_dir(dest.parent, f"{STAGING_PREFIX}{ref.sha256[:12]}.") as staging:
             self.farm.store.extract(ref.sha256, staging / "q")  # verified against its sha256 while it is read
             try:
                 os.replace(staging / "q", dest)
             except OSError:  # extracted by a concurrent run meanwhile; checked below
                 if not dest.is_dir():
                     raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         record = _record(dest)
         if record is None or checkpoint_digest(dest / "checkpoint") != record.get("checkpoint_sha256"):
             raise TestFailure(f"stored quantized checkpoint sha256:{ref.sha256} does not match its own record")
         return dest, record
+
+
+def sweep_dead_work(data_dir: Path) -> list[Path]:
+    """What runs that died left on this host: scratch entries and checkpoint extractions whose owner is gone (its
+    in-use mark died with it), whatever their age. A live run's are marked, so they are never swept."""
+    ctx = FarmContext(run_id=0, db_url="", data_dir=str(data_dir), inventory_dir="")
+    return [*remove_stale(ctx.scratch_dir, "*", 0),
+            *remove_stale(ctx.host_work_dir / "checkpoints", f"{STAGING_PREFIX}*", 0)]
 
 
 def _record(directory: Path) -> dict[str, Any] | None:

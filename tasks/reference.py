@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import edgellm
+from artifacts.inuse import held_dir
 from artifacts.kinds import ArtifactKind
 from devices.transport.local import LocalTransport
 from edgellm import BUNDLED_TEXT_FILE
@@ -63,10 +62,8 @@ def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: ``edgellm reference`` on the source checkpoint (a pre-quantized one's float base)."""
     source = job.reference_source
     farm, model, timeout_s = Farm.get(ctx), source.model, job.timeout(REFERENCE)
-    work = farm.ctx.host_work_dir / "scratch"
-    work.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=work, prefix="reference-"))
-    try:
+    work = farm.ctx.scratch_dir
+    with held_dir(work, "reference-") as tmp:
         logs = farm.ctx.host_work_dir / "logs" / f"run-{farm.ctx.run_id}"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"reference-{model.replace('/', '--')}.log"
@@ -86,5 +83,3 @@ def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
             out.outputs["reference"] = ref
             out.metrics["reference_s"] = (result.duration, "s")
         return out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from pathlib import Path
@@ -106,12 +107,24 @@ def test_gc_removes_only_old_unreferenced_blobs(tmp_path: Path) -> None:
     stale_tmp = tmp_path / "store" / "tmp" / "put-crashed"
     stale_tmp.write_bytes(b"partial")
     os.utime(stale_tmp, (past, past))
+    store.close()  # the run that put them ended: from now on only references (and age) keep them
     assert store.gc({old_ref.sha256}, older_than_s=600) == [old_unref.sha256]
     assert sorted(store.list()) == sorted([old_ref.sha256, young.sha256])
     assert not stale_tmp.exists()
     # putting old content again makes it young: gc spares it until the caller records the reference
     os.utime(store.path(old_ref.sha256), (past, past))
     store.put(b"kept")
+    store.close()
     assert store.gc(set(), older_than_s=600) == []
-    with pytest.raises(ConfigurationError, match="-1"):
-        store.gc(set(), older_than_s=-1)
+    for bad in (-1, math.nan, math.inf):
+        with pytest.raises(ConfigurationError, match=str(bad)):
+            store.gc(set(), older_than_s=bad)
+
+
+def test_gc_keeps_what_an_open_store_put_until_it_is_closed(tmp_path: Path) -> None:
+    run, gc = ArtifactStore(tmp_path / "store"), ArtifactStore(tmp_path / "store")
+    ref = run.put(b"not recorded yet")
+    assert gc.gc(set(), older_than_s=0) == [] and run.has(ref.sha256)  # pinned by the run's open store
+    run.close()
+    assert gc.gc(lambda: set(), older_than_s=0) == [ref.sha256]
+    assert list((tmp_path / "store" / "pins").iterdir()) == []

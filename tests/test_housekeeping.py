@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +15,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.inuse import in_use, remove_stale
+from artifacts.inuse import held_dir, in_use, remove_stale
 from artifacts.store import ArtifactStore
 from flows.cli import app
 from tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
 from tasks.farm import Farm, FarmContext
+from tasks.host import FarmHostWork, sweep_dead_work
 
 MB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gc_spares_a_put_in_progress(tmp_path: Path) -> None:
@@ -99,12 +104,78 @@ def test_edgefarm_gc_removes_stale_fetch_dirs(tmp_path: Path) -> None:
     left = scratch / f"{FETCH_PREFIX}killedrun"
     (left / "engine").mkdir(parents=True)
     (left / "engine" / "model.onnx").write_bytes(b"gigabytes in production")
-    fresh = scratch / f"{FETCH_PREFIX}running"
-    fresh.mkdir()
+    running = scratch / f"{FETCH_PREFIX}running"
+    running.mkdir()
     os.utime(left, (0, 0))
-    result = CliRunner().invoke(
-        app, ["gc", "--older-than-days", "1", "--data-dir", str(data), "--db", f"sqlite:///{db}"]
-    )
+    with in_use(running):  # its stage holds it
+        result = CliRunner().invoke(
+            app, ["gc", "--older-than-days", "1", "--data-dir", str(data), "--db", f"sqlite:///{db}"]
+        )
     assert result.exit_code == 0, result.output
-    assert "1 stale fetch dir(s) removed" in result.output
-    assert not left.exists() and fresh.exists()
+    assert "1 scratch dir(s) of dead runs removed" in result.output
+    assert not left.exists() and running.exists()
+
+
+def _held_by_a_killed_run(data: Path) -> Path:
+    """A quantize scratch dir (``FarmHostWork.scratch``) whose run was killed with -9 while it held it."""
+    code = ("import sys, time\nfrom pathlib import Path\nfrom tasks.farm import FarmContext\n"
+            "from tasks.host import FarmHostWork\n"
+            "ctx = FarmContext(run_id=1, db_url='', data_dir=sys.argv[1], inventory_dir='')\n"
+            "with FarmHostWork(ctx, None, 'quantize').scratch('quantize-') as tmp:\n"
+            "    (tmp / 'quantized').mkdir()\n"
+            "    print(tmp, flush=True)\n"
+            "    time.sleep(300)\n")
+    run = subprocess.Popen([sys.executable, "-c", code, str(data)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.stdout is not None
+    path = Path(run.stdout.readline().strip())
+    run.kill()
+    run.wait()
+    return path
+
+
+def test_gc_and_the_next_run_sweep_the_scratch_of_a_killed_run_never_a_live_one(tmp_path: Path) -> None:
+    """issue 24 item 5: a SIGKILLed run's host/scratch/quantize-* was never removed (only fetch dirs were, by age)."""
+    data, db = tmp_path / "data", tmp_path / "data" / "edgefarm.db"
+    data.mkdir()
+    assert CliRunner().invoke(app, ["db", "upgrade", "--db", f"sqlite:///{db}"]).exit_code == 0
+    dead = _held_by_a_killed_run(data)
+    ctx = FarmContext(run_id=2, db_url="", data_dir=str(data), inventory_dir="")
+    assert dead.parent == ctx.scratch_dir and (dead / "quantized").is_dir()
+    with FarmHostWork(ctx, None, "quantize").scratch("quantize-") as live:  # type: ignore[arg-type]
+        result = CliRunner().invoke(app, ["gc", "--data-dir", str(data), "--db", f"sqlite:///{db}"])  # 14 days
+        assert result.exit_code == 0, result.output
+        assert "1 scratch dir(s) of dead runs removed" in result.output
+        assert not dead.exists() and live.is_dir()
+        again = _held_by_a_killed_run(data)
+        assert sweep_dead_work(data) == [again]  # what a run does first
+        assert live.is_dir()
+    assert not live.exists()
+
+
+def test_a_held_dir_survives_forks_made_by_other_threads(tmp_path: Path) -> None:
+    """A fork that runs Python before exec (``preexec_fn``) clears the other threads' state in the child, which
+    finalized their held dirs there: the child removed a running stage's fetch dir (seen as a FileNotFoundError
+    reading its bench.json). The cleanup only ever runs in the owner process."""
+    local = threading.local()
+    held, done = threading.Event(), threading.Event()
+    paths: list[Path] = []
+
+    def stage() -> None:  # as fetch_scope keeps a stage's fetch dirs: in a thread-local list
+        local.dirs = [contextlib.ExitStack()]
+        paths.append(local.dirs[0].enter_context(held_dir(tmp_path, FETCH_PREFIX)))
+        held.set()
+        done.wait(60)
+        local.dirs[0].close()
+
+    worker = threading.Thread(target=stage)
+    worker.start()
+    try:
+        assert held.wait(60)
+        for _ in range(20):
+            subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+        assert paths[0].is_dir()
+    finally:
+        done.set()
+        worker.join()
+    assert not paths[0].exists()  # removed by its owner when the block ended

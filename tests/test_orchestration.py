@@ -195,6 +195,7 @@ def test_gc_keeps_every_referenced_artifact(farm_dirs: dict[str, Path]) -> None:
 
     store = ArtifactStore(farm_dirs["data"] / "artifacts")
     stray = store.put(b"an artifact nothing refers to")
+    store.close()  # the process that put it is done with it: only a reference would keep it now
     os.utime(store.path(stray.sha256), (0, 0))  # last stored long ago
     result = CliRunner().invoke(app, ["gc", "--older-than-days", "1", "--data-dir", str(farm_dirs["data"])])
     assert result.exit_code == 0, result.output

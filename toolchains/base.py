@@ -392,6 +392,11 @@ class ToolchainDriver(ABC):
         """Its installed environments under the data dir, each read back (none for a toolchain without any)."""
         return []
 
+    def sweep_dead_installs(self) -> list[Path]:
+        """Remove what installs of its environments left under the data dir when they were killed (never what a
+        running install is making); returns what was removed."""
+        return []
+
     @abstractmethod
     def host_version(self) -> str:
         """The version on the orchestrating host (the host stages' product: quantize, export)."""

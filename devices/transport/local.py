@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import IO
 
-from devices.lifetime import die_with_parent
+from devices.lifetime import kill_group, spawn
 from devices.transport.base import (
     MAX_KEPT_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
@@ -37,11 +35,6 @@ def _pump(stream: IO[bytes], sink: OutputBuffer, log: IO[bytes] | None, lock: th
             with lock:
                 log.write(chunk)
                 log.flush()
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 class LocalTransport(Transport):
@@ -72,21 +65,16 @@ class LocalTransport(Transport):
         start = time.monotonic()
         if not directory.is_dir():
             return CommandResult(1, "", f"cd: {directory}: No such file or directory\n", 0.0)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=directory,
-                env={**os.environ, **self.env, **(env or {})},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: a timeout kills everything it started
-                preexec_fn=die_with_parent,  # and it dies with the orchestrator (kill -9 included)
-            )
-        except FileNotFoundError:
-            return CommandResult(127, "", f"{argv[0]}: command not found\n", time.monotonic() - start)
-        except PermissionError:
-            return CommandResult(126, "", f"{argv[0]}: permission denied\n", time.monotonic() - start)
+        # its own process group, so a timeout kills everything it started; and it dies with the orchestrator
+        # (kill -9 included). A command that is not there exits 127, one that cannot run 126.
+        proc = spawn(
+            argv,
+            cwd=directory,
+            env={**os.environ, **self.env, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = OutputBuffer(self.max_output_bytes), OutputBuffer(self.max_output_bytes)
         lock = threading.Lock()
         log_file = None
@@ -106,7 +94,7 @@ class LocalTransport(Transport):
             except subprocess.TimeoutExpired:
                 timed_out = True
             # Kill the group either way: on timeout the command, otherwise anything it left in the background.
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
             for pump in pumps:
                 pump.join(timeout=10)

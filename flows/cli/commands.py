@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -535,6 +536,9 @@ def serve(
                                    auth=settings.serve_auth))
 
 
+MAX_GC_AGE_DAYS = 36500  # a century: anything larger is a typo, and would overflow to an infinite age
+
+
 def gc(
     older_than_days: Annotated[float, typer.Option("--older-than-days", help="only blobs last stored before this "
                                                                             "many days ago")] = 14.0,
@@ -543,7 +547,6 @@ def gc(
 ) -> None:
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
-        from artifacts.inuse import remove_stale
         from artifacts.store import ArtifactStore
         from edgellm.errors import ConfigurationError
         from flows.settings import Settings
@@ -551,22 +554,28 @@ def gc(
         from results.db import read_only_engine, redact
         from results.migrate import require_current
         from results.recorder import Recorder
-        from tasks.device_exec import FETCH_PREFIX
-        from tasks.farm import FarmContext
+        from tasks.host import sweep_dead_work
+        from toolchains import base as toolchains
 
-        if older_than_days < 0:
-            raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need >= 0")
+        if not (math.isfinite(older_than_days) and 0 <= older_than_days <= MAX_GC_AGE_DAYS):
+            raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need a number of days from 0 to "
+                                     f"{MAX_GC_AGE_DAYS} (0: every unreferenced blob; not nan, inf or negative)")
         settings = Settings.resolve(db=db, data_dir=data_dir)
         engine = read_only_engine(settings.db_url)
+        referenced: set[str] = set()
+
+        def read_references() -> set[str]:  # read by the store once puts are held off
+            referenced.update(Recorder(engine).referenced_artifacts() | cache.referenced(engine))
+            return referenced
+
         try:
             require_current(engine, redact(settings.db_url))
-            referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
+            removed = ArtifactStore(settings.data_dir / "artifacts").gc(read_references, older_than_days * 86400)
         finally:
             engine.dispose()
-        store = ArtifactStore(settings.data_dir / "artifacts")
-        removed = store.gc(referenced, older_than_days * 86400)
-        host = FarmContext(run_id=0, db_url="", data_dir=str(settings.data_dir), inventory_dir="").host_work_dir
-        scratch = host / "scratch"
-        stale = remove_stale(scratch, f"{FETCH_PREFIX}*", older_than_days * 86400)  # left by killed runs
+        dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
+        installs = [p for name in toolchains.names()
+                    for p in toolchains.driver(name, settings.data_dir).sweep_dead_installs()]
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
-              f"{len(referenced)} referenced blob(s) kept; {len(stale)} stale fetch dir(s) removed", markup=False)
+              f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed; "
+              f"{len(installs)} leftover(s) of killed toolchain installs removed", markup=False)

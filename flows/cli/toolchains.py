@@ -37,14 +37,21 @@ def _data_dir(data_dir: Path | None) -> Path:
     return Settings.resolve(data_dir=data_dir, create=False).data_dir
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    return repr(text) if len(text) <= limit else f"{text[:limit - 20]!r}... ({len(text)} characters)"
+
+
 def parse_spec(spec: str, data_dir: Path | None = None) -> tuple[ToolchainDriver, str]:
-    """``NAME==VERSION`` -> (the driver, the version it checked); only toolchains whose version can be chosen."""
+    """``NAME==VERSION`` -> (the driver, the version it checked); only toolchains whose version can be chosen,
+    named exactly as registered (no case folding, no spaces), at a version their driver accepts."""
     name, sep, version = spec.partition("==")
     installable = toolchains.pinned_versions()
-    if name.strip().lower() not in installable:
-        raise ConfigurationError(f"unknown toolchain {name!r} in {spec!r}; installable: {', '.join(installable)}")
+    if name not in installable:
+        examples = ", ".join(f"{n}=={v}" for n, v in installable.items())
+        raise ConfigurationError(f"unknown toolchain {_shown(name)} in {_shown(spec)}; installable: "
+                                 f"{', '.join(installable) or '(none)'} (e.g. {examples})")
     if not sep or not version:
-        raise ConfigurationError(f"give a pinned version: {name}==X.Y.Z (got {spec!r})")
+        raise ConfigurationError(f"give a pinned version: {name}=={installable[name]} (got {_shown(spec)})")
     found = toolchains.driver(name, data_dir)
     problem = found.version_problem(version)
     if problem is not None:

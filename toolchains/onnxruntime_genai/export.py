@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.lifetime import kill_group, spawn
 from edgellm.errors import ConfigurationError, InfrastructureError, TestFailure, UnsupportedError
 from toolchains.onnxruntime_genai import DISTRIBUTION
 
@@ -183,16 +183,6 @@ def offline_env(scratch: Path) -> dict[str, str]:
             "HF_HOME": str(scratch / "hf-home"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
-def _vm_hwm(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of a log, colour codes and progress-bar redraws (carriage returns) removed."""
     try:
@@ -205,27 +195,26 @@ def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def _run(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path,
          timeout: float) -> tuple[int, float, int | None]:
-    """Run ``argv`` in its own process group, output to ``log``; (exit code, wall s, peak RSS of the child).
-    Past ``timeout`` the group is killed and InfrastructureError raised."""
+    """Run ``argv`` in its own process group (dying with the orchestrator), output to ``log``; (exit code, wall s,
+    peak RSS of the builder). Past ``timeout`` the group is killed and InfrastructureError raised."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    peak: int | None = None
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=cwd, start_new_session=True)
+        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         try:
-            while proc.poll() is None:
-                hwm = _vm_hwm(proc.pid)
-                peak = hwm if peak is None or (hwm is not None and hwm > peak) else peak
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
                 if time.monotonic() - start > timeout:
                     raise InfrastructureError(f"the onnxruntime-genai builder ran past its {timeout:.0f} s limit and "
                                               f"was killed (log: {log})")
                 time.sleep(0.1)
         except BaseException:  # timeout, Ctrl-C, cancellation: never leave the builder running
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc.pid)
+            os.wait4(proc.pid, 0)
             raise
-    return proc.returncode, time.monotonic() - start, peak
+    return os.waitstatus_to_exitcode(status), time.monotonic() - start, usage.ru_maxrss * 1024 or None
 
 
 def _tree_bytes(path: Path) -> int:

@@ -57,6 +57,7 @@ from toolchains.tensorrt_edgellm.env import (
     installed_version,
     list_envs,
     script,
+    sweep_dead_installs,
     toolchains_root,
 )
 from toolchains.tensorrt_edgellm.export import HF_PREQUANTIZED
@@ -285,6 +286,9 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def environments(self) -> list[Environment]:
         return [_environment(e) for e in list_envs(self._root())]
+
+    def sweep_dead_installs(self) -> list[Path]:
+        return sweep_dead_installs(self._root())
 
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         """The release of the build the job ran with: what its CMakeCache.txt says (the probe refused a device

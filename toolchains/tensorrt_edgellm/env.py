@@ -5,8 +5,11 @@ Recipe (measured on a CPU-only host): CPU torch first (any other torch pulls mul
 ``tensorrt-edgellm[tools]==V`` with that torch pinned, then remove torchvision (the registry's build is CUDA-linked
 and breaks every command next to a CPU torch: ``operator torchvision::nms does not exist``).
 
-Installs are atomic: the environment is built in a temporary sibling directory and renamed into place, so a failed
-or interrupted install leaves nothing that looks installed.
+Installs are atomic: the environment is built in a temporary sibling directory (``.tensorrt-edgellm-<version>.*``)
+and renamed into place, so a failed or interrupted install leaves nothing that looks installed. Its steps run in
+process groups that die with the installer (``devices.lifetime``); SIGTERM and Ctrl-C kill them and remove the
+temporary directory before the installer ends. The directory is marked in use while the install runs, so what a
+killed install left (kill -9) is removed by the next install and by ``edgefarm gc``, never a running one's.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from artifacts.inuse import held_dir, remove_stale
+from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 
@@ -28,8 +31,12 @@ CPU_TORCH = "torch==2.13.0"
 CONSOLE_SCRIPTS = ("tensorrt-edgellm-quantize", "tensorrt-edgellm-export")
 IMPORTS = ("tensorrt_edgellm", "modelopt", "torch", "onnx")
 STEP_TIMEOUT_S = 1800
-# an exact release (no ranges): 0.11.0, 0.11.0rc1, 0.11.0.post1, and a local label (0.11.0+relabel)
-_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
+# An exact PEP 440 release (no ranges), bounded, ASCII only (it names a directory): 0.11.0, 0.11.0rc1, 0.11.0.post1,
+# 0.11.0.dev2, and a local label (0.11.0+relabel). Matched whole (fullmatch: "$" would let a final newline in).
+_N = "(?:0|[1-9][0-9]{0,5})"  # a number: at most 6 digits, no leading zeros
+_VERSION = re.compile(rf"{_N}(?:\.{_N}){{0,5}}(?:(?:a|b|rc){_N})?(?:\.post{_N})?(?:\.dev{_N})?"
+                      r"(?:\+[a-z0-9]{1,16}(?:\.[a-z0-9]{1,16}){0,3})?", re.ASCII)
+MAX_VERSION_CHARS = 64
 # Lines pip prints when it cannot reach the index (the install then fails with "from versions: none").
 _UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
                 "Name or service not known", "ConnectTimeoutError", "Network is unreachable", "ProxyError",
@@ -50,9 +57,13 @@ class EnvHealth:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION.match(version):
-        raise ConfigurationError(f"bad {TOOLCHAIN} version {version!r}; expected an exact version like 0.11.0 "
-                                 f"(also 0.11.0rc1, 0.11.0.post1, 0.11.0+local), not a range or a name")
+    """``version`` when it is an exact, bounded PEP 440 version (see ``_VERSION``), else ConfigurationError naming
+    it (cut short when long) and what is valid."""
+    if not (isinstance(version, str) and len(version) <= MAX_VERSION_CHARS and _VERSION.fullmatch(version)):
+        shown = repr(version) if len(str(version)) <= 40 else f"{str(version)[:24]!r}... ({len(version)} characters)"
+        raise ConfigurationError(f"bad {TOOLCHAIN} version {shown}; expected an exact version like 0.11.0 "
+                                 f"(also 0.11.0rc1, 0.11.0.post1, 0.11.0.dev1, 0.11.0+local; numbers of at most 6 "
+                                 f"digits, {MAX_VERSION_CHARS} characters in all), not a range or a name")
     return version
 
 
@@ -87,8 +98,7 @@ def health(env: Path, *, timeout: float = 300) -> EnvHealth:
              f"for name in {IMPORTS!r}: importlib.import_module(name)\n"
              f"print(json.dumps({{'version': m.version({TOOLCHAIN!r})}}))")
     try:
-        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = lifetime.run([str(python), "-c", probe], timeout=timeout)
     except subprocess.TimeoutExpired:
         return EnvHealth(env, None, False, [*problems, f"import probe timed out after {timeout:.0f} s"])
     version = None
@@ -132,19 +142,22 @@ def install(root: Path, version: str, *, log: Path | None = None) -> EnvHealth:
         if existing.healthy:
             return existing
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
-    try:
+    sweep_dead_installs(dest.parent)
+    with lifetime.terminate_as_interrupt(), held_dir(dest.parent, f".{dest.name}.") as tmp:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
         _build(tmp, version, log)
         _relocate(tmp, dest)
         _swap_into_place(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     result = health(dest)
     if not result.healthy:
         raise InfrastructureError(f"{TOOLCHAIN} {version} installed into {dest} but is unhealthy: "
                                   f"{'; '.join(result.problems)}")
     return result
+
+
+def sweep_dead_installs(root: Path) -> list[Path]:
+    """What installs that died left under ``root`` (their temporary directories), never a running one's."""
+    return remove_stale(Path(root), f".{TOOLCHAIN}-*", 0)
 
 
 def _build(env: Path, version: str, log: Path | None) -> None:
@@ -158,7 +171,7 @@ def _build(env: Path, version: str, log: Path | None) -> None:
     ]
     for what, argv in steps:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False)
+            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S)  # its whole group dies with us
         except subprocess.TimeoutExpired:
             raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
                                       f"(slow package registry?)") from None
@@ -196,14 +209,11 @@ def _relocate(built: Path, dest: Path) -> None:
 
 
 def _swap_into_place(built: Path, dest: Path) -> None:
-    stale = None
-    if dest.exists():  # an unhealthy leftover: move it aside, then drop it once the new one is in place
-        stale = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.stale."))
-        os.replace(dest, stale / "env")
-    try:
-        os.replace(built, dest)
-    except OSError:
-        if not health(dest).healthy:  # not a concurrent install that won the race
-            raise
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
+    with held_dir(dest.parent, f".{dest.name}.stale.") as stale:
+        if dest.exists():  # an unhealthy leftover: move it aside, dropped once the new one is in place
+            os.replace(dest, stale / "env")
+        try:
+            os.replace(built, dest)
+        except OSError:
+            if not health(dest).healthy:  # not a concurrent install that won the race
+                raise

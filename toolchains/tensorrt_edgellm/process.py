@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.lifetime import kill_group, spawn
 from edgellm.errors import InfrastructureError
 
 LOG_TAIL_LINES = 12
@@ -57,8 +58,9 @@ def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float,
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, cwd=cwd, start_new_session=True)
+        # its own process group, dying with the orchestrator (kill -9 included) and taking what it started along
+        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                     cwd=cwd)
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -69,7 +71,7 @@ def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float,
                                               f"killed (log: {log})")
                 time.sleep(0.1)
         except BaseException:  # timeout, Ctrl-C, cancellation: never leave the tool running
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             os.wait4(proc.pid, 0)
             proc.returncode = -signal.SIGKILL
             raise
