@@ -164,7 +164,9 @@ def test_query_table_prints_hostile_model_names_as_written(tmp_path: Path) -> No
     assert "\x1b" not in output
 
 
-def test_devices_list_prints_hostile_hosts_and_labels_as_written(tmp_path: Path) -> None:
+def test_devices_list_prints_hostile_labels_as_written_and_refuses_hostile_hosts(tmp_path: Path) -> None:
+    """Labels are free text, printed literally; a host that is no host name (``[/]``) is refused by the inventory
+    (tests/test_hostile_inputs.py holds the host rules), with the value printed as written."""
     import yaml
 
     inventory = tmp_path / "inv"
@@ -175,10 +177,13 @@ def test_devices_list_prints_hostile_hosts_and_labels_as_written(tmp_path: Path)
     (inventory / "b.yaml").write_text(yaml.safe_dump({
         "type": "x86-cpu", "host": "[/]", "user": "u", "key_file": "/etc/hostname", "work_dir": "w",
         "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}))
-    code, output = _invoke("devices", "list", "--inventory", str(inventory),
-                           env={"EDGEFARM_DATA_DIR": str(tmp_path / "data"), "EDGEFARM_DB_URL": None})
+    env = {"EDGEFARM_DATA_DIR": str(tmp_path / "data"), "EDGEFARM_DB_URL": None}
+    code, output = _invoke("devices", "list", "--inventory", str(inventory), env=env)
+    assert code == 2 and "host: '[/]' is not a host name" in output, output
+    (inventory / "b.yaml").unlink()
+    code, output = _invoke("devices", "list", "--inventory", str(inventory), env=env)
     assert code == 0, output
-    assert "[/], [red]boom[/red], [link=http://evil.example]x" in output and "[/]:22" in output, output
+    assert "[/], [red]boom[/red], [link=http://evil.example]x" in output, output
 
 
 # --- 10. names in Markdown, HTML and CSV ------------------------------------------------------------------------
