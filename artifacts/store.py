@@ -12,6 +12,9 @@ tree therefore always has the same sha256, and ``extract`` restores it. ``Artifa
 
 Every read re-hashes the blob: a corrupt blob is never served (CorruptArtifactError names it); ``verify`` lists
 every corrupt blob in the store. The store knows nothing of the database: ``gc`` takes the referenced set.
+
+``Store`` is the contract every backend keeps (this one, and ``artifacts.s3.S3ArtifactStore`` on a bucket);
+``artifacts.location.open_store`` picks one by URL.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from artifacts.inuse import mark_in_use, release, remove_stale
 from artifacts.kinds import ArtifactKind, Packing
@@ -38,7 +41,7 @@ from edgellm.files import atomic_output
 
 log = logging.getLogger(__name__)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
 
@@ -58,8 +61,22 @@ class ArtifactRef:
     packing: Packing = Packing.FILE
 
 
-def _check_sha(sha256: str) -> str:
-    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+class Store(Protocol):
+    """What the farm asks of an artifact store, whatever keeps the bytes."""
+
+    def put(self, src: Path | str | bytes, kind: ArtifactKind | str = ArtifactKind.OTHER) -> ArtifactRef: ...
+    def has(self, sha256: str) -> bool: ...
+    def ref(self, sha256: str, kind: ArtifactKind, packing: Packing) -> ArtifactRef: ...
+    def read_bytes(self, sha256: str) -> bytes: ...
+    def get_file(self, sha256: str, dest: Path | str) -> Path: ...
+    def extract(self, sha256: str, dest: Path | str) -> Path: ...
+    def list(self) -> Iterator[str]: ...
+    def verify(self) -> list[str]: ...
+    def gc(self, referenced: set[str], older_than_s: float) -> list[str]: ...
+
+
+def check_sha(sha256: str) -> str:
+    if not isinstance(sha256, str) or not SHA256_RE.fullmatch(sha256):
         raise ConfigurationError(f"bad artifact sha256 {sha256!r}: need 64 lowercase hex digits")
     return sha256
 
@@ -83,6 +100,28 @@ def _tar_dir(src: Path, out: BinaryIO) -> None:
                     tar.addfile(info, f)
 
 
+def new_extract_dest(dest: Path | str) -> Path:
+    """``dest`` for :func:`untar`, refused when something is already there (before any byte is read)."""
+    dest = Path(dest)
+    if dest.exists():
+        raise ConfigurationError(f"cannot extract artifact into {str(dest)!r}: it already exists")
+    return dest
+
+
+def untar(tar: BinaryIO, dest: Path) -> Path:
+    """Unpack a verified deterministic tar into ``dest``, all or nothing (staged beside it, then renamed)."""
+    dest = new_extract_dest(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        with tarfile.open(fileobj=tar, mode="r") as archive:
+            archive.extractall(staging, filter="data")
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
 class ArtifactStore:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)  # the farm keeps its store at <data dir>/artifacts
@@ -90,7 +129,7 @@ class ArtifactStore:
         self.tmp = self.root / "tmp"
 
     def path(self, sha256: str) -> Path:
-        _check_sha(sha256)
+        check_sha(sha256)
         return self.blobs / sha256[:2] / sha256[2:]
 
     def has(self, sha256: str) -> bool:
@@ -201,21 +240,11 @@ class ArtifactStore:
 
     def extract(self, sha256: str, dest: Path | str) -> Path:
         """Restore a directory stored with ``put(dir)`` into ``dest`` (which must not exist yet)."""
-        dest = Path(dest)
-        if dest.exists():
-            raise ConfigurationError(f"cannot extract artifact into {str(dest)!r}: it already exists")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-        try:
-            with tempfile.TemporaryFile() as tf:
-                self._verified_copy(sha256, tf)  # type: ignore[arg-type]
-                tf.seek(0)
-                with tarfile.open(fileobj=tf, mode="r") as tar:
-                    tar.extractall(staging, filter="data")
-            os.replace(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return dest
+        dest = new_extract_dest(dest)
+        with tempfile.TemporaryFile() as tf:
+            self._verified_copy(sha256, tf)  # type: ignore[arg-type]
+            tf.seek(0)
+            return untar(tf, dest)  # type: ignore[arg-type]
 
     # maintenance --------------------------------------------------------------------------------------------------
     def list(self) -> Iterator[str]:
@@ -224,7 +253,7 @@ class ArtifactStore:
         for sub in sorted(self.blobs.iterdir()):
             for blob in sorted(sub.iterdir()):
                 name = sub.name + blob.name
-                if _SHA.fullmatch(name):
+                if SHA256_RE.fullmatch(name):
                     yield name
 
     def verify(self) -> list[str]:
