@@ -20,9 +20,9 @@ The local store's contract, kept on a bucket:
   from the bucket and the cache, ``has`` reports a miss and a read raises CorruptArtifactError, so the stage that
   makes it runs again (the next put uploads it afresh).
 - retries: a connection error, a timeout, a 5xx or a throttle answer is retried with exponential backoff and
-  jitter (``Retry``), then raised as InfrastructureError (Prefect's stage retries apply); botocore's own retries are
-  off so this is the one policy. A missing bucket or refused credentials is a ConfigurationError naming the bucket
-  and what to set, found by ``check`` before any work.
+  jitter (``Retry``), then raised as StoreError, an InfrastructureError (Prefect's stage retries apply; no device
+  is blamed for it); botocore's own retries are off so this is the one policy. A missing bucket or refused
+  credentials is a ConfigurationError naming the bucket and what to set, found by ``check`` before any work.
 - gc: removes blobs no live result refers to whose last put (object or marker, the later) is older than the age
   given; aborts stale multipart uploads (above); sweeps the cache's stale temp files (flock-held ones survive).
 - a worker reads through its own cache (``artifacts.cache``): bounded, least recently used first, never evicting
@@ -49,6 +49,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -66,11 +67,13 @@ from artifacts.store import (
     ArtifactRef,
     CorruptArtifactError,
     MissingArtifactError,
+    Shas,
+    StoreError,
     check_sha,
     new_extract_dest,
     untar,
 )
-from edgellm.errors import ConfigurationError, EdgeLLMError, InfrastructureError
+from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.files import atomic_output
 
 log = logging.getLogger(__name__)
@@ -145,7 +148,7 @@ class S3ArtifactStore:
     # requests ------------------------------------------------------------------------------------------------------
     def _call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
         """``fn`` (one request) with this store's retries; what is not worth retrying is raised at once with its
-        kind; after the last try, InfrastructureError naming the request and why."""
+        kind; after the last try, StoreError (infrastructure) naming the request and why."""
         where = self._url(key) if key else f"s3://{self.location.bucket}"
         reason = ""
         for attempt in range(self.retry.attempts):
@@ -163,7 +166,7 @@ class S3ArtifactStore:
                 log.warning("S3 %s %s failed (%s): try %d of %d in %.1f s", op, where, reason, attempt + 2,
                             self.retry.attempts, delay)
                 time.sleep(delay)
-        raise InfrastructureError(f"S3 {op} {where} at {self.where} failed {self.retry.attempts} time(s): {reason}")
+        raise StoreError(f"S3 {op} {where} at {self.where} failed {self.retry.attempts} time(s): {reason}")
 
     def _classify(self, exc: Exception, op: str, where: str) -> EdgeLLMError | _Retryable:
         text = redact_url(" ".join(str(exc).split()))[:300]
@@ -211,7 +214,7 @@ class S3ArtifactStore:
             args: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": prefix}
             if token:
                 args["ContinuationToken"] = token
-            page = self._call("ListObjectsV2", prefix, lambda args=args: self._client.list_objects_v2(**args))
+            page = self._call("ListObjectsV2", prefix, partial(self._client.list_objects_v2, **args))
             yield from page.get("Contents", [])
             if not page.get("IsTruncated"):
                 return
@@ -260,8 +263,8 @@ class S3ArtifactStore:
                 f.close()
             self.cache.shrink()
             return ref
-        raise InfrastructureError(f"artifact cache {str(self.cache.local.root)!r} evicted a blob being stored three "
-                                  f"times: its bound ({self.cache.max_bytes} bytes) is too small for the work")
+        raise StoreError(f"artifact cache {str(self.cache.local.root)!r} evicted a blob being stored three "
+                         f"times: its bound ({self.cache.max_bytes} bytes) is too small for the work")
 
     def _touch(self, sha256: str) -> None:
         key = self._marker_key(sha256)
@@ -307,7 +310,7 @@ class S3ArtifactStore:
                     raise error
                 parts = [fut.result() for fut in futures]
             self._check_deadline(started, key)
-            self._complete(key, upload_id, parts, size)
+            self._complete(key, upload_id, parts, size, sha256)
         except BaseException:
             self._abort(key, upload_id)
             raise
@@ -332,22 +335,19 @@ class S3ArtifactStore:
             raise
         return upload_id
 
-    def _complete(self, key: str, upload_id: str, parts: list[dict[str, Any]], size: int) -> None:
+    def _complete(self, key: str, upload_id: str, parts: list[dict[str, Any]], size: int, sha256: str) -> None:
         tries = 0
 
         def complete() -> None:
             nonlocal tries
             tries += 1
-            try:
-                self._client.complete_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id,
-                                                       MultipartUpload={"Parts": parts})
-            except ClientError as exc:
-                # a retry after a completion whose answer was lost: the upload is gone because the object is there
-                if tries > 1 and exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
-                    head = self._head(key)
-                    if head is not None and int(head["ContentLength"]) == size:
-                        return
-                raise
+            if tries > 1:  # the last try's answer was lost: the server may have completed it (then the upload is
+                head = self._head(key)  # gone and a new try fails: NoSuchUpload on S3, a 500 on moto)
+                if head is not None and int(head["ContentLength"]) == size \
+                        and head.get("Metadata", {}).get("sha256") == sha256:
+                    return
+            self._client.complete_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id,
+                                                   MultipartUpload={"Parts": parts})
 
         self._call("CompleteMultipartUpload", key, complete)
 
@@ -362,7 +362,7 @@ class S3ArtifactStore:
 
     def _check_deadline(self, started: float, key: str) -> None:
         if time.monotonic() - started > self.put_deadline_s:
-            raise InfrastructureError(f"upload of {self._url(key)} to {self.where} took longer than "
+            raise StoreError(f"upload of {self._url(key)} to {self.where} took longer than "
                                       f"{self.put_deadline_s:.0f} s: given up (gc would abort it past that age)")
 
     # reading (always verified) -------------------------------------------------------------------------------------
@@ -450,7 +450,7 @@ class S3ArtifactStore:
     def list(self) -> Iterator[str]:
         yield from sorted(self._blobs("sha256"))
 
-    def verify(self) -> list[str]:
+    def verify(self) -> Shas:
         """The sha256 of every corrupt blob (content no longer matches its name); each is read from the bucket."""
         bad = []
         for sha in self.list():
@@ -467,7 +467,7 @@ class S3ArtifactStore:
                 bad.append(sha)
         return bad
 
-    def gc(self, referenced: set[str], older_than_s: float) -> list[str]:
+    def gc(self, referenced: set[str], older_than_s: float) -> Shas:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s``; abort multipart
         uploads older than twice the put deadline (no running put is that old: the margin covers a last part in
         flight and the clocks of this host and the server); sweep the cache's stale temp files.
@@ -503,8 +503,7 @@ class S3ArtifactStore:
         live = set()
         args: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": prefix}
         while True:
-            page = self._call("ListMultipartUploads", prefix,
-                              lambda args=dict(args): self._client.list_multipart_uploads(**args))
+            page = self._call("ListMultipartUploads", prefix, partial(self._client.list_multipart_uploads, **args))
             for up in page.get("Uploads", []):
                 marker = self._upload_marker_key(str(up["UploadId"]))
                 began = markers.get(marker, _stamp(up["Initiated"]))

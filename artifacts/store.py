@@ -43,9 +43,15 @@ log = logging.getLogger(__name__)
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
+Shas = list[str]  # (stores have a method named list, which hides the builtin in their class bodies)
 
 
-class CorruptArtifactError(InfrastructureError):
+class StoreError(InfrastructureError):
+    """The artifact store failed (unreachable after its retries, or its bytes corrupt): infrastructure, so the
+    stage is retried, but never the fault of the device a stage was staging inputs for."""
+
+
+class CorruptArtifactError(StoreError):
     """A stored blob's content no longer matches its sha256 (disk or tampering): it is not served."""
 
 
@@ -71,8 +77,8 @@ class Store(Protocol):
     def get_file(self, sha256: str, dest: Path | str) -> Path: ...
     def extract(self, sha256: str, dest: Path | str) -> Path: ...
     def list(self) -> Iterator[str]: ...
-    def verify(self) -> list[str]: ...
-    def gc(self, referenced: set[str], older_than_s: float) -> list[str]: ...
+    def verify(self) -> Shas: ...
+    def gc(self, referenced: set[str], older_than_s: float) -> Shas: ...
 
 
 def check_sha(sha256: str) -> str:
@@ -256,11 +262,11 @@ class ArtifactStore:
                 if SHA256_RE.fullmatch(name):
                     yield name
 
-    def verify(self) -> list[str]:
+    def verify(self) -> Shas:
         """The sha256 of every corrupt blob (content no longer matches its name)."""
         return [sha for sha in self.list() if self._hash_file(self.path(sha)) != sha]
 
-    def gc(self, referenced: set[str], older_than_s: float) -> list[str]:
+    def gc(self, referenced: set[str], older_than_s: float) -> Shas:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
         files of puts no longer running); returns the removed sha256s. Referenced or young blobs are never
         removed."""
