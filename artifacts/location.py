@@ -1,4 +1,5 @@
-"""Where the artifact store keeps its bytes, chosen by one URL (``$EDGEFARM_ARTIFACTS``, read by flows.settings):
+"""Where the artifact store keeps its bytes, chosen by one URL (``$EDGEFARM_ARTIFACTS``, read by flows.settings
+and handed here):
 
 - unset or empty: the embedded default, a local directory ``<data dir>/artifacts`` (``artifacts.store``);
 - ``/an/absolute/path`` or ``file:///an/absolute/path``: a local (or mounted) directory there;
@@ -6,13 +7,12 @@
   read-through cache under ``<data dir>/artifact-cache``.
 
 The URL names a place, never a secret: the S3 endpoint, region and credentials come only from the standard
-``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` of the process that opens
-the store; a URL carrying credentials or a query is refused, and shown with them hidden.
+``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` of the environment the
+opener hands in (its process's); a URL carrying credentials or a query is refused, and shown with them hidden.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from artifacts.store import ArtifactStore, Store
 from edgellm.errors import ConfigurationError
 
-ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"
+SETTING = "$EDGEFARM_ARTIFACTS"  # named in messages (flows.settings reads it)
 DEFAULT_CACHE_GB = 5.0
 VALID = "unset (the data dir's artifacts/), an absolute directory, file:///DIR, s3://BUCKET or s3://BUCKET/PREFIX"
 HIDDEN = "***"
@@ -69,32 +69,32 @@ def parse_artifacts_url(url: str | None) -> S3Location | Path | None:
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: a file URL names an absolute local path "
+            raise ConfigurationError(f"bad {SETTING} {shown!r}: a file URL names an absolute local path "
                                      f"(file:///DIR); valid: {VALID}")
         return Path(parts.path)
     if parts.scheme != "s3":
-        raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: unknown scheme {parts.scheme or 'none'!r}; "
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: unknown scheme {parts.scheme or 'none'!r}; "
                                  f"valid: {VALID}")
     if "@" in parts.netloc:
-        raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: credentials do not go in the URL; take them out "
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: credentials do not go in the URL; take them out "
                                  f"and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY where the farm runs")
     if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: no query or fragment allowed "
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: no query or fragment allowed "
                                  f"(endpoint and region come from AWS_ENDPOINT_URL and AWS_REGION); valid: {VALID}")
     if not parts.netloc:
-        raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: no bucket; valid: {VALID}")
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: no bucket; valid: {VALID}")
     try:
         return S3Location(parts.netloc, parts.path.strip("/"))
     except ConfigurationError as exc:
-        raise ConfigurationError(f"bad {ENV_ARTIFACTS} {shown!r}: {exc}") from None
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: {exc}") from None
 
 
 def cache_bytes(gb: float) -> int:
     return int(gb * (1 << 30))
 
 
-def open_store(url: str | None, data_dir: Path | str, *, cache_gb: float = DEFAULT_CACHE_GB,
-               environ: Mapping[str, str] | None = None) -> Store:
+def open_store(url: str | None, data_dir: Path | str, *, environ: Mapping[str, str],
+               cache_gb: float = DEFAULT_CACHE_GB) -> Store:
     """The store ``url`` names (see :func:`parse_artifacts_url`). An S3 store is checked at once (its bucket is
     there and the credentials are accepted), so a wrong setting fails before any work, naming what to set."""
     where = parse_artifacts_url(url)
@@ -106,9 +106,9 @@ def open_store(url: str | None, data_dir: Path | str, *, cache_gb: float = DEFAU
     try:
         from artifacts.s3 import S3ArtifactStore  # boto3 is imported only when a bucket is used
     except ImportError as exc:
-        raise ConfigurationError(f"{ENV_ARTIFACTS} names the bucket {where.url!r} but the S3 client is not "
+        raise ConfigurationError(f"{SETTING} names the bucket {where.url!r} but the S3 client is not "
                                  f"installed ({exc}): pip install 'edgellm-farm[s3]'") from None
     store = S3ArtifactStore(where, cache_dir=data_dir / "artifact-cache", cache_bytes=cache_bytes(cache_gb),
-                            environ=os.environ if environ is None else environ)
+                            environ=environ)
     store.check()
     return store

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts.location import DEFAULT_CACHE_GB, ENV_ARTIFACTS, parse_artifacts_url
+from artifacts.location import DEFAULT_CACHE_GB, open_store, parse_artifacts_url
+from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
@@ -23,6 +24,7 @@ ENV_QUANTIZE_DEVICE = "EDGEFARM_QUANTIZE_DEVICE"
 ENV_MAX_UNQUANTIZED_SHARE = "EDGEFARM_MAX_UNQUANTIZED_SHARE"
 ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
 ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edgefarm serve` asks for
+ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes (artifacts.location)
 ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
@@ -67,6 +69,10 @@ class Settings:
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
                    artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env))
+
+    def artifact_store(self) -> Store:
+        """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
+        return open_store(self.artifacts, self.data_dir, cache_gb=self.artifact_cache_gb, environ=os.environ)
 
 
 def _artifacts(env: Mapping[str, str]) -> str | None:

@@ -5,6 +5,7 @@ A ``FarmContext`` is the small, serializable value flows pass to tasks; ``Farm.g
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,9 @@ class Farm:
             farm = cls._instances.get(ctx)
             if farm is None:
                 engine = make_engine(from_parameter(ctx.db_url) or ctx.db_url)
-                store = open_store(ctx.artifacts or None, ctx.data_dir, cache_gb=ctx.artifact_cache_gb)
+                # the bucket's endpoint and credentials: this process's AWS_* (never a parameter)
+                store = open_store(ctx.artifacts or None, ctx.data_dir, cache_gb=ctx.artifact_cache_gb,
+                                   environ=os.environ)
                 farm = cls(ctx=ctx, engine=engine, store=store, recorder=Recorder(engine),
                            inventory=load_inventory(ctx.inventory_dir, data_dir=ctx.data_dir),
                            host_slots=threading.BoundedSemaphore(ctx.host_slots))

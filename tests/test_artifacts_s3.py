@@ -318,9 +318,9 @@ def test_the_store_is_chosen_by_edgefarm_artifacts(moto_s3: MotoServer, s3_bucke
     data = tmp_path / "data"
     default = Settings.resolve(data_dir=data, environ={})
     assert default.artifacts is None
-    store = open_store(default.artifacts, data)
+    store = default.artifact_store()
     assert isinstance(store, ArtifactStore) and store.root == data / "artifacts"
-    assert isinstance(open_store(f"file://{tmp_path}/shared", data), ArtifactStore)
+    assert isinstance(open_store(f"file://{tmp_path}/shared", data, environ={}), ArtifactStore)
     assert parse_artifacts_url("/mnt/store") == Path("/mnt/store")
 
     env = {**moto_s3.env(), "EDGEFARM_ARTIFACTS": f"s3://{s3_bucket}/farm/", "EDGEFARM_ARTIFACT_CACHE_GB": "0.5"}
@@ -360,7 +360,7 @@ def test_a_farm_run_keeps_its_artifacts_in_the_bucket(prefect_harness: Path, mot
     matrix.write_text(yaml.safe_dump({
         "name": "s3", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
         "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
-                     "stages": ["export", "build", "infer", "bench"]}}))
+                     "stages": ["export", "build", "infer"]}}))
     for name, value in moto_s3.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("EDGEFARM_ARTIFACTS", f"s3://{s3_bucket}/farm")

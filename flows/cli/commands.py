@@ -544,7 +544,6 @@ def gc(
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
         from artifacts.inuse import remove_stale
-        from artifacts.location import open_store
         from edgellm.errors import ConfigurationError
         from flows.settings import Settings
         from results import cache
@@ -563,7 +562,7 @@ def gc(
             referenced = Recorder(engine).referenced_artifacts() | cache.referenced(engine)
         finally:
             engine.dispose()
-        store = open_store(settings.artifacts, settings.data_dir, cache_gb=settings.artifact_cache_gb)
+        store = settings.artifact_store()
         removed = store.gc(referenced, older_than_days * 86400)
         host = FarmContext(run_id=0, db_url="", data_dir=str(settings.data_dir), inventory_dir="").host_work_dir
         scratch = host / "scratch"
