@@ -28,12 +28,15 @@ The local store's contract, kept on a bucket:
 - a worker reads through its own cache (``artifacts.cache``): bounded, least recently used first, never evicting
   an entry in use.
 
-Why boto3 (``benchmarks/bench_artifact_store.py`` against moto in server mode on 127.0.0.1, 2 shared CPUs; see
-``benchmarks/results/artifact_store.json`` for the run kept): boto3 uploaded faster than obstore in every run
-(see the README's numbers), its download through a single streamed GET was on par once moto's cost per ranged GET
-was out of the way, and its low-level calls (CreateMultipartUpload, UploadPart, Complete, Abort) let this module
-own the retry policy, the abort and the put deadline; obstore retries and aborts inside its Rust core, where the
-error kinds this farm decides by are not visible. s3fs (aiobotocore) needs an older botocore than boto3's.
+Why boto3: measured, not assumed (``benchmarks/bench_artifact_store.py``: a 1 GiB blob, 3 rounds against moto in
+server mode on 127.0.0.1, 2 shared CPUs; ``benchmarks/results/artifact_store.json``, medians): uploads boto3 66 MB/s,
+obstore 44, s3fs 39 (an earlier run, ``artifact_store-earlier.json``: 50, 41, 38); one streamed GET boto3 148 MB/s,
+obstore 137 (boto3's parallel ranged ``download_file`` 62 on moto, which reads the whole object per range: hence the
+single GET here). In the script's first runs obstore and s3fs each lost a 1 GiB upload whose completion was answered
+late (retried, then aborted); boto3 none. Its low-level calls (CreateMultipartUpload, UploadPart, Complete, Abort)
+also let this module own the retry policy, the abort and the put deadline; obstore retries and aborts inside its Rust
+core, where the error kinds the farm decides by are not visible. (Measured with boto3 1.43.117 beside s3fs, which
+pins an older botocore; the project pins boto3 1.44.8.)
 """
 
 from __future__ import annotations
