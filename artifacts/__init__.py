@@ -1,6 +1,7 @@
-"""Content-addressed artifact store (sha256) on a local directory; knows nothing of the database."""
+"""Content-addressed artifact store (sha256) on a local directory or an S3 bucket; knows nothing of the database."""
 
 from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef, ArtifactStore, CorruptArtifactError, MissingArtifactError
+from artifacts.store import ArtifactRef, ArtifactStore, CorruptArtifactError, MissingArtifactError, Store, StoreError
 
-__all__ = ["ArtifactKind", "ArtifactRef", "ArtifactStore", "CorruptArtifactError", "MissingArtifactError", "Packing"]
+__all__ = ["ArtifactKind", "ArtifactRef", "ArtifactStore", "CorruptArtifactError", "MissingArtifactError", "Packing",
+           "Store", "StoreError"]

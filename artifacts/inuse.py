@@ -92,7 +92,8 @@ def held_dir(directory: Path, prefix: str) -> Iterator[Path]:
             release(fd)
 
 
-def _remove_if_free(path: Path) -> bool:
+def remove_if_free(path: Path) -> bool:
+    """Remove ``path`` unless someone holds it in use (without waiting); whether it was removed."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -125,7 +126,7 @@ def remove_stale(directory: Path, pattern: str, older_than_s: float) -> list[Pat
             old = path.lstat().st_mtime < cutoff
         except FileNotFoundError:
             continue
-        if old and _remove_if_free(path):
+        if old and remove_if_free(path):
             removed.append(path)
     if removed:
         log.info("removed %d stale %s entr(ies) from %s", len(removed), pattern, directory)

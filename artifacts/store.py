@@ -18,6 +18,9 @@ function reading it).
 finishes before a gc starts, its blob pinned (``artifacts.pins``) until the store is closed, or waits for the gc to
 end and then finds the blob gone and stores it again. A gc reads the referenced set and the live pins under the
 lock, so what a put stored is kept until its caller recorded it and closed the store.
+
+``Store`` is the contract every backend keeps (this one, and ``artifacts.s3.S3ArtifactStore`` on a bucket);
+``artifacts.location.open_store`` picks one by URL.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from artifacts import pins
 from artifacts.inuse import new_file, release, remove_stale
@@ -47,11 +50,17 @@ from edgellm.files import atomic_output
 
 log = logging.getLogger(__name__)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
+Shas = list[str]  # (stores have a method named list, which hides the builtin in their class bodies)
 
 
-class CorruptArtifactError(InfrastructureError):
+class StoreError(InfrastructureError):
+    """The artifact store failed (unreachable after its retries, or its bytes corrupt): infrastructure, so the
+    stage is retried, but never the fault of the device a stage was staging inputs for."""
+
+
+class CorruptArtifactError(StoreError):
     """A stored blob's content no longer matches its sha256 (disk or tampering): it is not served."""
 
 
@@ -67,8 +76,23 @@ class ArtifactRef:
     packing: Packing = Packing.FILE
 
 
-def _check_sha(sha256: str) -> str:
-    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+class Store(Protocol):
+    """What the farm asks of an artifact store, whatever keeps the bytes."""
+
+    def put(self, src: Path | str | bytes, kind: ArtifactKind | str = ArtifactKind.OTHER) -> ArtifactRef: ...
+    def has(self, sha256: str) -> bool: ...
+    def ref(self, sha256: str, kind: ArtifactKind, packing: Packing) -> ArtifactRef: ...
+    def read_bytes(self, sha256: str) -> bytes: ...
+    def get_file(self, sha256: str, dest: Path | str) -> Path: ...
+    def extract(self, sha256: str, dest: Path | str) -> Path: ...
+    def list(self) -> Iterator[str]: ...
+    def verify(self) -> Shas: ...
+    def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> Shas: ...
+    def close(self) -> None: ...
+
+
+def check_sha(sha256: str) -> str:
+    if not isinstance(sha256, str) or not SHA256_RE.fullmatch(sha256):
         raise ConfigurationError(f"bad artifact sha256 {sha256!r}: need 64 lowercase hex digits")
     return sha256
 
@@ -90,6 +114,28 @@ def _tar_dir(src: Path, out: BinaryIO) -> None:
                 info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
                 with path.open("rb") as f:
                     tar.addfile(info, f)
+
+
+def new_extract_dest(dest: Path | str) -> Path:
+    """``dest`` for :func:`untar`, refused when something is already there (before any byte is read)."""
+    dest = Path(dest)
+    if dest.exists():
+        raise ConfigurationError(f"cannot extract artifact into {str(dest)!r}: it already exists")
+    return dest
+
+
+def untar(tar: BinaryIO, dest: Path) -> Path:
+    """Unpack a verified deterministic tar into ``dest``, all or nothing (staged beside it, then renamed)."""
+    dest = new_extract_dest(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        with tarfile.open(fileobj=tar, mode="r") as archive:
+            archive.extractall(staging, filter="data")
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
 
 
 class ArtifactStore:
@@ -115,7 +161,7 @@ class ArtifactStore:
             os.close(fd)
 
     def path(self, sha256: str) -> Path:
-        _check_sha(sha256)
+        check_sha(sha256)
         return self.blobs / sha256[:2] / sha256[2:]
 
     def has(self, sha256: str) -> bool:
@@ -226,21 +272,11 @@ class ArtifactStore:
 
     def extract(self, sha256: str, dest: Path | str) -> Path:
         """Restore a directory stored with ``put(dir)`` into ``dest`` (which must not exist yet)."""
-        dest = Path(dest)
-        if dest.exists():
-            raise ConfigurationError(f"cannot extract artifact into {str(dest)!r}: it already exists")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-        try:
-            with tempfile.TemporaryFile() as tf:
-                self._verified_copy(sha256, tf)  # type: ignore[arg-type]
-                tf.seek(0)
-                with tarfile.open(fileobj=tf, mode="r") as tar:
-                    tar.extractall(staging, filter="data")
-            os.replace(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return dest
+        dest = new_extract_dest(dest)
+        with tempfile.TemporaryFile() as tf:
+            self._verified_copy(sha256, tf)  # type: ignore[arg-type]
+            tf.seek(0)
+            return untar(tf, dest)  # type: ignore[arg-type]
 
     # maintenance --------------------------------------------------------------------------------------------------
     def list(self) -> Iterator[str]:
@@ -249,14 +285,14 @@ class ArtifactStore:
         for sub in sorted(self.blobs.iterdir()):
             for blob in sorted(sub.iterdir()):
                 name = sub.name + blob.name
-                if _SHA.fullmatch(name):
+                if SHA256_RE.fullmatch(name):
                     yield name
 
-    def verify(self) -> list[str]:
+    def verify(self) -> Shas:
         """The sha256 of every corrupt blob (content no longer matches its name)."""
         return [sha for sha in self.list() if self._hash_file(self.path(sha)) != sha]
 
-    def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> list[str]:
+    def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> Shas:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
         files of puts no longer running); returns the removed sha256s. Referenced, pinned (put by a store still
         open) or young blobs are never removed. A function as ``referenced`` is read once puts are held off, so

@@ -57,7 +57,8 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
                       quantize_device=settings.quantize_device,
-                      max_unquantized_share=settings.max_unquantized_share, fetch_engines=settings.fetch_engines)
+                      max_unquantized_share=settings.max_unquantized_share, fetch_engines=settings.fetch_engines,
+                      artifacts=settings.artifacts or "", artifact_cache_gb=settings.artifact_cache_gb)
     report = RunReport(run_id=run_id)
     status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from artifacts.location import DEFAULT_CACHE_GB, open_store, parse_artifacts_url
+from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
@@ -22,6 +24,8 @@ ENV_QUANTIZE_DEVICE = "EDGEFARM_QUANTIZE_DEVICE"
 ENV_MAX_UNQUANTIZED_SHARE = "EDGEFARM_MAX_UNQUANTIZED_SHARE"
 ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
 ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edgefarm serve` asks for
+ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes (artifacts.location)
+ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
@@ -40,6 +44,10 @@ class Settings:
     # the device that built them and only their manifest and read-back files come back
     fetch_engines: bool = False
     serve_auth: str | None = field(default=None, repr=False)  # $EDGEFARM_SERVE_AUTH_STRING (a secret: never shown)
+    # where the artifact store keeps its bytes ($EDGEFARM_ARTIFACTS, artifacts.location): None = <data dir>/artifacts,
+    # else a directory or s3://bucket/prefix (validated: it never carries a credential, those stay in AWS_*)
+    artifacts: str | None = None
+    artifact_cache_gb: float = DEFAULT_CACHE_GB  # $EDGEFARM_ARTIFACT_CACHE_GB: a worker's cache of the bucket
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -59,7 +67,30 @@ class Settings:
         docs = Path(docs_dir or env.get(ENV_DOCS_DIR) or root / "docs")
         return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
-                   fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None)
+                   fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
+                   artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env))
+
+    def artifact_store(self) -> Store:
+        """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
+        return open_store(self.artifacts, self.data_dir, cache_gb=self.artifact_cache_gb, environ=os.environ)
+
+
+def _artifacts(env: Mapping[str, str]) -> str | None:
+    raw = (env.get(ENV_ARTIFACTS) or "").strip()
+    parse_artifacts_url(raw)  # a bad URL fails here, before anything runs (shown with any secret hidden)
+    return raw or None
+
+
+def _artifact_cache_gb(env: Mapping[str, str]) -> float:
+    raw = env.get(ENV_ARTIFACT_CACHE_GB) or str(DEFAULT_CACHE_GB)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise ConfigurationError(f"bad {ENV_ARTIFACT_CACHE_GB} {raw!r}; valid: a size in GB >= 0 "
+                                 f"(default {DEFAULT_CACHE_GB:g})")
+    return value
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

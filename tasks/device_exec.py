@@ -30,7 +30,7 @@ from typing import Any
 
 from artifacts.inuse import held_dir
 from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef
+from artifacts.store import ArtifactRef, StoreError
 from devices import agent_client
 from devices.inventory import Device
 from devices.probe import probe_toolchain
@@ -253,6 +253,8 @@ def run_stage(
                 if after is not None:
                     after(transport, run)
                 return run
+        except StoreError:
+            raise  # the artifact store failed, not this device: another device would fare no better
         except InfrastructureError as exc:
             elapsed = time.monotonic() - t0
             tried.add(device.id)

@@ -5,6 +5,7 @@ A ``FarmContext`` is the small, serializable value flows pass to tasks; ``Farm.g
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,8 @@ from typing import ClassVar
 
 from sqlalchemy import Engine
 
-from artifacts.store import ArtifactStore
+from artifacts.location import DEFAULT_CACHE_GB, open_store
+from artifacts.store import Store
 from devices.inventory import Inventory, load_inventory
 from results.db import from_parameter, make_engine
 from results.recorder import Recorder
@@ -28,10 +30,8 @@ class FarmContext:
     quantize_device: str = "cpu"  # the quantizer's --device on the orchestrating host
     max_unquantized_share: float = 0.0  # a quantized checkpoint leaving more of its linears in float fails
     fetch_engines: bool = False  # also copy every built engine's bytes into the store (they stay on the device)
-
-    @property
-    def store_dir(self) -> Path:
-        return Path(self.data_dir) / "artifacts"
+    artifacts: str = ""  # the store's URL (artifacts.location; "" = <data dir>/artifacts): names no credential
+    artifact_cache_gb: float = DEFAULT_CACHE_GB  # the bound of this worker's cache of a bucket
 
     @property
     def host_work_dir(self) -> Path:
@@ -48,7 +48,7 @@ class FarmContext:
 class Farm:
     ctx: FarmContext
     engine: Engine
-    store: ArtifactStore
+    store: Store
     recorder: Recorder
     inventory: Inventory
     host_slots: threading.BoundedSemaphore
@@ -67,7 +67,10 @@ class Farm:
             farm = cls._instances.get(ctx)
             if farm is None:
                 engine = make_engine(from_parameter(ctx.db_url) or ctx.db_url)
-                farm = cls(ctx=ctx, engine=engine, store=ArtifactStore(ctx.store_dir), recorder=Recorder(engine),
+                # the bucket's endpoint and credentials: this process's AWS_* (never a parameter)
+                store = open_store(ctx.artifacts or None, ctx.data_dir, cache_gb=ctx.artifact_cache_gb,
+                                   environ=os.environ)
+                farm = cls(ctx=ctx, engine=engine, store=store, recorder=Recorder(engine),
                            inventory=load_inventory(ctx.inventory_dir, data_dir=ctx.data_dir),
                            host_slots=threading.BoundedSemaphore(ctx.host_slots))
                 cls._instances[ctx] = farm

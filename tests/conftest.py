@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.quantized",
     "tests.fixtures.board",
+    "tests.fixtures.moto",
 ]

@@ -547,7 +547,6 @@ def gc(
 ) -> None:
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
-        from artifacts.store import ArtifactStore
         from edgellm.errors import ConfigurationError
         from flows.settings import Settings
         from results import cache
@@ -568,11 +567,13 @@ def gc(
             referenced.update(Recorder(engine).referenced_artifacts() | cache.referenced(engine))
             return referenced
 
+        store = settings.artifact_store()
         try:
             require_current(engine, redact(settings.db_url))
-            removed = ArtifactStore(settings.data_dir / "artifacts").gc(read_references, older_than_days * 86400)
+            removed = store.gc(read_references, older_than_days * 86400)
         finally:
             engine.dispose()
+            store.close()
         dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
         installs = [p for name in toolchains.names()
                     for p in toolchains.driver(name, settings.data_dir).sweep_dead_installs()]
