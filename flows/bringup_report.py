@@ -9,11 +9,11 @@ import json
 import os
 import platform as host_platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgellm.reference import checkpoint_digest, checkpoint_revision
+from flows.docs_render import write_atomic
 from flows.escape import markdown_text
 from results.models import ResultStatus
 from tasks.bringup import RUNGS, Rung
@@ -58,8 +58,8 @@ def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path)
 def write_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:
     report = build_report(req, climbed, run_id, run_page)
     report["report_dir"] = str(req.report_dir.resolve())
-    _write_atomic(req.report_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
-    _write_atomic(req.report_dir / "report.md", render_markdown(report))
+    write_atomic(req.report_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
+    write_atomic(req.report_dir / "report.md", render_markdown(report))
     return report
 
 
@@ -181,13 +181,3 @@ def _files(report: dict[str, Any]) -> list[str]:
             found.append(numeric["file"])
     return [markdown_text(f) for f in found]
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -217,3 +217,21 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(farm_dir
     assert "closest_family" in json.loads((tmp_path / "report" / "report.json").read_text())["stopped_at"]["name"]
     assert "Error logging to API" not in done.stdout + done.stderr
     assert "All connection attempts failed" not in done.stdout + done.stderr
+
+
+def test_a_row_that_ran_on_stand_in_tools_is_a_gap_never_a_passed_row() -> None:
+    from types import SimpleNamespace
+
+    from edgellm.types import Precision
+    from flows.bringup import judge_pipeline
+    from flows.plan import Decision
+    from results.models import ResultStatus
+    from stages.outcome import StageOutcome
+
+    job = SimpleNamespace(decision=Decision.RUN, key="k", platform="orin", precision=Precision.FP16,
+                          toolchain="tensorrt-edgellm", reason="")
+    outcomes = {s: StageOutcome(stage=s, status=ResultStatus.PASS, standin=s != "export")
+                for s in ("export", "build", "infer")}
+    rung = judge_pipeline(SimpleNamespace(jobs=[job]), SimpleNamespace(run_id=7, outcomes={"k": outcomes}))
+    assert rung.status is ResultStatus.FAIL and "no row ran to its end" in (rung.reason or "")
+    assert rung.evidence["gaps"] == ["orin fp16: ran on stand-in tools (test only, not evidence)"]
