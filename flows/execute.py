@@ -9,13 +9,16 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from artifacts.location import S3Location, parse_artifacts_url
 from devices.transport import open_transport
 from devices.transport.base import transfer_counts, transfers_since
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.reference import checkpoint_digest
+from flows import revision
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
-from flows.settings import Settings, code_version
+from flows.pools import quantize_deployment, quantize_deployment_name
+from flows.settings import Settings
 from results.db import for_parameters, make_engine
 from results.liveness import heartbeat, reap_stale_runs
 from results.migrate import prepare_for_run
@@ -52,13 +55,20 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
     for path in sweep_dead_work(settings.data_dir):
         log.info("removed %s, left by a run that died", path)
     recorder = Recorder(engine)
+    pool = revision.worker_pool()
+    quantize_on = quantization_pool(plan, settings, pool)
+    here = revision.current()
     if run_id is None:
-        run_id = recorder.start_run(RunKind(plan.kind), trigger, code_version(), toolchain=toolchain_versions())
+        run_id = recorder.start_run(RunKind(plan.kind), trigger, here.git, toolchain=toolchain_versions())
+    recorder.record_worker(run_id, role="orchestrator", pool=pool, host=revision.host_name(),
+                           data_dir=str(settings.data_dir), revision=here.git, source_digest=here.source,
+                           toolchains=toolchain_versions())
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
                       quantize_device=settings.quantize_device,
                       max_unquantized_share=settings.max_unquantized_share, fetch_engines=settings.fetch_engines,
-                      artifacts=settings.artifacts or "", artifact_cache_gb=settings.artifact_cache_gb)
+                      artifacts=settings.artifacts or "", artifact_cache_gb=settings.artifact_cache_gb,
+                      quantize_on=quantize_on or "", revision=here.git, source_digest=here.source)
     report = RunReport(run_id=run_id)
     status, completed = RunStatus.ERROR, False  # unless the plan ran to its end
     started = time.time()
@@ -91,6 +101,33 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
             engine.dispose()
     timing["run_wall_s"] = round(time.time() - started, 3)
     return report, timing
+
+
+def quantization_pool(plan: Plan, settings: Settings, here: str | None) -> str | None:
+    """The pool this run sends its quantize stages to (settings over the matrix), or None to quantize here (also
+    when this flow run is a worker of that pool). Sending needs a store every worker reaches and the pool's
+    deployment on the Prefect server: checked before the run starts (a ConfigurationError naming what to set)."""
+    pool = settings.quantize_on or plan.quantize_on
+    if pool is None or pool == here:
+        return None
+    if not isinstance(parse_artifacts_url(settings.artifacts), S3Location):
+        raise ConfigurationError(
+            f"quantize_on {pool!r}: the quantized checkpoints come back through the artifact store, and this run's "
+            f"is {settings.artifacts or 'the data dir'} on this host only; set EDGEFARM_ARTIFACTS=s3://BUCKET/PREFIX "
+            f"on every worker (or unset quantize_on / EDGEFARM_QUANTIZE_ON to quantize here)")
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    name = quantize_deployment(pool)
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        raise ConfigurationError(
+            f"quantize_on {pool!r}: the Prefect server has no deployment {name}; register it (prefect deploy "
+            f"--prefect-file infra/prefect.yaml --name {quantize_deployment_name(pool)}) and start a worker of "
+            f"pool {pool}, or unset quantize_on / EDGEFARM_QUANTIZE_ON to quantize here") from None
+    return pool
 
 
 def release_devices(ctx: FarmContext) -> None:

@@ -24,6 +24,7 @@ from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
+from flows.pools import check_pool_name
 from stages.job import job_key
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec
@@ -106,6 +107,7 @@ class Plan:
     # each job's model as the catalog said when the plan was made (its checkpoint, chat template, thresholds): the
     # run reads these, so the catalog is read once per run
     sources: dict[str, ModelSource] = field(default_factory=dict)
+    quantize_on: str | None = None  # the matrix's quantization pool (settings may override it: flows.execute)
 
     def runnable(self) -> list[Job]:
         return [j for j in self.jobs if j.decision is Decision.RUN]
@@ -129,6 +131,7 @@ class Plan:
                 "exports": [{"model": m, "precision": p.value, "toolchain": t,
                              **({"toolchain_versions": dict(pins)} if pins else {})}
                             for m, p, t, pins in self.exports()],
+                **({"quantize_on": self.quantize_on} if self.quantize_on else {}),
                 "jobs": [j.to_json() for j in jobs]}
 
     def describe(self) -> list[str]:
@@ -175,6 +178,8 @@ class _Matrix(_Block):
     lists: list[_ListShare] = []
     # toolchain -> the exact versions to compare (every job using that toolchain runs once per version)
     toolchain_versions: dict[str, Any] = {}
+    # the work pool whose worker runs this matrix's quantize stages (a GPU host's); None: the orchestrating host
+    quantize_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,7 @@ class Matrix:
     pairs: list[tuple[TestEntry, str]]  # (entry, platform) of every block
     lists: list[ListShare]
     versions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # chosen, to compare
+    quantize_on: str | None = None  # the pool quantize stages are sent to (None: the orchestrating host)
 
 
 @dataclass(frozen=True)
@@ -312,9 +318,14 @@ def load_matrix(path: Path, catalog: Catalog) -> Matrix:
         lists.append(ListShare(share.name, None if share.models is None else frozenset(share.models),
                                None if share.precisions is None else frozenset(precisions)))
     versions = _versions(Path(path), m.toolchain_versions, problems)
+    if m.quantize_on is not None:
+        try:
+            check_pool_name(m.quantize_on)
+        except ConfigurationError as exc:
+            problems.append(f"{path}: quantize_on: {exc}")
     if problems:
         raise ConfigurationError("\n".join(problems))
-    return Matrix(m.name, pairs, lists, versions)
+    return Matrix(m.name, pairs, lists, versions, m.quantize_on)
 
 
 def _versions(path: Path, given: Mapping[str, Any], problems: list[str]) -> dict[str, tuple[str, ...]]:
@@ -459,7 +470,9 @@ def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir:
         if matrix.versions else {}
     pairs = [(e, p) for entry, p in pairs
              for e in with_versions(entry, p, matrix.versions, data_dir, carried.get(entry.model, False))]
-    return _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
+    plan = _plan(matrix.name, "nightly", pairs, inventory, catalog, data_dir)
+    plan.quantize_on = matrix.quantize_on
+    return plan
 
 
 def plan_test_list(tlist: TestList, inventory: Inventory, catalog: Catalog, *, data_dir: Path,

@@ -15,6 +15,7 @@ from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
+from flows.pools import check_pool_name
 from results.db import default_url, from_parameter
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
@@ -26,6 +27,7 @@ ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
 ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edgefarm serve` asks for
 ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes (artifacts.location)
 ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
+ENV_QUANTIZE_ON = "EDGEFARM_QUANTIZE_ON"  # the work pool quantize stages are sent to (over a matrix's quantize_on)
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
@@ -48,6 +50,9 @@ class Settings:
     # else a directory or s3://bucket/prefix (validated: it never carries a credential, those stay in AWS_*)
     artifacts: str | None = None
     artifact_cache_gb: float = DEFAULT_CACHE_GB  # $EDGEFARM_ARTIFACT_CACHE_GB: a worker's cache of the bucket
+    # $EDGEFARM_QUANTIZE_ON: the work pool whose worker runs quantize stages (a GPU host's); None: the matrix's
+    # quantize_on, else this host. Needs an artifact store every worker reaches (s3://)
+    quantize_on: str | None = None
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -68,7 +73,8 @@ class Settings:
         return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
-                   artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env))
+                   artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env),
+                   quantize_on=_quantize_on(env))
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
@@ -79,6 +85,16 @@ def _artifacts(env: Mapping[str, str]) -> str | None:
     raw = (env.get(ENV_ARTIFACTS) or "").strip()
     parse_artifacts_url(raw)  # a bad URL fails here, before anything runs (shown with any secret hidden)
     return raw or None
+
+
+def _quantize_on(env: Mapping[str, str]) -> str | None:
+    raw = (env.get(ENV_QUANTIZE_ON) or "").strip()
+    if not raw:
+        return None
+    try:
+        return check_pool_name(raw)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{ENV_QUANTIZE_ON}: {exc}") from None
 
 
 def _artifact_cache_gb(env: Mapping[str, str]) -> float:

@@ -325,6 +325,30 @@ class BringupRung(Base):
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class RunWorker(Base):
+    """A process that took part in a run: the orchestrator that ran its flow, and every worker a stage was sent to
+    (a quantize on a quantization pool). Its code revision (git commit, and the digest of the farm's source files,
+    which is what must match), the pool it serves, its host and data dir, and the toolchain versions it had. A
+    dispatched stage's outcome comes back through ``outcome`` (JSON), keyed by the Prefect flow run that made it."""
+
+    __tablename__ = "run_workers"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(32))  # orchestrator | the stage it ran (quantize)
+    pool: Mapped[str | None] = mapped_column(String(200))  # the work pool it serves (None: not a deployment run)
+    host: Mapped[str] = mapped_column(String(200))
+    data_dir: Mapped[str] = mapped_column(String(1000))
+    revision: Mapped[str] = mapped_column(String(100))  # git commit (+ -dirty), or edgellm-<version>
+    source_digest: Mapped[str] = mapped_column(String(64))  # sha256 of the farm's source files
+    toolchains: Mapped[dict[str, Any]] = mapped_column(JSON)  # {name: version} it had
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    accepted: Mapped[bool] = mapped_column(Boolean, default=True)  # False: it refused (another revision)
+    reason: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # a dispatched stage's outcome (stages.wire)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class Environment(Base):
     """One distinct environment results ran in (a device's: L4T/JetPack, the runtime libraries, CUDA, driver, the
     toolchain build's release and revision, power mode, clocks; or the orchestrator's), stored once by its digest."""

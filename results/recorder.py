@@ -42,6 +42,7 @@ from results.models import (
     Run,
     RunKind,
     RunStatus,
+    RunWorker,
     ToolchainVersion,
     parse_choice,
     parse_name,
@@ -131,6 +132,28 @@ class Recorder:
             for name, version in (toolchain or {}).items():
                 s.add(ToolchainVersion(run_id=run.id, name=_nonempty(name, "tool name", 100), version=version))
         return run.id
+
+    def record_worker(self, run_id: int, *, role: str, pool: str | None, host: str, data_dir: str, revision: str,
+                      source_digest: str, toolchains: Mapping[str, str], flow_run_id: str | None = None,
+                      accepted: bool = True, reason: str | None = None,
+                      outcome: Mapping[str, Any] | None = None) -> int:
+        """A process that took part in ``run_id`` (``RunWorker``); ``outcome``: a dispatched stage's, plain JSON."""
+        if not re.fullmatch(r"[0-9a-f]{64}", source_digest or ""):
+            raise ConfigurationError(f"bad source digest {source_digest!r}: need 64 lowercase hex digits")
+        try:
+            data = None if outcome is None else json.loads(json.dumps(dict(outcome), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"worker outcome is not plain JSON ({exc})") from None
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            row = RunWorker(run_id=run_id, role=_nonempty(role, "worker role", 32), pool=pool and pool[:200],
+                            host=_nonempty(host, "host", 200), data_dir=_nonempty(data_dir, "data dir", 1000),
+                            revision=_nonempty(revision, "revision", 100), source_digest=source_digest,
+                            toolchains={str(k): str(v) for k, v in toolchains.items()}, flow_run_id=flow_run_id,
+                            accepted=accepted, reason=None if reason is None else reason[:4000], outcome=data)
+            s.add(row)
+            s.flush()
+            return row.id
 
     def record_toolchain(self, run_id: int, versions: Mapping[str, str]) -> None:
         with write_session(self.engine) as s:

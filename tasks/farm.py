@@ -32,6 +32,9 @@ class FarmContext:
     fetch_engines: bool = False  # also copy every built engine's bytes into the store (they stay on the device)
     artifacts: str = ""  # the store's URL (artifacts.location; "" = <data dir>/artifacts): names no credential
     artifact_cache_gb: float = DEFAULT_CACHE_GB  # the bound of this worker's cache of a bucket
+    quantize_on: str = ""  # the work pool quantize stages are sent to (tasks.dispatch); "": run them here
+    revision: str = ""  # the run's code revision (flows.revision): a worker a stage is sent to must run it
+    source_digest: str = ""
 
     @property
     def host_work_dir(self) -> Path:

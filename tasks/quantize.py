@@ -40,6 +40,10 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
             f"model {job.model!r}: checkpoint {job.checkpoint.path} is already quantized ({already.method.value}, "
             f"{already.source}); toolchain {maker.name} would quantize it again for {job.precision}: refused (a "
             f"pre-quantized checkpoint is exported as it is, at its own precision)")
+    if ctx.quantize_on:  # sent to the quantization pool's worker, which keys, caches and quantizes there
+        from tasks.dispatch import quantize_remotely
+
+        return quantize_remotely(ctx, job)
     state = maker.available()
     if not state.ok:
         return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
