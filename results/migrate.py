@@ -35,13 +35,45 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
-    """Migrate to ``revision``; returns the revision the database is at afterwards."""
+    """Migrate to ``revision``; returns the revision the database is at afterwards. One process migrates a database
+    at a time (``migration_lock``): workers that start together on a brand-new database all find it at head."""
     cfg = alembic_config()
-    with engine.connect() as conn, sqlite_foreign_keys_off(conn):
+    with migration_lock(engine), engine.connect() as conn, sqlite_foreign_keys_off(conn):
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
         conn.commit()
     return current_revision(engine)
+
+
+MIGRATION_LOCK_KEY = 0x6564676566726D  # "edgefrm": the PostgreSQL advisory lock that serializes migrations
+
+
+@contextmanager
+def migration_lock(engine: Engine) -> Iterator[None]:
+    """Hold the database's migration lock: a PostgreSQL session advisory lock on a connection of its own; on
+    SQLite an exclusive ``flock`` of ``<database>.migrate.lock`` beside the file (nothing for an in-memory one)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as lock:
+            lock.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+            lock.commit()
+            try:
+                yield
+            finally:
+                lock.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+                lock.commit()
+        return
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    import fcntl
+
+    with open(f"{database}.migrate.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager

@@ -119,3 +119,33 @@ def test_0004_makes_existing_rows_edgellm_ort_with_the_version_they_recorded(db_
         assert conn.execute(text("SELECT result_id, kind FROM artifact_refs")).all() == [(1, "engine")]
     assert schema_diff(engine) == []
     engine.dispose()
+
+
+def test_workers_starting_together_on_a_new_database_migrate_it_once(db_url: str) -> None:
+    """Every worker of a fresh deployment runs prepare_for_run at once; all of them must find the schema at head
+    (before the migration lock, PostgreSQL refused the second CREATE TABLE alembic_version)."""
+    import threading
+
+    from results.migrate import prepare_for_run
+
+    barrier, errors, done = threading.Barrier(4), [], []
+
+    def worker() -> None:
+        engine = make_engine(db_url)
+        try:
+            barrier.wait()
+            done.append(prepare_for_run(engine))
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and done == [head_revision()] * 4
+    engine = make_engine(db_url)
+    assert schema_diff(engine) == []
+    engine.dispose()
