@@ -37,7 +37,6 @@ class Revision:
         return f"{self.git} (source {self.source[:12]})"
 
 
-@functools.cache
 def source_digest(root: Path = ROOT) -> str:
     """sha256 over the farm's source files: each file's path relative to the root and its content's sha256, in
     path order. Bytes only: the same files give the same digest on any host."""
@@ -57,7 +56,7 @@ def current() -> Revision:
     """This process's revision (computed once: the code does not change under a running process)."""
     from flows.settings import code_version
 
-    return Revision(git=code_version(), source=source_digest())
+    return Revision(git=code_version(), source=source_digest(ROOT))
 
 
 def require_same(expected_source: str, expected_git: str, *, what: str) -> None:
