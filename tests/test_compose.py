@@ -75,6 +75,15 @@ def test_every_service_has_an_image_or_a_build() -> None:
     assert re.fullmatch(r"minio/minio:RELEASE\.[0-9TZ-]+", services["minio"]["image"]), services["minio"]["image"]
 
 
+def test_the_worker_image_never_holds_the_inventory() -> None:
+    # the inventory (and the SSH keys it names) is mounted read-only at run time, never copied into the image
+    mounts = {m for name in _workers() for m in _services()[name]["volumes"]}
+    assert "./inventory:/etc/edgefarm/inventory:ro" in mounts
+    ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "infra/inventory" in ignored and ".data" in ignored, ignored
+    assert "COPY . ." in (REPO / "infra" / "worker.Dockerfile").read_text(encoding="utf-8")
+
+
 def test_every_worker_serves_a_deployed_pool_and_every_pool_has_a_worker() -> None:
     workers, pools, services = _workers(), _deployed_pools(), _services()
     assert set(workers.values()) <= pools, f"workers of pools infra/prefect.yaml never deploys to: " \
