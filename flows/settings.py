@@ -10,12 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts.location import DEFAULT_CACHE_GB, open_store, parse_artifacts_url
+from artifacts.location import DEFAULT_CACHE_GB, S3Location, open_store, parse_artifacts_url
 from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
 from results.db import default_url, from_parameter
+from toolchains.mirror import SETTING as ENV_TOOLCHAIN_INDEX
+from toolchains.mirror import Index, WheelSource
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"
@@ -48,6 +50,8 @@ class Settings:
     # else a directory or s3://bucket/prefix (validated: it never carries a credential, those stay in AWS_*)
     artifacts: str | None = None
     artifact_cache_gb: float = DEFAULT_CACHE_GB  # $EDGEFARM_ARTIFACT_CACHE_GB: a worker's cache of the bucket
+    # where toolchain installs get their wheels ($EDGEFARM_TOOLCHAIN_INDEX, toolchains.mirror): auto, mirror, registry
+    toolchain_index: Index = Index.AUTO
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -68,17 +72,31 @@ class Settings:
         return cls(db_url=db_url, data_dir=root, inventory_dir=inv.resolve(), docs_dir=docs.resolve(),
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
-                   artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env))
+                   artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env),
+                   toolchain_index=_toolchain_index(env))
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
         return open_store(self.artifacts, self.data_dir, cache_gb=self.artifact_cache_gb, environ=os.environ)
+
+    def toolchain_wheels(self) -> WheelSource:
+        """Where toolchain installs get their wheels: the store's mirrors and/or the registry (the store is
+        opened only when an install looks). Messages name a bucket by its URL and a directory store by its
+        setting (no host path reaches a published skip reason)."""
+        where = parse_artifacts_url(self.artifacts)
+        shown = (where.url if isinstance(where, S3Location) else "the artifact store <data dir>/artifacts"
+                 if where is None else f"the directory ${ENV_ARTIFACTS} names")
+        return WheelSource(self.toolchain_index, shown, self.artifact_store)
 
 
 def _artifacts(env: Mapping[str, str]) -> str | None:
     raw = (env.get(ENV_ARTIFACTS) or "").strip()
     parse_artifacts_url(raw)  # a bad URL fails here, before anything runs (shown with any secret hidden)
     return raw or None
+
+
+def _toolchain_index(env: Mapping[str, str]) -> Index:
+    return Index(Index.parse(env.get(ENV_TOOLCHAIN_INDEX) or Index.AUTO.value, what=ENV_TOOLCHAIN_INDEX).value)
 
 
 def _artifact_cache_gb(env: Mapping[str, str]) -> float:
