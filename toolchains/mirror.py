@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -146,18 +147,18 @@ def resolve_wheels(requirements: Sequence[str], dest: Path, *, wheelhouse: Path 
     from devices import lifetime
 
     argv = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-input", "--wheel-dir",
-            str(dest), *requirements]
-    if wheelhouse is not None:
-        argv += ["--no-index", "--find-links", str(wheelhouse)]
+            str(dest), *requirements, *pip_source(wheelhouse)]
     source = f"the wheelhouse {str(wheelhouse)!r}" if wheelhouse is not None else "the package registry"
     try:
-        done = lifetime.run(argv, timeout=PIP_TIMEOUT_S)
+        done = lifetime.run(argv, timeout=PIP_TIMEOUT_S, env=pip_env(wheelhouse))
     except subprocess.TimeoutExpired:
         raise InfrastructureError(f"resolving the wheels of {what} from {source} took over {PIP_TIMEOUT_S} s") \
             from None
     if done.returncode != 0:
         lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
         unreachable = next((ln for ln in lines if any(m in ln for m in PIP_UNREACHABLE)), None)
+        # the toolchain's own packages are on the public registry: "no versions at all" means pip reached none
+        unreachable = unreachable or next((ln for ln in lines if "(from versions: none)" in ln), None)
         if wheelhouse is None and unreachable is not None:
             raise InfrastructureError(f"mirroring {what}: package registry unreachable: {unreachable[:300]} (on a "
                                       f"host without one, give a wheelhouse: --from DIR)")
@@ -260,3 +261,12 @@ def find(source: WheelSource | None, toolchain: str, version: str) -> Iterator[F
 def pip_source(wheelhouse: Path | None) -> list[str]:
     """pip's arguments for where an install's packages come from: the registry (none), or only ``wheelhouse``."""
     return [] if wheelhouse is None else ["--no-index", "--find-links", str(wheelhouse)]
+
+
+def pip_env(wheelhouse: Path | None) -> dict[str, str] | None:
+    """The environment of a pip that reads ``wheelhouse`` only: this process's without pip's own settings
+    (``PIP_FIND_LINKS`` and pip's config files add packages from elsewhere, whatever ``--find-links`` says); None
+    (this process's, unchanged) for the registry, which the installer and the mirror then reach alike."""
+    if wheelhouse is None:
+        return None
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}

@@ -187,7 +187,7 @@ def _build(env: Path, version: str, log: Path | None, wheelhouse: Path | None, m
     ]
     for what, argv in steps:
         try:
-            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S)  # its whole group dies with us
+            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S, env=mirror.pip_env(wheelhouse))  # its group dies with us
         except subprocess.TimeoutExpired:
             raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
                                       f"(slow package registry?)") from None
