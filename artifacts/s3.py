@@ -2,7 +2,8 @@
 
 Layout under ``s3://<bucket>/<prefix>/``: ``sha256/ab/cdef...`` the blobs (the local store's names and bytes: a
 directory is the same deterministic tar), ``touched/ab/cdef...`` an empty marker rewritten by every put of that blob
-and ``uploads/<digest>`` one per multipart upload in progress (their times are what gc ages by). Endpoint, region
+and ``uploads/<digest>`` one per multipart upload in progress (their times are what gc ages by); ``refs/<name>`` the
+local store's name records (``set_ref``: one PUT each, replaced whole). Endpoint, region
 and credentials come only from ``AWS_ENDPOINT_URL``, ``AWS_REGION`` (default us-east-1), ``AWS_ACCESS_KEY_ID`` and
 ``AWS_SECRET_ACCESS_KEY`` (plus ``AWS_SESSION_TOKEN`` when set) of the mapping handed in (the process's
 environment); no credential is ever part of a URL, message or repr.
@@ -73,8 +74,11 @@ from artifacts.store import (
     MissingArtifactError,
     Shas,
     StoreError,
+    check_ref_name,
     check_sha,
     new_extract_dest,
+    parse_ref,
+    ref_record,
     untar,
 )
 from edgellm.errors import ConfigurationError, EdgeLLMError
@@ -440,6 +444,50 @@ class S3ArtifactStore:
         with self._held(sha256) as f:
             return untar(f, dest)
 
+    # names ---------------------------------------------------------------------------------------------------------
+    def _ref_key(self, name: str) -> str:
+        return self.location.key("refs", check_ref_name(name))
+
+    def set_ref(self, name: str, sha256: str, keeps: Collection[str] = ()) -> None:
+        """Name the stored blob ``sha256`` (and keep ``keeps`` from gc while the name stands); replaces the name's
+        earlier blob. Every blob must be in the bucket (MissingArtifactError otherwise)."""
+        key, record = self._ref_key(name), ref_record(sha256, keeps)
+        for sha in sorted({sha256, *keeps}):
+            self.ref(sha, ArtifactKind.OTHER, Packing.FILE)
+        self._call("PutObject", key, lambda: self._client.put_object(Bucket=self.location.bucket, Key=key,
+                                                                     Body=record))
+
+    def _read_ref(self, key: str) -> bytes | None:
+        def get() -> bytes | None:
+            try:
+                body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
+            except ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code")) in ("NoSuchKey", "404"):
+                    return None
+                raise
+            try:
+                return bytes(body.read())
+            finally:
+                body.close()
+
+        return self._call("GetObject", key, get)
+
+    def get_ref(self, name: str) -> str | None:
+        """The blob ``name`` names, or None when no such name is set."""
+        data = self._read_ref(self._ref_key(name))
+        return None if data is None else parse_ref(name, data, self.location.url)[0]
+
+    def _named(self) -> set[str]:
+        """Every blob a name names or keeps."""
+        base = self.location.key("refs") + "/"
+        named: set[str] = set()
+        for obj in self._listing(base):
+            data = self._read_ref(str(obj["Key"]))
+            if data is not None:  # removed since the listing
+                sha, keeps = parse_ref(str(obj["Key"])[len(base):], data, self.location.url)
+                named.update([sha, *keeps])
+        return named
+
     # maintenance ---------------------------------------------------------------------------------------------------
     def _blobs(self, folder: str) -> dict[str, dict[str, Any]]:
         """sha256 -> listing entry of the objects under ``<prefix>/<folder>/``."""
@@ -477,14 +525,14 @@ class S3ArtifactStore:
         self.cache.local.close()
 
     def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> Shas:
-        """Remove blobs not in ``referenced`` (a set, or a function read once here) whose last put is older than
-        ``older_than_s``; abort multipart
+        """Remove blobs not in ``referenced`` (a set, or a function read once here) nor named (``set_ref``) whose
+        last put is older than ``older_than_s``; abort multipart
         uploads older than twice the put deadline (no running put is that old: the margin covers a last part in
         flight and the clocks of this host and the server); sweep the cache's stale temp files.
         Returns the removed sha256s. Referenced or young blobs are never removed."""
         if not (math.isfinite(older_than_s) and older_than_s >= 0):
             raise ConfigurationError(f"bad gc age {older_than_s!r}: need a finite number of seconds >= 0")
-        referenced = set(referenced() if callable(referenced) else referenced)
+        referenced = set(referenced() if callable(referenced) else referenced) | self._named()
         cutoff = time.time() - older_than_s
         blobs, markers = self._blobs("sha256"), self._blobs("touched")
         removed = []

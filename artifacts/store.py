@@ -19,6 +19,10 @@ finishes before a gc starts, its blob pinned (``artifacts.pins``) until the stor
 end and then finds the blob gone and stores it again. A gc reads the referenced set and the live pins under the
 lock, so what a put stored is kept until its caller recorded it and closed the store.
 
+Names (``set_ref``/``get_ref``): a few blobs are found by a well-known name rather than by a sha256 recorded in the
+database (e.g. a toolchain's mirrored wheels, ``toolchains.mirror``). A name is a small record ``<root>/refs/<name>``
+(JSON: the blob it names and the blobs it keeps), replaced atomically; ``gc`` keeps every blob a name names or keeps.
+
 ``Store`` is the contract every backend keeps (this one, and ``artifacts.s3.S3ArtifactStore`` on a bucket);
 ``artifacts.location.open_store`` picks one by URL.
 """
@@ -29,6 +33,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import logging
 import math
 import os
@@ -51,6 +56,9 @@ from edgellm.files import atomic_output
 log = logging.getLogger(__name__)
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# a name (``set_ref``): '/'-separated parts of letters, digits, '.', '_', '+', '-', each starting with a letter or digit
+REF_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}(?:/[A-Za-z0-9][A-Za-z0-9._+-]{0,99}){0,7}")
+MAX_REF_CHARS = 256
 _CHUNK = 1 << 20
 Shas = list[str]  # (stores have a method named list, which hides the builtin in their class bodies)
 
@@ -89,6 +97,33 @@ class Store(Protocol):
     def verify(self) -> Shas: ...
     def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> Shas: ...
     def close(self) -> None: ...
+    def set_ref(self, name: str, sha256: str, keeps: Collection[str] = ()) -> None: ...
+    def get_ref(self, name: str) -> str | None: ...
+
+
+def check_ref_name(name: str) -> str:
+    """``name`` when it can name a blob (see ``REF_NAME_RE``), else ConfigurationError naming it and what is valid."""
+    if not (isinstance(name, str) and len(name) <= MAX_REF_CHARS and REF_NAME_RE.fullmatch(name)):
+        raise ConfigurationError(f"bad artifact name {name!r}: need at most 8 '/'-separated parts of letters, digits, "
+                                 f"'.', '_', '+' or '-', each starting with a letter or digit ({MAX_REF_CHARS} "
+                                 f"characters in all)")
+    return name
+
+
+def ref_record(sha256: str, keeps: Collection[str]) -> bytes:
+    """What a name's record holds: the blob it names and the blobs it keeps (from gc)."""
+    kept = sorted({check_sha(s) for s in keeps} - {check_sha(sha256)})
+    return json.dumps({"sha256": sha256, "keeps": kept}, sort_keys=True).encode()
+
+
+def parse_ref(name: str, data: bytes, where: str) -> tuple[str, list[str]]:
+    """A name's record -> (the blob it names, the blobs it keeps); a record that is not one is a StoreError."""
+    try:
+        found = json.loads(data)
+        sha, keeps = check_sha(found["sha256"]), [check_sha(s) for s in found["keeps"]]
+    except (ValueError, KeyError, TypeError, ConfigurationError):
+        raise StoreError(f"artifact name {name!r} in {where} is not a name record (set it again)") from None
+    return sha, keeps
 
 
 def check_sha(sha256: str) -> str:
@@ -143,6 +178,7 @@ class ArtifactStore:
         self.root = Path(root)  # the farm keeps its store at <data dir>/artifacts
         self.blobs = self.root / "sha256"
         self.tmp = self.root / "tmp"
+        self.refs = self.root / "refs"
         self._pins = pins.Pins(self.root / "pins")
 
     def close(self) -> None:
@@ -278,6 +314,38 @@ class ArtifactStore:
             tf.seek(0)
             return untar(tf, dest)  # type: ignore[arg-type]
 
+    # names ----------------------------------------------------------------------------------------------------------
+    def set_ref(self, name: str, sha256: str, keeps: Collection[str] = ()) -> None:
+        """Name the stored blob ``sha256`` (and keep ``keeps`` from gc while the name stands); replaces the name's
+        earlier blob. Every blob must be here (MissingArtifactError otherwise)."""
+        path = self.refs / check_ref_name(name)
+        record = ref_record(sha256, keeps)
+        with self._gc_lock(fcntl.LOCK_SH):  # a gc sees the blobs and their name together, or neither
+            for sha in {sha256, *keeps}:
+                self.ref(sha, ArtifactKind.OTHER, Packing.FILE)
+            with atomic_output(path) as out:
+                out.write(record)
+
+    def get_ref(self, name: str) -> str | None:
+        """The blob ``name`` names, or None when no such name is set."""
+        path = self.refs / check_ref_name(name)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return parse_ref(name, data, repr(str(self.root)))[0]
+
+    def _named(self) -> set[str]:
+        """Every blob a name names or keeps."""
+        named: set[str] = set()
+        if self.refs.is_dir():
+            for path in sorted(self.refs.rglob("*")):
+                if path.is_file() and not path.name.startswith("."):
+                    sha, keeps = parse_ref(path.relative_to(self.refs).as_posix(), path.read_bytes(),
+                                           repr(str(self.root)))
+                    named.update([sha, *keeps])
+        return named
+
     # maintenance --------------------------------------------------------------------------------------------------
     def list(self) -> Iterator[str]:
         if not self.blobs.is_dir():
@@ -294,16 +362,16 @@ class ArtifactStore:
 
     def gc(self, referenced: Collection[str] | Callable[[], Collection[str]], older_than_s: float) -> Shas:
         """Remove blobs not in ``referenced`` whose last put is older than ``older_than_s`` (and stale temp
-        files of puts no longer running); returns the removed sha256s. Referenced, pinned (put by a store still
-        open) or young blobs are never removed. A function as ``referenced`` is read once puts are held off, so
-        a reference recorded just before is seen."""
+        files of puts no longer running); returns the removed sha256s. Referenced, named (``set_ref``), pinned
+        (put by a store still open) or young blobs are never removed. A function as ``referenced`` is read once
+        puts are held off, so a reference recorded just before is seen."""
         if not (math.isfinite(older_than_s) and older_than_s >= 0):
             raise ConfigurationError(f"bad gc age {older_than_s!r}: need a finite number of seconds >= 0")
         removed: list[str] = []
         if not self.root.is_dir():  # nothing stored yet (and nothing made by looking)
             return removed
         with self._gc_lock(fcntl.LOCK_EX):
-            keep = pins.live(self.root / "pins")
+            keep = pins.live(self.root / "pins") | self._named()
             keep |= set(referenced() if callable(referenced) else referenced)
             cutoff = time.time() - older_than_s
             for sha in self.list():

@@ -153,7 +153,7 @@ def pipeline_plan(req: Request, settings: Settings) -> Plan:
         return plan_entries("bring-up", RunKind.BRINGUP.value, pairs, req.inventory, req.catalog,
                             data_dir=settings.data_dir)
 
-    return installing_toolchains(make, settings.data_dir)
+    return installing_toolchains(make, settings.data_dir, settings.toolchain_wheels())
 
 
 def judge_pipeline(plan: Plan, report: RunReport) -> rungs.Rung:

@@ -29,7 +29,7 @@ def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) 
     def make() -> Plan:
         return plan_matrix(Path(matrix), inventory, catalog, data_dir=settings.data_dir)
 
-    return installing_toolchains(make, settings.data_dir) if install else make()
+    return installing_toolchains(make, settings.data_dir, settings.toolchain_wheels()) if install else make()
 
 
 @flow(name="nightly-support-matrix", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)

@@ -31,6 +31,7 @@ from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver, Variant, assuming_installed, runnable_problem
+from toolchains.mirror import WheelSource
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -437,10 +438,11 @@ def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
     )
 
 
-def installing_toolchains(make: Callable[[], Plan], data_dir: Path) -> Plan:
+def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: WheelSource | None = None) -> Plan:
     """``make()``; when a job it skips would run once the toolchains it needs were installed (those whose driver
-    can install itself: ``Availability.installable``), install them under ``data_dir`` (one-time, minutes) and plan
-    again. An install that fails leaves those jobs skipped with its reason (e.g. the package registry unreachable)."""
+    can install itself: ``Availability.installable``), install them under ``data_dir`` (one-time, minutes; from
+    where ``wheels`` says: the store's mirror or the registry) and plan again. An install that fails leaves those
+    jobs skipped with its reason (e.g. the package registry unreachable, or no mirror where only one may be used)."""
     plan = make()
     skipped = {job.key for job in plan.jobs if job.decision is Decision.SKIPPED}
     if not skipped:
@@ -452,7 +454,7 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path) -> Plan:
     for name, pins in sorted(needed):
         found = toolchains.driver(name, data_dir, dict(pins))
         if not found.available().ok:
-            found.install()
+            found.install(wheels)
     return make() if needed else plan
 
 

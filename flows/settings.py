@@ -10,13 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts.location import DEFAULT_CACHE_GB, open_store, parse_artifacts_url
+from artifacts.location import DEFAULT_CACHE_GB, S3Location, open_store, parse_artifacts_url
 from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
 from flows.pools import check_pool_name
 from results.db import default_url, from_parameter
+from toolchains.mirror import SETTING as ENV_TOOLCHAIN_INDEX
+from toolchains.mirror import Index, WheelSource
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"
@@ -53,6 +55,8 @@ class Settings:
     # $EDGEFARM_QUANTIZE_ON: the work pool whose worker runs quantize stages (a GPU host's); None: the matrix's
     # quantize_on, else this host. Needs an artifact store every worker reaches (s3://)
     quantize_on: str | None = None
+    # where toolchain installs get their wheels ($EDGEFARM_TOOLCHAIN_INDEX, toolchains.mirror): auto, mirror, registry
+    toolchain_index: Index = Index.AUTO
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -74,11 +78,20 @@ class Settings:
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
                    artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env),
-                   quantize_on=_quantize_on(env))
+                   quantize_on=_quantize_on(env), toolchain_index=_toolchain_index(env))
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
         return open_store(self.artifacts, self.data_dir, cache_gb=self.artifact_cache_gb, environ=os.environ)
+
+    def toolchain_wheels(self) -> WheelSource:
+        """Where toolchain installs get their wheels: the store's mirrors and/or the registry (the store is
+        opened only when an install looks). Messages name a bucket by its URL and a directory store by its
+        setting (no host path reaches a published skip reason)."""
+        where = parse_artifacts_url(self.artifacts)
+        shown = (where.url if isinstance(where, S3Location) else "the artifact store <data dir>/artifacts"
+                 if where is None else f"the directory ${ENV_ARTIFACTS} names")
+        return WheelSource(self.toolchain_index, shown, self.artifact_store)
 
 
 def _artifacts(env: Mapping[str, str]) -> str | None:
@@ -95,6 +108,10 @@ def _quantize_on(env: Mapping[str, str]) -> str | None:
         return check_pool_name(raw)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{ENV_QUANTIZE_ON}: {exc}") from None
+
+
+def _toolchain_index(env: Mapping[str, str]) -> Index:
+    return Index(Index.parse(env.get(ENV_TOOLCHAIN_INDEX) or Index.AUTO.value, what=ENV_TOOLCHAIN_INDEX).value)
 
 
 def _artifact_cache_gb(env: Mapping[str, str]) -> float:

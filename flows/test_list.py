@@ -43,7 +43,7 @@ def make_plan(priority: str, settings: Settings, *, install: bool = False) -> Pl
     def make() -> Plan:
         return plan_test_list(tlist, inventory, catalog, data_dir=settings.data_dir)
 
-    return installing_toolchains(make, settings.data_dir) if install else make()
+    return installing_toolchains(make, settings.data_dir, settings.toolchain_wheels()) if install else make()
 
 
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)

@@ -342,7 +342,7 @@ def test_planning_installs_the_toolchain_only_when_a_job_would_then_run(tmp_path
     from flows.plan import installing_toolchains
 
     calls: list[Path | None] = []
-    monkeypatch.setattr(driver, "ensure_installed", lambda data_dir: calls.append(data_dir))
+    monkeypatch.setattr(driver, "ensure_installed", lambda data_dir, wheels=None: calls.append(data_dir))
     matrix = tmp_path / "m.yml"
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["qwen2.5-0.5b-layout"], "precisions": ["fp16"],
                                       "platforms": ["orin"], "defaults": {"max_seq_len": 64, "max_batch_size": 1,

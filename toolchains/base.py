@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from edgellm.config import QuantConfig
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
+    from toolchains.mirror import WheelSource
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
@@ -378,15 +379,24 @@ class ToolchainDriver(ABC):
         """Whether the orchestrating host can drive this toolchain now (its tools installed), and if not why
         (``installable`` when :meth:`install` would fix it)."""
 
-    def install(self) -> str | None:
-        """Install what :meth:`available` lacks, once (minutes); None when usable afterwards, else why not."""
+    def install(self, wheels: WheelSource | None = None) -> str | None:
+        """Install what :meth:`available` lacks, once (minutes); None when usable afterwards, else why not.
+        ``wheels``: where its packages may come from (``toolchains.mirror``; None: the package registry)."""
         return self.available().reason
 
-    def install_version(self, version: str) -> Environment:
+    def install_version(self, version: str, wheels: WheelSource | None = None) -> Environment:
         """Install ``version`` into an environment of its own under the data dir (``edgefarm toolchains install``);
-        a healthy one already there is reused."""
-        raise UnsupportedError(f"toolchain {self.name} has no environment of its own to install (it runs in the "
-                               f"farm's; toolchains with environments: {', '.join(pinned_versions()) or 'none'})")
+        a healthy one already there is reused. ``wheels`` as for :meth:`install`."""
+        raise self._no_environment()
+
+    def requirements(self, version: str) -> tuple[str, ...]:
+        """The pip requirements an environment of ``version`` is installed from (what ``edgefarm toolchains
+        mirror`` stores, dependencies resolved, for hosts without a registry)."""
+        raise self._no_environment()
+
+    def _no_environment(self) -> UnsupportedError:
+        return UnsupportedError(f"toolchain {self.name} has no environment of its own to install (it runs in the "
+                                f"farm's; toolchains with environments: {', '.join(pinned_versions()) or 'none'})")
 
     def environments(self) -> list[Environment]:
         """Its installed environments under the data dir, each read back (none for a toolchain without any)."""

@@ -1,16 +1,18 @@
 """``edgefarm toolchains``: install and list the toolchain environments the farm drives (each toolchain's driver
-says whether it has environments of its own, installs them and reads their versions back).
+says whether it has environments of its own, installs them and reads their versions back), and mirror a version's
+wheels into the artifact store for hosts without a package registry (``toolchains.mirror``).
 
 Exit codes: 0 ok (list: every environment healthy), 1 some environment unhealthy, 2 bad input (unknown toolchain
-or version, a toolchain without environments), 3 infrastructure (the package registry unreachable, an install that
-failed on the machine).
+or version, a toolchain without environments, a wheelhouse that is not a directory or lacks a wheel, a version not
+mirrored where only the mirror may be used, a damaged mirror), 3 infrastructure (the package registry unreachable,
+an install that failed on the machine).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -22,6 +24,9 @@ from flows.cli.text import cell
 from toolchains import base as toolchains
 from toolchains.base import Environment, ToolchainDriver
 
+if TYPE_CHECKING:
+    from flows.settings import Settings
+
 app = typer.Typer(
     name="toolchains",
     help="Toolchain environments: isolated environments per version under <data dir>/toolchains.",
@@ -31,10 +36,14 @@ app = typer.Typer(
 )
 
 
-def _data_dir(data_dir: Path | None) -> Path:
+def _settings(data_dir: Path | None, *, create: bool = False) -> Settings:
     from flows.settings import Settings
 
-    return Settings.resolve(data_dir=data_dir, create=False).data_dir
+    return Settings.resolve(data_dir=data_dir, create=create)
+
+
+def _data_dir(data_dir: Path | None) -> Path:
+    return _settings(data_dir).data_dir
 
 
 def _shown(text: str, limit: int = 60) -> str:
@@ -74,12 +83,48 @@ def install_command(
     spec: Annotated[str, typer.Argument(help="NAME==VERSION of a toolchain whose version can be chosen")],
     data_dir: DataDirOption = None,
 ) -> None:
-    """Install a toolchain version into its own environment; reuse a healthy one."""
+    """Install a toolchain version into its own environment; reuse a healthy one. Its wheels come from the artifact
+    store's mirror of it when there is one, else the package registry ($EDGEFARM_TOOLCHAIN_INDEX: auto, mirror,
+    registry)."""
     with farm_errors("toolchains install"):
-        found, version = parse_spec(spec, _data_dir(data_dir))
+        settings = _settings(data_dir)
+        found, version = parse_spec(spec, settings.data_dir)
         Console(stderr=True).print(f"installing {found.name} {version} (a few minutes on first use)", markup=False)
-        result = found.install_version(version)
+        result = found.install_version(version, settings.toolchain_wheels())
     Console().print(_table([result]))
+
+
+@app.command("mirror")
+def mirror_command(
+    spec: Annotated[str, typer.Argument(help="NAME==VERSION of a toolchain whose version can be chosen")],
+    wheelhouse: Annotated[Path | None, typer.Option(
+        "--from", help="a local directory of wheels to take them from (no registry is asked); default: the "
+                       "package registry")] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Store a toolchain version's wheels (its installer's requirements and their dependencies, for this host's
+    Python and platform) in the artifact store, for installs on hosts without a package registry."""
+    from toolchains import mirror
+
+    with farm_errors("toolchains mirror"):
+        settings = _settings(data_dir, create=True)
+        found, version = parse_spec(spec, settings.data_dir)
+        requirements = found.requirements(version)
+        source = settings.toolchain_wheels()
+        Console(stderr=True).print(f"mirroring {found.name} {version} ({' '.join(requirements)}) from "
+                                   f"{wheelhouse or 'the package registry'} into {source.shown}", markup=False)
+        store = source.open_store()
+        try:
+            made = mirror.mirror(store, found.name, version, requirements,
+                                 wheelhouse=None if wheelhouse is None else wheelhouse.resolve())
+        finally:
+            store.close()
+    total = sum(w.bytes for w in made.wheels)
+    out = Console()
+    out.print(f"mirrored {found.name} {version} for {made.python}-{made.platform} into {source.shown}: "
+              f"{len(made.wheels)} wheel(s), {total / 1e6:.1f} MB, named {made.name}", markup=False)
+    for wheel in made.wheels:
+        out.print(f"  {wheel.name}  sha256:{wheel.sha256}", markup=False, soft_wrap=True)
 
 
 @app.command("list")

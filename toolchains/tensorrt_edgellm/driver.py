@@ -56,6 +56,7 @@ from toolchains.tensorrt_edgellm.env import (
     install,
     installed_version,
     list_envs,
+    requirements,
     script,
     sweep_dead_installs,
     toolchains_root,
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
+    from toolchains.mirror import WheelSource
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +123,17 @@ def env_problem(env: Path, version: str = PINNED_VERSION) -> str | None:
     return None
 
 
-def ensure_installed(farm_data_dir: Path) -> str | None:
-    """Install the pinned version under the data dir unless it is there (one-time, a few minutes). Returns None
-    when it is usable, else why not (also remembered, so the plan skips the rows that need it with that reason)."""
+def ensure_installed(farm_data_dir: Path, wheels: WheelSource | None = None) -> str | None:
+    """Install the pinned version under the data dir unless it is there (one-time, a few minutes), from where
+    ``wheels`` says (``toolchains.mirror``; None: the registry). Returns None when it is usable, else why not (also
+    remembered, so the plan skips the rows that need it with that reason)."""
     env = pinned_env(farm_data_dir)
     with _install_lock:
         if env_problem(env) is None:
             return None
         log.warning("installing %s %s (one-time, a few minutes): %s", TOOLCHAIN, PINNED_VERSION, INSTALL_COMMAND)
         try:
-            install(env.parent, PINNED_VERSION)
+            install(env.parent, PINNED_VERSION, wheels=wheels)
         except EdgeLLMError as exc:
             reason = str(exc).splitlines()[0].replace(str(env.parent), "<data dir>/toolchains")
             _install_failures[env] = reason
@@ -244,11 +247,11 @@ class TensorrtEdgellm(ToolchainDriver):
         # only the pinned version is installed on first use (a compared version is installed on purpose)
         return Availability(problem is None, problem, installable=self.host_env_version == PINNED_VERSION)
 
-    def install(self) -> str | None:
+    def install(self, wheels: WheelSource | None = None) -> str | None:
         if self.host_env_version != PINNED_VERSION:
             return self.available().reason
         assert self.data_dir is not None
-        return ensure_installed(self.data_dir)
+        return ensure_installed(self.data_dir, wheels)
 
     def host_version(self) -> str:
         return installed_version(self.env_path())
@@ -281,8 +284,11 @@ class TensorrtEdgellm(ToolchainDriver):
             raise BugError(f"toolchain {self.name}: its environments were asked for without the farm's data dir")
         return toolchains_root(self.data_dir).resolve()
 
-    def install_version(self, version: str) -> Environment:
-        return _environment(install(self._root(), check_version(version), log=None))
+    def install_version(self, version: str, wheels: WheelSource | None = None) -> Environment:
+        return _environment(install(self._root(), check_version(version), log=None, wheels=wheels))
+
+    def requirements(self, version: str) -> tuple[str, ...]:
+        return requirements(version)
 
     def environments(self) -> list[Environment]:
         return [_environment(e) for e in list_envs(self._root())]

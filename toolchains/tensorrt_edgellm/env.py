@@ -5,6 +5,10 @@ Recipe (measured on a CPU-only host): CPU torch first (any other torch pulls mul
 ``tensorrt-edgellm[tools]==V`` with that torch pinned, then remove torchvision (the registry's build is CUDA-linked
 and breaks every command next to a CPU torch: ``operator torchvision::nms does not exist``).
 
+Its packages come from the package registry, or from the artifact store's mirror of the version (``toolchains.mirror``:
+``edgefarm toolchains mirror``; fetched into a temporary wheelhouse beside the environment, installed ``--no-index``),
+as the ``WheelSource`` handed to :func:`install` says.
+
 Installs are atomic: the environment is built in a temporary sibling directory (``.tensorrt-edgellm-<version>.*``)
 and renamed into place, so a failed or interrupted install leaves nothing that looks installed. Its steps run in
 process groups that die with the installer (``devices.lifetime``); SIGTERM and Ctrl-C kill them and remove the
@@ -14,6 +18,7 @@ killed install left (kill -9) is removed by the next install and by ``edgefarm g
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +30,7 @@ from pathlib import Path
 from artifacts.inuse import held_dir, remove_stale
 from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
+from toolchains import mirror
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 
 CPU_TORCH = "torch==2.13.0"
@@ -37,10 +43,6 @@ _N = "(?:0|[1-9][0-9]{0,5})"  # a number: at most 6 digits, no leading zeros
 _VERSION = re.compile(rf"{_N}(?:\.{_N}){{0,5}}(?:(?:a|b|rc){_N})?(?:\.post{_N})?(?:\.dev{_N})?"
                       r"(?:\+[a-z0-9]{1,16}(?:\.[a-z0-9]{1,16}){0,3})?", re.ASCII)
 MAX_VERSION_CHARS = 64
-# Lines pip prints when it cannot reach the index (the install then fails with "from versions: none").
-_UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-                "Name or service not known", "ConnectTimeoutError", "Network is unreachable", "ProxyError",
-                "Connection refused", "ReadTimeoutError", "SSLError")
 
 
 @dataclass(frozen=True)
@@ -132,10 +134,17 @@ def list_envs(root: Path) -> list[EnvHealth]:
     return [health(p) for p in sorted(root.glob(f"{TOOLCHAIN}-*")) if p.is_dir()]
 
 
-def install(root: Path, version: str, *, log: Path | None = None) -> EnvHealth:
+def requirements(version: str) -> tuple[str, ...]:
+    """What an environment of ``version`` is installed from (its second step; the first, CPU torch, is in it)."""
+    return (f"{TOOLCHAIN}[tools]=={check_version(version)}", CPU_TORCH)
+
+
+def install(root: Path, version: str, *, log: Path | None = None,
+            wheels: mirror.WheelSource | None = None) -> EnvHealth:
     """Install ``tensorrt-edgellm[tools]==version`` into ``<root>/tensorrt-edgellm-<version>`` unless a healthy one
-    is there. Raises InfrastructureError when the package registry is unreachable, ConfigurationError for a
-    version the registry does not have."""
+    is there, from the store's mirror of it or the package registry as ``wheels`` says (None: the registry).
+    Raises InfrastructureError when the package registry is unreachable, ConfigurationError for a version the
+    registry does not have, one not mirrored where only the mirror may be used, or a damaged mirror."""
     dest = env_dir(root, version)
     if dest.is_dir():
         existing = health(dest)
@@ -143,9 +152,15 @@ def install(root: Path, version: str, *, log: Path | None = None) -> EnvHealth:
             return existing
     dest.parent.mkdir(parents=True, exist_ok=True)
     sweep_dead_installs(dest.parent)
-    with lifetime.terminate_as_interrupt(), held_dir(dest.parent, f".{dest.name}.") as tmp:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(lifetime.terminate_as_interrupt())
+        found = stack.enter_context(mirror.find(wheels, TOOLCHAIN, version))
+        house = None
+        if found is not None:  # fetched (and verified) before anything is built
+            house = found.fetch(stack.enter_context(held_dir(dest.parent, f".{dest.name}.wheels.")))
+        tmp = stack.enter_context(held_dir(dest.parent, f".{dest.name}."))
         tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
-        _build(tmp, version, log)
+        _build(tmp, version, log, house, None if found is None else found.shown)
         _relocate(tmp, dest)
         _swap_into_place(tmp, dest)
     result = health(dest)
@@ -160,18 +175,19 @@ def sweep_dead_installs(root: Path) -> list[Path]:
     return remove_stale(Path(root), f".{TOOLCHAIN}-*", 0)
 
 
-def _build(env: Path, version: str, log: Path | None) -> None:
+def _build(env: Path, version: str, log: Path | None, wheelhouse: Path | None, mirrored_in: str | None) -> None:
     python = str(env / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+           *mirror.pip_source(wheelhouse)]
     steps: list[tuple[str, list[str]]] = [
         ("create the environment", [sys.executable, "-m", "venv", "--clear", str(env)]),
         (f"install {CPU_TORCH}", [*pip, CPU_TORCH]),
-        (f"install {TOOLCHAIN}[tools]=={version}", [*pip, f"{TOOLCHAIN}[tools]=={version}", CPU_TORCH]),
+        (f"install {TOOLCHAIN}[tools]=={version}", [*pip, *requirements(version)]),
         ("remove torchvision", [python, "-m", "pip", "uninstall", "-y", "torchvision"]),
     ]
     for what, argv in steps:
         try:
-            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S)  # its whole group dies with us
+            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S, env=mirror.pip_env(wheelhouse))  # its group dies with us
         except subprocess.TimeoutExpired:
             raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
                                       f"(slow package registry?)") from None
@@ -179,12 +195,18 @@ def _build(env: Path, version: str, log: Path | None) -> None:
             with open(log, "a", encoding="utf-8") as fh:
                 fh.write(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}\n")
         if done.returncode != 0:
-            raise _pip_error(what, version, done.stdout + done.stderr)
+            raise _pip_error(what, version, done.stdout + done.stderr, mirrored_in)
 
 
-def _pip_error(what: str, version: str, output: str) -> ConfigurationError | InfrastructureError:
+def _pip_error(what: str, version: str, output: str,
+               mirrored_in: str | None = None) -> ConfigurationError | InfrastructureError:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    unreachable = next((ln for ln in lines if any(m in ln for m in _UNREACHABLE)), None)
+    if mirrored_in is not None and what != "create the environment":  # pip read only the mirror's wheels
+        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:] or ["(no output)"]
+        return ConfigurationError(f"installing {TOOLCHAIN} {version} from its mirror in {mirrored_in} failed at "
+                                  f"'{what}': {errors[0][:300]} (the mirror lacks a wheel this host needs? mirror it "
+                                  f"again: {mirror.mirror_command(TOOLCHAIN, version)})")
+    unreachable = next((ln for ln in lines if any(m in ln for m in mirror.PIP_UNREACHABLE)), None)
     # Both packages are on the public registry: "no versions at all" means pip could not reach one that has them.
     unreachable = unreachable or next((ln for ln in lines if "(from versions: none)" in ln), None)
     if unreachable is not None:
