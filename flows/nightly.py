@@ -13,6 +13,7 @@ from devices.inventory import load_inventory
 from flows.docs import publish_matrix_artifacts, write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Plan, installing_toolchains, plan_matrix
+from flows.revision import deployment_trigger
 from flows.settings import Settings
 from results.db import from_parameter
 from test_lists.catalog import Catalog
@@ -35,7 +36,7 @@ def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) 
 @flow(name="nightly-support-matrix", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
 def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None = None,
                            data_dir: str | None = None, inventory: str | None = None,
-                           docs_dir: str | None = None, trigger: str = "schedule",
+                           docs_dir: str | None = None, trigger: str | None = None,
                            publish: bool = True, plan: Plan | None = None) -> dict[str, Any]:
     """Plan the matrix (every problem reported at once), run it across the devices, publish the docs. A caller
     that already planned (the CLI, which printed the plan) hands it over: the matrix is planned once."""
@@ -43,7 +44,7 @@ def nightly_support_matrix(matrix: str = str(DEFAULT_MATRIX), db_url: str | None
                                 docs_dir=docs_dir)
     if plan is None:
         plan = make_plan(matrix, settings, install=True)
-    report, timing = execute_plan(plan, settings, trigger=trigger)
+    report, timing = execute_plan(plan, settings, trigger=trigger or deployment_trigger())
     docs = None
     if publish:
         docs = write_docs(settings.db_url, settings.docs_dir, settings.data_dir)

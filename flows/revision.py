@@ -89,3 +89,20 @@ def worker_pool() -> str | None:
     except Exception as exc:
         log.warning("could not read the work pool of deployment %s: %s", deployment_id, exc)
         return None
+
+
+def deployment_trigger() -> str:
+    """How this flow run was started, for the run's record: ``schedule`` (the deployment's cron), ``deployment``
+    (``prefect deployment run``, the UI, the API) or ``flow`` (called without a deployment)."""
+    from prefect.runtime import deployment, flow_run
+
+    if not deployment.id or not flow_run.id:
+        return "flow"
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return "schedule" if client.read_flow_run(flow_run.id).auto_scheduled else "deployment"
+    except Exception as exc:
+        log.warning("could not read how flow run %s was started: %s", flow_run.id, exc)
+        return "deployment"

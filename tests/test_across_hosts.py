@@ -10,15 +10,15 @@ dir takes every product from the bucket."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
+import tarfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +27,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flows.revision import current
-from flows.serve import PREFECT_YAML, start_server, stop_server
 from results.db import make_engine
 from results.models import ArtifactRecord, Result, Run, RunWorker
-from tests.fixtures.sshd import free_port
+from tests.fixtures.lab import CACHE_GB, RUN_TIMEOUT_S, Lab, running_lab
 from tests.helpers.toolchain_env import link_real_toolchain
 
 REPO = Path(__file__).resolve().parents[1]
-POOLS = ("orchestrator", "x86-cpu", "orin", "thor", "x86-h200")  # infra/README.md creates these
-WORKERS = ("orchestrator", "x86-cpu", "x86-h200")
 MATRIX = {
     "name": "across-hosts",
     "models": ["stories260K"],
@@ -46,115 +43,18 @@ MATRIX = {
     "extra": [{"models": ["stories260K"], "precisions": ["int8_sq"], "platforms": ["x86-cpu"],
                "defaults": {"stages": ["quantize", "export", "build", "infer", "accuracy"]}}],
 }
-RUN_TIMEOUT_S = 900
-
-
-def _prefect(args: list[str], env: dict[str, str], timeout: float = 300) -> str:
-    proc = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-@dataclass
-class Lab:
-    env: dict[str, str]  # what every process shares: the Prefect API, the database, the bucket, the inventory
-    data: dict[str, Path]  # each worker's own data dir
-    db_url: str
-    bucket: str
-    client: object  # boto3 S3 client of the bucket's server
-    logs: Path
-
-    def worker_env(self, pool: str) -> dict[str, str]:
-        env = {**self.env, "EDGEFARM_DATA_DIR": str(self.data[pool])}
-        if pool == "orchestrator":
-            env["EDGEFARM_QUANTIZE_ON"] = "x86-h200"  # the nightly's quantize stages go to that pool's worker
-        return env
-
-    def objects(self) -> set[str]:
-        keys: set[str] = set()
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)  # type: ignore[attr-defined]
-        for page in pages:
-            keys |= {o["Key"] for o in page.get("Contents", [])}
-        return keys
-
-    def tail(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                         for p in sorted(self.logs.glob("*.log")))
+# the nightly's worker sends its quantize stages to pool x86-h200, whose worker (a CPU here) stands in for a GPU host
+WORKERS = {"orchestrator": {"EDGEFARM_QUANTIZE_ON": "x86-h200"}, "x86-cpu": {}, "x86-h200": {}}
 
 
 @pytest.fixture
 def lab(postgres, moto_s3, ssh_hosts, device_python, trt_env: Path, tmp_path: Path) -> Iterator[Lab]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    prefect_db = postgres.create_database().replace("postgresql+psycopg://", "postgresql+asyncpg://")
-    db_url = postgres.create_database()
-    bucket = moto_s3.create_bucket()
     ssh_hosts.ensure_up()
     inventory = ssh_hosts.write_inventory(tmp_path / "inventory", extra={"python": device_python.python,
                                                                           "env": device_python.env})
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EDGEFARM_", "AWS_"))}
-    base.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-                PREFECT_LOGGING_LEVEL="WARNING", PREFECT_HOME=str(tmp_path / "prefect-home"),
-                PREFECT_API_DATABASE_CONNECTION_URL=prefect_db)
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(base)  # start_server passes its own environment to the server
-    try:
-        server, api_url = start_server("127.0.0.1", free_port(), logs / "prefect-server.log")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    base.pop("PREFECT_API_DATABASE_CONNECTION_URL")
-    env = {**base, **moto_s3.env(), "PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO), "EDGEFARM_HOME": str(REPO),
-           "EDGEFARM_DB_URL": db_url, "EDGEFARM_INVENTORY": str(inventory),
-           "EDGEFARM_ARTIFACTS": f"s3://{bucket}/farm", "EDGEFARM_ARTIFACT_CACHE_GB": "0.05",
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
-    data = {pool: tmp_path / f"data-{pool}" for pool in WORKERS}
-    for pool in ("orchestrator", "x86-h200"):  # the hosts that plan or run the quantizer have it installed
-        link_real_toolchain(data[pool], trt_env)
-    made = Lab(env=env, data=data, db_url=db_url, bucket=bucket, client=moto_s3.client(), logs=logs)
-    workers: list[subprocess.Popen[bytes]] = []
-    try:
-        # infra/README.md's commands: the pools, then every deployment of infra/prefect.yaml
-        for pool in POOLS:
-            _prefect(["work-pool", "create", pool, "--type", "process"], env)
-        _prefect(["--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_YAML)], env)
-        for pool in WORKERS:
-            with (logs / f"worker-{pool}.log").open("wb") as out:
-                workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
-                     "--name", f"worker-{pool}"], env=made.worker_env(pool), cwd=REPO, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True))
+    with running_lab(tmp_path / "lab", postgres=postgres, moto=moto_s3, inventory=inventory, workers=WORKERS,
+                     toolchain=trt_env) as made:
         yield made
-    finally:
-        for proc in workers:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in workers:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        stop_server(server)
-
-
-def _run_deployment(lab: Lab, name: str, params: dict[str, object]) -> None:
-    args = ["deployment", "run", name, "--watch", "--watch-timeout", str(RUN_TIMEOUT_S), "--watch-interval", "3"]
-    for key, value in params.items():
-        args += ["--param", f"{key}={json.dumps(value)}"]
-    proc = subprocess.run([sys.executable, "-m", "prefect", *args], env=lab.env, cwd=REPO, capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S + 60, check=False)
-    assert proc.returncode == 0, f"{name} did not complete:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}\n{lab.tail()}"
-
-
-def _start_deployment(lab: Lab, name: str, params: dict[str, object]) -> subprocess.Popen[str]:
-    args = ["deployment", "run", name, "--watch", "--watch-timeout", str(RUN_TIMEOUT_S), "--watch-interval", "3"]
-    for key, value in params.items():
-        args += ["--param", f"{key}={json.dumps(value)}"]
-    return subprocess.Popen([sys.executable, "-m", "prefect", *args], env=lab.env, cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _rows(s: Session, run_id: int) -> dict[tuple[str, str, str, str], Result]:
@@ -166,10 +66,25 @@ def _artifacts(s: Session, run_id: int) -> set[str]:
     return set(s.scalars(select(ArtifactRecord.sha256).where(ArtifactRecord.run_id == run_id)))
 
 
-def _products(s: Session, result: Result) -> set[tuple[str, str]]:
-    """The checkpoints and ONNX exports a result names as its evidence, by kind and digest."""
-    return {(a.kind.value, a.sha256) for a in s.scalars(select(ArtifactRecord).where(
-        ArtifactRecord.result_id == result.id)) if a.kind.value in ("checkpoint", "onnx")}
+def _products(s: Session, result: Result, read: Callable[[str], bytes]) -> dict[str, str]:
+    """What a result's checkpoint or export is, by digest: the files of a quantized checkpoint (its blob also holds
+    the quantizer's report and log, with the run's paths and times), an export's files as its manifest lists them
+    (the manifest records the export's duration too)."""
+    found: dict[str, str] = {}
+    for a in s.scalars(select(ArtifactRecord).where(ArtifactRecord.result_id == result.id)):
+        if a.kind.value not in ("checkpoint", "onnx"):
+            continue
+        with tarfile.open(fileobj=io.BytesIO(read(a.sha256))) as tar:
+            if a.kind.value == "checkpoint":
+                for member in tar.getmembers():
+                    data = tar.extractfile(member) if member.isfile() else None
+                    if data is not None and member.name.startswith("checkpoint/"):
+                        found[member.name] = hashlib.sha256(data.read()).hexdigest()
+            else:
+                data = tar.extractfile("export_manifest.json")
+                assert data is not None
+                found |= {name: f["sha256"] for name, f in json.loads(data.read())["files"].items()}
+    return found
 
 
 def _blobs_under(root: Path) -> list[Path]:
@@ -183,17 +98,16 @@ def test_two_workers_and_a_quantization_pool_run_one_correct_nightly(lab: Lab, t
     matrix = tmp_path / "across-hosts.yml"
     matrix.write_text(yaml.safe_dump(MATRIX))
     started = time.time()
-    l0 = _start_deployment(lab, "run-test-list/l0-x86-cpu", {})  # on the x86-cpu worker, meanwhile
-    _run_deployment(lab, "nightly-support-matrix/nightly", {"matrix": str(matrix)})
-    out, _ = l0.communicate(timeout=RUN_TIMEOUT_S + 60)
-    assert l0.returncode == 0, f"the L0 run did not complete:\n{out[-3000:]}\n{lab.tail()}"
+    l0 = lab.deployment_run("run-test-list/l0-x86-cpu", {})  # on the x86-cpu worker, meanwhile
+    lab.finish(lab.deployment_run("nightly-support-matrix/nightly", {"matrix": str(matrix)}), "the nightly")
+    lab.finish(l0, "the L0 run")
     wall = time.time() - started
 
     here = current()
     engine = make_engine(lab.db_url)
     with Session(engine) as s:
-        runs = {r.kind: r for r in s.scalars(select(Run).where(Run.trigger == "deployment")).all()}
-        assert set(runs) == {"nightly", "l0"}, f"runs: {sorted(runs)}\n{lab.tail()}"
+        runs = {str(r.kind): r for r in s.scalars(select(Run).where(Run.trigger == "deployment")).all()}
+        assert set(runs) == {"nightly", "l0"}, f"runs: {sorted(runs)}\n{lab.tail()}"  # started by hand
         nightly, l0_run = runs["nightly"], runs["l0"]
         assert nightly.status.value == "passed" and l0_run.status.value == "passed", lab.tail()
         rows = _rows(s, nightly.id)
@@ -215,14 +129,15 @@ def test_two_workers_and_a_quantization_pool_run_one_correct_nightly(lab: Lab, t
 
         # every artifact in the bucket; none under a data dir
         keys = lab.objects()
-        missing = [sha for sha in _artifacts(s, nightly.id) | _artifacts(s, l0_run.id)
-                   if not any(sha in k for k in keys)]
+        referenced = _artifacts(s, nightly.id) | _artifacts(s, l0_run.id)
+        missing = [sha for sha in referenced if f"farm/sha256/{sha[:2]}/{sha[2:]}" not in keys]
+        assert len(referenced) >= 10
         assert not missing, f"artifacts not in the bucket: {missing}"
     for pool, root in lab.data.items():
         assert _blobs_under(root) == [], f"{pool}'s data dir keeps artifact bytes outside its cache"
         cache = root / "artifact-cache"
         held = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
-        assert held <= 0.05 * 1e9, f"{pool}'s read-through cache holds {held} B, over its 0.05 GB bound"
+        assert held <= CACHE_GB * 1e9, f"{pool}'s read-through cache holds {held} B, over its {CACHE_GB} GB bound"
     docs = lab.data["orchestrator"] / "docs" / "supported-models.md"
     assert docs.is_file(), "the nightly did not publish its docs"
     assert "stories260K" in docs.read_text()
@@ -248,10 +163,14 @@ def test_two_workers_and_a_quantization_pool_run_one_correct_nightly(lab: Lab, t
         assert {k: r.status.value for k, r in there.items()} == {k: r.status.value for k, r in here_rows.items()}
         compared = 0
         for key in (k for k in here_rows if k[3] in ("quantize", "export")):
-            a, b = _products(s, here_rows[key]), _products(s_local, there[key])
+            a = _products(s, here_rows[key], lambda sha: lab.client.get_object(
+                Bucket=lab.bucket, Key=f"farm/sha256/{sha[:2]}/{sha[2:]}")["Body"].read())
+            b = _products(s_local, there[key], lambda sha: (embedded / "artifacts" / "sha256" / sha[:2] /
+                                                              sha[2:]).read_bytes())
             assert a == b, f"{key}: products differ between two workers with S3 and the embedded run"
             compared += len(a)
-        assert compared >= 3, "the comparison saw too few products to mean anything"
+        # the quantized checkpoint's files, and both exports' model.onnx and model.onnx.data at least
+        assert compared >= 8, f"the comparison saw too few products to mean anything ({compared})"
     local.dispose()
 
     # a nightly from a fresh data dir takes its products from the bucket
@@ -259,9 +178,9 @@ def test_two_workers_and_a_quantization_pool_run_one_correct_nightly(lab: Lab, t
     for child in lab.data["orchestrator"].iterdir():
         if child.name != "toolchains":
             shutil.rmtree(child) if child.is_dir() else child.unlink()
-    _run_deployment(lab, "nightly-support-matrix/nightly", {"matrix": str(matrix)})
+    lab.finish(lab.deployment_run("nightly-support-matrix/nightly", {"matrix": str(matrix)}), "the second nightly")
     with Session(engine) as s:
-        again = s.scalars(select(Run).where(Run.kind == "nightly").order_by(Run.id.desc())).first()
+        again = s.scalars(select(Run).where(Run.kind == "nightly").order_by(Run.id.desc())).first()  # type: ignore[arg-type]
         assert again is not None and again.id != nightly.id and again.status.value == "passed"
         rows = _rows(s, again.id)
         for key, row in rows.items():
