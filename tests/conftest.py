@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fixtures.toolchain",
     "tests.fixtures.browser",
     "tests.fixtures.quantized",
+    "tests.fixtures.quantizer_runs",
     "tests.fixtures.board",
     "tests.fixtures.moto",
 ]

@@ -206,14 +206,19 @@ def test_a_list_naming_a_model_the_kernels_refuse_is_invalid(tmp_path: Path) -> 
 
 # ------------------------------------------------------------------------- NVIDIA's quantizer on a layout checkpoint
 
-def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: Path, tmp_path: Path) -> None:
+def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: Path, tmp_path: Path,
+                                                                     shared_quantizer: object) -> None:
     """The layout checkpoint names the bundled tokenizer's <unk> as pad token: transformers' Qwen2 tokenizer (what
     the quantizer's AutoTokenizer picks for model_type qwen2) would otherwise add <|endoftext|> as pad id 512, outside
-    the 512-token vocabulary, and calibration fails with "IndexError: index out of range in self"."""
+    the 512-token vocabulary, and calibration fails with "IndexError: index out of range in self".
+
+    The run is the farm's for l0_pipeline_orin's int4_awq row (the catalog's calibration rows), so a session that ran
+    that list (tests/test_board_pipeline.py) shares it (``shared_quantizer``)."""
     from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
     from toolchains.tensorrt_edgellm.quantize import quantize
 
-    ckpt = Catalog.load().get("qwen2.5-0.5b-layout").locate(tmp_path / "data")
+    source = Catalog.load().get("qwen2.5-0.5b-layout")
+    ckpt = source.locate(tmp_path / "data")
     assert json.loads((ckpt / "tokenizer_config.json").read_text())["pad_token"] == "<unk>"
     probe = ("import sys; from transformers import AutoTokenizer; "
              "print(AutoTokenizer.from_pretrained(sys.argv[1]).pad_token_id)")
@@ -221,6 +226,7 @@ def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: P
     assert subprocess.run([python, "-c", probe, str(ckpt)], capture_output=True, text=True,
                           check=True).stdout.split()[-1] == "0"  # <unk>, inside the vocabulary
 
-    result = quantize(trt_env, ckpt, tmp_path / "q", "int4_awq", chat_template=DEFAULT_CHAT_TEMPLATE, num_samples=2)
+    result = quantize(trt_env, ckpt, tmp_path / "q", "int4_awq", chat_template=DEFAULT_CHAT_TEMPLATE,
+                      num_samples=source.calibration_samples)
     assert result.report.quant_algo == "W4A16_AWQ"
     assert len(result.report.quantized) == 14 and result.report.unquantized == []  # 2 layers x 7 linears
