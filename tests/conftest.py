@@ -9,8 +9,8 @@ pytest_plugins = [
     "tests.fixtures.farm",
     "tests.fixtures.toolchain",
     "tests.fixtures.browser",
-    "tests.fixtures.quantized",
     "tests.fixtures.quantizer_runs",
+    "tests.fixtures.quantized",
     "tests.fixtures.board",
     "tests.fixtures.moto",
 ]
