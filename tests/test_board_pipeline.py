@@ -38,9 +38,9 @@ from test_lists.catalog import Catalog
 from tests.fixtures.board import STANDIN_REVISION, JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 
-# NVIDIA's quantizer runs of these lists are shared with the rest of the session (test_model_shapes.py makes the
-# same qwen2.5-0.5b-layout int4_awq): tests/fixtures/quantizer_runs.py
-pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_quantizer")
+# NVIDIA's quantizer and exporter runs are shared with the rest of the session (test_model_shapes.py makes the same
+# qwen2.5-0.5b-layout int4_awq; both lists export its fp16): tests/fixtures/toolchain_runs.py
+pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
 LAYOUTS = {"orin": ("qwen2.5-0.5b-layout", "llama-3.2-1b-layout"), "thor": ("qwen2.5-0.5b-layout", "qwen3-0.6b-layout")}
 _REFERENCES: dict[str, Path] = {}  # checkpoint digest -> its reference (both lists run qwen2.5-0.5b-layout)
 

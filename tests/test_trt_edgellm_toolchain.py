@@ -14,7 +14,7 @@ import pytest
 from edgellm import BUNDLED_MODEL_DIR
 from edgellm.errors import ConfigurationError, TestFailure
 from test_lists.catalog import Catalog
-from tests.fixtures.quantizer_runs import SharedQuantizer
+from tests.fixtures.toolchain_runs import ToolchainRuns
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, ExportResult, export
 from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 from toolchains.tensorrt_edgellm.quantize import (
@@ -44,7 +44,7 @@ def tiny128(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def quantized(trt_env: Path, tiny128: Path, tmp_path_factory: pytest.TempPathFactory,
-              quantizer_runs: SharedQuantizer) -> Callable[[str], tuple[QuantizeResult, ExportResult]]:
+              toolchain_runs: ToolchainRuns) -> Callable[[str], tuple[QuantizeResult, ExportResult]]:
     """method -> (quantize result, export result) of tiny-qwen3-128, each made once per session (the quantizer's
     runs are the session's: tests/fixtures/quantized.py makes the same ones)."""
     done: dict[str, tuple[QuantizeResult, ExportResult]] = {}
@@ -52,7 +52,7 @@ def quantized(trt_env: Path, tiny128: Path, tmp_path_factory: pytest.TempPathFac
 
     def get(method: str) -> tuple[QuantizeResult, ExportResult]:
         if method not in done:
-            q = quantizer_runs.quantize(trt_env, tiny128, root / f"q-{method}", method,
+            q = toolchain_runs.quantize(trt_env, tiny128, root / f"q-{method}", method,
                                         chat_template=DEFAULT_CHAT_TEMPLATE, num_samples=NUM_SAMPLES)
             done[method] = (q, export(trt_env, q.checkpoint, root / f"x-{method}"))
         return done[method]
