@@ -212,13 +212,12 @@ def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: P
     the quantizer's AutoTokenizer picks for model_type qwen2) would otherwise add <|endoftext|> as pad id 512, outside
     the 512-token vocabulary, and calibration fails with "IndexError: index out of range in self".
 
-    The run is the farm's for l0_pipeline_orin's int4_awq row (the catalog's calibration rows), so a session that ran
-    that list (tests/test_board_pipeline.py) shares it (``shared_toolchain_runs``)."""
+    tests/test_board_pipeline.py's l0_pipeline_orin makes the same run (its int4_awq row, at 2 calibration rows), so
+    a session that ran that list shares it (``shared_toolchain_runs``)."""
     from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
     from toolchains.tensorrt_edgellm.quantize import quantize
 
-    source = Catalog.load().get("qwen2.5-0.5b-layout")
-    ckpt = source.locate(tmp_path / "data")
+    ckpt = Catalog.load().get("qwen2.5-0.5b-layout").locate(tmp_path / "data")
     assert json.loads((ckpt / "tokenizer_config.json").read_text())["pad_token"] == "<unk>"
     probe = ("import sys; from transformers import AutoTokenizer; "
              "print(AutoTokenizer.from_pretrained(sys.argv[1]).pad_token_id)")
@@ -226,7 +225,6 @@ def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: P
     assert subprocess.run([python, "-c", probe, str(ckpt)], capture_output=True, text=True,
                           check=True).stdout.split()[-1] == "0"  # <unk>, inside the vocabulary
 
-    result = quantize(trt_env, ckpt, tmp_path / "q", "int4_awq", chat_template=DEFAULT_CHAT_TEMPLATE,
-                      num_samples=source.calibration_samples)
+    result = quantize(trt_env, ckpt, tmp_path / "q", "int4_awq", chat_template=DEFAULT_CHAT_TEMPLATE, num_samples=2)
     assert result.report.quant_algo == "W4A16_AWQ"
     assert len(result.report.quantized) == 14 and result.report.unquantized == []  # 2 layers x 7 linears
