@@ -9,6 +9,7 @@ pytest_plugins = [
     "tests.fixtures.farm",
     "tests.fixtures.toolchain",
     "tests.fixtures.browser",
+    "tests.fixtures.toolchain_runs",
     "tests.fixtures.quantized",
     "tests.fixtures.board",
     "tests.fixtures.moto",

@@ -24,7 +24,9 @@ from results.models import CacheEntry, Result
 from tests.fixtures.board import JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# NVIDIA's exporter runs are shared with the session's other modules (test_board_direct.py and
+# test_board_failures.py export the same tiny-qwen3-128 fp16): tests/fixtures/toolchain_runs.py
+pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
 MODEL = "tiny-qwen3-128"  # head size 64: a size the TensorRT Edge-LLM attention kernels take
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}
 STAGES = ("export", "build", "infer", "bench")

@@ -13,11 +13,12 @@ evidence. The lists' real Hugging Face models have no checkpoint here (skipped, 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from typer.testing import CliRunner
 
 from devices import agent_client
 from devices.transport import open_transport
-from edgellm.reference import load_reference
+from edgellm.reference import checkpoint_digest, load_reference
 from edgellm.runtime.tokenizer import TextCodec
 from flows.cli import app
 from results.db import make_engine
@@ -38,8 +39,43 @@ from test_lists.catalog import Catalog
 from tests.fixtures.board import STANDIN_REVISION, JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# NVIDIA's quantizer and exporter runs are shared with the rest of the session (test_model_shapes.py makes the same
+# qwen2.5-0.5b-layout int4_awq at 2 calibration rows; both lists export its fp16): tests/fixtures/toolchain_runs.py
+pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
 LAYOUTS = {"orin": ("qwen2.5-0.5b-layout", "llama-3.2-1b-layout"), "thor": ("qwen2.5-0.5b-layout", "qwen3-0.6b-layout")}
+_REFERENCES: dict[str, Path] = {}  # checkpoint digest -> its reference (both lists run qwen2.5-0.5b-layout)
+# The stand-in boards answer from the float reference, so what the quantized checkpoints learnt from calibration
+# decides nothing here: the layout models calibrate on 2 rows instead of the catalog's 8 (calibration_samples), as
+# test_model_shapes.py quantizes qwen2.5-0.5b-layout (the same run, shared). The quantizer still runs for real.
+CALIBRATION_ROWS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_calibration_rows() -> Iterator[None]:
+    original = Catalog.load.__func__
+
+    def load(cls: type[Catalog], *args: Any, **kwargs: Any) -> Catalog:
+        catalog = original(cls, *args, **kwargs)
+        for name in {n for models in LAYOUTS.values() for n in models} & set(catalog.sources):
+            catalog.sources[name] = dataclasses.replace(catalog.sources[name], calibration_samples=CALIBRATION_ROWS)
+        return catalog
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Catalog, "load", classmethod(load))
+    yield
+    mp.undo()
+
+
+def _reference(checkpoint: Path, root: Path, name: str) -> Path:
+    """The transformers reference of ``checkpoint`` with the farm's reference settings, made once per module."""
+    digest = checkpoint_digest(checkpoint)
+    if digest not in _REFERENCES:
+        ref = root / f"{name}.npz"
+        subprocess.run([sys.executable, "-m", "edgellm", "reference", str(checkpoint), "--output", str(ref),
+                        "--max-tokens", str(EVAL_MAX_TOKENS), "--window", str(REFERENCE_WINDOW)],
+                       check=True, capture_output=True, timeout=900)
+        _REFERENCES[digest] = ref
+    return _REFERENCES[digest]
 
 
 def _answers(models: tuple[str, ...], data: Path, root: Path) -> dict[str, Any]:
@@ -49,10 +85,7 @@ def _answers(models: tuple[str, ...], data: Path, root: Path) -> dict[str, Any]:
     by_shape: dict[str, dict[str, str]] = {}
     for name in models:
         checkpoint = Path(catalog.get(name).locate(data))
-        ref = root / f"{name}.npz"
-        subprocess.run([sys.executable, "-m", "edgellm", "reference", str(checkpoint), "--output", str(ref),
-                        "--max-tokens", str(EVAL_MAX_TOKENS), "--window", str(REFERENCE_WINDOW)],
-                       check=True, capture_output=True, timeout=900)
+        ref = _reference(checkpoint, root, name)
         data_ref, codec = load_reference(ref), TextCodec(checkpoint / "tokenizer.json")
         config = json.loads((checkpoint / "config.json").read_text())
         key = "x".join(str(config[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +199,8 @@ def test_the_bring_up_deployment_loads_from_prefect_yaml() -> None:
     assert spec["work_pool"]["name"] == "orchestrator"
 
 
-def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(farm_dirs: dict[str, Path],
-                                                                       tmp_path: Path) -> None:
+def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(
+        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
     """Without PREFECT_API_URL a command runs its flow on a temporary server of its own; the logs queued when the
     flow ends are sent before that server stops (they failed at exit: 'Error logging to API')."""
     import os
@@ -207,6 +208,7 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(farm_dir
     import sys
 
     ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: a short flow
+    migrated_prefect_home(tmp_path / "data" / "prefect")  # the temporary server's home: a database already migrated
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     env.pop("EDGEFARM_DB_URL", None)

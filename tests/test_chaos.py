@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,7 +298,7 @@ def _tries(engine: Engine, run_ids: list[int]) -> tuple[list[Attempt], list[Resu
 
 
 def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgres: PostgresServer, full_disk: Path,
-                       tmp_path: Path) -> None:
+                       tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
     sc = Scenario()
     ssh_hosts.ensure_up()
     victim, spare = ssh_hosts[0], ssh_hosts[1]
@@ -308,6 +308,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
     inventory = _inventory(tmp_path, ssh_hosts, device_python, work, full_disk)
     db_url = postgres.create_database()
     data, docs = tmp_path / "data", tmp_path / "docs"
+    migrated_prefect_home(data / "prefect")  # run 2's temporary Prefect server (a subprocess): already migrated
     matrix = tmp_path / "chaos.yml"
     matrix.write_text(yaml.safe_dump(MATRIX))
     args = ["--matrix", str(matrix), "--inventory", str(inventory), "--db", db_url, "--data-dir", str(data),

@@ -172,7 +172,8 @@ def _installing(tree: list[psutil.Process]) -> str | None:
     return None
 
 
-def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_registry: str) -> None:
+def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_registry: str,
+                                         migrated_prefect_home: Callable[[Path], Path]) -> None:
     table = Table()
     q = Check("orchestrator (edgefarm run) SIGKILLed while tensorrt-edgellm-quantize runs",
               "the quantizer and everything the run started die with it (none left with PPID 1); its "
@@ -186,6 +187,7 @@ def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_r
         t0 = time.monotonic()
         data, inventory, tests = _farm(tmp_path / "quantize")
         link_release(data, trt_env)
+        migrated_prefect_home(data / "prefect")  # the run's temporary Prefect server: a database already migrated
         run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--priority", str(tests), "--inventory",
                                 str(inventory), "--data-dir", str(data)], cwd=REPO, env=_env(silent_registry),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -204,6 +206,7 @@ def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_r
         # -- 2: killed during the first-use install ---------------------------------------------------------------
         t0 = time.monotonic()
         data, inventory, tests = _farm(tmp_path / "install")
+        migrated_prefect_home(data / "prefect")
         run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--priority", str(tests), "--inventory",
                                 str(inventory), "--data-dir", str(data)], cwd=REPO, env=_env(silent_registry),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

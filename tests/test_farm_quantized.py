@@ -26,7 +26,8 @@ from results.db import make_engine
 from results.models import ArtifactRecord, CacheEntry, Metric, Result
 from tests.helpers.toolchain_env import link_real_toolchain
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# NVIDIA's quantizer and exporter runs are shared with the session's other modules (tests/fixtures/toolchain_runs.py)
+pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}
 MATRIX = {

@@ -4,6 +4,7 @@ formulas. Property-based where it fits; every example is small so the file runs 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote_plus
 
@@ -592,14 +593,14 @@ def _http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
 
 
 def test_the_served_api_refuses_other_origins_and_hosts_requests_without_csrf_token_and_without_auth(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_prefect_home: Callable[[Path], Path]) -> None:
     import base64
     import json
 
     from flows.prefect_env import free_port
     from flows.serve import guard_env, start_server, stop_server
 
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PREFECT_HOME", str(migrated_prefect_home(tmp_path / "prefect")))
     port = free_port()
     proc, api = start_server("127.0.0.1", port, tmp_path / "prefect" / "server.log",
                              guard=guard_env("127.0.0.1", port, "farm:" + SECRET), timeout_s=240)

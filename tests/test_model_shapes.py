@@ -206,10 +206,14 @@ def test_a_list_naming_a_model_the_kernels_refuse_is_invalid(tmp_path: Path) -> 
 
 # ------------------------------------------------------------------------- NVIDIA's quantizer on a layout checkpoint
 
-def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: Path, tmp_path: Path) -> None:
+def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: Path, tmp_path: Path,
+                                                                     shared_toolchain_runs: object) -> None:
     """The layout checkpoint names the bundled tokenizer's <unk> as pad token: transformers' Qwen2 tokenizer (what
     the quantizer's AutoTokenizer picks for model_type qwen2) would otherwise add <|endoftext|> as pad id 512, outside
-    the 512-token vocabulary, and calibration fails with "IndexError: index out of range in self"."""
+    the 512-token vocabulary, and calibration fails with "IndexError: index out of range in self".
+
+    tests/test_board_pipeline.py's l0_pipeline_orin makes the same run (its int4_awq row, at 2 calibration rows), so
+    a session that ran that list shares it (``shared_toolchain_runs``)."""
     from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
     from toolchains.tensorrt_edgellm.quantize import quantize
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,10 +31,10 @@ def _prefect(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
 
 
 @pytest.fixture
-def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
+def prefect_server(tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOGGING_LEVEL="WARNING", PREFECT_UI_ENABLED="false")
+    env.update(PREFECT_HOME=str(migrated_prefect_home(tmp_path / "prefect-home")), DO_NOT_TRACK="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING", PREFECT_UI_ENABLED="false")
     saved = dict(os.environ)
     os.environ.update(env)  # start_server passes its own environment to the server
     try:
@@ -86,10 +86,12 @@ def test_l0_deployment_from_infra_runs_on_a_process_worker(prefect_server: dict[
     engine.dispose()
 
 
-def test_serve_registers_the_nightly_schedule_and_stops_on_sigterm(tmp_path: Path) -> None:
+def test_serve_registers_the_nightly_schedule_and_stops_on_sigterm(
+        tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
     import json
     import urllib.request
 
+    migrated_prefect_home(tmp_path / "prefect")  # serve's Prefect home in its data dir: no migration on start
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path))

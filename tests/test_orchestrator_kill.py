@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -51,8 +52,9 @@ def _running_run(db: Path) -> int | None:
 
 
 def test_kill_9_of_the_orchestrator_takes_its_children_and_the_next_run_reaps_it(
-        farm_dirs: dict[str, Path], tmp_path: Path) -> None:
+        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
     data = tmp_path / "data"
+    migrated_prefect_home(data / "prefect")  # its temporary Prefect server's home: a database already migrated
     db = data / "edgefarm.db"
     (tmp_path / "kill.yml").write_text(yaml.safe_dump(MATRIX))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

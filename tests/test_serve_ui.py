@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def served(tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> Iterator[tuple[str, dict[str, str]]]:
     """A running `edgefarm serve`: (the UI URL it printed, an environment without Prefect settings)."""
+    migrated_prefect_home(tmp_path / "serve" / "prefect")  # serve's Prefect home in its data dir: no migration
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path / "serve"))
     log = tmp_path / "serve.out"

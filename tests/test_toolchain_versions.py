@@ -39,8 +39,9 @@ MATRIX = {
 
 
 # the real runs use the session's Prefect harness, as every farm test does: a run on a temporary server of its own
-# would leave Prefect's client and event workers pointed at a server that is gone (later tests then hang or miss it)
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# would leave Prefect's client and event workers pointed at a server that is gone (later tests then hang or miss it);
+# the pinned version's quantizer run is test_farm_quantized.py's int8_sq, shared (tests/fixtures/toolchain_runs.py)
+pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
 
 def _write(root: Path, matrix: dict[str, object]) -> Path:
     path = root / f"{matrix['name']}.yml"

@@ -14,6 +14,7 @@ import pytest
 from edgellm import BUNDLED_MODEL_DIR
 from edgellm.errors import ConfigurationError, TestFailure
 from test_lists.catalog import Catalog
+from tests.fixtures.toolchain_runs import ToolchainRuns
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, ExportResult, export
 from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 from toolchains.tensorrt_edgellm.quantize import (
@@ -42,16 +43,17 @@ def tiny128(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def quantized(trt_env: Path, tiny128: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[QuantizeResult, ExportResult]]:
-    """method -> (quantize result, export result) of tiny-qwen3-128, each made once per session."""
+def quantized(trt_env: Path, tiny128: Path, tmp_path_factory: pytest.TempPathFactory,
+              toolchain_runs: ToolchainRuns) -> Callable[[str], tuple[QuantizeResult, ExportResult]]:
+    """method -> (quantize result, export result) of tiny-qwen3-128, each made once per session (the quantizer's
+    runs are the session's: tests/fixtures/quantized.py makes the same ones)."""
     done: dict[str, tuple[QuantizeResult, ExportResult]] = {}
     root = tmp_path_factory.mktemp("trt")
 
     def get(method: str) -> tuple[QuantizeResult, ExportResult]:
         if method not in done:
-            q = quantize(trt_env, tiny128, root / f"q-{method}", method, chat_template=DEFAULT_CHAT_TEMPLATE,
-                         num_samples=NUM_SAMPLES)
+            q = toolchain_runs.quantize(trt_env, tiny128, root / f"q-{method}", method,
+                                        chat_template=DEFAULT_CHAT_TEMPLATE, num_samples=NUM_SAMPLES)
             done[method] = (q, export(trt_env, q.checkpoint, root / f"x-{method}"))
         return done[method]
 
