@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from artifacts.location import S3Location, parse_artifacts_url
+from devices.pools import quantize_deployment, quantize_deployment_name
 from devices.transport import open_transport
 from devices.transport.base import transfer_counts, transfers_since
 from edgellm.errors import ConfigurationError, EdgeLLMError
@@ -17,7 +18,6 @@ from edgellm.reference import checkpoint_digest
 from flows import revision
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
-from flows.pools import quantize_deployment, quantize_deployment_name
 from flows.settings import Settings
 from results.db import for_parameters, make_engine
 from results.liveness import heartbeat, reap_stale_runs

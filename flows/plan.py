@@ -19,12 +19,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 import stages
 from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
+from devices.pools import check_pool_name
 from devices.types import DEVICE_TYPES
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from flows.pools import check_pool_name
 from stages.job import job_key
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec

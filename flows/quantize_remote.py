@@ -17,11 +17,11 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run as prefect_flow_run
 
+from devices.pools import QUANTIZE_FLOW
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
 from flows import revision as code_revision
 from flows.pipeline import toolchain_versions
-from flows.pools import QUANTIZE_FLOW
 from flows.settings import Settings
 from results.db import for_parameters, make_engine
 from results.recorder import Recorder

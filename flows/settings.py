@@ -13,11 +13,10 @@ from pathlib import Path
 from artifacts.location import DEFAULT_CACHE_GB, S3Location, open_store, parse_artifacts_url
 from artifacts.store import Store
 from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
+from devices.pools import check_pool_name
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
-from flows.pools import check_pool_name
 from results.db import default_url, from_parameter
-from toolchains.mirror import SETTING as ENV_TOOLCHAIN_INDEX
 from toolchains.mirror import Index, WheelSource
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
@@ -29,6 +28,7 @@ ENV_FETCH_ENGINES = "EDGEFARM_FETCH_ENGINES"
 ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edgefarm serve` asks for
 ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes (artifacts.location)
 ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
+ENV_TOOLCHAIN_INDEX = "EDGEFARM_TOOLCHAIN_INDEX"  # where toolchain installs get wheels (toolchains.mirror.Index)
 ENV_QUANTIZE_ON = "EDGEFARM_QUANTIZE_ON"  # the work pool quantize stages are sent to (over a matrix's quantize_on)
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
@@ -91,7 +91,7 @@ class Settings:
         where = parse_artifacts_url(self.artifacts)
         shown = (where.url if isinstance(where, S3Location) else "the artifact store <data dir>/artifacts"
                  if where is None else f"the directory ${ENV_ARTIFACTS} names")
-        return WheelSource(self.toolchain_index, shown, self.artifact_store)
+        return WheelSource(self.toolchain_index, shown, self.artifact_store, setting=ENV_TOOLCHAIN_INDEX)
 
 
 def _artifacts(env: Mapping[str, str]) -> str | None:

@@ -18,8 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import stages
+from devices.pools import quantize_deployment
 from edgellm.errors import ConfigurationError, InfrastructureError
-from flows.pools import quantize_deployment
 from results.models import RunWorker
 from stages import Stage
 from stages.job import JobSpec

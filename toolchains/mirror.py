@@ -36,7 +36,6 @@ from edgellm.types import _ChoiceEnum
 if TYPE_CHECKING:
     from artifacts.store import Store
 
-SETTING = "EDGEFARM_TOOLCHAIN_INDEX"
 SCHEMA = "edgefarm.toolchain-mirror/1"
 PIP_TIMEOUT_S = 3600  # resolving and downloading a GPU toolchain's wheels (torch alone is GBs with CUDA)
 # a wheel's file name (PEP 427) as it may land in a wheelhouse: one path component, nothing hidden
@@ -48,7 +47,7 @@ PIP_UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection",
 
 
 class Index(_ChoiceEnum):
-    """Where a toolchain install gets its wheels (``$EDGEFARM_TOOLCHAIN_INDEX``)."""
+    """Where a toolchain install gets its wheels (the setting ``flows.settings`` reads)."""
 
     AUTO = "auto"  # the store's mirror of that version when there is one, else the package registry
     MIRROR = "mirror"  # the mirror only (air-gapped): a version not mirrored cannot be installed
@@ -63,6 +62,7 @@ class WheelSource:
     index: Index
     shown: str  # e.g. s3://bucket/prefix; never a credential
     open_store: Callable[[], Store]
+    setting: str = "the toolchain index setting"  # the variable that chose ``index``, as messages name it
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,11 @@ def mirror_command(toolchain: str, version: str) -> str:
     return f"edgefarm toolchains mirror {toolchain}=={version}"
 
 
-def not_mirrored(toolchain: str, version: str, shown: str) -> str:
+def not_mirrored(toolchain: str, version: str, shown: str, setting: str) -> str:
     """Why a version cannot be installed when the registry is disabled and the store holds no mirror of it."""
     python, platform = host_tags()
     return (f"toolchain {toolchain} {version} is not mirrored in {shown} for {python}-{platform} (run `"
-            f"{mirror_command(toolchain, version)}`); registry disabled by {SETTING}={Index.MIRROR.value}")
+            f"{mirror_command(toolchain, version)}`); registry disabled by {setting}={Index.MIRROR.value}")
 
 
 # --- making a mirror ------------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def find(source: WheelSource | None, toolchain: str, version: str) -> Iterator[F
         sha = store.get_ref(name)
         if sha is None:
             if source.index is Index.MIRROR:
-                raise ConfigurationError(not_mirrored(toolchain, version, source.shown))
+                raise ConfigurationError(not_mirrored(toolchain, version, source.shown, source.setting))
             yield None
             return
         where = f"{name} in {source.shown}"
