@@ -30,8 +30,7 @@ from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
 from toolchains import base as toolchains
-from toolchains.base import ToolchainDriver, Variant, assuming_installed, runnable_problem
-from toolchains.mirror import WheelSource
+from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"

@@ -17,7 +17,7 @@ from devices.pools import check_pool_name
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
 from results.db import default_url, from_parameter
-from toolchains.mirror import Index, WheelSource
+from toolchains.base import Index, WheelSource
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"

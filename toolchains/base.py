@@ -34,6 +34,10 @@ from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind
 from edgellm.registry import Registry
 from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 
+# where installs get their wheels: the generic layers name these through this module, not the mirror's
+from toolchains.mirror import Index as Index
+from toolchains.mirror import WheelSource as WheelSource
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
@@ -44,7 +48,6 @@ if TYPE_CHECKING:
     from edgellm.config import QuantConfig
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
-    from toolchains.mirror import WheelSource
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
