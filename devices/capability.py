@@ -62,7 +62,7 @@ def capability(platform: str, toolchain: str | None, variant: Variant, shape: Mo
     problem = driver.precision_problem(variant.precision)
     if problem is not None:
         return Capability(False, problem)
-    problem = driver.variant_problem(variant)
+    problem = driver.variant_problem(variant) or driver.features_problem(variant.features)
     if problem is None and shape is not None:
         problem = driver.model_problem(shape, dtype.sm, variant)
     return Capability(False, problem) if problem is not None else Capability(True)

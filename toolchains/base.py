@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.registry import Registry
 from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+from stages.variant import PLAIN, Features
 
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
 from toolchains.mirror import Index as Index
@@ -74,6 +75,7 @@ class Variant:
     precision: Precision
     lm_head: LMHeadPrecision | None = None
     kv_cache: KVCachePrecision | None = None
+    features: Features = PLAIN  # speculative decoding, LoRA, reduced vocabulary... (stages.variant)
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,21 @@ class ToolchainDriver(ABC):
     def variant_problem(self, variant: Variant) -> str | None:
         """Why this toolchain cannot give the LM head and KV cache asked for at the variant's precision (None: it
         can, and they reach its export and build). The plan records such a combination as not applicable."""
+
+    # The variant features (stages.variant.FEATURE_NAMES) this toolchain's stages carry out, each reaching its real
+    # flags; any other is refused with FEATURE_REASONS' reason (or a generic one). The plan records it not applicable.
+    FEATURES: ClassVar[frozenset[str]] = frozenset()
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {}
+
+    def features_problem(self, features: Features) -> str | None:
+        """Why this toolchain cannot run the variant's features (None: it runs every one), each refused one with
+        its reason."""
+        refused = [name for name in features.names() if name not in self.FEATURES]
+        if not refused:
+            return None
+        why = "; ".join(f"{name}: {self.FEATURE_REASONS.get(name.split('.')[0], 'not offered')}" for name in refused)
+        offered = ", ".join(sorted(self.FEATURES)) or "none"
+        return f"toolchain {self.name} does not run {why} (its variant features: {offered})"
 
     def precision_problem(self, precision: Precision) -> str | None:
         """Why this toolchain cannot produce ``precision`` at all (None: it is one of :meth:`precisions`); the plan
