@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.synth import make_checkpoint
 from edgellm.synth_variants import (
     make_eagle3_draft,
@@ -102,6 +102,7 @@ class Exported:
     wall_s: float  # the exporter's own run
     log: Path
     extra_s: float = 0.0  # merge-lora / insert-lora + process-lora around it
+    error: str = ""  # an export expected to fail: why it did
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +130,13 @@ def exports(trt_env: Path, ckpts: Checkpoints, tmp_path_factory: pytest.TempPath
         # Features cannot say "llm only" apart from the default (which exports what the checkpoint has): the flag
         "llm_only": lambda: run("llm_only", ckpts.vl, PLAIN, ("--components", "thinker")),
     }
+    def refused(name: str, checkpoint: Path, flag: str) -> Exported:
+        start = time.monotonic()
+        with pytest.raises(TestFailure) as failed:
+            export(trt_env, checkpoint, root / name, extra_args=[flag])
+        return Exported(root / name, [flag], time.monotonic() - start, root / name, error=str(failed.value))
+
+    jobs["mtp_refused"] = lambda: refused("mtp_refused", ckpts.base, "--mtp")
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         done = {name: f.result() for name, f in futures.items()}
@@ -239,7 +247,7 @@ def test_inserted_lora_inputs_bind_to_the_processed_adapter(exports: dict[str, E
 
 
 def test_export_wall_times(exports: dict[str, Exported]) -> None:
-    times = {name: (round(e.wall_s, 1), round(e.extra_s, 1)) for name, e in exports.items()}
+    times = {name: (round(e.wall_s, 1), round(e.extra_s, 1)) for name, e in exports.items() if not e.error}
     print("export wall s, tool s:", json.dumps(times))
     assert all(wall < 600 for wall, _ in times.values()), times
 
@@ -310,6 +318,12 @@ def test_feature_declaration() -> None:
     for name in ("speculative.mtp.base", "speculative"):  # features_problem looks up the first part
         assert FEATURE_REASONS[name] == MTP_REASON
     assert "Qwen3.5" in MTP_REASON and "Nemotron-H" in MTP_REASON
+
+
+def test_mtp_reason_is_the_exporters(exports: dict[str, Exported]) -> None:
+    """The reason MTP rows are refused quotes what the exporter says on a checkpoint without MTP layers."""
+    quoted = MTP_REASON.split("stops with ")[1].strip("'")
+    assert quoted in exports["mtp_refused"].error, exports["mtp_refused"].error
 
 
 def test_refused_and_incomplete_variants() -> None:

@@ -46,10 +46,10 @@ FP16 = 10  # onnx.TensorProto.FLOAT16
 
 MTP_REASON = ("TensorRT Edge-LLM 0.11.0 exports MTP only from checkpoints that carry MTP layers: Qwen3.5 "
               "(qwen3_5_text, qwen3_5_moe_text with mtp_num_hidden_layers 1), Qwen3-Omni-Next "
-              "(qwen3_omni_next_text_moe) and Nemotron-H (nemotron_h); no such checkpoint is verified here, and other "
-              "families fail with 'MTP config parsing is only supported for Qwen3.5 and Nemotron-H checkpoints'")
-AUDIO_REASON = ("audio components are exported only for Qwen3-Omni / Qwen3-ASR / Phi-4-multimodal checkpoints; none "
-                "is verified with this toolchain")
+              "(qwen3_omni_next_text_moe) and Nemotron-H (nemotron_h), none verified here; on any other checkpoint "
+              "its exporter stops with '--mtp was requested, but the checkpoint does not expose MTP weights/config'")
+AUDIO_REASON = ("no checkpoint with an audio encoder (Qwen3-Omni, Qwen3-ASR ...) has been exported with this "
+                "toolchain here, so its audio/ output has no structural check")
 FEATURES: frozenset[str] = frozenset({
     "speculative.eagle3.base", "speculative.eagle3.draft", "lora.inserted", "lora.merged", "reduced_vocab",
     "fp8_embedding", "components.visual",
