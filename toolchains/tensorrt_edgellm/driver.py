@@ -45,7 +45,7 @@ from toolchains.base import (
     WeightReconciliation,
     register_toolchain,
 )
-from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN
+from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN, variants
 from toolchains.tensorrt_edgellm import accuracy as text_accuracy
 from toolchains.tensorrt_edgellm import device as trt
 from toolchains.tensorrt_edgellm.env import (
@@ -160,15 +160,9 @@ class TensorrtEdgellm(ToolchainDriver):
     name = TOOLCHAIN
     pinned = PINNED_VERSION
     needs_gpu = True
-    # the variant features its exporter and LoRA tools carry out (each reaches their flags: variants.py)
-    FEATURES: ClassVar[frozenset[str]] = frozenset({
-        "speculative.eagle3.base", "speculative.eagle3.draft", "lora.inserted", "lora.merged", "reduced_vocab",
-        "fp8_embedding", "components.visual"})
-    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
-        "speculative": ("its exporter takes MTP layers only inside Qwen3.5 and Nemotron-H checkpoints "
-                        "(mtp_num_hidden_layers / num_nextn_predict_layers); the farm has none of those to export"),
-        "components": "the farm has no audio checkpoint (Qwen3-Omni, Qwen3-ASR) to export an audio encoder from",
-    }
+    # the variant features its exporter and LoRA tools carry out, and why it refuses the others (variants.py)
+    FEATURES: ClassVar[frozenset[str]] = variants.FEATURES
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = variants.FEATURE_REASONS
 
     @property
     def host_env_version(self) -> str:

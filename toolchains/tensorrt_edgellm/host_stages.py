@@ -28,7 +28,9 @@ from results.models import ResultStatus
 from stages import Stage
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
+from stages.variant import LoraMode
 from toolchains.base import QUANTIZE_RECORD, HostWork, NotApplicable
+from toolchains.tensorrt_edgellm import variants
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
 from toolchains.tensorrt_edgellm.export import export as trt_export
@@ -147,21 +149,56 @@ def chat_template(job: JobSpec) -> Path:
 
 
 def export_key_extra(job: JobSpec) -> dict[str, Any]:
-    return {"chat_template_sha256": hashlib.sha256(chat_template(job).read_bytes()).hexdigest(),
-            "onnx_check": ONNX_CHECK}
+    extra = {"chat_template_sha256": hashlib.sha256(chat_template(job).read_bytes()).hexdigest(),
+             "onnx_check": ONNX_CHECK}
+    if not job.features.plain:  # a variant's export is the product of its parts too (a plain one keeps its key)
+        extra["variant"] = job.variant
+        extra["variant_parts"] = {role: ref.sha256 for role, ref in job.parts}
+        extra["variant_check"] = variants.CHECK_VERSION
+    return extra
+
+
+def variant_inputs(job: JobSpec) -> variants.VariantInputs:
+    """The local directories of the checkpoints the row's variant reads (a draft, an adapter, a vocabulary map)."""
+    def path(role: str) -> Path | None:
+        ref = job.part(role)
+        return None if ref is None else Path(ref.path)
+
+    return variants.VariantInputs(draft=path("draft"), lora=path("lora"), vocab=path("vocab"))
+
+
+def _variant_problems(driver: TensorrtEdgellm, job: JobSpec, source: Path, prepared: Path, root: Path,
+                      inputs: variants.VariantInputs) -> list[str]:
+    """What the variant's structure lacks in the export (and, for a merged LoRA, in the merged weights; for an
+    inserted one, in how its graph inputs bind to the processed adapter)."""
+    problems = variants.check_variant_export(root, job.features)
+    lora = job.features.lora
+    if lora is not None and lora.mode is LoraMode.MERGED and inputs.lora is not None:
+        problems += variants.check_merged_lora(source, prepared, inputs.lora)
+    if lora is not None and lora.mode is LoraMode.INSERTED:
+        problems += variants.lora_binding_problems(root)
+    return problems
 
 
 def export(driver: TensorrtEdgellm, work: HostWork, job: JobSpec, ckpt: CheckpointRef, quantized_linears: int,
            keyed: Keyed) -> StageOutcome:
     """``tensorrt-edgellm-export`` into the store, after its structural check passed."""
     with work.scratch("trt-export-") as tmp:
-        made = trt_export(driver.env_path(), Path(ckpt.path), tmp / "export", chat_template=chat_template(job),
-                          timeout=work.timeout)
+        env, inputs, log = driver.env_path(), variant_inputs(job), tmp / "variant.log"
+        source = variants.prepare_checkpoint(env, Path(ckpt.path), job.features, inputs, tmp / "variant", log=log)
+        made = trt_export(env, source, tmp / "export", chat_template=chat_template(job), timeout=work.timeout,
+                          extra_args=variants.exporter_args(job.features, inputs))
+        root = made.onnx_dir.parent  # <out>/onnx: llm/, visual/, a processed LoRA ... one directory per part
+        variants.after_export(env, root, job.features, inputs, log=log)
+        problems = [] if job.features.plain else _variant_problems(driver, job, Path(ckpt.path), source, root, inputs)
         report = check_onnx(made.onnx_dir, expected_quantized=quantized_linears)
+        report.problems.extend(problems)
         (tmp / "onnx_check.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, device="orchestrator",
                            duration_s=made.wall_s)
         out.artifacts.append(work.put(made.log, ArtifactKind.LOG))
+        if log.is_file():  # the variant's own tools (merge-lora, insert-lora, process-lora)
+            out.artifacts.append(work.put(log, ArtifactKind.LOG))
         out.artifacts.append(work.put(tmp / "onnx_check.json", ArtifactKind.REPORT))
         out.metrics["export_s"] = (made.wall_s, "s")
         out.metrics["export_peak_rss_bytes"] = (float(made.peak_rss_bytes), "B")
@@ -171,12 +208,15 @@ def export(driver: TensorrtEdgellm, work: HostWork, job: JobSpec, ckpt: Checkpoi
             out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE
             out.reason = f"ONNX export failed {len(report.problems)} structural check(s): {'; '.join(report.problems)}"
             return out
-        ref = work.put(made.onnx_dir, ArtifactKind.ONNX)
+        # a plain row's export is its llm/ (what the build reads); a variant's is every part the exporter wrote
+        ref = work.put(made.onnx_dir if job.features.plain else root, ArtifactKind.ONNX)
         keyed.made(ref)
         template = "the checkpoint's" if made.chat_template == "checkpoint" else Path(made.chat_template).name
         out.reason = (f"{report.attention_plugins} attention plugins for {report.layers} layers, "
                       f"{len(report.quantized_linears)} quantized GEMMs (report: {quantized_linears}); "
                       f"chat template {template}")
+        if not job.features.plain:
+            out.reason += f"; variant {job.variant}: structure checked ({', '.join(job.features.names())})"
         out.outputs["onnx"] = ref
         out.artifacts.append(ref)
         out.metrics["onnx_bytes"] = (float(ref.size), "B")

@@ -108,6 +108,16 @@ def check_onnx(onnx_dir: Path, *, expected_quantized: int | None) -> OnnxReport:
                       sorted(quantized), sorted(floating), inputs, outputs, problems)
 
 
+def logits_width(config: dict[str, Any]) -> int:
+    """The logits' width the runtime config declares: a reduced vocabulary's size (``reduced_vocab_size``), an
+    EAGLE3 draft's vocabulary (``draft_vocab_size``), else the vocabulary's."""
+    if config.get("reduced_vocab_size"):
+        return int(config["reduced_vocab_size"])
+    if config.get("engine_role") == "draft" and config.get("draft_vocab_size"):
+        return int(config["draft_vocab_size"])
+    return int(config["vocab_size"])
+
+
 def _io_problems(inputs: dict[str, list[Any]], outputs: dict[str, list[Any]], config: dict[str, Any],
                  layers: int) -> list[str]:
     problems = []
@@ -118,8 +128,8 @@ def _io_problems(inputs: dict[str, list[Any]], outputs: dict[str, list[Any]], co
         problems.append(f"inputs_embeds {inputs['inputs_embeds']} does not end in hidden size {config['hidden_size']}")
     if "logits" not in outputs:
         problems.append(f"output logits missing (outputs: {', '.join(outputs)})")
-    elif outputs["logits"][-1] != config["vocab_size"]:
-        problems.append(f"logits {outputs['logits']} does not end in vocab size {config['vocab_size']}")
+    elif outputs["logits"][-1] != (width := logits_width(config)):
+        problems.append(f"logits {outputs['logits']} does not end in vocab size {width}")
     for i in range(layers):
         for names, kind in ((inputs, "past"), (outputs, "present")):
             name = f"{kind}_key_values_{i}"

@@ -37,6 +37,7 @@ from toolchains.tensorrt_edgellm.env import script
 from toolchains.tensorrt_edgellm.process import run_tool
 
 TOOL_TIMEOUT_S = 1200  # as the export stage's
+CHECK_VERSION = 1  # part of a variant export's cache key: bumped when the structural checks below change
 LORA_DIR = "lora"  # under the export root: process-lora's output
 LORA_ONNX = "lora_model.onnx"  # insert-lora's output, beside model.onnx
 PROCESSED_LORA = "processed_adapter_model.safetensors"
