@@ -568,6 +568,10 @@ def fmt_num(x: float | None) -> str:
     return f"{x:.4g}"
 
 
+def fmt_delta(x: float) -> str:
+    return f"{x:+.4g}"
+
+
 def _json_num(x: float | None) -> float | str | None:
     if x is None or math.isfinite(x):
         return x
@@ -620,7 +624,7 @@ def render_markdown(c: Comparison, *, generated_at: str, db_label: str) -> str:
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),
           [[*_row_cells(r), s.verdict, s.run_id] for r, s in c.lost])
     table("Metric deltas", (*_ROW_HEAD, "stage", "metric", "A", "B", "B - A", "relative", "band", "noise"),
-          [[*_row_cells(d.row), d.stage, d.metric, fmt_num(d.a), fmt_num(d.b), fmt_num(d.delta), fmt_rel(d.relative),
+          [[*_row_cells(d.row), d.stage, d.metric, fmt_num(d.a), fmt_num(d.b), fmt_delta(d.delta), fmt_rel(d.relative),
             d.band.text, d.noise] for d in c.deltas])
     return "\n".join(lines)
 
@@ -665,7 +669,7 @@ def render_html(c: Comparison, *, generated_at: str, db_label: str) -> str:
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),
           [("", [*row(r), status(s.verdict), e(str(s.run_id))]) for r, s in c.lost])
     table("Metric deltas", (*_ROW_HEAD, "stage", "metric", "A", "B", "B - A", "relative", "band", "noise"),
-          [("", [*row(d.row), e(d.stage), e(d.metric), e(fmt_num(d.a)), e(fmt_num(d.b)), e(fmt_num(d.delta)),
+          [("", [*row(d.row), e(d.stage), e(d.metric), e(fmt_num(d.a)), e(fmt_num(d.b)), e(fmt_delta(d.delta)),
                  e(fmt_rel(d.relative)), e(d.band.text),
                  f"<span class='{'outside' if d.noise == 'outside noise' else ''}'>{e(d.noise)}</span>"])
            for d in c.deltas])

@@ -116,9 +116,9 @@ def _print(c: Any) -> None:
     for row, side in c.lost:
         rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, _COLOURS.get(side.verdict, "dim")),
                      cell("-"), cell(""))
-    out.print(rows)
+    _table(rows)
     if c.deltas:
-        from flows.compare import fmt_num, fmt_rel
+        from flows.compare import fmt_delta, fmt_num, fmt_rel
 
         t = Table(title=f"metric deltas ({len(c.deltas)}; B - A, band: side A's history)")
         for col in ("row", "metric", "A", "B", "B - A", "rel", "band", "noise"):
@@ -126,7 +126,19 @@ def _print(c: Any) -> None:
         for d in c.deltas:
             colour = "red" if d.noise == "outside noise" else "green" if d.noise == "within noise" else "dim"
             t.add_row(cell(d.row.text()), cell(f"{d.stage}/{d.metric}"),
-                      *map(cell, (fmt_num(d.a), fmt_num(d.b), fmt_num(d.delta), fmt_rel(d.relative), d.band.text)),
-                      cell(d.noise, colour))
-        out.print(t)
+                      *map(cell, (fmt_num(d.a), fmt_num(d.b), fmt_delta(d.delta), fmt_rel(d.relative), d.band.text)),
+                      cell(d.noise if d.band.half_width is not None else "-", colour))
+        _table(t)
     out.print(cell(c.summary()))
+
+
+def _table(t: Table) -> None:
+    """On a terminal, fitted to it; elsewhere (a pipe, a file) at its natural width: one line per row, for grep."""
+    if out.is_terminal:
+        out.print(t)
+        return
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    width = max(Measurement.get(out, out.options.update_width(10_000), t).maximum, 40)
+    Console(file=out.file, width=width, highlight=False, soft_wrap=True).print(t)
