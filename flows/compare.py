@@ -52,9 +52,10 @@ from sqlalchemy.orm import Session
 
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.files import write_text_atomic
+from flows.docs_render import scrub
 from flows.escape import markdown_text
 from results.models import Metric, Result, ResultStatus, Run, RunKind
-from results.queries import RowKey, row_history
+from results.queries import RowKey, RowStatus, row_history
 from results.regressions import K_MAD, MAD_TO_SIGMA
 from toolchains import base as toolchains
 
@@ -183,10 +184,16 @@ class RowSide:
     stages: dict[str, str]
     chosen_versions: str | None = None
     metrics: dict[MetricKey, tuple[float, str]] = field(default_factory=dict)  # -> (value, unit)
+    reasons: dict[str, str] = field(default_factory=dict)  # stage -> why it did not pass (scrubbed)
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "verdict": self.verdict, "stages": dict(self.stages),
-                "chosen_versions": self.chosen_versions}
+                "chosen_versions": self.chosen_versions, "reasons": dict(self.reasons)}
+
+    def why(self, stages: Iterable[str]) -> str:
+        """The reasons of these stages, one each (a reason shared by several stages once)."""
+        seen = dict.fromkeys(self.reasons[st] for st in stages if st in self.reasons)
+        return "; ".join(seen)
 
 
 @dataclass(frozen=True)
@@ -366,6 +373,7 @@ class _Group:
     chosen: str
     makers: set[tuple[str, str | None]] = field(default_factory=set)  # (toolchain, version) of each result
     metrics: dict[MetricKey, tuple[float, str, bool, str]] = field(default_factory=dict)  # (v, unit, passed, test)
+    reasons: dict[str, str] = field(default_factory=dict)  # stage -> reason of a result that did not pass
 
     def add_metric(self, key: MetricKey, value: float, unit: str, passed: bool, test_id: str) -> None:
         held = self.metrics.get(key)
@@ -389,10 +397,11 @@ def _row_id(side: Side, group: _Group) -> RowId:
     return RowId(group.key, group.chosen)
 
 
-def _load_groups(s: Session, *where: Any) -> dict[tuple[RowKey, int, str], _Group]:
+def _load_groups(s: Session, *where: Any, data_dir: Path | None = None) -> dict[tuple[RowKey, int, str], _Group]:
     cols = [Result.run_id, Result.model, Result.precision, Result.platform, Result.job_toolchain,
             *([_VARIANT] if _VARIANT is not None else []), Result.chosen_versions, Result.test_id, Result.status,
-            Result.toolchain, Result.toolchain_version, Result.stage, Metric.name, Metric.value, Metric.unit]
+            Result.reason, Result.toolchain, Result.toolchain_version, Result.stage, Metric.name, Metric.value,
+            Metric.unit]
     stmt = (select(*cols).join(Run, Run.id == Result.run_id).outerjoin(Metric, Metric.result_id == Result.id)
             .where(Run.published_at.is_not(None), *where))
     groups: dict[tuple[RowKey, int, str], _Group] = {}
@@ -400,12 +409,14 @@ def _load_groups(s: Session, *where: Any) -> dict[tuple[RowKey, int, str], _Grou
         values = list(row)
         run_id, model, precision, platform, job_tc = values[:5]
         variant = values[5] if _VARIANT is not None else ""
-        chosen, test_id, status, tc, version, stage, name, value, unit = values[-9:]
+        chosen, test_id, status, reason, tc, version, stage, name, value, unit = values[-10:]
         key = _row_key(model, precision, platform, job_tc, variant)
         g = groups.get((key, run_id, chosen or ""))
         if g is None:
             g = groups[(key, run_id, chosen or "")] = _Group(key, run_id, chosen or "")
         g.makers.add((str(tc), version))
+        if reason and status != ResultStatus.PASS:
+            g.reasons.setdefault(str(stage), scrub(reason, data_dir) or "")
         if name is not None:
             g.add_metric((str(stage), name), float(value), unit or "", status == ResultStatus.PASS, test_id)
     return groups
@@ -466,10 +477,11 @@ class _Resolved:
     label: str
 
 
-def _resolve(s: Session, side: Side) -> _Resolved:
+def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
     runs = _side_runs(s, side)
     chosen: dict[RowId, _Group] = {}
-    for g in sorted(_load_groups(s, Result.run_id.in_(runs)).values(), key=lambda g: (g.run_id, g.chosen)):
+    groups = _load_groups(s, Result.run_id.in_(runs), data_dir=data_dir)
+    for g in sorted(groups.values(), key=lambda g: (g.run_id, g.chosen)):
         if _accepts(side, g):
             chosen[_row_id(side, g)] = g  # the latest run wins
     ids = sorted({g.run_id for g in chosen.values()})
@@ -496,20 +508,23 @@ def _runs_text(ids: Sequence[int]) -> str:
 
 def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
     """Each row's verdict and stages (results/queries.py's row_history) with its metrics."""
-    histories: dict[tuple[str, Any, str, str], list[Any]] = {}
+    from flows.docs import display_status
+
+    histories: dict[tuple[str, Any, str, str], list[RowStatus]] = {}
     rows = {}
     for row, g in resolved.groups.items():
         k = g.key
         hkey = (k.model, k.precision, k.platform, str(k.toolchain))
         if hkey not in histories:
             histories[hkey] = row_history(s, k.model, k.precision, k.platform, toolchain=str(k.toolchain))
-        st = next(h for h in histories[hkey] if h.key == k and h.run_id == g.run_id
-                  and (h.chosen_versions or "") == g.chosen)
-        from flows.docs import display_status
-
+        found = [h for h in histories[hkey] if h.key == k and h.run_id == g.run_id
+                 and (h.chosen_versions or "") == g.chosen]
+        if len(found) != 1:
+            raise BugError(f"row_history gave {len(found)} statuses of {row.text()} in run {g.run_id}; expected 1")
+        st = found[0]
         stages = {str(getattr(x, "value", x)): str(getattr(v, "value", v)) for x, v in st.stages.items()}
         rows[row] = RowSide(g.run_id, display_status(st.verdict.value, stages), stages, g.chosen or None,
-                            {m: (v, unit) for m, (v, unit, _, _) in g.metrics.items()})
+                            {m: (v, unit) for m, (v, unit, _, _) in g.metrics.items()}, dict(g.reasons))
     return rows
 
 
@@ -535,13 +550,14 @@ def _histories(s: Session, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId,
     return out
 
 
-def build_comparison(db: Engine | Session, a: Side, b: Side) -> Comparison:
-    """Resolve two sides in the results database and compare them (ConfigurationError on a bad side)."""
+def build_comparison(db: Engine | Session, a: Side, b: Side, *, data_dir: Path | None = None) -> Comparison:
+    """Resolve two sides in the results database and compare them (ConfigurationError on a bad side); reasons are
+    scrubbed (flows.docs_render.scrub: paths under ``data_dir`` relative, hosts and URLs hidden)."""
     slug = comparison_slug(a, b)
     if a == b:
         raise ConfigurationError(f"both sides are {a.label!r}; valid: two different sides")
     with _session(db) as s:
-        ra, rb = _resolve(s, a), _resolve(s, b)
+        ra, rb = _resolve(s, a, data_dir), _resolve(s, b, data_dir)
         if isinstance(a, CommitSide | RunSide) and _only_run(ra) == _only_run(rb) and _only_run(ra) is not None:
             raise ConfigurationError(f"{a.label!r} and {b.label!r} are one run ({_only_run(ra)}); valid: two "
                                      "different runs")
@@ -616,9 +632,9 @@ def render_markdown(c: Comparison, *, generated_at: str, db_label: str) -> str:
         lines.extend(_md_row(r) for r in rows)
         lines.append("")
 
-    table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "run A", "run B"),
+    table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "why (B)", "run A", "run B"),
           [[*_row_cells(ch.row), ch.a.verdict, ch.b.verdict + (" (regression)" if ch.regression else ""),
-            stage_text(ch.stages), ch.a.run_id, ch.b.run_id] for ch in c.changed])
+            stage_text(ch.stages), ch.b.why(ch.stages) or "-", ch.a.run_id, ch.b.run_id] for ch in c.changed])
     table("Rows gained (in B, not in A)", (*_ROW_HEAD, "B", "run B"),
           [[*_row_cells(r), s.verdict, s.run_id] for r, s in c.gained])
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),
@@ -660,10 +676,10 @@ def render_html(c: Comparison, *, generated_at: str, db_label: str) -> str:
     def row(r: RowId) -> list[str]:
         return [e(x) for x in _row_cells(r)]
 
-    table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "run A", "run B"),
+    table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "why (B)", "run A", "run B"),
           [("regression" if ch.regression else "",
-            [*row(ch.row), status(ch.a.verdict), status(ch.b.verdict), e(stage_text(ch.stages)), e(str(ch.a.run_id)),
-             e(str(ch.b.run_id))]) for ch in c.changed])
+            [*row(ch.row), status(ch.a.verdict), status(ch.b.verdict), e(stage_text(ch.stages)),
+             e(ch.b.why(ch.stages) or "-"), e(str(ch.a.run_id)), e(str(ch.b.run_id))]) for ch in c.changed])
     table("Rows gained (in B, not in A)", (*_ROW_HEAD, "B", "run B"),
           [("", [*row(r), status(s.verdict), e(str(s.run_id))]) for r, s in c.gained])
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),

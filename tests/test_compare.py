@@ -56,7 +56,8 @@ def _row(rec: Recorder, run: int, model: str, platform: str, toolchain: str, ver
         rec.record_result(run, model=model, precision="fp16", platform=platform, stage=stage,
                           test_id=f"{model}@{chosen or 'pinned'}", status=status, toolchain=toolchain,
                           toolchain_version=None if status == "skipped" else version, chosen_versions=chosen,
-                          reason="broke" if status == "fail" else None,
+                          reason=f"broke: log /home/ci/secret/{stage}.log from edge@10.1.2.3" if status == "fail"
+                          else None,
                           metrics={k: (v, "tok/s") for k, v in (metrics or {}).items()} if stage == "bench" else None)
 
 
@@ -123,6 +124,7 @@ def test_toolchain_versions_report_gains_losses_changes_and_deltas(db: str, tmp_
     [change] = data["status_changes"]
     assert change["row"]["model"] == "qwen" and change["verdict"] == ["pass", "fail"] and change["regression"]
     assert change["stages"] == {"accuracy": ["pass", "fail"]}
+    assert change["b"]["reasons"] == {"accuracy": "broke: log …/accuracy.log from <host>"}  # scrubbed
     assert change["row"]["versions"] == ""  # the compared toolchain's own entry is not part of the row
     deltas = {(d["row"]["model"], d["metric"]): d for d in data["metric_deltas"]}
     llama = deltas[("llama", "decode_tokens_per_s")]
@@ -159,7 +161,8 @@ def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
     assert not re.search(r"(?<!\\)<", md) and "\\<script>alert(1)\\</script>" in md and "\\|\\[x\\]" in md
     assert "\x1b" not in md and "[x](http" not in md and "http://" not in md
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "outside noise" in md and "(regression)" in md
+    assert "outside noise" in md and "(regression)" in md and "broke: log …/accuracy.log from \\<host>" in md
+    assert "10.1.2.3" not in md + page and "/home/ci" not in md + page
     index = (folder / "index.md").read_text()
     assert "(tensorrt-edgellm-0.11.0-vs-0.12.0.md)" in index and "(runs-1-vs-3.md)" in index
     listed = published_comparisons(tmp_path)

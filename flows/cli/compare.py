@@ -81,7 +81,7 @@ def compare(
         engine = read_only_engine(settings.db_url)
         try:
             require_current(engine, redact(settings.db_url))
-            comparison = build_comparison(engine, a, b)
+            comparison = build_comparison(engine, a, b, data_dir=settings.data_dir)
         finally:
             engine.dispose()
         written = (publish_pages(comparison, settings.docs_dir, db_label=db_label(settings.db_url))
@@ -104,18 +104,19 @@ def _print(c: Any) -> None:
     out.print(cell(f"A: {c.a}"))
     out.print(cell(f"B: {c.b}"))
     rows = Table(title=f"rows ({len(c.gained)} gained, {len(c.lost)} lost, {len(c.changed)} changed, {c.same} same)")
-    for col in ("change", "row", "A", "B", "stages"):
+    for col in ("change", "row", "A", "B", "stages", "why (B)"):
         rows.add_column(col)
     for ch in c.changed:
         rows.add_row(cell("REGRESSION" if ch.regression else "status", "red" if ch.regression else ""),
                      cell(ch.row.text()), cell(ch.a.verdict, _COLOURS.get(ch.a.verdict, "dim")),
-                     cell(ch.b.verdict, _COLOURS.get(ch.b.verdict, "dim")), cell(stage_text(ch.stages)))
+                     cell(ch.b.verdict, _COLOURS.get(ch.b.verdict, "dim")), cell(stage_text(ch.stages)),
+                     cell(ch.b.why(ch.stages)))
     for row, side in c.gained:
         rows.add_row(cell("gained", "green"), cell(row.text()), cell("-"),
-                     cell(side.verdict, _COLOURS.get(side.verdict, "dim")), cell(""))
+                     cell(side.verdict, _COLOURS.get(side.verdict, "dim")), cell(""), cell(side.why(side.reasons)))
     for row, side in c.lost:
         rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, _COLOURS.get(side.verdict, "dim")),
-                     cell("-"), cell(""))
+                     cell("-"), cell(""), cell(""))
     _table(rows)
     if c.deltas:
         from flows.compare import fmt_delta, fmt_num, fmt_rel
