@@ -38,6 +38,7 @@ from flows.compare import (
 )
 from results.db import make_engine
 from results.migrate import upgrade
+from results.models import Result
 from results.queries import RowKey
 from results.recorder import Recorder
 
@@ -253,3 +254,25 @@ def test_compare_rows_without_a_database() -> None:
     assert c.same == 1 and not c.changed
     [d] = c.deltas
     assert d.delta == 1.0 and d.relative == 0.5 and d.noise == "outside noise"
+
+
+# -- variants ----------------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(Result, "variant"), reason="rows have no variant before migration 0013")
+def test_a_variant_is_its_own_row(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'variants.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    for fail in (None, "infer"):
+        run = rec.start_run("nightly", "schedule", "eee5555")
+        for variant, status in (("", None), ("kv=fp8", fail)):
+            for stage in PIPELINE:
+                rec.record_result(run, model="llama", precision="fp16", platform="orin", stage=stage,
+                                  test_id=f"llama-{variant or 'default'}", toolchain=TRT, toolchain_version="0.11.0",
+                                  status="fail" if stage == status else "pass", variant=variant)
+        rec.finish_run(run, "passed")
+    engine.dispose()
+    data = _json(url, tmp_path, "--runs", "1", "2")
+    assert data["slug"] == "runs-1-vs-2" and not data["gained"] and not data["lost"] and data["unchanged"] == 1
+    [change] = data["status_changes"]
+    assert change["row"]["variant"] == "kv=fp8" and change["verdict"] == ["pass", "fail"]
