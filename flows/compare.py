@@ -16,11 +16,13 @@ own entry, so ``0.11.0`` and ``0.12.0`` results of one row meet). Its verdict an
 results/queries.py's (:func:`results.queries.row_history`), never re-derived here; a metric is keyed by
 (stage, metric name), the first test id in name order where a stage ran several.
 
-Noise band of a metric delta: the *history* is that metric's values for that row (same stage) in the published runs
-before the later side's run, on the earlier-named side's line (side A: the same toolchain version, or the same
-chosen versions for run and commit sides), from results that passed, the last :data:`HISTORY_RUNS` of them. With at
-least :data:`MIN_HISTORY` points the band is ``median ± K_MAD * 1.4826 * MAD`` (MAD: the median absolute deviation;
-x 1.4826 it estimates a standard deviation; the rule results/regressions.py uses for its baseline): a delta
+Only published runs are sides or history (of any run kind, except that a commit names its nightly); an unpublished
+run is refused. Noise band of a metric delta: the *history* is that metric's values for that row (same stage) in the
+published runs before the later of the row's two runs, on side A's line (the same toolchain version for
+toolchain-version sides; the same chosen versions for run and commit sides), from results that passed, the last
+:data:`HISTORY_RUNS` of them. With at least :data:`MIN_HISTORY` points the band is ``median ± 3 * 1.4826 * MAD``
+(``K_MAD`` = 3; MAD: the median absolute deviation, x 1.4826 an estimate of the standard deviation; the spread
+results/regressions.py uses for its baseline): a delta
 ``B - A`` is *within noise* when ``|B - A|`` is at most that half-width, else *outside noise*; with fewer points it
 has *no band (n history points)*. A history of identical values has a band of width 0: any change is outside it.
 
