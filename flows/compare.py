@@ -399,24 +399,33 @@ def _row_id(side: Side, group: _Group) -> RowId:
     return RowId(group.key, group.chosen)
 
 
-def _load_groups(s: Session, *where: Any, data_dir: Path | None = None) -> dict[tuple[RowKey, int, str], _Group]:
-    cols = [Result.run_id, Result.model, Result.precision, Result.platform, Result.job_toolchain,
-            *([_VARIANT] if _VARIANT is not None else []), Result.chosen_versions, Result.test_id, Result.status,
-            Result.reason, Result.toolchain, Result.toolchain_version, Result.stage, Metric.name, Metric.value,
-            Metric.unit]
-    stmt = (select(*cols).join(Run, Run.id == Result.run_id).outerjoin(Metric, Metric.result_id == Result.id)
-            .where(Run.published_at.is_not(None), *where))
+def _load_groups(s: Session, *where: Any, data_dir: Path | None = None,
+                 facts_only: bool = False) -> dict[tuple[RowKey, int, str], _Group]:
+    """The published groups of results matching ``where``; ``facts_only``: their makers, no metrics or reasons."""
+    row_cols = [Result.run_id, Result.model, Result.precision, Result.platform, Result.job_toolchain,
+                *([_VARIANT] if _VARIANT is not None else []), Result.chosen_versions, Result.toolchain,
+                Result.toolchain_version]
+    if facts_only:
+        stmt = select(*row_cols).distinct()
+    else:
+        stmt = (select(*row_cols, Result.test_id, Result.status, Result.reason, Result.stage, Metric.name,
+                       Metric.value, Metric.unit).outerjoin(Metric, Metric.result_id == Result.id))
+    stmt = stmt.join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None), *where)
     groups: dict[tuple[RowKey, int, str], _Group] = {}
+    n = len(row_cols)
     for row in s.execute(stmt):
         values = list(row)
         run_id, model, precision, platform, job_tc = values[:5]
         variant = values[5] if _VARIANT is not None else ""
-        chosen, test_id, status, reason, tc, version, stage, name, value, unit = values[-10:]
+        chosen, tc, version = values[n - 3:n]
         key = _row_key(model, precision, platform, job_tc, variant)
         g = groups.get((key, run_id, chosen or ""))
         if g is None:
             g = groups[(key, run_id, chosen or "")] = _Group(key, run_id, chosen or "")
         g.makers.add((str(tc), version))
+        if facts_only:
+            continue
+        test_id, status, reason, stage, name, value, unit = values[n:]
         if reason and status != ResultStatus.PASS:
             g.reasons.setdefault(str(stage), scrub(reason, data_dir) or "")
         if name is not None:
@@ -481,11 +490,15 @@ class _Resolved:
 
 def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
     runs = _side_runs(s, side)
-    chosen: dict[RowId, _Group] = {}
-    groups = _load_groups(s, Result.run_id.in_(runs), data_dir=data_dir)
-    for g in sorted(groups.values(), key=lambda g: (g.run_id, g.chosen)):
+    picked: dict[RowId, tuple[RowKey, int, str]] = {}
+    for g in sorted(_load_groups(s, Result.run_id.in_(runs), facts_only=True).values(),
+                    key=lambda g: (g.run_id, g.chosen)):
         if _accepts(side, g):
-            chosen[_row_id(side, g)] = g  # the latest run wins
+            picked[_row_id(side, g)] = (g.key, g.run_id, g.chosen)  # the latest run wins
+    # then the metrics and reasons of the picked groups only (a version's side may span many runs)
+    full = _load_groups(s, Result.run_id.in_(sorted({run for _, run, _ in picked.values()})),
+                        Result.model.in_(sorted({key.model for key, _, _ in picked.values()})), data_dir=data_dir)
+    chosen = {row: full[group] for row, group in picked.items()}
     ids = sorted({g.run_id for g in chosen.values()})
     if isinstance(side, CommitSide):
         run = s.get(Run, runs[0])
@@ -538,12 +551,15 @@ def _histories(s: Session, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId,
         return {}
     later = {row: max(a.groups[row].run_id, b.groups[row].run_id) for row, _ in wanted}
     models = sorted({row.key.model for row, _ in wanted})
-    groups = _load_groups(s, Result.model.in_(models), Result.run_id < max(later.values()),
-                          Metric.name.in_(sorted({name for _, (_, name) in wanted})),
+    where = (Result.model.in_(models), Result.run_id < max(later.values()))
+    # on the line or not: decided by every result of a group (a quantizer's version is on its quantize stage, which
+    # has no metric); the values: its passing results' metrics
+    line = {k for k, g in _load_groups(s, *where, facts_only=True).items() if _accepts(a.side, g)}
+    groups = _load_groups(s, *where, Metric.name.in_(sorted({name for _, (_, name) in wanted})),
                           Result.status == ResultStatus.PASS)
     by_row: dict[RowId, list[_Group]] = defaultdict(list)
-    for g in groups.values():
-        if _accepts(a.side, g):
+    for k, g in groups.items():
+        if k in line:
             by_row[_row_id(a.side, g)].append(g)
     out: dict[tuple[RowId, MetricKey], list[float]] = {}
     for row, metric in wanted:

@@ -2,11 +2,13 @@
 Recorder: three nightly runs of tensorrt-edgellm 0.11.0 (the history), a nightly running 0.11.0 and 0.12.0 side by
 side, a later nightly of another farm commit and a run still running (never compared).
 
-    run 1-3  commit aaa1111  orin: llama, qwen (trt 0.11.0, pinned); x86-cpu: stories (edgellm-ort)    all pass
+    run 1-3  commit aaa1111  orin: llama, qwen (trt 0.11.0, pinned); x86-cpu: stories (edgellm-ort),
+                             tinyq int4_awq (an edgellm-ort job quantized by trt 0.11.0)               all pass
     run 4    commit bbb2222  orin, toolchain_versions 0.11.0: llama, qwen, gemma (only here: lost in 0.12.0)
                                                0.12.0: llama (decode 110: outside noise), qwen (accuracy
                                                fails: a regression; decode within noise), phi and a hostile
-                                               name (gained); x86-cpu: stories
+                                               name (gained); x86-cpu: stories, tinyq quantized by
+                                               each version (decode 31 -> 40: outside noise)
     run 5    commit ccc3333  x86-cpu: stories (infer fails)
     run 6    running (unpublished)
 """
@@ -62,6 +64,16 @@ def _row(rec: Recorder, run: int, model: str, platform: str, toolchain: str, ver
                           metrics={k: (v, "tok/s") for k, v in (metrics or {}).items()} if stage == "bench" else None)
 
 
+def _quantized(rec: Recorder, run: int, trt: str, chosen: str | None, decode: float) -> None:
+    """tinyq int4_awq on x86-cpu: an edgellm-ort job whose quantize stage tensorrt-edgellm made (at ``trt``)."""
+    for stage in ("quantize", *PIPELINE):
+        rec.record_result(run, model="tinyq", precision="int4_awq", platform="x86-cpu", stage=stage,
+                          test_id=f"tinyq@{chosen or 'pinned'}", status="pass", chosen_versions=chosen,
+                          toolchain=TRT if stage == "quantize" else ORT, job_toolchain=ORT,
+                          toolchain_version=trt if stage == "quantize" else ORT_V,
+                          metrics={"decode_tokens_per_s": (decode, "tok/s")} if stage == "bench" else None)
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'edgefarm.db'}"
@@ -74,6 +86,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
         _row(rec, run, "llama", "orin", TRT, "0.11.0", metrics={"decode_tokens_per_s": llama, **prefill})
         _row(rec, run, "qwen", "orin", TRT, "0.11.0", metrics={"decode_tokens_per_s": qwen})
         _row(rec, run, "stories", "x86-cpu", ORT, ORT_V, metrics={"decode_tokens_per_s": stories})
+        _quantized(rec, run, "0.11.0", None, 30.0 + i)
         rec.finish_run(run, "passed")
     run = rec.start_run("nightly", "schedule", "bbb2222")
     old, new = f"{TRT}==0.11.0", f"{TRT}==0.12.0"
@@ -87,6 +100,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     _row(rec, run, "phi", "orin", TRT, "0.12.0", new)
     _row(rec, run, HOSTILE, "orin", TRT, "0.12.0", new)
     _row(rec, run, "stories", "x86-cpu", ORT, ORT_V, metrics={"decode_tokens_per_s": 401.0})
+    _quantized(rec, run, "0.11.0", old, 31.0)
+    _quantized(rec, run, "0.12.0", new, 40.0)
     rec.finish_run(run, "failed")
     run = rec.start_run("nightly", "schedule", "ccc3333")
     _row(rec, run, "stories", "x86-cpu", ORT, ORT_V, fail="infer")
@@ -138,6 +153,9 @@ def test_toolchain_versions_report_gains_losses_changes_and_deltas(db: str, tmp_
     assert qwen["delta"] == pytest.approx(0.2) and qwen["noise"] == "within noise"
     assert deltas[("llama", "prefill_tokens_per_s")]["noise"] == "no band (1 history points)"
     assert ("stories", "decode_tokens_per_s") not in deltas  # another toolchain's row: on neither side
+    tinyq = deltas[("tinyq", "decode_tokens_per_s")]  # an edgellm-ort row quantized by tensorrt-edgellm
+    assert tinyq["row"]["job_toolchain"] == ORT and tinyq["history"] == [32.0, 31.0, 30.0]
+    assert tinyq["delta"] == 9.0 and tinyq["noise"] == "outside noise"
     assert data["regressions"] == 1
 
 
@@ -180,7 +198,7 @@ def test_runs(db: str, tmp_path: Path) -> None:
     deltas = {d["row"]["model"]: d for d in data["metric_deltas"]}
     assert deltas["llama"]["delta"] == -1.0 and deltas["llama"]["noise"] == "no band (2 history points)"
     data = _json(db, tmp_path, "--runs", "3", "4")  # chosen versions tell rows apart: a pinned row is another
-    assert "gemma" in _models(data["gained"]) and sorted(_models(data["lost"])) == ["llama", "qwen"]
+    assert "gemma" in _models(data["gained"]) and sorted(_models(data["lost"])) == ["llama", "qwen", "tinyq"]
 
 
 def test_commits(db: str, tmp_path: Path) -> None:
@@ -190,7 +208,7 @@ def test_commits(db: str, tmp_path: Path) -> None:
     [change] = data["status_changes"]
     assert change["row"]["model"] == "stories" and change["verdict"] == ["pass", "fail"]
     assert change["stages"]["infer"] == ["pass", "fail"] and change["stages"]["bench"] == ["pass", "skipped"]
-    assert sorted(_models(data["lost"])) == ["llama", "qwen"]
+    assert sorted(_models(data["lost"])) == ["llama", "qwen", "tinyq"]
     code, _, _ = _run(db, tmp_path, "--commits", "aaa1", "ccc3333", "--fail-on-regression", "--no-publish")
     assert code == 1
 
