@@ -475,8 +475,11 @@ def _side_runs(s: Session, side: Side) -> list[int]:
     if found is None:
         recent = s.execute(select(Run.code_version, Run.id).where(Run.published_at.is_not(None),
                                                                  Run.kind == RunKind.NIGHTLY)
-                          .order_by(Run.id.desc()).limit(20)).all()
-        shown = ", ".join(f"{r[0]} (run {r[1]})" for r in recent) or "none"
+                          .order_by(Run.id.desc()).limit(200)).all()
+        latest: dict[str, int] = {}
+        for code_version, run_id in recent:
+            latest.setdefault(code_version, run_id)
+        shown = ", ".join(f"{cv} (run {rid})" for cv, rid in list(latest.items())[:20]) or "none"
         raise ConfigurationError(f"no published nightly run of commit {side.prefix!r}; recent nightlies: {shown}")
     return [found]
 
@@ -669,8 +672,16 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#202124}table{bo
         ".regression{background:#fde8e7}")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def _h(value: object) -> str:
+    """Text for the HTML page: escaped, control characters (a name's newline or escape sequence) one space."""
+    return html.escape(_CONTROL.sub(" ", str(value)))
+
+
 def render_html(c: Comparison, *, generated_at: str, db_label: str) -> str:
-    e = html.escape
+    e = _h
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
              f"<title>Compare: {e(c.title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>Compare: {e(c.title)}</h1>",
