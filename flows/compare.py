@@ -29,9 +29,10 @@ has *no band (n history points)*. A history of identical values has a band of wi
 A *regression* (``--fail-on-regression``) is a row on both sides whose verdict was ``pass`` on side A and is
 anything else on side B; a row lost altogether is listed as lost, not counted as one.
 
-Published pages: ``<docs dir>/compare/<slug>.md`` and ``.html`` per comparison, ``index.md`` listing them (from
-``index.json``, which :func:`published_comparisons` reads). Every name from the database is escaped (Markdown:
-flows.escape.markdown_text; HTML: html.escape); the terminal escapes with flows.cli.text.cell.
+Published pages: ``<docs dir>/compare/<slug>.md`` and ``.html`` per comparison, ``index.md`` and ``index.html``
+listing them (from ``index.json``, which :func:`published_comparisons` reads). Every name from the database is
+escaped (Markdown: flows.escape.markdown_text; HTML: html.escape, control characters dropped); the terminal escapes
+with flows.cli.text.cell; reasons are scrubbed like the docs' (flows.docs_render.scrub).
 """
 
 from __future__ import annotations
@@ -773,6 +774,14 @@ def render_index(entries: Sequence[PublishedComparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_index_html(entries: Sequence[PublishedComparison]) -> str:
+    items = "".join(f"<li><a href='{_h(p.slug)}.html'>{_h(p.title)}</a>, {_h(p.generated_at)}: {_h(p.summary)}</li>"
+                    for p in entries) or "<li>none yet</li>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Comparisons</title><style>{_CSS}</style>"
+            f"</head><body><h1>Comparisons</h1><p>Published by <code>edgefarm compare</code>, newest first.</p>"
+            f"<ul>{items}</ul></body></html>\n")
+
+
 def publish(c: Comparison, docs_dir: Path, *, db_label: str, now: str | None = None) -> list[Path]:
     """Write the comparison's Markdown and HTML pages and refresh the index; returns the files written."""
     generated = now or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -789,6 +798,7 @@ def publish(c: Comparison, docs_dir: Path, *, db_label: str, now: str | None = N
     write_text_atomic(folder / INDEX_JSON, json.dumps([{"slug": p.slug, "title": p.title, "summary": p.summary,
                                                         "generated_at": p.generated_at} for p in entries],
                                                       indent=2) + "\n")
-    index = folder / "index.md"
+    index, index_html = folder / "index.md", folder / "index.html"
     write_text_atomic(index, render_index(entries))
-    return [md, page, index]
+    write_text_atomic(index_html, render_index_html(entries))
+    return [md, page, index, index_html]

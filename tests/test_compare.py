@@ -184,6 +184,7 @@ def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
     assert "10.1.2.3" not in md + page and "/home/ci" not in md + page
     index = (folder / "index.md").read_text()
     assert "(tensorrt-edgellm-0.11.0-vs-0.12.0.md)" in index and "(runs-1-vs-3.md)" in index
+    assert "href='runs-1-vs-3.html'" in (folder / "index.html").read_text()
     listed = published_comparisons(tmp_path)
     assert {p.slug for p in listed} == {"tensorrt-edgellm-0.11.0-vs-0.12.0", "runs-1-vs-3"}
     assert all((tmp_path / p.html).is_file() for p in listed)
