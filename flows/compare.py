@@ -457,12 +457,7 @@ def _side_runs(s: Session, side: Side) -> list[int]:
                 .where(Run.published_at.is_not(None),
                        or_((Result.toolchain == side.toolchain) & (Result.toolchain_version == side.version),
                            Result.chosen_versions.contains(f"{side.toolchain}=={side.version}"))))
-        runs = sorted(s.scalars(stmt))
-        if not runs:
-            known = recorded_versions(s, side.toolchain)
-            raise ConfigurationError(f"no published results of {side.toolchain} at version {side.version!r}; "
-                                     f"recorded versions: {', '.join(known) or 'none'}")
-        return runs
+        return sorted(s.scalars(stmt))  # a superset (LIKE): _resolve picks and says when none is left
     if isinstance(side, RunSide):
         run = s.get(Run, side.run_id)
         if run is None or run.published_at is None:
@@ -499,6 +494,10 @@ def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
                     key=lambda g: (g.run_id, g.chosen)):
         if _accepts(side, g):
             picked[_row_id(side, g)] = (g.key, g.run_id, g.chosen)  # the latest run wins
+    if not picked and isinstance(side, ToolchainVersionSide):
+        known = recorded_versions(s, side.toolchain)
+        raise ConfigurationError(f"no published results of {side.toolchain} at version {side.version!r}; "
+                                 f"recorded versions: {', '.join(known) or 'none'}")
     # then the metrics and reasons of the picked groups only (a version's side may span many runs)
     full = _load_groups(s, Result.run_id.in_(sorted({run for _, run, _ in picked.values()})),
                         Result.model.in_(sorted({key.model for key, _, _ in picked.values()})), data_dir=data_dir)

@@ -77,6 +77,12 @@ def _quantized(rec: Recorder, run: int, trt: str, chosen: str | None, decode: fl
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'edgefarm.db'}"
+    _record(url)
+    return url
+
+
+def _record(url: str) -> None:
+    """The runs of the module doc, into a fresh database at ``url``."""
     engine = make_engine(url)
     upgrade(engine)
     rec = Recorder(engine)
@@ -109,7 +115,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     run = rec.start_run("nightly", "schedule", "ddd4444")
     _row(rec, run, "stories", "x86-cpu", ORT, ORT_V)
     engine.dispose()
-    return url
 
 
 def _run(db: str, docs: Path, *args: str) -> tuple[int, str, str]:
@@ -190,6 +195,18 @@ def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
     assert all((tmp_path / p.html).is_file() for p in listed)
     _json(db, tmp_path, "--runs", "1", "3")  # published again: one entry still
     assert len(published_comparisons(tmp_path)) == 2
+
+
+def test_both_backends(db_url: str, tmp_path: Path) -> None:
+    """The same answers from PostgreSQL (its LIKE, DISTINCT and outer joins)."""
+    _record(db_url)
+    data = _json(db_url, tmp_path, "--toolchain", f"{TRT}==0.11.0", "--against", "==0.12.0")
+    assert sorted(_models(data["gained"])) == sorted([HOSTILE, "phi"]) and _models(data["lost"]) == ["gemma"]
+    noise = {(d["row"]["model"], d["metric"]): d["noise"] for d in data["metric_deltas"]}
+    assert noise[("llama", "decode_tokens_per_s")] == noise[("tinyq", "decode_tokens_per_s")] == "outside noise"
+    assert _json(db_url, tmp_path, "--commits", "aaa1", "ccc3")["regressions"] == 1
+    code, _, stderr = _run(db_url, tmp_path, "--toolchain", f"{TRT}==0.1", "--against", "==0.12.0")
+    assert code == 2 and "recorded versions: 0.11.0, 0.12.0" in stderr
 
 
 # -- runs and commits -------------------------------------------------------------------------------------------------
