@@ -485,6 +485,7 @@ class _Resolved:
     side: Side
     groups: dict[RowId, _Group]
     label: str
+    runs: list[int]  # the published runs it may take rows from (a run or commit side: one)
 
 
 def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
@@ -513,7 +514,7 @@ def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
         label = f"run {side.run_id} ({run.kind}, {run.code_version})"
     else:
         label = f"{side.label} ({_runs_text(ids)})"
-    return _Resolved(side, chosen, label)
+    return _Resolved(side, chosen, label, runs)
 
 
 def _runs_text(ids: Sequence[int]) -> str:
@@ -579,19 +580,12 @@ def build_comparison(db: Engine | Session, a: Side, b: Side, *, data_dir: Path |
         raise ConfigurationError(f"both sides are {a.label!r}; valid: two different sides")
     with _session(db) as s:
         ra, rb = _resolve(s, a, data_dir), _resolve(s, b, data_dir)
-        if isinstance(a, CommitSide | RunSide) and _only_run(ra) == _only_run(rb) and _only_run(ra) is not None:
-            raise ConfigurationError(f"{a.label!r} and {b.label!r} are one run ({_only_run(ra)}); valid: two "
+        if isinstance(a, CommitSide | RunSide) and ra.runs == rb.runs:
+            raise ConfigurationError(f"{a.label!r} and {b.label!r} are one run ({ra.runs[0]}); valid: two "
                                      "different runs")
         rows_a, rows_b = _row_sides(s, ra), _row_sides(s, rb)
         history = _histories(s, ra, rb, common_metrics(rows_a, rows_b))
     return compare_rows(ra.label, rb.label, slug, rows_a, rows_b, history)
-
-
-def _only_run(r: _Resolved) -> int | None:
-    ids = {g.run_id for g in r.groups.values()}
-    if isinstance(r.side, RunSide):
-        return r.side.run_id
-    return ids.pop() if len(ids) == 1 else None
 
 
 def _session(db: Engine | Session) -> AbstractContextManager[Session]:
