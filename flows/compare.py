@@ -166,7 +166,7 @@ class RowId:
     def to_json(self) -> dict[str, str]:
         return {"model": self.key.model, "precision": str(getattr(self.key.precision, "value", self.key.precision)),
                 "platform": self.key.platform, "job_toolchain": str(self.key.toolchain),
-                "variant": str(getattr(self.key, "variant", "")), "versions": self.versions}
+                "variant": self.key.variant, "versions": self.versions}
 
     def text(self) -> str:
         j = self.to_json()
@@ -345,15 +345,6 @@ def _stage_union(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
 
 
 # -- reading the database ----------------------------------------------------------------------------------------------
-_VARIANT: Any = getattr(Result, "variant", None)  # the row's variant column (results/models.py)
-
-
-def _row_key(model: str, precision: Any, platform: str, toolchain: str, variant: str | None) -> RowKey:
-    if "variant" in RowKey.__dataclass_fields__:
-        return RowKey(model, precision, platform, toolchain, variant or "")  # type: ignore[call-arg]
-    return RowKey(model, precision, platform, toolchain)
-
-
 def _parse_chosen(chosen: str) -> list[tuple[str, str]]:
     out = []
     for part in chosen.split(","):
@@ -404,8 +395,7 @@ def _load_groups(s: Session, *where: Any, data_dir: Path | None = None,
                  facts_only: bool = False) -> dict[tuple[RowKey, int, str], _Group]:
     """The published groups of results matching ``where``; ``facts_only``: their makers, no metrics or reasons."""
     row_cols = [Result.run_id, Result.model, Result.precision, Result.platform, Result.job_toolchain,
-                *([_VARIANT] if _VARIANT is not None else []), Result.chosen_versions, Result.toolchain,
-                Result.toolchain_version]
+                Result.variant, Result.chosen_versions, Result.toolchain, Result.toolchain_version]
     if facts_only:
         stmt = select(*row_cols).distinct()
     else:
@@ -416,10 +406,8 @@ def _load_groups(s: Session, *where: Any, data_dir: Path | None = None,
     n = len(row_cols)
     for row in s.execute(stmt):
         values = list(row)
-        run_id, model, precision, platform, job_tc = values[:5]
-        variant = values[5] if _VARIANT is not None else ""
-        chosen, tc, version = values[n - 3:n]
-        key = _row_key(model, precision, platform, job_tc, variant)
+        run_id, model, precision, platform, job_tc, variant, chosen, tc, version = values[:n]
+        key = RowKey(model, precision, platform, job_tc, variant or "")
         g = groups.get((key, run_id, chosen or ""))
         if g is None:
             g = groups[(key, run_id, chosen or "")] = _Group(key, run_id, chosen or "")
@@ -533,7 +521,7 @@ def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
     rows = {}
     for row, g in resolved.groups.items():
         k = g.key
-        hkey = (k.model, k.precision, k.platform, str(k.toolchain))
+        hkey = (k.model, k.precision, k.platform, str(k.toolchain))  # one query for all its variants
         if hkey not in histories:
             histories[hkey] = row_history(s, k.model, k.precision, k.platform, toolchain=str(k.toolchain))
         found = [h for h in histories[hkey] if h.key == k and h.run_id == g.run_id

@@ -40,7 +40,6 @@ from flows.compare import (
 )
 from results.db import make_engine
 from results.migrate import upgrade
-from results.models import Result
 from results.queries import RowKey
 from results.recorder import Recorder
 
@@ -293,7 +292,6 @@ def test_compare_rows_without_a_database() -> None:
 
 
 # -- variants ----------------------------------------------------------------------------------------------------------
-@pytest.mark.skipif(not hasattr(Result, "variant"), reason="rows have no variant before migration 0013")
 def test_a_variant_is_its_own_row(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'variants.db'}"
     engine = make_engine(url)
