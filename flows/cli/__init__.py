@@ -13,6 +13,7 @@ import typer
 
 from flows.cli import commands
 from flows.cli.bringup import bring_up
+from flows.cli.compare import compare
 from flows.cli.db import app as db_app
 from flows.cli.devices import app as devices_app
 from flows.cli.lists import app as lists_app
@@ -28,6 +29,7 @@ app = typer.Typer(
 for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve, commands.gc):
     app.command()(command)
 app.command(name="bring-up")(bring_up)
+app.command(name="compare")(compare)
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")

@@ -1,0 +1,145 @@
+"""``edgefarm compare``: what changed between two toolchain versions, two runs or two commits of the farm (the logic
+and the pages: flows/compare.py). Exit codes: 0 compared, 1 a row regressed (only with --fail-on-regression),
+2 bad input (the message names the bad value and the valid ones), 3 infrastructure failure."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from flows.cli.commands import DataDirOption, DbOption, err, farm_errors, out
+from flows.cli.text import cell
+
+FORMATS = ("table", "json")
+_COLOURS = {"pass": "green", "fail": "red", "error": "yellow"}
+
+
+def _side_args(toolchain: str | None, against: str | None, runs: tuple[int, int] | None,
+               commits: tuple[str, str] | None) -> tuple[Any, Any]:
+    from edgellm.errors import ConfigurationError
+    from flows.compare import RunSide, parse_commit, parse_toolchain_sides
+
+    given = [name for name, v in (("--toolchain/--against", toolchain or against), ("--runs", runs),
+                                  ("--commits", commits)) if v]
+    if len(given) != 1:
+        raise ConfigurationError(f"give exactly one of --toolchain NAME==A --against ==B, --runs A B, --commits X Y "
+                                 f"(got {', '.join(given) or 'none'})")
+    if toolchain or against:
+        if not (toolchain and against):
+            missing = "--against" if toolchain else "--toolchain"
+            raise ConfigurationError(f"{missing} is missing: give --toolchain NAME==A --against ==B")
+        return parse_toolchain_sides(toolchain, against)
+    if runs:
+        bad = [r for r in runs if r < 1]
+        if bad:
+            raise ConfigurationError(f"bad run id {bad[0]!r}; valid: a run id >= 1")
+        return RunSide(runs[0]), RunSide(runs[1])
+    assert commits is not None
+    return parse_commit(commits[0]), parse_commit(commits[1])
+
+
+def compare(
+    toolchain: Annotated[str | None, typer.Option("--toolchain", help="side A: a toolchain at a version, "
+                                                                      "NAME==VERSION")] = None,
+    against: Annotated[str | None, typer.Option("--against", help="side B: ==VERSION (or NAME==VERSION) of the "
+                                                                  "same toolchain")] = None,
+    runs: Annotated[tuple[int, int] | None, typer.Option("--runs", help="two published run ids: A B")] = None,
+    commits: Annotated[tuple[str, str] | None, typer.Option("--commits", help="two commits of this farm (prefixes): "
+                                                                              "the latest published nightly of each")
+                       ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where the pages go (default: where `edgefarm "
+                                                                     "docs` writes: $EDGEFARM_DOCS_DIR, else <data "
+                                                                     "dir>/docs)", file_okay=False)] = None,
+    publish: Annotated[bool, typer.Option("--publish/--no-publish", help="write <docs dir>/compare/<slug>.md, "
+                                                                         ".html and index.md")] = True,
+    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="exit 1 when a row on both sides "
+                                                                                  "went from pass to anything "
+                                                                                  "else")] = False,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """What changed between two sides: rows gained and lost, status changes, metric deltas against their noise band."""
+    with farm_errors("compare"):
+        from edgellm.errors import ConfigurationError
+        from flows.compare import build_comparison
+        from flows.compare import publish as publish_pages
+        from flows.docs import db_label
+        from flows.settings import Settings
+        from results.db import read_only_engine, redact
+        from results.migrate import require_current
+
+        if fmt not in FORMATS:
+            raise ConfigurationError(f"unknown --format {fmt!r}; valid: {', '.join(FORMATS)}")
+        a, b = _side_args(toolchain, against, runs, commits)
+        settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=docs_dir, create=False)
+        engine = read_only_engine(settings.db_url)
+        try:
+            require_current(engine, redact(settings.db_url))
+            comparison = build_comparison(engine, a, b, data_dir=settings.data_dir)
+        finally:
+            engine.dispose()
+        written = (publish_pages(comparison, settings.docs_dir, db_label=db_label(settings.db_url))
+                   if publish else [])
+    if fmt == "json":
+        sys.stdout.write(json.dumps({**comparison.to_json(), "pages": [str(p) for p in written]}, indent=2) + "\n")
+    else:
+        _print(comparison)
+        for p in written:
+            out.print(f"wrote {p}", markup=False, highlight=False)
+    if fail_on_regression and comparison.regressions:
+        err.print(f"edgefarm compare: {len(comparison.regressions)} row(s) went from pass to something else",
+                  markup=False)
+        raise typer.Exit(1)
+
+
+def _print(c: Any) -> None:
+    from flows.compare import stage_text
+
+    out.print(cell(f"A: {c.a}"))
+    out.print(cell(f"B: {c.b}"))
+    rows = Table(title=f"rows ({len(c.gained)} gained, {len(c.lost)} lost, {len(c.changed)} changed, {c.same} same)")
+    for col in ("change", "row", "A", "B", "stages", "why (B)"):
+        rows.add_column(col)
+    for ch in c.changed:
+        rows.add_row(cell("REGRESSION" if ch.regression else "status", "red" if ch.regression else ""),
+                     cell(ch.row.text()), cell(ch.a.verdict, _COLOURS.get(ch.a.verdict, "dim")),
+                     cell(ch.b.verdict, _COLOURS.get(ch.b.verdict, "dim")), cell(stage_text(ch.stages)),
+                     cell(ch.b.why(ch.stages)))
+    for row, side in c.gained:
+        rows.add_row(cell("gained", "green"), cell(row.text()), cell("-"),
+                     cell(side.verdict, _COLOURS.get(side.verdict, "dim")), cell(""), cell(side.why(side.reasons)))
+    for row, side in c.lost:
+        rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, _COLOURS.get(side.verdict, "dim")),
+                     cell("-"), cell(""), cell(""))
+    _table(rows)
+    if c.deltas:
+        from flows.compare import fmt_delta, fmt_num, fmt_rel
+
+        t = Table(title=f"metric deltas ({len(c.deltas)}; B - A, band: side A's history)")
+        for col in ("row", "metric", "A", "B", "B - A", "rel", "band", "noise"):
+            t.add_column(col)
+        for d in c.deltas:
+            colour = "red" if d.noise == "outside noise" else "green" if d.noise == "within noise" else "dim"
+            t.add_row(cell(d.row.text()), cell(f"{d.stage}/{d.metric}"),
+                      *map(cell, (fmt_num(d.a), fmt_num(d.b), fmt_delta(d.delta), fmt_rel(d.relative), d.band.text)),
+                      cell(d.noise if d.band.half_width is not None else "-", colour))
+        _table(t)
+    out.print(cell(c.summary()))
+
+
+def _table(t: Table) -> None:
+    """On a terminal, fitted to it; elsewhere (a pipe, a file) at its natural width: one line per row, for grep."""
+    if out.is_terminal:
+        out.print(t)
+        return
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    width = max(Measurement.get(out, out.options.update_width(10_000), t).maximum, 40)
+    Console(file=out.file, width=width, highlight=False, soft_wrap=True).print(t)
