@@ -193,7 +193,8 @@ def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
         where.append(variant == getattr(key, "variant", ""))
     out: dict[str, str] = {}
     for stage, reason in s.execute(select(Result.stage, Result.reason).where(*where).order_by(Result.id)):
-        out.setdefault(str(getattr(stage, "value", stage)), reason)
+        if reason:
+            out.setdefault(str(getattr(stage, "value", stage)), reason)
     return out
 
 
