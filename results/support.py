@@ -62,6 +62,12 @@ class SupportStatus(enum.StrEnum):
         return _MARKS[self]
 
     @property
+    def display(self) -> str:
+        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, untested)
+        alone would repeat or abbreviate the label, so the label alone."""
+        return self.label if self.mark.replace("/", "").isalpha() else f"{self.mark} {self.label}"
+
+    @property
     def listed(self) -> bool:
         """Whether this evidence lists a checkpoint on a supported-models page (passing or export evidence)."""
         return self in (SupportStatus.L0_COVERED, SupportStatus.CHECKPOINT_DIRECT, SupportStatus.IMPLEMENTED)
