@@ -36,6 +36,7 @@ from flows.escape import markdown_text
 from results.models import Environment, Result, Run
 from results.queries import SUPPORT_REQUIRED, latest_status
 from results.support import Support, SupportStatus, support_of
+from stages.variant import describe
 
 log = logging.getLogger(__name__)
 PAGES_DIR = "edge-llm"  # under the docs output dir, beside runs/
@@ -150,7 +151,7 @@ def section_of(ev: Evidence) -> str:
 
 def _precision(ev: Evidence) -> str:
     text = markdown_text(ev.precision.upper())
-    return f"{text} ({markdown_text(', '.join(ev.variant.split(';')))})" if ev.variant else text
+    return f"{text} ({markdown_text(describe(ev.variant))})" if ev.variant else text
 
 
 def status_text(support: Support) -> str:
@@ -313,7 +314,7 @@ def _feature_section(heading: str, rows_by_model: Mapping[str, list[Evidence]]) 
     lines = [f"## {heading} (extension)", "", "| Checkpoint | Variant | Evidence |", "|---|---|---|"]
     for (model, variant), rows in shown.items():
         for r in _shown(rows):
-            lines.append(f"| {checkpoint_id(model)} | {markdown_text(', '.join(variant.split(';')))} | "
+            lines.append(f"| {checkpoint_id(model)} | {markdown_text(describe(variant))} | "
                          f"{evidence_line(replace(r, variant=''))} |")
     return [*lines, ""]
 
