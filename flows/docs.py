@@ -91,6 +91,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
             results = s.scalars(select(Result).where(
                 Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
                 Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
+                Result.variant == st.key.variant,
                 Result.chosen_versions.is_(None) if st.chosen_versions is None
                 else Result.chosen_versions == st.chosen_versions)).all()
             metrics: dict[str, float] = {}
@@ -120,6 +121,7 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]
                 regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform,
                                              str(st.key.toolchain)), ())),
                 chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain), route=st.route,
+                variant=st.key.variant,
             ))
     return rows
 
@@ -186,6 +188,7 @@ def run_evidence(engine: Engine, run_id: int,
                             "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
                             "toolchain": str(r.toolchain), "toolchain_version": r.toolchain_version,
                             "job_toolchain": str(r.job_toolchain), "chosen_versions": r.chosen_versions,
+                            "variant": r.variant,
                             "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
                             "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})
     return info, results

@@ -26,6 +26,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 from results.queries import supported as supported_verdict
+from stages.variant import describe as describe_variant
 from toolchains.base import Route
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class MatrixRow:
     chosen_versions: str | None = None  # the toolchain versions its run compared ("name==version"); None: pinned
     job_toolchain: str | None = None  # the toolchain its jobs ran with (its row's); None: not known
     route: str | None = None  # how its engines were made in that run ("onnx", "direct", both joined); None: one way
+    variant: str = ""  # its variant key (stages.variant.variant_key): part of the row's key, '' the default
 
     @property
     def direct_only(self) -> bool:
@@ -104,11 +106,12 @@ class MatrixRow:
     def label(self) -> str:
         """The table row it shows in: its model, with its toolchain when that is not the platform's preferred one
         and the toolchain versions when its run compared versions (one row each, next to each other)."""
-        return row_label(self.model, self.chosen_versions, self.shown_toolchain)
+        return row_label(self.model, self.chosen_versions, self.shown_toolchain, self.variant)
 
     @property
     def anchor(self) -> str:
-        return row_anchor(self.model, self.precision, self.platform, self.chosen_versions, self.shown_toolchain)
+        return row_anchor(self.model, self.precision, self.platform, self.chosen_versions, self.shown_toolchain,
+                          self.variant)
 
     @property
     def evidence_link(self) -> str:
@@ -149,8 +152,8 @@ def shown_toolchain(platform: str, job_toolchain: str | None) -> str | None:
     return str(job_toolchain)
 
 
-def row_label(model: str, chosen_versions: str | None, toolchain: str | None = None) -> str:
-    notes = "; ".join(x for x in (toolchain, chosen_versions) if x)
+def row_label(model: str, chosen_versions: str | None, toolchain: str | None = None, variant: str = "") -> str:
+    notes = "; ".join(x for x in (toolchain, chosen_versions, variant and describe_variant(variant)) if x)
     return f"{model} ({notes})" if notes else model
 
 
@@ -159,16 +162,17 @@ def version_suffix(chosen_versions: str | None) -> str:
 
 
 def row_name(model: str, precision: str, platform: str, chosen_versions: str | None,
-             toolchain: str | None = None) -> str:
+             toolchain: str | None = None, variant: str = "") -> str:
     """A row's name on its run's evidence page, which orders the page's sections; its slug is the row's anchor."""
     by = f"-by-{toolchain}" if toolchain else ""
-    return f"{model}-{precision}-{platform}{by}{version_suffix(chosen_versions)}"
+    var = f"-{variant}" if variant else ""
+    return f"{model}-{precision}-{platform}{by}{var}{version_suffix(chosen_versions)}"
 
 
 def row_anchor(model: str, precision: str, platform: str, chosen_versions: str | None,
-               toolchain: str | None = None) -> str:
+               toolchain: str | None = None, variant: str = "") -> str:
     """The id of a row's section on its run's evidence page (and of its cell in the HTML matrix)."""
-    return anchor(row_name(model, precision, platform, chosen_versions, toolchain))
+    return anchor(row_name(model, precision, platform, chosen_versions, toolchain, variant))
 
 
 def slug(text: str) -> str:
@@ -353,10 +357,10 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
     grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
     for res in results:  # one section per row (and per compared version)
         grouped[row_name(str(res["model"]), str(res["precision"]), str(res["platform"]), _chosen(res),
-                         _shown(res))].append(res)
+                         _shown(res), str(res.get("variant") or ""))].append(res)
     for key in sorted(grouped):
         first = grouped[key][0]
-        label = row_label(str(first["model"]), _chosen(first), _shown(first))
+        label = row_label(str(first["model"]), _chosen(first), _shown(first), str(first.get("variant") or ""))
         title = " · ".join(markdown_text(x) for x in (label, first["precision"], first["platform"]))
         lines += [f"<a id='{anchor(key)}'></a>", f"## {title}", "",
                   "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",

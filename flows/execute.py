@@ -79,7 +79,8 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
             record_plan_decisions(ctx, plan, report)
             models = {j.model for j in plan.runnable()}
             bases = {b.name for m in models if (b := plan.sources[m].base) is not None}  # their references' sources
-            checkpoints = locate_checkpoints(sorted(models | bases), plan.sources, settings.data_dir)
+            parts = {p for j in plan.runnable() for p in j.entry.features.part_models().values()}  # drafts, adapters
+            checkpoints = locate_checkpoints(sorted(models | bases | parts), plan.sources, settings.data_dir)
             jobs = [(job, checkpoints[job.model]) for job in plan.runnable()]
             submit_jobs(ctx, jobs, report, plan.sources, checkpoints)
             if plan.kind == RunKind.NIGHTLY.value:

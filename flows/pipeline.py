@@ -26,7 +26,7 @@ import stages
 from flows.plan import Decision, Job, Plan
 from results.models import ResultStatus
 from stages import Where
-from stages.job import CheckpointRef, JobSpec, chosen_versions
+from stages.job import CheckpointRef, JobSpec, chosen_versions, job_key
 from stages.outcome import StageOutcome
 from tasks.common import stage_task
 from tasks.environment import host_record
@@ -78,10 +78,12 @@ class RunReport:
 
 
 def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = None,
-             reference: CheckpointRef | None = None) -> JobSpec:
+             reference: CheckpointRef | None = None, parts: Mapping[str, CheckpointRef] | None = None) -> JobSpec:
     """``source``: the model's catalog entry (its chat template and accuracy thresholds, when it names them);
-    ``reference``: the checkpoint of its float base, when the catalog names one (a pre-quantized checkpoint's)."""
+    ``reference``: the checkpoint of its float base, when the catalog names one (a pre-quantized checkpoint's);
+    ``parts``: located checkpoints by model, among them those its variant reads (a draft, an adapter...)."""
     e = job.entry
+    located = tuple((role, (parts or {})[name]) for role, name in sorted(e.features.part_models().items()))
     template = source.chat_template if source is not None else None
     return JobSpec(model=e.model, precision=e.precision, platform=job.platform, toolchain=job.toolchain,
                    test_id=e.test_id, toolchain_version=job.toolchain_version, quantizer=job.quantizer,
@@ -90,6 +92,8 @@ def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = N
                    checkpoint=checkpoint, max_seq_len=e.max_seq_len, max_batch_size=e.max_batch_size,
                    max_input_len=e.max_input_len, stages=e.stages, timeouts=dict(e.timeouts),
                    lm_head_precision=e.lm_head_precision, kv_cache_precision=e.kv_cache_precision,
+                   features=e.features, after=None if e.after is None else job_key(e.after, job.platform),
+                   parts=located,
                    chat_template=None if template is None else str(template),
                    thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {},
                    calibration_samples=source.calibration_samples if source is not None else None,
@@ -107,6 +111,7 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
                   "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain,
                   "job_toolchain": job.toolchain, "chosen_versions": chosen_versions(job.entry.toolchain_versions),
+                  "variant": job.entry.variant,
                   "environment": host_record()}  # decided by the orchestrator
                  for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status
@@ -120,20 +125,26 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
     ``checkpoints``: every located checkpoint by model (a pre-quantized model's base among them)."""
     submitted_at = time.time()
     runs: dict[tuple[str, tuple[object, ...]], PrefectFuture[Any]] = {}  # (stage, what it serves) -> its one run
+    stage_futures: dict[str, dict[str, PrefectFuture[Any]]] = {}  # job key -> its stages' runs
     records: list[tuple[str, str, PrefectFuture[Any]]] = []
-    for job, checkpoint in jobs:
+    # a job that runs after another (JobSpec.after) is submitted after it, so it can wait for its stages
+    for job, checkpoint in sorted(jobs, key=lambda pair: pair[0].entry.after is not None):
         source = (sources or {}).get(job.model)
         base = source.base.name if source is not None and source.base is not None else None
-        spec = job_spec(job, checkpoint, source, None if base is None else (checkpoints or {}).get(base))
+        spec = job_spec(job, checkpoint, source, None if base is None else (checkpoints or {}).get(base), checkpoints)
         futures: dict[str, PrefectFuture[Any]] = {}
+        gates = stage_futures.get(spec.after, {}) if spec.after is not None else {}
         for name in stages.closure(spec.stages):
             stage = stages.spec(name)
             run = (name, spec.share(stage.shared))
             if run not in runs:
                 upstream = tuple(allow_failure(futures[need]) for need in stage.needs)
-                runs[run] = stage_task(name).submit(ctx, name, spec, upstream)
+                # a job that runs after another (an EAGLE3 draft after its base) waits for that one's same stage
+                gate = (allow_failure(gates[name]),) if name in gates else ()
+                runs[run] = stage_task(name).submit(ctx, name, spec, upstream + gate)
             futures[name] = runs[run]
             report.ran[spec.key][name] = run
+        stage_futures[spec.key] = futures
         for name in spec.stages:
             rec = record.submit(ctx, spec, name, allow_failure(futures[name]))
             records.append((spec.key, name, rec))

@@ -26,9 +26,12 @@ from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 from stages.job import job_key
+from stages.variant import PLAIN, Features
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
+from test_lists.variants import features as variant_features
+from test_lists.variants import rows as variant_rows
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
 
@@ -91,6 +94,7 @@ class Job:
                "reason": self.reason,
                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
+               "variant": e.variant_json(), "after": e.after,
                "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
         if e.toolchain_versions:
             out["toolchain_versions"] = dict(e.toolchain_versions)
@@ -224,7 +228,7 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     applicable (``ToolchainDriver.prequantized_problem``), and none quantizes it."""
     dtype = DEVICE_TYPES[platform]
     candidates = (entry.toolchain,) if entry.toolchain is not None else dtype.toolchains
-    variant = Variant(entry.precision, entry.lm_head_precision, entry.kv_cache_precision)
+    variant = Variant(entry.precision, entry.lm_head_precision, entry.kv_cache_precision, entry.features)
     if not (fits := hardware(platform, variant)):
         return _Decided(Decision.NOT_APPLICABLE, candidates[0], fits.reason)
     if entry.waived and entry.waiver is not None:
@@ -421,19 +425,23 @@ def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], whe
             except ValidationError as exc:
                 problems += [f"{path}: {where}{model} {precision}: {e['msg']}" for e in exc.errors()]
                 continue
+            feats, feature_problems = variant_features(spec, catalog)
+            if feature_problems:
+                problems += [f"{path}: {where}defaults.{field}: {why}" for field, why in feature_problems]
+                continue
             for chain in chains or [None]:
-                entry = dataclasses.replace(_entry(name, spec, source=str(path)), toolchain=chain)
-                pairs += [(entry, platform) for platform in block.platforms]
+                entry = dataclasses.replace(_entry(name, spec, str(path), feats), toolchain=chain)
+                pairs += [(row, platform) for row in variant_rows(entry) for platform in block.platforms]
     return pairs
 
 
-def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
+def _entry(list_name: str, spec: TestSpec, source: str, feats: Features = PLAIN) -> TestEntry:
     assert spec.precision is not None  # a matrix block names its precisions
     return TestEntry(
         list_name=list_name, model=spec.model, precision=spec.precision, max_seq_len=spec.max_seq_len,
         max_batch_size=spec.max_batch_size, max_input_len=spec.max_input_len, stages=tuple(spec.stages),
         timeouts=spec.timeouts(), lm_head_precision=spec.lm_head_precision,
-        kv_cache_precision=spec.kv_cache_precision, case=spec.case, source=source,
+        kv_cache_precision=spec.kv_cache_precision, case=spec.case, source=source, features=feats,
     )
 
 
@@ -523,6 +531,7 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
           data_dir: Path) -> Plan:
     plan = Plan(name=name, kind=kind)
     seen: set[str] = set()
+    decided_jobs: dict[str, Job] = {}
     refused: list[str] = []
     carried: dict[str, QuantConfig | None] = {}  # per model: the quantization its checkpoint already carries
     for entry, platform in pairs:
@@ -542,12 +551,21 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
                   prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None)
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
+        if entry.after is not None and job.decision is Decision.RUN:  # planned only when the one before runs
+            first = decided_jobs.get(job_key(entry.after, platform))
+            if first is None or first.decision is not Decision.RUN:
+                why = "is not in the plan" if first is None else f"is {first.decision.value}: {first.reason}"
+                job = dataclasses.replace(job, decision=Decision.SKIPPED,
+                                          reason=f"runs after {job_key(entry.after, platform)}, which {why}")
         seen.add(job.key)
+        decided_jobs[job.key] = job
         plan.jobs.append(job)
         if job.decision is Decision.RUN:
             plan.sources.setdefault(job.model, source)
             if source.base is not None:  # the float model its accuracy reference is computed from
                 plan.sources.setdefault(source.base.name, source.base)
+            for part in entry.features.part_models().values():  # a draft, an adapter, a vocabulary map
+                plan.sources.setdefault(part, catalog.get(part))
     if refused:
         raise ConfigurationError("\n".join(refused))
     return plan

@@ -261,13 +261,14 @@ class Run(Base):
 
 
 class Result(Base):
-    """One stage of one test of one row (model, precision, platform, job toolchain) in one run."""
+    """One stage of one test of one row (model, precision, platform, job toolchain, variant) in one run."""
 
     __tablename__ = "results"
     __table_args__ = (
         UniqueConstraint("run_id", "model", "precision", "platform", "stage", "test_id"),
         # "Which rows pass": per row, seek its latest run and read stage + status from the index alone.
-        Index("ix_results_row_run", "model", "precision", "platform", "job_toolchain", "run_id", "stage", "status"),
+        Index("ix_results_row_run", "model", "precision", "platform", "job_toolchain", "variant", "run_id", "stage",
+              "status"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -282,6 +283,9 @@ class Result(Base):
     toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
     # the toolchain the job ran with: part of the row's key (a platform may run two toolchains side by side)
     job_toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
+    # the row's variant (stages.variant.variant_key: KV cache, LM head, draft, LoRA, vocabulary...; '' default):
+    # part of the row's key, a plain string (a new variant feature needs no migration)
+    variant: Mapped[str] = mapped_column(String(300), default="", server_default="")
     device: Mapped[str | None] = mapped_column(String(200))
     stage: Mapped[str] = mapped_column(VocabularyName("stage"))
     test_id: Mapped[str] = mapped_column(String(200))
@@ -361,8 +365,8 @@ class Environment(Base):
 
 
 class RowLatest(Base):
-    """Latest published run id per row (model, precision, platform, job toolchain), moved when a run is published
-    (see recorder)."""
+    """Latest published run id per row (model, precision, platform, job toolchain, variant), moved when a run is
+    published (see recorder)."""
 
     __tablename__ = "row_latest"
 
@@ -370,6 +374,7 @@ class RowLatest(Base):
     precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
     platform: Mapped[str] = mapped_column(String(64), primary_key=True)
     toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"), primary_key=True)  # Result.job_toolchain
+    variant: Mapped[str] = mapped_column(String(300), primary_key=True, default="", server_default="")
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
 
 

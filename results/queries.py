@@ -1,7 +1,9 @@
 """Read-side questions about the results database, answered as plain dataclasses.
 
-A *row* is one (model, precision, platform, toolchain), the toolchain being the one its jobs ran with
-(``Result.job_toolchain``): a platform that runs two toolchains side by side has two rows per (model, precision).
+A *row* is one (model, precision, platform, toolchain, variant), the toolchain being the one its jobs ran with
+(``Result.job_toolchain``): a platform that runs two toolchains side by side has two rows per (model, precision);
+the variant is ``stages.variant.variant_key`` (KV cache, LM head, draft, LoRA...; '' the default): two variants of
+one model and precision are two rows, never one cell.
 Its *latest run* is the highest published run id that has a result for it (run ids are assigned in start order; a
 run is published when it finishes, never while it runs or when it is reaped), kept in the ``row_latest`` table by
 the recorder. ``RowStatus.toolchain`` is another thing: what made the evidence (the last stage that ran).
@@ -77,6 +79,7 @@ class RowKey:
     precision: Precision
     platform: str
     toolchain: str  # the toolchain the row's jobs ran with (Result.job_toolchain), not the maker of each stage
+    variant: str = ""  # stages.variant.variant_key ('' the default variant)
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,10 @@ def _session(db: Engine | Session) -> AbstractContextManager[Session]:
 
 
 def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None,
-                toolchain: str | None) -> list[Any]:
+                toolchain: str | None, variant: str | None = None) -> list[Any]:
     where: list[Any] = []
+    if variant is not None:
+        where.append(RowLatest.variant == variant)
     if model is not None:
         where.append(RowLatest.model == model)
     if precision is not None:
@@ -171,7 +176,7 @@ def _latest_results() -> Any:
     """The join of a row's latest-run pointer with that row's results in that run."""
     return and_(Result.model == RowLatest.model, Result.precision == RowLatest.precision,
                 Result.platform == RowLatest.platform, Result.job_toolchain == RowLatest.toolchain,
-                Result.run_id == RowLatest.run_id)
+                Result.variant == RowLatest.variant, Result.run_id == RowLatest.run_id)
 
 
 def latest_status(
@@ -186,7 +191,8 @@ def latest_status(
     """Every row's stage statuses and verdict in its latest run, sorted by row (``toolchain``: rows whose jobs ran
     with it)."""
     req = _required(required)
-    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.run_id)
+    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant,
+           RowLatest.run_id)
     made = (Result.chosen_versions, Result.stage, Result.status, Result.toolchain, Result.toolchain_version,
             Result.standin, Result.route)
     latest = (
@@ -197,8 +203,8 @@ def latest_status(
     )
     tallies: dict[tuple[RowKey, int, str], _Tally] = defaultdict(_Tally)
     with _session(db) as s:
-        for m, p, pl, job_tc, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl, job_tc), run_id, chosen or "")].add(stage, status, n, tc, version, standin,
+        for m, p, pl, job_tc, var, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
+            tallies[(RowKey(m, p, pl, job_tc, var), run_id, chosen or "")].add(stage, status, n, tc, version, standin,
                                                                           route)
     return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks(),
                       chosen_versions=chosen or None)
@@ -215,7 +221,7 @@ def passing_rows(
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
     stmt = passing_rows_stmt(_required(required), platform, toolchain)
     with _session(db) as s:
-        return [RowKey(m, p, pl, tc) for m, p, pl, tc in s.execute(stmt)]
+        return [RowKey(m, p, pl, tc, var) for m, p, pl, tc, var in s.execute(stmt)]
 
 
 def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
@@ -232,7 +238,7 @@ def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolcha
     for stage in req:
         having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
         having.append(n(and_(Result.stage == stage, Result.status.not_in(_ACCEPTABLE))) == 0)
-    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain)
+    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant)
     return (
         select(*row)
         .join(Result, _latest_results())
@@ -250,26 +256,30 @@ def row_history(
     platform: str,
     *,
     toolchain: str | None = None,
+    variant: str | None = None,
     required: Iterable[Stage | str] = DEFAULT_REQUIRED,
 ) -> list[RowStatus]:
     """The verdict of (model, precision, platform) in every published run that has a result for it, oldest first:
-    of the row whose jobs ran with ``toolchain``, or, without one, of each toolchain's row (side by side in a run
-    that ran several)."""
+    of the row whose jobs ran with ``toolchain`` and ``variant``, or, without them, of each toolchain's and
+    variant's row (side by side in a run that ran several)."""
     req = _required(required)
     prec = parse_name("precision", precision)
     where = [Result.model == model, Result.precision == prec, Result.platform == platform,
              Run.published_at.is_not(None)]
     if toolchain is not None:
         where.append(Result.job_toolchain == parse_name("toolchain", toolchain))
-    cols = (Result.run_id, Result.job_toolchain, Result.chosen_versions, Run.kind, Run.started_at, Result.stage,
-            Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
+    if variant is not None:
+        where.append(Result.variant == variant)
+    cols = (Result.run_id, Result.job_toolchain, Result.variant, Result.chosen_versions, Run.kind, Run.started_at,
+            Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
     stmt = select(*cols, func.count()).join(Run, Run.id == Result.run_id).where(*where).group_by(*cols)
-    tallies: dict[tuple[int, str, str], _Tally] = defaultdict(_Tally)
+    tallies: dict[tuple[int, str, str, str], _Tally] = defaultdict(_Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for run_id, job_tc, chosen, kind, started, stage, status, tc, version, standin, route, n in s.execute(stmt):
-            tallies[(run_id, job_tc, chosen or "")].add(stage, status, n, tc, version, standin, route)
+        for (run_id, job_tc, var, chosen, kind, started, stage, status, tc, version, standin, route,
+             n) in s.execute(stmt):
+            tallies[(run_id, job_tc, var, chosen or "")].add(stage, status, n, tc, version, standin, route)
             runs[run_id] = (kind, started)
-    return [RowStatus(RowKey(model, prec, platform, job_tc), rid, t.verdict(req), t.worst(), *runs[rid],
+    return [RowStatus(RowKey(model, prec, platform, job_tc, var), rid, t.verdict(req), t.worst(), *runs[rid],
                       *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
-            for (rid, job_tc, chosen), t in sorted(tallies.items())]
+            for (rid, job_tc, var, chosen), t in sorted(tallies.items())]

@@ -81,6 +81,14 @@ def _version(value: str | None) -> str | None:
     return None if value is None else _nonempty(value, "toolchain version")
 
 
+def _variant(value: str) -> str:
+    """A row's variant key (stages.variant.variant_key): '' or printable text of at most 300 characters."""
+    if not isinstance(value, str) or len(value) > 300 or not value.isprintable():
+        raise ConfigurationError(f"bad variant {value!r}: need a variant key (stages.variant.variant_key) of at most "
+                                 "300 printable characters, or '' for the default")
+    return value
+
+
 def _sha(value: str, what: str) -> str:
     if not _SHA256.fullmatch(value or ""):
         raise ConfigurationError(f"bad {what} {value!r}: need 64 lowercase hex digits (a sha256)")
@@ -178,10 +186,10 @@ class Recorder:
             s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=now,
                                                                    published_at=now if publish else None))
             if publish:
-                rows = s.execute(select(Result.model, Result.precision, Result.platform, Result.job_toolchain)
-                                 .distinct().where(Result.run_id == run_id)).all()
-                for model, precision, platform, toolchain in rows:
-                    self._bump_latest(s, model, precision, platform, toolchain, run_id)
+                rows = s.execute(select(Result.model, Result.precision, Result.platform, Result.job_toolchain,
+                                        Result.variant).distinct().where(Result.run_id == run_id)).all()
+                for model, precision, platform, toolchain, variant in rows:
+                    self._bump_latest(s, model, precision, platform, toolchain, variant, run_id)
 
     # bring-up ---------------------------------------------------------------------------------------------------
     def record_rung(self, run_id: int, position: int, name: str, status: ResultStatus | str, *,
@@ -257,6 +265,7 @@ class Recorder:
         job_toolchain: str | None = None,
         environment: Mapping[str, Any] | None = None,
         bench_conditions: str | None = None,
+        variant: str = "",
     ) -> tuple[dict[str, Any], list[dict[str, Any]], list[ArtifactLink]]:
         values: dict[str, Any] = {
             "run_id": run_id,
@@ -269,6 +278,7 @@ class Recorder:
             "toolchain": parse_name("toolchain", toolchain),
             "toolchain_version": _version(toolchain_version),
             "job_toolchain": parse_name("toolchain", toolchain if job_toolchain is None else job_toolchain),
+            "variant": _variant(variant),
             "model_revision": None if model_revision is None else _sha(model_revision, "model revision"),
             "device": device,
             "reason": reason,
@@ -342,12 +352,13 @@ class Recorder:
             return row.id
 
     @staticmethod
-    def _bump_latest(s: Session, model: str, precision: str, platform: str, toolchain: str, run_id: int) -> None:
+    def _bump_latest(s: Session, model: str, precision: str, platform: str, toolchain: str, variant: str,
+                     run_id: int) -> None:
         ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, toolchain=toolchain,
-                                           run_id=run_id)
+                                           variant=variant, run_id=run_id)
         col = RowLatest.__table__.c.run_id
         newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
-        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform", "toolchain"],
+        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform", "toolchain", "variant"],
                                             set_={"run_id": newer}))
 
     # artifacts --------------------------------------------------------------------------------------------------
@@ -442,10 +453,11 @@ def rebuild_row_latest(engine: Engine) -> int:
     returns its size."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
-        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
+        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
         agg = (select(*row, func.max(Result.run_id))
                .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
                .group_by(*row))
-        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "run_id"],
+        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "variant",
+                                                            "run_id"],
                                                            agg))
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

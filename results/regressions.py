@@ -199,7 +199,7 @@ def published_regressions(db: Engine | Session, *, model: str | None = None, pla
     else:
         stmt = stmt.join(RowLatest, (RowLatest.model == r.model) & (RowLatest.precision == r.precision)
                          & (RowLatest.platform == r.platform) & (RowLatest.toolchain == Result.job_toolchain)
-                         & (RowLatest.run_id == r.run_id))
+                         & (RowLatest.variant == Result.variant) & (RowLatest.run_id == r.run_id))
     if model is not None:
         stmt = stmt.where(r.model == model)
     if platform is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import stages
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from stages import Shared
+from stages.variant import PLAIN, Features, variant_key
 
 if TYPE_CHECKING:
     from toolchains.base import ToolchainDriver
@@ -67,6 +68,19 @@ class JobSpec:
     # the float checkpoint the accuracy reference is computed from, when it is not the source (a pre-quantized
     # checkpoint's base in the catalog); None: the source
     reference_checkpoint: CheckpointRef | None = None
+    features: Features = PLAIN  # the variant beyond KV cache and LM head (stages.variant)
+    # the job key of the job this one runs after (an EAGLE3 draft's base): each stage runs once that one's passed
+    after: str | None = None
+    # the checkpoints its variant reads besides its own, by role (Features.part_models: draft, lora, vocab)
+    parts: tuple[tuple[str, CheckpointRef], ...] = ()
+
+    def part(self, role: str) -> CheckpointRef | None:
+        return dict(self.parts).get(role)
+
+    @property
+    def variant(self) -> str:
+        """The row's variant key (what the results database stores)."""
+        return variant_key(self.lm_head_precision, self.kv_cache_precision, self.features)
 
     @property
     def reference_source(self) -> CheckpointRef:
@@ -103,9 +117,10 @@ class JobSpec:
         return self.model, self.precision, self.lm_head_precision, self.kv_cache_precision, self.quantizer
 
     @property
-    def export_variant(self) -> tuple[str, Precision, str, LMHeadPrecision | None, KVCachePrecision | None]:
+    def export_variant(self) -> tuple[str, Precision, str, LMHeadPrecision | None, KVCachePrecision | None, Features]:
         """What one export is made for: shared by every job (and platform) that asks the same."""
-        return self.model, self.precision, self.toolchain, self.lm_head_precision, self.kv_cache_precision
+        return self.model, self.precision, self.toolchain, self.lm_head_precision, self.kv_cache_precision, \
+            self.features
 
     @property
     def key(self) -> str:

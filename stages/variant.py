@@ -119,6 +119,18 @@ class Features:
             out.append("components=" + "+".join(c.value for c in self.components))
         return out
 
+    def part_models(self) -> dict[str, str]:
+        """The catalog models a job of this variant reads besides its own checkpoint, by role: ``draft`` (an EAGLE3
+        base's draft), ``lora`` (the adapter), ``vocab`` (the vocabulary map)."""
+        out = {}
+        if (s := self.speculative) is not None and s.method is SpecMethod.EAGLE3 and s.role is SpecRole.BASE:
+            out["draft"] = s.pair
+        if self.lora is not None:
+            out["lora"] = self.lora.adapter
+        if self.reduced_vocab is not None:
+            out["vocab"] = self.reduced_vocab.vocab
+        return out
+
     def names(self) -> list[str]:
         """The feature names it asks of a toolchain (what ``ToolchainDriver.FEATURES`` declares): e.g.
         ``speculative.eagle3.base``, ``lora.inserted``, ``reduced_vocab``, ``fp8_embedding``, ``components.visual``."""

@@ -53,10 +53,20 @@ StageWork: TypeAlias = Callable[..., StageOutcome]  # a stage's own work: (ctx, 
 
 
 def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> StageOutcome:
-    """The generic body: ``upstream`` holds the outcomes of the stage's needs, in the table's order."""
+    """The generic body: ``upstream`` holds the outcomes of the stage's needs, in the table's order, then, for a job
+    that runs after another (``JobSpec.after``: an EAGLE3 draft after its base), that one's same stage (its gate):
+    skipped, with the reason, unless the gate passed."""
     spec = stages.spec(stage)
-    if len(upstream) != len(spec.needs):
-        raise ValueError(f"stage {stage} needs {', '.join(spec.needs) or 'nothing'}; got {len(upstream)} outcome(s)")
+    if len(upstream) not in (len(spec.needs), len(spec.needs) + 1):
+        raise ValueError(f"stage {stage} needs {', '.join(spec.needs) or 'nothing'} (and at most one gate); got "
+                         f"{len(upstream)} outcome(s)")
+    upstream, gate = upstream[:len(spec.needs)], upstream[len(spec.needs):]
+    for outcome in gate:  # the same stage of the job this one runs after (JobSpec.after) must have passed
+        if isinstance(outcome, BaseException) or not outcome.passed:
+            why = outcome if isinstance(outcome, BaseException) else f"{outcome.status.value}: {outcome.reason or ''}"
+            problem = StageOutcome.skipped(stage, f"runs after {job.after}, whose {stage} did not pass ({why})"[:1000])
+            log.info("%s %s: skipped (%s)", stage, job.key, problem.reason)
+            return problem
     for need, outcome in zip(spec.needs, upstream, strict=True):
         # a need the job lists, or the database records, has its failure reported: this stage is skipped; one the
         # job neither lists nor could record (the reference) would vanish, so this stage reports it as its own

@@ -46,6 +46,7 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
             metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
             chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's; toolchain: the maker's
+            variant=job.variant,
             environment=result.environment or host_record(), bench_conditions=result.bench_conditions,
         )
         if result.device is not None and not result.cached:

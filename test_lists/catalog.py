@@ -43,12 +43,39 @@ class _SynthQuant(BaseModel):
     group_size: int = Field(default=128, ge=1)
 
 
+class _SynthVariant(BaseModel):
+    """A tiny checkpoint of a variant ``edgellm.synth_variants`` writes (random weights, the layouts NVIDIA's
+    exporter reads): an EAGLE3 draft or a LoRA adapter or a reduced vocabulary for the entry's ``base``, or a
+    vision-language checkpoint (no base)."""
+
+    model_config = ConfigDict(extra="forbid")
+    writes: str  # one of VARIANT_WRITERS
+    seed: int = 0
+    rank: int | None = Field(default=None, ge=1, le=256)  # lora_adapter
+    size: int | None = Field(default=None, ge=8)  # reduced_vocab
+
+    @model_validator(mode="after")
+    def _fields(self) -> _SynthVariant:
+        if self.writes not in VARIANT_WRITERS:
+            raise ValueError(f"writes {self.writes!r} is not one of {', '.join(VARIANT_WRITERS)}")
+        if (self.rank is not None) != (self.writes == "lora_adapter"):
+            raise ValueError("rank is given for writes: lora_adapter, and only for it")
+        if (self.size is not None) != (self.writes == "reduced_vocab"):
+            raise ValueError("size is given for writes: reduced_vocab, and only for it")
+        return self
+
+
+# what a synth_variant entry writes -> whether it needs a base (the model it is made for)
+VARIANT_WRITERS = {"eagle3_draft": True, "lora_adapter": True, "reduced_vocab": True, "qwen2_5_vl": False}
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bundled: str | None = None
     synthetic: _Synthetic | None = None
     path: str | None = None
     synth_quant: _SynthQuant | None = None
+    synth_variant: _SynthVariant | None = None
     # the float catalog model a pre-quantized checkpoint was quantized from: its checkpoint gives the accuracy
     # reference (transformers reads no ModelOpt checkpoint) and its shape
     base: str | None = None
@@ -65,10 +92,14 @@ class _Entry(BaseModel):
             raise ValueError(f"give exactly one of {', '.join(SOURCE_KINDS)} (got {', '.join(given) or 'none'})")
         if self.synth_quant is not None and self.base is None:
             raise ValueError("synth_quant quantizes the entry's base: give base (a float catalog model)")
+        if self.synth_variant is not None and VARIANT_WRITERS.get(self.synth_variant.writes) and self.base is None:
+            raise ValueError(f"synth_variant writes {self.synth_variant.writes} for the entry's base: give base")
         return self
 
 
-SOURCE_KINDS = ("bundled", "synthetic", "path", "synth_quant")
+SOURCE_KINDS = ("bundled", "synthetic", "path", "synth_quant", "synth_variant")
+# what a catalog entry is to a row: a checkpoint rows run, or a part a variant names (stages.variant)
+ROLES = ("checkpoint", "eagle3_draft", "lora_adapter", "reduced_vocab")
 
 
 @dataclass(frozen=True)
@@ -81,7 +112,55 @@ class ModelSource:
     calibration_samples: int | None = None  # rows of calibration text its quantization runs (None: the quantizer's)
     base: ModelSource | None = None  # the float model a pre-quantized checkpoint was quantized from (catalog ``base``)
 
+    @property
+    def role(self) -> str:
+        """What the entry is to a row (:data:`ROLES`): a checkpoint, or an EAGLE3 draft / LoRA adapter / reduced
+        vocabulary a variant names. Known from a synth_variant's entry, from a path's files when they are here."""
+        if self.kind == "synth_variant":
+            writes = self.spec["writes"]
+            return "checkpoint" if writes == "qwen2_5_vl" else writes
+        if self.kind != "path":
+            return "checkpoint"
+        try:
+            directory = self._path_dir()
+        except ConfigurationError:
+            return "checkpoint"
+        if (directory / "adapter_config.json").is_file():
+            return "lora_adapter"
+        if (directory / "vocab_map.safetensors").is_file():
+            return "reduced_vocab"
+        try:
+            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "checkpoint"
+        if any("Eagle3" in str(a) for a in config.get("architectures") or []) or "draft_vocab_size" in config:
+            return "eagle3_draft"
+        return "checkpoint"
+
+    def lora_rank(self) -> int | None:
+        """A LoRA adapter's rank (its entry's, else its adapter_config.json's r); None when unknown here."""
+        if self.kind == "synth_variant":
+            return self.spec.get("rank")
+        try:
+            config = json.loads((self._path_dir() / "adapter_config.json").read_text(encoding="utf-8"))
+            return int(config["r"])
+        except (ConfigurationError, OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def vocab_size(self) -> int | None:
+        """A reduced vocabulary's size (its entry's, else its reduced_vocab.json's); None when unknown here."""
+        if self.kind == "synth_variant":
+            return self.spec.get("size")
+        try:
+            info = json.loads((self._path_dir() / "reduced_vocab.json").read_text(encoding="utf-8"))
+            return int(info["reduced_vocab_size"])
+        except (ConfigurationError, OSError, ValueError, KeyError, TypeError):
+            return None
+
     def describe(self) -> str:
+        if self.kind == "synth_variant":
+            of = f" of {self.base.name}" if self.base is not None else ""
+            return f"synth_variant {self.spec['writes']}{of} (seed {self.spec.get('seed', 0)})"
         if self.kind == "bundled":
             return f"bundled {self.spec['bundled']}"
         if self.kind == "synthetic":
@@ -106,7 +185,7 @@ class ModelSource:
         here (a path checkpoint absent on this host). A synthetic model is float; a ``synth_quant`` one is what its
         entry declares, known without writing it. Raises ConfigurationError when the checkpoint declares a
         quantization edgellm does not know (naming it and the known ones)."""
-        if self.kind == "synthetic":
+        if self.kind in ("synthetic", "synth_variant"):
             return QuantConfig.none()
         if self.kind == "synth_quant":
             from edgellm.synth_quant import MODELOPT_WRITTEN
@@ -153,6 +232,8 @@ class ModelSource:
         model's rows without its limits. A ``synth_quant`` model has its base's shape."""
         if self.kind == "synth_quant":
             return self.base.shape() if self.base is not None else None
+        if self.kind == "synth_variant":
+            return None  # a draft, adapter or vocabulary has no kernel shape of its own; a VLM's is read once written
         if self.kind == "synthetic":
             from edgellm.models.base import family_named
 
@@ -184,7 +265,23 @@ class ModelSource:
             assert self.base is not None  # the catalog refuses synth_quant without a base
             base = self.base.locate(data_dir)
             return _materialize(self, data_dir, lambda tmp: _write_synth_quant(self, base, tmp))
+        if self.kind == "synth_variant":
+            made_for = None if self.base is None else self.base.locate(data_dir)
+            return _materialize(self, data_dir, lambda tmp: _write_synth_variant(self, made_for, tmp),
+                                marker="config.json" if self.role in ("checkpoint", "eagle3_draft") else ".complete")
         return self._path()
+
+    def _path_dir(self) -> Path:
+        """A path entry's directory, whatever it holds (an adapter or vocabulary has no config.json)."""
+        raw = self.spec["path"]
+        missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
+        if missing:
+            raise ConfigurationError(f"model {self.name!r}: path {raw!r} needs environment variable(s) "
+                                     f"{', '.join(missing)}")
+        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+        if not path.is_dir():
+            raise ConfigurationError(f"model {self.name!r}: no directory {path}")
+        return path
 
 
 def row_precision(source: ModelSource, requested: Precision | None,
@@ -257,15 +354,35 @@ def _write_synth_quant(src: ModelSource, base: Path, out: Path) -> None:
     quantize_rtn(base, out, src.spec["method"], calibration_ids(base), group_size=int(src.spec["group_size"]))
 
 
-def _materialize(src: ModelSource, data_dir: Path, write: Callable[[Path], None]) -> Path:
-    """The checkpoint ``write`` makes, once under ``data_dir`` (written aside, then moved into place)."""
+def _write_synth_variant(src: ModelSource, base: Path | None, out: Path) -> None:
+    from edgellm import synth_variants
+
+    writes, seed = src.spec["writes"], int(src.spec.get("seed", 0))
+    if writes == "qwen2_5_vl":
+        synth_variants.make_qwen2_5_vl(out, seed=seed)
+        return
+    assert base is not None  # the catalog refuses these without a base
+    if writes == "eagle3_draft":
+        synth_variants.make_eagle3_draft(base, out, seed=seed)
+    elif writes == "lora_adapter":
+        synth_variants.make_lora_adapter(base, out, rank=int(src.spec["rank"]), seed=seed)
+    else:
+        synth_variants.make_reduced_vocab(base, out, size=int(src.spec["size"]))
+
+
+def _materialize(src: ModelSource, data_dir: Path, write: Callable[[Path], None], *,
+                 marker: str = "config.json") -> Path:
+    """The checkpoint ``write`` makes, once under ``data_dir`` (written aside, then moved into place; ``marker``
+    is the file whose presence says it is complete)."""
     dest = Path(data_dir) / "checkpoints" / src.name.replace("/", "--")
-    if (dest / "config.json").is_file():
+    if (dest / marker).is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
         write(tmp)
+        if marker != "config.json":
+            (tmp / marker).touch()
         os.replace(tmp, dest)
     except FileExistsError:  # another process won the race; its checkpoint is identical
         shutil.rmtree(tmp, ignore_errors=True)
@@ -340,6 +457,8 @@ class Catalog:
             elif entry.synth_quant is not None:
                 kind, spec = "synth_quant", entry.synth_quant.model_dump()
                 _synth_quant_method(spec["method"], f"{path}: model {name!r} synth_quant.method", problems)
+            elif entry.synth_variant is not None:
+                kind, spec = "synth_variant", entry.synth_variant.model_dump(exclude_none=True)
             else:
                 kind, spec = "path", {"path": entry.path}
             sources[name] = ModelSource(name, kind, spec, template, limits, entry.calibration_samples)

@@ -1,5 +1,8 @@
 """Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
 
+Variant features (``stages.variant.Features.id_tokens``: ``eagle3base``, ``lora.inserted.r4.NAME``, ``vocab256.NAME``,
+``fp8emb``, ``comp.llm.visual``) follow the KV-cache token.
+
 Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two different tests could share an id
 if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the toolchain a
 matrix block asked for (``by.onnxruntime.genai``: its name, '-' written '.', as one token; none when the
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from stages.variant import ID_TOKEN_PREFIXES
 
 
 def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCachePrecision]) -> str:
@@ -58,6 +62,9 @@ def case_name_problem(case: str) -> str | None:
         return f"case name {case!r} may not start with {tokens[0]!r}: ids reserve '<precision>kv' for the KV cache"
     if tokens[0].startswith(TOOLCHAIN_MARK):
         return f"case name {case!r} may not start with {TOOLCHAIN_MARK!r}: ids reserve it for the toolchain"
+    if tokens[0].startswith(ID_TOKEN_PREFIXES):
+        return (f"case name {case!r} may not start with {tokens[0]!r}: ids reserve "
+                f"{', '.join(ID_TOKEN_PREFIXES)} for the variant")
     return None
 
 
@@ -77,6 +84,7 @@ class TestId:
     case: str | None = None
     toolchain_versions: tuple[str, ...] = ()  # "toolchain==version" of each version chosen other than the pinned
     toolchain: str | None = None  # the toolchain a matrix block asked for
+    features: list[str] | tuple[str, ...] = ()  # the variant's tokens (stages.variant.Features.id_tokens)
 
     def __post_init__(self) -> None:
         problem = model_name_problem(self.model)
@@ -102,6 +110,7 @@ class TestId:
         parts += [f"mxsl{self.max_seq_len}", f"mxbs{self.max_batch_size}", f"mxil{self.max_input_len}"]
         if self.kv_cache_precision is not None:
             parts.append(f"{self.kv_cache_precision.value}kv")
+        parts += list(self.features)
         if self.toolchain is not None:
             parts.append(TOOLCHAIN_MARK + self.toolchain.replace("-", "."))
         parts += self.toolchain_versions

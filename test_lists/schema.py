@@ -17,6 +17,7 @@ from edgellm.backends.base import MAX_BATCH_SIZE, MAX_SEQ_LEN
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
 from stages import Stage
+from stages.variant import Component, LoraMode, SpecMethod
 from test_lists.ids import case_name_problem, model_name_problem, short_model_name
 
 
@@ -52,6 +53,9 @@ def _enum_parser(enum_cls: Any, what: str) -> Callable[[Any], Any]:
 PrecisionField = Annotated[Precision, BeforeValidator(_enum_parser(Precision, "precision"))]
 LMHeadField = Annotated[LMHeadPrecision, BeforeValidator(_enum_parser(LMHeadPrecision, "LM-head precision"))]
 KVCacheField = Annotated[KVCachePrecision, BeforeValidator(_enum_parser(KVCachePrecision, "KV-cache precision"))]
+SpecMethodField = Annotated[SpecMethod, BeforeValidator(_enum_parser(SpecMethod, "speculative decoding method"))]
+LoraModeField = Annotated[LoraMode, BeforeValidator(_enum_parser(LoraMode, "LoRA mode"))]
+ComponentField = Annotated[Component, BeforeValidator(_enum_parser(Component, "component"))]
 # any stage of the stage table (a stage a test registers too), not only the recorded ones
 StageField = Annotated[str, BeforeValidator(_parser(stages.parse))]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
@@ -84,8 +88,38 @@ class Selector(_Strict):
         return self
 
 
+class SpeculativeSpec(_Strict):
+    """Speculative decoding: ``{method: eagle3, draft: MODEL}`` (the entry is the base; its draft becomes a second
+    row, planned after the base and skipped when the base does not pass) or ``{method: mtp}`` (MTP layers inside
+    the base checkpoint)."""
+
+    method: SpecMethodField
+    draft: NonEmptyStr | None = None
+
+    @model_validator(mode="after")
+    def _draft(self) -> SpeculativeSpec:
+        if self.method is SpecMethod.EAGLE3 and self.draft is None:
+            raise ValueError("eagle3 needs draft: the catalog model of its EAGLE3 draft checkpoint")
+        if self.method is SpecMethod.MTP and self.draft is not None:
+            raise ValueError("mtp takes no draft: its MTP layers are inside the base checkpoint")
+        return self
+
+
+class LoraSpec(_Strict):
+    """A LoRA adapter (a catalog model holding a PEFT adapter), inserted into the exported graph or merged into the
+    weights before export."""
+
+    adapter: NonEmptyStr
+    mode: LoraModeField = LoraMode.INSERTED
+
+
 class _EntryFields(_Strict):
     precision: PrecisionField | None = None
+    speculative: SpeculativeSpec | None = None
+    lora: LoraSpec | None = None
+    reduced_vocab: NonEmptyStr | None = None  # a catalog model holding a vocabulary map (vocab_map.safetensors)
+    fp8_embedding: Annotated[bool, Field(strict=True)] | None = None
+    components: list[ComponentField] | None = None  # default [llm]
     lm_head_precision: LMHeadField | None = None
     kv_cache_precision: KVCacheField | None = None
     max_seq_len: SeqLen | None = None

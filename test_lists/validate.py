@@ -7,6 +7,7 @@ lists). Expired waivers and waivers that match nothing are warnings.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 from collections.abc import Iterable, Sequence
@@ -18,11 +19,13 @@ from pydantic import BaseModel, ValidationError
 
 from edgellm.errors import ConfigurationError
 from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
+from stages.variant import PLAIN, Features
 from test_lists.catalog import Catalog, row_precision
 from test_lists.ids import short_model_name
 from test_lists.platforms import PlatformCatalog
 from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
 from test_lists.testlist import TestEntry, TestList
+from test_lists.variants import features, rows
 from test_lists.waivers import SourcedWaiver, Waiver
 
 WAIVERS_STEM = "waivers"
@@ -130,7 +133,8 @@ class Validator:
             picked.update(matched)
         return picked
 
-    def _capability_problems(self, spec: TestSpec, platforms: Iterable[str]) -> list[tuple[str, str]]:
+    def _capability_problems(self, spec: TestSpec, platforms: Iterable[str],
+                             feats: Features = PLAIN) -> list[tuple[str, str]]:
         """(field, reason) for each selected platform that cannot run the test (``devices.capability``: the one
         answer the plan gives too), naming the first field that fails there. The model's own limits (its shape
         against the toolchains' kernels) are asked as the plan asks them: when a stage runs on the device and the
@@ -150,6 +154,11 @@ class Validator:
             steps = [("precision", Variant(spec.precision), None),
                      ("kv_cache_precision", Variant(spec.precision, kv_cache=spec.kv_cache_precision), None),
                      ("lm_head_precision", whole, None)]
+            if not feats.plain:  # the variant's features, named by the first one the entry gives
+                given = next(f for f in ("speculative", "lora", "reduced_vocab", "fp8_embedding", "components")
+                             if getattr(spec, f) is not None)
+                whole = dataclasses.replace(whole, features=feats)
+                steps.append((given, whole, None))
             if shape is not None:
                 steps.append(("model", whole, shape))
             for fname, variant, model in steps:
@@ -292,20 +301,25 @@ class Validator:
                                            f"{', '.join(sorted(self.models.sources))}",
                                       line_of(item, ("model",)), where, "model"))
                 continue
-            entry = _entry(str(name), spec, f"{src}:{line_of(item, ())}")
+            feats, feature_problems = features(spec, self.models)
+            entry = _entry(str(name), spec, f"{src}:{line_of(item, ())}", feats)
             where = f"tests[{i}] {entry.test_id}"
             if spec.model not in self.models:
                 errors.append(Problem(src, f"unknown model {spec.model!r}; the model catalog {self.models.path} has: "
                                            f"{', '.join(sorted(self.models.sources))}",
                                       line_of(item, ("model",)), where, "model"))
-            for fname, reason in self._capability_problems(spec, platforms):
+            for fname, reason in feature_problems:
+                errors.append(Problem(src, reason, line_of(item, (fname.split(".")[0],)), where, fname))
+            for fname, reason in self._capability_problems(spec, platforms, feats):
                 errors.append(Problem(src, reason, line_of(item, (fname,)), where, fname))
-            if entry.test_id in first_seen:
-                errors.append(Problem(src, f"duplicate test id (first at {first_seen[entry.test_id]})",
-                                      line_of(item, ()), where))
-                continue
-            first_seen[entry.test_id] = entry.source
-            entries.append(entry)
+            for row in rows(entry):
+                if row.test_id in first_seen:
+                    errors.append(Problem(src, f"duplicate test id{'' if row is entry else ' ' + row.test_id} "
+                                               f"(first at {first_seen[row.test_id]})",
+                                          line_of(item, ()), where))
+                    continue
+                first_seen[row.test_id] = row.source
+                entries.append(row)
         if not tests and isinstance(raw.get("tests", []), list):
             errors.append(Problem(file, "the list has no tests (give 'tests' or 'include')", 1, None, "tests"))
 
@@ -349,7 +363,7 @@ class Validator:
         return waivers, errors, warnings
 
 
-def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
+def _entry(list_name: str, spec: TestSpec, source: str, feats: Features = PLAIN) -> TestEntry:
     assert spec.precision is not None  # filled in from the catalog (row_precision) before
     return TestEntry(
         list_name=list_name,
@@ -364,4 +378,5 @@ def _entry(list_name: str, spec: TestSpec, source: str) -> TestEntry:
         kv_cache_precision=spec.kv_cache_precision,
         case=spec.case,
         source=source,
+        features=feats,
     )

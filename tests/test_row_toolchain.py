@@ -82,11 +82,11 @@ def test_upgrade_from_empty_keys_rows_by_toolchain(empty: Engine) -> None:
     assert schema_diff(empty) == []
     insp = inspect(empty)
     assert insp.get_pk_constraint("row_latest")["constrained_columns"] == ["model", "precision", "platform",
-                                                                           "toolchain"]
+                                                                           "toolchain", "variant"]  # 0013
     columns = {c["name"]: c for c in insp.get_columns("results")}
     assert columns["job_toolchain"]["nullable"] is False
     index = {i["name"]: i["column_names"] for i in insp.get_indexes("results")}["ix_results_row_run"]
-    assert index == ["model", "precision", "platform", "job_toolchain", "run_id", "stage", "status"]
+    assert index == ["model", "precision", "platform", "job_toolchain", "variant", "run_id", "stage", "status"]
 
 
 def _fill_0008(conn: Any) -> None:
@@ -155,8 +155,9 @@ def test_upgrade_from_0008_backfills_the_job_toolchain_and_rebuilds_row_latest(e
     assert {i: (r.toolchain, r.job_toolchain) for i, r in got.items()} == {
         1: (TRT, ORT), 2: (ORT, ORT), 3: (ORT, ORT), 4: (ORT, ORT), 5: (TRT, TRT), 6: (ORT, ORT), 7: (ORT, ORT),
         8: (ORT, ORT)}
-    assert _table(empty, "row_latest") == sorted([("m", "fp16", CPU, ORT, 2), ("m", "int4_awq", CPU, ORT, 1),
-                                                  ("m", "int4_awq", "orin", TRT, 1)], key=repr)
+    latest = ["model", "precision", "platform", "toolchain", "run_id"]  # 0013 adds the variant: '' for these
+    assert _table(empty, "row_latest", latest) == sorted([("m", "fp16", CPU, ORT, 2), ("m", "int4_awq", CPU, ORT, 1),
+                                                          ("m", "int4_awq", "orin", TRT, 1)], key=repr)
     if empty.dialect.name == "sqlite":  # migrated with foreign keys off, handed back with them on
         with empty.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

@@ -27,7 +27,7 @@ from test_lists.loader import LISTS_DIR
 
 BROKEN = Path(__file__).parent / "data" / "test_lists_broken"
 SHIPPED = ["l0_checkpoint_export", "l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu",
-           "l1_pipeline_x86cpu"]
+           "l0_variant_export", "l1_pipeline_x86cpu"]
 TODAY = dt.date(2026, 11, 30)
 runner = CliRunner()
 
@@ -69,7 +69,7 @@ def test_shipped_lists_validate_through_the_cli() -> None:
     result = runner.invoke(app, ["lists", "validate"])
     assert result.exit_code == 0, result.output
     assert "ERROR" not in result.output
-    assert "OK: 6 list(s)" in result.output
+    assert "OK: 7 list(s)" in result.output
     assert "platforms: orin, thor, x86-cpu, x86-h200" in result.output
 
 
@@ -78,8 +78,8 @@ def test_shipped_lists_content() -> None:
     report = validate_paths(today=TODAY)
     assert report.errors == [] and report.warnings == []
     assert {w.waiver.bug for w in report.waivers} == {
-        "https://github.com/example/edgellm-farm/issues/101",
-        "https://github.com/example/edgellm-farm/issues/102",
+        "https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/187",
+        "https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/216",
     }
     cpu = load_list("l0_pipeline_x86cpu")
     ids = cpu.test_ids
@@ -105,7 +105,8 @@ def test_shipped_lists_content() -> None:
     # widths takes minutes per method on 2 cores: their quantized rows are the hardware lists'); a pre-quantized one
     # at its own precision
     exports = load_list("l0_checkpoint_export")
-    sources = Catalog.load().sources
+    # the variant parts (drafts, adapters, vocabularies, the VLM) and the EAGLE3 base are l0_variant_export's rows
+    sources = {m: s for m, s in Catalog.load().sources.items() if s.kind != "synth_variant" and m != "tiny-llama-4l"}
     assert {(e.model, e.precision) for e in exports.entries} == {
         (m, p) for m, s in sources.items() if not m.endswith("-layout") and s.base is None
         for p in (Precision.FP16, Precision.FP8, Precision.INT4_AWQ, Precision.INT8_SQ, Precision.NVFP4)} | {
@@ -176,10 +177,13 @@ BROKEN_REASONS = [
     "LM-head precision 'fp16' is not supported by export at int4_awq",
     # waivers: bad URL is an error; expired and unused are warnings
     "bad_entries.yml:48: waivers[2]: bug: bug 'not-a-url' is not an http(s) URL",
+    # a placeholder link is no link (issue 23: waivers without a real link are refused)
+    "bad_entries.yml:51: waivers[3]: bug: bug 'https://github.com/example/edgellm-farm/issues/3' is a placeholder link "
+    "(owner 'example')",
     "WARNING tests/data/test_lists_broken/bad_entries.yml:41: expires: waiver 'Qwen3-0.6B-*' "
-    "(https://github.com/example/edgellm-farm/issues/1) expired on 2020-01-31",
+    "(https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/1) expired on 2020-01-31",
     "WARNING tests/data/test_lists_broken/bad_entries.yml:44: pattern: waiver 'Gemma-*' "
-    "(https://github.com/example/edgellm-farm/issues/2) matches no test",
+    "(https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/2) matches no test",
     # includes: a cycle and a missing file
     "fragments/loop_b.yml:1: include: include cycle: loop_a.yml -> loop_b.yml -> loop_a.yml",
     "cycle.yml:6: include: included file 'fragments/missing.yml' not found",
@@ -195,8 +199,8 @@ def test_broken_lists_report_every_problem(monkeypatch: pytest.MonkeyPatch) -> N
     missing = [r for r in BROKEN_REASONS if r not in result.output]
     assert not missing, f"not reported: {missing}\n--- output:\n{result.output}"
     errors = [line for line in result.output.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 21, result.output
-    assert "FAILED: 21 error(s), 3 warning(s) in 4 file(s)" in result.output
+    assert len(errors) == 22, result.output
+    assert "FAILED: 22 error(s), 3 warning(s) in 4 file(s)" in result.output
     assert "Traceback" not in result.output
 
 
@@ -354,7 +358,7 @@ WAIVERS = """\
     waivers:
       - pattern: "stories260K-fp32-*"
         platforms: ["x86-c*"]
-        bug: https://github.com/example/edgellm-farm/issues/7
+        bug: https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/7
         expires: 2026-06-30
         reason: placeholder
 """
@@ -384,7 +388,7 @@ def test_expired_and_unused_waivers_are_warnings(tmp_path: Path) -> None:
     make_list(tmp_path)
     write(tmp_path, "waivers.yml", WAIVERS + """\
       - pattern: "Gemma-*"
-        bug: https://github.com/example/edgellm-farm/issues/8
+        bug: https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/8
         expires: 2099-01-01
 """)
     report = validate_paths([tmp_path], today=TODAY)
@@ -406,7 +410,7 @@ def test_waiver_problems_are_errors(tmp_path: Path) -> None:
         waivers:
           - pattern: "*"
             platforms: [mars]
-            bug: https://github.com/example/edgellm-farm/issues/9
+            bug: https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/9
             expires: 2099-01-01
           - pattern: "*"
             expires: soon

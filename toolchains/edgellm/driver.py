@@ -89,6 +89,15 @@ def _host_env() -> dict[str, Any]:
 class EdgellmToolchain(ToolchainDriver):
     backend: ClassVar[str]  # the `edgellm build --backend` value
     package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
+    # the variant features its export and runtime carry out: none yet (each refused with what is missing)
+    FEATURES: ClassVar[frozenset[str]] = frozenset()
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
+        "speculative": "its KV-cache runtime decodes one model; no draft/base pairing",
+        "lora": "its export reads no LoRA adapter",
+        "reduced_vocab": "its export keeps the checkpoint's vocabulary",
+        "fp8_embedding": "its engines keep the embedding table at the weights' precision",
+        "components": "it exports decoder-only text LLMs; no visual or audio encoder",
+    }
 
     def precisions(self) -> tuple[Precision, ...]:
         """From a float checkpoint: what export and the backend both make; from a checkpoint the farm's quantizer

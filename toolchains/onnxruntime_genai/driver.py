@@ -17,7 +17,7 @@ import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.errors import TestFailure
 from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
@@ -48,6 +48,15 @@ _LM_HEAD = {Precision.FP32: LMHeadPrecision.FP32, Precision.INT4_WO: LMHeadPreci
 @register_toolchain
 class OnnxruntimeGenai(ToolchainDriver):
     name = TOOLCHAIN
+    # the variant features its model builder and generate() carry out: none the farm drives yet
+    FEATURES: ClassVar[frozenset[str]] = frozenset()
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
+        "speculative": "the farm's runner drives generate() with one model; no draft/base pairing",
+        "lora": "the farm does not drive its model builder's adapter options",
+        "reduced_vocab": "its model builder keeps the checkpoint's vocabulary",
+        "fp8_embedding": "its CPU graphs keep the embedding in float",
+        "components": "the farm drives its text decoder only; no visual or audio encoder",
+    }
 
     # --- what it can produce ---
 

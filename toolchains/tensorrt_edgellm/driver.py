@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, UnsupportedError
 from edgellm.runtime.requests import GenerationRequest, check_requests
@@ -160,6 +160,15 @@ class TensorrtEdgellm(ToolchainDriver):
     name = TOOLCHAIN
     pinned = PINNED_VERSION
     needs_gpu = True
+    # the variant features its exporter and LoRA tools carry out (each reaches their flags: variants.py)
+    FEATURES: ClassVar[frozenset[str]] = frozenset({
+        "speculative.eagle3.base", "speculative.eagle3.draft", "lora.inserted", "lora.merged", "reduced_vocab",
+        "fp8_embedding", "components.visual"})
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
+        "speculative": ("its exporter takes MTP layers only inside Qwen3.5 and Nemotron-H checkpoints "
+                        "(mtp_num_hidden_layers / num_nextn_predict_layers); the farm has none of those to export"),
+        "components": "the farm has no audio checkpoint (Qwen3-Omni, Qwen3-ASR) to export an audio encoder from",
+    }
 
     @property
     def host_env_version(self) -> str:
