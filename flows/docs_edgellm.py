@@ -31,7 +31,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from devices.types import DEVICE_TYPES, Arch, DeviceType
-from flows.docs_render import precision_order, scrub, write_atomic
+from flows.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
 from flows.escape import markdown_text
 from results.models import Environment, Result, Run
 from results.queries import SUPPORT_REQUIRED, latest_status
@@ -79,6 +79,7 @@ class Evidence:
     made_by: str | None = None  # "name version" of what made its latest evidence
     variant: str = ""  # stages/variant.py's key; '' = default
     chosen_versions: str | None = None
+    anchor: str | None = None  # its section on its latest run's evidence page
 
 
 @dataclass(frozen=True)
@@ -154,12 +155,13 @@ def _precision(ev: Evidence) -> str:
     return f"{text} ({markdown_text(describe(ev.variant))})" if ev.variant else text
 
 
-def status_text(support: Support) -> str:
-    """``<mark> <label>`` with what the status carries: the run, since when it fails and why, until when it is
-    waived and its bug."""
+def status_text(support: Support, anchor: str | None = None) -> str:
+    """``<mark> <label>`` with what the status carries: the run (a link to its evidence page, at ``anchor``), since
+    when it fails and why, until when it is waived and its bug."""
     s = support
     out = s.status.display
-    run = f"[run {s.run_id}]({RUN_PAGE.format(s.run_id)})" if s.run_id is not None else None
+    at = f"#{anchor}" if anchor else ""
+    run = f"[run {s.run_id}]({RUN_PAGE.format(s.run_id)}{at})" if s.run_id is not None else None
     if s.status is SupportStatus.FAILING:
         since = f" since run {s.since_run}" if s.since_run is not None else ""
         out += f"{since} (latest {run})" if run else since
@@ -182,7 +184,7 @@ def evidence_line(ev: Evidence) -> str:
     """One evidence bullet: platform, precision (and variant), toolchain, status."""
     by = f", {markdown_text(ev.made_by)}" if ev.made_by and ev.support.status.listed else ""
     versions = f" [{markdown_text(ev.chosen_versions)}]" if ev.chosen_versions else ""
-    return f"{_code(ev.platform)} {_precision(ev)}{versions}{by}: {status_text(ev.support)}"
+    return f"{_code(ev.platform)} {_precision(ev)}{versions}{by}: {status_text(ev.support, ev.anchor)}"
 
 
 def _shown(rows: Iterable[Evidence]) -> list[Evidence]:
@@ -397,7 +399,10 @@ def collect_evidence(s: Session, data_dir: Path | None = None) -> list[Evidence]
         made_by = " ".join(x for x in (st.toolchain, st.toolchain_version) if x) or None
         out.append(Evidence(model=st.key.model, precision=str(st.key.precision), platform=st.key.platform,
                             support=support, toolchain=str(st.key.toolchain), made_by=made_by,
-                            variant=str(getattr(st.key, "variant", "") or ""), chosen_versions=st.chosen_versions))
+                            variant=st.key.variant, chosen_versions=st.chosen_versions,
+                            anchor=row_anchor(st.key.model, str(st.key.precision), st.key.platform,
+                                              st.chosen_versions, shown_toolchain(st.key.platform, st.key.toolchain),
+                                              st.key.variant)))
     return out
 
 

@@ -193,10 +193,7 @@ def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
              Result.platform == key.platform, Result.job_toolchain == key.toolchain,
              Result.chosen_versions.is_(None) if status.chosen_versions is None
              else Result.chosen_versions == status.chosen_versions,
-             Result.reason.is_not(None), Result.status != ResultStatus.PASS]
-    variant = getattr(Result, "variant", None)
-    if variant is not None:
-        where.append(variant == getattr(key, "variant", ""))
+             Result.variant == key.variant, Result.reason.is_not(None), Result.status != ResultStatus.PASS]
     out: dict[str, str] = {}
     for stage, reason in s.execute(select(Result.stage, Result.reason).where(*where).order_by(Result.id)):
         if reason:
@@ -209,5 +206,5 @@ def support_of(s: Session, status: RowStatus) -> Support:
     history: list[RowStatus] = []
     if status.verdict in (Verdict.FAIL, Verdict.ERROR):
         history = row_history(s, status.key.model, status.key.precision, status.key.platform,
-                              toolchain=status.key.toolchain)
+                              toolchain=status.key.toolchain, variant=status.key.variant)
     return classify(status, history, row_reasons(s, status))

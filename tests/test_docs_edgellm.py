@@ -6,7 +6,6 @@ that is never listed. Regenerate the golden files after an intended change with
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import os
 import re
 from pathlib import Path
@@ -44,10 +43,6 @@ def _check(name: str, text: str) -> None:
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)
     assert text == golden.read_text()
-
-
-def _records_variants() -> bool:
-    return "variant" in inspect.signature(Recorder._result_rows).parameters
 
 
 def _row(rec: Recorder, run: int, model: str, precision: str, platform: str, stages: dict[str, str], *,
@@ -101,10 +96,10 @@ def build_db(path: Path) -> str:
              reason=WAIVER)
         # a pre-quantized checkpoint
         _row(rec, run, "tiny-qwen3-128-int4-awq", "int4_awq", "x86-cpu", passed, toolchain=ORT)
-        if _records_variants():
-            _row(rec, run, DRAFT, "fp16", "orin", passed, variant=f"spec=eagle3-draft:{BASE}")
-            _row(rec, run, BASE, "fp16", "orin", passed, variant=f"spec=eagle3-base:{DRAFT}")
-            _row(rec, run, "tiny-qwen3", "fp16", "thor", passed, variant="lora=tiny-lora:r4:inserted")
+        # variant rows: an EAGLE3 draft and its base, a LoRA adapter
+        _row(rec, run, DRAFT, "fp16", "orin", passed, variant=f"spec=eagle3-draft:{BASE}")
+        _row(rec, run, BASE, "fp16", "orin", passed, variant=f"spec=eagle3-base:{DRAFT}")
+        _row(rec, run, "tiny-qwen3", "fp16", "thor", passed, variant="lora=tiny-lora:r4:inserted")
         rec.finish_run(run, "failed", finished_at=dt.datetime(2026, 11, 26 + n, 3, tzinfo=dt.UTC))
     engine.dispose()
     return url
@@ -141,13 +136,13 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("page", ["supported-models.md", "support-matrix.md"])
 def test_pages_of_a_fixed_database_match_the_golden_files(pages: dict[str, str], page: str) -> None:
-    if not _records_variants():
-        pytest.skip("the results database records no row variant yet (variant rows: see the fixed-evidence test)")
     _check(f"db-{page}", pages[page])
 
 
 def test_evidence_of_the_fixed_database(pages: dict[str, str]) -> None:
     md, matrix = pages["supported-models.md"], pages["support-matrix.md"]
+    assert "([run 3](../runs/run-3.md#qwen-qwen3-0-6b-fp16-orin-" in md  # the row's section of its run page
+    md = re.sub(r"(run-\d+\.md)#[a-z0-9-]+", r"\1", md)
     assert "<summary><b>Qwen3</b></summary>" in md and "`model_type: qwen3`" in md
     qwen = md.split("[Qwen/Qwen3-0.6B](https://huggingface.co/Qwen/Qwen3-0.6B)", 1)[1].split("\n- ", 1)[0]
     assert "`orin` FP16, tensorrt-edgellm 0.11.0: ✓ L0 covered ([run 3](../runs/run-3.md))" in qwen

@@ -12,7 +12,7 @@ from results.queries import RowKey, RowStatus, Verdict
 from results.support import Support, SupportStatus, classify, failing_since, support_of
 from stages import Stage
 
-KEY = RowKey("m", Precision.FP16, "orin", "tensorrt-edgellm")
+KEY = RowKey("m", Precision("fp16"), "orin", "tensorrt-edgellm")
 PIPE = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY)
 
 
@@ -76,7 +76,7 @@ def test_failing_names_the_root_cause_and_the_start_of_its_streak() -> None:
         _status(3, Verdict.ERROR, FAILED),
         _status(4, Verdict.INCOMPLETE, _all(ResultStatus.SKIPPED)),  # ran nothing: neither breaks nor extends
         _status(5, Verdict.FAIL, FAILED),
-        _status(5, Verdict.PASS, _all(ResultStatus.PASS), key=RowKey("other", Precision.FP16, "orin", "x")),
+        _status(5, Verdict.PASS, _all(ResultStatus.PASS), key=RowKey("other", Precision("fp16"), "orin", "x")),
     ]
     latest = _status(6, Verdict.FAIL, FAILED)
     got = classify(latest, [*history, latest], reasons)
