@@ -1,0 +1,210 @@
+"""The support status of a row: the one vocabulary every page, the terminal, queries, CSV and Prefect artifacts show.
+
+A row (``results.queries.RowKey``) has one :class:`SupportStatus`, decided by :func:`classify` from its latest
+``RowStatus`` (and, for a failing row, its history and the reasons its latest run recorded):
+
+- ``l0_covered``: inference and its accuracy baseline passed (``results.queries.supported``) on the ONNX route;
+- ``checkpoint_direct``: the same, but proven only on the route that builds the engine straight from the checkpoint
+  (``RowStatus.route == "direct"``): its ONNX export was not built and run there;
+- ``implemented``: the export passed (quantize too, where it ran) and nothing ran on a device yet;
+- ``failing``: a stage failed or errored; ``since_run`` is the first run of the current unbroken failing streak;
+- ``waived``: a known failure the plan waived (``waived until YYYY-MM-DD (LINK)``, see ``flows.plan._decide``);
+- ``not_applicable``: the combination is not meant to work on that platform;
+- ``skipped``: nothing proving or failing ran (no device, a toolchain missing, test stand-ins);
+- ``never_tested``: no published run has a result for the row.
+
+Each status has a label and a mark (one glyph or one word) for Markdown pages; no two render alike, none is blank.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from results.models import Result, ResultStatus
+from results.queries import RowStatus, Verdict, row_history, supported
+from stages import Stage
+
+# Evidence of these stages alone proves an export, never support (as flows/docs_render.py's EXPORT_STAGES).
+EXPORT_STAGES = frozenset({Stage.QUANTIZE.value, Stage.EXPORT.value})
+_NOT_RUN = frozenset({ResultStatus.SKIPPED.value, ResultStatus.NOT_APPLICABLE.value, ResultStatus.WAIVED.value})
+_FAILED = frozenset({ResultStatus.FAIL.value, ResultStatus.ERROR.value})
+DIRECT_ROUTE = "direct"  # toolchains.base.Route.DIRECT (results knows no toolchain package but its names)
+# what flows/plan.py records for a waived job: f"waived until {expires} ({bug})"
+_WAIVED = re.compile(r"waived until (\d{4}-\d{2}-\d{2}) \((\S+?)\)")
+STANDIN_REASON = "ran on test stand-ins of the toolchain's tools (never evidence)"
+
+
+class SupportStatus(enum.StrEnum):
+    L0_COVERED = "l0_covered"
+    IMPLEMENTED = "implemented"
+    CHECKPOINT_DIRECT = "checkpoint_direct"
+    FAILING = "failing"
+    WAIVED = "waived"
+    NOT_APPLICABLE = "not_applicable"
+    SKIPPED = "skipped"
+    NEVER_TESTED = "never_tested"
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+    @property
+    def mark(self) -> str:
+        """One glyph or one word, safe in Markdown text and table cells."""
+        return _MARKS[self]
+
+    @property
+    def display(self) -> str:
+        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, untested)
+        alone would repeat or abbreviate the label, so the label alone."""
+        return self.label if self.mark.replace("/", "").isalpha() else f"{self.mark} {self.label}"
+
+    @property
+    def listed(self) -> bool:
+        """Whether this evidence lists a checkpoint on a supported-models page (passing or export evidence)."""
+        return self in (SupportStatus.L0_COVERED, SupportStatus.CHECKPOINT_DIRECT, SupportStatus.IMPLEMENTED)
+
+
+_LABELS = {
+    SupportStatus.L0_COVERED: "L0 covered",
+    SupportStatus.IMPLEMENTED: "implemented (export verified only)",
+    SupportStatus.CHECKPOINT_DIRECT: "checkpoint-direct only",
+    SupportStatus.FAILING: "failing",
+    SupportStatus.WAIVED: "waived",
+    SupportStatus.NOT_APPLICABLE: "not applicable",
+    SupportStatus.SKIPPED: "skipped",
+    SupportStatus.NEVER_TESTED: "never tested",
+}
+_MARKS = {
+    SupportStatus.L0_COVERED: "✓",
+    SupportStatus.IMPLEMENTED: "◇",
+    SupportStatus.CHECKPOINT_DIRECT: "◆",
+    SupportStatus.FAILING: "✗",
+    SupportStatus.WAIVED: "waived",
+    SupportStatus.NOT_APPLICABLE: "n/a",
+    SupportStatus.SKIPPED: "skipped",
+    SupportStatus.NEVER_TESTED: "untested",
+}
+
+
+@dataclass(frozen=True)
+class Support:
+    """A row's support status. ``run_id``: its latest run (None: never tested); ``since_run``: for a failing row,
+    the first run of its current failing streak; ``reason``: the root cause (the first failed stage's reason, in
+    pipeline order) or why it was waived, skipped or not applicable; ``until`` and ``link``: a waiver's expiry and
+    bug."""
+
+    status: SupportStatus
+    since_run: int | None = None
+    reason: str | None = None
+    until: dt.date | None = None
+    link: str | None = None
+    run_id: int | None = None
+
+
+def _order(stage: Any) -> int:
+    known = [s.value for s in Stage]
+    value = str(getattr(stage, "value", stage))
+    return known.index(value) if value in known else len(known)
+
+
+def _stages(status: RowStatus) -> dict[str, str]:
+    return {str(getattr(k, "value", k)): str(getattr(v, "value", v)) for k, v in status.stages.items()}
+
+
+def _same_row(a: RowStatus, b: RowStatus) -> bool:
+    return a.key == b.key and a.chosen_versions == b.chosen_versions
+
+
+def _ran_nothing(status: RowStatus) -> bool:
+    """A run in which the row was only skipped: it neither broke nor ended a failing streak."""
+    return set(_stages(status).values()) <= {ResultStatus.SKIPPED.value}
+
+
+def failing_since(latest: RowStatus, history: Sequence[RowStatus]) -> int:
+    """The first run of the row's current unbroken failing streak (``latest`` failing): walking back from the latest
+    run, runs in which it failed or errored extend the streak, runs that only skipped it are passed over, any other
+    run (a pass, a waiver, export-only evidence) ends it."""
+    since = latest.run_id
+    for past in sorted((h for h in history if _same_row(h, latest) and h.run_id < latest.run_id),
+                       key=lambda h: h.run_id, reverse=True):
+        if past.verdict in (Verdict.FAIL, Verdict.ERROR):
+            since = past.run_id
+        elif not _ran_nothing(past):
+            break
+    return since
+
+
+def _reason(stages: Mapping[str, str], reasons: Mapping[str, str | None], wanted: frozenset[str]) -> str | None:
+    """The reason of the first stage (pipeline order) whose status is in ``wanted``."""
+    for stage in sorted(stages, key=_order):
+        if stages[stage] in wanted and reasons.get(stage):
+            return reasons[stage]
+    return next((r for s, r in sorted(reasons.items(), key=lambda kv: _order(kv[0])) if r), None)
+
+
+def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
+             reasons: Mapping[Any, str | None] | None = None) -> Support:
+    """The support status of a row from its latest status (``results.queries.latest_status``, judged with
+    ``SUPPORT_REQUIRED``), its history (``row_history``, any order; other rows' entries are ignored) and the reasons
+    its latest run recorded per stage (:func:`row_reasons`)."""
+    if latest is None:
+        return Support(SupportStatus.NEVER_TESTED)
+    stages = _stages(latest)
+    why = {str(getattr(k, "value", k)): v for k, v in (reasons or {}).items()}
+    run = latest.run_id
+    if latest.standin:
+        return Support(SupportStatus.SKIPPED, reason=STANDIN_REASON, run_id=run)
+    if supported(latest.verdict):
+        direct = latest.route == DIRECT_ROUTE
+        return Support(SupportStatus.CHECKPOINT_DIRECT if direct else SupportStatus.L0_COVERED, run_id=run)
+    if latest.verdict in (Verdict.FAIL, Verdict.ERROR):
+        return Support(SupportStatus.FAILING, since_run=failing_since(latest, history),
+                       reason=_reason(stages, why, _FAILED), run_id=run)
+    if latest.verdict is Verdict.NOT_APPLICABLE:
+        return Support(SupportStatus.NOT_APPLICABLE, reason=_reason(stages, why, frozenset(stages.values())),
+                       run_id=run)
+    if ResultStatus.WAIVED.value in stages.values():
+        reason = _reason(stages, why, frozenset({ResultStatus.WAIVED.value}))
+        found = _WAIVED.search(reason or "")
+        until = dt.date.fromisoformat(found.group(1)) if found else None
+        return Support(SupportStatus.WAIVED, reason=reason, until=until, link=found.group(2) if found else None,
+                       run_id=run)
+    passed = {s for s, st in stages.items() if st == ResultStatus.PASS.value}
+    later = {st for s, st in stages.items() if s not in EXPORT_STAGES}
+    if Stage.EXPORT.value in passed and passed <= EXPORT_STAGES and later <= _NOT_RUN:
+        return Support(SupportStatus.IMPLEMENTED, run_id=run)
+    return Support(SupportStatus.SKIPPED, reason=_reason(stages, why, frozenset({ResultStatus.SKIPPED.value})),
+                   run_id=run)
+
+
+def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
+    """The reasons the row's latest run recorded, per stage (the first non-empty one of a stage's tests)."""
+    key = status.key
+    where = [Result.run_id == status.run_id, Result.model == key.model, Result.precision == key.precision,
+             Result.platform == key.platform, Result.job_toolchain == key.toolchain,
+             Result.chosen_versions.is_(None) if status.chosen_versions is None
+             else Result.chosen_versions == status.chosen_versions,
+             Result.variant == key.variant, Result.reason.is_not(None), Result.status != ResultStatus.PASS]
+    out: dict[str, str] = {}
+    for stage, reason in s.execute(select(Result.stage, Result.reason).where(*where).order_by(Result.id)):
+        if reason:
+            out.setdefault(str(getattr(stage, "value", stage)), reason)
+    return out
+
+
+def support_of(s: Session, status: RowStatus) -> Support:
+    """:func:`classify` of one row, reading its reasons and (when it fails) its history from the database."""
+    history: list[RowStatus] = []
+    if status.verdict in (Verdict.FAIL, Verdict.ERROR):
+        history = row_history(s, status.key.model, status.key.precision, status.key.platform,
+                              toolchain=status.key.toolchain, variant=status.key.variant)
+    return classify(status, history, row_reasons(s, status))

@@ -1,0 +1,111 @@
+"""results/support.py: every support status from a row's latest status, the failing-since streak, waivers' expiry
+and bug, and marks that no two statuses share."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from edgellm.types import Precision
+from results.models import ResultStatus
+from results.queries import RowKey, RowStatus, Verdict
+from results.support import Support, SupportStatus, classify, failing_since, support_of
+from stages import Stage
+
+KEY = RowKey("m", Precision("fp16"), "orin", "tensorrt-edgellm")
+PIPE = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY)
+
+
+def _status(run: int, verdict: Verdict, stages: dict[Stage, ResultStatus], *, route: str | None = None,
+            standin: bool = False, key: RowKey = KEY) -> RowStatus:
+    return RowStatus(key, run, verdict, stages, route=route, standin=standin)
+
+
+def _all(status: ResultStatus) -> dict[Stage, ResultStatus]:
+    return dict.fromkeys(PIPE, status)
+
+
+FAILED = {Stage.EXPORT: ResultStatus.PASS, Stage.BUILD: ResultStatus.FAIL, Stage.INFER: ResultStatus.SKIPPED,
+          Stage.ACCURACY: ResultStatus.SKIPPED}
+
+
+def test_marks_and_labels_are_distinct_and_never_blank() -> None:
+    marks = [s.mark for s in SupportStatus]
+    labels = [s.label for s in SupportStatus]
+    assert len(set(marks)) == len(marks) == 8 and len(set(labels)) == len(labels)
+    assert all(m.strip() and len(m.split()) == 1 for m in marks)
+    assert {s.value for s in SupportStatus} == {"l0_covered", "implemented", "checkpoint_direct", "failing",
+                                                "waived", "not_applicable", "skipped", "never_tested"}
+
+
+def test_every_status() -> None:
+    assert classify(None) == Support(SupportStatus.NEVER_TESTED)
+    assert classify(_status(3, Verdict.PASS, _all(ResultStatus.PASS))) == Support(SupportStatus.L0_COVERED, run_id=3)
+    assert classify(_status(3, Verdict.PASS, _all(ResultStatus.PASS), route="direct")).status \
+        is SupportStatus.CHECKPOINT_DIRECT
+    assert classify(_status(3, Verdict.PASS, _all(ResultStatus.PASS), route="direct, onnx")).status \
+        is SupportStatus.L0_COVERED
+    export_only = {Stage.QUANTIZE: ResultStatus.PASS, Stage.EXPORT: ResultStatus.PASS,
+                   Stage.BUILD: ResultStatus.SKIPPED, Stage.INFER: ResultStatus.SKIPPED}
+    assert classify(_status(3, Verdict.INCOMPLETE, export_only)).status is SupportStatus.IMPLEMENTED
+    built = {**export_only, Stage.BUILD: ResultStatus.PASS}
+    assert classify(_status(3, Verdict.INCOMPLETE, built)).status is SupportStatus.SKIPPED
+    na = classify(_status(3, Verdict.NOT_APPLICABLE, _all(ResultStatus.NOT_APPLICABLE)),
+                  reasons={"export": "fp8 needs SM89+"})
+    assert na == Support(SupportStatus.NOT_APPLICABLE, reason="fp8 needs SM89+", run_id=3)
+    skipped = classify(_status(3, Verdict.INCOMPLETE, _all(ResultStatus.SKIPPED)), reasons={"build": "no device"})
+    assert skipped.status is SupportStatus.SKIPPED and skipped.reason == "no device"
+    standin = classify(_status(3, Verdict.INCOMPLETE, _all(ResultStatus.PASS), standin=True))
+    assert standin.status is SupportStatus.SKIPPED and "stand-in" in (standin.reason or "")
+
+
+def test_waived_carries_its_expiry_and_bug() -> None:
+    reason = "waived until 2027-01-31 (https://bugs.example/issue/42)"
+    got = classify(_status(4, Verdict.INCOMPLETE, _all(ResultStatus.WAIVED)), reasons={Stage.EXPORT: reason})
+    assert got == Support(SupportStatus.WAIVED, reason=reason, until=dt.date(2027, 1, 31),
+                          link="https://bugs.example/issue/42", run_id=4)
+    bare = classify(_status(4, Verdict.INCOMPLETE, _all(ResultStatus.WAIVED)), reasons={"export": "known issue"})
+    assert bare.status is SupportStatus.WAIVED and bare.until is None and bare.link is None
+
+
+def test_failing_names_the_root_cause_and_the_start_of_its_streak() -> None:
+    reasons = {"build": "TensorRT: no kernel for head size 8", "infer": "skipped: build failed"}
+    history = [
+        _status(1, Verdict.FAIL, FAILED),
+        _status(2, Verdict.PASS, _all(ResultStatus.PASS)),  # ends the older streak
+        _status(3, Verdict.ERROR, FAILED),
+        _status(4, Verdict.INCOMPLETE, _all(ResultStatus.SKIPPED)),  # ran nothing: neither breaks nor extends
+        _status(5, Verdict.FAIL, FAILED),
+        _status(5, Verdict.PASS, _all(ResultStatus.PASS), key=RowKey("other", Precision("fp16"), "orin", "x")),
+    ]
+    latest = _status(6, Verdict.FAIL, FAILED)
+    got = classify(latest, [*history, latest], reasons)
+    assert got == Support(SupportStatus.FAILING, since_run=3, reason="TensorRT: no kernel for head size 8", run_id=6)
+    assert failing_since(latest, []) == 6
+    assert failing_since(latest, [_status(5, Verdict.INCOMPLETE, _all(ResultStatus.WAIVED))]) == 6
+
+
+def test_support_of_reads_reasons_and_history_from_the_database(tmp_path: Path) -> None:
+    from sqlalchemy.orm import Session
+
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.queries import latest_status
+    from results.recorder import Recorder
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    upgrade(engine)
+    rec = Recorder(engine)
+    for verdict in ("pass", "fail", "fail"):
+        run = rec.start_run("nightly", "schedule", "abc")
+        for stage in ("export", "build", "infer", "accuracy"):
+            status = "fail" if verdict == "fail" and stage == "infer" else "pass"
+            rec.record_result(run, model="m", precision="fp16", platform="orin", stage=stage, test_id="m-fp16",
+                              status=status, toolchain="tensorrt-edgellm", toolchain_version="0.11.0",
+                              reason="decode diverged" if status == "fail" else None)
+        rec.finish_run(run, "failed" if verdict == "fail" else "passed")
+    with Session(engine) as s:
+        (latest,) = latest_status(s)
+        got = support_of(s, latest)
+    engine.dispose()
+    assert got == Support(SupportStatus.FAILING, since_run=2, reason="decode diverged", run_id=3)
