@@ -16,6 +16,7 @@ from pathlib import Path
 from flows.docs_regressions import mark_html
 from flows.docs_render import (
     DIRECT_ONLY,
+    EDGE_LLM_PAGES,
     EXPORT_ONLY_MARK,
     SUPPORTED_MARK,
     CellKind,
@@ -189,6 +190,19 @@ def _inline_png(docs_dir: Path | None, name: str) -> str:
     return "data:image/png;base64," + base64.b64encode((docs_dir / name).read_bytes()).decode("ascii")
 
 
+def _see_also(docs_dir: Path | None) -> str:
+    """Links to the Edge-LLM-layout pages and to the published comparisons (the newest few by name)."""
+    from flows.compare import published_comparisons
+
+    e = html.escape
+    found = published_comparisons(docs_dir) if docs_dir is not None else []
+    newest = "".join(f" <a href='{e(c.html)}'>{e(c.title)}</a>;" for c in found[:5])
+    return ("<p id='see-also'>The same evidence in TensorRT Edge-LLM's own layout: "
+            f"<a href='{e(EDGE_LLM_PAGES[0])}'>supported models</a>, <a href='{e(EDGE_LLM_PAGES[1])}'>support "
+            f"matrix</a>. Toolchain versions, runs and commits compared: <a href='compare/index.html'>"
+            f"{len(found)} comparison(s)</a>{':' + newest.rstrip(';') if newest else ''}.</p>")
+
+
 def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
                 trends: Sequence[TrendImage] = (), docs_dir: Path | None = None) -> str:
     """The page; trend PNGs are read from ``docs_dir`` and inlined (no external assets)."""
@@ -208,6 +222,7 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
         f"<p>Generated {e(generated_at)} from the results database ({e(db_label)}). One table per platform; each "
         "cell is the latest evidence for that model and precision there. Hover a cell for its details, click it "
         "to pin them, click its link for the run's evidence.</p>",
+        _see_also(docs_dir),
         "<ul class='legend-text'>" + "".join(f"<li>{e(item)}</li>" for item in legend(rows)) + "</ul>",
         "<p class='legend'>" + "".join(
             f"<span style='background:{c};color:{'#333' if s in _DARK_TEXT else '#fff'}'>{e(s)}</span>"

@@ -280,6 +280,11 @@ def legend(rows: Sequence[MatrixRow]) -> tuple[str, ...]:
     return (*LEGEND, DIRECT_ONLY_LEGEND) if any(r.direct_only for r in rows) else LEGEND
 
 
+# pages beside this one (flows/docs_edgellm.py, flows/compare.py write them), relative to the docs dir
+EDGE_LLM_PAGES = ("edge-llm/supported-models.md", "edge-llm/support-matrix.md")
+COMPARE_INDEX = "compare/index.md"
+
+
 def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True) -> str:
     """One section per platform with a shown cell: its toolchain(s), then Model | Params | one column per precision
     tested there. ``links=False`` writes run numbers instead of links (for pages that do not sit beside runs/)."""
@@ -288,6 +293,9 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         "",
         f"Generated {generated_at} from the results database ({db_label}); do not edit by hand.",
         "",
+        *([f"The same evidence in TensorRT Edge-LLM's own layout: [supported models]({EDGE_LLM_PAGES[0]}) and "
+           f"[support matrix]({EDGE_LLM_PAGES[1]}); toolchain versions, runs and commits compared: "
+           f"[comparisons]({COMPARE_INDEX}).", ""] if links else []),
         "Legend:",
         "",
         *(f"- {item}" for item in legend(rows)),

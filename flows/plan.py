@@ -26,7 +26,7 @@ from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 from stages.job import job_key
-from stages.variant import PLAIN, Features
+from stages.variant import FEATURE_NAMES, PLAIN, Features
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
@@ -174,6 +174,7 @@ class _ListShare(BaseModel):
     name: str
     models: list[str] | None = None
     precisions: list[str] | None = None
+    variants: list[str] | None = None  # variant features (stages.variant.FEATURE_NAMES): its tests with one of them
 
 
 class _Matrix(_Block):
@@ -193,10 +194,12 @@ class ListShare:
     name: str
     models: frozenset[str] | None = None
     precisions: frozenset[Precision] | None = None
+    variants: frozenset[str] | None = None  # feature names: an entry with one of them (None: any entry)
 
     def takes(self, entry: TestEntry) -> bool:
         return ((self.models is None or entry.model in self.models)
-                and (self.precisions is None or entry.precision in self.precisions))
+                and (self.precisions is None or entry.precision in self.precisions)
+                and (self.variants is None or bool(self.variants & set(entry.features.names()))))
 
 
 @dataclass(frozen=True)
@@ -319,8 +322,13 @@ def load_matrix(path: Path, catalog: Catalog) -> Matrix:
                 precisions.add(Precision.parse(value, what="precision"))
             except ConfigurationError as exc:
                 problems.append(f"{path}: lists[{i}].precisions: {exc}")
+        for name in share.variants or []:
+            if name not in FEATURE_NAMES:
+                problems.append(f"{path}: lists[{i}].variants: unknown variant feature {name!r}; valid: "
+                                f"{', '.join(FEATURE_NAMES)}")
         lists.append(ListShare(share.name, None if share.models is None else frozenset(share.models),
-                               None if share.precisions is None else frozenset(precisions)))
+                               None if share.precisions is None else frozenset(precisions),
+                               None if share.variants is None else frozenset(share.variants)))
     versions = _versions(Path(path), m.toolchain_versions, problems)
     if m.quantize_on is not None:
         try:
