@@ -88,7 +88,9 @@ def test_golden_plans_keep_the_evidence_rules() -> None:
     gptq = [j for j in cpu if j["precision"] == "int4_gptq"]  # no CPU toolchain reads a GPTQ checkpoint: it says so
     assert gptq and all(j["decision"] == "not_applicable" and "edgellm's export reads no int4_gptq" in j["reason"]
                         for j in gptq)
-    cpu = [j for j in cpu if j not in gptq]
+    variant = [j for j in cpu if j["variant"]["key"]]  # no CPU toolchain runs a LoRA adapter: it says so
+    assert variant and all(j["decision"] == "not_applicable" and "does not run lora" in j["reason"] for j in variant)
+    cpu = [j for j in cpu if j not in gptq and j not in variant]
     assert all(j["decision"] == "run" and j["devices"] == ["local-cpu"] for j in cpu)
     assert {j["precision"] for j in cpu} >= {"int4_awq", "int8_sq"}
     exports = trt["list l0_checkpoint_export"]["jobs"]
