@@ -98,3 +98,37 @@ def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", str(tmp_path))  # no chromium on it
     with pytest.raises(pytest.fail.Exception, match=r"Chromium is missing.*install-system-deps\.sh"):
         chromium_binary()
+
+
+def test_comparison_and_edge_llm_pages_are_linked_from_the_matrix_and_render(tab: Tab, tmp_path: Path) -> None:
+    """Issue 23: the matrix links the Edge-LLM-layout pages and the published comparisons; a comparison's HTML page
+    renders offline in Chromium with its tables, its metric delta and a link back."""
+    from flows.compare import RunSide, build_comparison, publish
+    from results.db import make_engine
+
+    data, out = tmp_path / "data", tmp_path / "published"
+    url = build_docs_db(tmp_path / "edgefarm.db", data)
+    engine = make_engine(url)
+    try:
+        written = publish(build_comparison(engine, RunSide(1), RunSide(2), data_dir=data), out, db_label="SQLite")
+    finally:
+        engine.dispose()
+    write_docs(url, out, data)
+    page = next(p for p in written if p.name == "runs-1-vs-2.html")
+    html = page.read_text()
+    assert "src='http" not in html and "<link" not in html and "<script src" not in html  # nothing external
+    tab.goto(page.as_uri())
+    assert tab.js("document.querySelector('h1').textContent").startswith("Compare: run 1")
+    headings = tab.js("[...document.querySelectorAll('h2')].map(h => h.textContent)")
+    assert any(h.startswith("metric deltas") or "metric" in h.lower() for h in headings), headings
+    cells = tab.js("[...document.querySelectorAll('td')].map(td => td.textContent).join(' | ')")
+    assert "decode_tokens_per_s" in cells and "410" in cells and "436.5" in cells
+    tab.screenshot("compare-runs.png")
+    # from the matrix: the see-also paragraph links pages that exist, and the comparison by its title
+    tab.goto((out / "support-matrix.html").as_uri())
+    links = tab.js("[...document.querySelectorAll('#see-also a')].map(a => a.getAttribute('href'))")
+    assert links[:3] == ["edge-llm/supported-models.md", "edge-llm/support-matrix.md", "compare/index.html"]
+    assert "compare/runs-1-vs-2.html" in links
+    assert all((out / link).is_file() for link in links), links
+    tab.js("document.querySelector(\"#see-also a[href='compare/runs-1-vs-2.html']\").click()")
+    tab.wait_for("location.href.endsWith('compare/runs-1-vs-2.html')")
