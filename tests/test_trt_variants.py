@@ -238,12 +238,16 @@ def test_inserted_lora_outputs(exports: dict[str, Exported]) -> None:
     assert header["model.layers.0.mlp.down_proj.lora_B.weight"]["shape"] == [RANK, 64]  # [r, out]
 
 
-@pytest.mark.xfail(strict=True, reason="tensorrt-edgellm 0.11.0 (torch 2.13 exporter): fp16 linears "
-                   "export as MatMul nodes named node_linear_N, and insert-lora names a MatMul's LoRA inputs after "
-                   "its node ('ode_linear_3.lora_A.weight'; only a Gemm gets its module's name), never the modules "
-                   "process-lora writes ('model.layers.0.mlp.down_proj.lora_A.weight')")
-def test_inserted_lora_inputs_bind_to_the_processed_adapter(exports: dict[str, Exported]) -> None:
-    assert lora_binding_problems(exports["lora_inserted"].root) == []
+def test_inserted_lora_inputs_do_not_bind_to_the_processed_adapter_and_the_check_says_so(
+        exports: dict[str, Exported]) -> None:
+    """tensorrt-edgellm 0.11.0 (torch 2.13 exporter): fp16 linears export as MatMul nodes named node_linear_N, and
+    insert-lora names a MatMul's LoRA inputs after its node ('ode_linear_3.lora_A.weight'; only a Gemm gets its
+    module's name), never after the modules process-lora writes ('model.layers.0.mlp.down_proj.lora_A.weight'): the
+    binding check reports every adapter module, so the inserted row fails with that reason (a fixed exporter makes
+    this test fail: then the row passes and this test is turned around)."""
+    problems = lora_binding_problems(exports["lora_inserted"].root)
+    assert len(problems) == 1 and " have none (e.g. model.layers.0." in problems[0], problems
+    assert "the graph's LoRA stems are e.g. ode_linear" in problems[0], problems
 
 
 def test_export_wall_times(exports: dict[str, Exported]) -> None:
