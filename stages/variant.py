@@ -146,11 +146,12 @@ class Features:
         out += [f"components.{c.value}" for c in self.components if c is not Component.LLM]
         return out
 
-    def id_tokens(self) -> list[str]:
-        """Test-id tokens (letters, digits, '.', '_' only), after the KV-cache token."""
+    def id_tokens(self, self_model: str = "") -> list[str]:
+        """Test-id tokens (letters, digits, '.', '_' only), after the KV-cache token; ``self_model``: the row's own
+        model (an MTP base is its own pair, and the id does not repeat it)."""
         out = []
-        if (s := self.speculative) is not None:
-            out.append(f"{s.method.value}{s.role.value}")
+        if (s := self.speculative) is not None:  # a pair names its other half: two bases of one draft are two ids
+            out.append(f"{s.method.value}{s.role.value}" + ("" if s.pair == self_model else f".{_token(s.pair)}"))
         if (lo := self.lora) is not None:
             out.append(f"lora.{lo.mode.value}.r{lo.rank}.{_token(lo.adapter)}")
         if (rv := self.reduced_vocab) is not None:

@@ -70,7 +70,7 @@ class TestEntry:
             max_input_len=self.max_input_len,
             lm_head_precision=self.lm_head_precision,
             kv_cache_precision=self.kv_cache_precision,
-            features=self.features.id_tokens(),
+            features=self.features.id_tokens(self.model),
             case=self.case,
             toolchain_versions=self.versions_in_id,
             toolchain=self.toolchain,

@@ -72,8 +72,8 @@ def test_the_variant_list_plans_every_variant_as_its_own_row_with_the_eagle3_dra
         "spec=eagle3-base:tiny-llama-4l-eagle3", "spec=eagle3-draft:tiny-llama-4l",
         "lora=tiny-llama-lora-r4:r4:inserted", "lora=tiny-llama-lora-r4:r4:merged",
         "vocab=tiny-llama-vocab256:256", "fp8emb", "components=llm+visual"}
-    base_id = "tiny-llama-4l-fp16-mxsl256-mxbs2-mxil128-eagle3base"
-    draft = jobs["tiny-llama-4l-eagle3-fp16-mxsl256-mxbs2-mxil128-eagle3draft"]
+    base_id = "tiny-llama-4l-fp16-mxsl256-mxbs2-mxil128-eagle3base.tiny_llama_4l_eagle3"
+    draft = jobs["tiny-llama-4l-eagle3-fp16-mxsl256-mxbs2-mxil128-eagle3draft.tiny_llama_4l"]
     assert draft.entry.after == base_id and jobs[base_id].entry.after is None
     assert draft.entry.features.speculative == Speculative(SpecMethod.EAGLE3, SpecRole.DRAFT, "tiny-llama-4l")
     # what the run reads besides each row's checkpoint: the draft, the adapter, the vocabulary map
@@ -116,8 +116,8 @@ def test_a_draft_is_skipped_when_its_base_does_not_run(tmp_path: Path, trt_avail
     assert by["tiny-llama-4l"].decision is Decision.SKIPPED
     draft = by["tiny-llama-4l-eagle3"]
     assert draft.decision is Decision.SKIPPED
-    assert draft.reason.startswith("runs after tiny-llama-4l-fp16-mxsl256-mxbs2-mxil128-eagle3base@thor, which is "
-                                   "skipped: checkpoint not available")
+    assert draft.reason.startswith("runs after tiny-llama-4l-fp16-mxsl256-mxbs2-mxil128-eagle3base.tiny_llama_4l_eagle3"
+                                   "@thor, which is skipped: checkpoint not available")
 
 
 def test_variant_fields_are_checked_against_the_catalog_naming_the_bad_value(tmp_path: Path) -> None:
