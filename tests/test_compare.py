@@ -310,3 +310,13 @@ def test_a_variant_is_its_own_row(tmp_path: Path) -> None:
     assert data["slug"] == "runs-1-vs-2" and not data["gained"] and not data["lost"] and data["unchanged"] == 1
     [change] = data["status_changes"]
     assert change["row"]["variant"] == "kv=fp8" and change["verdict"] == ["pass", "fail"]
+
+
+def test_metric_globs_narrow_what_is_printed_not_what_is_published(db: str, tmp_path: Path) -> None:
+    sides = ("--toolchain", f"{TRT}==0.11.0", "--against", "==0.12.0")
+    data = _json(db, tmp_path, *sides, "--metric", "*/prefill_*")
+    assert {d["metric"] for d in data["metric_deltas"]} == {"prefill_tokens_per_s"}
+    page = next(Path(p) for p in data["pages"] if p.endswith(".md") and "index" not in p)
+    assert "decode_tokens_per_s" in page.read_text()  # the published page keeps every delta
+    code, _, stderr = _run(db, tmp_path, *sides, "--metric", "bench/nope*", "--no-publish")
+    assert code == 2 and "--metric 'bench/nope*' matches no metric delta; there are: " in " ".join(stderr.split())

@@ -61,6 +61,10 @@ def compare(
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="exit 1 when a row on both sides "
                                                                                   "went from pass to anything "
                                                                                   "else")] = False,
+    metric: Annotated[list[str] | None, typer.Option("--metric", help="print only the metric deltas whose "
+                                                                      "stage/metric matches this glob (repeatable, "
+                                                                      "e.g. 'bench/*'); the pages keep them all")
+                      ] = None,
     db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
@@ -86,6 +90,8 @@ def compare(
             engine.dispose()
         written = (publish_pages(comparison, settings.docs_dir, db_label=db_label(settings.db_url))
                    if publish else [])
+        if metric:
+            comparison = _only_metrics(comparison, metric)
     if fmt == "json":
         sys.stdout.write(json.dumps({**comparison.to_json(), "pages": [str(p) for p in written]}, indent=2) + "\n")
     else:
@@ -96,6 +102,23 @@ def compare(
         err.print(f"edgefarm compare: {len(comparison.regressions)} row(s) went from pass to something else",
                   markup=False)
         raise typer.Exit(1)
+
+
+def _only_metrics(c: Any, patterns: list[str]) -> Any:
+    """The comparison with only the metric deltas ``patterns`` match (``stage/metric`` globs); a pattern that
+    matches none is bad input naming the metrics there are."""
+    import dataclasses
+    import fnmatch
+
+    from edgellm.errors import ConfigurationError
+
+    names = sorted({f"{d.stage}/{d.metric}" for d in c.deltas})
+    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unmatched:
+        raise ConfigurationError(f"--metric {', '.join(map(repr, unmatched))} matches no metric delta; there are: "
+                                 f"{', '.join(names) or '(none)'}")
+    keep = [d for d in c.deltas if any(fnmatch.fnmatchcase(f"{d.stage}/{d.metric}", p) for p in patterns)]
+    return dataclasses.replace(c, deltas=keep)
 
 
 def _print(c: Any) -> None:
