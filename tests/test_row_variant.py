@@ -234,3 +234,37 @@ def test_the_logits_width_check_reads_the_runtime_config_of_a_reduced_vocabulary
         assert _io_problems(inputs, {"logits": ["rows", width]}, {**config, **extra}, 0) == []
         wrong = _io_problems(inputs, {"logits": ["rows", 512 if width != 512 else 256]}, {**config, **extra}, 0)
         assert wrong == [f"logits ['rows', {512 if width != 512 else 256}] does not end in vocab size {width}"]
+
+
+def test_the_catalogs_variant_parts_are_checked_and_a_path_part_says_what_it_is(tmp_path: Path) -> None:
+    """A synth_variant entry names what it writes (and a base when it is made for one, a rank for an adapter, a size
+    for a vocabulary); a path entry's role is read from its files: an adapter, a vocabulary map, an EAGLE3 draft."""
+    from edgellm.errors import ConfigurationError
+
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[1] / "test_lists" / "models.yml").read_text())
+    bad = {"a": {"synth_variant": {"writes": "medusa_heads"}},
+           "b": {"synth_variant": {"writes": "lora_adapter", "rank": 4}},
+           "c": {"base": "tiny-llama", "synth_variant": {"writes": "lora_adapter"}},
+           "d": {"base": "tiny-llama", "synth_variant": {"writes": "reduced_vocab", "size": 64, "rank": 2}}}
+    path = tmp_path / "models.yml"
+    path.write_text(yaml.safe_dump({"models": {**shipped["models"], **bad}}))
+    with pytest.raises(ConfigurationError) as caught:
+        Catalog.load(path)
+    text = " ".join(str(caught.value).split())
+    assert "model 'a' synth_variant: Value error, writes 'medusa_heads' is not one of eagle3_draft, lora_adapter, " \
+           "reduced_vocab, qwen2_5_vl" in text
+    assert "model 'b': Value error, synth_variant writes lora_adapter for the entry's base: give base" in text
+    assert "rank is given for writes: lora_adapter, and only for it" in text
+    adapter, vocab, draft = tmp_path / "adapter", tmp_path / "vocab", tmp_path / "draft"
+    for d in (adapter, vocab, draft):
+        d.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (vocab / "vocab_map.safetensors").write_bytes(b"")
+    (vocab / "reduced_vocab.json").write_text(json.dumps({"vocab_size": 512, "reduced_vocab_size": 128}))
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    path.write_text(yaml.safe_dump({"models": {**shipped["models"], "ad": {"path": str(adapter)},
+                                               "vo": {"path": str(vocab)}, "dr": {"path": str(draft)}}}))
+    catalog = Catalog.load(path)
+    assert [catalog.get(n).role for n in ("ad", "vo", "dr", "tiny-llama")] == [
+        "lora_adapter", "reduced_vocab", "eagle3_draft", "checkpoint"]
+    assert catalog.get("ad").lora_rank() == 8 and catalog.get("vo").vocab_size() == 128
