@@ -32,7 +32,7 @@ PIPELINE = ("export", "build", "infer", "accuracy")
 ORIN_ENV: dict[str, object] = {"where": "device", "device": "orin-1", "platform": "orin", "system": "Linux", "jetpack":
             {"version": "6.2.1", "source": "dpkg nvidia-jetpack"}, "l4t": {"release": "36.4.3"},
             "cuda": {"version": "12.6.68"}, "packages": {"tensorrt": "10.3.0.30-1+cuda12.5"}}
-WAIVER = "waived until 2027-01-31 (https://github.com/example/edgellm-farm/issues/7)"
+WAIVER = "waived until 2027-01-31 (https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/187)"
 DRAFT = "AngelSlim/Qwen3-0.6B_eagle3"
 BASE = "Qwen/Qwen3-0.6B"
 
@@ -151,7 +151,7 @@ def test_evidence_of_the_fixed_database(pages: dict[str, str]) -> None:
     assert "`thor` INT4_AWQ, tensorrt-edgellm 0.11.0: ◇ implemented (export verified only)" in qwen
     assert "FP8" not in qwen  # not applicable there: counted in the matrix, not listed
     assert "`thor` FP16, tensorrt-edgellm 0.11.0: ◆ checkpoint-direct only" in md
-    assert ("`x86-cpu` FP32: waived until 2027-01-31, [bug](https://github.com/example/edgellm-farm/issues/7)"
+    assert ("`x86-cpu` FP32: waived until 2027-01-31, [bug](https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/187)"
             in md)
     assert "**Pre-quantized:**\n\n- `tiny-qwen3-128-int4-awq` (INT4_AWQ checkpoint of `tiny-qwen3-128`)" in md
     assert "Llama-3.2-1B" not in md  # only failing evidence: not listed
@@ -181,7 +181,7 @@ EVIDENCE = [
     _ev("meta-llama/Llama-3.2-1B-Instruct", "fp16", "orin", SupportStatus.FAILING, since_run=1, reason="oom"),
     _ev("tiny-qwen3", "fp16", "thor", SupportStatus.CHECKPOINT_DIRECT),
     _ev("tiny-qwen3", "fp32", "x86-cpu", SupportStatus.WAIVED, made_by="edgellm-ort 0.1.0", reason=WAIVER,
-        until=dt.date(2027, 1, 31), link="https://github.com/example/edgellm-farm/issues/7"),
+        until=dt.date(2027, 1, 31), link="https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/187"),
     _ev("tiny-qwen3", "fp32", "x86-cpu", SupportStatus.SKIPPED, made_by="edgellm-ort 0.1.0",
         variant="components=llm+visual", reason="no visual encoder"),
     _ev("tiny-qwen3-128-int4-awq", "int4_awq", "x86-cpu", SupportStatus.L0_COVERED, made_by="edgellm-ort 0.1.0"),

@@ -145,9 +145,9 @@ def test_an_active_waiver_waives_and_an_expired_one_runs(farm_dirs: dict[str, Pa
         "defaults": defaults, "tests": [{"model": "stories260K", "precision": "fp32"},
                                         {"model": "stories260K", "precision": "fp16"}]}))
     (lists / "waivers.yml").write_text(yaml.safe_dump({"waivers": [
-        {"pattern": "stories260K-fp32-*", "platforms": ["x86-cpu"], "bug": "https://example.invalid/bugs/1",
+        {"pattern": "stories260K-fp32-*", "platforms": ["x86-cpu"], "bug": "https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/1",
          "expires": "2099-01-01", "reason": "active: known issue"},
-        {"pattern": "stories260K-fp16-*", "platforms": ["x86-cpu"], "bug": "https://example.invalid/bugs/2",
+        {"pattern": "stories260K-fp16-*", "platforms": ["x86-cpu"], "bug": "https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/2",
          "expires": "2020-01-01", "reason": "expired: must run again"},
     ]}))
     db = f"sqlite:///{tmp_path / 'waived.db'}"
@@ -161,7 +161,7 @@ def test_an_active_waiver_waives_and_an_expired_one_runs(farm_dirs: dict[str, Pa
     engine.dispose()
     assert {st: got[("fp32", st)].status.value for st in ("export", "build", "infer")} == {
         "export": "waived", "build": "waived", "infer": "waived"}
-    assert "bugs/1" in (got[("fp32", "infer")].reason or "")
+    assert "issues/1)" in (got[("fp32", "infer")].reason or "")
     assert not any(p == "fp32" for p, _ in tries)  # the waived job never ran
     assert {st: got[("fp16", st)].status.value for st in ("export", "build", "infer")} == {
         "export": "pass", "build": "pass", "infer": "pass"}  # the expired waiver waives nothing
