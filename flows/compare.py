@@ -1,7 +1,7 @@
 """What changed between two sides of the evidence: ``edgefarm compare`` (flows/cli/compare.py) and its pages.
 
 A *side* is one of:
-  - a toolchain version (:class:`ToolchainVersionSide`, ``tensorrt-edgellm==0.11.0``): per row, its latest published
+  - a toolchain version (:class:`ToolchainVersionSide`, ``some-toolchain==1.2.0``): per row, its latest published
     results made with that toolchain at that version: a run's results of the row whose ``Result.chosen_versions``
     names ``toolchain==version`` (a matrix's ``toolchain_versions``, several versions side by side in one run), or,
     where the run chose no version of that toolchain, whose stages made by that toolchain
@@ -108,7 +108,7 @@ def parse_toolchain_sides(toolchain: str, against: str) -> tuple[ToolchainVersio
     """``--toolchain NAME==A --against [NAME]==B`` as two sides; the errors name the bad value and what is valid."""
     name, sep, version_a = str(toolchain).partition("==")
     if not sep:
-        raise ConfigurationError(f"bad --toolchain {toolchain!r}: need NAME==VERSION (e.g. tensorrt-edgellm==0.11.0); "
+        raise ConfigurationError(f"bad --toolchain {toolchain!r}: need NAME==VERSION (e.g. some-toolchain==1.2.0); "
                                  f"toolchains: {', '.join(toolchains.names())}")
     name = toolchains.parse(name, what="toolchain")
     other, sep, version_b = str(against).partition("==")
@@ -144,7 +144,7 @@ def _slug_part(text: str) -> str:
 
 
 def comparison_slug(a: Side, b: Side) -> str:
-    """The pages' file name: ``tensorrt-edgellm-0.11.0-vs-0.12.0``, ``runs-3-vs-5``, ``commits-abc1234-vs-def5678``."""
+    """The pages' file name: ``some-toolchain-1.2.0-vs-1.3.0``, ``runs-3-vs-5``, ``commits-abc1234-vs-def5678``."""
     if isinstance(a, ToolchainVersionSide) and isinstance(b, ToolchainVersionSide):
         text = f"{_slug_part(a.toolchain)}-{_slug_part(a.version)}-vs-{_slug_part(b.version)}"
     elif isinstance(a, RunSide) and isinstance(b, RunSide):

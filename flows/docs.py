@@ -19,8 +19,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from flows.docs_edgellm import write_edgellm_pages
 from flows.docs_html import html_status, render_html
+from flows.docs_layout import write_layout_pages
 from flows.docs_regressions import RegressionMark
 from flows.docs_render import (
     MatrixRow,
@@ -39,6 +39,7 @@ from results.migrate import require_current
 from results.models import ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
 from results.queries import SUPPORT_REQUIRED, latest_status
 from results.regressions import published_regressions
+from toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
 BRINGUP_PAGES = 50  # the latest bring-ups get a run page (with their rungs and report) even without rows
@@ -216,12 +217,14 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
             if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
                 info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
             write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
-        # the same evidence in TensorRT Edge-LLM's own page layout (edge-llm/supported-models.md, support-matrix.md)
-        edge = write_edgellm_pages(engine, out_dir, generated_at=now, db_label=label, data_dir=data_dir)
+        # the same evidence in each toolchain's own page layout (<its directory>/supported-models.md, ...)
+        layout_pages = [page for layout in docs_layouts()
+                        for page in write_layout_pages(engine, out_dir, layout, generated_at=now, db_label=label,
+                                                       data_dir=data_dir)["pages"]]
     finally:
         engine.dispose()
     return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported(rows)),
-            "trend_images": [t.file for t in trends], "edge_llm_pages": edge["pages"]}
+            "trend_images": [t.file for t in trends], "layout_pages": layout_pages}
 
 
 def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:

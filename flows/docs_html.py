@@ -16,7 +16,6 @@ from pathlib import Path
 from flows.docs_regressions import mark_html
 from flows.docs_render import (
     DIRECT_ONLY,
-    EDGE_LLM_PAGES,
     EXPORT_ONLY_MARK,
     SUPPORTED_MARK,
     CellKind,
@@ -24,6 +23,7 @@ from flows.docs_render import (
     TrendImage,
     cell_kind,
     format_params,
+    layout_links,
     legend,
     metrics_text,
     platform_toolchains,
@@ -191,15 +191,15 @@ def _inline_png(docs_dir: Path | None, name: str) -> str:
 
 
 def _see_also(docs_dir: Path | None) -> str:
-    """Links to the Edge-LLM-layout pages and to the published comparisons (the newest few by name)."""
+    """Links to each toolchain's own page layout and to the published comparisons (the newest few by name)."""
     from flows.compare import published_comparisons
 
     e = html.escape
     found = published_comparisons(docs_dir) if docs_dir is not None else []
     newest = "".join(f" <a href='{e(c.html)}'>{e(c.title)}</a>;" for c in found[:5])
-    return ("<p id='see-also'>The same evidence in TensorRT Edge-LLM's own layout: "
-            f"<a href='{e(EDGE_LLM_PAGES[0])}'>supported models</a>, <a href='{e(EDGE_LLM_PAGES[1])}'>support "
-            f"matrix</a>. Toolchain versions, runs and commits compared: <a href='compare/index.html'>"
+    layouts = "".join(f"The same evidence in {e(product)}'s own layout: <a href='{e(models)}'>supported models</a>, "
+                      f"<a href='{e(matrix)}'>support matrix</a>. " for product, models, matrix in layout_links())
+    return (f"<p id='see-also'>{layouts}Toolchain versions, runs and commits compared: <a href='compare/index.html'>"
             f"{len(found)} comparison(s)</a>{':' + newest.rstrip(';') if newest else ''}.</p>")
 
 

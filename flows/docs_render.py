@@ -280,9 +280,17 @@ def legend(rows: Sequence[MatrixRow]) -> tuple[str, ...]:
     return (*LEGEND, DIRECT_ONLY_LEGEND) if any(r.direct_only for r in rows) else LEGEND
 
 
-# pages beside this one (flows/docs_edgellm.py, flows/compare.py write them), relative to the docs dir
-EDGE_LLM_PAGES = ("edge-llm/supported-models.md", "edge-llm/support-matrix.md")
+# pages beside this one (flows/compare.py writes them), relative to the docs dir
 COMPARE_INDEX = "compare/index.md"
+
+
+def layout_links() -> list[tuple[str, str, str]]:
+    """(product, supported-models page, support-matrix page) of each toolchain's own page layout
+    (``toolchains.base.docs_layouts``; flows/docs_layout.py writes them), relative to the docs dir."""
+    from toolchains.base import docs_layouts
+
+    return [(d.product, f"{d.directory}/supported-models.md", f"{d.directory}/support-matrix.md")
+            for d in docs_layouts()]
 
 
 def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True) -> str:
@@ -293,9 +301,10 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         "",
         f"Generated {generated_at} from the results database ({db_label}); do not edit by hand.",
         "",
-        *([f"The same evidence in TensorRT Edge-LLM's own layout: [supported models]({EDGE_LLM_PAGES[0]}) and "
-           f"[support matrix]({EDGE_LLM_PAGES[1]}); toolchain versions, runs and commits compared: "
-           f"[comparisons]({COMPARE_INDEX}).", ""] if links else []),
+        *([" ".join(f"The same evidence in {markdown_text(product)}'s own layout: [supported models]({models}) and "
+                    f"[support matrix]({matrix});" for product, models, matrix in layout_links())
+           + f" Toolchain versions, runs and commits compared: [comparisons]({COMPARE_INDEX}).", ""]
+          if links else []),
         "Legend:",
         "",
         *(f"- {item}" for item in legend(rows)),

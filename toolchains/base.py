@@ -24,7 +24,7 @@ import pkgutil
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,6 +306,20 @@ class NotApplicable(UnsupportedError):
     applicable, with the reason, rather than failed."""
 
 
+@dataclass(frozen=True)
+class DocsLayout:
+    """A toolchain's own documentation pages, which ``edgefarm docs`` writes from the farm's evidence in that
+    toolchain's layout (``flows/docs_layout.py``): checkpoints by family with original and pre-quantized lists and
+    draft tables, and a platform table. What is the toolchain's is named here; the renderer names no toolchain."""
+
+    directory: str  # under the docs dir, beside runs/
+    product: str  # how its pages name the toolchain
+    sdk_column: str  # the platform table's column of the runtime SDK the toolchain builds engines with
+    sdk_version: Callable[[Mapping[str, Any]], str | None]  # that SDK's version in a recorded device environment
+    official: str  # what its pages' level "Official" means
+    source: str  # where its layout was read
+
+
 class ToolchainDriver(ABC):
     """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce. ``data_dir``:
     the farm's data dir, where toolchains keep their environments (None where nothing asks for them). ``pins``:
@@ -346,6 +360,10 @@ class ToolchainDriver(ABC):
     def variant_problem(self, variant: Variant) -> str | None:
         """Why this toolchain cannot give the LM head and KV cache asked for at the variant's precision (None: it
         can, and they reach its export and build). The plan records such a combination as not applicable."""
+
+    def docs_layout(self) -> DocsLayout | None:
+        """Its own documentation pages' layout, when the farm writes them (None: only the farm's own pages)."""
+        return None
 
     # The variant features (stages.variant.FEATURE_NAMES) this toolchain's stages carry out, each reaching its real
     # flags; any other is refused with FEATURE_REASONS' reason (or a generic one). The plan records it not applicable.
@@ -732,6 +750,12 @@ def _discover() -> None:
             if info.name not in ("base",):
                 importlib.import_module(f"toolchains.{info.name}")
         _discovered = True
+
+
+def docs_layouts() -> list[DocsLayout]:
+    """The documentation layouts of the registered toolchains that declare one (:meth:`ToolchainDriver.docs_layout`),
+    by toolchain name."""
+    return [found for name in names() if (found := driver(name).docs_layout()) is not None]
 
 
 def names() -> list[str]:

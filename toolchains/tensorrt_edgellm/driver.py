@@ -35,6 +35,7 @@ from toolchains.base import (
     BenchRun,
     DeviceRequirements,
     DeviceStep,
+    DocsLayout,
     EngineCheck,
     Environment,
     LayerExport,
@@ -160,6 +161,12 @@ class TensorrtEdgellm(ToolchainDriver):
     name = TOOLCHAIN
     pinned = PINNED_VERSION
     needs_gpu = True
+    def docs_layout(self) -> DocsLayout:
+        """Its own pages' layout (supported models by family, the platform table): pages.py."""
+        from toolchains.tensorrt_edgellm.pages import LAYOUT
+
+        return LAYOUT
+
     # the variant features its exporter and LoRA tools carry out, and why it refuses the others (variants.py)
     FEATURES: ClassVar[frozenset[str]] = variants.FEATURES
     FEATURE_REASONS: ClassVar[Mapping[str, str]] = variants.FEATURE_REASONS

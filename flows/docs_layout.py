@@ -1,15 +1,16 @@
-"""TensorRT Edge-LLM's own page layouts, generated from evidence only: ``edge-llm/supported-models.md`` and
-``edge-llm/support-matrix.md`` under the docs output dir.
+"""A toolchain's own page layouts (``toolchains.base.DocsLayout``: the toolchain names its product, its pages'
+directory and its runtime SDK), generated from evidence only: ``<directory>/supported-models.md`` and
+``<directory>/support-matrix.md`` under the docs output dir.
 
-NVIDIA's 0.11.0 pages (docs/source/user_guide/getting_started/) give the layout: supported-models lists checkpoint
-ids per family in ``<details>`` blocks (a ``model_type`` line, **Original:** and **Pre-quantized:** bullet lists,
-Hugging Face links) and the speculative drafts in ``| Draft checkpoint | Base model |`` tables; support-matrix has one
-``## Platforms`` table of 7 columns. Here a checkpoint is listed only where a row of it is L0 covered, checkpoint-
-direct or implemented (export verified only), and each id is followed by its evidence, with the status vocabulary of
-``results/support.py``. What NVIDIA's pages do not have is marked as an extension: the evidence lines and status
-columns, sections for LoRA, reduced-vocabulary, FP8-embedding and multimodal-component rows, and the coverage table.
+The layout: supported-models lists checkpoint ids per family in ``<details>`` blocks (a ``model_type`` line,
+**Original:** and **Pre-quantized:** bullet lists, Hugging Face links) and the speculative drafts in
+``| Draft checkpoint | Base model |`` tables; support-matrix has one ``## Platforms`` table of 7 columns. Here a
+checkpoint is listed only where a row of it is L0 covered, checkpoint-direct or implemented (export verified only),
+and each id is followed by its evidence, with the status vocabulary of ``results/support.py``. What the toolchain's
+pages do not have is marked as an extension: the evidence lines and status columns, sections for LoRA,
+reduced-vocabulary, FP8-embedding and multimodal-component rows, and the coverage table.
 
-:func:`write_edgellm_pages` reads the database; :func:`render_supported_models` and :func:`render_support_matrix`
+:func:`write_layout_pages` reads the database; :func:`render_supported_models` and :func:`render_support_matrix`
 are pure functions of plain dataclasses. Every name and reason is escaped (``flows.escape``) and scrubbed of hosts
 and paths (``flows.docs_render.scrub``).
 """
@@ -37,10 +38,10 @@ from results.models import Environment, Result, Run
 from results.queries import SUPPORT_REQUIRED, latest_status
 from results.support import Support, SupportStatus, support_of
 from stages.variant import describe
+from toolchains.base import DocsLayout
 
 log = logging.getLogger(__name__)
-PAGES_DIR = "edge-llm"  # under the docs output dir, beside runs/
-RUN_PAGE = "../runs/run-{}.md"  # a run's evidence page, from PAGES_DIR
+RUN_PAGE = "../runs/run-{}.md"  # a run's evidence page, from the layout's directory (beside runs/)
 NOT_RECORDED = "not recorded"
 # model_type -> the family's name on the page, in NVIDIA's order; another model_type shows as itself, after these
 FAMILY_NAMES: dict[str, str] = {
@@ -97,11 +98,11 @@ class PlatformInfo:
     level: str
     os_sdk: str = NOT_RECORDED
     cuda: str = NOT_RECORDED
-    tensorrt: str = NOT_RECORDED
+    sdk: str = NOT_RECORDED  # the layout's runtime SDK version
     build_location: str = "Device"
     precision_constraint: str = ""
     precisions: tuple[str, ...] = ()
-    environment_run: int | None = None  # the run whose device environment gave OS / CUDA / TensorRT
+    environment_run: int | None = None  # the run whose device environment gave OS / CUDA / the SDK
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------
@@ -235,8 +236,8 @@ def _checkpoint_block(name: str, info: CheckpointInfo, rows: Sequence[Evidence])
 
 
 def render_supported_models(evidence: Sequence[Evidence], checkpoints: Mapping[str, CheckpointInfo], *,
-                            generated_at: str, db_label: str) -> str:
-    """supported-models.md in TensorRT Edge-LLM's layout, from evidence rows and what is known of each checkpoint
+                            generated_at: str, db_label: str, layout: DocsLayout) -> str:
+    """supported-models.md in the toolchain's layout, from evidence rows and what is known of each checkpoint
     (``checkpoints``: by model name; a model missing there is a float checkpoint of unknown family)."""
     by_section: dict[str, dict[str, list[Evidence]]] = defaultdict(lambda: defaultdict(list))
     for ev in evidence:
@@ -249,7 +250,7 @@ def render_supported_models(evidence: Sequence[Evidence], checkpoints: Mapping[s
         "",
         "A checkpoint is listed only where the farm's evidence shows one of its rows L0 covered, checkpoint-direct or "
         "implemented (export verified only); each id is followed by its evidence per platform and precision "
-        "(extension: TensorRT Edge-LLM's page lists ids only).",
+        f"(extension: {markdown_text(layout.product)}'s page lists ids only).",
         "",
         "## Evidence Legend (extension)",
         "",
@@ -341,8 +342,8 @@ def coverage(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence]) ->
 
 
 def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence], *, generated_at: str,
-                          db_label: str) -> str:
-    """support-matrix.md in TensorRT Edge-LLM's layout: ``## Platforms`` with NVIDIA's 7 columns, one row per
+                          db_label: str, layout: DocsLayout) -> str:
+    """support-matrix.md in the toolchain's layout: ``## Platforms`` with its 7 columns, one row per
     device type, then the coverage of each platform by status (extension)."""
     lines = [
         "# Support Matrix",
@@ -352,19 +353,20 @@ def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[
         "",
         "## Platforms",
         "",
-        "| Platform | Level | OS / SDK | CUDA Toolkit | TensorRT | Build location | Precision constraint |",
+        f"| Platform | Level | OS / SDK | CUDA Toolkit | {markdown_text(layout.sdk_column)} | Build location | "
+        "Precision constraint |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in platforms:
-        cells = (f"{markdown_text(p.description)} ({_code(p.name)})", p.level, p.os_sdk, p.cuda, p.tensorrt,
+        cells = (f"{markdown_text(p.description)} ({_code(p.name)})", p.level, p.os_sdk, p.cuda, p.sdk,
                  p.build_location, p.precision_constraint)
         lines.append("| " + " | ".join(markdown_text(c) if i else c for i, c in enumerate(cells)) + " |")
     recorded = [f"{_code(p.name)} (run {p.environment_run})" for p in platforms if p.environment_run is not None]
     lines += [
         "",
-        "`Official`: a Jetson device type (aarch64 with an integrated GPU), the deployment target TensorRT Edge-LLM "
-        "is released for. `Developer`: an x86-64 machine (a discrete GPU or the CPU), for development and "
-        "validation. OS / SDK, CUDA Toolkit and TensorRT are what the latest device environment recorded on the "
+        f"`Official`: {markdown_text(layout.official)}. `Developer`: an x86-64 machine (a discrete GPU or the CPU), "
+        f"for development and validation. OS / SDK, CUDA Toolkit and {markdown_text(layout.sdk_column)} are what "
+        "the latest device environment recorded on the "
         f"platform reported ({', '.join(recorded) if recorded else 'none recorded yet'}); precision constraint: the "
         "precisions its device type declares.",
         "",
@@ -454,8 +456,8 @@ def checkpoint_info(names: Iterable[str], data_dir: Path | None = None) -> dict[
 
 
 def level(dtype: DeviceType) -> str:
-    """Official for a Jetson (aarch64 with a GPU: what TensorRT Edge-LLM is released for), Developer for an x86-64
-    machine (a discrete GPU or the CPU): NVIDIA's own matrix rates x86-64 Linux GPUs "Developer"."""
+    """Official for a Jetson (aarch64 with a GPU: what edge toolchains are released for), Developer for an x86-64
+    machine (a discrete GPU or the CPU), as the vendor's own matrix rates x86-64 Linux GPUs."""
     return "Official" if dtype.arch is Arch.AARCH64 and dtype.sm is not None else "Developer"
 
 
@@ -465,27 +467,8 @@ def _version(value: Any) -> str | None:
     return str(value) if value else None
 
 
-def _tensorrt(data: Mapping[str, Any]) -> str | None:
-    """TensorRT's version in a device environment: its dpkg packages (JetPack's tensorrt / libnvinfer*), else the
-    versioned libnvinfer the toolchain's probe found."""
-    found = data.get("toolchain")
-    toolchain: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    for packages in (data.get("packages"), toolchain.get("packages")):
-        if isinstance(packages, Mapping):
-            for name in sorted(packages, key=lambda n: (n != "tensorrt", n)):
-                if (name == "tensorrt" or name.startswith("libnvinfer")) and packages[name]:
-                    return re.split(r"[-+~]", str(packages[name]))[0]
-    libs = toolchain.get("libs")
-    if isinstance(libs, Mapping):
-        for lib in libs.values():
-            found = re.search(r"libnvinfer\.so\.(\d+(?:\.\d+)+)", str(lib))
-            if found:
-                return found.group(1)
-    return None
-
-
-def environment_cells(data: Mapping[str, Any]) -> tuple[str, str, str]:
-    """OS / SDK, CUDA Toolkit and TensorRT of a device environment (``tasks.environment.device_record``)."""
+def environment_cells(data: Mapping[str, Any], layout: DocsLayout) -> tuple[str, str, str]:
+    """OS / SDK, CUDA Toolkit and the layout's SDK of a device environment (``tasks.environment.device_record``)."""
     jetpack, l4t = _version(data.get("jetpack")), None
     if isinstance(data.get("l4t"), Mapping):
         l4t = data["l4t"].get("release")
@@ -496,7 +479,7 @@ def environment_cells(data: Mapping[str, Any]) -> tuple[str, str, str]:
     else:
         os_sdk = " ".join(str(x) for x in (data.get("system"), f"({data['libc']})" if data.get("libc") else None)
                           if x) or NOT_RECORDED
-    return (_plain(os_sdk), _plain(_version(data.get("cuda"))), _plain(_tensorrt(data)))
+    return (_plain(os_sdk), _plain(_version(data.get("cuda"))), _plain(layout.sdk_version(data)))
 
 
 _VERSIONISH = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .+~()_-]{0,60}\Z")
@@ -528,7 +511,7 @@ def device_environments(s: Session) -> dict[str, tuple[int, dict[str, Any]]]:
     return out
 
 
-def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]],
+def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], layout: DocsLayout,
                    device_types: Mapping[str, DeviceType] = DEVICE_TYPES) -> list[PlatformInfo]:
     """One platform per device type (devices/types), in NVIDIA's order: Official ones first, then by name."""
     out = []
@@ -537,29 +520,30 @@ def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]],
         run, cells = None, (NOT_RECORDED, NOT_RECORDED, NOT_RECORDED)
         if name in environments:
             run, data = environments[name]
-            cells = environment_cells(data)
+            cells = environment_cells(data, layout)
         out.append(PlatformInfo(
             name=name, description=dtype.description, level=level(dtype), os_sdk=cells[0], cuda=cells[1],
-            tensorrt=cells[2], build_location="Device" if dtype.arch is Arch.AARCH64 else "Workstation",
+            sdk=cells[2], build_location="Device" if dtype.arch is Arch.AARCH64 else "Workstation",
             precision_constraint=", ".join(p.upper() for p in precisions) + " only", precisions=precisions,
             environment_run=run))
     return sorted(out, key=lambda p: (p.level != "Official", p.name))
 
 
-def write_edgellm_pages(engine_or_session: Engine | Session, out_dir: Path, *, generated_at: str, db_label: str,
-                        data_dir: Path | None) -> dict[str, Any]:
-    """Write ``<out_dir>/edge-llm/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs output
-    dir, whose ``runs/`` pages they link)."""
+def write_layout_pages(engine_or_session: Engine | Session, out_dir: Path, layout: DocsLayout, *, generated_at: str,
+                       db_label: str, data_dir: Path | None) -> dict[str, Any]:
+    """Write ``<out_dir>/<layout.directory>/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs
+    output dir, whose ``runs/`` pages they link)."""
     with _session(engine_or_session) as s:
         evidence = collect_evidence(s, data_dir)
         environments = device_environments(s)
     checkpoints = checkpoint_info({ev.model for ev in evidence} | {b for ev in evidence
                                                                    if (b := draft_base(ev.variant))}, data_dir)
-    platforms = platform_infos(environments)
-    pages = out_dir / PAGES_DIR
-    models = render_supported_models(evidence, checkpoints, generated_at=generated_at, db_label=db_label)
+    platforms = platform_infos(environments, layout)
+    pages = out_dir / layout.directory
+    models = render_supported_models(evidence, checkpoints, generated_at=generated_at, db_label=db_label,
+                                     layout=layout)
     write_atomic(pages / "supported-models.md", models)
-    write_atomic(pages / "support-matrix.md",
-                 render_support_matrix(platforms, evidence, generated_at=generated_at, db_label=db_label))
-    return {"pages": [f"{PAGES_DIR}/supported-models.md", f"{PAGES_DIR}/support-matrix.md"],
+    write_atomic(pages / "support-matrix.md", render_support_matrix(platforms, evidence, generated_at=generated_at,
+                                                                    db_label=db_label, layout=layout))
+    return {"pages": [f"{layout.directory}/supported-models.md", f"{layout.directory}/support-matrix.md"],
             "rows": len(evidence), "listed_rows": sum(ev.support.status.listed for ev in evidence)}

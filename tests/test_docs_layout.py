@@ -1,7 +1,8 @@
-"""TensorRT Edge-LLM's own page layouts from evidence (flows/docs_edgellm.py): golden pages of a fixed database and
+"""A toolchain's own page layout from evidence (flows/docs_layout.py), here TensorRT Edge-LLM's (its driver's
+docs_layout): golden pages of a fixed database and
 of fixed evidence rows, hostile names that keep the Markdown structure, and a checkpoint with only failing evidence
 that is never listed. Regenerate the golden files after an intended change with
-``EDGEFARM_UPDATE_GOLDEN=1 pytest tests/test_docs_edgellm.py`` and review the diff of ``tests/golden/edge-llm/``."""
+``EDGEFARM_UPDATE_GOLDEN=1 pytest tests/test_docs_layout.py`` and review the diff of ``tests/golden/edge-llm/``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.docs_edgellm import (
+from flows.docs_layout import (
     CheckpointInfo,
     Evidence,
     PlatformInfo,
@@ -20,10 +21,14 @@ from flows.docs_edgellm import (
     coverage,
     render_support_matrix,
     render_supported_models,
-    write_edgellm_pages,
+    write_layout_pages,
 )
 from results.recorder import Recorder
 from results.support import Support, SupportStatus
+from toolchains.base import driver
+
+LAYOUT = driver("tensorrt-edgellm").docs_layout()
+assert LAYOUT is not None
 
 GOLDEN = Path(__file__).parent / "golden" / "edge-llm"
 TRT = ("tensorrt-edgellm", "0.11.0")
@@ -118,7 +123,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     old = os.environ.get("EDGEFARM_MODELS_DIR")
     os.environ["EDGEFARM_MODELS_DIR"] = str(root / "models")
     try:
-        summary = write_edgellm_pages(engine, root / "docs", generated_at="2026-12-01T04:00:00+00:00",
+        summary = write_layout_pages(engine, root / "docs", LAYOUT, generated_at="2026-12-01T04:00:00+00:00",
                                       db_label="SQLite", data_dir=root / "data")
     finally:
         engine.dispose()
@@ -210,8 +215,9 @@ PLATFORMS = [
 
 
 def test_pages_of_fixed_evidence_match_the_golden_files() -> None:
-    md = render_supported_models(EVIDENCE, CHECKPOINTS, generated_at="2026-12-01T04:00:00+00:00", db_label="SQLite")
-    matrix = render_support_matrix(PLATFORMS, EVIDENCE, generated_at="2026-12-01T04:00:00+00:00", db_label="SQLite")
+    when = "2026-12-01T04:00:00+00:00"
+    md = render_supported_models(EVIDENCE, CHECKPOINTS, generated_at=when, db_label="SQLite", layout=LAYOUT)
+    matrix = render_support_matrix(PLATFORMS, EVIDENCE, generated_at=when, db_label="SQLite", layout=LAYOUT)
     _check("supported-models.md", md)
     _check("support-matrix.md", matrix)
     assert "| Draft checkpoint | Base model | Evidence (extension) |" in md
@@ -238,10 +244,10 @@ def test_a_checkpoint_with_only_failing_evidence_is_not_listed() -> None:
             _ev("org/broken", "fp16", "thor", SupportStatus.WAIVED, until=dt.date(2027, 1, 1)),
             _ev("org/broken", "fp8", "orin", SupportStatus.NOT_APPLICABLE),
             _ev("org/broken", "fp16", "x86-cpu", SupportStatus.SKIPPED)]
-    md = render_supported_models(rows, {}, generated_at="t", db_label="SQLite")
+    md = render_supported_models(rows, {}, generated_at="t", db_label="SQLite", layout=LAYOUT)
     assert "broken" not in md and "No checkpoint has passing or export evidence yet." in md
     listed = render_supported_models([*rows, _ev("org/broken", "int4_awq", "thor", SupportStatus.IMPLEMENTED)], {},
-                                     generated_at="t", db_label="SQLite")
+                                     generated_at="t", db_label="SQLite", layout=LAYOUT)
     assert "[org/broken](https://huggingface.co/org/broken)" in listed and "✗ failing since run 1" in listed
 
 
@@ -271,13 +277,13 @@ def test_hostile_names_keep_the_markdown_structure() -> None:
                for e in plain]
     info = {HOSTILE: CheckpointInfo(HOSTILE, HOSTILE, "int4_awq", HOSTILE)}
     want = render_supported_models(plain, {"org/model": CheckpointInfo("org/model", HOSTILE, "int4_awq", "b")},
-                                   generated_at="t", db_label="x")
-    got = render_supported_models(hostile, info, generated_at="t", db_label="x")
+                                   generated_at="t", db_label="x", layout=LAYOUT)
+    got = render_supported_models(hostile, info, generated_at="t", db_label="x", layout=LAYOUT)
     assert _structure(got) == _structure(want)
     assert not _RAW_TAG.search(got) and "](http://e" not in got and "\n## Injected" not in got
     assert "&lt;script&gt;" in got  # the family name inside <summary> is HTML-escaped
     platforms = [PlatformInfo(HOSTILE, HOSTILE, "Official", HOSTILE, HOSTILE, HOSTILE, "Device", HOSTILE)]
-    matrix = render_support_matrix(platforms, hostile, generated_at=HOSTILE, db_label=HOSTILE)
+    matrix = render_support_matrix(platforms, hostile, generated_at=HOSTILE, db_label=HOSTILE, layout=LAYOUT)
     rows = [line for line in matrix.splitlines() if line.startswith("|")]
     assert len({len(_PIPE.findall(line)) for line in rows[:3]}) == 1
     assert not _RAW_TAG.search(matrix) and "\n## Injected" not in matrix
