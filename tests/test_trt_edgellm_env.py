@@ -15,6 +15,7 @@ from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.types import Precision
 from flows.cli import app
+from stages.variant import PLAIN
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
 from toolchains.tensorrt_edgellm.env import (
     _relocate,
@@ -142,6 +143,7 @@ def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_p
     class _Entry:
         model, precision, test_id, max_seq_len, max_batch_size, max_input_len = "m", Precision.FP8, "t", 64, 1, 32
         stages, timeouts, lm_head_precision, kv_cache_precision, toolchain_versions = ("quantize",), {}, None, None, ()
+        features, after = PLAIN, None
 
     class _Job:
         entry, platform, toolchain = _Entry(), "thor", "tensorrt-edgellm"
