@@ -6,7 +6,8 @@ The layout: supported-models lists checkpoint ids per family in ``<details>`` bl
 **Original:** and **Pre-quantized:** bullet lists, Hugging Face links) and the speculative drafts in
 ``| Draft checkpoint | Base model |`` tables; support-matrix has one ``## Platforms`` table of 7 columns. Here a
 checkpoint is listed only where a row of it is L0 covered, checkpoint-direct or implemented (export verified only),
-and each id is followed by its evidence, with the status vocabulary of ``results/support.py``. What the toolchain's
+and each id is followed by its evidence, with the status vocabulary of ``results/support.py``; only the rows whose
+jobs ran with the layout's toolchain are its evidence. What the toolchain's
 pages do not have is marked as an extension: the evidence lines and status columns, sections for LoRA,
 reduced-vocabulary, FP8-embedding and multimodal-component rows, and the coverage table.
 
@@ -392,10 +393,11 @@ def _session(db: Engine | Session) -> Iterator[Session]:
             yield s
 
 
-def collect_evidence(s: Session, data_dir: Path | None = None) -> list[Evidence]:
-    """Every row's support status in its latest run (reasons scrubbed of hosts and paths)."""
+def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None) -> list[Evidence]:
+    """Every row's support status in its latest run (reasons scrubbed of hosts and paths); ``toolchain``: only the
+    rows whose jobs ran with it (a toolchain's own pages never list what another toolchain proved)."""
     out = []
-    for st in latest_status(s, required=SUPPORT_REQUIRED):
+    for st in latest_status(s, required=SUPPORT_REQUIRED, toolchain=toolchain):
         support = support_of(s, st)
         support = replace(support, reason=scrub(support.reason, data_dir))
         made_by = " ".join(x for x in (st.toolchain, st.toolchain_version) if x) or None
@@ -534,7 +536,7 @@ def write_layout_pages(engine_or_session: Engine | Session, out_dir: Path, layou
     """Write ``<out_dir>/<layout.directory>/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs
     output dir, whose ``runs/`` pages they link)."""
     with _session(engine_or_session) as s:
-        evidence = collect_evidence(s, data_dir)
+        evidence = collect_evidence(s, data_dir, layout.toolchain)
         environments = device_environments(s)
     checkpoints = checkpoint_info({ev.model for ev in evidence} | {b for ev in evidence
                                                                    if (b := draft_base(ev.variant))}, data_dir)

@@ -312,6 +312,7 @@ class DocsLayout:
     toolchain's layout (``flows/docs_layout.py``): checkpoints by family with original and pre-quantized lists and
     draft tables, and a platform table. What is the toolchain's is named here; the renderer names no toolchain."""
 
+    toolchain: str  # the toolchain whose rows its pages show (a row another toolchain proved is not its evidence)
     directory: str  # under the docs dir, beside runs/
     product: str  # how its pages name the toolchain
     sdk_column: str  # the platform table's column of the runtime SDK the toolchain builds engines with

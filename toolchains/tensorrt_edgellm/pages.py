@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolchains.base import DocsLayout
+from toolchains.tensorrt_edgellm import TOOLCHAIN
 
 
 def tensorrt_version(data: Mapping[str, Any]) -> str | None:
@@ -32,6 +33,7 @@ def tensorrt_version(data: Mapping[str, Any]) -> str | None:
 
 
 LAYOUT = DocsLayout(
+    toolchain=TOOLCHAIN,
     directory="edge-llm",
     product="TensorRT Edge-LLM",
     sdk_column="TensorRT",
