@@ -139,21 +139,18 @@ class ModelSource:
 
     def lora_rank(self) -> int | None:
         """A LoRA adapter's rank (its entry's, else its adapter_config.json's r); None when unknown here."""
-        if self.kind == "synth_variant":
-            return self.spec.get("rank")
-        try:
-            config = json.loads((self._path_dir() / "adapter_config.json").read_text(encoding="utf-8"))
-            return int(config["r"])
-        except (ConfigurationError, OSError, ValueError, KeyError, TypeError):
-            return None
+        return self._part_number("rank", "adapter_config.json", "r")
 
     def vocab_size(self) -> int | None:
         """A reduced vocabulary's size (its entry's, else its reduced_vocab.json's); None when unknown here."""
+        return self._part_number("size", "reduced_vocab.json", "reduced_vocab_size")
+
+    def _part_number(self, spec_key: str, file: str, key: str) -> int | None:
+        """A variant part's number: a synth_variant entry's ``spec_key``, else ``key`` of its directory's ``file``."""
         if self.kind == "synth_variant":
-            return self.spec.get("size")
+            return self.spec.get(spec_key)
         try:
-            info = json.loads((self._path_dir() / "reduced_vocab.json").read_text(encoding="utf-8"))
-            return int(info["reduced_vocab_size"])
+            return int(json.loads((self._path_dir() / file).read_text(encoding="utf-8"))[key])
         except (ConfigurationError, OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -212,14 +209,18 @@ class ModelSource:
         found = self.quantization()
         return None if found is None or not found.is_quantized else Precision(found.method.value)
 
-    def _path(self) -> Path:
+    def _expanded(self) -> Path:
+        """A path entry's path with its ``${VAR}`` expanded (ConfigurationError naming an unset one)."""
         raw = self.spec["path"]
         missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
         if missing:
             raise ConfigurationError(
                 f"model {self.name!r}: checkpoint path {raw!r} needs environment variable(s) {', '.join(missing)}"
             )
-        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+        return Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+
+    def _path(self) -> Path:
+        path = self._expanded()
         if not (path / "config.json").is_file():
             raise ConfigurationError(f"model {self.name!r}: no checkpoint at {path} (config.json not found)")
         return path
@@ -273,12 +274,7 @@ class ModelSource:
 
     def _path_dir(self) -> Path:
         """A path entry's directory, whatever it holds (an adapter or vocabulary has no config.json)."""
-        raw = self.spec["path"]
-        missing = [v for v in _ENV_REF.findall(raw) if not os.environ.get(v)]
-        if missing:
-            raise ConfigurationError(f"model {self.name!r}: path {raw!r} needs environment variable(s) "
-                                     f"{', '.join(missing)}")
-        path = Path(_ENV_REF.sub(lambda m: os.environ[m.group(1)], raw)).expanduser()
+        path = self._expanded()
         if not path.is_dir():
             raise ConfigurationError(f"model {self.name!r}: no directory {path}")
         return path
