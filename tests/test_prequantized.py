@@ -29,6 +29,7 @@ from flows.plan import Decision, plan_matrix
 from stages.job import CheckpointRef, JobSpec
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
+from tests.helpers.toolchain_env import driver_replaced
 from toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,13 +230,8 @@ def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "stand-in"
 
-    registry = toolchains.Registry[type[toolchains.ToolchainDriver]]("toolchain")
-    for name in toolchains.names():
-        registry.add(name, StandIn if name == "tensorrt-edgellm" else toolchains.driver_class(name))
-    monkeypatch.setattr(toolchains, "_DRIVERS", registry)
-    toolchains._instances.cache_clear()
-    yield
-    toolchains._instances.cache_clear()
+    with driver_replaced(monkeypatch, "tensorrt-edgellm", StandIn):
+        yield
 
 
 @pytest.mark.usefixtures("standin_trt")

@@ -26,6 +26,7 @@ from results.recorder import Recorder
 from stages.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
+from tests.helpers.toolchain_env import driver_replaced
 from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
 T0 = "2026-12-01 00:00:00"
@@ -51,13 +52,8 @@ def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "0.11.0"
 
-    registry = base.Registry[type[base.ToolchainDriver]]("toolchain")
-    for name in base.names():
-        registry.add(name, Installed if name == "tensorrt-edgellm" else base.driver_class(name))
-    monkeypatch.setattr(base, "_DRIVERS", registry)
-    base._instances.cache_clear()
-    yield
-    base._instances.cache_clear()
+    with driver_replaced(monkeypatch, "tensorrt-edgellm", Installed):
+        yield
 
 
 # -- the test list and the plan --------------------------------------------------------------------------------------
