@@ -9,8 +9,11 @@ timeout instead of failing with a lock upgrade deadlock); readers use a plain de
 from __future__ import annotations
 
 import os
+import random
 import re
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,10 +116,25 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cur.execute("PRAGMA journal_mode = WAL")
+    _journal_mode_wal(cur)
     cur.execute("PRAGMA synchronous = NORMAL")
     cur.execute("PRAGMA foreign_keys = ON")
     cur.close()
+
+
+def _journal_mode_wal(cur: Any) -> None:
+    """Switch the file to WAL (persistent; a no-op once it is). Connections that open a brand-new file together
+    race for that switch, and SQLite answers the loser "database is locked" at once, without its busy handler
+    (waiting could deadlock two lock upgrades): retry that one, for at most the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.002, 0.02))
 
 
 def _on_sqlite_connect_read_only(dbapi_conn: Any, _record: Any) -> None:
