@@ -19,7 +19,10 @@ from results.db import from_parameter
 from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
-MAX_WORKERS = 16  # threads only wait on devices and subprocesses; leases bound the real parallelism
+# The task runner's threads are made as tasks need them; flows.pipeline.Scheduler submits a task only once its inputs
+# are there and bounds how many run at once per platform (its device slots) and on the host (its slots), so this is
+# only a ceiling: a lab of 1,000 single-slot devices uses about 1,500 threads that wait on their devices.
+MAX_WORKERS = 4096
 
 
 def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> Plan:

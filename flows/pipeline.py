@@ -11,16 +11,17 @@ upstream broke so it is recorded as skipped with that reason instead of vanishin
 from __future__ import annotations
 
 import logging
+import queue
 import statistics
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Mapping
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import allow_failure
-from prefect.futures import PrefectFuture, wait
+from prefect.futures import PrefectFuture
 
 import stages
 from flows.plan import Decision, Job, Plan
@@ -118,45 +119,126 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
     farm.recorder.record_results(ctx.run_id, rows)
 
 
+@dataclass
+class _Node:
+    """A task to submit once every run it reads has ended (``needs``: keys of ``Scheduler.futures``)."""
+
+    key: object  # a stage run (stage, what it serves) or a record (job key, stage, "record")
+    submit: Callable[[list[Any]], PrefectFuture[Any]]  # given the needed futures (done), in ``needs`` order
+    needs: tuple[object, ...]
+    lane: str  # "host", "device:<platform>" or "record": what bounds how many run at once
+    waiting: int = 0
+
+
+class Scheduler:
+    """Submits each task only when the runs it reads have ended, at most ``lanes[lane]`` running per lane: a task
+    never holds one of the task runner's threads while it waits for its inputs (Prefect's thread pool resolves a
+    task's upstream futures inside the worker thread), and a platform gets about as many tasks at once as it has
+    device slots, however many rows wait (a 200-device lab had at most 16 stages moving, most of them waiting)."""
+
+    def __init__(self, lanes: Mapping[str, int]) -> None:
+        self.lanes = dict(lanes)
+        self.futures: dict[object, PrefectFuture[Any]] = {}
+        self._nodes: list[_Node] = []
+
+    def add(self, node: _Node) -> None:
+        self._nodes.append(node)
+
+    def run(self) -> None:
+        dependents: dict[object, list[_Node]] = defaultdict(list)
+        ready: dict[str, deque[_Node]] = defaultdict(deque)
+        keys = {n.key for n in self._nodes}
+        for node in self._nodes:
+            node.waiting = len(node.needs)
+            for need in node.needs:
+                if need not in keys:
+                    raise ValueError(f"{node.key} needs {need}, which nothing submits")
+                dependents[need].append(node)
+            if not node.needs:
+                ready[node.lane].append(node)
+        ended: queue.SimpleQueue[tuple[object, str]] = queue.SimpleQueue()
+        running: dict[str, int] = defaultdict(int)
+        left = len(self._nodes)
+        while left:
+            for lane, nodes in ready.items():
+                limit = self.lanes.get(lane)
+                while nodes and (limit is None or running[lane] < limit):
+                    node = nodes.popleft()
+                    future = node.submit([self.futures[n] for n in node.needs])
+                    self.futures[node.key] = future
+                    running[lane] += 1
+                    future.add_done_callback(lambda _, k=node.key, lane=lane: ended.put((k, lane)))
+            key, lane = ended.get()
+            running[lane] -= 1
+            left -= 1
+            for node in dependents.pop(key, ()):
+                node.waiting -= 1
+                if node.waiting == 0:
+                    ready[node.lane].append(node)
+
+
+def lanes_of(ctx: FarmContext, platforms: set[str]) -> dict[str, int]:
+    """How many tasks of each lane run at once: the host stages' slots, and per platform its device slots and half
+    as many again (a stage waiting for the one device that holds its engine leaves the others work); records
+    unbounded (they only write to the database)."""
+    farm = Farm.get(ctx)
+    lanes = {"host": max(1, ctx.host_slots)}
+    for platform in platforms:
+        slots = sum(d.max_jobs for d in farm.inventory.select(platform=platform))
+        lanes[f"device:{platform}"] = slots + slots // 2 + 2
+    return lanes
+
+
 def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report: RunReport,
                 sources: Mapping[str, ModelSource] | None = None,
                 checkpoints: Mapping[str, CheckpointRef] | None = None) -> None:
     """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded.
     ``checkpoints``: every located checkpoint by model (a pre-quantized model's base among them)."""
     submitted_at = time.time()
-    runs: dict[tuple[str, tuple[object, ...]], PrefectFuture[Any]] = {}  # (stage, what it serves) -> its one run
-    stage_futures: dict[str, dict[str, PrefectFuture[Any]]] = {}  # job key -> its stages' runs
-    records: list[tuple[str, str, PrefectFuture[Any]]] = []
-    # a job that runs after another (JobSpec.after) is submitted after it, so it can wait for its stages
+    scheduler = Scheduler(lanes_of(ctx, {job.platform for job, _ in jobs}))
+    runs: dict[tuple[str, tuple[object, ...]], str] = {}  # (stage, what it serves) -> its one run
+    stage_runs: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = {}  # job key -> its stages' runs
+    records: list[tuple[str, str, tuple[str, str, str]]] = []
+    # a job that runs after another (JobSpec.after) is added after it, so it can wait for its stages
     for job, checkpoint in sorted(jobs, key=lambda pair: pair[0].entry.after is not None):
         source = (sources or {}).get(job.model)
         base = source.base.name if source is not None and source.base is not None else None
         spec = job_spec(job, checkpoint, source, None if base is None else (checkpoints or {}).get(base), checkpoints)
-        futures: dict[str, PrefectFuture[Any]] = {}
-        gates = stage_futures.get(spec.after, {}) if spec.after is not None else {}
+        mine: dict[str, tuple[str, tuple[object, ...]]] = {}
+        gates = stage_runs.get(spec.after, {}) if spec.after is not None else {}
         for name in stages.closure(spec.stages):
             stage = stages.spec(name)
             run = (name, spec.share(stage.shared))
             if run not in runs:
-                upstream = tuple(allow_failure(futures[need]) for need in stage.needs)
                 # a job that runs after another (an EAGLE3 draft after its base) waits for that one's same stage
-                gate = (allow_failure(gates[name]),) if name in gates else ()
-                runs[run] = stage_task(name).submit(ctx, name, spec, upstream + gate)
-            futures[name] = runs[run]
+                needs = tuple(mine[need] for need in stage.needs) + ((gates[name],) if name in gates else ())
+                lane = "host" if stage.where is Where.HOST else f"device:{spec.platform}"
+                scheduler.add(_Node(run, _stage_submitter(ctx, name, spec), needs, lane))
+                runs[run] = name
+            mine[name] = run
             report.ran[spec.key][name] = run
-        stage_futures[spec.key] = futures
+        stage_runs[spec.key] = mine
         for name in spec.stages:
-            rec = record.submit(ctx, spec, name, allow_failure(futures[name]))
-            records.append((spec.key, name, rec))
-    wait([r for _, _, r in records])
-    for key, name, fut in records:
-        report.outcomes[key][name] = fut.result()
-    for run, fut in runs.items():
-        outcome = fut.result(raise_on_failure=False)
+            key = (spec.key, name, "record")
+            scheduler.add(_Node(key, _record_submitter(ctx, spec, name), (mine[name],), "record"))
+            records.append((spec.key, name, key))
+    scheduler.run()
+    for job_key_, name, key in records:
+        report.outcomes[job_key_][name] = scheduler.futures[key].result()
+    for run in runs:
+        outcome = scheduler.futures[run].result(raise_on_failure=False)
         if isinstance(outcome, StageOutcome):
             report.runs[run] = outcome
     report.wall_s = time.time() - submitted_at
     report.engine_overheads_s = engine_overheads(report)
+
+
+def _stage_submitter(ctx: FarmContext, name: str, spec: JobSpec) -> Callable[[list[Any]], PrefectFuture[Any]]:
+    return lambda upstream: stage_task(name).submit(ctx, name, spec, tuple(allow_failure(f) for f in upstream))
+
+
+def _record_submitter(ctx: FarmContext, spec: JobSpec, name: str) -> Callable[[list[Any]], PrefectFuture[Any]]:
+    return lambda upstream: record.submit(ctx, spec, name, allow_failure(upstream[0]))
 
 
 def engine_overheads(report: RunReport) -> list[float]:
