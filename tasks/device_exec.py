@@ -181,24 +181,59 @@ def device_failed(farm: Farm, device: Device, exc: InfrastructureError) -> None:
 
 def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
              exclusive: bool) -> tuple[Device, leases.Lease, float]:
+    """A lease on one of ``candidates`` (not ``tried``), waiting as long as it takes. Devices this run's own leases
+    fill are skipped without asking the database (each ask is a write transaction: a lab of 200 busy devices made
+    every waiting stage write 200 times a round); when this run fills them all, the wait ends as soon as one of its
+    leases ends (``Farm.slots_freed``); when the database refuses (another run holds the device) it polls."""
     t0 = time.monotonic()
     delay = 0.02
     while True:
-        with farm.lock:
+        with farm.slots_freed:
+            left = [d for d in candidates if d.id not in tried]
+            if not left:
+                raise InfrastructureError("no device left to try")
+            free = [d for d in left if farm.held_slots.get(d.id, 0) + _slots(d, exclusive) <= d.max_jobs]
+            if not free:  # this run fills every one: one of its own leases ends first
+                farm.slots_freed.wait(timeout=1.0)
+                continue
             bad = set(farm.bad_devices)
-        order = sorted((d for d in candidates if d.id not in tried), key=lambda d: (d.id in bad, d.id))
-        if not order:
-            raise InfrastructureError("no device left to try")
-        for device in order:
-            lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S,
-                                       slots=device.max_jobs if exclusive else 1)
+        for device in sorted(free, key=lambda d: (d.id in bad, farm.held_slots.get(d.id, 0), d.id)):
+            if not _hold(farm, device, exclusive):
+                continue  # another stage of this run took it meanwhile
+            try:
+                lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S,
+                                           slots=_slots(device, exclusive))
+            except BaseException:
+                _unhold(farm, device, exclusive)
+                raise
             if lease is not None:
                 return device, lease, time.monotonic() - t0
+            _unhold(farm, device, exclusive)
         if time.monotonic() - t0 > LEASE_WAIT_S:
-            raise leases.LeaseTimeout(f"no free device among {', '.join(d.id for d in order)} "
+            raise leases.LeaseTimeout(f"no free device among {', '.join(d.id for d in left)} "
                                       f"after {LEASE_WAIT_S:.0f} s")
-        time.sleep(delay)
+        with farm.slots_freed:
+            farm.slots_freed.wait(timeout=delay)
         delay = min(delay * 1.5, 0.2)
+
+
+def _slots(device: Device, exclusive: bool) -> int:
+    return device.max_jobs if exclusive else 1
+
+
+def _hold(farm: Farm, device: Device, exclusive: bool) -> bool:
+    with farm.slots_freed:
+        held = farm.held_slots.get(device.id, 0)
+        if held + _slots(device, exclusive) > device.max_jobs:
+            return False
+        farm.held_slots[device.id] = held + _slots(device, exclusive)
+        return True
+
+
+def _unhold(farm: Farm, device: Device, exclusive: bool) -> None:
+    with farm.slots_freed:
+        farm.held_slots[device.id] = max(0, farm.held_slots.get(device.id, 0) - _slots(device, exclusive))
+        farm.slots_freed.notify_all()
 
 
 def run_stage(
@@ -247,12 +282,15 @@ def run_stage(
             break
         t0 = time.monotonic()
         try:
-            with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
-                run = _run_once(farm, device, transport, what, argv, [*inputs, *pushed(farm, toolchain)], fetch_on,
-                                timeout, waited, t0, toolchain, reserve, snapshots)
-                if after is not None:
-                    after(transport, run)
-                return run
+            try:
+                with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
+                    run = _run_once(farm, device, transport, what, argv, [*inputs, *pushed(farm, toolchain)],
+                                    fetch_on, timeout, waited, t0, toolchain, reserve, snapshots)
+                    if after is not None:
+                        after(transport, run)
+                    return run
+            finally:
+                _unhold(farm, device, exclusive)  # the lease has ended
         except StoreError:
             raise  # the artifact store failed, not this device: another device would fare no better
         except InfrastructureError as exc:

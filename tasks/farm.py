@@ -60,6 +60,10 @@ class Farm:
     backend_versions: dict[str, dict[str, object]] = field(default_factory=dict)
     touched_devices: set[str] = field(default_factory=set)  # devices whose cache entries this run marked in use
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # device id -> slots this run's own leases hold now (tasks.device_exec): a device this run already fills is not
+    # asked of the database again, and a slot it frees wakes the stages waiting for one (``slots_freed``)
+    held_slots: dict[str, int] = field(default_factory=dict)
+    slots_freed: threading.Condition = field(default_factory=threading.Condition)
 
     _instances: ClassVar[dict[FarmContext, Farm]] = {}
     _guard: ClassVar[threading.Lock] = threading.Lock()
