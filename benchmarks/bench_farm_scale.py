@@ -97,31 +97,24 @@ def lower_bound(work: list[tuple[str, str, float, str]], devices: int, host_slot
             "lower_bound_s": round(max(device_s / devices, host_s / host_slots, longest), 3)}
 
 
-def run_one(args: argparse.Namespace) -> dict[str, Any]:
-    """One configuration, in this process."""
+def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any]:
+    """One configuration, in this process (its files under ``root``, default a new temporary directory)."""
     from benchmarks import farm_sim
     from flows.prefect_env import configure_prefect
 
-    root = Path(tempfile.mkdtemp(prefix="farm-scale-"))
+    root = root or Path(tempfile.mkdtemp(prefix="farm-scale-"))
     data, inventory = root / "data", root / "inventory"
     configure_prefect(data)
-    models_needed = -(-args.rows // len(farm_sim.PRECISIONS))
+    # whole models: a model's rows are its precisions on every platform (--rows is rounded up to that)
+    per_model = len(farm_sim.PRECISIONS) * len(farm_sim.PLATFORMS)
+    models = farm_sim.write_catalog(root / "models.yml", -(-args.rows // per_model))
+    rows = len(models) * per_model
     farm_sim.write_inventory(inventory, root / "devices", args.devices)
-    models = farm_sim.write_catalog(root / "models.yml", models_needed)
-    rows = [(m, p) for m in models for p in farm_sim.PRECISIONS][:args.rows]
     full, warm = root / "matrix.yml", root / "warm.yml"
-    farm_sim.write_matrix(full, models, farm_sim.PRECISIONS)
-    farm_sim.write_matrix(warm, [models[0]], ("fp32",))
-    if len(rows) < len(models) * len(farm_sim.PRECISIONS):  # the last model takes only some precisions
-        import yaml
-
-        spec = yaml.safe_load(full.read_text())
-        spec["models"] = models[:-1]
-        last = [p for m, p in rows if m == models[-1]]
-        spec["extra"] = [{"models": [models[-1]], "precisions": last, "platforms": [farm_sim.PLATFORM],
-                          "toolchains": [farm_sim.NAME]}]
-        full.write_text(yaml.safe_dump(spec))
+    farm_sim.write_matrix(full, models)
+    farm_sim.write_matrix(warm, [models[0]], ("fp16",), ("x86-cpu",))
     times = farm_sim.stage_times_from_db(args.stage_times_db) if args.stage_times_db else farm_sim.STAGE_TIMES
+    times = {**times, **(getattr(args, "stage_times", None) or {})}  # a caller's own (tests)
     lab = farm_sim.Lab(devices=args.devices, time_scale=args.time_scale, infra_failure_rate=args.infra_failure_rate,
                        test_failure_rate=args.test_failure_rate, seed=args.seed, stage_times=times)
     clock = SqlClock()
@@ -136,10 +129,11 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         lab.work.done.clear()
         lab.work.failures.clear()
         lab.work.commands.clear()
-        lab.work.device_cpu_s = 0.0
+        lab.work.device_cpu_s, lab.work.peak_running = 0.0, 0
         load_before = os.getloadavg()
         cpu0, child0, sql0, n0 = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), clock.seconds, \
             clock.count
+        kinds0 = dict(clock.kinds)
         t0 = time.perf_counter()
         summary = nightly_support_matrix(matrix=str(full), **common)
         process_s = time.perf_counter() - t0
@@ -147,17 +141,22 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         child = _cpu_s(resource.RUSAGE_CHILDREN) - child0
         sql_s, statements = clock.seconds - sql0, clock.count - n0
         load_after = os.getloadavg()
+        sql_kinds = {k: n - kinds0.get(k, 0) for k, n in clock.kinds.items() if n > kinds0.get(k, 0)}
     timing = summary["timing"]
     stage_runs = sum(summary["stages"].values())
     bound = lower_bound(lab.work.done, args.devices, args.host_slots)
     wall = float(timing["wall_s"])
     return {
-        "devices": args.devices, "rows": len(rows), "time_scale": args.time_scale, "host_slots": args.host_slots,
+        "devices": args.devices, "rows": rows, "platforms": len(farm_sim.PLATFORMS), "time_scale": args.time_scale,
+        "host_slots": args.host_slots,
         "infra_failure_rate": args.infra_failure_rate, "test_failure_rate": args.test_failure_rate,
         "stage_results": stage_runs, "stage_counts": summary["stages"], "failed_rows": len(summary["failed"]),
         "simulated_failures": dict(lab.work.failures),
+        "peak_device_commands_at_once": lab.work.peak_running,
+        "lease_attempts_per_device_command": round(sql_kinds.get("INSERT lease_devices", 0) / max(
+            1, sum(1 for _, where, _, _ in lab.work.done if where != "host")), 2),
         "device_commands": dict(sorted(lab.work.commands.items(), key=lambda kv: -kv[1])),
-        "sql_by_kind": dict(sorted(clock.kinds.items(), key=lambda kv: -kv[1])[:25]),
+        "sql_by_kind": dict(sorted(sql_kinds.items(), key=lambda kv: -kv[1])[:25]),
         "warmup_s": round(warm_s, 2), "wall_s": round(wall, 2), "flow_process_s": round(process_s, 2),
         **bound, "wall_over_lower_bound": round(wall / max(bound["lower_bound_s"], 1e-9), 3),
         "orchestrator_cpu_s": round(cpu, 2),
@@ -185,7 +184,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in results:
-        if (r["devices"], r["rows"]) != (TARGETS["devices"], TARGETS["rows"]):
+        if r["devices"] != TARGETS["devices"] or not TARGETS["rows"] <= r["rows"] < TARGETS["rows"] + 18:
             continue
         for name in ("wall_over_lower_bound", "orchestrator_cpu_ms_per_stage", "peak_rss_mb"):
             out.append({"name": name, "at": f"{r['devices']} devices x {r['rows']} rows", "target": TARGETS[name],

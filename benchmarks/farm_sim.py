@@ -45,9 +45,11 @@ from edgellm.types import Precision  # noqa: E402
 from tests.helpers import toy_toolchain  # noqa: E402
 
 NAME = "sim-lab"
-PLATFORM = "x86-cpu"
-PRECISIONS = ("fp32", "fp16", "int8_sq", "int4_awq", "int4_wo")  # x86-cpu's, but int4_gptq (needs a GPTQ checkpoint)
-QUANTIZED = ("int8_sq", "int4_awq", "int4_wo")
+# every device type of the farm takes the lab's toolchain; a row is (model, precision, platform), and a model's
+# quantize (per precision) and export (per precision and toolchain) serve all its platforms, as in the field's matrix
+PLATFORMS = ("orin", "thor", "x86-a30", "x86-cpu", "x86-h200", "x86-rtx5080")
+PRECISIONS = ("fp16", "int8_sq", "int4_awq")  # what every one of those types runs
+QUANTIZED = ("int8_sq", "int4_awq")
 STAGES = ("quantize", "export", "build", "infer", "accuracy", "bench")
 # seconds per stage (median, and the spread of its log), from the embedded nightly's results on this machine
 # (2026-12-02, `stage_times_from_db` on .data/edgefarm.db): overridden by --stage-times-db
@@ -67,6 +69,17 @@ class Work:
     failures: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     commands: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # device commands run for real, by kind
     device_cpu_s: float = 0.0  # CPU the devices' commands took in this process (the agent, run in the caller's thread)
+    running: int = 0  # device tool commands running now, and the most at once
+    peak_running: int = 0
+
+    def started(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.peak_running = max(self.peak_running, self.running)
+
+    def ended(self) -> None:
+        with self.lock:
+            self.running -= 1
 
     def add_cpu(self, seconds: float) -> None:
         with self.lock:
@@ -220,7 +233,11 @@ class SimTransport(LocalTransport):
             return CommandResult(0, out + "\n", "", time.monotonic() - start)
         stage = _DEVICE_STAGE[command]
         seconds, ending = LAB.draw(stage)
-        time.sleep(seconds)
+        LAB.work.started()
+        try:
+            time.sleep(seconds)
+        finally:
+            LAB.work.ended()
         LAB.work.add(stage, self.device_id, seconds, _row(args))
         if ending is not None:
             LAB.work.failures[f"{stage}:{ending}"] += 1
@@ -270,7 +287,7 @@ def _host_sleep(stage: str, job: Any) -> None:
 
 
 def write_inventory(directory: Path, work_root: Path, devices: int) -> None:
-    """``devices`` SSH devices of the x86-cpu type on hosts that do not exist (SimTransport reaches them)."""
+    """``devices`` SSH devices on hosts that do not exist (SimTransport reaches them), the platforms in turn."""
     import yaml
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -281,8 +298,8 @@ def write_inventory(directory: Path, work_root: Path, devices: int) -> None:
     for i in range(devices):
         name = f"sim-{i:04d}"
         (directory / f"{name}.yaml").write_text(yaml.safe_dump({
-            "type": PLATFORM, "transport": "ssh", "host": name, "user": "sim", "key_file": str(key),
-            "host_key": host_key, "work_dir": str(work_root / name), "python": sys.executable,
+            "type": PLATFORMS[i % len(PLATFORMS)], "transport": "ssh", "host": name, "user": "sim",
+            "key_file": str(key), "host_key": host_key, "work_dir": str(work_root / name), "python": sys.executable,
             "env": {"PYTHONPATH": str(ROOT)}, "max_jobs": 1}))
 
 
@@ -295,18 +312,19 @@ def write_catalog(path: Path, models: int) -> list[str]:
     return names
 
 
-def write_matrix(path: Path, models: list[str], precisions: tuple[str, ...] = PRECISIONS) -> None:
+def write_matrix(path: Path, models: list[str], precisions: tuple[str, ...] = PRECISIONS,
+                 platforms: tuple[str, ...] = PLATFORMS) -> None:
     import yaml
 
     path.write_text(yaml.safe_dump({
-        "name": "sim-lab", "models": models, "precisions": list(precisions), "platforms": [PLATFORM],
+        "name": "sim-lab", "models": models, "precisions": list(precisions), "platforms": list(platforms),
         "toolchains": [NAME], "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32,
                                            "stages": ["export", "build", "infer", "accuracy", "bench"]}}))
 
 
 @contextmanager
 def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
-    """The lab's toolchain registered, x86-cpu's type naming it, the catalog read from ``catalog_file`` and SSH
+    """The lab's toolchain registered, every device type naming it, the catalog read from ``catalog_file`` and SSH
     devices reached through SimTransport; undone on exit."""
     global LAB
     import devices.transport.ssh as ssh
@@ -315,8 +333,9 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     from toolchains import base as toolchains
 
     toolchains.register_toolchain(SimLab)
-    cpu = DEVICE_TYPES[PLATFORM]
-    DEVICE_TYPES[PLATFORM] = cpu.model_copy(update={"toolchains": (*cpu.toolchains, NAME)})
+    types = {p: DEVICE_TYPES[p] for p in PLATFORMS}
+    for platform, dtype in types.items():
+        DEVICE_TYPES[platform] = dtype.model_copy(update={"toolchains": (*dtype.toolchains, NAME)})
     original_load, original_ssh = catalog.Catalog.load, ssh.SSHTransport
     catalog.Catalog.load = classmethod(lambda cls, path=catalog_file: original_load.__func__(cls, catalog_file))
     ssh.SSHTransport = SimTransport  # type: ignore[misc,assignment]
@@ -330,7 +349,7 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
         sys.stdout, sys.stderr = _OUTPUT.real
         ssh.SSHTransport = original_ssh  # type: ignore[misc]
         catalog.Catalog.load = original_load  # type: ignore[method-assign]
-        DEVICE_TYPES[PLATFORM] = cpu
+        DEVICE_TYPES.update(types)
         toolchains.unregister_toolchain(NAME)
 
 
