@@ -23,16 +23,16 @@ DEVICES, ROWS = 36, 72  # 4 models x 3 precisions x 6 platforms; 5 stages each
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_simulated_lab_moves_a_stage_on_every_device_at_once(tmp_path: Path) -> None:
-    # host stages quick, device stages about a second: the lab, not the host, bounds the run
-    times = {"quantize": (0.05, 0.1), "export": (0.05, 0.1), "build": (1.0, 0.2), "infer": (1.0, 0.2),
-             "accuracy": (1.0, 0.2), "bench": (0.5, 0.2)}
+    # host stages quick, device stages a few seconds: the lab, not the host, bounds the run (and the orchestrator,
+    # on 2 busy cores, keeps up)
+    times = {"quantize": (0.05, 0.1), "export": (0.05, 0.1), "build": (3.0, 0.2), "infer": (3.0, 0.2),
+             "accuracy": (3.0, 0.2), "bench": (1.5, 0.2)}
     args = argparse.Namespace(devices=DEVICES, rows=ROWS, time_scale=1.0, infra_failure_rate=0.0,
                               test_failure_rate=0.0, stage_times_db=None, stage_times=times, host_slots=4, seed=1)
     result = bench_farm_scale.run_one(args, root=tmp_path)
     assert result["rows"] == ROWS and result["failed_rows"] == 0
     assert result["stage_counts"] == {"pass": ROWS * 5}
     # every row is ready after its export, within a few seconds: the lab fills up
-    print(result)
     assert result["peak_device_commands_at_once"] > 16, result
     assert result["lease_attempts_per_device_command"] <= 1.5, result
     assert result["wall_over_lower_bound"] < 4.0, result  # loose: CI's 2 cores also run the flow and its database
