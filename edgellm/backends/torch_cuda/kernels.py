@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-MASKED = -1.0e30  # masked scores: finite, as the model's MASK_VALUE (a fully masked prefix stays finite)
+MASKED = tl.constexpr(-1.0e30)  # masked scores: finite, as the model's MASK_VALUE (a masked prefix stays finite)
 
 
 @triton.jit
