@@ -273,7 +273,7 @@ def hf_static(ckpt: Path, work: Path) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     t = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, __file__, "--hf-static-child", str(ckpt), str(out)],
+        proc = subprocess.run([sys.executable, __file__, str(work), "--hf-static-child", str(ckpt), str(out)],
                               capture_output=True, text=True, timeout=STATIC_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"status": f"timed out after {STATIC_TIMEOUT_S} s"}

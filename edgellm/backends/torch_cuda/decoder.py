@@ -15,6 +15,10 @@ prefill: SDPA), the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSN
 the down GEMM adding into the residual: nine kernels, hidden states [T, H] with T = B * S. Without it (the CPU, or
 ``fused=False``) they run through the layer modules as below.
 
+The decode step differs from prefill in its GEMMs: a few rows, so ``kernels.gemv`` (split-K where the output is
+narrow) with the residual add, the next RMSNorm, RoPE and SiLU * up fused into the kernels around them: eight
+kernels a layer.
+
 The decode step's per-layer functions (``attn_in_decode``, ``decode_attention``, ``attn_out_mlp``, ``lm_head``) take
 the layer modules and tensors: ``torch.compile`` traces each once and reuses it for every layer (the modules'
 parameters are inputs of the compiled code, not constants).
@@ -225,14 +229,30 @@ class GpuDecoder:
         return torch.mm(self.kernels.rms_norm(x, norm.weight, norm.eps), self.lm_w).float()
 
     def _decode_fused(self, tokens: torch.Tensor, positions: torch.Tensor, write_idx: torch.Tensor) -> torch.Tensor:
+        """The decode step, eight kernels a layer: the GEMVs read each weight once (split along K into float32
+        partial sums where the output is narrow), their sums land in the kernel after (RoPE + cache write; the
+        residual add + next RMSNorm), gate/up ends in SiLU * up."""
+        k = self.kernels
         b = tokens.shape[0]
         self.valid[:b].index_fill_(1, write_idx, True)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            return self.kernels.decode_attention(q, self.kv[i], self.valid, write_idx, self.heads,
-                                                 self.layers[i].self_attn.scale)
-
-        return self._fused_head(self._fused_layers(self.embed_rows(tokens), positions, write_idx, 1, attend))
+        x = self.embed_rows(tokens)  # [B, H], the residual stream (updated in place)
+        norm = self.layers[0].input_layernorm
+        xn = k.rms_norm(x, norm.weight, norm.eps)
+        for i, layer in enumerate(self.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            qn, kn = att.q_norm, att.k_norm
+            q = k.rope_cache(k.gemv(xn, att.qkv_proj.weight, partial=True), self.cos, self.sin, positions,
+                             write_idx, self.kv[i], self.heads, 1, qn.weight if qn else None,
+                             kn.weight if kn else None, qn.eps if qn else 0.0, bias=att.qkv_proj.bias)  # [B, Hq, D]
+            o = k.decode_attention(q, self.kv[i], self.valid, write_idx, self.heads, att.scale)  # [B, Hq * D]
+            norm = layer.post_attention_layernorm
+            xn = k.add_partials_norm(k.gemv(o, att.o_proj.weight, partial=True), x, att.o_proj.bias, norm.weight,
+                                     norm.eps)
+            h = k.gemv(xn, mlp.gate_up_proj.weight, bias=mlp.gate_up_proj.bias, silu=True)  # [B, F]
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.decoder.model.norm
+            xn = k.add_partials_norm(k.gemv(h, mlp.down_proj.weight, partial=True), x, mlp.down_proj.bias,
+                                     norm.weight, norm.eps)
+        return torch.mm(xn, self.lm_w).float()  # the LM head at HBM speed through cuBLAS
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, write_idx: torch.Tensor) -> torch.Tensor:
         """One token per row, device tensors only (no host sync): tokens/positions int64 [B], write_idx int64 [1]

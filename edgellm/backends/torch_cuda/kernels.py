@@ -1,7 +1,9 @@
-"""Triton kernels of the torch-CUDA decoder (issue 25): the small ops between the GEMMs, each one kernel, so a decode
-step is nine kernels a layer (three Triton here, four cuBLAS GEMMs, RMSNorm twice) instead of the ~15 that the
-layer modules launch. Imported lazily, only where a CUDA session runs (``triton`` comes with CUDA builds of torch;
-CPU-only installs never import this module).
+"""Triton kernels of the torch-CUDA decoder (issue 25). Prefill: the small ops between cuBLAS GEMMs (RMSNorm, RoPE +
+cache write, SiLU * up), one kernel each. Decode: eight kernels a layer, all here: GEMVs that read each weight once
+(``gemv``: split along K into float32 partial sums where the output is narrow, SiLU * up fused into gate/up), RoPE +
+cache write summing the q/k/v partials, attention over the written columns, and the residual add + the next RMSNorm
+summing the o_proj / down partials. Imported lazily, only where a CUDA session runs (``triton`` comes with CUDA
+builds of torch; CPU-only installs never import this module).
 
 Numerics follow the layer modules (``edgellm.models.decoder``): RMSNorm in fp32 and scaled in the model dtype,
 RoPE from the same cos/sin tables, SiLU rounded to the model dtype before the product; attention scores, softmax and
@@ -56,19 +58,30 @@ def _head_norm(x1, x2, w_ptr, eps, half, i, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, col_ptr, q_ptr, kv_ptr, qn_ptr, kn_ptr, seq, eps,
-                       stride_qkv, s_kv, s_b, s_h, s_c,
-                       N_Q: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr):
-    """Program (token t, head h of the N_Q + 2 * N_KV in qkv [T, (N_Q + 2 N_KV) * D]): a query head -> RoPE -> q
-    [T, N_Q, D]; a key head -> RoPE -> the cache's keys at column col + t % seq; a value head -> the cache's values."""
+def _rope_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, pos_ptr, col_ptr, q_ptr, kv_ptr, qn_ptr, kn_ptr, seq,
+                       eps, stride_split, stride_qkv, s_kv, s_b, s_h, s_c, SPLIT: tl.constexpr,
+                       N_Q: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+    """Program (token t, head h of the N_Q + 2 * N_KV in qkv [split, T, (N_Q + 2 N_KV) * D], summed over split (a
+    split-K GEMV's partial sums; split 1: the GEMM's output) + bias, rounded to the model dtype): a query head ->
+    RoPE -> q [T, N_Q, D]; a key head -> RoPE -> the cache's keys at column col + t % seq; a value head -> the
+    cache's values."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     d: tl.constexpr = 2 * HALF
     i = tl.arange(0, HALF)
-    src = qkv_ptr + t * stride_qkv + h * d
-    dtype = qkv_ptr.dtype.element_ty
-    x1 = tl.load(src + i).to(tl.float32)
-    x2 = tl.load(src + HALF + i).to(tl.float32)
+    dtype = q_ptr.dtype.element_ty
+    x1 = tl.zeros([HALF], dtype=tl.float32)
+    x2 = tl.zeros([HALF], dtype=tl.float32)
+    for p in range(0, SPLIT):
+        src = qkv_ptr + p * stride_split + t * stride_qkv + h * d
+        x1 += tl.load(src + i).to(tl.float32)
+        x2 += tl.load(src + HALF + i).to(tl.float32)
+    if HAS_BIAS:
+        x1 += tl.load(bias_ptr + h * d + i).to(tl.float32)
+        x2 += tl.load(bias_ptr + h * d + HALF + i).to(tl.float32)
+    x1 = x1.to(dtype).to(tl.float32)  # the projection's output in the model dtype, as the GEMM's
+    x2 = x2.to(dtype).to(tl.float32)
     b = t // seq
     col = tl.load(col_ptr) + t % seq
     if h < N_Q + N_KV:
@@ -98,18 +111,21 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, col_ptr, q_ptr, kv_pt
 
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, col: torch.Tensor,
                kv: torch.Tensor, heads: tuple[int, int, int], seq: int, q_norm: torch.Tensor | None = None,
-               k_norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    """qkv [T, (N_Q + 2 KV) * D] (T = B * seq tokens, batch-major), cos/sin tables [capacity, D], positions int64
-    [T], col int64 [1]: writes the rotated keys and the values into kv [2, B_max, KV, C, D] at columns
-    col .. col + seq - 1 and returns the rotated queries [T, N_Q, D]."""
+               k_norm: torch.Tensor | None = None, eps: float = 0.0, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """qkv [T, (N_Q + 2 KV) * D] in the model dtype, or float32 partial sums [split, T, ...] (``gemv``'s, then
+    ``bias`` is added here); T = B * seq tokens, batch-major. cos/sin tables [capacity, D], positions int64 [T],
+    col int64 [1]: writes the rotated keys and the values into kv [2, B_max, KV, C, D] at columns
+    col .. col + seq - 1 and returns the rotated queries [T, N_Q, D] in kv's dtype."""
     n_q, n_kv, d = heads
-    t = qkv.shape[0]
-    q = torch.empty((t, n_q, d), dtype=qkv.dtype, device=qkv.device)
+    parts = qkv if qkv.dim() == 3 else qkv[None]
+    t = parts.shape[1]
+    q = torch.empty((t, n_q, d), dtype=kv.dtype, device=qkv.device)
     norm = q_norm is not None and k_norm is not None
     _rope_cache_kernel[(t, n_q + 2 * n_kv)](
-        qkv, cos, sin, positions, col, q, kv, q_norm if norm else q, k_norm if norm else q, seq, eps,
-        qkv.stride(0), kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
-        N_Q=n_q, N_KV=n_kv, HALF=d // 2, QK_NORM=norm, num_warps=1)
+        parts, bias if bias is not None else q, cos, sin, positions, col, q, kv, q_norm if norm else q,
+        k_norm if norm else q, seq, eps, parts.stride(0), parts.stride(1),
+        kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), SPLIT=parts.shape[0],
+        N_Q=n_q, N_KV=n_kv, HALF=d // 2, QK_NORM=norm, HAS_BIAS=bias is not None, num_warps=1)
     return q
 
 
@@ -134,11 +150,11 @@ def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, out_ptr, scale, 
         inside = cols < n
         ok = tl.load(valid_ptr + b * s_valid + cols, mask=inside, other=0) != 0
         k = tl.load(k_base + cols[:, None] * s_c + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_base + cols[:, None] * s_c + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
         s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, MASKED)  # [BLOCK_T]
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.where(inside, tl.exp(s - m_new), 0.0)
         alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_base + cols[:, None] * s_c + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
@@ -156,7 +172,7 @@ def decode_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, col
     flags = valid.view(torch.uint8)
     _decode_attention_kernel[(b, n_q)](q, kv, flags, col, out, scale, kv.stride(0), kv.stride(1), kv.stride(2),
                                        kv.stride(3), flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d,
-                                       BLOCK_T=64 if d <= 64 else 32, num_warps=4)
+                                       BLOCK_T=max(16, min(256, 8192 // d)), num_warps=8)
     return out
 
 
@@ -180,3 +196,117 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     block = 1024
     _silu_mul_kernel[(t, triton.cdiv(f, block))](gu, out, f, gu.stride(0), out.stride(0), BLOCK=block, num_warps=4)
     return out
+
+
+# --- GEMV for decode (a few rows): W [K, N] read once, split along K where N alone gives too few programs --------
+TARGET_PROGRAMS = 132  # about one program per SM of an H100/H200; fewer leave HBM bandwidth unused
+
+
+@triton.jit
+def _dot(x, w, BM: tl.constexpr, IEEE: tl.constexpr):
+    """x [BM, BK] @ w [BK, BN] in fp32: one row by broadcasting (exact fp32 products), more by tl.dot."""
+    if BM == 1:
+        return tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        return tl.dot(x, w, input_precision="ieee")
+    else:
+        return tl.dot(x, w)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PER: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PARTIAL: tl.constexpr, IEEE: tl.constexpr):
+    """Program (column block, K split, row block): x [M, K] @ W[k range, columns]. PARTIAL: float32 partial sums
+    out [split, M, N]; else out [M, N] in x's dtype with the bias, and with SILU the columns n of gate (W's first N
+    columns) and n + N of up give silu(gate) * up (each rounded to the model dtype first, as the torch ops)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = tl.program_id(2) * BM + tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    n_ok = rn < N
+    m_ok = rm < M
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, K_PER, BK):
+        k = pid_k * K_PER + kk + rk
+        k_ok = k < K
+        x = tl.load(x_ptr + rm[:, None] * stride_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w_off = w_ptr + k[:, None] * stride_w + rn[None, :]
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc += _dot(x, tl.load(w_off, mask=w_ok, other=0.0), BM, IEEE)
+        if SILU:
+            acc_up += _dot(x, tl.load(w_off + N, mask=w_ok, other=0.0), BM, IEEE)
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=out_ok)
+    else:
+        dt = out_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if SILU:
+                acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU:
+            g = acc.to(dt).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+            acc = act * acc_up.to(dt).to(tl.float32)
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dt), mask=out_ok)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, silu: bool = False,
+         partial: bool = False) -> torch.Tensor:
+    """x [M, K] @ w [K, N'] for a few rows M (decode). ``partial``: split along K, float32 partial sums
+    [split, M, N'] (``add_partials_norm`` / ``rope_cache`` sum them); else [M, N'] in x's dtype (+ bias), and with
+    ``silu`` (w = gate | up, N' = 2F) silu(x @ gate) * (x @ up) [M, F]."""
+    m, k = x.shape
+    n = w.shape[1] // 2 if silu else w.shape[1]
+    bm = 1 if m == 1 else 16
+    bn, bk = (32, 128) if silu or not partial else (64, 128)
+    n_blocks, m_blocks = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    split = 1
+    if partial:  # enough programs to pull HBM bandwidth: split K until about TARGET_PROGRAMS
+        split = max(1, min(triton.cdiv(k, bk), TARGET_PROGRAMS // max(1, n_blocks * m_blocks)))
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per)
+    out = (torch.empty((split, m, n), dtype=torch.float32, device=x.device) if partial
+           else torch.empty((m, n), dtype=x.dtype, device=x.device))
+    _gemv_kernel[(n_blocks, split, m_blocks)](
+        x, w, bias if bias is not None else x, out, m, n, k, x.stride(0), w.stride(0), K_PER=k_per, BM=bm, BN=bn, BK=bk,
+        SILU=silu, HAS_BIAS=bias is not None and not partial, PARTIAL=partial, IEEE=x.dtype == torch.float32,
+        num_warps=4, num_stages=3)
+    return out
+
+
+@triton.jit
+def _add_partials_norm_kernel(part_ptr, M, x_ptr, b_ptr, w_ptr, xn_ptr, n_cols, eps, SPLIT: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Row r: x[r] += sum of the partials [split, M, H] (+ bias), rounded once to the model dtype (in place; the
+    residual stream), then xn[r] = RMSNorm(x[r]) * w."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in range(0, SPLIT):
+        acc += tl.load(part_ptr + (p * M + row) * n_cols + cols, mask=m, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
+    x = (x.to(tl.float32) + acc).to(x.dtype)
+    tl.store(x_ptr + row * n_cols + cols, x, mask=m)
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    y = h.to(x.dtype).to(tl.float32) * tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + row * n_cols + cols, y.to(x.dtype), mask=m)
+
+
+def add_partials_norm(parts: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor,
+                      eps: float) -> torch.Tensor:
+    """x [M, H] += parts [split, M, H] summed (+ bias), in place; returns RMSNorm(x) * weight [M, H]: a projection
+    into the residual stream and the next norm, one kernel."""
+    split, m, h = parts.shape
+    xn = torch.empty_like(x)
+    _add_partials_norm_kernel[(m,)](parts, m, x, bias if bias is not None else x, weight, xn, h, eps, SPLIT=split,
+                                    HAS_BIAS=bias is not None, BLOCK=triton.next_power_of_2(h),
+                                    num_warps=4 if h <= 2048 else 8)
+    return xn

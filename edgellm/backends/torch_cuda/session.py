@@ -163,16 +163,27 @@ class TorchCudaSession(Session):
             self.warm_up_s = time.perf_counter() - t
 
     def _warm_prefill(self) -> None:
-        """Prefills of a causal prompt and of a left-padded batch (SDPA's two kernels), WARM_PREFILL_LEN and one
-        more token (Triton specializes lengths divisible by 16), then the cache is left empty."""
+        """One ``generate`` of two tokens (pinned buffers, events, the first token's path), then prefills of prompts
+        of 16, 32, ... tokens up to max_seq_len (at most 1,024: cuBLAS picks its kernels by size, and each loads on
+        first use) and of a left-padded batch (SDPA's masked kernel); one more token than 16 too (Triton specializes
+        lengths divisible by 16). The cache is left empty."""
         m = self.model
-        for b, s in ((1, WARM_PREFILL_LEN), (min(2, m.max_batch_size), WARM_PREFILL_LEN + 1)):
-            s = min(s, m.max_seq_len)
+        first = min(WARM_PREFILL_LEN, m.max_seq_len - 1)
+        for _ in self.generate(np.ones((1, first), dtype=np.int64), np.ones((1, first), dtype=np.int64), 2,
+                               [SamplingParams(0.0, 0, 1.0, 0)]):
+            pass
+        lengths, s = [WARM_PREFILL_LEN + 1], 2 * WARM_PREFILL_LEN
+        while s <= min(m.max_seq_len, 1024):
+            lengths.append(s)
+            s *= 2
+        for i, s in enumerate(x for x in lengths if x <= m.max_seq_len):
+            b = min(2, m.max_batch_size) if i == 0 else 1
             mask = np.ones((b, s), dtype=np.int64)
             mask[1:, :1] = 0
             with torch.cuda.stream(self.stream):
                 self._prefill(np.zeros((b, s), dtype=np.int64), position_ids(mask, s), mask, 0, s - 1)
-                m.valid.fill_(False)
+        with torch.cuda.stream(self.stream):
+            m.valid.fill_(False)
         self.stream.synchronize()
 
     # --- caches ----------------------------------------------------------------------------------------------
