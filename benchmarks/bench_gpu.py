@@ -156,6 +156,36 @@ def profile_decode(session: Any, batch: int, steps: int = 50) -> dict[str, Any]:
                              "us_per_step": e.self_device_time_total / n} for e in top]}
 
 
+def profile_prefill(engine: Engine, length: int = PROMPT) -> dict[str, Any]:
+    """Where a steady-state prefill of one ``length``-token prompt spends its time: the host's time to queue it,
+    the wall time to its end, and under torch.profiler the GPU kernel time and count (TTFT's parts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    session: Any = engine.session
+    ids = np.array(prompts(1, length, engine.config.vocab_size, 7), dtype=np.int64)
+    mask = np.ones_like(ids)
+    pos = np.arange(length)[None]
+
+    def once() -> tuple[float, float]:
+        session.stream.synchronize()
+        t = time.perf_counter()
+        with torch.cuda.stream(session.stream):
+            session._prefill(ids, pos, mask, 0, length - 1)
+        queued = time.perf_counter() - t
+        session.stream.synchronize()
+        return queued * 1e3, (time.perf_counter() - t) * 1e3
+
+    runs = [once() for _ in range(5)]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        once()
+    with torch.cuda.stream(session.stream):
+        session.model.valid.fill_(False)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    return {"prompt": length, "host_queue_ms": statistics.median(r[0] for r in runs),
+            "wall_ms": statistics.median(r[1] for r in runs), "kernels": sum(e.count for e in kernels),
+            "kernel_ms": sum(e.self_device_time_total for e in kernels) / 1e3}
+
+
 def measure_engine(work: Path, ckpt: Path, precision: str, repeats: int, variants: bool,
                    profile: bool = False) -> dict[str, Any]:
     onnx_dir, engine_dir = work / f"onnx_{precision}", work / f"engine_{precision}"
@@ -184,6 +214,7 @@ def measure_engine(work: Path, ckpt: Path, precision: str, repeats: int, variant
                     "warm_up_at_open": round(engine.session.warm_up_s, 2)}}  # type: ignore[attr-defined]
     if profile:
         out["profile"] = [profile_decode(engine.session, b) for b in (1, BATCH)]
+        out["profile_prefill"] = profile_prefill(engine)
     if variants:  # the layer modules' decode step (issue 19's engine): torch.compile'd, then graph-only
         from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
         from edgellm.backends.torch_cuda.session import TorchCudaSession
@@ -275,8 +306,9 @@ def hf_static(ckpt: Path, work: Path) -> dict[str, Any]:
     try:
         proc = subprocess.run([sys.executable, __file__, str(work), "--hf-static-child", str(ckpt), str(out)],
                               capture_output=True, text=True, timeout=STATIC_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"status": f"timed out after {STATIC_TIMEOUT_S} s"}
+    except subprocess.TimeoutExpired:  # what it measured before (it writes after each batch size) still counts
+        done = json.loads(out.read_text()) if out.is_file() else {}
+        return {**done, "status": f"timed out after {STATIC_TIMEOUT_S} s (compiling and capturing)"}
     res: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     res["seconds"] = round(time.perf_counter() - t, 1)
     if proc.returncode == 0:
@@ -373,6 +405,8 @@ def main() -> int:
                       f"call {t128['first_call']:.2f} ms), build {e['times_s']['build']:.2f} s, warm-up at open "
                       f"{e['times_s']['warm_up_at_open']:.1f} s, weights {e['memory']['weights_bytes'] / 2**30:.2f} "
                       f"GiB, peak {e['memory']['max_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+                if "profile_prefill" in e:
+                    print(f"  profile prefill: {json.dumps(e['profile_prefill'])}", flush=True)
                 for prof in e.get("profile", []):
                     print(f"  profile b{prof['batch']}: {prof['wall_us_per_step']:.1f} us/step, "
                           f"{prof['kernels_per_step']:.0f} kernels, {prof['kernel_us_per_step']:.1f} us in kernels",

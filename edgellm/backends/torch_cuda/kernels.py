@@ -203,11 +203,10 @@ TARGET_PROGRAMS = 132  # about one program per SM of an H100/H200; fewer leave H
 
 
 @triton.jit
-def _dot(x, w, BM: tl.constexpr, IEEE: tl.constexpr):
-    """x [BM, BK] @ w [BK, BN] in fp32: one row by broadcasting (exact fp32 products), more by tl.dot."""
-    if BM == 1:
-        return tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
-    elif IEEE:
+def _dot(x, w, IEEE: tl.constexpr):
+    """x [BM, BK] @ w [BK, BN] accumulated in fp32 on the tensor cores (fp32 inputs: exact products, no TF32). The
+    rows are padded to 16 even for one: measured on the H200, a broadcast product for BM = 1 was slower (issue 25)."""
+    if IEEE:
         return tl.dot(x, w, input_precision="ieee")
     else:
         return tl.dot(x, w)
@@ -235,9 +234,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
         x = tl.load(x_ptr + rm[:, None] * stride_x + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_off = w_ptr + k[:, None] * stride_w + rn[None, :]
         w_ok = k_ok[:, None] & n_ok[None, :]
-        acc += _dot(x, tl.load(w_off, mask=w_ok, other=0.0), BM, IEEE)
+        acc += _dot(x, tl.load(w_off, mask=w_ok, other=0.0), IEEE)
         if SILU:
-            acc_up += _dot(x, tl.load(w_off + N, mask=w_ok, other=0.0), BM, IEEE)
+            acc_up += _dot(x, tl.load(w_off + N, mask=w_ok, other=0.0), IEEE)
     out_ok = m_ok[:, None] & n_ok[None, :]
     if PARTIAL:
         tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=out_ok)
@@ -261,7 +260,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, 
     ``silu`` (w = gate | up, N' = 2F) silu(x @ gate) * (x @ up) [M, F]."""
     m, k = x.shape
     n = w.shape[1] // 2 if silu else w.shape[1]
-    bm = 1 if m == 1 else 16
+    bm = 16  # tl.dot's smallest tile; padded rows are masked (read as 0, never stored)
     bn, bk = (32, 128) if silu or not partial else (64, 128)
     n_blocks, m_blocks = triton.cdiv(n, bn), triton.cdiv(m, bm)
     split = 1
