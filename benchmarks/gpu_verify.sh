@@ -87,7 +87,7 @@ if [ "$WHAT" = issue25 ]; then
     --output "$OUT/gpu_issue25.json" --precisions bf16 --transformers bf16 --repeats 3 --profile --variants --hf-static
   cat "$OUT/bench-gpu.log"
   step pytest-gpu timeout "${ISSUE25_TESTS_S:-180}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
-    -p no:cacheprovider -q -rA -x
+    -p no:cacheprovider -q -rA
   grep -E "^(PASSED|FAILED|ERROR)|EVAL|passed|failed|Error" "$OUT/pytest-gpu.log" | head -40
 fi
 echo "failed steps: ${FAILED[*]:-none}"
