@@ -372,7 +372,8 @@ def main() -> int:
         "settings": {"model": f"random {a.shape} shape (qwen2, tied), checkpoint bf16", "engines": precisions,
                      "prompt_len": PROMPT, "new_tokens": NEW, "batch": BATCH, "ttft_prompt_len": LONG_PROMPT,
                      "repeats": a.repeats, "greedy": True, "command": " ".join(sys.argv)},
-        "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
+        "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+                    "load_avg_at_start": list(os.getloadavg())},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "times_s": {}, "engines": {}, "transformers_eager": {}}
 
     def save() -> None:

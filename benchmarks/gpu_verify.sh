@@ -7,7 +7,8 @@
 # time limit (QUICK_BENCH_S, QUICK_TESTS_S seconds) so partial results still come back.
 # issue25: the bf16 benchmark with the decode profile, issue 19's engine beside it (--variants), transformers eager
 # and transformers static-cache + torch.compile (in a child process; its crash is reported), then the gpu tests:
-# decode b1/b16 tok/s, TTFT@128 steady and first call, the HBM bandwidth ceiling -> $OUT/gpu_issue25.json.
+# decode b1/b16 tok/s, TTFT@128 steady and first call, the HBM bandwidth ceiling -> $OUT/gpu_issue25.json
+# (carry .gpuwheels so the CLI test's `infer` finds pydantic; benchmarks/results/gpu_verify_issue25.json: one run).
 # Logs and JSON land in $OUT (default /tmp/gpu_out). A step's failure is reported and the next one still runs.
 # A machine without network that lacks a dependency (the borrowed H200's image has no pydantic, which `infer`'s request
 # file needs) installs it from .gpuwheels/ when that folder is there (carry it), made here with:

@@ -9,19 +9,18 @@ either layout). Hidden states [B, S, H]. Cache per layer: keys and values [max_b
 ``valid`` [max_batch, capacity] marks the positions a row may attend to (left padding stays invalid). Numerics follow
 transformers' eager path: RMSNorm in fp32, everything else in the model dtype, softmax in fp32.
 
-With ``fused`` (the default on a CUDA device) prefill and decode run the layers' math through ``kernels`` (Triton):
-per layer RMSNorm, the q/k/v GEMM, RoPE + cache write, attention (decode: one kernel over the written columns;
-prefill: SDPA), the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSNorm, the gate/up GEMM, SiLU * up,
-the down GEMM adding into the residual: nine kernels, hidden states [T, H] with T = B * S. Without it (the CPU, or
-``fused=False``) they run through the layer modules as below.
+With ``fused`` (the default on a CUDA device) prefill and decode run the layers' math through ``kernels`` (Triton),
+hidden states [T, H] with T = B * S. Prefill, per layer: RMSNorm, the q/k/v GEMM (cuBLAS), RoPE + cache write,
+SDPA, the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSNorm, the gate/up GEMM, SiLU * up, the down
+GEMM adding into the residual. Decode (a few rows), eight kernels a layer: ``kernels.gemv`` for the four
+projections (split-K float32 partial sums where the output is narrow; SiLU * up fused into gate/up), RoPE + cache
+write summing the q/k/v partials, attention over the written columns, and the residual add + next RMSNorm summing
+the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, or ``fused=False``) both run
+through the layer modules as below.
 
-The decode step differs from prefill in its GEMMs: a few rows, so ``kernels.gemv`` (split-K where the output is
-narrow) with the residual add, the next RMSNorm, RoPE and SiLU * up fused into the kernels around them: eight
-kernels a layer.
-
-The decode step's per-layer functions (``attn_in_decode``, ``decode_attention``, ``attn_out_mlp``, ``lm_head``) take
-the layer modules and tensors: ``torch.compile`` traces each once and reuses it for every layer (the modules'
-parameters are inputs of the compiled code, not constants).
+The layer modules' decode step: its per-layer functions (``attn_in_decode``, ``decode_attention``,
+``attn_out_mlp``, ``lm_head``) take the layer modules and tensors: ``torch.compile`` traces each once and reuses it
+for every layer (the modules' parameters are inputs of the compiled code, not constants).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The torch-CUDA session: one ``GpuDecoder`` on the GPU, its decode step captured as a CUDA graph per batch
-size (greedy and sampling variants), sampling on the GPU, and a generation loop that keeps the GPU ahead of the
-host: step n+1 is queued before the host reads step n's token, so no step waits for the host.
+"""The torch-CUDA session: one ``GpuDecoder`` on the GPU (its fused Triton kernels where Triton imports), its whole
+decode step (every layer, the LM head and the token choice) captured as one CUDA graph per batch size (greedy and
+sampling variants), sampling on the GPU, and a generation loop that keeps the GPU ahead of the host: step n+1 is
+queued before the host reads step n's token, so no step waits for the host. Opening warms up (prefills, the greedy
+graphs of batch 1 and max_batch_size): that first-call cost is paid at open, timed in ``warm_up_s``.
 
 Everything runs on the session's own stream. Each graph reads and writes only the session's static buffers
 (tokens, positions, cache column, sampling parameters, logits), so a replay needs no host data and no sync; the
@@ -169,9 +171,10 @@ class TorchCudaSession(Session):
         lengths divisible by 16). The cache is left empty."""
         m = self.model
         first = min(WARM_PREFILL_LEN, m.max_seq_len - 1)
-        for _ in self.generate(np.ones((1, first), dtype=np.int64), np.ones((1, first), dtype=np.int64), 2,
-                               [SamplingParams(0.0, 0, 1.0, 0)]):
-            pass
+        if first >= 1:
+            ones = np.ones((1, first), dtype=np.int64)
+            for _ in self.generate(ones, ones, 2, [SamplingParams(0.0, 0, 1.0, 0)]):
+                pass
         lengths, s = [WARM_PREFILL_LEN + 1], 2 * WARM_PREFILL_LEN
         while s <= min(m.max_seq_len, 1024):
             lengths.append(s)
