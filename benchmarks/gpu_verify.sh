@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Issue 12's verification on an NVIDIA GPU machine without network (run from the repository root):
-#   bash benchmarks/gpu_verify.sh [all|tests|flow|bench|quick]
+#   bash benchmarks/gpu_verify.sh [all|tests|flow|bench|quick|issue25]
 # export -> build (torch-cuda) -> infer -> eval -> bench through the CLI on stories260K (fp32, fp16, bf16) and on
 # the random Qwen2.5-0.5B-shaped checkpoint bench_gpu.py makes; the test file's tests; the benchmark.
 # quick: one short lease: the bf16 (+ fp16) benchmark with 2 repeats, then the gpu-marked tests, each under a
 # time limit (QUICK_BENCH_S, QUICK_TESTS_S seconds) so partial results still come back.
+# issue25: the bf16 benchmark with the decode profile, issue 19's engine beside it (--variants), transformers eager
+# and transformers static-cache + torch.compile (in a child process; its crash is reported), then the gpu tests:
+# decode b1/b16 tok/s, TTFT@128 steady and first call, the HBM bandwidth ceiling -> $OUT/gpu_issue25.json
+# (carry .gpuwheels so the CLI test's `infer` finds pydantic; benchmarks/results/gpu_verify_issue25.json: one run).
 # Logs and JSON land in $OUT (default /tmp/gpu_out). A step's failure is reported and the next one still runs.
 # A machine without network that lacks a dependency (the borrowed H200's image has no pydantic, which `infer`'s request
 # file needs) installs it from .gpuwheels/ when that folder is there (carry it), made here with:
@@ -78,5 +82,13 @@ if [ "$WHAT" = quick ]; then
   step pytest-gpu timeout "${QUICK_TESTS_S:-80}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
     -p no:cacheprovider -q -rA
   grep -E "^(PASSED|FAILED|ERROR)|EVAL|passed|failed" "$OUT/pytest-gpu.log"
+fi
+if [ "$WHAT" = issue25 ]; then
+  step bench-gpu timeout "${ISSUE25_BENCH_S:-380}" python3 benchmarks/bench_gpu.py "$W/qwen" \
+    --output "$OUT/gpu_issue25.json" --precisions bf16 --transformers bf16 --repeats 3 --profile --variants --hf-static
+  cat "$OUT/bench-gpu.log"
+  step pytest-gpu timeout "${ISSUE25_TESTS_S:-180}" python3 -m pytest tests/test_torch_cuda.py -m gpu --noconftest \
+    -p no:cacheprovider -q -rA
+  grep -E "^(PASSED|FAILED|ERROR)|EVAL|passed|failed|Error" "$OUT/pytest-gpu.log" | head -40
 fi
 echo "failed steps: ${FAILED[*]:-none}"

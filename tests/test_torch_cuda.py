@@ -389,11 +389,12 @@ def test_graphed_decode_step_equals_a_prefill_of_the_same_positions(cuda_engines
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_decode", [False, True])
-def test_every_decode_variant_captures_and_equals_a_prefill(cuda_engines, compile_decode: bool) -> None:
-    """The decode step captured as a CUDA graph with and without torch.compile (bench_gpu's graph-only variant):
-    nothing in it may copy a CPU tensor in during capture (the mask value once did), and both give a prefill's
-    logits."""
+@pytest.mark.parametrize(("fused", "compile_decode"), [(True, False), (False, False), (False, True)],
+                         ids=["fused_kernels", "layer_modules_graph_only", "layer_modules_compiled"])
+def test_every_decode_variant_captures_and_equals_a_prefill(cuda_engines, fused: bool, compile_decode: bool) -> None:
+    """The decode step captured as a CUDA graph through the fused kernels and through the layer modules, with and
+    without torch.compile (bench_gpu's variant): nothing in it may copy a CPU tensor in during capture (the mask
+    value once did), and each gives a prefill's logits."""
     from edgellm.backends.torch_cuda import ENGINE_DATA, WEIGHT_TABLE, read_table
     from edgellm.backends.torch_cuda.session import TorchCudaSession
     from edgellm.runtime import Engine
@@ -403,14 +404,44 @@ def test_every_decode_variant_captures_and_equals_a_prefill(cuda_engines, compil
     manifest = json.loads((cuda_dir / "engine_manifest.json").read_text())
     engine.session = TorchCudaSession(cuda_dir / ENGINE_DATA, read_table(cuda_dir / WEIGHT_TABLE), engine.config,
                                       io=manifest["io"], max_batch_size=2, max_seq_len=64,
-                                      compile_decode=compile_decode)
-    engine.session.warm_up([1, 2])  # captures both batch sizes
+                                      compile_decode=compile_decode, fused=fused)
+    assert engine.session.model.fused is fused
+    assert set(engine.session._graphs) == {(1, True), (2, True)}  # captured at open: batch 1 and max_batch_size
     ids = np.array([engine.encode("Once upon a time there was a")], dtype=np.int64)
     whole = engine.logits(ids[0].tolist())
     cache = engine.new_cache(1)
     engine.step(ids[:, :-2], cache)
     stepped = [engine.step(ids[:, i:i + 1], cache)[0, 0] for i in (ids.shape[1] - 2, ids.shape[1] - 1)]
     np.testing.assert_allclose(np.stack(stepped), whole[-2:], atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_fused_kernels_equal_the_layer_modules_on_the_gpu(exports) -> None:
+    """kernels.py (RMSNorm, RoPE + cache write, decode attention, SiLU * up) against the layer modules on the GPU in
+    fp32, for every family branch (q/k/v bias: qwen2; q/k norm and explicit head_dim: qwen3): prefill, a
+    left-padded batch, and decode steps of both rows over that padded cache."""
+    dev = torch.device("cuda")
+    for name, (_, onnx_dir) in exports.items():
+        cfg = ModelConfig.load(onnx_dir)
+        table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+        outs = {}
+        for fused in (False, True):
+            model = GpuDecoder(cfg, load_parameters(data_file, table, dev), max_batch_size=2, max_seq_len=32,
+                               device=dev, fused=fused)
+            ids = torch.tensor([[1, 5, 9, 33, 70, 100, 4, 8]], device=dev)
+            pos = torch.arange(8, device=dev)[None]
+            padded_ids = torch.stack([torch.cat([torch.zeros(2, dtype=torch.long, device=dev), ids[0, :6]]), ids[0]])
+            mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8], dtype=torch.bool, device=dev)
+            ppos = (mask.long().cumsum(1) - 1).clamp_min(0)
+            with torch.no_grad():
+                whole = model.prefill(ids, pos, 0, torch.ones(1, 8, dtype=torch.bool, device=dev), 0,
+                                      causal_only=True)[0]
+                padded = model.prefill(padded_ids, ppos, 0, mask, 0, causal_only=False)
+                steps = [model.decode(torch.tensor([3 + i, 4 + i], device=dev), ppos[:, -1] + 1 + i,
+                                      torch.tensor([8 + i], device=dev)) for i in range(3)]
+            outs[fused] = (whole, padded[0, 2:], padded[1], *steps)
+        for i, (want, got) in enumerate(zip(*outs.values(), strict=True)):
+            assert float((got - want).abs().max()) < 1e-4, f"{name}: output {i}"
 
 
 @pytest.mark.gpu

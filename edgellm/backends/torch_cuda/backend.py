@@ -112,7 +112,9 @@ class TorchCudaBackend(EngineBackend):
             "reused_files": {ENGINE_DATA: data_file.name},
             "options": {"device": "cuda", "weights": "export data file, mapped by " + WEIGHT_TABLE,
                         "kv_cache": "preallocated [max_batch_size, kv_heads, max_seq_len, head_dim] per layer",
-                        "prefill": "scaled_dot_product_attention", "decode": "CUDA graph per batch size",
+                        "prefill": "fused kernels (Triton) + cuBLAS GEMMs, attention by scaled_dot_product_attention",
+                        "decode": "one CUDA graph per batch size: fused kernels (Triton) + cuBLAS GEMMs, the "
+                                  "greedy/sampling choice inside",
                         "torch_compile_decode": COMPILE_DECODE},
         }
 

@@ -9,9 +9,18 @@ either layout). Hidden states [B, S, H]. Cache per layer: keys and values [max_b
 ``valid`` [max_batch, capacity] marks the positions a row may attend to (left padding stays invalid). Numerics follow
 transformers' eager path: RMSNorm in fp32, everything else in the model dtype, softmax in fp32.
 
-The decode step's per-layer functions (``attn_in_decode``, ``decode_attention``, ``attn_out_mlp``, ``lm_head``) take
-the layer modules and tensors: ``torch.compile`` traces each once and reuses it for every layer (the modules'
-parameters are inputs of the compiled code, not constants).
+With ``fused`` (the default on a CUDA device) prefill and decode run the layers' math through ``kernels`` (Triton),
+hidden states [T, H] with T = B * S. Prefill, per layer: RMSNorm, the q/k/v GEMM (cuBLAS), RoPE + cache write,
+SDPA, the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSNorm, the gate/up GEMM, SiLU * up, the down
+GEMM adding into the residual. Decode (a few rows), eight kernels a layer: ``kernels.gemv`` for the four
+projections (split-K float32 partial sums where the output is narrow; SiLU * up fused into gate/up), RoPE + cache
+write summing the q/k/v partials, attention over the written columns, and the residual add + next RMSNorm summing
+the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, or ``fused=False``) both run
+through the layer modules as below.
+
+The layer modules' decode step: its per-layer functions (``attn_in_decode``, ``decode_attention``,
+``attn_out_mlp``, ``lm_head``) take the layer modules and tensors: ``torch.compile`` traces each once and reuses it
+for every layer (the modules' parameters are inputs of the compiled code, not constants).
 """
 
 from __future__ import annotations
@@ -89,8 +98,13 @@ class GpuDecoder:
 
     def __init__(self, cfg: ModelConfig, params: dict[str, torch.Tensor], *, max_batch_size: int,
                  max_seq_len: int, device: torch.device, fns: dict[str, Any] | None = None,
-                 decode_sdpa: bool = False) -> None:
+                 decode_sdpa: bool = False, fused: bool | None = None) -> None:
         self.cfg, self.device = cfg, device
+        self.fused = device.type == "cuda" if fused is None else fused
+        if self.fused:
+            from edgellm.backends.torch_cuda import kernels  # imports triton: only where a GPU runs
+
+            self.kernels = kernels
         self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.fns = fns or {"attn_in_decode": attn_in_decode, "decode_attention": decode_attention,
                            "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
@@ -146,16 +160,21 @@ class GpuDecoder:
         n_q, n_kv, d = self.heads
         self.valid[:b, start:end] = new_valid
         self.valid[:b, end:] = False
+        mask = self._prefill_mask(b, s, start, new_valid, causal_only)
+        if self.fused:
+            col = torch.full((1,), start, dtype=torch.int64, device=self.device)
+
+            def attend(i: int, q: torch.Tensor) -> torch.Tensor:  # q [T, Hq, D] -> [T, Hq * D]
+                kc, vc = self.keys[i][:b, :, :end], self.values[i][:b, :, :end]
+                o = F.scaled_dot_product_attention(q.view(b, s, n_q, d).transpose(1, 2), kc, vc, attn_mask=mask,
+                                                   is_causal=mask is None, enable_gqa=n_q != n_kv)
+                return o.transpose(1, 2).reshape(b * s, n_q * d)
+
+            x = self._fused_layers(self.embed_rows(ids.reshape(-1)), positions.reshape(-1), col, s, attend)
+            last = x.view(b, s, -1)[:, logits_from:].reshape(b * (s - logits_from), -1)
+            return self._fused_head(last).view(b, s - logits_from, -1)
         x = self.decoder.model.embed_tokens(ids)
         rope = self._rope(positions)
-        mask = None
-        if not causal_only:
-            causal = torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start)
-            mask = causal[None] & self.valid[:b, None, :end]  # [B, S, T]
-            # a padded query row attends to itself only: its output is unused but must stay finite
-            eye = torch.zeros((s, end), dtype=torch.bool, device=self.device)
-            eye[:, start:] = torch.eye(s, dtype=torch.bool, device=self.device)
-            mask = (mask | (eye[None] & ~new_valid[:, :, None]))[:, None]
         for layer, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
             q, k, v = layer.self_attn.project(layer.input_layernorm(x), rope, b, s)
             kc[:b, :, start:end] = k
@@ -165,9 +184,80 @@ class GpuDecoder:
             x = attn_out_mlp(layer, x, o.transpose(1, 2).reshape(b, s, n_q * d))
         return lm_head(self.decoder, x[:, logits_from:])
 
+    def _prefill_mask(self, b: int, s: int, start: int, new_valid: torch.Tensor,
+                      causal_only: bool) -> torch.Tensor | None:
+        """SDPA's bool mask [B, 1, S, start + S] (None: plain causal)."""
+        end = start + s
+        mask = None
+        if not causal_only:
+            causal = torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start)
+            mask = causal[None] & self.valid[:b, None, :end]  # [B, S, T]
+            # a padded query row attends to itself only: its output is unused but must stay finite
+            eye = torch.zeros((s, end), dtype=torch.bool, device=self.device)
+            eye[:, start:] = torch.eye(s, dtype=torch.bool, device=self.device)
+            mask = (mask | (eye[None] & ~new_valid[:, :, None]))[:, None]
+        return mask
+
+    # --- the fused path (kernels.py) ---------------------------------------------------------------------------
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids int64 [T] -> hidden states [T, H] (a new tensor: the layers add into it in place)."""
+        return F.embedding(ids, self.embed)
+
+    def _fused_layers(self, x: torch.Tensor, positions: torch.Tensor, col: torch.Tensor, seq: int,
+                      attend: Any) -> torch.Tensor:
+        """x [T, H] (T = B * seq, batch-major) through every layer; positions int64 [T]; ``col`` int64 [1]: the
+        cache column of each row's first token; ``attend(layer index, q [T, Hq, D]) -> [T, Hq * D]``."""
+        k = self.kernels
+        for i, layer in enumerate(self.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm
+            qkv = _linear(k.rms_norm(x, norm.weight, norm.eps), att.qkv_proj)  # [T, (Hq + 2 KV) * D]
+            qn = att.q_norm.weight if att.q_norm is not None else None
+            kn = att.k_norm.weight if att.k_norm is not None else None
+            eps = att.q_norm.eps if att.q_norm is not None else 0.0
+            q = k.rope_cache(qkv, self.cos, self.sin, positions, col, self.kv[i], self.heads, seq, qn, kn, eps)
+            _add_linear(x, attend(i, q), att.o_proj)  # x += o @ Wo
+            norm = layer.post_attention_layernorm
+            gate_up = _linear(k.rms_norm(x, norm.weight, norm.eps), mlp.gate_up_proj)  # [T, 2F]
+            _add_linear(x, k.silu_mul(gate_up), mlp.down_proj)  # x += (silu(gate) * up) @ Wd
+        return x
+
+    def _fused_head(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, H] -> float32 logits [N, V]: the final norm and the LM head."""
+        norm = self.decoder.model.norm
+        return torch.mm(self.kernels.rms_norm(x, norm.weight, norm.eps), self.lm_w).float()
+
+    def _decode_fused(self, tokens: torch.Tensor, positions: torch.Tensor, write_idx: torch.Tensor) -> torch.Tensor:
+        """The decode step, eight kernels a layer: the GEMVs read each weight once (split along K into float32
+        partial sums where the output is narrow), their sums land in the kernel after (RoPE + cache write; the
+        residual add + next RMSNorm), gate/up ends in SiLU * up."""
+        k = self.kernels
+        b = tokens.shape[0]
+        self.valid[:b].index_fill_(1, write_idx, True)
+        x = self.embed_rows(tokens)  # [B, H], the residual stream (updated in place)
+        norm = self.layers[0].input_layernorm
+        xn = k.rms_norm(x, norm.weight, norm.eps)
+        for i, layer in enumerate(self.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            qn, kn = att.q_norm, att.k_norm
+            q = k.rope_cache(k.gemv(xn, att.qkv_proj.weight, partial=True), self.cos, self.sin, positions,
+                             write_idx, self.kv[i], self.heads, 1, qn.weight if qn else None,
+                             kn.weight if kn else None, qn.eps if qn else 0.0, bias=att.qkv_proj.bias)  # [B, Hq, D]
+            o = k.decode_attention(q, self.kv[i], self.valid, write_idx, self.heads, att.scale)  # [B, Hq * D]
+            norm = layer.post_attention_layernorm
+            xn = k.add_partials_norm(k.gemv(o, att.o_proj.weight, partial=True), x, att.o_proj.bias, norm.weight,
+                                     norm.eps)
+            h = k.gemv(xn, mlp.gate_up_proj.weight, bias=mlp.gate_up_proj.bias, silu=True)  # [B, F]
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.decoder.model.norm
+            xn = k.add_partials_norm(k.gemv(h, mlp.down_proj.weight, partial=True), x, mlp.down_proj.bias,
+                                     norm.weight, norm.eps)
+        return torch.mm(xn, self.lm_w).float()  # the LM head at HBM speed through cuBLAS
+
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, write_idx: torch.Tensor) -> torch.Tensor:
         """One token per row, device tensors only (no host sync): tokens/positions int64 [B], write_idx int64 [1]
         (the cache column). Marks that column valid, appends k/v, returns float32 logits [B, V]."""
+        if self.fused:
+            return self._decode_fused(tokens, positions, write_idx)
         b = tokens.shape[0]
         n_q, n_kv, d = self.heads
         valid = self.valid[:b]
@@ -191,3 +281,15 @@ class GpuDecoder:
                 o = f["decode_attention"](q, kc[:b], vc[:b], mask, self.heads, layer.self_attn.scale)
             x = f["attn_out_mlp"](layer, x, o)
         return f["lm_head"](self.decoder, x)[:, 0]
+
+
+def _linear(x: torch.Tensor, lin: Any) -> torch.Tensor:
+    """x [T, in] @ W [in, out] (+ bias): one cuBLAS GEMM (a ``ColumnLinear``)."""
+    return torch.mm(x, lin.weight) if lin.bias is None else torch.addmm(lin.bias, x, lin.weight)
+
+
+def _add_linear(x: torch.Tensor, inp: torch.Tensor, lin: Any) -> None:
+    """x += inp @ W (+ bias), in place: the GEMM adds into the residual (beta = 1), no separate add."""
+    x.addmm_(inp, lin.weight)
+    if lin.bias is not None:
+        x.add_(lin.bias)

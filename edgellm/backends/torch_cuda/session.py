@@ -1,6 +1,8 @@
-"""The torch-CUDA session: one ``GpuDecoder`` on the GPU, its decode step captured as a CUDA graph per batch
-size (greedy and sampling variants), sampling on the GPU, and a generation loop that keeps the GPU ahead of the
-host: step n+1 is queued before the host reads step n's token, so no step waits for the host.
+"""The torch-CUDA session: one ``GpuDecoder`` on the GPU (its fused Triton kernels where Triton imports), its whole
+decode step (every layer, the LM head and the token choice) captured as one CUDA graph per batch size (greedy and
+sampling variants), sampling on the GPU, and a generation loop that keeps the GPU ahead of the host: step n+1 is
+queued before the host reads step n's token, so no step waits for the host. Opening warms up (prefills, the greedy
+graphs of batch 1 and max_batch_size): that first-call cost is paid at open, timed in ``warm_up_s``.
 
 Everything runs on the session's own stream. Each graph reads and writes only the session's static buffers
 (tokens, positions, cache column, sampling parameters, logits), so a replay needs no host data and no sync; the
@@ -14,6 +16,7 @@ whatever batch it runs in (not the same stream of numbers as the CPU runtime's n
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,8 @@ from edgellm.backends.torch_cuda.decoder import (
 from edgellm.config import ModelConfig
 from edgellm.errors import BugError, ConfigurationError
 
-COMPILE_DECODE = True  # torch.compile the decode step's per-layer math before capture (fuses the pointwise ops)
+COMPILE_DECODE = False  # torch.compile the layer modules' decode math (only without the fused kernels)
+WARM_PREFILL_LEN = 16  # prompt length of the prefills run at open (their kernels load then, not in the first TTFT)
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the host's reading of tokens
 _M32 = 0xFFFFFFFF
 
@@ -120,7 +124,12 @@ class TorchCudaSession(Session):
     first rows) and tokens are chosen there."""
 
     def __init__(self, data_file: Path, table: list[dict[str, Any]], config: ModelConfig, *, io: dict[str, Any],
-                 max_batch_size: int, max_seq_len: int, compile_decode: bool, decode_sdpa: bool = False) -> None:
+                 max_batch_size: int, max_seq_len: int, compile_decode: bool, decode_sdpa: bool = False,
+                 fused: bool | None = None, warm: bool = True) -> None:
+        """``fused``: the decode step and prefill through kernels.py (default: when Triton imports); otherwise the
+        layer modules (``compile_decode``: through torch.compile). ``warm``: at open, run the prefills and capture
+        the greedy decode graphs of batch 1 and max_batch_size (kernel loading, Triton compiles, cuBLAS handles:
+        the first-call cost, timed in ``warm_up_s``), so the first request's TTFT is a steady-state one."""
         self.config = config
         self.inputs = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in io["inputs"]]
         self.outputs = [TensorSpec(o["name"], o["dtype"], tuple(o["shape"])) for o in io["outputs"]]
@@ -129,9 +138,10 @@ class TorchCudaSession(Session):
         self.stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(self.stream):
             params = load_parameters(data_file, table, self.device)
+            fused = _triton_available() if fused is None else fused
             self.model = GpuDecoder(config, params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                                    device=self.device, fns=compiled_fns() if compile_decode else None,
-                                    decode_sdpa=decode_sdpa)
+                                    device=self.device, decode_sdpa=decode_sdpa, fused=fused,
+                                    fns=compiled_fns() if compile_decode and not fused else None)
             del params
             bmax, d = max_batch_size, self.device
             self.tokens = torch.zeros(bmax, dtype=torch.int64, device=d)
@@ -147,6 +157,37 @@ class TorchCudaSession(Session):
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self._epoch = 0
+        self.warm_up_s = 0.0
+        if warm:
+            t = time.perf_counter()
+            self._warm_prefill()
+            self.warm_up(sorted({1, max_batch_size}))
+            self.warm_up_s = time.perf_counter() - t
+
+    def _warm_prefill(self) -> None:
+        """One ``generate`` of two tokens (pinned buffers, events, the first token's path), then prefills of prompts
+        of 16, 32, ... tokens up to max_seq_len (at most 1,024: cuBLAS picks its kernels by size, and each loads on
+        first use) and of a left-padded batch (SDPA's masked kernel); one more token than 16 too (Triton specializes
+        lengths divisible by 16). The cache is left empty."""
+        m = self.model
+        first = min(WARM_PREFILL_LEN, m.max_seq_len - 1)
+        if first >= 1:
+            ones = np.ones((1, first), dtype=np.int64)
+            for _ in self.generate(ones, ones, 2, [SamplingParams(0.0, 0, 1.0, 0)]):
+                pass
+        lengths, s = [WARM_PREFILL_LEN + 1], 2 * WARM_PREFILL_LEN
+        while s <= min(m.max_seq_len, 1024):
+            lengths.append(s)
+            s *= 2
+        for i, s in enumerate(x for x in lengths if x <= m.max_seq_len):
+            b = min(2, m.max_batch_size) if i == 0 else 1
+            mask = np.ones((b, s), dtype=np.int64)
+            mask[1:, :1] = 0
+            with torch.cuda.stream(self.stream):
+                self._prefill(np.zeros((b, s), dtype=np.int64), position_ids(mask, s), mask, 0, s - 1)
+        with torch.cuda.stream(self.stream):
+            m.valid.fill_(False)
+        self.stream.synchronize()
 
     # --- caches ----------------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int | None = None) -> DeviceCache:
@@ -304,6 +345,14 @@ class TorchCudaSession(Session):
                 "max_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
                 "reserved_bytes": torch.cuda.memory_reserved(self.device), "device_used_bytes": total - free,
                 "device_total_bytes": total}
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
