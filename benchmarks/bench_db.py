@@ -125,7 +125,10 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
     info["lease_single"] = single(engine, args.lease_n)
     info["lease_contended"] = contended(url, args.workers, args.devices, args.max_jobs, args.cycles,
                                         args.hold_ms, args.think_ms)
-    print(f"[{name}] leases: {info['lease_contended']['acquire_plus_release']}", flush=True)
+    info["lease_own_devices"] = contended(url, args.workers, 0, args.max_jobs, args.cycles, args.hold_ms,
+                                          args.think_ms)
+    print(f"[{name}] leases: {info['lease_contended']['acquire_plus_release']}; each worker its own device: "
+          f"{info['lease_own_devices']['acquire_plus_release']}", flush=True)
     engine.dispose()
     return info
 

@@ -56,14 +56,17 @@ def single(engine: Engine, n: int) -> dict[str, object]:
 
 def contended(url: str, workers: int, devices: int, max_jobs: int, cycles: int, hold_ms: float,
               think_ms: float) -> dict[str, object]:
-    """``workers`` processes started together on ``devices`` devices of ``max_jobs`` slots each."""
+    """``workers`` processes started together on ``devices`` devices of ``max_jobs`` slots each (``devices=0``:
+    each worker its own device, to tell waiting for a device's lock from waiting for a CPU)."""
     spec = {"devices": [f"bench-shared-{d}" for d in range(devices)], "max_jobs": max_jobs, "cycles": cycles,
             "hold_ms": hold_ms, "think_ms": think_ms}
+    own = devices == 0  # each worker its own device: the same CPU load, no device row lock shared
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
         go = Path(tmp) / "go"
         procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.db_leases", url,
-                                   json.dumps({**spec, "go": str(go), "seed": w})],
+                                   json.dumps({**spec, "go": str(go), "seed": w,
+                                               **({"devices": [f"bench-own-{w}"]} if own else {})})],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for w in range(workers)]
         try:
             for p in procs:
@@ -84,8 +87,14 @@ def contended(url: str, workers: int, devices: int, max_jobs: int, cycles: int, 
     got = [t for o in outs for t in o["acquire_ok"]]
     rel = [t for o in outs for t in o["release"]]
     pairs = [a + r for o in outs for a, r in zip(o["acquire_ok"], o["release"], strict=True)]
-    return {**spec, "workers": workers, "wall_s": round(wall, 1), "loadavg_1m_at_start": round(load0, 2),
+    client = [t for o in outs for t in o["client_cpu_ms_per_attempt"]]
+    server = [t for o in outs for t in o["server_cpu_ms_per_attempt"]]
+    return {**spec, "devices": "one per worker" if own else spec["devices"], "workers": workers,
+            "wall_s": round(wall, 1), "loadavg_1m_at_start": round(load0, 2),
             "attempts_per_s": round(len(acq) / wall, 1), "granted": len(got), "refused": len(acq) - len(got),
+            # CPU per attempt (acquire, and release when granted): with the attempt rate, the cores the workers use
+            "client_cpu_ms_per_attempt": round(statistics.mean(client), 2),
+            "server_cpu_ms_per_attempt": round(statistics.mean(server), 2) if server else None,
             "try_acquire": summary(acq), "acquire_granted": summary(got), "release": summary(rel),
             "acquire_plus_release": summary(pairs)}
 
@@ -96,8 +105,10 @@ def _worker(url: str, spec: dict[str, object]) -> None:
     devices: list[str] = spec["devices"]  # type: ignore[assignment]
     max_jobs, cycles = int(spec["max_jobs"]), int(spec["cycles"])  # type: ignore[call-overload]
     hold, think = float(spec["hold_ms"]) / 1000, float(spec["think_ms"]) / 1000  # type: ignore[arg-type]
-    with engine.connect():  # open the connection before the start line
-        pass
+    with engine.connect() as conn:  # open the connection before the start line; its server process's CPU is read
+        backend = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) if conn.dialect.name == \
+            "postgresql" else None
+    cpu0, server0 = time.process_time(), _cpu_s(backend)
     print("ready", flush=True)
     go = Path(str(spec["go"]))
     while not go.exists():
@@ -116,8 +127,20 @@ def _worker(url: str, spec: dict[str, object]) -> None:
             release(engine, lease)
             out["release"].append((time.perf_counter() - t0) * 1000)
         time.sleep(rng.uniform(0, think))
+    cycles_done = len(out["acquire"])
+    out["client_cpu_ms_per_attempt"] = [(time.process_time() - cpu0) * 1000 / cycles_done]
+    out["server_cpu_ms_per_attempt"] = [(_cpu_s(backend) - server0) * 1000 / cycles_done] if backend else []
     engine.dispose()
     print(json.dumps(out), flush=True)
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process of this host (the worker's PostgreSQL server process), 0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ def test_quick_mode_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> N
         assert pg["plans"]["docs_latest_status"]["execution"].startswith("Execution Time")
         assert pg["lease_contended"]["workers"] == bench_db.QUICK["workers"]
         assert pg["lease_contended"]["acquire_plus_release"]["n"] > 0
+        assert pg["lease_own_devices"]["devices"] == "one per worker"
+        assert pg["lease_own_devices"]["refused"] == 0  # nobody shares its device
+        assert pg["lease_contended"]["server_cpu_ms_per_attempt"] is not None
         assert pg["docs_matrix_rows_once_s"] > 0
 
         shape = Shape.for_results(bench_db.QUICK["rows"], bench_db.QUICK["runs"], bench_db.QUICK["results"])
