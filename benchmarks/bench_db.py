@@ -32,7 +32,7 @@ from sqlalchemy import Engine, Select  # noqa: E402
 
 from benchmarks.db_data import Shape, check_consistent, expected_passing, load  # noqa: E402
 from benchmarks.db_leases import contended, pct, single  # noqa: E402
-from results.db import make_engine  # noqa: E402
+from results.db import make_engine, redact  # noqa: E402
 from results.migrate import upgrade  # noqa: E402
 from results.queries import (  # noqa: E402
     DEFAULT_REQUIRED,
@@ -84,6 +84,9 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
     with engine.connect() as conn:
         info["version"] = (str(conn.exec_driver_sql("SHOW server_version").scalar_one()) if name == "postgresql"
                            else sqlite3.sqlite_version)
+        if name == "postgresql":  # the throwaway cluster keeps PostgreSQL's defaults (tests/fixtures/postgres.py)
+            info["settings"] = {k: str(conn.exec_driver_sql(f"SHOW {k}").scalar_one())
+                                for k in ("shared_buffers", "work_mem", "jit", "max_parallel_workers_per_gather")}
     print(f"[{name}] loading {shape} ...", flush=True)
     info.update(load(engine, shape))
     check_consistent(engine, shape)
@@ -165,6 +168,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--postgres", help="a PostgreSQL URL of an empty database (default: a throwaway cluster)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "db.json")
     args = ap.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
     for flag, value in (QUICK if args.quick else FULL).items():
         if getattr(args, flag) is None:
             setattr(args, flag, value)
@@ -192,23 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = server.create_database()
         try:
             results.append(run_backend("postgresql", url, shape, args))
+            write(args, shape, results, load_before, t_start)
         finally:
             if stop is not None:
                 stop()
     if "sqlite" in args.backends:
         with tempfile.TemporaryDirectory() as tmp:
             results.append(run_backend("sqlite", f"sqlite:///{tmp}/bench.db", shape, args))
-    met = targets(results, args.workers)
-    report = {
-        "command": "python benchmarks/bench_db.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "wall_s": round(time.perf_counter() - t_start, 1)},
-        "shape": {"rows": shape.rows, "runs": shape.runs, "stride": shape.stride, "workers": args.workers,
-                  "repeat": args.repeat},
-        "targets": met, "met": all(t["met"] for t in met), "results": results,
-    }
+    report = write(args, shape, results, load_before, t_start)
     print(f"\n{'backend':<11} {'results':>9} {'rows':>6} {'load s':>7} {'passing':>7} {'pass ms':>8} {'p95':>7} "
           f"{'plat ms':>8} {'docs ms':>8} {'p95':>7} {'lease1 p95':>10} {'leaseN med':>10} {'leaseN p95':>10}")
     for r in results:
@@ -222,13 +217,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         for q, p in r["plans"].items():
             print(f"\n{r['backend']} plan of {q}:\n{p['text']}")
-    for t in met:
+    for t in report["targets"]:
         print(f"{'met' if t['met'] else 'NOT met':>8}: {t['name']}: {t['measured']} (target {t['target']})")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nload average before {report['machine']['loadavg_before']}, after {report['machine']['loadavg_after']}; "
           f"wrote {args.out}")
     return 0 if report["met"] else 1
+
+
+def write(args: argparse.Namespace, shape: Shape, results: list[dict[str, Any]], load_before: tuple[float, ...],
+          t_start: float) -> dict[str, Any]:
+    """The JSON report (written after each backend, so a long run keeps what it measured)."""
+    met = targets(results, args.workers)
+    report = {
+        "command": "python benchmarks/bench_db.py " + " ".join(redact(a) if "://" in a else a for a in args.argv),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                    "wall_s": round(time.perf_counter() - t_start, 1)},
+        "shape": {"rows": shape.rows, "runs": shape.runs, "stride": shape.stride, "workers": args.workers,
+                  "repeat": args.repeat},
+        "targets": met, "met": all(t["met"] for t in met), "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 if __name__ == "__main__":

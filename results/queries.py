@@ -265,8 +265,9 @@ def passing_rows(
 ) -> list[RowKey]:
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
     stmt = passing_rows_stmt(_required(required), platform, toolchain)
-    with _session(db) as s:
-        return [RowKey(m, p, pl, tc, var) for m, p, pl, tc, var in s.execute(stmt)]
+    prec, tool = _reader(RowLatest.precision), _reader(RowLatest.toolchain)
+    with _session(db) as s:  # Core rows, names read once each (20,000 rows: see latest_status)
+        return [RowKey(m, prec(p), pl, tool(tc), var) for m, p, pl, tc, var in s.connection().execute(stmt)]
 
 
 def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
@@ -284,8 +285,10 @@ def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolcha
         having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
         having.append(n(and_(Result.stage == stage, Result.status.not_in(_ACCEPTABLE))) == 0)
     row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant)
+    raw = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
+           type_coerce(RowLatest.toolchain, String), RowLatest.variant)
     return (
-        select(*row)
+        select(*raw)
         .join(Result, _latest_results())
         .where(*_row_filter(None, None, platform, toolchain))
         .group_by(*row)
