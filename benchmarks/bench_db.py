@@ -4,7 +4,9 @@
 warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 5 ms. Prints tables
 and EXPLAIN plans; writes benchmarks/results/db.json. The data: benchmarks/db_data.py; the leases: db_leases.py.
 
-    python benchmarks/bench_db.py --results 10000000 --rows 20000 --runs 500 --workers 16
+    python benchmarks/bench_db.py --results 10000000 --rows 20000 --runs 500 --workers 16 --backends postgresql
+    python benchmarks/bench_db.py --results 1000000 --rows 20000 --runs 50 --workers 16 --backends sqlite \
+        --out benchmarks/results/db-sqlite.json   (SQLite's 10M load took over 10 min on 2 busy cores: 1M here)
     python benchmarks/bench_db.py --quick            (a few seconds: tests/test_bench_db.py)
     [--postgres URL] (default: a throwaway cluster)  [--backends postgresql,sqlite]  [--no-docs-matrix]
 """
