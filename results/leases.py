@@ -1,13 +1,15 @@
 """Device leases held in the database: a device never runs more than its max parallel jobs, across processes
 and hosts.
 
-Each acquire is one write transaction that serialises on the device: on PostgreSQL an upsert plus
-``SELECT ... FOR UPDATE`` of the device's ``lease_devices`` row; on SQLite ``BEGIN IMMEDIATE`` (the database-wide
-write lock). Inside it, leases of dead holders are deleted (those whose last heartbeat is older than their TTL,
-and at once those whose holder is a process of this host that is gone, as dead runs are reaped: a rerun after a
-killed orchestrator gets its devices back without waiting out the TTL), the live ones counted, and a new one
-inserted if there is room. Times come from the database host's clock on PostgreSQL
-(so hosts with skewed clocks agree) and from the local clock on SQLite (which is local anyway).
+Each acquire is one write transaction that serialises on the device: on PostgreSQL the upsert of the device's
+``lease_devices`` row (which locks it to commit and reads the clock); on SQLite ``BEGIN IMMEDIATE`` (the
+database-wide write lock). Inside it, in three statements (upsert, one read of the device's leases, insert: each
+round trip is time the lock is held, and the lock is what contending workers queue on), leases of dead holders are
+deleted (those whose last heartbeat is older than their TTL, and at once those whose holder is a process of this
+host that is gone, as dead runs are reaped: a rerun after a killed orchestrator gets its devices back without
+waiting out the TTL), the live ones counted, and a new one inserted if there is room. Times come from the
+database host's clock on PostgreSQL (so hosts with skewed clocks agree) and from the local clock on SQLite (which is
+local anyway).
 """
 
 from __future__ import annotations
@@ -91,26 +93,27 @@ def try_acquire(
     with writer(engine).connect() as conn, conn.begin():
         pg = conn.dialect.name == "postgresql"
         ins = (postgresql.insert if pg else sqlite.insert)(LeaseDevice).values(device_id=device_id, max_jobs=max_jobs)
-        conn.execute(ins.on_conflict_do_update(index_elements=["device_id"], set_={"max_jobs": max_jobs}))
-        if pg:  # the upsert already holds the row lock; this says so explicitly
-            conn.execute(select(LeaseDevice.device_id).where(LeaseDevice.device_id == device_id).with_for_update())
-        now = _now(conn)
-        expired = conn.execute(
-            delete(DeviceLease)
-            .where(DeviceLease.device_id == device_id, DeviceLease.heartbeat_at + DeviceLease.ttl_s < now)
-            .returning(DeviceLease.holder)
-        ).scalars().all()
-        for dead in expired:
+        upsert = ins.on_conflict_do_update(index_elements=["device_id"], set_={"max_jobs": max_jobs})
+        if pg:  # the upsert takes the device row's lock (held to commit) and reads the database clock with it
+            now = float(conn.execute(upsert.returning(func.extract("epoch", func.clock_timestamp()))).scalar_one())
+        else:
+            conn.execute(upsert)
+            now = time.time()
+        # a new statement after the lock: it sees every lease committed by whoever held the lock before us
+        leases = conn.execute(select(DeviceLease.id, DeviceLease.holder, DeviceLease.heartbeat_at, DeviceLease.ttl_s,
+                                     DeviceLease.slots).where(DeviceLease.device_id == device_id)).all()
+        expired = [(lease.id, lease.holder) for lease in leases if lease.heartbeat_at + lease.ttl_s < now]
+        orphaned = [(lease.id, lease.holder) for lease in leases
+                    if lease.heartbeat_at + lease.ttl_s >= now and _gone(lease.holder)]
+        dead_ids = {lease_id for lease_id, _ in expired + orphaned}
+        if dead_ids:
+            conn.execute(delete(DeviceLease).where(DeviceLease.id.in_(sorted(dead_ids))))
+        for _, dead in expired:
             log.warning("reclaimed expired lease on %s held by %s", device_id, dead)
-        orphaned = [(lease_id, who) for lease_id, who in conn.execute(
-            select(DeviceLease.id, DeviceLease.holder).where(DeviceLease.device_id == device_id)) if _gone(who)]
-        if orphaned:
-            conn.execute(delete(DeviceLease).where(DeviceLease.id.in_([lease_id for lease_id, _ in orphaned])))
         for _, dead in orphaned:
             log.warning("reclaimed the lease on %s held by %s: that process is gone", device_id, dead)
-        held = conn.scalar(select(func.coalesce(func.sum(DeviceLease.slots), 0))
-                           .where(DeviceLease.device_id == device_id))
-        if int(held or 0) + slots > max_jobs:
+        held = sum(lease.slots for lease in leases if lease.id not in dead_ids)
+        if held + slots > max_jobs:
             return None
         lease_id = conn.execute(
             insert(DeviceLease)

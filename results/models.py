@@ -266,9 +266,9 @@ class Result(Base):
     __tablename__ = "results"
     __table_args__ = (
         UniqueConstraint("run_id", "model", "precision", "platform", "stage", "test_id"),
-        # "Which rows pass": per row, seek its latest run and read stage + status from the index alone.
+        # "Which rows pass": per row, seek its latest run and read stage, status and stand-in from the index alone.
         Index("ix_results_row_run", "model", "precision", "platform", "job_toolchain", "variant", "run_id", "stage",
-              "status"),
+              "status", "standin"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, and_, func, select
+from sqlalchemy import Engine, Select, String, and_, case, cast, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
@@ -60,10 +60,13 @@ class Verdict(enum.StrEnum):
     NOT_APPLICABLE = "not_applicable"
 
 
+_STAGE_POSITION = {str(stage): i for i, stage in enumerate(Stage)}
+
+
 def _stage_order(stage: str) -> tuple[int, str]:
     """Pipeline order; a stage this farm does not know (a newer farm recorded it) after the known ones."""
-    known = list(Stage)
-    return (known.index(stage), "") if stage in known else (len(known), str(stage))
+    i = _STAGE_POSITION.get(str(stage))
+    return (i, "") if i is not None else (len(_STAGE_POSITION), str(stage))
 
 
 def supported(verdict: Verdict | str) -> bool:
@@ -191,24 +194,66 @@ def latest_status(
     """Every row's stage statuses and verdict in its latest run, sorted by row (``toolchain``: rows whose jobs ran
     with it)."""
     req = _required(required)
-    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant,
-           RowLatest.run_id)
-    made = (Result.chosen_versions, Result.stage, Result.status, Result.toolchain, Result.toolchain_version,
-            Result.standin, Result.route)
-    latest = (
-        select(*row, *made, func.count())
+    read = {name: _reader(col) for name, col in (("precision", RowLatest.precision), ("toolchain", Result.toolchain),
+                                                   ("stage", Result.stage))}
+    judged: dict[str, tuple[Any, ...]] = {}  # packed results -> (verdict, worst, toolchain, version, standin, route)
+    out = []
+    with _session(db) as s:
+        stmt = latest_status_stmt(model, precision, platform, toolchain)
+        for m, p, pl, job_tc, var, run_id, chosen, packed in s.connection().execute(stmt):  # Core rows: no ORM
+            j = judged.get(packed)
+            if j is None:
+                t = _Tally()
+                for entry in sorted(packed.split(_ENTRY)):
+                    stage, status, tc, version, standin, route, n = entry.split(_FIELD)
+                    t.add(read["stage"](stage), ResultStatus(status), int(n), read["toolchain"](tc), version or None,
+                          standin == "1", route or None)
+                j = judged[packed] = (t.verdict(req), t.worst(), *t.toolchain(), *t.marks())
+            key = RowKey(m, read["precision"](p), pl, read["toolchain"](job_tc), var)
+            out.append(((m, str(key.precision), pl, str(key.toolchain), var, run_id, chosen or ""),
+                        RowStatus(key, run_id, j[0], dict(j[1]), None, None, *j[2:], chosen_versions=chosen or None)))
+    out.sort(key=lambda pair: pair[0])
+    return [st for _, st in out]
+
+
+_FIELD, _ENTRY = "\x1f", "\x1e"  # separators of the packed results of a row (see latest_status_stmt)
+
+
+def _reader(col: Any) -> Any:
+    """A column type's reading of raw stored names, once per distinct name (a query's rows repeat a few names)."""
+    typ, seen = col.type, {}
+
+    def read(raw: str) -> Any:
+        if raw not in seen:
+            seen[raw] = typ.process_result_value(raw, None)
+        return seen[raw]
+    return read
+
+
+def latest_status_stmt(model: str | None = None, precision: Precision | str | None = None,
+                       platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
+    """The SQL of :func:`latest_status`: one row per (row, its latest run, chosen versions), its results counted by
+    (stage, status, toolchain, version, stand-in, route) and packed into one string (``_FIELD`` between fields,
+    ``_ENTRY`` between groups), so that the rows' tallies are judged once per distinct pattern; names come raw."""
+    row = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
+           type_coerce(RowLatest.toolchain, String), RowLatest.variant, RowLatest.run_id, Result.chosen_versions)
+    made = (type_coerce(Result.stage, String), cast(Result.status, String), type_coerce(Result.toolchain, String),
+            func.coalesce(Result.toolchain_version, ""), case((Result.standin.is_(True), "1"), else_="0"),
+            func.coalesce(type_coerce(Result.route, String), ""))
+    counted = (
+        select(*(c.label(f"r{i}") for i, c in enumerate(row)), *(c.label(f"m{i}") for i, c in enumerate(made)),
+               func.count().label("n"))
         .join(Result, _latest_results())
         .where(*_row_filter(model, precision, platform, toolchain))
         .group_by(*row, *made)
+        .subquery()
     )
-    tallies: dict[tuple[RowKey, int, str], _Tally] = defaultdict(_Tally)
-    with _session(db) as s:
-        for m, p, pl, job_tc, var, run_id, chosen, stage, status, tc, version, standin, route, n in s.execute(latest):
-            tallies[(RowKey(m, p, pl, job_tc, var), run_id, chosen or "")].add(stage, status, n, tc, version, standin,
-                                                                          route)
-    return [RowStatus(key, run_id, t.verdict(req), t.worst(), None, None, *t.toolchain(), *t.marks(),
-                      chosen_versions=chosen or None)
-            for (key, run_id, chosen), t in sorted(tallies.items())]
+    fields = [counted.c[f"m{i}"] for i in range(len(made))] + [cast(counted.c.n, String)]
+    packed = fields[0]
+    for f in fields[1:]:
+        packed = packed + _FIELD + f
+    keys = [counted.c[f"r{i}"] for i in range(len(row))]
+    return select(*keys, func.aggregate_strings(packed, _ENTRY)).group_by(*keys)
 
 
 def passing_rows(
@@ -220,8 +265,9 @@ def passing_rows(
 ) -> list[RowKey]:
     """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
     stmt = passing_rows_stmt(_required(required), platform, toolchain)
-    with _session(db) as s:
-        return [RowKey(m, p, pl, tc, var) for m, p, pl, tc, var in s.execute(stmt)]
+    prec, tool = _reader(RowLatest.precision), _reader(RowLatest.toolchain)
+    with _session(db) as s:  # Core rows, names read once each (20,000 rows: see latest_status)
+        return [RowKey(m, prec(p), pl, tool(tc), var) for m, p, pl, tc, var in s.connection().execute(stmt)]
 
 
 def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
@@ -239,8 +285,10 @@ def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolcha
         having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
         having.append(n(and_(Result.stage == stage, Result.status.not_in(_ACCEPTABLE))) == 0)
     row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant)
+    raw = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
+           type_coerce(RowLatest.toolchain, String), RowLatest.variant)
     return (
-        select(*row)
+        select(*raw)
         .join(Result, _latest_results())
         .where(*_row_filter(None, None, platform, toolchain))
         .group_by(*row)

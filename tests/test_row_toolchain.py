@@ -86,7 +86,8 @@ def test_upgrade_from_empty_keys_rows_by_toolchain(empty: Engine) -> None:
     columns = {c["name"]: c for c in insp.get_columns("results")}
     assert columns["job_toolchain"]["nullable"] is False
     index = {i["name"]: i["column_names"] for i in insp.get_indexes("results")}["ix_results_row_run"]
-    assert index == ["model", "precision", "platform", "job_toolchain", "variant", "run_id", "stage", "status"]
+    assert index == ["model", "precision", "platform", "job_toolchain", "variant", "run_id", "stage", "status",
+                     "standin"]  # 0014
 
 
 def _fill_0008(conn: Any) -> None:
