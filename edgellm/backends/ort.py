@@ -31,10 +31,11 @@ OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 
 # ONNX Runtime's intra-op threads spin by default: between parallel sections (every GEMM of a decode step is one) an
 # idle thread keeps polling for work instead of sleeping. On a machine the engine shares, that polling burns the CPU
-# time the decode needs: under a competing job, and on a 2-CPU machine other tenants loaded, a 2-thread fp32 decode
-# of the Qwen2.5-0.5B shape with spinning on used ~1.5x the CPU seconds per token of one with it off and ran 1.3-2.2x
-# slower (paired rounds; benchmarks/peers_contention.py, benchmarks/results/peers-contention.json). Off by default;
-# ``OrtBackend.open(intra_op_spinning=True)`` restores ONNX Runtime's default (the benchmark's A/B).
+# time the decode needs. benchmarks/results/peers-contention.json (2 CPUs, already loaded by other tenants, 2 threads,
+# rounds alternating): the Qwen2.5-0.5B shape at fp32 decoded 1.48x faster with spinning off under a competing
+# 2-process job (1.73x without it), stories260K 2.5x under it (0.88x without: on an idle machine spinning saves the
+# wake-ups; not measured idle here). Off by default; ``OrtBackend.open(intra_op_spinning=True)`` restores ONNX
+# Runtime's default (the benchmark's edgellm-spin stack).
 INTRA_OP_SPINNING = False
 
 INT8_GEMMS = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul")
