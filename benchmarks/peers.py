@@ -21,8 +21,11 @@ stacks (so load from elsewhere on a shared machine hits all alike) and the media
     PYTHONPATH=. .venv/bin/python benchmarks/peers.py [--models stories260K,qwen2.5-0.5b-shape] [--stacks ...]
         [--repeats 5] [--build-repeats 3] [--quantizer synthetic|tensorrt-edgellm] [--quick]
 
-Prints a table of ratios and writes benchmarks/results/peers.json. A stack that cannot run a model is reported as
-"n/a (reason)", never as a crash of the whole run.
+    PYTHONPATH=. .venv/bin/python benchmarks/peers.py --contention [--quick]   # quiet vs under a competing CPU job:
+        # edgellm / onnxruntime-genai decode per case (benchmarks/peers_contention.py says how)
+
+Prints a table of ratios and writes benchmarks/results/peers.json (--contention: peers-contention.json). A stack
+that cannot run a model is reported as "n/a (reason)", never as a crash of the whole run.
 """
 
 from __future__ import annotations
@@ -76,23 +79,41 @@ def _peak_rss() -> int:
 
 
 def _timed_stream(tokens: Callable[[], Any]) -> dict[str, float | int]:
-    """Consume an iterator of produced tokens; TTFT is the first token's arrival, decode rate the rest."""
-    t0 = time.perf_counter()
-    first = None
+    """Consume an iterator of produced tokens; TTFT is the first token's arrival, decode rate the rest (and the
+    process's CPU seconds over each)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    first = c_first = None
     n = 0
     for _ in tokens():
         n += 1
         if first is None:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    assert first is not None, "no token produced"
-    return {"ttft_s": first - t0, "decode_s": end - first, "new_tokens": n}
+            first, c_first = time.perf_counter(), time.process_time()
+    end, c_end = time.perf_counter(), time.process_time()
+    assert first is not None and c_first is not None, "no token produced"
+    # CPU seconds of all this process's threads: above wall x busy threads when idle threads spin
+    return {"ttft_s": first - t0, "decode_s": end - first, "new_tokens": n, "ttft_cpu_s": c_first - c0,
+            "decode_cpu_s": c_end - c_first}
 
 
 def _worker_edgellm(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
     from edgellm.runtime import Engine, GenerationRequest
 
     engine = Engine.open(model_dir, num_threads=threads)
+
+    def run(n: int) -> Any:
+        req = GenerationRequest(id="bench", input_ids=prompt, max_new_tokens=n, temperature=0.0)
+        return engine.stream(req)
+    return run
+
+
+def _worker_edgellm_spin(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    """edgellm with ONNX Runtime's default intra-op spinning (``--contention``'s A/B of edgellm's default)."""
+    from edgellm.backends.ort import OrtBackend
+    from edgellm.runtime import Engine, GenerationRequest
+
+    engine = Engine.open(model_dir, num_threads=threads)
+    engine.session = OrtBackend().open(engine.engine_dir, engine.manifest, num_threads=threads,
+                                       intra_op_spinning=True)
 
     def run(n: int) -> Any:
         req = GenerationRequest(id="bench", input_ids=prompt, max_new_tokens=n, temperature=0.0)
@@ -165,7 +186,8 @@ def _worker_onnxruntime_genai(model_dir: Path, prompt: list[int], new: int, thre
 WORKERS = {"edgellm": _worker_edgellm, "transformers": _worker_transformers,
            "onnxruntime-genai": _worker_onnxruntime_genai, "edgellm-int4": _worker_edgellm,
            "edgellm-int8": _worker_edgellm, "onnxruntime-genai-int4": _worker_onnxruntime_genai,
-           "edgellm-int4-q4head": _worker_edgellm, "edgellm-int8-q8head": _worker_edgellm}
+           "edgellm-int4-q4head": _worker_edgellm, "edgellm-int8-q8head": _worker_edgellm,
+           "edgellm-spin": _worker_edgellm_spin}
 
 
 def bandwidth_main(args: argparse.Namespace) -> int:
@@ -579,7 +601,8 @@ def summarize(results: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    p.add_argument("--models", help=f"comma list of {', '.join(MODELS)} (default: all; with --contention the 0.5B "
+                                    f"shape, or both with --quick)")
     p.add_argument("--stacks", default=",".join(STACKS), help=f"comma list of {', '.join(STACKS)}")
     p.add_argument("--quick", action="store_true", help="one timed repeat and 16 new tokens (smoke run)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every stack")
@@ -588,7 +611,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds; each stack runs once per round")
     p.add_argument("--build-repeats", type=int, default=3, help="build rounds; each stack builds once per round")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="cache of checkpoints and builds")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--output", type=Path, help=f"default {DEFAULT_OUTPUT.relative_to(REPO)}, with --contention "
+                                                "benchmarks/results/peers-contention.json")
+    p.add_argument("--contention", action="store_true",
+                   help="edgellm vs onnxruntime-genai decode, quiet and under a competing CPU job "
+                        "(benchmarks/peers_contention.py)")
+    p.add_argument("--load-procs", type=int, default=2, help="--contention: busy processes of the competing job")
     # worker mode (internal): one stack in its own process
     p.add_argument("--trt-env", type=Path, default=DEFAULT_TRT_ENV,
                    help="tensorrt-edgellm environment whose quantizer makes the int4/int8 checkpoints")
@@ -597,17 +625,24 @@ def main(argv: list[str] | None = None) -> int:
                         "format, seconds; enough for decode speed) or tensorrt-edgellm (NVIDIA's calibrating "
                         "quantizer; int4_awq takes close to an hour on a 0.5B model on this CPU)")
     p.add_argument("--calib-samples", type=int, default=16, help="calibration rows for the quantizer")
-    p.add_argument("--worker", choices=STACKS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=tuple(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--worker-bandwidth", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--prompt-file", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--cases", default="quiet,contended", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.contention:
+        import peers_contention
+
+        args.output = args.output or peers_contention.DEFAULT_OUTPUT
+        return peers_contention.main(args)
+    args.output = args.output or DEFAULT_OUTPUT
     if args.worker_bandwidth:
         return bandwidth_main(args)
     if args.worker:
         return worker_main(args)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = [m.strip() for m in (args.models or ",".join(MODELS)).split(",") if m.strip()]
     stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
     bad = [m for m in models if m not in MODELS] + [s for s in stacks if s not in STACKS]
     if bad or not models or not stacks:

@@ -35,6 +35,7 @@ def main() -> int:
 
     import onnxruntime as ort
 
+    from edgellm.backends.ort import session_options, session_settings
     from edgellm.runtime import Engine, KVBuffer
 
     engine = Engine.open(args.engine_dir, num_threads=args.threads)
@@ -85,9 +86,7 @@ def main() -> int:
         feeds[f"past_key_values.{i}.value"] = np.ascontiguousarray(cache.values[i])
 
     # ORT profile on a second session over the same engine file
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
+    so = session_options(session_settings(args.threads))  # what the engine's own session runs with
     so.enable_profiling = True
     so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
     psess = ort.InferenceSession(str(args.engine_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])

@@ -143,6 +143,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss_bytes(),
         "peak_rss_bytes_before_open": rss_before,
         "threads": opts.num_threads,  # null: the runtime's default
+        # the runtime session's own settings where its backend records them (ONNX Runtime: thread count, spinning)
+        "session": getattr(engine.session, "settings", None),
         "cpu_count": os.cpu_count(),
         "timings": {"engine_open_s": round(open_s, 4), "past_prefill_s": round(past_prefill_s, 4)},
     }

@@ -29,6 +29,15 @@ OWNED_DATA = "model.engine.data"  # initializers the optimizer wrote (norm weigh
 # EXTENDED: fusions valid for any CPU ORT build; ALL would add layout ops tied to this CPU's instruction set.
 OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 
+# ONNX Runtime's intra-op threads spin by default: between parallel sections (every GEMM of a decode step is one) an
+# idle thread keeps polling for work instead of sleeping. On a machine the engine shares, that polling burns the CPU
+# time the decode needs. benchmarks/results/peers-contention.json (2 CPUs, already loaded by other tenants, 2 threads,
+# rounds alternating): the Qwen2.5-0.5B shape at fp32 decoded 1.48x faster with spinning off under a competing
+# 2-process job (1.73x without it), stories260K 2.5x under it (0.88x without: on an idle machine spinning saves the
+# wake-ups; not measured idle here). Off by default; ``OrtBackend.open(intra_op_spinning=True)`` restores ONNX
+# Runtime's default (the benchmark's edgellm-spin stack).
+INTRA_OP_SPINNING = False
+
 INT8_GEMMS = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul")
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
@@ -52,8 +61,9 @@ class OrtSession(Session):
     grows by the present outputs), and refuses several new positions over a past for batch > 1 (such a step runs
     one row at a time)."""
 
-    def __init__(self, sess: Any, *, gqa: bool = False) -> None:
+    def __init__(self, sess: Any, *, gqa: bool = False, settings: dict[str, Any] | None = None) -> None:
         self.sess = sess
+        self.settings = settings or {}  # the session options it was opened with (session_settings)
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
@@ -219,22 +229,46 @@ class OrtBackend(EngineBackend):
                                     "engine_owned_bytes": owned}},
         }
 
-    def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None) -> Session:
+    def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None,
+             intra_op_spinning: bool = INTRA_OP_SPINNING) -> Session:
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        # The engine is already optimized offline; re-optimizing at load would only cost time.
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.intra_op_num_threads = num_threads or physical_cores()
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        settings = session_settings(num_threads, intra_op_spinning=intra_op_spinning)
         path = Path(engine_dir) / ENGINE_MODEL
         try:
-            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(str(path), session_options(settings), providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise ConfigurationError(f"{path}: ONNX Runtime cannot load the engine ({exc})") from None
         ops = manifest.get("graph", {}).get("op_counts", {})
-        return OrtSession(sess, gqa=bool(ops.get("GroupQueryAttention")))
+        return OrtSession(sess, gqa=bool(ops.get("GroupQueryAttention")), settings=settings)
+
+
+def session_settings(num_threads: int | None, *, intra_op_spinning: bool = INTRA_OP_SPINNING) -> dict[str, Any]:
+    """What ``OrtBackend.open`` sets on an engine's session (benchmarks record it beside their numbers)."""
+    if not isinstance(intra_op_spinning, bool):
+        raise ConfigurationError(f"intra_op_spinning {intra_op_spinning!r}: must be True or False")
+    return {
+        # the engine is already optimized offline; re-optimizing at load would only cost time
+        "graph_optimization_level": "ORT_DISABLE_ALL",
+        "intra_op_num_threads": num_threads or physical_cores(),
+        "inter_op_num_threads": 1,
+        "execution_mode": "ORT_SEQUENTIAL",
+        "config_entries": {"session.intra_op.allow_spinning": "1" if intra_op_spinning else "0"},
+    }
+
+
+def session_options(settings: dict[str, Any]) -> Any:
+    """ONNX Runtime SessionOptions from ``session_settings``."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
+    so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    so.execution_mode = getattr(ort.ExecutionMode, settings["execution_mode"])
+    for key, value in settings["config_entries"].items():
+        so.add_session_config_entry(key, value)
+    return so
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:
