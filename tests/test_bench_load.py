@@ -69,3 +69,25 @@ def test_round_figures_from_two_probes() -> None:
     remote = bench_load.round_figures(before, after, own_cpu_s=None)  # own share unknown: the probes' windows
     assert remote["others_cores"] == pytest.approx(0.8) and remote["others_during"] == "probes"
     assert bench_load.metrics("decode", fig)["decode_copy_gb_per_s_after"] == (6.0, "GB/s")
+
+
+def test_the_run_page_shows_a_benchmarks_load_where_its_conditions_are() -> None:
+    from flows.docs_render import render_run_page
+    from results.regressions import UNDER_LOAD_METRIC
+
+    metrics = [("decode_copy_gb_per_s_after", 9.0, "GB/s"), ("decode_copy_gb_per_s_before", 10.0, "GB/s"),
+               ("decode_host_load1_after", 1.25, ""), ("decode_host_load1_before", 1.5, ""),
+               ("decode_others_cpu_cores", 1.2, "cores"), ("decode_tokens_per_s", 50.0, "tokens/s"),
+               (UNDER_LOAD_METRIC, 1.0, "")]
+    res = {"model": "m", "precision": "fp32", "platform": "x86-cpu", "stage": "bench", "status": "pass",
+           "device": "local-cpu", "toolchain": "edgellm-ort", "job_toolchain": "edgellm-ort",
+           "reason": "under load (other processes took 1.20 of 2 cores during the decode round)",
+           "metrics": metrics, "artifacts": []}
+    page = render_run_page({"id": 3, "kind": "nightly", "status": "passed"}, [res])
+    row = next(line for line in page.splitlines() if line.startswith("| bench"))
+    assert "under load (other processes took 1.20 of 2 cores" in row
+    assert ("bench conditions UNDER LOAD (unreliable, not judged): decode: 1.50->1.25 host load, 10.0->9.0 GB/s "
+            "copy, others 1.20 cores") in row
+    quiet = render_run_page({"id": 3, "kind": "nightly", "status": "passed"},
+                            [{**res, "reason": None, "metrics": metrics[:-1]}])
+    assert "bench conditions: decode: 1.50->1.25 host load" in quiet and "UNDER LOAD" not in quiet
