@@ -16,7 +16,7 @@ from results.regressions import UNDER_LOAD_METRIC
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
-from tasks import bench_load, engines, environment
+from tasks import bench_load, bench_probe, engines, environment
 from tasks.build import with_engine
 from tasks.common import (
     attempt_recorder,
@@ -46,15 +46,15 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     toolchain = job.driver(ctx.data_dir)
     prompt, past = bench_lengths(job)
     on_device = engines.load(farm, engine)
-    probe = bench_load.probe_ref(farm)
+    probe = bench_probe.probe_ref(farm)
     runs: list[tuple[BenchRun, DeviceRun]] = []
-    rounds: list[bench_load.LoadRound] = []
+    rounds: list[bench_probe.LoadRound] = []
     for index in range(2):  # prefill, then decode (the driver's order)
         chosen: list[BenchRun] = []
-        load = bench_load.LoadRound(probe)
+        load = bench_probe.LoadRound(probe)
 
         def step(device: Device, transport: Transport, job_dir: str, index: int = index,
-                 chosen: list[BenchRun] = chosen, load: bench_load.LoadRound = load) -> DeviceStep:
+                 chosen: list[BenchRun] = chosen, load: bench_probe.LoadRound = load) -> DeviceStep:
             path = engines.locate(farm, device, transport, on_device)
             bench_run = toolchain.bench_runs(device, path, job_dir, prompt_len=prompt,
                                              past_len=past, warmup=WARMUP, iterations=ITERATIONS)[index]
@@ -62,7 +62,7 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
             load.start(device, transport)  # the last thing before the command (and its environment snapshot)
             return engines.runtime_step(toolchain, on_device, bench_run.step)
 
-        def probed(transport: Transport, run: DeviceRun, load: bench_load.LoadRound = load) -> None:
+        def probed(transport: Transport, run: DeviceRun, load: bench_probe.LoadRound = load) -> None:
             load.end(run.device, transport)
 
         run = run_stage(farm, platform=job.platform, what=f"bench-{index}-{job.key}", argv=step,
@@ -114,7 +114,7 @@ def _conditions(out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]]) -> No
 
 
 def _load(farm: Farm, out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]],
-          rounds: list[bench_load.LoadRound]) -> None:
+          rounds: list[bench_probe.LoadRound]) -> None:
     """Record the host's load and memory bandwidth around each command (metrics, and the figures with the board's
     state in the environment's ``bench`` entries); mark a benchmark taken under load (``tasks.bench_load``)."""
     figures: list[tuple[str, dict[str, Any]]] = []
@@ -126,7 +126,7 @@ def _load(farm: Farm, out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]],
         figures.append((mode, fig))
         out.metrics.update(bench_load.metrics(mode, fig))
     device = runs[-1][1].device.id
-    why = bench_load.under_load(figures, bench_load.recent_copy_median(farm.engine, device))
+    why = bench_load.under_load(figures, bench_probe.recent_copy_median(farm.engine, device))
     out.metrics[UNDER_LOAD_METRIC] = (1.0 if why else 0.0, "")
     if out.environment is not None and figures:
         around = {a.get("mode"): a for a in out.environment.get("bench") or [] if isinstance(a, dict)}

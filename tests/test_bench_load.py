@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from tasks import bench_load
+from tasks import bench_load, bench_probe
 
-PROBE = bench_load.PROBE_FILE
+PROBE = bench_probe.PROBE_FILE
 
 
 def test_the_probe_is_python38_and_stdlib_only() -> None:
