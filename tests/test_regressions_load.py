@@ -57,3 +57,25 @@ def test_results_under_load_are_kept_out_of_the_baseline(rec: Recorder) -> None:
     now = _bench(rec, 60.0, loaded=False, finish=False)
     [flag] = find_regressions(rec.engine, now)
     assert (flag.baseline, flag.baseline_runs) == (100.0, 3)  # the median of the reliable runs only
+
+
+def test_the_devices_recent_copy_bandwidth_leaves_out_benchmarks_under_load(rec: Recorder) -> None:
+    from tasks.bench_probe import recent_copy_median
+
+    def bench(copies: tuple[float, float], loaded: bool, device: str = "local-cpu") -> None:
+        run = rec.start_run("nightly", "cron", "v")
+        rec.record_result(run, model="m", precision="fp16", platform="x86-cpu", test_id="t", toolchain=TC,
+                          stage="bench", status="pass", device=device,
+                          metrics={"prefill_copy_gb_per_s_before": (copies[0], "GB/s"),
+                                   "decode_copy_gb_per_s_after": (copies[1], "GB/s"),
+                                   UNDER_LOAD_METRIC: (1.0 if loaded else 0.0, "")})
+        rec.finish_run(run, "passed")
+
+    bench((10.0, 9.0), False)
+    bench((11.0, 12.0), False)
+    assert recent_copy_median(rec.engine, "local-cpu") is None  # fewer than MIN_BANDWIDTH_HISTORY: not judged
+    bench((1.0, 1.0), True)  # under load: not part of the device's history
+    bench((20.0, 20.0), False, device="other-device")
+    assert recent_copy_median(rec.engine, "local-cpu") is None
+    bench((8.0, 14.0), False)
+    assert recent_copy_median(rec.engine, "local-cpu") == 9.0  # the median of each one's lowest: 9, 11, 8
