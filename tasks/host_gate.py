@@ -12,6 +12,11 @@ one data dir, a worker) respect it as threads do, and a holder that dies drops i
   short stages never starves it.
 - ``rw``: held shared by the stages inside, exclusively by the benchmark once they drained.
 
+The cost, by design: while a benchmark waits for a long host stage (a quantizer run) to drain, nothing new starts on
+this host, and the benchmark's device stays leased to it; host stages and benchmarks of this host alternate instead of
+overlapping. A host stage sent to another pool (``quantize_on``) still holds this host's gate shared while it waits
+for that pool (``tasks.common`` cannot tell it apart): benchmarks here wait for it too.
+
 Nested entries of one thread are no-ops (a shared entry inside a shared or an exclusive one); an exclusive entry
 inside a shared one of the same thread would wait for itself, and is refused as a bug. Waiting is bounded
 (``GATE_WAIT_S``); past it a :class:`HostGateTimeout` (an infrastructure error: retried) names who holds the gate.
