@@ -26,6 +26,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 from results.queries import supported as supported_verdict
+from results.regressions import UNDER_LOAD_METRIC
 from stages.variant import describe as describe_variant
 from toolchains.base import Route
 
@@ -353,6 +354,29 @@ def _shown(res: dict[str, object]) -> str | None:
     return shown_toolchain(str(res["platform"]), None if job_toolchain is None else str(job_toolchain))
 
 
+def bench_load_text(metrics: object) -> str:
+    """A benchmark's load conditions from its metrics (``tasks/bench_load.py``), per mode: the host's one-minute
+    load before -> after, the copy bandwidth before -> after and the cores other processes took; "" for a result
+    without them. Shown with the result's reason, where its bench conditions are."""
+    got = {n: v for n, v, _ in metrics} if isinstance(metrics, list) else {}
+    parts = []
+    for mode in ("prefill", "decode"):
+        load = [got.get(f"{mode}_host_load1_{w}") for w in ("before", "after")]
+        copy = [got.get(f"{mode}_copy_gb_per_s_{w}") for w in ("before", "after")]
+        others = got.get(f"{mode}_others_cpu_cores")
+        if all(v is None for v in (*load, *copy, others)):
+            continue
+        text = "->".join("?" if v is None else f"{v:.2f}" for v in load)
+        text += f" host load, {'->'.join('?' if v is None else f'{v:.1f}' for v in copy)} GB/s copy"
+        if others is not None:
+            text += f", others {others:.2f} cores"
+        parts.append(f"{mode}: {text}")
+    if not parts:
+        return ""
+    marked = " UNDER LOAD (unreliable, not judged)" if got.get(UNDER_LOAD_METRIC) == 1.0 else ""
+    return f"bench conditions{marked}: " + "; ".join(parts)
+
+
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
     """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
     lines = [f"# Run {run['id']} ({run['kind']})", ""]
@@ -387,8 +411,9 @@ def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]
             arts = ", ".join(f"{k}:{s[:12]}" for k, s in res.get("artifacts", []))
             dur = res.get("duration_s")
             made_by = " ".join(str(x) for x in (res.get("toolchain"), res.get("toolchain_version")) if x)
+            reason = "; ".join(x for x in (res.get("reason"), bench_load_text(res.get("metrics", []))) if x)
             cells = (res["stage"], res["status"], made_by or "-", res.get("device") or "-",
-                     f"{dur:.2f}" if isinstance(dur, (int, float)) else "-", res.get("reason") or "", metrics, arts)
+                     f"{dur:.2f}" if isinstance(dur, (int, float)) else "-", reason, metrics, arts)
             lines.append("| " + " | ".join(markdown_text(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -8,19 +8,25 @@ deviation (MAD) as a robust spread. A value is flagged when it is worse than the
 ``max(K_MAD * 1.4826 * MAD, floor * |median|)`` (the floor keeps a run of identical values from flagging noise).
 Accuracy metrics that regress fail the row (the accuracy result becomes ``fail``); performance ones only warn.
 
+A benchmark taken under load (its result carries ``UNDER_LOAD_METRIC`` = 1: other processes took a share of the host
+or the memory bandwidth dropped, as ``tasks/bench_load.py`` defines) is unreliable: it is never part of a baseline
+(the last ``BASELINE_RUNS`` values are those of results not under load) and never judged itself; ``unreliable``
+lists such results of a run instead.
+
 The metric names are those the stage tasks emit (tasks/accuracy.py, tasks/bench.py, tasks/infer.py).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, and_, delete, func, select, update
+from sqlalchemy import Engine, Select, and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError, ErrorKind
@@ -37,7 +43,9 @@ from results.models import (
     parse_name,
 )
 
+log = logging.getLogger(__name__)
 BASELINE_RUNS = 7
+UNDER_LOAD_METRIC = "bench_under_load"  # 1: the benchmark was taken under load (tasks/bench_load.py), 0: it was not
 MIN_BASELINE_RUNS = 3
 K_MAD = 3.0
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
@@ -129,14 +137,16 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     cols = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.stage, Result.test_id,
             Metric.name, Result.bench_conditions)
     names = list(RULES)
+    reliable = Result.id.not_in(_under_load())  # a benchmark under load is neither judged nor part of a baseline
     current = (select(*cols, Metric.value, Metric.unit).join(Metric, Metric.result_id == Result.id)
-               .where(Result.run_id == run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names)))
+               .where(Result.run_id == run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names),
+                      reliable))
     ranked = (
         select(*cols, Metric.value, Result.run_id,
                func.row_number().over(partition_by=cols, order_by=Result.run_id.desc()).label("rn"))
         .join(Metric, Metric.result_id == Result.id).join(Run, Run.id == Result.run_id)
         .where(Result.run_id < run_id, Result.status == ResultStatus.PASS, Metric.name.in_(names),
-               Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None))
+               Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None), reliable)
         .subquery()
     )
     history: dict[tuple[object, ...], list[tuple[int, float]]] = defaultdict(list)
@@ -161,6 +171,45 @@ def find_regressions(db: Engine | Session, run_id: int, *, runs: int = BASELINE_
     return flags
 
 
+def _under_load() -> Select[tuple[int]]:
+    """The ids of results marked as taken under load."""
+    return select(Metric.result_id).where(Metric.name == UNDER_LOAD_METRIC, Metric.value >= 0.5)
+
+
+@dataclass(frozen=True)
+class Unreliable:
+    """A result of a run taken under load: its judged metrics were not compared with any baseline."""
+
+    model: str
+    precision: str
+    platform: str
+    stage: str
+    test_id: str
+    device: str | None
+    metrics: tuple[str, ...]  # the judged metrics it carries
+    reason: str | None  # says what the load was
+
+    def describe(self) -> str:
+        return (f"{self.model} {self.precision} {self.platform} {self.stage} {self.test_id} on {self.device}: "
+                f"{', '.join(self.metrics)} not judged (taken under load: unreliable)")
+
+
+def unreliable(db: Engine | Session, run_id: int) -> list[Unreliable]:
+    """The results of ``run_id`` taken under load that carry judged metrics: reported as unreliable, not judged."""
+    stmt = (select(Result.id, Result.model, Result.precision, Result.platform, Result.stage, Result.test_id,
+                   Result.device, Result.reason, Metric.name)
+            .join(Metric, Metric.result_id == Result.id)
+            .where(Result.run_id == run_id, Result.id.in_(_under_load()), Metric.name.in_(list(RULES)))
+            .order_by(Result.id, Metric.name))
+    found: dict[int, Unreliable] = {}
+    with _session(db) as s:
+        for rid, model, precision, platform, stage, test_id, device, reason, metric in s.execute(stmt):
+            known = found.get(rid)
+            found[rid] = Unreliable(str(model), precision, str(platform), stage, str(test_id), device,
+                                    (*known.metrics, str(metric)) if known else (str(metric),), reason)
+    return list(found.values())
+
+
 def _session(db: Engine | Session) -> AbstractContextManager[Session]:
     return nullcontext(db) if isinstance(db, Session) else Session(db)
 
@@ -169,6 +218,8 @@ def flag_regressions(engine: Engine, run_id: int) -> list[Flag]:
     """Find and store ``run_id``'s regressions (replacing earlier ones of that run); an accuracy regression turns
     its result into a ``fail`` naming the change. Call it before the run is finished and published."""
     flags = find_regressions(engine, run_id)
+    for result in unreliable(engine, run_id):
+        log.warning("run %s: %s", run_id, result.describe())
     with write_session(engine) as s:
         s.execute(delete(Regression).where(Regression.run_id == run_id))
         for f in flags:

@@ -29,6 +29,7 @@ from stages.outcome import Keyed, StageOutcome
 from tasks import environment
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
+from tasks.host_gate import HostGate, gate_dir
 from toolchains.base import ToolchainDriver
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,11 @@ def _hit(spec: stages.StageSpec, keyed: Keyed, ref: ArtifactRef, made_with: str 
 
 
 def _slotted(ctx: FarmContext, spec: stages.StageSpec, work: Callable[[], StageOutcome]) -> StageOutcome:
-    """A host stage's work holds one of the orchestrating host's slots while it runs."""
+    """A host stage's work holds one of the orchestrating host's slots while it runs, and the host gate shared (a
+    benchmark on a device of this host waits for it, and it for the benchmark: ``tasks.host_gate``)."""
     if spec.where is not Where.HOST:
         return work()
-    with Farm.get(ctx).host_slots:
+    with Farm.get(ctx).host_slots, HostGate(gate_dir(ctx.data_dir)).shared(f"host stage {spec.name}"):
         return work()
 
 

@@ -47,6 +47,7 @@ from results import leases, quarantine
 from results.models import ResultStatus
 from tasks import device_cache, engines
 from tasks.farm import Farm
+from tasks.host_gate import HostGate, HostGateTimeout, gate_dir, shares_host
 from toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,10 @@ def run_stage(
         t0 = time.monotonic()
         try:
             try:
-                with leases.kept_alive(farm.engine, lease), open_transport(device) as transport:
+                # after the lease (every holder takes the two in this order): a benchmark on a device of this host
+                # has the host to itself, any other stage there waits for it (tasks.host_gate)
+                with leases.kept_alive(farm.engine, lease), _gated(farm, device, exclusive, what), \
+                        open_transport(device) as transport:
                     run = _run_once(farm, device, transport, what, argv, [*inputs, *pushed(farm, toolchain)],
                                     fetch_on, timeout, waited, t0, toolchain, reserve, snapshots)
                     if after is not None:
@@ -291,8 +295,8 @@ def run_stage(
                     return run
             finally:
                 _unhold(farm, device, exclusive)  # the lease has ended
-        except StoreError:
-            raise  # the artifact store failed, not this device: another device would fare no better
+        except (StoreError, HostGateTimeout):
+            raise  # the artifact store failed, or the host stayed busy, not this device: another would fare no better
         except InfrastructureError as exc:
             elapsed = time.monotonic() - t0
             tried.add(device.id)
@@ -303,6 +307,14 @@ def run_stage(
             if on_attempt_failed is not None:
                 on_attempt_failed(device, exc, elapsed)
     raise InfrastructureError(f"{what}: every {platform} device failed: " + "; ".join(failures))
+
+
+def _gated(farm: Farm, device: Device, exclusive: bool, what: str) -> contextlib.AbstractContextManager[None]:
+    """The host gate around a command on ``device`` when it runs on this host; else nothing."""
+    if not shares_host(device):
+        return contextlib.nullcontext()
+    gate = HostGate(gate_dir(farm.ctx.data_dir))
+    return gate.exclusive(f"{what} on {device.id}") if exclusive else gate.shared(f"{what} on {device.id}")
 
 
 def _run_once(farm: Farm, device: Device, transport: Transport, what: str,
