@@ -184,6 +184,12 @@ class _Stream:
 _OUTPUT = _ThreadOutput()
 
 
+def _sysroot(work_dir: Path) -> Path:
+    root = work_dir.parent / ".sysroot"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 class SimTransport(LocalTransport):
     """A simulated device: its work dir is a local directory; the toolchain's tool runs in the calling thread."""
 
@@ -216,6 +222,8 @@ class SimTransport(LocalTransport):
         assert LAB is not None
         absolute = [str(base / a) if i > 0 and (args[i - 1] in _AGENT_PATH_FLAGS or (args[0] == "hash" and i == 1))
                     and not a.startswith("/") else a for i, a in enumerate(args)]
+        if absolute[0] in ("env", "oom") and "--root" not in absolute:  # the device's own (empty) filesystem, not
+            absolute[1:1] = ["--root", str(_sysroot(self.work_dir))]  # this host's (its dpkg database: 75 ms a read)
         start, cpu = time.monotonic(), time.thread_time()
         out, err = _OUTPUT.capture()
         try:
