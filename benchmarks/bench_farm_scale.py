@@ -103,6 +103,8 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
     from flows.prefect_env import configure_prefect
 
     root = root or Path(tempfile.mkdtemp(prefix="farm-scale-"))
+    os.environ["EDGEFARM_HOST_SLOTS"] = str(args.host_slots)  # the host stages sleep: a lab's orchestrator (and its
+    # quantize workers) runs many at once
     data, inventory = root / "data", root / "inventory"
     configure_prefect(data)
     # whole models: a model's rows are its precisions on every platform (--rows is rounded up to that)

@@ -45,10 +45,11 @@ def locate_checkpoints(models: list[str], sources: Mapping[str, ModelSource],
     return {m: CheckpointRef(model=m, path=str(p), sha256=digests[m]) for m, p in paths.items()}
 
 
-def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: int = 2,
+def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: int | None = None,
                  run_id: int | None = None) -> tuple[RunReport, dict[str, float]]:
     """Run the plan in a new run, or in ``run_id`` (a run its caller started, e.g. a bring-up's); the run is
     finished here either way."""
+    host_slots = settings.host_slots if host_slots is None else host_slots
     engine = make_engine(settings.db_url)
     prepare_for_run(engine)
     reap_stale_runs(engine)

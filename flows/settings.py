@@ -30,6 +30,8 @@ ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes
 ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
 ENV_TOOLCHAIN_INDEX = "EDGEFARM_TOOLCHAIN_INDEX"  # where toolchain installs get wheels (toolchains.mirror.Index)
 ENV_QUANTIZE_ON = "EDGEFARM_QUANTIZE_ON"  # the work pool quantize stages are sent to (over a matrix's quantize_on)
+ENV_HOST_SLOTS = "EDGEFARM_HOST_SLOTS"  # host stages (quantize, export, reference) at once on the orchestrating host
+MAX_HOST_SLOTS = 1024
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 QUANTIZE_DEVICES = ("cpu", "cuda")
 
@@ -57,6 +59,7 @@ class Settings:
     quantize_on: str | None = None
     # where toolchain installs get their wheels ($EDGEFARM_TOOLCHAIN_INDEX, toolchains.mirror): auto, mirror, registry
     toolchain_index: Index = Index.AUTO
+    host_slots: int = 2  # $EDGEFARM_HOST_SLOTS: host stages at once on this host (its cores and memory allow more)
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -78,7 +81,8 @@ class Settings:
                    quantize_device=_quantize_device(env), max_unquantized_share=_max_unquantized_share(env),
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
                    artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env),
-                   quantize_on=_quantize_on(env), toolchain_index=_toolchain_index(env))
+                   quantize_on=_quantize_on(env), toolchain_index=_toolchain_index(env),
+                   host_slots=_host_slots(env))
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""
@@ -138,6 +142,13 @@ def _quantize_device(env: Mapping[str, str]) -> str:
     if value not in QUANTIZE_DEVICES:
         raise ConfigurationError(f"bad {ENV_QUANTIZE_DEVICE} {value!r}; valid: {', '.join(QUANTIZE_DEVICES)}")
     return value
+
+
+def _host_slots(env: Mapping[str, str]) -> int:
+    raw = env.get(ENV_HOST_SLOTS) or "2"
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= MAX_HOST_SLOTS:
+        raise ConfigurationError(f"bad {ENV_HOST_SLOTS} {raw!r}; valid: an integer from 1 to {MAX_HOST_SLOTS}")
+    return int(raw)
 
 
 def _max_unquantized_share(env: Mapping[str, str]) -> float:

@@ -36,3 +36,14 @@ def test_a_simulated_lab_moves_a_stage_on_every_device_at_once(tmp_path: Path) -
     assert result["peak_device_commands_at_once"] > 16, result
     assert result["lease_attempts_per_device_command"] <= 1.5, result
     assert result["wall_over_lower_bound"] < 4.0, result  # loose: CI's 2 cores also run the flow and its database
+
+
+def test_host_slots_come_from_the_environment_and_bad_values_are_refused(tmp_path: Path) -> None:
+    from edgellm.errors import ConfigurationError
+    from flows.settings import ENV_HOST_SLOTS, Settings
+
+    assert Settings.resolve(data_dir=tmp_path, environ={}).host_slots == 2
+    assert Settings.resolve(data_dir=tmp_path, environ={ENV_HOST_SLOTS: "64"}).host_slots == 64
+    for bad in ("0", "-3", "two", "1e3", "5000"):
+        with pytest.raises(ConfigurationError, match=f"bad EDGEFARM_HOST_SLOTS '{bad}'; valid: an integer from 1"):
+            Settings.resolve(data_dir=tmp_path, environ={ENV_HOST_SLOTS: bad})
