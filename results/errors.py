@@ -37,6 +37,7 @@ def classify(exc: BaseException) -> EdgeLLMError:
         SQLAlchemyError,
         StatementError,
     )
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
 
     if isinstance(exc, EdgeLLMError):
         return exc
@@ -56,6 +57,8 @@ def classify(exc: BaseException) -> EdgeLLMError:
         return BugError(f"database statement failed: {_first_line(exc)}")
     if isinstance(exc, OperationalError | InterfaceError | DatabaseError):
         return InfrastructureError(f"database failed: {_first_line(exc)}")
+    if isinstance(exc, PoolTimeout):  # every connection of the process's pool stayed busy: the database is slow
+        return InfrastructureError(f"no database connection free in time: {_first_line(exc)}")
     if isinstance(exc, SQLAlchemyError):
         return BugError(f"database layer: {type(exc).__name__}: {_first_line(exc)}")
     if isinstance(exc, CommandError):

@@ -47,6 +47,15 @@ class FarmContext:
         return self.host_work_dir / "scratch"
 
 
+def pool_options(url: str) -> dict[str, int]:
+    """The run's connection pool: every stage thread (a lab's platforms run hundreds at once), its lease's
+    heartbeat and its record may want a connection together. SQLite's are cheap (one file; writers queue on its
+    lock anyway): one for each. PostgreSQL's count against the server's max_connections: a bounded pool, queued for."""
+    if url.startswith("sqlite"):
+        return {"pool_size": 16, "max_overflow": 1024, "pool_timeout": 120}
+    return {"pool_size": 10, "max_overflow": 30, "pool_timeout": 120}
+
+
 @dataclass
 class Farm:
     ctx: FarmContext
@@ -73,7 +82,8 @@ class Farm:
         with cls._guard:
             farm = cls._instances.get(ctx)
             if farm is None:
-                engine = make_engine(from_parameter(ctx.db_url) or ctx.db_url)
+                url = from_parameter(ctx.db_url) or ctx.db_url
+                engine = make_engine(url, **pool_options(url))
                 # the bucket's endpoint and credentials: this process's AWS_* (never a parameter)
                 store = open_store(ctx.artifacts or None, ctx.data_dir, cache_gb=ctx.artifact_cache_gb,
                                    environ=os.environ)

@@ -47,3 +47,39 @@ def test_host_slots_come_from_the_environment_and_bad_values_are_refused(tmp_pat
     for bad in ("0", "-3", "two", "1e3", "5000"):
         with pytest.raises(ConfigurationError, match=f"bad EDGEFARM_HOST_SLOTS '{bad}'; valid: an integer from 1"):
             Settings.resolve(data_dir=tmp_path, environ={ENV_HOST_SLOTS: bad})
+
+
+def test_a_full_connection_pool_is_infrastructure_and_a_run_s_sqlite_pool_takes_a_lab(tmp_path: Path) -> None:
+    """Found by the simulated lab at 200 devices: stages waiting for one of SQLAlchemy's default 5+10 connections
+    failed after 30 s, recorded as bugs (172 results)."""
+    import threading
+
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from edgellm.errors import InfrastructureError
+    from results.db import make_engine
+    from results.errors import classify
+    from tasks.farm import pool_options
+
+    assert isinstance(classify(PoolTimeout("QueuePool limit of size 5 overflow 10 reached")), InfrastructureError)
+    url = f"sqlite:///{tmp_path / 'lab.db'}"
+    engine = make_engine(url, **pool_options(url))
+    held, errors, barrier = [], [], threading.Barrier(200)
+
+    def hold() -> None:
+        try:
+            conn = engine.connect()
+            held.append(conn)
+            barrier.wait(timeout=60)
+            conn.close()
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=hold) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    engine.dispose()
+    assert errors == [] and len(held) == 200
