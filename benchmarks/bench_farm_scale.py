@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-times-db", default=None, help="a results database URL to draw stage times from")
     p.add_argument("--host-slots", type=int, default=2, help="the orchestrator's host slots (execute_plan's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
+                   help="the results database: the embedded SQLite file, or a throwaway PostgreSQL cluster")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single configuration, in-process
     args = p.parse_args(argv)
     if args.one:
@@ -212,23 +214,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_one(args)))
         return 0
     results = []
-    for devices in [int(x) for x in args.devices.split(",")]:
-        for rows in [int(x) for x in args.rows.split(",")]:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--devices", str(devices), "--rows",
-                   str(rows), "--time-scale", str(args.time_scale), "--infra-failure-rate",
-                   str(args.infra_failure_rate), "--test-failure-rate", str(args.test_failure_rate),
-                   "--host-slots", str(args.host_slots), "--seed", str(args.seed)]
-            if args.stage_times_db:
-                cmd += ["--stage-times-db", args.stage_times_db]
-            print(f"== {devices} devices x {rows} rows", flush=True)
-            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-            if done.returncode != 0:
-                print(done.stderr[-3000:], file=sys.stderr)
-                results.append({"devices": devices, "rows": rows, "error": done.stderr.strip().splitlines()[-1:]})
-                continue
-            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(table(results[-1:]), flush=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    stop = None
+    if args.backend == "postgresql":  # the URL (its password) reaches the runs through the environment only
+        from tests.fixtures.postgres import start_postgres
+
+        server, stop = start_postgres()
+    try:
+        for config in _configs(args):
+            if stop is not None:
+                env["EDGEFARM_DB_URL"] = server.create_database()
+            results.append(_run_config(args, *config, env))
+    finally:
+        if stop is not None:
+            stop()
     report = {"benchmark": "farm_scale", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "backend": args.backend,
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version()},
               "results": results, "targets": targets([r for r in results if "error" not in r])}
@@ -239,6 +240,28 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if t["met"] else "NOT met"
         print(f"target {t['name']} at {t['at']}: {t['measured']} vs {t['target']} -> {verdict}")
     return 0
+
+
+def _configs(args: argparse.Namespace) -> list[tuple[int, int]]:
+    return [(int(d), int(r)) for d in args.devices.split(",") for r in args.rows.split(",")]
+
+
+def _run_config(args: argparse.Namespace, devices: int, rows: int, env: dict[str, str]) -> dict[str, Any]:
+    """One configuration in a process of its own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--devices", str(devices), "--rows",
+           str(rows), "--time-scale", str(args.time_scale), "--infra-failure-rate",
+           str(args.infra_failure_rate), "--test-failure-rate", str(args.test_failure_rate),
+           "--host-slots", str(args.host_slots), "--seed", str(args.seed)]
+    if args.stage_times_db:
+        cmd += ["--stage-times-db", args.stage_times_db]
+    print(f"== {devices} devices x {rows} rows ({args.backend})", flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return {"devices": devices, "rows": rows, "error": done.stderr.strip().splitlines()[-1:]}
+    result: dict[str, Any] = {**json.loads(done.stdout.strip().splitlines()[-1]), "backend": args.backend}
+    print(table([result]), flush=True)
+    return result
 
 
 if __name__ == "__main__":
