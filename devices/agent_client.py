@@ -54,6 +54,17 @@ def forget(device: Device) -> None:
         _staged.discard((device.id, device.work_dir))
 
 
+def json_object(what: str, stdout: str) -> dict[str, Any]:
+    """The one JSON object a device command printed; an infrastructure error naming ``what`` otherwise."""
+    try:
+        data = json.loads(stdout)
+    except ValueError:
+        raise InfrastructureError(f"{what} printed no JSON: {stdout[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise InfrastructureError(f"{what} printed {type(data).__name__}, not a JSON object")
+    return data
+
+
 def _last(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else ""
@@ -71,13 +82,7 @@ def run(device: Device, transport: Transport, *args: str, timeout: float = TIMEO
         break
     what = f"{device.id}: agent {args[0]}"
     if result.exit_code == 0 or (result.exit_code == 1 and no_ok):
-        try:
-            data = json.loads(result.stdout)
-        except ValueError:
-            raise InfrastructureError(f"{what} printed no JSON: {result.stdout[:200]!r}") from None
-        if not isinstance(data, dict):
-            raise InfrastructureError(f"{what} printed {type(data).__name__}, not a JSON object")
-        return data
+        return json_object(what, result.stdout)
     message = _last(result.stderr) or _last(result.stdout) or f"exit code {result.exit_code}"
     if result.exit_code in (126, 127):
         raise DeviceConfigurationError(f"{device.id}: its python3 ({device.interpreter}) does not run "

@@ -27,7 +27,8 @@ HEARTBEAT_S = 20.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -40,7 +41,7 @@ def _pid_alive(pid: int) -> bool:
 def process_gone(host: str | None, pid: int | None) -> bool:
     """Whether process ``pid`` of ``host`` is known to be gone: only this host's processes can be asked (never
     this process itself); anything else may live."""
-    return host == socket.gethostname() and pid is not None and pid != os.getpid() and not _pid_alive(pid)
+    return host == socket.gethostname() and pid is not None and pid != os.getpid() and not pid_alive(pid)
 
 
 def is_dead(run: Run, now: datetime, stale_after_s: float = STALE_AFTER_S) -> str | None:

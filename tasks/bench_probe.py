@@ -3,7 +3,6 @@ recent copy bandwidth; what the figures mean and when a benchmark is under load:
 
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from sqlalchemy import Engine, select
 
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
-from devices import load_probe
+from devices import agent_client, load_probe
 from devices.inventory import Device, TransportKind
 from devices.transport import Transport
 from edgellm.errors import InfrastructureError
@@ -42,13 +41,7 @@ def run_probe(device: Device, transport: Transport, probe: ArtifactRef) -> dict[
     if not result.ok:
         tail = (result.stderr.strip().splitlines() or [""])[-1][:300]
         raise InfrastructureError(f"{what} exited {result.exit_code}: {tail}")
-    try:
-        data = json.loads(result.stdout)
-    except ValueError:
-        raise InfrastructureError(f"{what} printed no JSON: {result.stdout[:200]!r}") from None
-    if not isinstance(data, dict):
-        raise InfrastructureError(f"{what} printed {type(data).__name__}, not a JSON object")
-    return data
+    return agent_client.json_object(what, result.stdout)
 
 
 def _children_cpu_s() -> float:

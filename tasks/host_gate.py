@@ -38,6 +38,7 @@ from pathlib import Path
 
 from devices.inventory import Device, TransportKind
 from edgellm.errors import BugError, InfrastructureError
+from results.liveness import pid_alive
 
 GATE_WAIT_S = 6 * 3600.0  # as long as a device lease may wait: a busy host queues work, it is not an error
 POLL_S = (0.01, 0.25)  # first and longest pause between attempts
@@ -163,19 +164,9 @@ class HostGate:
                 pid = int(rec["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if not _alive(pid):
+            if not pid_alive(pid):
                 path.unlink(missing_ok=True)  # its process died; its flocks went with it
                 continue
             found.append(f"{rec.get('what')} ({rec.get('mode')}, pid {pid}, for "
                          f"{time.time() - float(rec.get('since') or 0):.0f} s)")
         return "; ".join(found)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
