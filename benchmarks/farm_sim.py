@@ -268,6 +268,9 @@ class SimLab(toy_toolchain.ToyEcho):
     def precisions(self) -> tuple[Precision, ...]:
         return tuple(Precision(p) for p in PRECISIONS)
 
+    def standin(self, device: Any) -> bool:
+        return True  # simulated tools on simulated devices: never evidence of support, on any page
+
     def quantizes(self) -> tuple[Precision, ...]:
         return tuple(Precision(p) for p in QUANTIZED)
 
