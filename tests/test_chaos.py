@@ -45,7 +45,7 @@ from artifacts.store import ArtifactStore
 from edgellm.errors import ErrorKind
 from edgellm.types import Precision
 from flows.cli import app
-from flows.cli.commands import query_rows
+from flows.cli.query import query_rows
 from results.db import make_engine
 from results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
 from results.quarantine import active as quarantined

@@ -113,7 +113,7 @@ def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
 def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str, status: str) -> None:
     from types import SimpleNamespace
 
-    from flows.cli import commands
+    from flows.cli import running as commands
     from flows.cli.text import visible
 
     progress = commands.Progress([job], ["export"])
@@ -124,7 +124,7 @@ def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str,
 
 
 def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import commands
+    from flows.cli import running as commands
 
     code = commands._print_summary({"run_id": 1, "plan": {}, "stages": {}, "failed": HOSTILE_NAMES})
     assert code == 1

@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from flows.cli import commands
+from flows.cli import commands, query
 from flows.cli.bringup import bring_up
 from flows.cli.compare import compare
 from flows.cli.db import app as db_app
@@ -26,7 +26,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (commands.nightly, commands.run, commands.query, commands.docs, commands.serve, commands.gc):
+for command in (commands.nightly, commands.run, query.query, commands.docs, commands.serve, commands.gc):
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)

@@ -15,17 +15,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from flows.cli.commands import (
-    DataDirOption,
-    DbOption,
-    InventoryOption,
-    JsonOption,
-    _announce_flow_run,
-    _prefect,
-    _temporary_server,
-    farm_errors,
-    out,
-)
+from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, farm_errors, out
+from flows.cli.running import JsonOption, _announce_flow_run, _temporary_server
 from flows.cli.text import cell
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "error": "red", "not_applicable": "yellow", "skipped": "dim"}

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.commands import DataDirOption, DbOption, err, farm_errors, out
+from flows.cli.common import DataDirOption, DbOption, err, farm_errors, out
 from flows.cli.text import cell
 
 FORMATS = ("table", "json")

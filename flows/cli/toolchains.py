@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgellm.errors import ConfigurationError, ErrorKind
-from flows.cli.commands import DataDirOption, farm_errors
+from flows.cli.common import DataDirOption, farm_errors
 from flows.cli.text import cell
 from toolchains import base as toolchains
 from toolchains.base import Environment, ToolchainDriver
