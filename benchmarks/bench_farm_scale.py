@@ -122,11 +122,12 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
     clock = SqlClock()
     clock.install()
     from flows.nightly import nightly_support_matrix
+    from flows.run_state import flow_summary
 
     common = {"data_dir": str(data), "inventory": str(inventory), "docs_dir": str(root / "docs")}
     with farm_sim.install(lab, root / "models.yml"):
         t0 = time.perf_counter()
-        nightly_support_matrix(matrix=str(warm), **common)
+        flow_summary(nightly_support_matrix(matrix=str(warm), return_state=True, **common))
         warm_s = time.perf_counter() - t0
         lab.work.done.clear()
         lab.work.failures.clear()
@@ -137,7 +138,7 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
             clock.count
         kinds0 = dict(clock.kinds)
         t0 = time.perf_counter()
-        summary = nightly_support_matrix(matrix=str(full), **common)
+        summary = flow_summary(nightly_support_matrix(matrix=str(full), return_state=True, **common))
         process_s = time.perf_counter() - t0
         cpu = _cpu_s(resource.RUSAGE_SELF) - cpu0 - lab.work.device_cpu_s
         child = _cpu_s(resource.RUSAGE_CHILDREN) - child0

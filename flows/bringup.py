@@ -25,6 +25,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import stages
@@ -38,6 +39,7 @@ from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS
 from flows.pipeline import RunReport, toolchain_versions
 from flows.plan import Decision, Plan, installing_toolchains, plan_entries
+from flows.prefect_env import send_logs_to_prefect
 from flows.settings import Settings, code_version
 from results.db import from_parameter, make_engine
 from results.liveness import heartbeat
@@ -209,10 +211,11 @@ def _task(name: str, body: Callable[[], rungs.Rung]) -> rungs.Rung:
 def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = DEFAULT_LAYERS,
              report_dir: str | None = None, name: str | None = None, db_url: str | None = None,
              data_dir: str | None = None, inventory: str | None = None,
-             trigger: str = "deployment") -> dict[str, Any]:
-    """Climb the ladder; returns the report (``result``: passed | failed, ``exit_code``, ``stopped_at``,
-    ``report_dir``). A deployment's run (its parameters set by whoever reaches the API) writes its report only
-    under the data dir's ``bringup/``."""
+             trigger: str = "deployment") -> State[dict[str, Any]]:
+    """Climb the ladder; the flow run's data is the report (``result``: passed | failed, ``exit_code``,
+    ``stopped_at``, ``report_dir``), its state Failed naming the rung that stopped the ladder. A deployment's run
+    (its parameters set by whoever reaches the API) writes its report only under the data dir's ``bringup/``."""
+    send_logs_to_prefect()
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
     req = resolve(checkpoint, platforms, layers, report_dir, name, settings)
     if trigger != "cli":
@@ -234,7 +237,11 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         engine.dispose()
     report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md")
     write_docs(settings.db_url, settings.docs_dir, settings.data_dir)  # the run page, linking the report
-    return report
+    stopped = report.get("stopped_at")
+    if stopped:
+        return Failed(message=f"stopped at rung {stopped['rung']} ({stopped['name']}): {stopped['reason']}"[:2000],
+                      data=report)
+    return Completed(message=f"every rung passed: {req.source.name} on {', '.join(req.platforms)}", data=report)
 
 
 def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> tuple[list[rungs.Rung], bool]:

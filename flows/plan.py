@@ -9,6 +9,8 @@ import dataclasses
 import datetime as dt
 import enum
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ from test_lists.variants import features as variant_features
 from test_lists.variants import rows as variant_rows
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
+
+log = logging.getLogger(__name__)
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
@@ -469,7 +473,12 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: Whee
     for name, pins in sorted(needed):
         found = toolchains.driver(name, data_dir, dict(pins))
         if not found.available().ok:
-            found.install(wheels)
+            t0 = time.monotonic()
+            log.warning("installing toolchain %s for %d job(s) that need it (one-time)", name,
+                        sum(name in (job.toolchain, job.quantizer) for job in would_run))
+            problem = found.install(wheels)
+            log.warning("toolchain %s: %s after %.0f s", name, f"not installed ({problem})" if problem else "installed",
+                        time.monotonic() - t0)
     return make() if needed else plan
 
 

@@ -7,14 +7,21 @@ serves the UI, or a production server) runs are reported there and the commands 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
 
+# The farm's own loggers (every package of this project): their INFO records reach the flow run's logs in Prefect.
+FARM_LOGGERS = ("artifacts", "devices", "edgellm", "flows", "results", "stages", "tasks", "test_lists", "toolchains")
 QUIET_OFFLINE = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
+    # runs' logs at INFO go to the server (the UI's Logs tab); the console shows warnings only
+    "PREFECT_LOGGING_LEVEL": "INFO",
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": ",".join(FARM_LOGGERS),
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # records outside a run stay on the console only
     "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
     "PREFECT_UI_ENABLED": "false",
     "PREFECT_CLI_COLORS": "false",
@@ -29,6 +36,29 @@ def configure_prefect(data_dir: Path) -> dict[str, str]:
         os.environ.setdefault(key, value)
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     return {k: os.environ[k] for k in ("PREFECT_HOME", *QUIET_OFFLINE)}
+
+
+def send_logs_to_prefect() -> None:
+    """The farm's loggers at INFO, each with Prefect's API handler (records inside a flow or task run reach its
+    logs; others are dropped by the handler: PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW). Idempotent; called when a
+    flow of the farm starts, so a run started by a Prefect worker (whose environment may lack
+    PREFECT_LOGGING_EXTRA_LOGGERS) sends its logs too."""
+    from prefect.logging.handlers import APILogHandler
+
+    for name in FARM_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+        if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+            handler = APILogHandler()
+            handler.addFilter(_in_a_run)
+            logger.addHandler(handler)
+
+
+def _in_a_run(record: logging.LogRecord) -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return bool(getattr(record, "flow_run_id", None) or FlowRunContext.get() or TaskRunContext.get())
 
 
 def reporting_server() -> str | None:

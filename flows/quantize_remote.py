@@ -22,6 +22,7 @@ from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
 from flows import revision as code_revision
 from flows.pipeline import toolchain_versions
+from flows.prefect_env import send_logs_to_prefect
 from flows.settings import Settings
 from results.db import for_parameters, make_engine
 from results.recorder import Recorder
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 def quantize_checkpoint(job: dict[str, Any], run_id: int, revision: str, source_digest: str,
                         artifacts: str, max_unquantized_share: float = 0.0) -> str:
     """Quantize ``job``'s checkpoint for run ``run_id`` here; the outcome goes into the run's record."""
+    send_logs_to_prefect()
     settings = Settings.resolve()
     here = code_revision.current()
     spec = job_from_json(job)

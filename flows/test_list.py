@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
@@ -13,6 +14,8 @@ from edgellm.errors import ConfigurationError
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, installing_toolchains, plan_test_list
+from flows.prefect_env import send_logs_to_prefect
+from flows.run_state import flow_state
 from flows.settings import Settings
 from results.db import from_parameter
 from test_lists.catalog import Catalog
@@ -49,11 +52,13 @@ def make_plan(priority: str, settings: Settings, *, install: bool = False) -> Pl
 @flow(name="run-test-list", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=False)
 def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None = None,
                   inventory: str | None = None, trigger: str = "deployment",
-                  plan: Plan | None = None) -> dict[str, Any]:
+                  plan: Plan | None = None) -> State[dict[str, Any]]:
     """Run the list's tests for every platform it selects that has devices; record everything (with the plan
-    the caller already made, if any)."""
+    the caller already made, if any). The flow run ends Failed when a row failed or nothing ran
+    (``flows.run_state``); its data is the run's summary."""
+    send_logs_to_prefect()
     settings = Settings.resolve(db=from_parameter(db_url), data_dir=data_dir, inventory=inventory)
     if plan is None:  # a deployment's run: its priority is a parameter anyone reaching the API may have set
         plan = make_plan(list_name(priority), settings, install=True)
     report, timing = execute_plan(plan, settings, trigger=trigger)
-    return summary(plan, report, timing, None)
+    return flow_state(summary(plan, report, timing, None))

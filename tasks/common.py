@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
+from prefect.states import State
 
 import stages
 from artifacts.store import ArtifactRef
@@ -30,6 +31,9 @@ from tasks import environment
 from tasks.device_exec import DeviceRun, fetch_scope
 from tasks.farm import Farm, FarmContext
 from tasks.host_gate import HostGate, gate_dir
+from tasks.progress import StageEvent, emit
+from tasks.run_logs import log_tails
+from tasks.states import stage_state, task_run_name
 from toolchains.base import ToolchainDriver
 
 log = logging.getLogger(__name__)
@@ -77,7 +81,10 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
             log.info("%s %s: %s without running (%s)", stage, job.key, problem.status.value, problem.reason)
             return problem
     ready = [o for o in upstream if isinstance(o, StageOutcome)]
+    emit(StageEvent(job=job.key, stage=stage, status="start", device=None, cached=False,
+                    name=prefect_task_run.name or task_run_name(stage, job)))
     outcome = guarded(stage, lambda: _work(ctx, spec, job, ready))
+    log_tails(ctx, outcome)
     log.info("%s %s: %s in %.2f s%s%s", stage, job.key, outcome.status.value, outcome.duration_s,
              " (cached)" if outcome.cached else "", f": {outcome.reason}" if outcome.reason else "")
     return outcome
@@ -156,12 +163,14 @@ def _slotted(ctx: FarmContext, spec: stages.StageSpec, work: Callable[[], StageO
 
 @task(name="stage", retries=STAGE_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=infra_only,
       cache_policy=NO_CACHE)
-def _stage_task(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> StageOutcome:
-    return run_stage(ctx, stage, job, upstream)
+def _stage_task(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> State[StageOutcome]:
+    """The stage's outcome as the task run's final state (Failed when the stage failed: ``flows.run_state``); its
+    data, the outcome, is what the stages after it and its record read."""
+    return stage_state(run_stage(ctx, stage, job, upstream))
 
 
 @functools.cache
-def stage_task(stage: str) -> Task[..., StageOutcome]:
+def stage_task(stage: str) -> Task[..., State[StageOutcome]]:
     """The Prefect task of a stage (named after it): retried only after infrastructure failures, never cached by
     Prefect (stages cache by content themselves: results/cache.py)."""
     return _stage_task.with_options(name=stages.spec(stage).name)

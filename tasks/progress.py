@@ -1,4 +1,5 @@
-"""In-process progress events (stage finished) for the CLI's live display. Listeners must be quick."""
+"""In-process progress events (a stage started; a job's stage ended) for the command line's live table and progress
+lines. Listeners must be quick."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from dataclasses import dataclass
 class StageEvent:
     job: str  # test id @ platform
     stage: str
-    status: str
+    status: str  # "start", or the ended stage's ResultStatus value
     device: str | None
     cached: bool
+    name: str = ""  # the stage's task run name: "<stage> <model> <precision> @<platform>" (tasks.states)
+    duration_s: float = 0.0
+    reason: str | None = None
 
 
 _listeners: list[Callable[[StageEvent], None]] = []

@@ -19,6 +19,7 @@ from tasks.common import infra_only
 from tasks.environment import host_record
 from tasks.farm import Farm, FarmContext
 from tasks.progress import StageEvent, emit
+from tasks.states import task_run_name
 
 
 def as_outcome(stage: str, outcome: StageOutcome | BaseException) -> StageOutcome:
@@ -58,5 +59,6 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
                 reason=result.reason, duration_s=round(result.duration_s, 4),
             )
     emit(StageEvent(job=job.key, stage=str(stage), status=result.status.value, device=result.device,
-                    cached=result.cached))
+                    cached=result.cached, name=task_run_name(str(stage), job), duration_s=result.duration_s,
+                    reason=result.reason))
     return result

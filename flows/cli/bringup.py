@@ -46,17 +46,18 @@ def bring_up(
         wanted = [p.strip() for p in platforms.split(",") if p.strip()] if platforms is not None else None
         from flows.bringup import bring_up as flow
         from flows.bringup import resolve
+        from flows.run_state import flow_summary
 
         req = resolve(checkpoint, wanted, layers, str(report) if report else None, name, settings)  # bad input: 2
         _prefect(settings.data_dir)
         from results.db import for_parameters
 
         with _temporary_server(settings.data_dir):
-            result = _announce_flow_run(flow)(
+            result = flow_summary(_announce_flow_run(flow)(
                 checkpoint=str(req.checkpoint) if req.source.kind == "path" else req.source.name,
                 platforms=list(req.platforms), layers=layers, report_dir=str(req.report_dir), name=name,
                 db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
-                inventory=str(settings.inventory_dir), trigger="cli")
+                inventory=str(settings.inventory_dir), trigger="cli", return_state=True))
     if json_out:
         out.print_json(json.dumps(result, default=str))
     else:

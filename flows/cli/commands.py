@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, farm_errors, out
+from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, err, farm_errors, out
 from flows.cli.running import DryRunOption, JsonOption, PlanFormatOption, _finish, _plan_and_run, _plan_format
 
 
@@ -42,7 +42,7 @@ def nightly(
         matrix_path = matrix or DEFAULT_MATRIX
         result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
-                               docs_dir=str(settings.docs_dir))
+                               docs_dir=str(settings.docs_dir), console=err if json_out else out)
     if result is not None:
         _finish(result, json_out=json_out, matrix_of=settings.db_url)
 
@@ -66,7 +66,8 @@ def run(
         from flows.test_list import make_plan, run_test_list
 
         result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),
-                               run_test_list, dry_run=dry_run, fmt=fmt, priority=priority)
+                               run_test_list, dry_run=dry_run, fmt=fmt, priority=priority,
+                               console=err if json_out else out)
     if result is not None:
         _finish(result, json_out=json_out)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import typer
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -21,10 +23,16 @@ from flows.cli.common import err, out
 from flows.cli.text import cell, visible
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
+NOTHING_RAN = 5  # the exit code when no stage ran (pytest's "no tests collected")
+
+
+def _say(console: Console, text: str) -> None:
+    """A plain status line (what the command is doing), with the time: readable in any log."""
+    console.print(f"{time.strftime('%H:%M:%S')} {visible(text)}", markup=False, highlight=False)
 
 
 @contextmanager
-def _temporary_server(data_dir: Path) -> Iterator[None]:
+def _temporary_server(data_dir: Path, console: Console | None = None) -> Iterator[None]:
     """With no Prefect API configured, run the command's flow against a temporary server started here (Prefect's
     own ephemeral one would outlive a killed orchestrator): it dies with this process, or when the block ends."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
@@ -35,8 +43,13 @@ def _temporary_server(data_dir: Path) -> Iterator[None]:
     from flows.prefect_env import free_port
     from flows.serve import start_server, stop_server
 
-    proc, api_url = start_server("127.0.0.1", free_port(), data_dir / "prefect" / "temporary-server.log",
-                                 timeout_s=TEMPORARY_SERVER_STARTUP_S)
+    say = console or err
+    server_log = data_dir / "prefect" / "temporary-server.log"
+    _say(say, f"starting a temporary Prefect server for this run (log: {server_log}; `edgefarm serve` keeps one "
+              f"with its UI)")
+    t0 = time.monotonic()
+    proc, api_url = start_server("127.0.0.1", free_port(), server_log, timeout_s=TEMPORARY_SERVER_STARTUP_S)
+    _say(say, f"Prefect server up in {time.monotonic() - t0:.1f} s at {api_url}")
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             try:
@@ -57,12 +70,15 @@ def _flush_logs() -> None:
         err.print(f"edgefarm: could not send the run's logs to Prefect: {visible(exc)}", markup=False)
 
 
+SYMBOL: dict[str, tuple[str, str]] = {
+    "pass": ("pass", "green"), "fail": ("FAIL", "red"), "error": ("ERROR", "yellow"), "skipped": ("skip", "dim"),
+    "waived": ("waived", "magenta"), "not_applicable": ("n/a", "dim"), "start": ("start", "cyan")}
+
+
 class Progress:
     """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
 
-    SYMBOL: ClassVar[dict[str, tuple[str, str]]] = {
-        "pass": ("pass", "green"), "fail": ("FAIL", "red"), "error": ("ERROR", "yellow"), "skipped": ("skip", "dim"),
-        "waived": ("waived", "magenta"), "not_applicable": ("n/a", "dim")}
+    SYMBOL: ClassVar[dict[str, tuple[str, str]]] = SYMBOL
 
     def __init__(self, jobs: list[str], stages: list[str]) -> None:
         self.jobs, self.stages = jobs, stages
@@ -70,6 +86,8 @@ class Progress:
         self.lock = threading.Lock()
 
     def update(self, event: Any) -> None:
+        if event.status == "start":
+            return
         mark = cell(*self.SYMBOL.get(event.status, (event.status, "")))
         if event.cached:
             mark.append(" (cached)", style="cyan")
@@ -89,7 +107,33 @@ class Progress:
         return t
 
 
-def _announce_flow_run(flow: Any) -> Any:
+class ProgressLines:
+    """One plain line per stage start and end, for logs and pipes (no terminal): time, ``[ended/expected]``,
+    status, the stage and its row (``<stage> <model> <precision> @<platform>``), seconds, device, and the first line
+    of the reason of what did not pass."""
+
+    def __init__(self, console: Console, expected: int) -> None:
+        self.console, self.expected, self.ended = console, expected, 0
+        self.lock = threading.Lock()
+
+    def update(self, event: Any) -> None:
+        word, style = SYMBOL.get(event.status, (event.status, ""))
+        with self.lock:
+            if event.status != "start":
+                self.ended += 1
+            line = Text(f"{time.strftime('%H:%M:%S')} [{self.ended}/{self.expected}] ")
+            line.append(f"{word:<6}", style=style)
+            line.append(f" {visible(event.name or f'{event.stage} {event.job}')}")
+            if event.status != "start":
+                line.append(f" {event.duration_s:.1f} s" + (" (reused)" if event.cached else ""))
+                if event.device:
+                    line.append(f" on {visible(event.device)}")
+                if event.reason and event.status != "pass":
+                    line.append(f": {visible(event.reason.splitlines()[0][:200])}", style="dim")
+            self.console.print(line, soft_wrap=True)
+
+
+def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
     from flows.prefect_env import flow_run_ui_url, reporting_server
 
@@ -97,7 +141,7 @@ def _announce_flow_run(flow: Any) -> Any:
         return flow
 
     def announce(_flow: Any, flow_run: Any, _state: Any) -> None:
-        out.print(f"flow run: {flow_run_ui_url(flow_run.id)}", markup=False)
+        (console or out).print(f"flow run: {flow_run_ui_url(flow_run.id)}", markup=False)
 
     return flow.with_options(on_running=[announce])
 
@@ -121,17 +165,21 @@ def _plan_format(fmt: str) -> str:
     return fmt
 
 
-def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]], console: Console) -> dict[str, Any]:
+    """``fn()`` with its stages' progress on ``console``: a live table on a terminal, else one line per stage start
+    and end."""
     from stages import progress_columns
     from tasks.progress import subscribe
 
     jobs = [j.key for j in plan.runnable()]
     stages = progress_columns(j.entry.stages for j in plan.runnable())
-    progress = Progress(jobs, stages)
+    live_table = console.is_terminal and bool(jobs)
+    progress: Progress | ProgressLines = Progress(jobs, stages) if live_table else \
+        ProgressLines(console, sum(len(j.entry.stages) for j in plan.runnable()))
     unsubscribe = subscribe(progress.update)
     try:
-        if out.is_terminal and jobs:
-            with Live(progress.table(), console=out, refresh_per_second=2) as live:
+        if isinstance(progress, Progress):
+            with Live(progress.table(), console=console, refresh_per_second=2) as live:
                 stop = threading.Event()
 
                 def refresh() -> None:
@@ -151,12 +199,26 @@ def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]]) -> dict[str,
         unsubscribe()
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
+def _jobs(plan_counts: dict[str, int]) -> str:
+    """A plan's decisions in words: ``3 jobs to run, 44 not applicable, 2 skipped``."""
+    parts = [f"{n} job{'s' if n != 1 else ''} to run" for k, n in plan_counts.items() if k == "run"]
+    parts += [f"{n} {k.replace('_', ' ')}" for k, n in sorted(plan_counts.items()) if k != "run"]
+    return ", ".join(parts) or "no jobs"
+
+
 def _print_summary(result: dict[str, Any]) -> int:
-    t = result.get("timing", {})
-    out.print(f"run {result['run_id']}: plan {result['plan']}; stage results {result['stages']}", markup=False)
+    """The end of a run for a person: what ran, every failing row with its root cause and how to open its log;
+    returns the exit code (0 passed, 1 a row failed, 5 nothing ran)."""
+    t = result.get("timing") or {}
+    out.print(f"run {result['run_id']}: {sum((result.get('stages') or {}).values())} stage results "
+              f"({_counts(result.get('stages') or {})}); plan: {_jobs(result.get('plan') or {})}", markup=False)
     hits = result.get("cache_hits") or {}
-    out.print("cache hits: " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none")
-              + " (exports and engines are reused when their inputs are unchanged)", markup=False)
+    out.print("reused (inputs unchanged): " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none"),
+              markup=False)
     if t:
         out.print(f"wall {t.get('wall_s')} s, critical path {t.get('critical_path_s')} s "
                   f"(ratio {t.get('wall_over_critical_path')}); Prefect overhead per task "
@@ -164,39 +226,67 @@ def _print_summary(result: dict[str, Any]) -> int:
                   f"{t.get('median_task_start_latency_ms')} ms", markup=False)
     if result.get("docs"):
         d = result["docs"]
-        out.print(f"docs: {d['out_dir']}/supported-models.md and support-matrix.html "
+        out.print(f"docs: {d['out_dir']}/support-matrix.html and supported-models.md "
                   f"({d['supported']} supported of {d['rows']} rows)", markup=False)
-    if result["failed"]:
-        out.print(Text.assemble((f"{len(result['failed'])} job(s) failed: ", "red"),
-                                visible(", ".join(result["failed"]))))
+    failed = result.get("failures")
+    if failed is None:  # a summary without root causes (older callers): the failed jobs by name
+        failed = [{"row": job, "stage": "", "status": "failed", "reason": "", "logs": []}
+                  for job in result.get("failed") or []]
+    if failed:
+        out.print(Text(f"{len(failed)} row(s) failed (root cause: the first stage that failed):", style="red"))
+        for f in failed:
+            kind = f" ({f['error_kind']})" if f.get("error_kind") else ""
+            where = f" on {f['device']}" if f.get("device") else ""
+            out.print(Text.assemble("  ✗ ", (visible(f["row"]), "bold"),
+                                    visible(f": {f['stage']} {f['status']}{kind}{where}: {f['reason']}")))
+            for log_id in f.get("logs") or []:
+                out.print(f"      log: edgefarm show {visible(log_id)}", markup=False)
         return 1
+    if result.get("nothing_ran"):
+        out.print(Text(f"nothing ran (exit {NOTHING_RAN}):", style="yellow"))
+        for why in result.get("why_nothing_ran") or []:
+            out.print(f"  {visible(why)}", markup=False)
+        return NOTHING_RAN
     return 0
 
 
 def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, dry_run: bool, fmt: str,
-                  **params: Any) -> dict[str, Any] | None:
+                  console: Console | None = None, **params: Any) -> dict[str, Any] | None:
     """Plan once; a dry run prints the plan (None), otherwise the flow runs with that plan on a temporary Prefect
-    server (unless one is configured) with the progress table. ``plan_of(install)`` makes the plan, installing
-    pinned toolchains only for a real run."""
+    server (unless one is configured) with its progress on ``console`` (stdout; stderr when stdout carries JSON).
+    ``plan_of(install)`` makes the plan, installing pinned toolchains only for a real run."""
+    from flows.run_state import flow_summary
     from results.db import for_parameters
 
+    say = console or out
+    if not dry_run:
+        _say(say, "planning (a toolchain the plan needs and lacks is installed first: minutes, once)")
+    t0 = time.monotonic()
     plan = plan_of(not dry_run)
     if dry_run:
         _print_plan(plan, fmt)
         return None
+    _say(say, f"plan {plan.name}: {_jobs(plan.counts())} (planned in {time.monotonic() - t0:.1f} s)")
     db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
-    with _temporary_server(settings.data_dir):
-        return _run_with_progress(plan, lambda: _announce_flow_run(flow)(
+    with _temporary_server(settings.data_dir, say):
+        return _run_with_progress(plan, lambda: flow_summary(_announce_flow_run(flow, say)(
             db_url=db_param, data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
-            trigger="cli", plan=plan, **params))
+            trigger="cli", plan=plan, return_state=True, **params)), say)
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """0 passed, 1 a row failed, 5 nothing ran."""
+    if result.get("failed"):
+        return 1
+    return NOTHING_RAN if result.get("nothing_ran") else 0
 
 
 def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None) -> None:
-    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary); exit 1 if a
-    job failed."""
+    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary); the exit code of
+    :func:`exit_code`."""
     if json_out:
         out.print_json(json.dumps(result, default=str))
-        raise typer.Exit(1 if result["failed"] else 0)
+        raise typer.Exit(exit_code(result))
     if matrix_of is not None:
         from flows.cli.query import print_matrix
 
