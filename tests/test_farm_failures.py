@@ -19,30 +19,9 @@ from typer.testing import CliRunner
 from flows.cli import app
 from results.db import make_engine
 from results.models import Attempt, Result, Run
-from test_lists.catalog import CATALOG_FILE, Catalog
+from tests.fixtures.farm import FAILING
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-# The accuracy stage gets a logits limit no engine meets (fp32 differs from the reference by ~1e-6 from summation
-# order alone): a genuine test failure of the engine, whatever the machine's speed. (A 1 s infer timeout used to do
-# this, until infer started in under a second.)
-FAILING = {"name": "failing", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
-           "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
-                        "stages": ["export", "build", "infer", "accuracy"],
-                        "timeout": {"export": 600, "build": 600, "infer": 600, "accuracy": 900}}}
-IMPOSSIBLE = {"fp32": {"logits_max_abs_diff": 1e-30}}
-
-
-@pytest.fixture
-def impossible_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shipped catalog with an accuracy limit stories260K fp32 cannot meet (the catalog is where limits live)."""
-    raw = yaml.safe_load(CATALOG_FILE.read_text())
-    raw["models"]["stories260K"]["thresholds"] = IMPOSSIBLE
-    path = tmp_path / "models.yml"
-    path.write_text(yaml.safe_dump(raw))
-    load = Catalog.load.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(Catalog, "load", classmethod(lambda cls, _=CATALOG_FILE: load(cls, path)))
-
 
 def _text_files(root: Path) -> dict[str, str]:
     """Every generated text file, without its generation time stamp."""

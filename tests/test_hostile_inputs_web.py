@@ -659,7 +659,7 @@ def test_a_password_given_as_a_query_parameter_never_reaches_prefect(postgres: P
     code, output = _invoke("nightly", "--json", "--matrix", str(matrix), "--db", url, "--inventory",
                            str(farm_dirs["inventory"]), "--data-dir", str(tmp_path / "data"),
                            "--docs-dir", str(tmp_path / "docs"))
-    assert code == 0, output
+    assert code == 5, output  # nothing ran (no orin device: pytest's exit code 5)
     assert password not in output
     with get_client(sync_client=True) as client:
         runs = [r for r in client.read_flow_runs() if r.parameters.get("matrix") == str(matrix)]

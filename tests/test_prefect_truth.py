@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.test_farm_failures import FAILING, impossible_catalog  # noqa: F401 (a fixture)
+from tests.fixtures.farm import FAILING
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 ROW = "stories260K fp32 @x86-cpu"
@@ -32,7 +32,7 @@ def _flow_run(matrix: Path) -> object:
 
 
 def test_a_failed_nightly_is_failed_in_prefect_with_named_tasks_logs_and_plain_progress(
-        farm_dirs: dict[str, Path], tmp_path: Path, impossible_catalog: None) -> None:  # noqa: F811
+        farm_dirs: dict[str, Path], tmp_path: Path, impossible_catalog: None) -> None:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 

@@ -1,6 +1,8 @@
 """`edgefarm serve` as a person meets it: it prints the URL of Prefect's UI; the UI (a JS app, opened in headless
 Chromium) lists both deployments and the nightly 02:00 schedule; a `nightly` reporting to that server prints its
-flow run's URL, and that run's page shows the support matrix artifacts. Screenshots under .data/test-artifacts/."""
+flow run's URL, and that run's page shows the support matrix artifacts; a nightly whose accuracy stage fails shows
+Failed there, with the failed row in its message, task runs named after their stage and row (the failed one Failed)
+and the stages' logs. Screenshots under .data/test-artifacts/."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 import yaml
 
 from tests.fixtures.browser import Tab
+from tests.fixtures.farm import FAILING
 from tests.fixtures.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +84,7 @@ def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(serv
     run = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--matrix", str(matrix), "--data-dir",
                           str(tmp_path / "nightly")], cwd=REPO, env={**env, "PREFECT_API_URL": f"{ui}/api"},
                          capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == 5, run.stdout + run.stderr  # nothing ran (no orin device): pytest's exit code 5
     m = re.search(rf"flow run: ({re.escape(ui)}/runs/flow-run/[0-9a-f-]{{36}})", run.stdout)
     assert m, run.stdout
     tab.goto(m.group(1))
@@ -105,3 +108,46 @@ def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(serv
         # fp16: no TensorRT Edge-LLM attention kernel takes stories260K's head size 8
         ("stories260K", "fp16", "orin", "not_applicable"), ("stories260K", "fp8", "orin", "not_applicable")}
     assert "# Supported models" in artifacts["supported-models"]["data"]
+
+
+def test_a_failed_nightly_shows_failed_in_prefects_ui_with_named_tasks_and_logs(
+        served: tuple[str, dict[str, str]], tab: Tab, tmp_path: Path, farm_dirs: dict[str, Path],
+        impossible_catalog: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    ui, _ = served
+    matrix = tmp_path / "failing.yml"
+    matrix.write_text(yaml.safe_dump(FAILING))
+    monkeypatch.setenv("PREFECT_API_URL", f"{ui}/api")  # the command reports to the served UI (and says where)
+    with temporary_settings(updates={PREFECT_API_URL: f"{ui}/api"}):
+        result = CliRunner().invoke(app, ["nightly", "--matrix", str(matrix), "--db", f"sqlite:///{tmp_path / 'f.db'}",
+                                          "--inventory", str(farm_dirs["inventory"]), "--data-dir",
+                                          str(farm_dirs["data"]), "--docs-dir", str(tmp_path / "docs")])
+    assert result.exit_code == 1, result.stdout
+    m = re.search(rf"flow run: ({re.escape(ui)}/runs/flow-run/[0-9a-f-]{{36}})", result.stdout)
+    assert m, result.stdout
+    row = "stories260K fp32 @x86-cpu"
+
+    tab.goto(m.group(1))  # the run's page opens on its logs
+    tab.wait_for("document.body.innerText.includes('Failed') && document.body.innerText.includes('log log:')",
+                 timeout=90)
+    page = _text(tab)
+    assert f"1 row(s) failed: {row}: accuracy fail" in page, page[:3000]
+    assert "accuracy fail, log log:" in page and "logits_max_abs_diff" in page, page[:3000]
+    assert "This run didn't generate logs" not in page
+    tab.screenshot("prefect-ui-failed-nightly-logs.png")
+
+    tab.js("[...document.querySelectorAll('li.p-tab')].find(t => t.textContent.trim() === 'Task Runs').click()")
+    tab.wait_for(f"document.body.innerText.includes('accuracy {row}')", timeout=60)
+    names = tab.js("[...document.querySelectorAll('.state-list-item, .task-run-list-item, [class*=list-item]')]"
+                   ".map(e => e.innerText.replace(/\\s+/g, ' ').trim())")
+    tasks = _text(tab)
+    for stage in ("export", "build", "infer", "accuracy"):
+        assert f"{stage} {row}" in tasks, tasks[:3000]
+    failed = [n for n in names if n.startswith(f"accuracy {row}")]
+    assert failed and all("Failed" in n for n in failed), names
+    assert any(n.startswith(f"export {row}") and "Completed" in n for n in names), names
+    tab.screenshot("prefect-ui-failed-nightly-task-runs.png")

@@ -216,7 +216,7 @@ def test_a_stage_added_to_the_table_is_wired_ordered_timed_and_skipped(
     # the Prefect task runs are the table's stages, and echo's run was wired to export's
     with get_client(sync_client=True) as client:
         runs = {name: client.read_task_run(uuid.UUID(o.task_run_id)) for name, o in got.items() if o.task_run_id}
-    assert {name: r.name.split("-")[0] for name, r in runs.items()} == {
+    assert {name: r.name.split(" ")[0] for name, r in runs.items()} == {
         "export": "export", "probe": "probe", "echo": "echo", "na": "na"}
     upstream = {getattr(i, "id", None) for i in runs["echo"].task_inputs["upstream"]}
     assert runs["export"].id in upstream
