@@ -12,6 +12,7 @@ from prefect.states import Completed, Failed, State
 
 import stages
 from artifacts.kinds import ArtifactKind
+from artifacts.location import redact_url
 from results.models import ResultStatus
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
@@ -33,7 +34,8 @@ def task_run_name(stage: str, spec: JobSpec, platforms: Iterable[str] = ()) -> s
 
 
 def first_line(text: str | None, limit: int = 300) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    """The first line of a reason as Prefect shows it: shortened, any URL's credentials hidden."""
+    line = redact_url((text or "").strip().splitlines()[0]) if (text or "").strip() else ""
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 

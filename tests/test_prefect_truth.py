@@ -99,3 +99,28 @@ def test_nothing_ran_exits_5_with_why(farm_dirs: dict[str, Path], tmp_path: Path
     assert (flow_run.state.type.value, flow_run.state.name) == ("FAILED", "Nothing ran"), flow_run.state
     assert flow_run.state.message.startswith("nothing ran: orin: "), flow_run.state.message
     assert uuid.UUID(str(flow_run.id))
+
+    # a test list of a platform without a device: the same (it printed "stage results {}" and exited 0)
+    listed = CliRunner().invoke(app, ["run", "--priority", "l0_pipeline_orin", "--db",
+                                      f"sqlite:///{tmp_path / 'l.db'}", "--inventory", str(farm_dirs["inventory"]),
+                                      "--data-dir", str(farm_dirs["data"])])
+    assert listed.exit_code == 5, listed.stdout
+    assert "nothing ran (exit 5):" in listed.stdout and "ratio" not in listed.stdout, listed.stdout
+
+
+def test_prefect_states_say_the_stage_s_status_and_hide_credentials() -> None:
+    from edgellm.errors import ErrorKind
+    from results.models import ResultStatus
+    from stages.outcome import StageOutcome
+    from tasks.states import stage_state
+
+    failed = stage_state(StageOutcome(stage="build", status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
+                                      reason="lost postgresql://farm:hunter2@db:5432/x\nsecond line", duration_s=2.0))
+    assert (failed.type.value, failed.name) == ("FAILED", "Failed")
+    assert failed.message == "error (infrastructure) after 2.0 s: lost postgresql://***@db:5432/x"
+    cached = stage_state(StageOutcome(stage="export", status=ResultStatus.PASS, cached=True, duration_s=0.1))
+    assert (cached.type.value, cached.name, cached.message) == ("COMPLETED", "Cached", "pass in 0.1 s (reused)")
+    for status, name in ((ResultStatus.SKIPPED, "Skipped"), (ResultStatus.WAIVED, "Waived"),
+                         (ResultStatus.NOT_APPLICABLE, "Not applicable")):
+        state = stage_state(StageOutcome(stage="infer", status=status, reason="why"))
+        assert (state.type.value, state.name, state.message) == ("COMPLETED", name, "why")
