@@ -61,7 +61,7 @@ def print_table(t: Table) -> None:
     Console(file=out.file, width=width, highlight=False, soft_wrap=True).print(t)
 
 
-def check_name(what: str, value: str, valid: Iterable[str], *, flag: str | None = None) -> str:
+def check_name(what: str, value: str, valid: Iterable[str]) -> str:
     """``value`` when it is one of ``valid``, else a ConfigurationError (exit 2) naming it, a near match (did you
     mean) and every valid name: a filter that matches nothing by a typo is refused, never an empty answer."""
     from edgellm.errors import ConfigurationError
@@ -71,7 +71,7 @@ def check_name(what: str, value: str, valid: Iterable[str], *, flag: str | None 
         return value
     close = difflib.get_close_matches(value, names, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-    raise ConfigurationError(f"unknown {flag or what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
+    raise ConfigurationError(f"unknown {what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
 
 
 @contextmanager

@@ -64,7 +64,7 @@ def log_id(sha256: str) -> str:
 def known_names(s: Any, what: str) -> set[str]:
     """The names a --model or --platform filter may take: the catalog's models or the known platforms (device
     types), and every one the database has rows of (a model only in the database is still a model)."""
-    from sqlalchemy import distinct, select
+    from sqlalchemy import select
 
     from results.models import RowLatest
 
@@ -78,14 +78,14 @@ def known_names(s: Any, what: str) -> set[str]:
 
         names = known_platforms()
         column = RowLatest.platform
-    return names | {str(n) for (n,) in s.execute(select(distinct(column)))}
+    return names | {str(n) for (n,) in s.execute(select(column).distinct())}
 
 
 def check_filters(s: Any, model: str | None, platform: str | None) -> None:
     """Refuse a --model or --platform that names nothing this farm knows (exit 2, did you mean, the valid names)."""
     for what, value in (("model", model), ("platform", platform)):
         if value is not None:
-            check_name(what, value, known_names(s, what), flag=f"--{what}")
+            check_name(what, value, known_names(s, what))
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
@@ -169,7 +169,7 @@ def query(
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
         if precision is not None:
             name = precision.strip().lower()
-            precision = check_name("precision", name, [p.value for p in Precision], flag="--precision")
+            precision = check_name("precision", name, [p.value for p in Precision])
             precision = Precision.parse(precision, what="precision").value
         if toolchain is not None:
             toolchain = parse_toolchain(toolchain)

@@ -63,7 +63,7 @@ def parse_id(text: str) -> tuple[str | None, str]:
     if kind == "sha256":
         kind = None
     elif kind is not None:
-        check_name("artifact kind", kind, [k.value for k in ArtifactKind], flag=f"artifact kind in {text!r}:")
+        check_name("artifact kind", kind, [k.value for k in ArtifactKind])
     return kind, found.group("hex")
 
 
