@@ -83,9 +83,10 @@ def compare(
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: {', '.join(FORMATS)}")
         a, b = _side_args(toolchain, against, runs, commits)
         settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=docs_dir, create=False)
-        engine = read_only_engine(settings.db_url)
+        db_url = settings.existing_db_url()
+        engine = read_only_engine(db_url)
         try:
-            require_current(engine, redact(settings.db_url))
+            require_current(engine, redact(db_url))
             comparison = build_comparison(engine, a, b, data_dir=settings.data_dir)
         finally:
             engine.dispose()

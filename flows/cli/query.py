@@ -269,7 +269,8 @@ def empty_regressions_note(counts: Iterable[int]) -> str:
             f"the rows have {counts[0]} published nightly run(s) each" if counts[0] == counts[-1] else
             f"the rows have {counts[0]} to {counts[-1]} published nightly runs each")
     short = sum(1 for n in counts if n <= MIN_BASELINE_RUNS)
-    judged = (f"{short} of {len(counts)} row(s) cannot be judged yet" if short
+    judged = ("nothing can be judged yet" if not counts else
+              f"{short} of {len(counts)} row(s) cannot be judged yet" if short
               else "every row could be judged: none regressed")
     return (f"no regressions: a metric is compared with its row's baseline only once the row has at least "
             f"{MIN_BASELINE_RUNS} earlier published nightly runs where it passed (results.regressions."

@@ -161,7 +161,7 @@ def _describe(sha: str, refs: list[Reference], store: Any) -> None:
     out.print(f"artifact sha256:{sha}", markup=False)
     out.print(f"  kind: {visible(kind)}, {as_dir}, {_size(size)}", markup=False)
     out.print(f"  stored: {stored}", markup=False)
-    out.print(f"  referenced by: {'(nothing in the results database)' if not refs else ''}", markup=False)
+    out.print("  referenced by:" + ("" if refs else " nothing in the results database"), markup=False)
     for r in refs:
         out.print(f"    {visible(r.text())}", markup=False)
     short = f"{kind}:{sha[:12]}" if refs else sha[:16]
