@@ -86,6 +86,8 @@ def test_json_carries_the_support_status_reason_error_kind_metrics_and_logs(farm
     assert failing["failing_since_run"] == failing["run_id"]
     sha = farm["log"].sha256
     assert failing["logs"] == [{"id": f"log:{sha[:12]}", "stage": "quantize", "sha256": sha}]
+    assert failing["root_cause_log"] == f"log:{sha[:12]}"
+    assert all(r["root_cause_log"] is None for k, r in rows.items() if k != ("tiny-llama", "int4_awq", "x86-cpu"))
     assert failing["metrics"] == [{"stage": "quantize", "name": "quantize_s", "value": 12.5, "unit": "s"}]
     assert failing["stages"] == {"quantize": "fail", "export": "skipped", "build": "error"}
     assert rows[("tiny-llama", "fp16", "x86-cpu")]["reason"] == "waived until 2099-01-01 (https://bugs.example/42)"
@@ -95,7 +97,7 @@ def test_json_carries_the_support_status_reason_error_kind_metrics_and_logs(farm
     assert covered["reason"] is None and covered["error_kind"] is None
     assert {"stage": "bench", "name": "decode_tokens_per_s", "value": 436.5, "unit": "tok/s"} in covered["metrics"]
     # the log id the JSON gives opens the log
-    shown = CliRunner().invoke(app, ["show", failing["logs"][0]["id"], "--data-dir", str(farm["data"])])
+    shown = CliRunner().invoke(app, ["show", failing["root_cause_log"], "--data-dir", str(farm["data"])])
     assert shown.exit_code == 0 and shown.stdout == "quantize: calibration diverged at layer 3\n", shown.output
 
 

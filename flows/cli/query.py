@@ -21,7 +21,7 @@ from results.support import SupportStatus
 
 QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "chosen_versions", "status", "reason",
                 "error_kind", "failing_since_run", "toolchain", "toolchain_version", "route", "standin", "run_id",
-                "run_kind", "run_started_at", "stages", "metrics", "logs")
+                "run_kind", "run_started_at", "stages", "metrics", "logs", "root_cause_log")
 # other spellings --status accepts: the pages' older word for implemented (export verified only)
 STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value}
 STATUS_COLOURS = {SupportStatus.L0_COVERED: "green", SupportStatus.CHECKPOINT_DIRECT: "green",
@@ -132,7 +132,17 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
             "logs": [{"id": log_id(sha), "stage": st, "sha256": sha} for st, kind, sha in
                      (detail.artifacts if detail else ()) if kind == "log"],
         })
+        rows_out[-1]["root_cause_log"] = root_cause_log(rows_out[-1])
     return rows_out
+
+
+def root_cause_log(row: dict[str, Any]) -> str | None:
+    """The log id (``log:<sha12>``, for ``edgefarm show``) of a failing row's first failed or errored stage in
+    pipeline order (``stages`` is in that order), when that stage stored a log."""
+    if row["status"] != SupportStatus.FAILING.value:
+        return None
+    failed = next((st for st, v in row["stages"].items() if v in ("fail", "error")), None)
+    return next((g["id"] for g in row["logs"] if g["stage"] == failed), None)
 
 
 def csv_row(r: dict[str, Any]) -> dict[str, Any]:
