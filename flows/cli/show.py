@@ -140,7 +140,8 @@ def _print_text(data: bytes, tail: int | None, label: str) -> None:
     if lines and lines[-1] == "":
         lines.pop()  # a final newline ends the last line, it starts none
     shown = lines[-tail:] if tail else lines
-    err.print(f"# {visible(label)}: {len(lines)} lines" + (f", the last {len(shown)}" if tail else ""), markup=False)
+    count = f"{len(lines)} line" + ("" if len(lines) == 1 else "s")
+    err.print(f"# {visible(label)}: {count}" + (f", the last {len(shown)}" if tail else ""), markup=False)
     for line in shown:  # escaped: a log's escape sequences are shown, never sent to the terminal
         sys.stdout.write(visible(line.expandtabs(8)) + "\n")
     sys.stdout.flush()
