@@ -26,8 +26,10 @@ results/regressions.py uses for its baseline): a delta
 ``B - A`` is *within noise* when ``|B - A|`` is at most that half-width, else *outside noise*; with fewer points it
 has *no band (n history points)*. A history of identical values has a band of width 0: any change is outside it.
 
-A *regression* (``--fail-on-regression``) is a row on both sides whose verdict was ``pass`` on side A and is
-anything else on side B; a row lost altogether is listed as lost, not counted as one.
+A row's status on a side is its support status in that side's run (``results.support.SupportStatus``, decided by
+``results.support.classify`` as the pages and ``edgefarm query`` decide it: l0_covered, failing, implemented...).
+A *regression* (``--fail-on-regression``) is a row on both sides that was supported on side A (l0_covered or
+checkpoint_direct) and is anything else on side B; a row lost altogether is listed as lost, not counted as one.
 
 Published pages: ``<docs dir>/compare/<slug>.md`` and ``.html`` per comparison, ``index.md`` and ``index.html``
 listing them (from ``index.json``, which :func:`published_comparisons` reads). Every name from the database is
@@ -60,6 +62,7 @@ from flows.escape import markdown_text
 from results.models import Metric, Result, ResultStatus, Run, RunKind
 from results.queries import RowKey, RowStatus, row_history
 from results.regressions import K_MAD, MAD_TO_SIGMA
+from results.support import SupportStatus, classify
 from toolchains import base as toolchains
 
 HISTORY_RUNS = 10  # the last this many history points make a band
@@ -67,7 +70,8 @@ MIN_HISTORY = 3  # fewer: no band
 COMPARE_DIR = "compare"
 INDEX_JSON = "index.json"
 MAX_SLUG = 120
-PASS = "pass"
+# the support statuses of a supported row (results.queries.supported: its verdict was pass)
+SUPPORTED = frozenset({SupportStatus.L0_COVERED.value, SupportStatus.CHECKPOINT_DIRECT.value})
 
 
 # -- sides -------------------------------------------------------------------------------------------------------------
@@ -180,7 +184,8 @@ MetricKey = tuple[str, str]  # (stage, metric name)
 
 @dataclass(frozen=True)
 class RowSide:
-    """A row's evidence on one side: its run, verdict, worst status per stage, chosen versions and metrics."""
+    """A row's evidence on one side: its run, support status (``verdict``: a ``SupportStatus`` value), worst status
+    per stage, chosen versions and metrics."""
 
     run_id: int
     verdict: str
@@ -237,7 +242,7 @@ class StatusChange:
 
     @property
     def regression(self) -> bool:
-        return self.a.verdict == PASS and self.b.verdict != PASS
+        return self.a.verdict in SUPPORTED and self.b.verdict not in SUPPORTED
 
     def to_json(self) -> dict[str, Any]:
         return {"row": self.row.to_json(), "a": self.a.to_json(), "b": self.b.to_json(),
@@ -514,9 +519,8 @@ def _runs_text(ids: Sequence[int]) -> str:
 
 
 def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
-    """Each row's verdict and stages (results/queries.py's row_history) with its metrics."""
-    from flows.docs import display_status
-
+    """Each row's support status and stages (results/queries.py's row_history, judged by results.support.classify
+    with the reasons its run recorded) with its metrics."""
     histories: dict[tuple[str, Any, str, str], list[RowStatus]] = {}
     rows = {}
     for row, g in resolved.groups.items():
@@ -530,7 +534,8 @@ def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
             raise BugError(f"row_history gave {len(found)} statuses of {row.text()} in run {g.run_id}; expected 1")
         st = found[0]
         stages = {str(getattr(x, "value", x)): str(getattr(v, "value", v)) for x, v in st.stages.items()}
-        rows[row] = RowSide(g.run_id, display_status(st.verdict.value, stages), stages, g.chosen or None,
+        support = classify(st, histories[hkey], g.reasons)
+        rows[row] = RowSide(g.run_id, support.status.value, stages, g.chosen or None,
                             {m: (v, unit) for m, (v, unit, _, _) in g.metrics.items()}, dict(g.reasons))
     return rows
 
@@ -650,7 +655,9 @@ def render_markdown(c: Comparison, *, generated_at: str, db_label: str) -> str:
 
 _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#202124}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;text-align:left}"
-        ".pass{color:#2e9e44}.fail{color:#d1342f}.error{color:#e07b00}.outside{color:#d1342f;font-weight:600}"
+        ".l0_covered,.checkpoint_direct{color:#2e9e44}.implemented{color:#1a73e8}.failing{color:#d1342f}"
+        ".waived{color:#a142f4}.skipped{color:#e07b00}.not_applicable,.never_tested{color:#70757a}"
+        ".outside{color:#d1342f;font-weight:600}"
         ".regression{background:#fde8e7}")
 
 

@@ -60,6 +60,7 @@ class Settings:
     # where toolchain installs get their wheels ($EDGEFARM_TOOLCHAIN_INDEX, toolchains.mirror): auto, mirror, registry
     toolchain_index: Index = Index.AUTO
     host_slots: int = 2  # $EDGEFARM_HOST_SLOTS: host stages at once on this host (its cores and memory allow more)
+    data_dir_from: str = "default"  # what named the data dir: "--data-dir", "$EDGEFARM_DATA_DIR" or "default"
 
     @classmethod
     def resolve(cls, *, db: str | None = None, data_dir: str | Path | None = None,
@@ -82,7 +83,25 @@ class Settings:
                    fetch_engines=_flag(env, ENV_FETCH_ENGINES), serve_auth=env.get(ENV_SERVE_AUTH) or None,
                    artifacts=_artifacts(env), artifact_cache_gb=_artifact_cache_gb(env),
                    quantize_on=_quantize_on(env), toolchain_index=_toolchain_index(env),
-                   host_slots=_host_slots(env))
+                   host_slots=_host_slots(env),
+                   data_dir_from="--data-dir" if data_dir else f"${ENV_DATA_DIR}" if env.get(ENV_DATA_DIR)
+                   else "default")
+
+    def existing_db_url(self) -> str:
+        """The database URL for a command that only reads it. Where it is the embedded default (no --db, no
+        $EDGEFARM_DB_URL) and there is no database there, a ConfigurationError that says where it looked, that the
+        default data dir is ./.data relative to the current directory, and how to point at the farm's state; a URL
+        given explicitly is left to the database layer (its own message names it)."""
+        if self.db_url != default_url(self.data_dir) or (self.data_dir / "edgefarm.db").is_file():
+            return self.db_url
+        missing = (f"the farm's data dir {str(self.data_dir)!r} does not exist" if not self.data_dir.exists()
+                   else f"there is no results database in the farm's data dir {str(self.data_dir)!r}")
+        where = (f"the default, ./.data relative to the current directory ({str(Path.cwd())!r})"
+                 if self.data_dir_from == "default" else f"what {self.data_dir_from} names")
+        raise ConfigurationError(
+            f"{missing}: looked there because it is {where}\n"
+            f"cd to the checkout that ran the farm (where `make nightly` made .data), or pass --data-dir DIR or set "
+            f"{ENV_DATA_DIR}=DIR, or name the database with --db URL or {ENV_DB_URL}")
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
-from results.models import Result, ResultStatus, RowLatest, Run, RunKind, parse_name
+from results.models import ArtifactRecord, Metric, Result, ResultStatus, RowLatest, Run, RunKind, parse_name
 from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
@@ -331,3 +331,71 @@ def row_history(
     return [RowStatus(RowKey(model, prec, platform, job_tc, var), rid, t.verdict(req), t.worst(), *runs[rid],
                       *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
             for (rid, job_tc, var, chosen), t in sorted(tallies.items())]
+
+
+@dataclass(frozen=True)
+class RowDetail:
+    """What a row's latest run recorded beyond its statuses (for ``edgefarm query``'s JSON and CSV):
+    ``error_kind`` of its root cause (the first failed or errored result in pipeline order, else the first other
+    result that is not a pass and has a kind), its metrics ``(stage, name, value, unit)`` and its artifacts
+    ``(stage, kind, sha256)``, both in pipeline order."""
+
+    error_kind: str | None = None
+    metrics: tuple[tuple[str, str, float, str], ...] = ()
+    artifacts: tuple[tuple[str, str, str], ...] = ()
+
+
+def detail_key(status: RowStatus) -> tuple[str, str, str, str, str, str, int]:
+    """The key of :func:`row_details`' answer for one row status."""
+    k = status.key
+    return (k.model, str(k.precision), k.platform, str(k.toolchain), k.variant, status.chosen_versions or "",
+            status.run_id)
+
+
+def row_details(db: Engine | Session, rows: Sequence[RowStatus]) -> dict[tuple[str, str, str, str, str, str, int],
+                                                                           RowDetail]:
+    """The :class:`RowDetail` of each row status, by :func:`detail_key` (three queries, whatever the row count)."""
+    wanted = {detail_key(r) for r in rows}
+    runs = sorted({r.run_id for r in rows})
+    if not runs:
+        return {}
+    results: dict[int, tuple[Any, ...]] = {}  # result id -> (key, stage, status, error kind)
+    with _session(db) as s:
+        for rid, run_id, m, p, pl, tc, var, chosen, stage, status, kind in s.execute(
+                select(Result.id, Result.run_id, Result.model, Result.precision, Result.platform,
+                       Result.job_toolchain, Result.variant, Result.chosen_versions, Result.stage, Result.status,
+                       Result.error_kind).where(Result.run_id.in_(runs))):
+            key = (m, str(p), pl, str(tc), var, chosen or "", run_id)
+            if key in wanted:
+                results[rid] = (key, str(stage), ResultStatus(status), kind)
+        metrics = s.execute(select(Metric.result_id, Metric.name, Metric.value, Metric.unit)
+                            .join(Result, Result.id == Metric.result_id).where(Result.run_id.in_(runs))
+                            .order_by(Metric.id)).all()
+        artifacts = s.execute(select(ArtifactRecord.result_id, ArtifactRecord.kind, ArtifactRecord.sha256)
+                              .where(ArtifactRecord.run_id.in_(runs), ArtifactRecord.result_id.is_not(None))
+                              .order_by(ArtifactRecord.id)).all()
+
+    def order(rid: int) -> tuple[tuple[int, str], int]:
+        return _stage_order(results[rid][1]), rid
+
+    per_row: dict[Any, list[int]] = defaultdict(list)
+    for rid in sorted(results, key=order):
+        per_row[results[rid][0]].append(rid)
+    got_metrics: dict[int, list[tuple[str, float, str]]] = defaultdict(list)
+    for rid, name, value, unit in metrics:
+        if rid in results:
+            got_metrics[rid].append((name, float(value), unit or ""))
+    got_artifacts: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for rid, kind, sha in artifacts:
+        if rid in results:
+            got_artifacts[rid].append((str(getattr(kind, "value", kind)), sha))
+    out = {}
+    for key, ids in per_row.items():
+        kinds = [(results[i][2] in _BLOCKING, results[i][3]) for i in ids
+                 if results[i][2] != ResultStatus.PASS and results[i][3] is not None]
+        kind = next((k for failed, k in kinds if failed), None) or next((k for _, k in kinds), None)
+        out[key] = RowDetail(
+            error_kind=str(getattr(kind, "value", kind)) if kind is not None else None,
+            metrics=tuple((results[i][1], n, v, u) for i in ids for n, v, u in got_metrics.get(i, ())),
+            artifacts=tuple((results[i][1], k, sha) for i in ids for k, sha in got_artifacts.get(i, ())))
+    return out

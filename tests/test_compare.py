@@ -142,7 +142,7 @@ def test_toolchain_versions_report_gains_losses_changes_and_deltas(db: str, tmp_
     assert sorted(_models(data["gained"])) == sorted([HOSTILE, "phi"])
     assert _models(data["lost"]) == ["gemma"]
     [change] = data["status_changes"]
-    assert change["row"]["model"] == "qwen" and change["verdict"] == ["pass", "fail"] and change["regression"]
+    assert change["row"]["model"] == "qwen" and change["verdict"] == ["l0_covered", "failing"] and change["regression"]
     assert change["stages"] == {"accuracy": ["pass", "fail"]}
     assert change["b"]["reasons"] == {"accuracy": "broke: log …/accuracy.log from <host>"}  # scrubbed
     assert change["row"]["versions"] == ""  # the compared toolchain's own entry is not part of the row
@@ -172,7 +172,7 @@ def test_table_output_is_escaped_and_fail_on_regression_exits_1(db: str, tmp_pat
         assert word in stdout, word
     assert not (tmp_path / "compare").exists()
     code, _, stderr = _run(db, tmp_path, *args, "--fail-on-regression")
-    assert code == 1 and "1 row(s) went from pass" in stderr
+    assert code == 1 and "1 row(s) went from supported" in stderr
 
 
 def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_commits(db: str, tmp_path: Path) -> None:
     assert data["slug"] == "commits-aaa1-vs-ccc3333"
     assert "run 3" in str(data["a"]) and "run 5" in str(data["b"])
     [change] = data["status_changes"]
-    assert change["row"]["model"] == "stories" and change["verdict"] == ["pass", "fail"]
+    assert change["row"]["model"] == "stories" and change["verdict"] == ["l0_covered", "failing"]
     assert change["stages"]["infer"] == ["pass", "fail"] and change["stages"]["bench"] == ["pass", "skipped"]
     assert sorted(_models(data["lost"])) == ["llama", "qwen", "tinyq"]
     code, _, _ = _run(db, tmp_path, "--commits", "aaa1", "ccc3333", "--fail-on-regression", "--no-publish")
@@ -280,10 +280,10 @@ def test_compare_rows_without_a_database() -> None:
     def row(model: str) -> RowId:
         return RowId(RowKey(model, Precision.parse("fp16"), "orin", TRT))
 
-    a = {row("x"): RowSide(1, "pass", {"infer": "pass"}, metrics={("bench", "m"): (2.0, "s")}),
-         row("y"): RowSide(1, "fail", {"infer": "fail"})}
-    b = {row("x"): RowSide(2, "pass", {"infer": "pass"}, metrics={("bench", "m"): (3.0, "s")}),
-         row("z"): RowSide(2, "pass", {"infer": "pass"})}
+    a = {row("x"): RowSide(1, "l0_covered", {"infer": "pass"}, metrics={("bench", "m"): (2.0, "s")}),
+         row("y"): RowSide(1, "failing", {"infer": "fail"})}
+    b = {row("x"): RowSide(2, "l0_covered", {"infer": "pass"}, metrics={("bench", "m"): (3.0, "s")}),
+         row("z"): RowSide(2, "l0_covered", {"infer": "pass"})}
     c = compare_rows("A", "B", "s", a, b, {(row("x"), ("bench", "m")): [2.0, 2.1, 1.9]})
     assert [r.key.model for r, _ in c.gained] == ["z"] and [r.key.model for r, _ in c.lost] == ["y"]
     assert c.same == 1 and not c.changed
@@ -309,7 +309,7 @@ def test_a_variant_is_its_own_row(tmp_path: Path) -> None:
     data = _json(url, tmp_path, "--runs", "1", "2")
     assert data["slug"] == "runs-1-vs-2" and not data["gained"] and not data["lost"] and data["unchanged"] == 1
     [change] = data["status_changes"]
-    assert change["row"]["variant"] == "kv=fp8" and change["verdict"] == ["pass", "fail"]
+    assert change["row"]["variant"] == "kv=fp8" and change["verdict"] == ["l0_covered", "failing"]
 
 
 def test_metric_globs_narrow_what_is_printed_not_what_is_published(db: str, tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ def test_a_read_only_database_serves_reads(read_only_dir: tuple[Path, Path], tmp
         (ro / "probe").write_text("x")
     code, output = _invoke(["query", "--db", ro_url, "--format", "json"])
     assert code == 0, output
-    assert [(r["model"], r["status"]) for r in json.loads(output)] == [("m", "pass")]
+    assert [(r["model"], r["status"]) for r in json.loads(output)] == [("m", "l0_covered")]
     code, output = _invoke(["docs", "--db", ro_url, "--out", str(tmp_path / "docs")])
     assert code == 0, output
     assert "| m |" in (tmp_path / "docs" / "supported-models.md").read_text()

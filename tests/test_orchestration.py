@@ -114,12 +114,12 @@ def test_nightly_rerun_reuses_every_export_and_engine(farm_dirs: dict[str, Path]
 
 def test_query_answers_which_rows_pass(farm_dirs: dict[str, Path]) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["query", "--status", "pass", "--format", "json"])
+    result = runner.invoke(app, ["query", "--status", "l0_covered", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert {(r["model"], r["precision"], r["platform"]) for r in rows} == {
         (m, p, "x86-cpu") for m in ("stories260K", "tiny-qwen3") for p in ("fp32", "fp16")}
-    assert all(r["status"] == "pass" and isinstance(r["run_id"], int) for r in rows)
+    assert all(r["status"] == "l0_covered" and isinstance(r["run_id"], int) for r in rows)
     assert {(r["toolchain"], r["toolchain_version"]) for r in rows} == {
         ("edgellm-ort", driver("edgellm-ort").host_version())}
     csv_out = runner.invoke(app, ["query", "--platform", "orin", "--format", "csv"])

@@ -1,8 +1,9 @@
 """The ``edgefarm`` command line: the farm's front door, every command group in this package.
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
-One module per group (devices, lists, db, toolchains; commands: nightly, run, query, docs, serve, gc; bring-up), mounted
-here; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands that need them.
+One module per group (devices, lists, db, toolchains; commands: nightly, run, query, show, docs, serve, gc;
+bring-up), mounted here; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands
+that need them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 
 import typer
 
-from flows.cli import commands, query
+from flows.cli import commands, query, show
 from flows.cli.bringup import bring_up
 from flows.cli.compare import compare
 from flows.cli.db import app as db_app
@@ -26,7 +27,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (commands.nightly, commands.run, query.query, commands.docs, commands.serve, commands.gc):
+for command in (commands.nightly, commands.run, query.query, show.show, commands.docs, commands.serve, commands.gc):
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)

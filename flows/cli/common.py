@@ -6,16 +6,37 @@ Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from typer.core import TyperOption
 
 from edgellm.errors import EdgeLLMError, ErrorKind
 from flows.cli.text import visible
+
+
+def _plain_flags() -> None:
+    """Help screens list a flag as a flag: typer (0.2x) gives every option a type column (``<str>``) and, since it
+    asks no option whether it is a flag, a boolean flag ``<bool>`` (``--help <bool>``, ``--dry-run <bool>``), which
+    reads as if the flag took a value. A flag (``--x``, ``--x/--no-x``, not a counter) shows no type; one place, for
+    every command of every group."""
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        if self.is_flag and not self.count:
+            return None
+        return shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_plain_flags()
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -26,6 +47,31 @@ DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="farm sta
                                                                        "else ./.data)", file_okay=False)]
 InventoryOption = Annotated[Path | None, typer.Option(
     "--inventory", help="inventory directory (default: $EDGEFARM_INVENTORY, else devices/inventory)", file_okay=False)]
+
+
+def print_table(t: Table) -> None:
+    """On a terminal, fitted to it; elsewhere (a pipe, a file, a CI log) at its natural width, one line per row,
+    nothing cut (``not_applicab...``), so the output can be grepped."""
+    if out.is_terminal:
+        out.print(t)
+        return
+    from rich.measure import Measurement
+
+    width = max(Measurement.get(out, out.options.update_width(100_000), t).maximum, 40)
+    Console(file=out.file, width=width, highlight=False, soft_wrap=True).print(t)
+
+
+def check_name(what: str, value: str, valid: Iterable[str]) -> str:
+    """``value`` when it is one of ``valid``, else a ConfigurationError (exit 2) naming it, a near match (did you
+    mean) and every valid name: a filter that matches nothing by a typo is refused, never an empty answer."""
+    from edgellm.errors import ConfigurationError
+
+    names = sorted(set(valid))
+    if value in names:
+        return value
+    close = difflib.get_close_matches(value, names, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    raise ConfigurationError(f"unknown {what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
 
 
 @contextmanager

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import DataDirOption, DbOption, err, farm_errors, out
+from flows.cli.common import DataDirOption, DbOption, err, farm_errors, out, print_table
+from flows.cli.query import colour
 from flows.cli.text import cell
 
 FORMATS = ("table", "json")
-_COLOURS = {"pass": "green", "fail": "red", "error": "yellow"}
 
 
 def _side_args(toolchain: str | None, against: str | None, runs: tuple[int, int] | None,
@@ -59,7 +59,8 @@ def compare(
     publish: Annotated[bool, typer.Option("--publish/--no-publish", help="write <docs dir>/compare/<slug>.md, "
                                                                          ".html and index.md")] = True,
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="exit 1 when a row on both sides "
-                                                                                  "went from pass to anything "
+                                                                                  "went from supported (l0_covered, "
+                                                                                  "checkpoint_direct) to anything "
                                                                                   "else")] = False,
     metric: Annotated[list[str] | None, typer.Option("--metric", help="print only the metric deltas whose "
                                                                       "stage/metric matches this glob (repeatable, "
@@ -82,9 +83,10 @@ def compare(
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: {', '.join(FORMATS)}")
         a, b = _side_args(toolchain, against, runs, commits)
         settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=docs_dir, create=False)
-        engine = read_only_engine(settings.db_url)
+        db_url = settings.existing_db_url()
+        engine = read_only_engine(db_url)
         try:
-            require_current(engine, redact(settings.db_url))
+            require_current(engine, redact(db_url))
             comparison = build_comparison(engine, a, b, data_dir=settings.data_dir)
         finally:
             engine.dispose()
@@ -99,7 +101,7 @@ def compare(
         for p in written:
             out.print(f"wrote {p}", markup=False, highlight=False)
     if fail_on_regression and comparison.regressions:
-        err.print(f"edgefarm compare: {len(comparison.regressions)} row(s) went from pass to something else",
+        err.print(f"edgefarm compare: {len(comparison.regressions)} row(s) went from supported to something else",
                   markup=False)
         raise typer.Exit(1)
 
@@ -131,16 +133,16 @@ def _print(c: Any) -> None:
         rows.add_column(col)
     for ch in c.changed:
         rows.add_row(cell("REGRESSION" if ch.regression else "status", "red" if ch.regression else ""),
-                     cell(ch.row.text()), cell(ch.a.verdict, _COLOURS.get(ch.a.verdict, "dim")),
-                     cell(ch.b.verdict, _COLOURS.get(ch.b.verdict, "dim")), cell(stage_text(ch.stages)),
+                     cell(ch.row.text()), cell(ch.a.verdict, colour(ch.a.verdict)),
+                     cell(ch.b.verdict, colour(ch.b.verdict)), cell(stage_text(ch.stages)),
                      cell(ch.b.why(ch.stages)))
     for row, side in c.gained:
         rows.add_row(cell("gained", "green"), cell(row.text()), cell("-"),
-                     cell(side.verdict, _COLOURS.get(side.verdict, "dim")), cell(""), cell(side.why(side.reasons)))
+                     cell(side.verdict, colour(side.verdict)), cell(""), cell(side.why(side.reasons)))
     for row, side in c.lost:
-        rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, _COLOURS.get(side.verdict, "dim")),
+        rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, colour(side.verdict)),
                      cell("-"), cell(""), cell(""))
-    _table(rows)
+    print_table(rows)
     if c.deltas:
         from flows.compare import fmt_delta, fmt_num, fmt_rel
 
@@ -148,21 +150,9 @@ def _print(c: Any) -> None:
         for col in ("row", "metric", "A", "B", "B - A", "rel", "band", "noise"):
             t.add_column(col)
         for d in c.deltas:
-            colour = "red" if d.noise == "outside noise" else "green" if d.noise == "within noise" else "dim"
+            noise = "red" if d.noise == "outside noise" else "green" if d.noise == "within noise" else "dim"
             t.add_row(cell(d.row.text()), cell(f"{d.stage}/{d.metric}"),
                       *map(cell, (fmt_num(d.a), fmt_num(d.b), fmt_delta(d.delta), fmt_rel(d.relative), d.band.text)),
-                      cell(d.noise if d.band.half_width is not None else "-", colour))
-        _table(t)
+                      cell(d.noise if d.band.half_width is not None else "-", noise))
+        print_table(t)
     out.print(cell(c.summary()))
-
-
-def _table(t: Table) -> None:
-    """On a terminal, fitted to it; elsewhere (a pipe, a file) at its natural width: one line per row, for grep."""
-    if out.is_terminal:
-        out.print(t)
-        return
-    from rich.console import Console
-    from rich.measure import Measurement
-
-    width = max(Measurement.get(out, out.options.update_width(10_000), t).maximum, 40)
-    Console(file=out.file, width=width, highlight=False, soft_wrap=True).print(t)

@@ -1,4 +1,6 @@
-"""``edgefarm query``: which rows pass, from the results database (and the nightly's end table)."""
+"""``edgefarm query``: each row's support status (``results.support.SupportStatus``, the one vocabulary of the pages,
+the terminal and Prefect) with its root-cause reason, error kind, metrics and logs, from the results database (and
+the nightly's end table)."""
 
 from __future__ import annotations
 
@@ -6,71 +8,167 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from flows.cli.common import DbOption, farm_errors, out
+from flows.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
 from flows.cli.text import cell
 from flows.escape import spreadsheet_cell
+from results.support import SupportStatus
 
-QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "chosen_versions", "status", "toolchain",
-                "toolchain_version", "route", "standin", "run_id", "run_kind", "run_started_at", "stages")
+QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "chosen_versions", "status", "reason",
+                "error_kind", "failing_since_run", "toolchain", "toolchain_version", "route", "standin", "run_id",
+                "run_kind", "run_started_at", "stages", "metrics", "logs", "root_cause_log")
+# other spellings --status accepts: the pages' older word for implemented (export verified only)
+STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value}
+STATUS_COLOURS = {SupportStatus.L0_COVERED: "green", SupportStatus.CHECKPOINT_DIRECT: "green",
+                  SupportStatus.IMPLEMENTED: "cyan", SupportStatus.FAILING: "red", SupportStatus.WAIVED: "magenta",
+                  SupportStatus.NOT_APPLICABLE: "dim", SupportStatus.SKIPPED: "yellow",
+                  SupportStatus.NEVER_TESTED: "dim"}
+STATUS_HELP = " | ".join(s.value for s in SupportStatus) + " (export_verified: implemented; '-' or '_')"
+
+
+def parse_status(value: str) -> SupportStatus:
+    """A --status someone gave: a SupportStatus value in any case, with '-' or '_' (``export-verified`` too), else
+    a ConfigurationError naming it, a near match and the valid values."""
+    norm = value.strip().lower().replace("-", "_").replace(" ", "_")
+    norm = STATUS_ALIASES.get(norm, norm)
+    valid = [s.value for s in SupportStatus]
+    if norm not in valid:
+        import difflib
+
+        from edgellm.errors import ConfigurationError
+
+        close = difflib.get_close_matches(norm, [*valid, *STATUS_ALIASES], n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(repr(STATUS_ALIASES.get(c, c)) for c in close)}?)" if close else ""
+        raise ConfigurationError(f"unknown --status {value!r}{hint}; valid statuses: {', '.join(valid)} "
+                                 f"(also export_verified for implemented; '-' or '_')")
+    return SupportStatus(norm)
+
+
+def colour(status: str) -> str:
+    try:
+        return STATUS_COLOURS[SupportStatus(status)]
+    except ValueError:
+        return "dim"
+
+
+def log_id(sha256: str) -> str:
+    """How the run pages cite a log, and what ``edgefarm show`` opens: ``log:<first 12 hex of its sha256>``."""
+    return f"log:{sha256[:12]}"
+
+
+def known_names(s: Any, what: str) -> set[str]:
+    """The names a --model or --platform filter may take: the catalog's models or the known platforms (device
+    types), and every one the database has rows of (a model only in the database is still a model)."""
+    from sqlalchemy import select
+
+    from results.models import RowLatest
+
+    if what == "model":
+        from test_lists.catalog import Catalog
+
+        names = set(Catalog.load().sources)
+        column = RowLatest.model
+    else:
+        from test_lists.platforms import known_platforms
+
+        names = known_platforms()
+        column = RowLatest.platform
+    return names | {str(n) for (n,) in s.execute(select(column).distinct())}
+
+
+def check_filters(s: Any, model: str | None, platform: str | None) -> None:
+    """Refuse a --model or --platform that names nothing this farm knows (exit 2, did you mean, the valid names)."""
+    for what, value in (("model", model), ("platform", platform)):
+        if value is not None:
+            check_name(what, value, known_names(s, what))
 
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
                status: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
     from sqlalchemy.orm import Session
 
-    from flows.docs import display_status
     from results.db import read_only_engine, redact
     from results.migrate import require_current
     from results.models import Run
-    from results.queries import Verdict, latest_status
+    from results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details
+    from results.support import support_of
 
-    valid = [v.value for v in Verdict] + ["skipped", "waived"]
-    if status is not None and status not in valid:
-        from edgellm.errors import ConfigurationError
-
-        raise ConfigurationError(f"unknown status {status!r}; valid: {', '.join(valid)}")
+    wanted = parse_status(status) if status is not None else None
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
         with Session(engine) as s:
-            rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain)
+            check_filters(s, model, platform)
+            rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain,
+                                 required=SUPPORT_REQUIRED)
             runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
+            support = [support_of(s, r) for r in rows]  # as the pages decide it (flows/docs_layout.py)
+            details = row_details(s, rows)
     finally:
         engine.dispose()
-    rows_out = [
-        {"model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
-         "job_toolchain": str(r.key.toolchain),  # a platform running two toolchains: one row each
-         "chosen_versions": r.chosen_versions,  # a run comparing toolchain versions: one row per version
-         "status": display_status(r.verdict.value, {k.value: v.value for k, v in r.stages.items()}),
-         "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
-         "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
-         "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
-         "stages": {k.value: v.value for k, v in r.stages.items()}}
-        for r in rows
-    ]
-    return [r for r in rows_out if status is None or r["status"] == status]
+    rows_out = []
+    for r, sup in zip(rows, support, strict=True):
+        if wanted is not None and sup.status is not wanted:
+            continue
+        detail = details.get(detail_key(r))
+        rows_out.append({
+            "model": r.key.model, "precision": r.key.precision.value, "platform": r.key.platform,
+            "job_toolchain": str(r.key.toolchain),  # a platform running two toolchains: one row each
+            "variant": r.key.variant,
+            "chosen_versions": r.chosen_versions,  # a run comparing toolchain versions: one row per version
+            "status": sup.status.value, "reason": sup.reason,
+            "error_kind": detail.error_kind if detail else None, "failing_since_run": sup.since_run,
+            "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
+            "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
+            "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
+            "stages": {k.value: v.value for k, v in r.stages.items()},
+            "metrics": [{"stage": st, "name": n, "value": v, "unit": u} for st, n, v, u in
+                        (detail.metrics if detail else ())],
+            "logs": [{"id": log_id(sha), "stage": st, "sha256": sha} for st, kind, sha in
+                     (detail.artifacts if detail else ()) if kind == "log"],
+        })
+        rows_out[-1]["root_cause_log"] = root_cause_log(rows_out[-1])
+    return rows_out
+
+
+def root_cause_log(row: dict[str, Any]) -> str | None:
+    """The log id (``log:<sha12>``, for ``edgefarm show``) of a failing row's first failed or errored stage in
+    pipeline order (``stages`` is in that order), when that stage stored a log."""
+    if row["status"] != SupportStatus.FAILING.value:
+        return None
+    failed = next((st for st, v in row["stages"].items() if v in ("fail", "error")), None)
+    return next((g["id"] for g in row["logs"] if g["stage"] == failed), None)
+
+
+def csv_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A query row as one CSV line: stages ``stage=status;...``, metrics ``stage/name=value unit;...``, logs
+    ``stage=log:<sha12>;...``."""
+    metrics = ";".join(f"{m['stage']}/{m['name']}={m['value']:.6g}{(' ' + m['unit']) if m['unit'] else ''}"
+                       for m in r["metrics"])
+    return {**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items()), "metrics": metrics,
+            "logs": ";".join(f"{g['stage']}={g['id']}" for g in r["logs"])}
 
 
 def query(
-    model: Annotated[str | None, typer.Option("--model")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="only this model (a catalog or recorded name)")] = None,
     precision: Annotated[str | None, typer.Option("--precision")] = None,
-    platform: Annotated[str | None, typer.Option("--platform")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="only this platform")] = None,
     toolchain: Annotated[str | None, typer.Option("--toolchain", help="only rows whose jobs ran with this "
                                                                       "toolchain")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="pass | fail | error | incomplete | "
-                                                                 "not_applicable | skipped | waived")] = None,
+    status: Annotated[str | None, typer.Option("--status", help=STATUS_HELP)] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
     show_regressions: Annotated[bool, typer.Option("--regressions", help="the metrics outside their baseline in "
                                                                          "each row's latest run instead")] = False,
     db: DbOption = None,
+    data_dir: DataDirOption = None,
 ) -> None:
-    """Which rows pass? The latest status of every (model, precision, platform, toolchain its jobs ran with), from
-    the results database."""
+    """Which rows are supported? The latest support status of every (model, precision, platform, toolchain its jobs
+    ran with), with its root-cause reason, from the results database."""
     with farm_errors("query"):
         from edgellm.errors import ConfigurationError
         from edgellm.types import Precision
@@ -80,13 +178,17 @@ def query(
         if fmt not in ("table", "json", "csv"):
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
         if precision is not None:
+            name = precision.strip().lower()
+            precision = check_name("precision", name, [p.value for p in Precision])
             precision = Precision.parse(precision, what="precision").value
         if toolchain is not None:
             toolchain = parse_toolchain(toolchain)
-        db_url = Settings.resolve(db=db, create=False).db_url
+        if status is not None:
+            parse_status(status)  # refused before the database is opened
+        db_url = Settings.resolve(db=db, data_dir=data_dir, create=False).existing_db_url()
         if show_regressions:
             _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform,
-                                               toolchain=toolchain), fmt)
+                                               toolchain=toolchain), fmt, db_url)
             return
         rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status,
                           toolchain=toolchain)
@@ -97,29 +199,31 @@ def query(
         writer = csv.DictWriter(buf, fieldnames=QUERY_FIELDS)
         writer.writeheader()
         for r in rows:
-            row = {**r, "stages": ";".join(f"{k}={v}" for k, v in r["stages"].items())}
-            writer.writerow({k: spreadsheet_cell(v) for k, v in row.items()})
+            writer.writerow({k: spreadsheet_cell(v) for k, v in csv_row(r).items()})
         sys.stdout.write(buf.getvalue())
     else:
-        from flows.docs_render import row_label, shown_toolchain
+        _print_rows(rows)
 
-        t = Table(title=f"latest status ({len(rows)} rows)")
-        compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
-        for col in ("model", "precision", "platform", *(["versions"] if compared else []), "status", "toolchain",
-                    "run", "failing stages"):
-            t.add_column(col)
-        for r in rows:
-            colour = {"pass": "green", "fail": "red", "error": "yellow"}.get(r["status"], "dim")
-            bad = " ".join(f"{k}:{v}" for k, v in r["stages"].items() if v in ("fail", "error"))
-            made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"],
-                                           r["route"] and f"({r['route']} route)",
-                                           "STAND-IN (never evidence)" if r["standin"] else None) if x)
-            versions = [r["chosen_versions"] or "pinned"] if compared else []
-            # as in the docs: a row of a toolchain other than the platform's preferred one names it
-            label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
-            t.add_row(*map(cell, (label, r["precision"], r["platform"], *versions)), cell(r["status"], colour),
-                      *map(cell, (made_by, r["run_id"], bad)))
-        out.print(t)
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    from flows.docs_render import row_label, shown_toolchain
+
+    t = Table(title=f"latest status ({len(rows)} rows)")
+    compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
+    for col in ("model", "precision", "platform", *(["versions"] if compared else []), "status", "reason",
+                "toolchain", "run", "failing stages"):
+        t.add_column(col)
+    for r in rows:
+        bad = " ".join(f"{k}:{v}" for k, v in r["stages"].items() if v in ("fail", "error"))
+        made_by = " ".join(x for x in (r["toolchain"], r["toolchain_version"],
+                                       r["route"] and f"({r['route']} route)",
+                                       "STAND-IN (never evidence)" if r["standin"] else None) if x)
+        versions = [r["chosen_versions"] or "pinned"] if compared else []
+        # as in the docs: a row of a toolchain other than the platform's preferred one names it
+        label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]), r["variant"])
+        t.add_row(*map(cell, (label, r["precision"], r["platform"], *versions)),
+                  cell(r["status"], colour(r["status"])), *map(cell, (r["reason"] or "", made_by, r["run_id"], bad)))
+    print_table(t)
 
 
 REGRESSION_FIELDS = ("model", "precision", "platform", "job_toolchain", "stage", "test_id", "metric", "severity",
@@ -138,6 +242,7 @@ def regression_rows(db_url: str, *, model: str | None, precision: str | None,
     try:
         require_current(engine, redact(db_url))
         with Session(engine) as s:
+            check_filters(s, model, platform)
             flags = published_regressions(s, model=model, platform=platform, toolchain=toolchain)
     finally:
         engine.dispose()
@@ -146,7 +251,43 @@ def regression_rows(db_url: str, *, model: str | None, precision: str | None,
             for f in flags if precision is None or f.precision.value == precision]
 
 
-def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
+def nightly_run_counts(db_url: str) -> list[int]:
+    """How many published nightly runs each row (model, precision, platform, job toolchain) has results in."""
+    from sqlalchemy import distinct, func, select
+    from sqlalchemy.orm import Session
+
+    from results.db import read_only_engine
+    from results.models import Result, Run, RunKind
+
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
+    engine = read_only_engine(db_url)
+    try:
+        with Session(engine) as s:
+            return [n for *_, n in s.execute(
+                select(*row, func.count(distinct(Result.run_id))).join(Run, Run.id == Result.run_id)
+                .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None)).group_by(*row))]
+    finally:
+        engine.dispose()
+
+
+def empty_regressions_note(counts: Iterable[int]) -> str:
+    """Why ``query --regressions`` found nothing: a metric is judged only against a baseline of earlier runs."""
+    from results.regressions import MIN_BASELINE_RUNS
+
+    counts = sorted(counts)
+    have = ("no row has a published nightly run yet" if not counts else
+            f"the rows have {counts[0]} published nightly run(s) each" if counts[0] == counts[-1] else
+            f"the rows have {counts[0]} to {counts[-1]} published nightly runs each")
+    short = sum(1 for n in counts if n <= MIN_BASELINE_RUNS)
+    judged = ("nothing can be judged yet" if not counts else
+              f"{short} of {len(counts)} row(s) cannot be judged yet" if short
+              else "every row could be judged: none regressed")
+    return (f"no regressions: a metric is compared with its row's baseline only once the row has at least "
+            f"{MIN_BASELINE_RUNS} earlier published nightly runs where it passed (results.regressions."
+            f"MIN_BASELINE_RUNS); {have}, so {judged}")
+
+
+def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -164,16 +305,19 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str) -> None:
                 "runs"):
         t.add_column(col)
     for r in rows:
-        colour = "red" if r["severity"] == "fail" else "yellow"
+        severity = "red" if r["severity"] == "fail" else "yellow"
         label = row_label(r["model"], None, shown_toolchain(r["platform"], r["job_toolchain"]))
-        t.add_row(*map(cell, (label, r["precision"], r["platform"], r["metric"])), cell(r["severity"], colour),
+        t.add_row(*map(cell, (label, r["precision"], r["platform"], r["metric"])), cell(r["severity"], severity),
                   *map(cell, (f"{r['value']:.4g}", f"{r['baseline']:.4g}", f"{r['change']:.1%} worse",
                               f"{r['previous_run_id']} -> {r['run_id']}")))
-    out.print(t)
+    print_table(t)
+    if not rows:
+        out.print(cell(empty_regressions_note(nightly_run_counts(db_url))))
 
 
 def print_matrix(db_url: str) -> None:
-    """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision."""
+    """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision, each
+    cell the row's support status (as the pages show it)."""
     from flows.docs_render import row_label, shown_toolchain
 
     rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
@@ -185,14 +329,14 @@ def print_matrix(db_url: str) -> None:
         t.add_column(cell(p))
 
     def label(r: dict[str, Any]) -> str:
-        return row_label(r["model"], r["chosen_versions"], shown_toolchain(r["platform"], r["job_toolchain"]))
+        return row_label(r["model"], r["chosen_versions"], shown_toolchain(r["platform"], r["job_toolchain"]),
+                         r["variant"])
 
     cells = {(label(r), r["precision"], r["platform"]): r["status"] for r in rows}
-    colour = {"pass": "green", "fail": "red", "error": "yellow"}
     for model, precision in sorted({(label(r), r["precision"]) for r in rows}):
         vals = []
         for p in platforms:
-            st = cells.get((model, precision, p), "")
-            vals.append(cell(st, colour.get(st, "dim")) if st else cell(""))
+            st = cells.get((model, precision, p), SupportStatus.NEVER_TESTED.value)
+            vals.append(cell(st, colour(st)))
         t.add_row(cell(model), cell(precision), *vals)
-    out.print(t)
+    print_table(t)

@@ -1,0 +1,234 @@
+"""``edgefarm show ID``: open the evidence a run page cites. ``ID`` is how the pages cite an artifact
+(``log:2ff83abb115e``: its kind and the first 12 hex digits of its sha256), or a sha256 or a prefix of at least 8 hex
+digits, optionally ``sha256:``-prefixed. A log prints to stdout (control characters shown, never sent to the
+terminal; ``--tail N``); any artifact is copied out with ``--output PATH`` (a directory artifact unpacked there); any
+other artifact is described (kind, size, sha256, the results that refer to it) with how to extract it.
+
+Every byte is read through the artifact store, which re-hashes it: a corrupt blob is never shown as evidence (exit 3).
+Exit codes: 0 shown, 2 a bad, unknown or ambiguous id (the message names the candidates), 3 the store failed."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from artifacts.kinds import ArtifactKind, Packing
+from flows.cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
+from flows.cli.text import visible
+
+MIN_PREFIX = 8
+_ID = re.compile(r"(?:(?P<kind>[a-z0-9_]+):)?(?P<hex>[0-9a-f]+)")
+TEXT_KINDS = (ArtifactKind.LOG, ArtifactKind.REPORT)  # printed as text (when stored as one file)
+VALID_IDS = ("log:<12 hex digits> as the run pages cite it (or KIND:<hex> for another kind), a sha256, or a prefix "
+             f"of at least {MIN_PREFIX} hex digits, optionally sha256:-prefixed")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One record of the artifact in the results database: the run and, for a stage's artifact, its result."""
+
+    run_id: int
+    kind: str
+    packing: str
+    size: int
+    path_hint: str | None = None
+    model: str | None = None
+    precision: str | None = None
+    platform: str | None = None
+    stage: str | None = None
+    test_id: str | None = None
+
+    def text(self) -> str:
+        if self.model is None:
+            where = f"run {self.run_id} (the run's own {self.kind})"
+        else:
+            where = (f"run {self.run_id}: {self.model} {self.precision} @{self.platform}, stage {self.stage} "
+                     f"(test {self.test_id})")
+        return where + (f", file {self.path_hint}" if self.path_hint else "")
+
+
+def parse_id(text: str) -> tuple[str | None, str]:
+    """``(kind or None, lowercase hex prefix)`` of an id; a ConfigurationError naming it and the valid forms."""
+    from edgellm.errors import ConfigurationError
+
+    found = _ID.fullmatch(text.strip().lower())
+    if not found or not MIN_PREFIX <= len(found.group("hex")) <= 64:
+        raise ConfigurationError(f"bad artifact id {text!r}; valid: {VALID_IDS}")
+    kind = found.group("kind")
+    if kind == "sha256":
+        kind = None
+    elif kind is not None:
+        check_name("artifact kind", kind, [k.value for k in ArtifactKind])
+    return kind, found.group("hex")
+
+
+def references(s: Any, prefix: str) -> dict[str, list[Reference]]:
+    """Every recorded artifact whose sha256 starts with ``prefix``, by sha256, with the results that refer to it."""
+    from sqlalchemy import select
+
+    from results.models import ArtifactRecord, Result
+
+    a = ArtifactRecord
+    stmt = (select(a.sha256, a.run_id, a.kind, a.packing, a.size, a.path_hint, Result.model, Result.precision,
+                   Result.platform, Result.stage, Result.test_id)
+            .outerjoin(Result, Result.id == a.result_id)
+            .where(a.sha256 == prefix if len(prefix) == 64 else a.sha256.startswith(prefix, autoescape=True))
+            .order_by(a.run_id, a.id))
+    found: dict[str, list[Reference]] = {}
+    for sha, run_id, kind, packing, size, hint, model, precision, platform, stage, test_id in s.execute(stmt):
+        found.setdefault(sha, []).append(Reference(
+            run_id, str(getattr(kind, "value", kind)), str(getattr(packing, "value", packing)), int(size), hint,
+            model, None if precision is None else str(precision), platform, None if stage is None else str(stage),
+            test_id))
+    return found
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    units = ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value /= 1024
+        units.pop(0)
+    return f"{value:.1f} {units[0]} ({n} bytes)"
+
+
+def _store_where(store: Any) -> str:
+    location = getattr(store, "location", None)
+    return str(getattr(location, "url", None) or getattr(store, "root", "the artifact store"))
+
+
+def resolve(ident: str, found: dict[str, list[Reference]], store: Any) -> tuple[str, list[Reference]]:
+    """The one artifact ``ident`` names: recorded ones first (of its kind, when it names one), else a blob only the
+    store holds (a full sha256 or a prefix of one). Unknown or ambiguous: a ConfigurationError naming candidates."""
+    from edgellm.errors import ConfigurationError
+
+    kind, prefix = parse_id(ident)
+    of_kind = {sha: refs for sha, refs in found.items() if kind is None or any(r.kind == kind for r in refs)}
+    if len(of_kind) == 1:
+        sha = next(iter(of_kind))
+        return sha, found[sha]
+    if len(of_kind) > 1:
+        lines = [f"artifact id {ident!r} is ambiguous: {len(of_kind)} artifacts start with {prefix}; give more hex "
+                 "digits. Candidates:"]
+        for sha, refs in sorted(of_kind.items()):
+            lines.append(f"{refs[0].kind}:{sha[:12]}  sha256:{sha}  ({refs[0].text()})")
+        raise ConfigurationError("\n".join(lines))
+    if found:  # recorded, but as another kind than the id names
+        others = ", ".join(f"{refs[0].kind}:{sha[:12]}" for sha, refs in sorted(found.items()))
+        raise ConfigurationError(f"no {kind} artifact matches {ident!r}; artifacts of other kinds do: {others}")
+    in_store = [sha for sha in store.list() if sha.startswith(prefix)]
+    if len(in_store) == 1:
+        return in_store[0], []
+    if len(in_store) > 1:
+        raise ConfigurationError(f"artifact id {ident!r} is ambiguous: {len(in_store)} blobs in the store "
+                                 f"{_store_where(store)} start with {prefix}, none recorded in the results "
+                                 f"database; give more hex digits. Candidates:\n" + "\n".join(sorted(in_store)))
+    raise ConfigurationError(f"no artifact matches {ident!r}: none recorded in the results database and none in the "
+                             f"artifact store {_store_where(store)} (another $EDGEFARM_ARTIFACTS or --data-dir? "
+                             f"removed by `edgefarm gc`?); valid ids: {VALID_IDS}")
+
+
+def _print_text(data: bytes, tail: int | None, label: str) -> None:
+    lines = [line.removesuffix("\r") for line in data.decode("utf-8", errors="replace").split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # a final newline ends the last line, it starts none
+    shown = lines[-tail:] if tail else lines
+    count = f"{len(lines)} line" + ("" if len(lines) == 1 else "s")
+    err.print(f"# {visible(label)}: {count}" + (f", the last {len(shown)}" if tail else ""), markup=False)
+    for line in shown:  # escaped: a log's escape sequences are shown, never sent to the terminal
+        sys.stdout.write(visible(line.expandtabs(8)) + "\n")
+    sys.stdout.flush()
+
+
+def _describe(sha: str, refs: list[Reference], store: Any) -> None:
+    from artifacts.store import MissingArtifactError
+
+    kind = refs[0].kind if refs else "unrecorded"
+    packing = refs[0].packing if refs else Packing.FILE.value
+    try:
+        size = store.ref(sha, ArtifactKind.OTHER, Packing.FILE).size
+        stored = f"yes, in {_store_where(store)}"
+    except MissingArtifactError:
+        size = refs[0].size if refs else 0
+        stored = f"NO: not in {_store_where(store)} (removed by `edgefarm gc`, or another store?)"
+    as_dir = "a directory (a tar, unpacked by --output)" if packing == Packing.TAR.value else "a file"
+    out.print(f"artifact sha256:{sha}", markup=False)
+    out.print(f"  kind: {visible(kind)}, {as_dir}, {_size(size)}", markup=False)
+    out.print(f"  stored: {stored}", markup=False)
+    out.print("  referenced by:" + ("" if refs else " nothing in the results database"), markup=False)
+    for r in refs:
+        out.print(f"    {visible(r.text())}", markup=False)
+    short = f"{kind}:{sha[:12]}" if refs else sha[:16]
+    out.print(f"  extract it: edgefarm show {short} --output PATH", markup=False)
+
+
+def show(
+    ident: Annotated[str, typer.Argument(metavar="ID", help="log:<sha12> as a run page cites it, a sha256 or a "
+                                                             "prefix of >= 8 hex digits (sha256: optional)")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="copy the artifact to this new path (a "
+                                                                        "directory artifact is unpacked there)")
+                      ] = None,
+    tail: Annotated[int | None, typer.Option("--tail", min=1, help="print only the last N lines of a log")] = None,
+    info: Annotated[bool, typer.Option("--info", help="describe the artifact (kind, size, where it is referenced) "
+                                                      "instead of printing it")] = False,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Print a log, or extract or describe any artifact, by the id the run pages cite (e.g. log:2ff83abb115e)."""
+    with farm_errors("show"):
+        from sqlalchemy.orm import Session
+
+        from flows.settings import Settings
+        from results.db import read_only_engine, redact
+        from results.migrate import require_current
+
+        _, prefix = parse_id(ident)  # refused before anything is opened
+        settings = Settings.resolve(db=db, data_dir=data_dir, create=False)
+        db_url = settings.existing_db_url()
+        engine = read_only_engine(db_url)
+        try:
+            require_current(engine, redact(db_url))
+            with Session(engine) as s:
+                found = references(s, prefix)
+        finally:
+            engine.dispose()
+        store = settings.artifact_store()
+        try:
+            sha, refs = resolve(ident, found, store)
+            _open(store, sha, refs, output=output, tail=tail, info=info)
+        finally:
+            store.close()
+
+
+def _open(store: Any, sha: str, refs: list[Reference], *, output: Path | None, tail: int | None, info: bool) -> None:
+    from artifacts.store import MissingArtifactError
+    from edgellm.errors import ConfigurationError
+
+    try:
+        packing = refs[0].packing if refs else Packing.FILE.value
+        kind = refs[0].kind if refs else None
+        if output is not None:
+            if output.exists() or output.is_symlink():
+                raise ConfigurationError(f"--output {str(output)!r} already exists; name a new path")
+            if packing == Packing.TAR.value:
+                store.extract(sha, output)
+            else:
+                store.get_file(sha, output)
+            out.print(f"wrote {visible(output)} ({visible(kind or 'unrecorded')}, sha256:{sha}, verified)",
+                      markup=False)
+        elif not info and kind in TEXT_KINDS and packing == Packing.FILE.value:
+            _print_text(store.read_bytes(sha), tail, f"{kind}:{sha[:12]} ({refs[0].text()})")
+        else:
+            _describe(sha, refs, store)
+    except MissingArtifactError:
+        where = "; ".join(r.text() for r in refs[:3]) or "nothing recorded"
+        raise ConfigurationError(f"artifact sha256:{sha} ({where}) is not in the artifact store "
+                                 f"{_store_where(store)}: removed by `edgefarm gc`, or kept by another store "
+                                 f"(--data-dir, $EDGEFARM_ARTIFACTS)?") from None
