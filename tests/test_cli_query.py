@@ -193,6 +193,9 @@ def test_from_a_subdirectory_the_missing_data_dir_is_explained(tmp_path: Path,
     assert "--data-dir" in text and "EDGEFARM_DATA_DIR" in text and "cd to the checkout" in text
     named = CliRunner().invoke(app, ["query", "--data-dir", str(tmp_path / "nowhere")])
     assert named.exit_code == 2 and "because it is what --data-dir names" in " ".join(named.output.split())
+    docs = CliRunner().invoke(app, ["docs"])  # the same for the command that regenerates the pages
+    assert docs.exit_code == 2 and "cd to the checkout" in " ".join(docs.output.split()), docs.output
+    assert not (sub / ".data").exists()  # and it made nothing there
 
 
 def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -87,8 +87,8 @@ def docs(
         from flows.docs import write_docs
         from flows.settings import Settings
 
-        settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir)
-        result = write_docs(settings.db_url, settings.docs_dir, settings.data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir, create=False)
+        result = write_docs(settings.existing_db_url(), settings.docs_dir, settings.data_dir)
     out.print(f"wrote {result['out_dir']}/supported-models.md, support-matrix.html, runs/ and "
               f"{len(result['trend_images'])} trend plot(s): {result['supported']} supported of {result['rows']} rows",
               markup=False)
