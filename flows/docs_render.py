@@ -392,7 +392,10 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         lines += ["No combination has passing evidence yet.", ""]
     if without:
         lines += ["## Platforms without passing or export evidence", ""]
-        lines += [f"- {markdown_text(p)}: {markdown_text(platform_truth(by_platform[p]))}." for p in without]
+        for p in without:
+            bugs = ", ".join(f"[bug]({b})" for b in dict.fromkeys(r.bug for r in by_platform[p] if r.bug))
+            lines.append(f"- {markdown_text(p)}: {markdown_text(platform_truth(by_platform[p]))}."
+                         + (f" Waivers' bugs: {bugs}." if bugs else ""))
         lines.append("")
     return "\n".join(lines)
 
