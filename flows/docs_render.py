@@ -438,8 +438,52 @@ def plot_text(value: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", value).replace("$", "\\$")
 
 
+# a trend metric's name on its plot, with its unit
+TREND_NAMES: dict[str, tuple[str, str]] = {
+    "decode_tokens_per_s": ("decode throughput", "tokens/s, higher is better"),
+    "prefill_tokens_per_s": ("prefill throughput", "tokens/s, higher is better"),
+    "perplexity_ratio": ("perplexity ratio to the reference", "ratio, lower is better"),
+}
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINES = ("-", "--", ":", "-.")
+
+
+def trend_name(metric: str) -> tuple[str, str]:
+    """(human name, unit) of a trend metric; another metric: its own name, no unit."""
+    return TREND_NAMES.get(metric, (metric, ""))
+
+
+def series_style(i: int) -> dict[str, object]:
+    """The i-th series' colour, marker and line style: (colour, marker) pairs repeat only after 40 series, and the
+    line style changes every 10."""
+    import matplotlib.pyplot as plt
+
+    return {"color": plt.get_cmap("tab10")(i % 10), "marker": _MARKERS[i % len(_MARKERS)],
+            "linestyle": _LINES[(i // 10) % len(_LINES)]}
+
+
+def baseline_band(metric: str, values: Sequence[float]) -> tuple[float, float] | None:
+    """The band the regression check accepts for the latest value (``results.regressions``: the median of the
+    previous nightly runs, up to ``BASELINE_RUNS``, +- max(K x MAD spread, the metric's floor)); None below
+    ``MIN_BASELINE_RUNS`` previous runs or for a metric it does not judge."""
+    import statistics
+
+    from results.regressions import BASELINE_RUNS, K_MAD, MAD_TO_SIGMA, MIN_BASELINE_RUNS, RULES
+
+    rule = RULES.get(metric)
+    history = list(values[:-1])[-BASELINE_RUNS:]
+    if rule is None or len(history) < MIN_BASELINE_RUNS:
+        return None
+    median = statistics.median(history)
+    mad = statistics.median(abs(x - median) for x in history)
+    allowed = max(K_MAD * MAD_TO_SIGMA * mad, rule.floor * abs(median))
+    return median - allowed, median + allowed
+
+
 def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[TrendPoint]]) -> Figure:
-    """One figure: a line per (model, precision) over nightly runs; the x axis shows the run ids as integers."""
+    """One figure: a line per (model, precision) over nightly runs, each its own colour, marker and line style; the
+    x axis shows each run's id and date; a shaded band per series is the baseline the regression check judges its
+    latest value against (where it has enough earlier runs); the y axis names the metric with its unit."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -447,24 +491,33 @@ def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    colours = plt.get_cmap("tab20")
-    run_ids: set[int] = set()
+    dates: dict[int, str] = {}
+    banded = False
     for i, ((model, precision), pts) in enumerate(sorted(series.items())):
         pts = sorted(pts, key=lambda x: x.run_id)
-        run_ids |= {x.run_id for x in pts}
-        ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
-                label=plot_text(f"{model} {precision}"))
-    ids = sorted(run_ids)
+        dates |= {x.run_id: x.started[:10] for x in pts}
+        style = series_style(i)
+        ax.plot([x.run_id for x in pts], [x.value for x in pts], label=plot_text(f"{model} {precision}"),
+                **style)  # type: ignore[arg-type]
+        band = baseline_band(metric, [x.value for x in pts])
+        if band is not None:
+            window = pts[:-1][-7:]
+            ax.fill_between([window[0].run_id, pts[-1].run_id], band[0], band[1], color=style["color"], alpha=0.12,
+                            linewidth=0)  # type: ignore[arg-type]
+            banded = True
+    ids = sorted(dates)
     ax.set_xlim(ids[0] - 0.5, ids[-1] + 0.5)  # a single run still gets a readable, integer axis
-    if len(ids) <= 20:
-        ax.set_xticks(ids, labels=[str(i) for i in ids])
+    if len(ids) <= 12:
+        ax.set_xticks(ids, labels=[f"{i}\n{dates[i]}" for i in ids])
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("nightly run id")
-    ax.set_ylabel(metric)
-    ax.set_title(plot_text(f"{metric} on {platform} over nightly runs"))
+    name, unit = trend_name(metric)
+    ax.set_xlabel("nightly run (id and date)")
+    ax.set_ylabel(plot_text(f"{name} ({unit})" if unit else name))
+    ax.set_title(plot_text(f"{name} on {platform} over nightly runs"))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+              title="shaded: baseline band" if banded else None, title_fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -139,12 +139,38 @@ def test_trend_plots_one_per_metric_and_platform_with_integer_run_ids(docs: Path
                      "trend-x86-cpu-prefill-tokens-per-s.png"]
     import matplotlib.pyplot as plt
 
-    one = {("stories260K", "fp32"): [TrendPoint(7, "t", "stories260K", "fp32", "x86-cpu", "m", 1.0)]}
+    one = {("stories260K", "fp32"): [TrendPoint(7, "2026-01-02T02:00:00+00:00", "stories260K", "fp32", "x86-cpu",
+                                                "m", 1.0)]}
     fig = trend_figure("decode_tokens_per_s", "x86-cpu", one)
     ax = fig.axes[0]
     fig.canvas.draw()
     assert list(ax.get_xticks()) == [7]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["7"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["7\n2026-01-02"]  # run id and date
+    plt.close(fig)
+
+
+def test_trend_plots_tell_series_apart_name_units_and_draw_the_baseline_band() -> None:
+    """Issue 26: 15 series are 15 distinct (colour, marker, line style) styles, not paired colours; the y axis is
+    the metric's human name with its unit; the baseline band the regression check uses is shaded."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    series = {(f"model-{i:02d}", "fp16"): [TrendPoint(r, f"2026-01-{r:02d}T02:00:00", f"model-{i:02d}", "fp16",
+                                                      "x86-cpu", "decode_tokens_per_s", 100.0 + i + r % 2)
+                                           for r in range(1, 6)] for i in range(15)}
+    fig = trend_figure("decode_tokens_per_s", "x86-cpu", series)
+    ax = fig.axes[0]
+    styles = {(tuple(line.get_color()), line.get_marker(), line.get_linestyle()) for line in ax.get_lines()}
+    assert len(ax.get_lines()) == 15 and len(styles) == 15
+    colours_markers = {(tuple(line.get_color()), line.get_marker()) for line in ax.get_lines()}
+    assert len(colours_markers) == 15  # even without line styles, no two series look alike
+    assert ax.get_ylabel() == "decode throughput (tokens/s, higher is better)"
+    assert ax.get_title() == "decode throughput on x86-cpu over nightly runs"
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 15  # 4 earlier runs each: every series has its band
+    lo, hi = bands[0].get_paths()[0].get_extents().y0, bands[0].get_paths()[0].get_extents().y1
+    assert lo < 100.5 < hi  # model-00's median of runs 1-4 (100, 101, 100, 101) inside its band
+    assert ax.get_legend().get_title().get_text() == "shaded: baseline band"
     plt.close(fig)
 
 
