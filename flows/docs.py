@@ -1,7 +1,15 @@
 """The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
 from the results database only. Whether a row is "supported" is results/queries.py's one definition
 (:func:`results.queries.supported`: inference and its accuracy baseline passed on that platform in the latest run
-that tested it); a row is one (model, precision, platform, the toolchain its jobs ran with).
+that tested it); a row is one (model, precision, platform, the toolchain its jobs ran with). Every page shows a
+row's status in the one vocabulary of ``results.support`` (``SupportStatus``).
+
+Pages per purpose: the nightly's pages (:func:`write_docs`: supported-models.md, support-matrix.html, the toolchains'
+layouts, trends; and :func:`publish_matrix_artifacts`, the Prefect artifacts) show the nightly-page runs only
+(``results.support.NIGHTLY_PAGE_KINDS``); a test-list run publishes its own page, ``lists/<list>.md`` and ``.html``
+(:func:`publish_test_list`, called at the end of ``flows.test_list.run_test_list``); neither rewrites the other.
+Each run a page links has ``runs/run-N.md`` and ``runs/run-N.html`` (``flows.docs_runs``), with its logs beside
+them (``runs/logs/``).
 
 Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
 """

@@ -1,7 +1,9 @@
 """Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
-one row per model, one column per precision), per-run evidence pages and perf-trend PNGs. Pure functions of their
-inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py. Whether a row
-is supported is results/queries.py's to say (:func:`results.queries.supported`), never re-derived here.
+one row per model, one column per precision) and perf-trend PNGs. Pure functions of their inputs (rows read from
+the results database by flows/docs.py); the HTML page is flows/docs_html.py, the run pages flows/docs_runs.py.
+Every cell shows its row's status in the one vocabulary (``results.support.SupportStatus``: its mark and label,
+never blank); whether a row is supported is results/queries.py's to say (:func:`results.queries.supported`, which
+``results.support`` classifies as L0 covered or checkpoint-direct), never re-derived here.
 
 A platform that runs two toolchains side by side has a table row per toolchain: the rows of its preferred toolchain
 (the first its device type lists) look as they always did; another toolchain's rows are labelled
