@@ -152,3 +152,37 @@ def test_a_runs_log_is_copied_beside_its_run_pages_and_linked(tmp_path: Path) ->
     short = ref.sha256[:12]
     assert f"href='logs/{short}.txt'>log:{short}</a>" in (out / "runs" / f"run-{run}.html").read_text()
     assert f"[log:{short}](logs/{short}.txt)" in (out / "runs" / f"run-{run}.md").read_text()
+
+
+def test_hostile_names_and_reasons_stay_text_on_the_html_run_page_and_every_cell_lands_on_its_row(
+        tmp_path: Path) -> None:
+    """The HTML run page escapes every hostile name and reason (no tag, attribute or script of theirs), gives each
+    row its own id, and every matrix cell's evidence link names an id that exists on that page."""
+    from tests.test_hostile_inputs_web import COLLIDING, HOSTILE_NAMES, _Tags
+
+    names = [*HOSTILE_NAMES, *COLLIDING]
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abc")
+    for name in names:
+        _row(rec, run, name, "fp32", "x86-cpu", {"export": "pass", "build": "fail", "infer": "skipped"},
+             reason=f"<script>alert(1)</script> {name} ' onmouseover='x", device="local-cpu")
+    rec.finish_run(run, "failed")
+    engine.dispose()
+    out = tmp_path / "docs"
+    write_docs(url, out, tmp_path / "data")
+    page = _Tags((out / "runs" / f"run-{run}.html").read_text())
+    assert "script" not in page.names()
+    assert page.names().count("b") == len(names)  # each row's own status only: the name "<b>" is text
+    assert all(not k.startswith("on") for _, attrs in page.tags for k in attrs)
+    ids = [a["id"] for t, a in page.tags if t == "section" and a.get("class") == "row"]
+    assert len(ids) == len(set(ids)) == len(names)
+    assert "<script>alert(1)</script>" in page.text  # shown as text
+    matrix = _Tags((out / "support-matrix.html").read_text())
+    links = [str(a["href"]) for t, a in matrix.tags if t == "a" and a.get("class") == "evidence"
+             and str(a.get("href")).startswith("runs/")]
+    assert len(links) == len(names)
+    assert {link.split("#", 1)[1] for link in links} == set(ids)
+    assert all(link.split("#", 1)[0] == f"runs/run-{run}.html" for link in links)
