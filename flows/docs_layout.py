@@ -23,7 +23,7 @@ import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from devices.types import DEVICE_TYPES, Arch, DeviceType
 from flows.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
 from flows.escape import markdown_text, safe_link
-from results.models import Environment, Result, Run
+from results.models import Environment, Result, Run, RunKind
 from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, latest_status_of_runs, support_of
 from stages.variant import describe
 from toolchains.base import DocsLayout
@@ -376,12 +376,13 @@ def _session(db: Engine | Session) -> Iterator[Session]:
             yield s
 
 
-def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None) -> list[Evidence]:
+def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None,
+                     kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> list[Evidence]:
     """Every row's support status in its latest nightly-page run (``results.support.NIGHTLY_PAGE_KINDS``; reasons
     scrubbed of hosts and paths); ``toolchain``: only the rows whose jobs ran with it (a toolchain's own pages never
     list what another toolchain proved)."""
     out = []
-    for st in latest_status_of_runs(s, kinds=NIGHTLY_PAGE_KINDS, toolchain=toolchain):
+    for st in latest_status_of_runs(s, kinds=kinds, toolchain=toolchain):
         support = support_of(s, st)
         support = replace(support, reason=scrub(support.reason, data_dir))
         made_by = " ".join(x for x in (st.toolchain, st.toolchain_version) if x) or None
@@ -516,11 +517,13 @@ def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], la
 
 
 def write_layout_pages(engine_or_session: Engine | Session, out_dir: Path, layout: DocsLayout, *, generated_at: str,
-                       db_label: str, data_dir: Path | None) -> dict[str, Any]:
+                       db_label: str, data_dir: Path | None,
+                       kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> dict[str, Any]:
     """Write ``<out_dir>/<layout.directory>/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs
-    output dir, whose ``runs/`` pages they link)."""
+    output dir, whose ``runs/`` pages they link), from each row's latest run of ``kinds`` (the nightly's pages: the
+    nightly-page runs; None: any run)."""
     with _session(engine_or_session) as s:
-        evidence = collect_evidence(s, data_dir, layout.toolchain)
+        evidence = collect_evidence(s, data_dir, layout.toolchain, kinds)
         environments = device_environments(s)
     checkpoints = checkpoint_info({ev.model for ev in evidence} | {b for ev in evidence
                                                                    if (b := draft_base(ev.variant))}, data_dir)
