@@ -1,7 +1,15 @@
 """The docs: supported-models.md, the HTML support matrix, per-run evidence pages and perf trends, generated
 from the results database only. Whether a row is "supported" is results/queries.py's one definition
 (:func:`results.queries.supported`: inference and its accuracy baseline passed on that platform in the latest run
-that tested it); a row is one (model, precision, platform, the toolchain its jobs ran with).
+that tested it); a row is one (model, precision, platform, the toolchain its jobs ran with). Every page shows a
+row's status in the one vocabulary of ``results.support`` (``SupportStatus``).
+
+Pages per purpose: the nightly's pages (:func:`write_docs`: supported-models.md, support-matrix.html, the toolchains'
+layouts, trends; and :func:`publish_matrix_artifacts`, the Prefect artifacts) show the nightly-page runs only
+(``results.support.NIGHTLY_PAGE_KINDS``); a test-list run publishes its own page, ``lists/<list>.md`` and ``.html``
+(:func:`publish_test_list`, called at the end of ``flows.test_list.run_test_list``); neither rewrites the other.
+Each run a page links has ``runs/run-N.md`` and ``runs/run-N.html`` (``flows.docs_runs``), with its logs beside
+them (``runs/logs/``).
 
 Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
 """
@@ -11,7 +19,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 from collections import defaultdict
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +30,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from flows import docs_runs
 from flows.docs_html import html_status, render_html
 from flows.docs_layout import write_layout_pages
 from flows.docs_regressions import RegressionMark
@@ -26,19 +38,21 @@ from flows.docs_render import (
     MatrixRow,
     TrendPoint,
     render_markdown,
-    render_run_page,
     render_trends,
+    row_anchor,
     row_label,
     scrub,
     shown_toolchain,
     supported,
     write_atomic,
 )
+from flows.escape import markdown_text, safe_link
 from results.db import read_only_engine, redact
 from results.migrate import require_current
-from results.models import ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
-from results.queries import SUPPORT_REQUIRED, latest_status
+from results.models import ArtifactKind, ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
+from results.queries import RowStatus
 from results.regressions import published_regressions
+from results.support import NIGHTLY_PAGE_KINDS, Support, latest_status_of_runs, stage_order, support_of
 from toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
@@ -81,51 +95,71 @@ def model_parameters(models: set[str], data_dir: Path | None) -> dict[str, int]:
     return counts
 
 
-def matrix_rows(engine: Engine, data_dir: Path | None = None) -> list[MatrixRow]:
-    """The latest evidence per row (model, precision, platform, job toolchain), with the key metrics of that run."""
-    rows = []
+def matrix_rows(engine: Engine, data_dir: Path | None = None, *, kinds: Collection[RunKind | str] | None =
+                NIGHTLY_PAGE_KINDS, run_id: int | None = None) -> list[MatrixRow]:
+    """The latest evidence per row (model, precision, platform, job toolchain), with the key metrics of that run
+    and its support status (``results.support``): from each row's latest published run of ``kinds`` (the
+    nightly's pages: ``NIGHTLY_PAGE_KINDS``; None: any run), or from the one run ``run_id`` (a test list's page)."""
     with Session(engine) as s:
-        runs = {r.id: r for r in s.scalars(select(Run))}
-        marks = regression_marks(s)
-        statuses = latest_status(s, required=SUPPORT_REQUIRED)
-        params = model_parameters({st.key.model for st in statuses}, data_dir)
-        for st in statuses:
-            results = s.scalars(select(Result).where(
-                Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
-                Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
-                Result.variant == st.key.variant,
-                Result.chosen_versions.is_(None) if st.chosen_versions is None
-                else Result.chosen_versions == st.chosen_versions)).all()
-            metrics: dict[str, float] = {}
-            for name, value in s.execute(select(Metric.name, Metric.value).where(
-                    Metric.result_id.in_([r.id for r in results]))):
-                metrics[name] = value
-            by_reason: dict[str, list[str]] = defaultdict(list)
-            for r in results:
-                if r.reason and r.status.value != "pass":
-                    by_reason[r.reason].append(r.stage.value)
-            reasons = [f"{'/'.join(stages)}: {why}" if len(stages) < len(results) else why
-                       for why, stages in by_reason.items()]
-            if st.standin:  # its passes ran on stand-ins: never supported (queries keep its verdict incomplete)
-                reasons.insert(0, "STAND-IN tools (test only, never evidence)")
-            if st.route:
-                reasons.append(f"route: {st.route}")
-            devices = sorted({r.device for r in results if r.device and r.device != "orchestrator"})
-            run = runs[st.run_id]
-            rows.append(MatrixRow(
-                model=st.key.model, precision=st.key.precision.value, platform=st.key.platform,
-                status=display_status(st.verdict.value, {k.value: v.value for k, v in st.stages.items()}),
-                run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
-                device=scrub(", ".join(devices), data_dir) or None,
-                reason=scrub("; ".join(reasons), data_dir) or None,
-                stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
-                toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
-                regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform,
-                                             str(st.key.toolchain)), ())),
-                chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain), route=st.route,
-                variant=st.key.variant,
-            ))
+        statuses = latest_status_of_runs(s, kinds=kinds, run_id=run_id)
+        return _matrix_rows(s, statuses, data_dir)
+
+
+def _matrix_rows(s: Session, statuses: list[RowStatus], data_dir: Path | None) -> list[MatrixRow]:
+    rows = []
+    runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st in statuses})))}
+    marks = regression_marks(s)
+    params = model_parameters({st.key.model for st in statuses}, data_dir)
+    for st in statuses:
+        results = s.scalars(select(Result).where(
+            Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
+            Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
+            Result.variant == st.key.variant,
+            Result.chosen_versions.is_(None) if st.chosen_versions is None
+            else Result.chosen_versions == st.chosen_versions)).all()
+        metrics: dict[str, float] = {}
+        for name, value in s.execute(select(Metric.name, Metric.value).where(
+                Metric.result_id.in_([r.id for r in results]))):
+            metrics[name] = value
+        support = support_of(s, st)
+        reasons = row_reasons(results, support, st, data_dir)
+        devices = sorted({r.device for r in results if r.device and r.device != "orchestrator"})
+        run = runs[st.run_id]
+        rows.append(MatrixRow(
+            model=st.key.model, precision=st.key.precision.value, platform=st.key.platform,
+            status=st.verdict.value, run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
+            device=scrub(", ".join(devices), data_dir) or None,
+            reason="; ".join(reasons) or None, reasons=tuple(reasons),
+            stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
+            toolchain=st.toolchain, toolchain_version=st.toolchain_version, params=params.get(st.key.model),
+            regressions=tuple(marks.get((st.key.model, st.key.precision.value, st.key.platform,
+                                         str(st.key.toolchain)), ())),
+            chosen_versions=st.chosen_versions, job_toolchain=str(st.key.toolchain), route=st.route,
+            variant=st.key.variant, support=replace(support, reason=scrub(support.reason, data_dir)),
+            bug=safe_link(support.link),
+        ))
     return rows
+
+
+def row_reasons(results: Sequence[Result], support: Support, st: RowStatus, data_dir: Path | None) -> list[str]:
+    """A row's reasons, each once, scrubbed: its root cause first (``Support.reason``), then the others in pipeline
+    order, each with the stages that gave it unless every stage did."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for r in sorted(results, key=lambda r: stage_order(r.stage)):
+        if r.reason and r.status.value != "pass" and r.stage.value not in by_reason[r.reason]:
+            by_reason[r.reason].append(r.stage.value)
+    stages = {r.stage.value for r in results}
+    reasons = []
+    if support.reason:
+        reasons.append(support.reason)
+    for why, named in by_reason.items():
+        if why != support.reason:
+            reasons.append(f"{'/'.join(named)}: {why}" if len(named) < len(stages) else why)
+    if st.standin:  # its passes ran on stand-ins: never supported (queries keep its verdict incomplete)
+        reasons.insert(0, "STAND-IN tools (test only, never evidence)")
+    if st.route:
+        reasons.append(f"route: {st.route}")
+    return [x for x in dict.fromkeys(scrub(x, data_dir) or "" for x in reasons) if x]
 
 
 def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[RegressionMark]]:
@@ -138,7 +172,9 @@ def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[Regress
 
 
 def display_status(verdict: str, stages: dict[str, str]) -> str:
-    """The verdict, except that a row nothing ran for says why: waived or skipped rather than incomplete."""
+    """Deprecated for pages (they show ``results.support.SupportStatus``; kept for ``flows/compare.py`` and the
+    CLI until they switch to ``results.support.status_from``). The verdict, except that a row nothing ran for
+    says why: waived or skipped rather than incomplete."""
     if verdict != "incomplete":
         return verdict
     values = set(stages.values())
@@ -196,7 +232,71 @@ def run_evidence(engine: Engine, run_id: int,
     return info, results
 
 
+LOG_BYTES = 1_000_000  # a log's copy beside its run page keeps its last MB (its tail: where a failure says why)
+
+
+def run_states(engine: Engine, run_id: int, data_dir: Path | None = None) -> dict[str, Support]:
+    """Each row's support status in one run, by its anchor on the run's pages (reasons scrubbed)."""
+    out = {}
+    with Session(engine) as s:
+        for st in latest_status_of_runs(s, run_id=run_id):
+            support = support_of(s, st)
+            key = st.key
+            out[row_anchor(key.model, str(key.precision), key.platform, st.chosen_versions,
+                           shown_toolchain(key.platform, str(key.toolchain)), key.variant)] = replace(
+                support, reason=scrub(support.reason, data_dir))
+    return out
+
+
+def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Path | None) -> dict[str, str]:
+    """Copy the run's log artifacts that this host's store holds beside its pages (``runs/logs/<sha12>.txt``, their
+    last ``LOG_BYTES``, scrubbed like every published text); returns sha256 -> the copy, relative to ``runs_dir``."""
+    if data_dir is None:
+        return {}
+    from artifacts.store import ArtifactStore
+    from edgellm.errors import EdgeLLMError
+
+    store = ArtifactStore(data_dir / "artifacts")
+    out = {}
+    for res in results:
+        for kind, sha in res.get("artifacts", []):  # type: ignore[attr-defined]
+            if kind != ArtifactKind.LOG.value or sha in out:
+                continue
+            try:
+                blob = store.path(sha)
+                with blob.open("rb") as f:
+                    size = blob.stat().st_size
+                    f.seek(max(0, size - LOG_BYTES))
+                    data = f.read()
+            except (OSError, ValueError, EdgeLLMError) as exc:  # not in this host's store (another's, collected)
+                log.info("log %s not copied beside its run page: %s", sha[:12], exc)
+                continue
+            cut = f"[first {size - LOG_BYTES} bytes not copied]\n" if size > LOG_BYTES else ""
+            name = docs_runs.log_name(sha)
+            write_atomic(runs_dir / name, cut + (scrub(data.decode("utf-8", "replace"), data_dir) or ""))
+            out[sha] = name
+    return out
+
+
+def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_dir: Path | None) -> list[int]:
+    """``runs/run-N.md`` and ``runs/run-N.html`` of each run, with its rows' statuses and its logs beside them."""
+    written = []
+    for run_id in sorted(set(run_ids)):
+        info, results = run_evidence(engine, run_id, data_dir)
+        if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
+            info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
+        states = run_states(engine, run_id, data_dir)
+        logs = copy_logs(results, out_dir / "runs", data_dir)
+        write_atomic(out_dir / "runs" / f"run-{run_id}.md", docs_runs.render_markdown(info, results, states, logs))
+        write_atomic(out_dir / "runs" / f"run-{run_id}.html", docs_runs.render_html(info, results, states, logs))
+        written.append(run_id)
+    return written
+
+
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
+    """The nightly's pages (supported-models.md, support-matrix.html, the toolchains' layouts, trends) from the
+    nightly-page runs only (``results.support.NIGHTLY_PAGE_KINDS``), and the run pages they link. A test list's
+    page (``lists/``, :func:`publish_test_list`) is left as it is."""
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
@@ -212,11 +312,7 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         with Session(engine) as s:  # a bring-up's run page links its report, whether or not it made rows
             bringups = set(s.scalars(select(Run.id).where(Run.kind == RunKind.BRINGUP.value)
                                      .order_by(Run.id.desc()).limit(BRINGUP_PAGES)))
-        for run_id in sorted({r.run_id for r in rows} | linked | bringups):
-            info, results = run_evidence(engine, run_id, data_dir)
-            if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
-                info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
-            write_atomic(out_dir / "runs" / f"run-{run_id}.md", render_run_page(info, results))
+        write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked | bringups, data_dir)
         # the same evidence in each toolchain's own page layout (<its directory>/supported-models.md, ...)
         layout_pages = [page for layout in docs_layouts()
                         for page in write_layout_pages(engine, out_dir, layout, generated_at=now, db_label=label,
@@ -227,9 +323,51 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
             "trend_images": [t.file for t in trends], "layout_pages": layout_pages}
 
 
+LISTS_DIR = "lists"  # a test list's own page: <docs>/lists/<list name>.md and .html
+
+
+def list_page_name(list_name: str) -> str:
+    """The file name (without suffix) of a test list's page: the list's name, or its slug where it has other
+    characters (a list's name is its file's stem)."""
+    from flows.docs_render import slug
+
+    return list_name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", list_name) else (slug(list_name) or "list")
+
+
+def publish_test_list(db_url: str, docs_dir: Path, list_name: str, run_id: int,
+                      data_dir: Path | None = None) -> dict[str, Any]:
+    """A test-list run's own page: ``<docs_dir>/lists/<list>.md`` and ``.html`` with the rows of its run ``run_id``
+    (each row's status in the one vocabulary, linked to the run's pages, which are written too). The nightly's pages
+    are never read or rewritten here, and the nightly's never show a list run's rows."""
+    engine = read_only_engine(db_url)
+    try:
+        require_current(engine, redact(db_url))
+        rows = [replace(r, link_base="../", regressions=()) for r in matrix_rows(engine, data_dir, kinds=None,
+                                                                                 run_id=run_id)]
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        label = db_label(db_url)
+        name = list_page_name(list_name)
+        title = f"Test list {list_name}"
+        md_intro = [f"The rows of the latest run of the test list (run {run_id}); the nightly's pages are "
+                    "[supported models](../supported-models.md) and [support matrix](../support-matrix.html).", ""]
+        html_intro = (f"<p>The rows of the latest run of the test list (run {run_id}); the nightly's pages are "
+                      "<a href='../supported-models.md'>supported models</a> and "
+                      "<a href='../support-matrix.html'>support matrix</a>.</p>")
+        folder = docs_dir / LISTS_DIR
+        write_atomic(folder / f"{name}.md", render_markdown(rows, generated_at=now, db_label=label,
+                                                            title=markdown_text(title), intro=md_intro))
+        write_atomic(folder / f"{name}.html", render_html(rows, generated_at=now, db_label=label, title=title,
+                                                          intro=html_intro, see_also=False))
+        write_run_pages(engine, docs_dir, [run_id], data_dir)
+    finally:
+        engine.dispose()
+    return {"pages": [f"{LISTS_DIR}/{name}.md", f"{LISTS_DIR}/{name}.html"], "rows": len(rows), "run_id": run_id}
+
+
 def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
     """Inside a flow run: the support matrix as a Prefect table artifact and the supported rows as a markdown
-    artifact, so the run's page in Prefect's UI shows the result."""
+    artifact, so the run's page in Prefect's UI shows the result (the nightly's pages' rows: nightly-page runs
+    only); statuses in the one vocabulary, the root cause first, a waiver's bug link kept."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     engine = read_only_engine(db_url)
@@ -238,7 +376,8 @@ def publish_matrix_artifacts(db_url: str, data_dir: Path | None = None) -> None:
     finally:
         engine.dispose()
     table = [{"model": r.model, "precision": r.precision, "platform": r.platform, "job_toolchain": r.job_toolchain,
-              "status": html_status(r), "toolchain": r.made_by or "-", "run": r.run_id, "reason": r.reason or ""}
+              "status": html_status(r), "label": r.state.label, "toolchain": r.made_by or "-", "run": r.run_id,
+              "reason": r.reason or "", "bug": r.bug or ""}
              for r in rows]
     create_table_artifact(table=table, key="support-matrix",
                           description="Latest evidence per model x precision x platform")

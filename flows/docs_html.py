@@ -15,32 +15,33 @@ from pathlib import Path
 
 from flows.docs_regressions import mark_html
 from flows.docs_render import (
-    DIRECT_ONLY,
-    EXPORT_ONLY_MARK,
-    SUPPORTED_MARK,
-    CellKind,
+    LISTED,
+    PASSING,
     MatrixRow,
     TrendImage,
-    cell_kind,
     format_params,
     layout_links,
     legend,
     metrics_text,
+    platform_order,
     platform_toolchains,
     precision_order,
+    status_counts,
 )
+from results.support import SupportStatus
 
+# one colour per status of the one vocabulary (results.support.SupportStatus), in its order
 STATUS_COLOURS = {
-    "pass": "#2e9e44",
-    "export_verified": "#3f7fd0",
-    "fail": "#d1342f",
-    "error": "#e07b00",
-    "incomplete": "#c9a227",
-    "waived": "#8a6fd1",
-    "skipped": "#9aa0a6",
-    "not_applicable": "#e8eaed",
+    SupportStatus.L0_COVERED: "#2e9e44",
+    SupportStatus.IMPLEMENTED: "#3f7fd0",
+    SupportStatus.CHECKPOINT_DIRECT: "#1f6f5c",
+    SupportStatus.FAILING: "#d1342f",
+    SupportStatus.WAIVED: "#8a6fd1",
+    SupportStatus.NOT_APPLICABLE: "#e8eaed",
+    SupportStatus.SKIPPED: "#9aa0a6",
+    SupportStatus.NEVER_TESTED: "#ffffff",
 }
-_DARK_TEXT = ("not_applicable", "skipped", "incomplete")
+_DARK_TEXT = (SupportStatus.NOT_APPLICABLE, SupportStatus.SKIPPED, SupportStatus.NEVER_TESTED)
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#202124}
@@ -102,6 +103,8 @@ function showDetails(td) {
   }
   const a = panel.querySelector('a.evidence');
   a.href = c.link; a.textContent = 'evidence: run ' + c.run;
+  const bug = panel.querySelector('a.bug');
+  bug.hidden = !c.bug; bug.href = c.bug || '#'; bug.textContent = c.bug ? 'bug: ' + c.bug : '';
   panel.querySelector('h3').textContent = c.title;
   panel.hidden = false;
 }
@@ -119,43 +122,60 @@ applyFilters();
 
 
 def html_status(r: MatrixRow) -> str:
-    """The status a cell shows: export-verified rows get their own (they are never ``pass``)."""
-    return CellKind.EXPORT_ONLY.value if cell_kind(r) is CellKind.EXPORT_ONLY else r.status
+    """The status a cell shows: its name in the one vocabulary (``results.support.SupportStatus``)."""
+    return r.state.value
 
 
 def cell_fields(r: MatrixRow) -> dict[str, str]:
-    """What a cell's hover text and details panel say."""
-    fields = {
-        "status": html_status(r),
+    """What a cell's hover text and details panel say, the root cause first (the first failed, skipped, waived or
+    not-applicable stage's reason, in pipeline order), each reason once."""
+    fields: dict[str, str] = {}
+    reasons = list(r.reasons) or ([r.reason] if r.reason else [])
+    if r.root_cause:
+        fields["root cause"] = r.root_cause
+        reasons = [x for x in reasons if x != r.root_cause]
+    fields["status"] = r.state.label
+    if r.support is not None and r.support.since_run is not None and r.support.since_run != r.run_id:
+        fields["failing since"] = f"run {r.support.since_run}"
+    if r.support is not None and r.support.until is not None:
+        fields["waived until"] = r.support.until.isoformat()
+    if r.bug:
+        fields["bug"] = r.bug
+    fields |= {
         "toolchain": r.made_by or "not recorded",
         "run": f"{r.run_id} (started {r.run_started})",
         "device": r.device or "-",
         "stages": ", ".join(f"{s}: {st}" for s, st in r.stages.items()) or "-",
     }
-    if r.reason:
-        fields["reason"] = r.reason
+    if reasons:
+        fields["other reasons" if r.root_cause else "reasons"] = "\n".join(reasons)
     if r.metrics:
         fields["metrics"] = metrics_text(r.metrics, "\n") or ", ".join(f"{k} {v:.4g}" for k, v in r.metrics.items())
     return fields
 
 
+def _chip(status: SupportStatus) -> str:
+    return f"background:{STATUS_COLOURS[status]};color:{'#333' if status in _DARK_TEXT else '#fff'}"
+
+
 def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
     e = html.escape
     if r is None:
-        return f"<td class='cell' data-platform='{e(platform)}' data-precision='{e(precision)}' data-status=''></td>"
-    status = html_status(r)
-    colour = STATUS_COLOURS.get(status, "#666")
-    fg = "#333" if status in _DARK_TEXT else "#fff"
+        never = SupportStatus.NEVER_TESTED
+        return (f"<td class='cell {e(never.value)}' data-platform='{e(platform)}' data-precision='{e(precision)}' "
+                f"data-status='{e(never.value)}' style='{_chip(never)}' title='{e(never.label)}'>"
+                f"{e(never.label)}</td>")
+    state = r.state
     fields = cell_fields(r)
     hover = "\n".join(f"{k}: {v}" for k, v in fields.items())
-    mark = {CellKind.SUPPORTED: SUPPORTED_MARK + " ", CellKind.EXPORT_ONLY: EXPORT_ONLY_MARK + " "}.get(r.kind, "")
-    direct = f" · {DIRECT_ONLY}" if r.direct_only else ""
-    return (f"<td class='cell {e(status)}' data-key='{e(r.anchor)}' data-platform='{e(platform)}' "
-            f"data-precision='{e(precision)}' data-status='{e(status)}' data-kind='{e(r.kind.value)}' "
-            f"style='background:{colour};color:{fg}' title='{e(hover)}'>"
-            f"<a href='{e(r.evidence_link)}'>{mark}<b>{e(status)}</b> · run {r.run_id}{e(direct)}</a>"
-            f"<div class='m'>{e(metrics_text(r.metrics, ' · ') if r.kind is CellKind.SUPPORTED else r.made_by)}"
-            f"</div>{mark_html(r.regressions)}</td>")
+    mark = "" if state.mark == state.label or state.mark.replace("/", "").isalpha() else state.mark + " "
+    bug = f" <a class='bug' href='{e(r.bug)}'>bug</a>" if r.bug else ""
+    detail = metrics_text(r.metrics, " · ") if state in PASSING else (r.root_cause or r.made_by or "")
+    return (f"<td class='cell {e(state.value)}' data-key='{e(r.anchor)}' data-platform='{e(platform)}' "
+            f"data-precision='{e(precision)}' data-status='{e(state.value)}' "
+            f"style='{_chip(state)}' title='{e(hover)}'>"
+            f"<a class='evidence' href='{e(r.evidence_html)}'>{e(mark)}<b>{e(state.label)}</b> · run {r.run_id}</a>"
+            f"{bug}<div class='m'>{e(detail)}</div>{mark_html(r.regressions)}</td>")
 
 
 def _section(platform: str, rows: list[MatrixRow], trends: Sequence[TrendImage], docs_dir: Path | None) -> list[str]:
@@ -163,7 +183,7 @@ def _section(platform: str, rows: list[MatrixRow], trends: Sequence[TrendImage],
     precisions = precision_order(r.precision for r in rows)
     cells = {(r.label, r.precision): r for r in rows}  # one table row per model (per compared version)
     params = {r.label: r.params for r in rows}
-    toolchains = platform_toolchains(r for r in rows if r.kind is not CellKind.NONE) or platform_toolchains(rows)
+    toolchains = platform_toolchains(r for r in rows if r.state in LISTED) or platform_toolchains(rows)
     out = [f"<section class='platform' data-platform='{e(platform)}'>", f"<h2>{e(platform)}</h2>",
            f"<p class='toolchains'>Toolchain{'s' if len(toolchains) > 1 else ''}: "
            f"{e(', '.join(toolchains) or 'not recorded')}</p>",
@@ -203,47 +223,73 @@ def _see_also(docs_dir: Path | None) -> str:
             f"{len(found)} comparison(s)</a>{':' + newest.rstrip(';') if newest else ''}.</p>")
 
 
+def summary_line(rows: Sequence[MatrixRow], platforms: Sequence[str]) -> str:
+    """One line first on the page: rows per status and the platforms with passing or export evidence."""
+    e = html.escape
+    counts = ", ".join(f"<span data-status='{e(s.value)}'>{n} {e(s.label)}</span>"
+                       for s, n in status_counts(rows).items())
+    passing = [p for p in platforms if any(r.platform == p and r.state in PASSING for r in rows)]
+    export = [p for p in platforms if p not in passing and any(r.platform == p and r.state in LISTED for r in rows)]
+    rest = [p for p in platforms if p not in passing and p not in export]
+    parts = [f"{len(rows)} rows" + (f": {counts}" if counts else "")]
+    parts.append("passing evidence on " + (e(", ".join(passing)) if passing else "no platform"))
+    if export:
+        parts.append("export evidence only on " + e(", ".join(export)))
+    if rest:
+        parts.append("no passing or export evidence on " + e(", ".join(rest)))
+    return f"<p id='summary'>{'; '.join(parts)}.</p>"
+
+
 def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
-                trends: Sequence[TrendImage] = (), docs_dir: Path | None = None) -> str:
-    """The page; trend PNGs are read from ``docs_dir`` and inlined (no external assets)."""
+                trends: Sequence[TrendImage] = (), docs_dir: Path | None = None, title: str = "Support matrix",
+                intro: str = "", see_also: bool = True) -> str:
+    """The page; trend PNGs are read from ``docs_dir`` and inlined (no external assets). ``title``, ``intro`` (HTML)
+    and ``see_also`` (the links to the layouts' pages and comparisons) let a test list's page use it."""
     e = html.escape
     by_platform: dict[str, list[MatrixRow]] = defaultdict(list)
     for r in rows:
         by_platform[r.platform].append(r)
-    statuses = [s for s in STATUS_COLOURS if any(html_status(r) == s for r in rows)]
     precisions = precision_order(r.precision for r in rows)
-    data = {r.anchor: {"title": f"{r.label} · {r.precision} · {r.platform}", "link": r.evidence_link,
-                       "run": r.run_id, "fields": cell_fields(r)} for r in rows}
+    platforms = platform_order(rows)
+    gaps = any(len({r.label for r in by_platform[p]}) * len(precision_order(r.precision for r in by_platform[p]))
+               > len(by_platform[p]) for p in platforms)  # some table has a cell no row fills: never tested
+    statuses = [s for s in STATUS_COLOURS if any(r.state is s for r in rows)
+                or (s is SupportStatus.NEVER_TESTED and gaps)]
+    data = {r.anchor: {"title": f"{r.label} · {r.precision} · {r.platform}", "link": r.evidence_html,
+                       "run": r.run_id, "bug": r.bug, "fields": cell_fields(r)} for r in rows}
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        "<title>edgellm-farm support matrix</title>",
+        f"<title>edgellm-farm {e(title.lower())}</title>",
         f"<style>{_CSS}</style></head><body>",
-        "<h1>Support matrix</h1>",
+        f"<h1>{e(title)}</h1>",
+        summary_line(rows, platforms),
+        intro,
         f"<p>Generated {e(generated_at)} from the results database ({e(db_label)}). One table per platform; each "
         "cell is the latest evidence for that model and precision there. Hover a cell for its details, click it "
         "to pin them, click its link for the run's evidence.</p>",
-        _see_also(docs_dir),
-        "<ul class='legend-text'>" + "".join(f"<li>{e(item)}</li>" for item in legend(rows)) + "</ul>",
+        _see_also(docs_dir) if see_also else "",
+        "<ul class='legend-text'>" + "".join(f"<li>{e(item)}</li>" for item in legend()) + "</ul>",
         "<p class='legend'>" + "".join(
-            f"<span style='background:{c};color:{'#333' if s in _DARK_TEXT else '#fff'}'>{e(s)}</span>"
-            for s, c in STATUS_COLOURS.items()) + "</p>",
+            f"<span data-status='{e(s.value)}' style='{_chip(s)}'>{e(s.label)}</span>" for s in STATUS_COLOURS)
+        + "</p>",
         "<div id='filters'>",
         "<label>Platform <select id='f-platform'><option value='all'>all</option>"
-        + "".join(f"<option value='{e(p)}'>{e(p)}</option>" for p in sorted(by_platform)) + "</select></label>",
+        + "".join(f"<option value='{e(p)}'>{e(p)}</option>" for p in platforms) + "</select></label>",
         "<label>Precision <select id='f-precision'><option value='all'>all</option>"
         + "".join(f"<option value='{e(p)}'>{e(p)}</option>" for p in precisions) + "</select></label>",
         "<span id='f-status'>Status "
-        + "".join(f"<label><input type='checkbox' value='{e(s)}' checked> {e(s)}</label> " for s in statuses)
+        + "".join(f"<label><input type='checkbox' value='{e(s.value)}' checked> {e(s.label)}</label> "
+                  for s in statuses)
         + "</span>",
         "</div>",
     ]
     if not rows:
         out.append("<p>No evidence recorded yet.</p>")
-    for platform in sorted(by_platform):
+    for platform in platforms:
         out += _section(platform, by_platform[platform], trends, docs_dir)
     out += [
         "<aside id='details' hidden><button id='close-details' style='float:right'>×</button><h3></h3><dl></dl>"
-        "<a class='evidence' href='#'></a></aside>",
+        "<a class='evidence' href='#'></a> <a class='bug' href='#' hidden></a></aside>",
         # <, > and & as JSON escapes: no value can end the script element or open a comment in it
         "<script type='application/json' id='cell-data'>" + json.dumps(data).replace("<", "\\u003c")
         .replace(">", "\\u003e").replace("&", "\\u0026") + "</script>",

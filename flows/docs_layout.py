@@ -23,7 +23,7 @@ import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,10 +34,9 @@ from sqlalchemy.orm import Session
 
 from devices.types import DEVICE_TYPES, Arch, DeviceType
 from flows.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
-from flows.escape import markdown_text
-from results.models import Environment, Result, Run
-from results.queries import SUPPORT_REQUIRED, latest_status
-from results.support import Support, SupportStatus, support_of
+from flows.escape import markdown_text, safe_link
+from results.models import Environment, Result, Run, RunKind
+from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, latest_status_of_runs, support_of
 from stages.variant import describe
 from toolchains.base import DocsLayout
 
@@ -65,7 +64,6 @@ FEATURE_SECTIONS: tuple[tuple[str, str], ...] = (
 EAGLE3_DRAFT = "eagle3-draft"
 _HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z")
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=:-]*\Z")
-_LINK = re.compile(r"https?://[A-Za-z0-9.-]+(?::\d+)?(?:/[A-Za-z0-9._~/%?#=&+:-]*)?\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
@@ -171,7 +169,7 @@ def status_text(support: Support, anchor: str | None = None) -> str:
         if s.until is not None:
             out += f" until {s.until.isoformat()}"
         if s.link is not None:
-            out += f", [bug]({s.link})" if _LINK.match(s.link) else f", bug {markdown_text(s.link)}"
+            out += f", [bug]({s.link})" if safe_link(s.link) else f", bug {markdown_text(s.link)}"
         elif s.reason:
             out += f": {markdown_text(s.reason)}"
         return out
@@ -202,23 +200,8 @@ def _listed(rows: Iterable[Evidence]) -> bool:
 
 
 def legend_lines() -> list[str]:
-    return [f"- {s.display}{'' if s.display.startswith(s.mark) else f' ({s.mark})'}: {_MEANING[s]}"
+    return [f"- {s.display}{'' if s.display.startswith(s.mark) else f' ({s.mark})'}: {s.meaning}"
             for s in SupportStatus]
-
-
-_MEANING = {
-    SupportStatus.L0_COVERED: "inference and its accuracy baseline passed on that platform in the latest run that "
-                              "tested it.",
-    SupportStatus.CHECKPOINT_DIRECT: "passed, but only on the route that builds the engine straight from the "
-                                     "checkpoint; its ONNX export was not built and run there.",
-    SupportStatus.IMPLEMENTED: "the export passed with that toolchain; nothing has run on the device yet (not "
-                               "support).",
-    SupportStatus.FAILING: "a stage failed or errored; since = the first run of the current failing streak.",
-    SupportStatus.WAIVED: "a known failure, waived until a date, with its bug.",
-    SupportStatus.NOT_APPLICABLE: "not meant to work on that platform.",
-    SupportStatus.SKIPPED: "nothing proving or failing ran (no device or toolchain there).",
-    SupportStatus.NEVER_TESTED: "no published run has tested it there.",
-}
 
 
 def _family_key(model_type: str | None) -> tuple[int, str]:
@@ -393,11 +376,13 @@ def _session(db: Engine | Session) -> Iterator[Session]:
             yield s
 
 
-def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None) -> list[Evidence]:
-    """Every row's support status in its latest run (reasons scrubbed of hosts and paths); ``toolchain``: only the
-    rows whose jobs ran with it (a toolchain's own pages never list what another toolchain proved)."""
+def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None,
+                     kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> list[Evidence]:
+    """Every row's support status in its latest nightly-page run (``results.support.NIGHTLY_PAGE_KINDS``; reasons
+    scrubbed of hosts and paths); ``toolchain``: only the rows whose jobs ran with it (a toolchain's own pages never
+    list what another toolchain proved)."""
     out = []
-    for st in latest_status(s, required=SUPPORT_REQUIRED, toolchain=toolchain):
+    for st in latest_status_of_runs(s, kinds=kinds, toolchain=toolchain):
         support = support_of(s, st)
         support = replace(support, reason=scrub(support.reason, data_dir))
         made_by = " ".join(x for x in (st.toolchain, st.toolchain_version) if x) or None
@@ -532,11 +517,13 @@ def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], la
 
 
 def write_layout_pages(engine_or_session: Engine | Session, out_dir: Path, layout: DocsLayout, *, generated_at: str,
-                       db_label: str, data_dir: Path | None) -> dict[str, Any]:
+                       db_label: str, data_dir: Path | None,
+                       kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> dict[str, Any]:
     """Write ``<out_dir>/<layout.directory>/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs
-    output dir, whose ``runs/`` pages they link)."""
+    output dir, whose ``runs/`` pages they link), from each row's latest run of ``kinds`` (the nightly's pages: the
+    nightly-page runs; None: any run)."""
     with _session(engine_or_session) as s:
-        evidence = collect_evidence(s, data_dir, layout.toolchain)
+        evidence = collect_evidence(s, data_dir, layout.toolchain, kinds)
         environments = device_environments(s)
     checkpoints = checkpoint_info({ev.model for ev in evidence} | {b for ev in evidence
                                                                    if (b := draft_base(ev.variant))}, data_dir)

@@ -29,8 +29,9 @@ class RegressionMark:
         return f"{self.metric} {self.value:.4g} vs {self.baseline:.4g} ({rel:+.1%})"
 
 
-def run_link(run_id: int) -> str:
-    return f"runs/run-{run_id}.md"
+def run_link(run_id: int, ext: str = "md") -> str:
+    """A run's evidence page from the docs dir: ``md`` for Markdown pages, ``html`` for the HTML matrix."""
+    return f"runs/run-{run_id}.{ext}"
 
 
 def mark_html(marks: Sequence[RegressionMark]) -> str:
@@ -40,10 +41,10 @@ def mark_html(marks: Sequence[RegressionMark]) -> str:
     e = html.escape
     items = []
     for m in marks:
-        before = (f" <a href='{e(run_link(m.previous_run_id))}'>run {m.previous_run_id}</a> →"
+        before = (f" <a href='{e(run_link(m.previous_run_id, 'html'))}'>run {m.previous_run_id}</a> →"
                   if m.previous_run_id is not None else "")
         items.append(f"<div class='m regression {e(m.severity)}'>⚠ regression: {e(m.text)};{before} "
-                     f"<a href='{e(run_link(m.run_id))}'>run {m.run_id}</a></div>")
+                     f"<a href='{e(run_link(m.run_id, 'html'))}'>run {m.run_id}</a></div>")
     return "".join(items)
 
 

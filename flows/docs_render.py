@@ -1,7 +1,9 @@
 """Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
-one row per model, one column per precision), per-run evidence pages and perf-trend PNGs. Pure functions of their
-inputs (rows read from the results database by flows/docs.py); the HTML page is flows/docs_html.py. Whether a row
-is supported is results/queries.py's to say (:func:`results.queries.supported`), never re-derived here.
+one row per model, one column per precision) and perf-trend PNGs. Pure functions of their inputs (rows read from
+the results database by flows/docs.py); the HTML page is flows/docs_html.py, the run pages flows/docs_runs.py.
+Every cell shows its row's status in the one vocabulary (``results.support.SupportStatus``: its mark and label,
+never blank); whether a row is supported is results/queries.py's to say (:func:`results.queries.supported`, which
+``results.support`` classifies as L0 covered or checkpoint-direct), never re-derived here.
 
 A platform that runs two toolchains side by side has a table row per toolchain: the rows of its preferred toolchain
 (the first its device type lists) look as they always did; another toolchain's rows are labelled
@@ -12,7 +14,6 @@ Published text carries no orchestrator paths, hosts or URLs: :func:`scrub` is ap
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import re
 from collections import defaultdict
@@ -20,13 +21,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
-from results.queries import supported as supported_verdict
 from results.regressions import UNDER_LOAD_METRIC
+from results.support import Support, SupportStatus, status_from
 from stages.variant import describe as describe_variant
 from toolchains.base import Route
 
@@ -44,27 +44,21 @@ CELL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("logits_max_abs_diff", "max abs Δlogit", "{:.1e}"),
     ("greedy_match_fraction", "greedy match", "{:.0%}"),
 )
-EXPORT_STAGES = frozenset({"quantize", "export"})  # evidence of these alone proves an export, never support
-_NOT_RUN = frozenset({"skipped", "not_applicable", "waived"})
-SUPPORTED_MARK = "✓"
-EXPORT_ONLY_MARK = "◇"
-LEGEND = (
-    f"{SUPPORTED_MARK} supported: inference and its accuracy baseline passed on that platform in the latest run "
-    "that tested it; the link opens that run's evidence.",
-    f"{EXPORT_ONLY_MARK} export verified only: quantize and export passed with the named toolchain version, but "
-    "the model has not run on that platform (not support).",
-    "empty: no passing evidence.",
-)
-DIRECT_ONLY = "checkpoint-direct only"
-# shown in the legend only where some cell carries the mark
-DIRECT_ONLY_LEGEND = (f"{DIRECT_ONLY}: proven only on the route that builds the engine straight from the checkpoint "
-                      "(the toolchain's direct builder); its ONNX export was not built and run there.")
+DIRECT_ONLY = SupportStatus.CHECKPOINT_DIRECT.label
+LISTED = (SupportStatus.L0_COVERED, SupportStatus.CHECKPOINT_DIRECT, SupportStatus.IMPLEMENTED)
+PASSING = (SupportStatus.L0_COVERED, SupportStatus.CHECKPOINT_DIRECT)
 
 
-class CellKind(enum.StrEnum):
-    SUPPORTED = "supported"
-    EXPORT_ONLY = "export_verified"
-    NONE = "none"
+def legend() -> tuple[str, ...]:
+    """One line per status of the one vocabulary (``results.support.SupportStatus``): its mark, label, meaning."""
+    return tuple(f"{shown_status(s)}{'' if shown_status(s).startswith(s.mark) else f' ({s.mark})'}: {s.meaning}"
+                 for s in SupportStatus)
+
+
+def shown_status(status: SupportStatus) -> str:
+    """A status in text: its glyph mark and label (``✗ failing``), or its label alone where its mark is a word
+    (``not applicable``; the cell shows the word mark ``n/a``)."""
+    return status.label if status.mark.replace("/", "").isalpha() else f"{status.mark} {status.label}"
 
 
 @dataclass(frozen=True)
@@ -74,7 +68,7 @@ class MatrixRow:
     model: str
     precision: str
     platform: str
-    status: str  # overall: pass only when every required stage passed in the latest run
+    status: str  # the verdict (results.queries.Verdict): pass only when every required stage passed
     run_id: int
     run_started: str
     device: str | None = None
@@ -89,11 +83,30 @@ class MatrixRow:
     job_toolchain: str | None = None  # the toolchain its jobs ran with (its row's); None: not known
     route: str | None = None  # how its engines were made in that run ("onnx", "direct", both joined); None: one way
     variant: str = ""  # its variant key (stages.variant.variant_key): part of the row's key, '' the default
+    support: Support | None = None  # its support status (results.support.classify); None: from status and stages
+    bug: str | None = None  # a waiver's bug link (http/https only, flows.escape.safe_link)
+    reasons: tuple[str, ...] = ()  # its reasons, each once, the root cause first (``reason`` is them joined)
+    link_base: str = ""  # the docs dir from the page that shows it ("../" for a test list's page in lists/)
+
+    @property
+    def state(self) -> SupportStatus:
+        """Its status in the one vocabulary (``results.support.SupportStatus``)."""
+        if self.support is not None:
+            return self.support.status
+        return status_from(self.status, self.stages, route=self.route)
+
+    @property
+    def root_cause(self) -> str | None:
+        """Why it fails, is skipped, waived or not applicable: the first such stage's reason, in pipeline order."""
+        if self.support is not None and self.support.reason:
+            return self.reasons[0] if self.reasons else self.support.reason
+        return None
 
     @property
     def direct_only(self) -> bool:
         """Supported on the checkpoint-direct route alone: its latest evidence made every engine that way."""
-        return self.route == Route.DIRECT.value and cell_kind(self) is CellKind.SUPPORTED
+        return self.state is SupportStatus.CHECKPOINT_DIRECT or (
+            self.route == Route.DIRECT.value and self.state is SupportStatus.L0_COVERED)
 
     @property
     def made_by(self) -> str:
@@ -116,11 +129,13 @@ class MatrixRow:
 
     @property
     def evidence_link(self) -> str:
-        return f"runs/run-{self.run_id}.md#{self.anchor}"
+        """Its section on its run's Markdown page (for Markdown pages)."""
+        return f"{self.link_base}runs/run-{self.run_id}.md#{self.anchor}"
 
     @property
-    def kind(self) -> CellKind:
-        return cell_kind(self)
+    def evidence_html(self) -> str:
+        """Its row on its run's HTML page (for the HTML matrix)."""
+        return f"{self.link_base}runs/run-{self.run_id}.html#{self.anchor}"
 
 
 @dataclass(frozen=True)
@@ -195,22 +210,42 @@ def anchor(name: str) -> str:
     return f"{readable}-{digest}" if readable else digest
 
 
-def cell_kind(r: MatrixRow) -> CellKind:
-    """Supported = what :func:`results.queries.supported` says of its status; export verified only = the only
-    passing stages are quantize/export and nothing failed (the later stages were not run here, e.g. no device of
-    the platform)."""
-    if supported_verdict(r.status):
-        return CellKind.SUPPORTED
-    passed = {s for s, st in r.stages.items() if st == "pass"}
-    others = {st for s, st in r.stages.items() if s not in EXPORT_STAGES}
-    if "export" in passed and passed <= EXPORT_STAGES and others <= _NOT_RUN:
-        return CellKind.EXPORT_ONLY
-    return CellKind.NONE
+def cell_kind(r: MatrixRow) -> SupportStatus:
+    """Its status in the one vocabulary (``MatrixRow.state``)."""
+    return r.state
 
 
 def supported(rows: Iterable[MatrixRow]) -> list[MatrixRow]:
-    """Rows that count as supported (see :func:`cell_kind`); export-verified rows never do."""
-    return [r for r in rows if cell_kind(r) is CellKind.SUPPORTED]
+    """Rows that count as supported (L0 covered or checkpoint-direct: what :func:`results.queries.supported` says
+    of their verdict); implemented (export verified only) rows never do."""
+    return [r for r in rows if r.state in PASSING]
+
+
+def platform_order(rows: Iterable[MatrixRow]) -> list[str]:
+    """Platforms with passing evidence first, then those with export evidence only, then the rest; by name."""
+    states: dict[str, set[SupportStatus]] = defaultdict(set)
+    for r in rows:
+        states[r.platform].add(r.state)
+    return sorted(states, key=lambda p: (not states[p] & set(PASSING), not states[p] & set(LISTED), p))
+
+
+def status_counts(rows: Iterable[MatrixRow]) -> dict[SupportStatus, int]:
+    """Rows per status, in the vocabulary's order, those with none left out."""
+    counts = dict.fromkeys(SupportStatus, 0)
+    for r in rows:
+        counts[r.state] += 1
+    return {s: n for s, n in counts.items() if n}
+
+
+def platform_truth(rows: Sequence[MatrixRow]) -> str:
+    """What is true of a platform's rows, per status, with the distinct root causes (at most three each)."""
+    parts = []
+    for status, n in status_counts(rows).items():
+        why = list(dict.fromkeys(r.root_cause or r.reason for r in rows if r.state is status
+                                 and (r.root_cause or r.reason)))
+        shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
+        parts.append(f"{n} {status.label}" + (f" ({shown})" if shown else ""))
+    return ", ".join(parts)
 
 
 def precision_order(precisions: Iterable[str]) -> list[str]:
@@ -260,25 +295,35 @@ def scrub(text: str | None, data_dir: Path | str | None = None) -> str | None:
 
 
 # --- supported-models.md -----------------------------------------------------------------------------------------
+def _run_ref(r: MatrixRow, links: bool) -> str:
+    return f"[run {r.run_id}]({r.evidence_link})" if links else f"run {r.run_id}"
+
+
 def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool = True) -> str:
-    """One cell: a link to the evidence when supported, the export mark with its toolchain version, else empty."""
+    """One cell: every status shows its own mark (never blank): L0 covered and checkpoint-direct link the evidence
+    with their mark; the others say their label and link their run; no row: never tested."""
     if r is None:
-        return ""
-    kind = cell_kind(r)
-    if kind is CellKind.SUPPORTED:
+        return SupportStatus.NEVER_TESTED.mark
+    state = r.state
+    if state in PASSING:
         # where a platform's table holds several toolchains, each cell names the toolchain and version it proves
-        text = f"{SUPPORTED_MARK} {markdown_text(r.made_by)}" if several_toolchains and r.toolchain else SUPPORTED_MARK
+        text = f"{state.mark} {markdown_text(r.made_by)}" if several_toolchains and r.toolchain else state.mark
         regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
-        direct = f" {DIRECT_ONLY}" if r.direct_only else ""
+        direct = f" {DIRECT_ONLY}" if state is SupportStatus.CHECKPOINT_DIRECT else ""
         return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + direct + regressed
-    if kind is CellKind.EXPORT_ONLY:
-        return f"{EXPORT_ONLY_MARK} export only, {markdown_text(r.made_by or 'toolchain unknown')} (run {r.run_id})"
-    return ""
-
-
-def legend(rows: Sequence[MatrixRow]) -> tuple[str, ...]:
-    """The legend, with the checkpoint-direct mark's line where some row carries it."""
-    return (*LEGEND, DIRECT_ONLY_LEGEND) if any(r.direct_only for r in rows) else LEGEND
+    shown = shown_status(state)
+    if state is SupportStatus.NOT_APPLICABLE:
+        return state.mark
+    if state is SupportStatus.IMPLEMENTED:
+        return f"{shown}, {markdown_text(r.made_by or 'toolchain unknown')} ({_run_ref(r, links)})"
+    if state is SupportStatus.FAILING and r.support is not None and r.support.since_run is not None \
+            and r.support.since_run != r.run_id:
+        shown += f" since run {r.support.since_run}"
+    if state is SupportStatus.WAIVED and r.support is not None and r.support.until is not None:
+        shown += f" until {r.support.until.isoformat()}"
+    if state is SupportStatus.WAIVED and r.bug:
+        shown += f", [bug]({r.bug})"
+    return f"{shown} ({_run_ref(r, links)})"
 
 
 # pages beside this one (flows/compare.py writes them), relative to the docs dir
@@ -294,66 +339,70 @@ def layout_links() -> list[tuple[str, str, str]]:
             for d in docs_layouts()]
 
 
-def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True) -> str:
-    """One section per platform with a shown cell: its toolchain(s), then Model | Params | one column per precision
-    tested there. ``links=False`` writes run numbers instead of links (for pages that do not sit beside runs/)."""
+def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str, links: bool = True,
+                    title: str = "Supported models", intro: Sequence[str] = ()) -> str:
+    """One section per platform with L0-covered, checkpoint-direct or implemented rows (those with passing or export
+    evidence first): its toolchain(s) and rows per status, then Model | Params | one column per precision tested
+    there, every row of the platform in it, each cell in the one vocabulary. A platform without such rows gets one
+    line saying what is true there (failing, skipped and why, not applicable). ``links=False`` writes run numbers
+    instead of links (for pages that do not sit beside runs/)."""
     lines = [
-        "# Supported models",
+        f"# {title}",
         "",
         f"Generated {generated_at} from the results database ({db_label}); do not edit by hand.",
         "",
+        *intro,
         *([" ".join(f"The same evidence in {markdown_text(product)}'s own layout: [supported models]({models}) and "
                     f"[support matrix]({matrix});" for product, models, matrix in layout_links())
            + f" Toolchain versions, runs and commits compared: [comparisons]({COMPARE_INDEX}).", ""]
-          if links else []),
+          if links and not intro else []),
         "Legend:",
         "",
-        *(f"- {item}" for item in legend(rows)),
+        *(f"- {markdown_text(item)}" for item in legend()),
         "",
     ]
+    if rows:
+        counts = ", ".join(f"{n} {s.label}" for s, n in status_counts(rows).items())
+        lines += [f"Rows: {len(rows)} ({counts}).", ""]
     by_platform: dict[str, list[MatrixRow]] = defaultdict(list)
     for r in rows:
         by_platform[r.platform].append(r)
     without = []
-    for platform in sorted(by_platform):
+    for platform in platform_order(rows):
         tested = by_platform[platform]
-        shown = [r for r in tested if cell_kind(r) is not CellKind.NONE]
-        if not shown:
+        if not any(r.state in LISTED for r in tested):
             without.append(platform)
             continue
+        shown = [r for r in tested if r.state in LISTED]
         toolchains = platform_toolchains(shown)
         several = len({r.toolchain for r in shown if r.toolchain}) > 1
         precisions = precision_order(r.precision for r in tested)
-        cells = {(r.label, r.precision): r for r in shown}  # one table row per model (per compared version)
+        cells = {(r.label, r.precision): r for r in tested}  # one table row per model (per compared version)
         params = {r.label: r.params for r in tested}
         lines += [f"## {markdown_text(platform)}", "",
                   f"Toolchain{'s' if len(toolchains) > 1 else ''}: "
                   f"{markdown_text(', '.join(toolchains) or 'not recorded')}", "",
+                  f"Rows: {markdown_text(platform_truth(tested))}.", "",
                   "| Model | Params | " + " | ".join(markdown_text(p.upper()) for p in precisions) + " |",
                   "|---|---:|" + ":-:|" * len(precisions)]
-        for model in sorted({r.label for r in shown}, key=str.lower):
+        for model in sorted({r.label for r in tested}, key=str.lower):
             row = [markdown_text(model), format_params(params.get(model))]
             row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links) for p in precisions]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    if not any(cell_kind(r) is not CellKind.NONE for r in rows):
+    if not any(r.state in PASSING for r in rows):
         lines += ["No combination has passing evidence yet.", ""]
     if without:
-        lines += [f"Tested, no passing evidence yet: {markdown_text(', '.join(without))}.", ""]
+        lines += ["## Platforms without passing or export evidence", ""]
+        for p in without:
+            bugs = ", ".join(f"[bug]({b})" for b in dict.fromkeys(r.bug for r in by_platform[p] if r.bug))
+            lines.append(f"- {markdown_text(p)}: {markdown_text(platform_truth(by_platform[p]))}."
+                         + (f" Waivers' bugs: {bugs}." if bugs else ""))
+        lines.append("")
     return "\n".join(lines)
 
 
-# --- per-run evidence pages -------------------------------------------------------------------------------------
-def _chosen(res: dict[str, object]) -> str | None:
-    chosen = res.get("chosen_versions")
-    return chosen if isinstance(chosen, str) else None
-
-
-def _shown(res: dict[str, object]) -> str | None:
-    job_toolchain = res.get("job_toolchain")
-    return shown_toolchain(str(res["platform"]), None if job_toolchain is None else str(job_toolchain))
-
-
+# --- per-run evidence pages (flows/docs_runs.py renders them) ----------------------------------------------
 def bench_load_text(metrics: object) -> str:
     """A benchmark's load conditions from its metrics (``tasks/bench_load.py``), per mode: the host's one-minute
     load before -> after, the copy bandwidth before -> after and the cores other processes took; "" for a result
@@ -378,45 +427,10 @@ def bench_load_text(metrics: object) -> str:
 
 
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
-    """Evidence page for one run: every result with its stage, status, reason, metrics and artifacts."""
-    lines = [f"# Run {run['id']} ({run['kind']})", ""]
-    for key in ("status", "trigger", "code_version", "started_at", "finished_at"):
-        lines.append(f"- {key}: {markdown_text(run.get(key))}")
-    report, link = run.get("report"), run.get("report_link")
-    if report and link:
-        lines.append(f"- report: [{markdown_text(report)}/report.md]({quote(str(link))})")
-    lines.append("")
-    rungs = run.get("rungs") or []
-    if isinstance(rungs, list) and rungs:
-        lines += ["## Bring-up rungs", "", "| # | Rung | Status | Duration (s) | Reason |", "|---|---|---|---|---|"]
-        for g in rungs:
-            dur = g.get("duration_s")
-            lines.append("| " + " | ".join(markdown_text(c) for c in (
-                g["position"], g["name"], g["status"], f"{dur:.2f}" if isinstance(dur, (int, float)) else "-",
-                g.get("reason") or "")) + " |")
-        lines.append("")
-    grouped: dict[str, list[dict[str, object]]] = defaultdict(list)
-    for res in results:  # one section per row (and per compared version)
-        grouped[row_name(str(res["model"]), str(res["precision"]), str(res["platform"]), _chosen(res),
-                         _shown(res), str(res.get("variant") or ""))].append(res)
-    for key in sorted(grouped):
-        first = grouped[key][0]
-        label = row_label(str(first["model"]), _chosen(first), _shown(first), str(first.get("variant") or ""))
-        title = " · ".join(markdown_text(x) for x in (label, first["precision"], first["platform"]))
-        lines += [f"<a id='{anchor(key)}'></a>", f"## {title}", "",
-                  "| Stage | Status | Toolchain | Device | Duration (s) | Reason | Metrics | Artifacts |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for res in grouped[key]:
-            metrics = ", ".join(f"{n}={v:.6g}{(' ' + u) if u else ''}" for n, v, u in res.get("metrics", []))
-            arts = ", ".join(f"{k}:{s[:12]}" for k, s in res.get("artifacts", []))
-            dur = res.get("duration_s")
-            made_by = " ".join(str(x) for x in (res.get("toolchain"), res.get("toolchain_version")) if x)
-            reason = "; ".join(x for x in (res.get("reason"), bench_load_text(res.get("metrics", []))) if x)
-            cells = (res["stage"], res["status"], made_by or "-", res.get("device") or "-",
-                     f"{dur:.2f}" if isinstance(dur, (int, float)) else "-", reason, metrics, arts)
-            lines.append("| " + " | ".join(markdown_text(c) for c in cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
+    """A run's Markdown evidence page (``flows.docs_runs.render_markdown``, without support statuses or logs)."""
+    from flows.docs_runs import render_markdown as render_run_markdown
+
+    return render_run_markdown(run, results)
 
 
 # --- trend plots ---------------------------------------------------------------------------------------------------
@@ -426,8 +440,52 @@ def plot_text(value: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", value).replace("$", "\\$")
 
 
+# a trend metric's name on its plot, with its unit
+TREND_NAMES: dict[str, tuple[str, str]] = {
+    "decode_tokens_per_s": ("decode throughput", "tokens/s, higher is better"),
+    "prefill_tokens_per_s": ("prefill throughput", "tokens/s, higher is better"),
+    "perplexity_ratio": ("perplexity ratio to the reference", "ratio, lower is better"),
+}
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINES = ("-", "--", ":", "-.")
+
+
+def trend_name(metric: str) -> tuple[str, str]:
+    """(human name, unit) of a trend metric; another metric: its own name, no unit."""
+    return TREND_NAMES.get(metric, (metric, ""))
+
+
+def series_style(i: int) -> dict[str, object]:
+    """The i-th series' colour, marker and line style: (colour, marker) pairs repeat only after 40 series, and the
+    line style changes every 10."""
+    import matplotlib.pyplot as plt
+
+    return {"color": plt.get_cmap("tab10")(i % 10), "marker": _MARKERS[i % len(_MARKERS)],
+            "linestyle": _LINES[(i // 10) % len(_LINES)]}
+
+
+def baseline_band(metric: str, values: Sequence[float]) -> tuple[float, float] | None:
+    """The band the regression check accepts for the latest value (``results.regressions``: the median of the
+    previous nightly runs, up to ``BASELINE_RUNS``, +- max(K x MAD spread, the metric's floor)); None below
+    ``MIN_BASELINE_RUNS`` previous runs or for a metric it does not judge."""
+    import statistics
+
+    from results.regressions import BASELINE_RUNS, K_MAD, MAD_TO_SIGMA, MIN_BASELINE_RUNS, RULES
+
+    rule = RULES.get(metric)
+    history = list(values[:-1])[-BASELINE_RUNS:]
+    if rule is None or len(history) < MIN_BASELINE_RUNS:
+        return None
+    median = statistics.median(history)
+    mad = statistics.median(abs(x - median) for x in history)
+    allowed = max(K_MAD * MAD_TO_SIGMA * mad, rule.floor * abs(median))
+    return median - allowed, median + allowed
+
+
 def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[TrendPoint]]) -> Figure:
-    """One figure: a line per (model, precision) over nightly runs; the x axis shows the run ids as integers."""
+    """One figure: a line per (model, precision) over nightly runs, each its own colour, marker and line style; the
+    x axis shows each run's id and date; a shaded band per series is the baseline the regression check judges its
+    latest value against (where it has enough earlier runs); the y axis names the metric with its unit."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -435,24 +493,33 @@ def trend_figure(metric: str, platform: str, series: dict[tuple[str, str], list[
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    colours = plt.get_cmap("tab20")
-    run_ids: set[int] = set()
+    dates: dict[int, str] = {}
+    banded = False
     for i, ((model, precision), pts) in enumerate(sorted(series.items())):
         pts = sorted(pts, key=lambda x: x.run_id)
-        run_ids |= {x.run_id for x in pts}
-        ax.plot([x.run_id for x in pts], [x.value for x in pts], marker="o", color=colours(i % 20),
-                label=plot_text(f"{model} {precision}"))
-    ids = sorted(run_ids)
+        dates |= {x.run_id: x.started[:10] for x in pts}
+        style = series_style(i)
+        ax.plot([x.run_id for x in pts], [x.value for x in pts], label=plot_text(f"{model} {precision}"),
+                **style)  # type: ignore[arg-type]
+        band = baseline_band(metric, [x.value for x in pts])
+        if band is not None:
+            window = pts[:-1][-7:]
+            ax.fill_between([window[0].run_id, pts[-1].run_id], band[0], band[1], color=style["color"], alpha=0.12,
+                            linewidth=0)  # type: ignore[arg-type]
+            banded = True
+    ids = sorted(dates)
     ax.set_xlim(ids[0] - 0.5, ids[-1] + 0.5)  # a single run still gets a readable, integer axis
-    if len(ids) <= 20:
-        ax.set_xticks(ids, labels=[str(i) for i in ids])
+    if len(ids) <= 12:
+        ax.set_xticks(ids, labels=[f"{i}\n{dates[i]}" for i in ids])
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("nightly run id")
-    ax.set_ylabel(metric)
-    ax.set_title(plot_text(f"{metric} on {platform} over nightly runs"))
+    name, unit = trend_name(metric)
+    ax.set_xlabel("nightly run (id and date)")
+    ax.set_ylabel(plot_text(f"{name} ({unit})" if unit else name))
+    ax.set_title(plot_text(f"{name} on {platform} over nightly runs"))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+              title="shaded: baseline band" if banded else None, title_fontsize=7)
     fig.tight_layout()
     return fig
 

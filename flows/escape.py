@@ -12,6 +12,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # CommonMark allows before any ASCII punctuation; `_` between letters or digits opens nothing (int4_awq stays)
 _MARKDOWN = re.compile(r"[\\`*\[\]<|~&#!$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # a cell a spreadsheet would run as a formula (OWASP's CSV injection list); a quote in front makes it text
+# a link a page may show as a link: http(s), a host name, a path of plain URL characters (no quotes, spaces, markup)
+_LINK = re.compile(r"https?://[A-Za-z0-9.-]+(?::\d+)?(?:/[A-Za-z0-9._~/%?#=&+:-]*)?\Z")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
@@ -29,3 +31,10 @@ def spreadsheet_cell(value: object) -> object:
     if isinstance(value, str) and value.startswith(_FORMULA_START):
         return "'" + value
     return value
+
+
+def safe_link(value: object) -> str | None:
+    """``value`` when it is an http(s) URL of plain characters (a waiver's bug link), safe as a Markdown link
+    target and, escaped, as an HTML href; else None (show it as text)."""
+    text = str(value) if value is not None else ""
+    return text if _LINK.match(text) else None

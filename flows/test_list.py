@@ -11,6 +11,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
+from flows.docs import publish_test_list
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, installing_toolchains, plan_test_list
@@ -61,4 +62,5 @@ def run_test_list(priority: str, db_url: str | None = None, data_dir: str | None
     if plan is None:  # a deployment's run: its priority is a parameter anyone reaching the API may have set
         plan = make_plan(list_name(priority), settings, install=True)
     report, timing = execute_plan(plan, settings, trigger=trigger)
+    publish_test_list(settings.db_url, settings.docs_dir, plan.name, report.run_id, settings.data_dir)  # its own page
     return flow_state(summary(plan, report, timing, None))

@@ -21,15 +21,16 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
-from results.models import Result, ResultStatus
-from results.queries import RowStatus, Verdict, row_history, supported
+from results.models import Result, ResultStatus, Run, RunKind
+from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Verdict, _Tally, row_history, supported
 from stages import Stage
 
 # Evidence of these stages alone proves an export, never support (as flows/docs_render.py's EXPORT_STAGES).
@@ -62,6 +63,11 @@ class SupportStatus(enum.StrEnum):
         return _MARKS[self]
 
     @property
+    def meaning(self) -> str:
+        """What the status says of a row, for legends."""
+        return _MEANINGS[self]
+
+    @property
     def display(self) -> str:
         """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, untested)
         alone would repeat or abbreviate the label, so the label alone."""
@@ -82,6 +88,19 @@ _LABELS = {
     SupportStatus.NOT_APPLICABLE: "not applicable",
     SupportStatus.SKIPPED: "skipped",
     SupportStatus.NEVER_TESTED: "never tested",
+}
+_MEANINGS = {
+    SupportStatus.L0_COVERED: "inference and its accuracy baseline passed on that platform in the latest run that "
+                              "tested it.",
+    SupportStatus.IMPLEMENTED: "the export passed with that toolchain; nothing has run on the device yet (not "
+                               "support).",
+    SupportStatus.CHECKPOINT_DIRECT: "passed, but only on the route that builds the engine straight from the "
+                                     "checkpoint; its ONNX export was not built and run there.",
+    SupportStatus.FAILING: "a stage failed or errored; since = the first run of the current failing streak.",
+    SupportStatus.WAIVED: "a known failure, waived until a date, with its bug.",
+    SupportStatus.NOT_APPLICABLE: "not meant to work on that platform.",
+    SupportStatus.SKIPPED: "nothing proving or failing ran (no device or toolchain there).",
+    SupportStatus.NEVER_TESTED: "no published run has tested it there.",
 }
 _MARKS = {
     SupportStatus.L0_COVERED: "✓",
@@ -110,7 +129,8 @@ class Support:
     run_id: int | None = None
 
 
-def _order(stage: Any) -> int:
+def stage_order(stage: Any) -> int:
+    """Pipeline order of a stage (its name or member); a stage this farm does not know after the known ones."""
     known = [s.value for s in Stage]
     value = str(getattr(stage, "value", stage))
     return known.index(value) if value in known else len(known)
@@ -145,10 +165,34 @@ def failing_since(latest: RowStatus, history: Sequence[RowStatus]) -> int:
 
 def _reason(stages: Mapping[str, str], reasons: Mapping[str, str | None], wanted: frozenset[str]) -> str | None:
     """The reason of the first stage (pipeline order) whose status is in ``wanted``."""
-    for stage in sorted(stages, key=_order):
+    for stage in sorted(stages, key=stage_order):
         if stages[stage] in wanted and reasons.get(stage):
             return reasons[stage]
-    return next((r for s, r in sorted(reasons.items(), key=lambda kv: _order(kv[0])) if r), None)
+    return next((r for s, r in sorted(reasons.items(), key=lambda kv: stage_order(kv[0])) if r), None)
+
+
+def status_from(verdict: Verdict | str, stages: Mapping[Any, Any], *, route: str | None = None,
+                standin: bool = False) -> SupportStatus:
+    """The support status of a row from its verdict and stage statuses alone (no reasons, no history): what
+    :func:`classify` decides, for a caller that holds a ``RowStatus`` (``status_from(r.verdict, r.stages,
+    route=r.route, standin=r.standin)``) or the same fields as plain names."""
+    names = {str(getattr(k, "value", k)): str(getattr(v, "value", v)) for k, v in stages.items()}
+    verdict = str(getattr(verdict, "value", verdict))
+    if standin:
+        return SupportStatus.SKIPPED
+    if supported(verdict):
+        return SupportStatus.CHECKPOINT_DIRECT if route == DIRECT_ROUTE else SupportStatus.L0_COVERED
+    if verdict in (Verdict.FAIL.value, Verdict.ERROR.value):
+        return SupportStatus.FAILING
+    if verdict == Verdict.NOT_APPLICABLE.value:
+        return SupportStatus.NOT_APPLICABLE
+    if ResultStatus.WAIVED.value in names.values():
+        return SupportStatus.WAIVED
+    passed = {s for s, st in names.items() if st == ResultStatus.PASS.value}
+    later = {st for s, st in names.items() if s not in EXPORT_STAGES}
+    if Stage.EXPORT.value in passed and passed <= EXPORT_STAGES and later <= _NOT_RUN:
+        return SupportStatus.IMPLEMENTED
+    return SupportStatus.SKIPPED
 
 
 def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
@@ -161,29 +205,22 @@ def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
     stages = _stages(latest)
     why = {str(getattr(k, "value", k)): v for k, v in (reasons or {}).items()}
     run = latest.run_id
+    status = status_from(latest.verdict, stages, route=latest.route, standin=latest.standin)
     if latest.standin:
-        return Support(SupportStatus.SKIPPED, reason=STANDIN_REASON, run_id=run)
-    if supported(latest.verdict):
-        direct = latest.route == DIRECT_ROUTE
-        return Support(SupportStatus.CHECKPOINT_DIRECT if direct else SupportStatus.L0_COVERED, run_id=run)
-    if latest.verdict in (Verdict.FAIL, Verdict.ERROR):
-        return Support(SupportStatus.FAILING, since_run=failing_since(latest, history),
-                       reason=_reason(stages, why, _FAILED), run_id=run)
-    if latest.verdict is Verdict.NOT_APPLICABLE:
-        return Support(SupportStatus.NOT_APPLICABLE, reason=_reason(stages, why, frozenset(stages.values())),
+        return Support(status, reason=STANDIN_REASON, run_id=run)
+    if status is SupportStatus.FAILING:
+        return Support(status, since_run=failing_since(latest, history), reason=_reason(stages, why, _FAILED),
                        run_id=run)
-    if ResultStatus.WAIVED.value in stages.values():
+    if status is SupportStatus.NOT_APPLICABLE:
+        return Support(status, reason=_reason(stages, why, frozenset(stages.values())), run_id=run)
+    if status is SupportStatus.WAIVED:
         reason = _reason(stages, why, frozenset({ResultStatus.WAIVED.value}))
         found = _WAIVED.search(reason or "")
         until = dt.date.fromisoformat(found.group(1)) if found else None
-        return Support(SupportStatus.WAIVED, reason=reason, until=until, link=found.group(2) if found else None,
-                       run_id=run)
-    passed = {s for s, st in stages.items() if st == ResultStatus.PASS.value}
-    later = {st for s, st in stages.items() if s not in EXPORT_STAGES}
-    if Stage.EXPORT.value in passed and passed <= EXPORT_STAGES and later <= _NOT_RUN:
-        return Support(SupportStatus.IMPLEMENTED, run_id=run)
-    return Support(SupportStatus.SKIPPED, reason=_reason(stages, why, frozenset({ResultStatus.SKIPPED.value})),
-                   run_id=run)
+        return Support(status, reason=reason, until=until, link=found.group(2) if found else None, run_id=run)
+    if status is SupportStatus.SKIPPED:
+        return Support(status, reason=_reason(stages, why, frozenset({ResultStatus.SKIPPED.value})), run_id=run)
+    return Support(status, run_id=run)
 
 
 def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
@@ -208,3 +245,41 @@ def support_of(s: Session, status: RowStatus) -> Support:
         history = row_history(s, status.key.model, status.key.precision, status.key.platform,
                               toolchain=status.key.toolchain, variant=status.key.variant)
     return classify(status, history, row_reasons(s, status))
+
+
+# The runs whose evidence the nightly's pages show (supported-models.md, the HTML matrix, the toolchains' layouts, the
+# Prefect matrix artifact): the nightly's, and a bring-up's (its rung 7 is the farm's pipeline on the model it adds).
+# A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
+NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY, RunKind.BRINGUP)
+
+
+def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
+                          toolchain: str | None = None) -> list[RowStatus]:
+    """Like ``results.queries.latest_status`` (judged with ``SUPPORT_REQUIRED``), over a subset of runs: each row's
+    latest published run of ``kinds``; or, with ``run_id``, the rows of that one run (published or not). Sorted by
+    row; one status per compared toolchain version."""
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
+    where = []
+    if run_id is not None:
+        where.append(Result.run_id == run_id)
+    else:
+        where.append(Run.published_at.is_not(None))
+    if kinds is not None:
+        where.append(Run.kind.in_([str(k) for k in kinds]))
+    if toolchain is not None:
+        where.append(Result.job_toolchain == toolchain)
+    latest = (select(*row, func.max(Result.run_id).label("run_id")).join(Run, Run.id == Result.run_id)
+              .where(*where).group_by(*row).subquery())
+    cols = (*row, Result.run_id, Result.chosen_versions, Result.stage, Result.status, Result.toolchain,
+            Result.toolchain_version, Result.standin, Result.route)
+    on = and_(Result.model == latest.c.model, Result.precision == latest.c.precision,
+              Result.platform == latest.c.platform, Result.job_toolchain == latest.c.job_toolchain,
+              Result.variant == latest.c.variant, Result.run_id == latest.c.run_id)
+    tallies: dict[tuple[Any, ...], _Tally] = defaultdict(_Tally)
+    for m, p, pl, jt, var, rid, chosen, stage, status, tc, version, standin, route, n in s.execute(
+            select(*cols, func.count()).join(latest, on).group_by(*cols)):
+        tallies[(m, str(p), pl, str(jt), var, rid, chosen or "", p, jt)].add(stage, status, n, tc, version, standin,
+                                                                           route)
+    return [RowStatus(RowKey(m, p, pl, jt, var), rid, t.verdict(SUPPORT_REQUIRED), t.worst(), None, None,
+                      *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
+            for (m, _, pl, _, var, rid, chosen, p, jt), t in sorted(tallies.items(), key=lambda kv: kv[0][:7])]

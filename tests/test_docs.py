@@ -11,9 +11,6 @@ import pytest
 
 from flows.docs import db_label, write_docs
 from flows.docs_render import (
-    EXPORT_ONLY_MARK,
-    SUPPORTED_MARK,
-    CellKind,
     MatrixRow,
     TrendPoint,
     cell_kind,
@@ -22,7 +19,11 @@ from flows.docs_render import (
     scrub,
     trend_figure,
 )
+from results.support import SupportStatus
 from tests.helpers.docs_db import build_docs_db
+
+SUPPORTED_MARK = SupportStatus.L0_COVERED.mark
+EXPORT_ONLY_MARK = SupportStatus.IMPLEMENTED.mark
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +52,56 @@ def test_supported_models_has_one_table_per_platform_with_precisions_as_columns(
     assert stories[1] == format_params(_stories_params()) and stories[1].endswith("K")
     assert stories[2] == f"[{SUPPORTED_MARK}](runs/run-2.md#stories260k-fp32-x86-cpu)"
     assert stories[3] == f"[{SUPPORTED_MARK}](runs/run-2.md#stories260k-fp16-x86-cpu)"
-    assert "tiny-qwen3" not in rows  # it failed: no row, no link
+    # it failed: its own mark, since when, a link to the run (never the supported mark); fp16 never tested
+    assert rows["tiny-qwen3"].strip("| ").split(" | ")[2:] == [
+        "✗ failing since run 1 ([run 2](runs/run-2.md#tiny-qwen3-fp32-x86-cpu))", "untested"]
     orin = _section(md, "orin")
     assert "| Model | Params | FP8 | INT4_AWQ |" in orin
     line = next(x for x in orin.splitlines() if x.startswith("| tiny-qwen3"))
     cells = line.strip("| ").split(" | ")
-    assert cells[2] == ""  # fp8 on orin is not applicable: empty
+    assert cells[2] == "untested"  # no result of tiny-qwen3 fp8 on orin
     assert "Toolchain: tensorrt-edgellm 0.11.0" in orin
-    assert cells[3] == f"{EXPORT_ONLY_MARK} export only, tensorrt-edgellm 0.11.0 (run 2)"
-    assert "](" not in line  # export-only evidence is not support: never a link
+    assert cells[3] == (f"{EXPORT_ONLY_MARK} implemented (export verified only), tensorrt-edgellm 0.11.0 "
+                        "([run 2](runs/run-2.md#tiny-qwen3-int4-awq-orin))")
+    assert f"[{SUPPORTED_MARK}" not in line  # export-only evidence is not support: never the supported mark
+    stories = next(x for x in orin.splitlines() if x.startswith("| stories260K")).strip("| ").split(" | ")
+    assert stories[2:] == ["n/a", "untested"]  # not applicable and never tested: each its own mark, none blank
     assert "Legend:" in md and SUPPORTED_MARK in md and EXPORT_ONLY_MARK in md
     evidence = (docs / "runs" / "run-2.md").read_text()
     assert "<a id='stories260k-fp32-x86-cpu'></a>" in evidence
+
+
+def test_every_status_renders_visibly_and_distinctly_in_markdown() -> None:
+    """Issue 26: failing, not applicable, skipped, waived and never tested each render as their own non-blank
+    mark; the legend names every status of the one vocabulary."""
+    base = dict(model="m", platform="orin", run_id=3, run_started="t", toolchain="tc", toolchain_version="1")
+    rows = [MatrixRow(precision="fp32", status="fail", stages={"export": "pass", "build": "fail"}, **base),
+            MatrixRow(precision="fp16", status="not_applicable", stages={"export": "not_applicable"}, **base),
+            MatrixRow(precision="fp8", status="incomplete", stages={"export": "skipped"}, **base),
+            MatrixRow(precision="int8_sq", status="incomplete", stages={"export": "waived"}, **base),
+            MatrixRow(precision="int4_awq", status="incomplete", stages={"export": "pass", "build": "skipped"},
+                      **base)]
+    md = render_markdown([*rows, MatrixRow(model="other", precision="fp32", platform="orin", status="pass",
+                                           run_id=3, run_started="t", stages={"infer": "pass", "accuracy": "pass"})],
+                         generated_at="now", db_label="SQLite")
+    line = next(x for x in _section(md, "orin").splitlines() if x.startswith("| m |"))
+    cells = line.strip("| ").split(" | ")[2:]
+    assert all(c.strip() for c in cells) and len(set(cells)) == len(cells), cells
+    assert cells[0].startswith("✗ failing") and cells[1] == "n/a" and cells[2].startswith("skipped")
+    for status in SupportStatus:
+        assert f"- {status.mark}" in md or f"- {status.label} ({status.mark})" in md, status
+
+
+def test_a_platform_without_evidence_says_what_is_true_there() -> None:
+    """Issue 26: no "Tested, no passing evidence yet: orin" when nothing ran there: each status with its reason."""
+    base = dict(model="m", precision="fp32", platform="orin", run_id=3, run_started="t")
+    skipped = MatrixRow(status="incomplete", stages={"export": "skipped", "build": "skipped"},
+                        reason="no orin device in the inventory", **base)
+    failing = MatrixRow(**{**base, "platform": "thor"}, status="fail", stages={"export": "fail"}, reason="boom")
+    md = render_markdown([skipped, failing], generated_at="now", db_label="SQLite")
+    assert "Tested, no passing evidence yet" not in md
+    assert "- orin: 1 skipped (no orin device in the inventory)." in md
+    assert "- thor: 1 failing (boom)." in md
 
 
 def _stories_params() -> int:
@@ -100,12 +139,38 @@ def test_trend_plots_one_per_metric_and_platform_with_integer_run_ids(docs: Path
                      "trend-x86-cpu-prefill-tokens-per-s.png"]
     import matplotlib.pyplot as plt
 
-    one = {("stories260K", "fp32"): [TrendPoint(7, "t", "stories260K", "fp32", "x86-cpu", "m", 1.0)]}
+    one = {("stories260K", "fp32"): [TrendPoint(7, "2026-01-02T02:00:00+00:00", "stories260K", "fp32", "x86-cpu",
+                                                "m", 1.0)]}
     fig = trend_figure("decode_tokens_per_s", "x86-cpu", one)
     ax = fig.axes[0]
     fig.canvas.draw()
     assert list(ax.get_xticks()) == [7]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["7"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["7\n2026-01-02"]  # run id and date
+    plt.close(fig)
+
+
+def test_trend_plots_tell_series_apart_name_units_and_draw_the_baseline_band() -> None:
+    """Issue 26: 15 series are 15 distinct (colour, marker, line style) styles, not paired colours; the y axis is
+    the metric's human name with its unit; the baseline band the regression check uses is shaded."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    series = {(f"model-{i:02d}", "fp16"): [TrendPoint(r, f"2026-01-{r:02d}T02:00:00", f"model-{i:02d}", "fp16",
+                                                      "x86-cpu", "decode_tokens_per_s", 100.0 + i + r % 2)
+                                           for r in range(1, 6)] for i in range(15)}
+    fig = trend_figure("decode_tokens_per_s", "x86-cpu", series)
+    ax = fig.axes[0]
+    styles = {(tuple(line.get_color()), line.get_marker(), line.get_linestyle()) for line in ax.get_lines()}
+    assert len(ax.get_lines()) == 15 and len(styles) == 15
+    colours_markers = {(tuple(line.get_color()), line.get_marker()) for line in ax.get_lines()}
+    assert len(colours_markers) == 15  # even without line styles, no two series look alike
+    assert ax.get_ylabel() == "decode throughput (tokens/s, higher is better)"
+    assert ax.get_title() == "decode throughput on x86-cpu over nightly runs"
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 15  # 4 earlier runs each: every series has its band
+    lo, hi = bands[0].get_paths()[0].get_extents().y0, bands[0].get_paths()[0].get_extents().y1
+    assert lo < 100.5 < hi  # model-00's median of runs 1-4 (100, 101, 100, 101) inside its band
+    assert ax.get_legend().get_title().get_text() == "shaded: baseline band"
     plt.close(fig)
 
 
@@ -113,16 +178,16 @@ def test_export_only_cells_never_count_as_supported() -> None:
     base = dict(model="m", precision="int4_awq", platform="orin", run_id=1, run_started="t")
     export_only = MatrixRow(status="incomplete", stages={"quantize": "pass", "export": "pass", "build": "skipped"},
                             **base)
-    assert cell_kind(export_only) is CellKind.EXPORT_ONLY
+    assert cell_kind(export_only) is SupportStatus.IMPLEMENTED
     failed_build = MatrixRow(status="fail", stages={"export": "pass", "build": "fail"}, **base)
-    assert cell_kind(failed_build) is CellKind.NONE
+    assert cell_kind(failed_build) is SupportStatus.FAILING
     ran = MatrixRow(status="incomplete", stages={"export": "pass", "build": "pass", "infer": "skipped"}, **base)
-    assert cell_kind(ran) is CellKind.NONE
+    assert cell_kind(ran) is SupportStatus.SKIPPED
     md = render_markdown([export_only], generated_at="now", db_label="SQLite")
     assert "## orin" in md and "[" + SUPPORTED_MARK not in md
-    assert re.search(r"\| m \| - \| ◇ export only", md)
+    assert re.search(r"\| m \| - \| ◇ implemented \(export verified only\)", md)
     empty = render_markdown([failed_build], generated_at="now", db_label="SQLite")
-    assert "No combination has passing evidence yet." in empty and "Tested, no passing evidence yet: orin." in empty
+    assert "No combination has passing evidence yet." in empty and "- orin: 1 failing." in empty
 
 
 def test_format_params() -> None:
@@ -141,7 +206,7 @@ def _normalized(text: str) -> str:
     return _PNG.sub("data:image/png;base64,<png>", _TIME.sub("<time>", text))
 
 
-@pytest.mark.parametrize("page", ["supported-models.md", "support-matrix.html", "runs/run-2.md"])
+@pytest.mark.parametrize("page", ["supported-models.md", "support-matrix.html", "runs/run-2.md", "runs/run-2.html"])
 def test_pages_of_runs_with_one_toolchain_per_platform_match_the_golden_files(docs: Path, page: str) -> None:
     """Rows, labels, anchors and layout of the pages as they were before rows were keyed by toolchain (each
     platform here ran its preferred toolchain only). After an intended change, regenerate with
@@ -190,9 +255,11 @@ def test_rows_proven_only_on_the_direct_route_are_marked(tmp_path: Path) -> None
     md = (out / "supported-models.md").read_text()
     line = next(x for x in _section(md, "thor").splitlines() if x.startswith("| tiny-qwen3"))
     cells = dict(zip(("FP16", "FP8", "INT4_AWQ"), line.strip("| ").split(" | ")[2:], strict=True))
-    assert cells["FP16"] == f"[{SUPPORTED_MARK}](runs/run-1.md#tiny-qwen3-fp16-thor) checkpoint-direct only"
+    direct = SupportStatus.CHECKPOINT_DIRECT.mark
+    assert cells["FP16"] == f"[{direct}](runs/run-1.md#tiny-qwen3-fp16-thor) checkpoint-direct only"
     assert cells["INT4_AWQ"] == f"[{SUPPORTED_MARK}](runs/run-1.md#tiny-qwen3-int4-awq-thor)"
-    assert cells["FP8"] == ""
-    assert "- checkpoint-direct only: proven only on the route that builds the engine straight from the" in md
+    assert cells["FP8"] == "✗ failing ([run 1](runs/run-1.md#tiny-qwen3-fp8-thor))"
+    assert "- ◆ checkpoint-direct only: passed, but only on the route that builds the engine straight from" in md
     html = (out / "support-matrix.html").read_text()
-    assert html.count("· checkpoint-direct only</a>") == 1 and "<li>checkpoint-direct only: proven only" in html
+    assert html.count("<b>checkpoint-direct only</b> · run 1</a>") == 1
+    assert "<li>◆ checkpoint-direct only: passed, but only on the route" in html

@@ -33,7 +33,10 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
     tab.goto(matrix_page.as_uri())
     # one table per platform, models as rows, precisions as columns
     sections = tab.js("[...document.querySelectorAll('section.platform')].map(s => s.dataset.platform)")
-    assert sections == ["orin", "x86-cpu"]
+    assert sections == ["x86-cpu", "orin"]  # platforms with passing evidence first
+    summary = tab.js("document.querySelector('body > p').id + ': ' + document.querySelector('body > p').textContent")
+    assert summary == ("summary: 5 rows: 2 L0 covered, 1 implemented (export verified only), 1 failing, 1 not "
+                       "applicable; passing evidence on x86-cpu; export evidence only on orin."), summary
     headers = tab.js("[...document.querySelectorAll(\"section[data-platform='x86-cpu'] thead th\")]"
                      ".map(th => th.textContent)")
     assert headers == ["Model", "Params", "FP32", "FP16"]
@@ -46,21 +49,23 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
     cells = tab.js("Object.fromEntries([...document.querySelectorAll('td.cell[data-key]')]"
                    ".map(td => [td.dataset.key, [td.dataset.status, td.querySelector('a').getAttribute('href')]]))")
     assert cells == {
-        "stories260k-fp32-x86-cpu": ["pass", "runs/run-2.md#stories260k-fp32-x86-cpu"],
-        "stories260k-fp16-x86-cpu": ["pass", "runs/run-2.md#stories260k-fp16-x86-cpu"],
-        "tiny-qwen3-fp32-x86-cpu": ["fail", "runs/run-2.md#tiny-qwen3-fp32-x86-cpu"],
-        "stories260k-fp8-orin": ["not_applicable", "runs/run-2.md#stories260k-fp8-orin"],
-        "tiny-qwen3-int4-awq-orin": ["export_verified", "runs/run-2.md#tiny-qwen3-int4-awq-orin"],
+        "stories260k-fp32-x86-cpu": ["l0_covered", "runs/run-2.html#stories260k-fp32-x86-cpu"],
+        "stories260k-fp16-x86-cpu": ["l0_covered", "runs/run-2.html#stories260k-fp16-x86-cpu"],
+        "tiny-qwen3-fp32-x86-cpu": ["failing", "runs/run-2.html#tiny-qwen3-fp32-x86-cpu"],
+        "stories260k-fp8-orin": ["not_applicable", "runs/run-2.html#stories260k-fp8-orin"],
+        "tiny-qwen3-int4-awq-orin": ["implemented", "runs/run-2.html#tiny-qwen3-int4-awq-orin"],
     }
-    # empty where nothing was tested (tiny-qwen3 x fp16 on x86-cpu)
-    assert tab.js("document.querySelectorAll('td.cell:not([data-key])').length") == 3
+    # never tested where nothing was tested (tiny-qwen3 x fp16 on x86-cpu), said so, never blank
+    assert tab.js("[...document.querySelectorAll('td.cell:not([data-key])')].map(td => td.dataset.status + ':' "
+                  "+ td.textContent)") == ["never_tested:never tested"] * 3
     # trend images are inline data, one per metric of the platform
     assert tab.js("[...document.images].every(i => i.complete && i.naturalWidth > 0 && "
                   "i.src.startsWith('data:image/png'))")
     assert tab.js("document.querySelectorAll(\"section[data-platform='x86-cpu'] img.trend\").length") == 3
     # hover text and click details
     title = tab.js("document.querySelector(\"td[data-key='tiny-qwen3-fp32-x86-cpu']\").title")
-    assert "perplexity ratio 1.9 > 1.2" in title and "status: fail" in title
+    assert title.startswith("root cause: perplexity ratio 1.9 > 1.2") and "status: failing" in title
+    assert title.count("perplexity ratio 1.9 > 1.2") == 1  # each reason once
     tab.js("document.querySelector(\"td[data-key='tiny-qwen3-fp32-x86-cpu'] .m\").click()")
     assert tab.js("!document.getElementById('details').hidden")
     details = tab.js("document.getElementById('details').innerText")
@@ -72,7 +77,7 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
     # filters: status, then platform, then precision
     assert len(_visible_cells(tab)) == 5
     tab.js("(() => { for (const i of document.querySelectorAll('#f-status input')) { i.checked = i.value === "
-           "'pass'; } document.querySelector('#f-status input').dispatchEvent(new Event('change')); })()")
+           "'l0_covered'; } document.querySelector('#f-status input').dispatchEvent(new Event('change')); })()")
     assert _visible_cells(tab) == ["stories260k-fp16-x86-cpu", "stories260k-fp32-x86-cpu"]
     assert tab.js("document.querySelector(\"section[data-platform='orin'] .none-shown\").offsetParent !== null")
     tab.screenshot("support-matrix-filter-pass.png")
@@ -89,7 +94,28 @@ def test_matrix_page_layout_links_details_and_filters(tab: Tab, matrix_page: Pat
     tab.js("(() => { for (const s of ['f-platform', 'f-precision']) { const el = document.getElementById(s); "
            "el.value = 'all'; el.dispatchEvent(new Event('change')); } })()")
     tab.js("document.querySelector(\"td[data-key='stories260k-fp32-x86-cpu'] a\").click()")
-    tab.wait_for("location.href.includes('runs/run-2.md')")
+    tab.wait_for("location.href.endsWith('runs/run-2.html#stories260k-fp32-x86-cpu') && "
+                 "document.readyState === 'complete'")
+    # the evidence opens as HTML (not raw Markdown) at the cell's row: that row is the :target, in view
+    assert tab.js("document.contentType") == "text/html"
+    assert tab.js("document.querySelector(':target').id") == "stories260k-fp32-x86-cpu"
+    assert tab.js("document.querySelector(':target h2').textContent") == "stories260K · fp32 · x86-cpu"
+    assert tab.js("(() => { const r = document.querySelector(':target').getBoundingClientRect(); "
+                  "return r.top >= 0 && r.top < window.innerHeight; })()")
+    assert tab.js("document.querySelector('#summary .counts').textContent").startswith("Rows: 5 (2 L0 covered")
+    assert tab.js("[...document.querySelectorAll('#summary ul.failing li')].map(li => li.textContent)") == [
+        "tiny-qwen3 · fp32 · x86-cpu: perplexity ratio 1.9 > 1.2; log devices/local-cpu/logs/run-2/accuracy.log "
+        "(ssh <host>, server <url> …/notes.txt)"]
+    stages = tab.js("[...document.querySelectorAll(\"section[id='stories260k-fp8-orin'] tr[data-stage]\")]"
+                    ".map(tr => tr.dataset.stage + ': ' + tr.children[5].textContent)")
+    assert stages == ["export: fp8 needs SM89+; orin is SM87", "build: same as export", "infer: same as export",
+                      "accuracy: same as export", "bench: same as export"]  # pipeline order, the reason once
+    tab.screenshot("run-page-at-row.png")
+    # a failing cell's link lands on its own row too
+    tab.goto(matrix_page.as_uri())
+    tab.js("document.querySelector(\"td[data-key='tiny-qwen3-fp32-x86-cpu'] a.evidence\").click()")
+    tab.wait_for("location.hash === '#tiny-qwen3-fp32-x86-cpu' && document.readyState === 'complete'")
+    assert tab.js("document.querySelector(':target').dataset.status") == "failing"
 
 
 def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

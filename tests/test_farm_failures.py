@@ -69,7 +69,7 @@ def test_a_failing_stage_is_tried_once_recorded_and_kept_out_of_the_docs(farm_di
     md = (docs / "supported-models.md").read_text()
     assert "stories260K" not in md.split("## Key metrics")[0] and "No combination has passing evidence" in md
     html = (docs / "support-matrix.html").read_text()
-    assert "<td class='cell fail'" in html and f"run {run.id}" in html
+    assert "<td class='cell failing'" in html and f"run {run.id}" in html
     query = CliRunner().invoke(app, ["query", "--db", db, "--format", "json"])
     assert [(r["model"], r["status"]) for r in json.loads(query.output)] == [("stories260K", "failing")]
 

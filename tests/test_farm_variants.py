@@ -66,8 +66,22 @@ def test_the_eagle3_pair_and_a_reduced_vocabulary_export_through_the_farm(trt_en
     for (model, _variant), r in rows.items():
         assert (r.stage, r.status, r.toolchain_version) == ("export", ResultStatus.PASS, "0.11.0"), (model, r.reason)
         assert "structure checked" in (r.reason or ""), r.reason
-    # the published pages in Edge-LLM's layout: the draft in its table with its base, the vocabulary as an extension
-    page = (docs / "edge-llm" / "supported-models.md").read_text()
+    # a test list's run stays off the nightly's pages (issue 26: pages per purpose) and has its own
+    nightly = (docs / "edge-llm" / "supported-models.md").read_text()
+    assert "tiny-llama-4l-eagle3" not in nightly
+    assert "tiny-llama-4l-eagle3" in (data / "docs" / "lists" / "variants.md").read_text()
+    # its rows in Edge-LLM's layout: the draft in its table with its base, the vocabulary as an extension
+    from flows.docs_layout import write_layout_pages
+    from toolchains.base import docs_layouts
+
+    engine = make_engine(f"sqlite:///{data / 'edgefarm.db'}")
+    try:
+        layout = next(d for d in docs_layouts() if d.directory == "edge-llm")
+        write_layout_pages(engine, tmp_path / "any-run", layout, generated_at="now", db_label="SQLite", data_dir=data,
+                           kinds=None)
+    finally:
+        engine.dispose()
+    page = (tmp_path / "any-run" / "edge-llm" / "supported-models.md").read_text()
     assert "| `tiny-llama-4l-eagle3` | `tiny-llama-4l` |" in page
     assert "vocab=tiny-llama-vocab256:256" in page and "◇ implemented" in page
 

@@ -76,12 +76,12 @@ def test_regressions_reach_the_query_the_docs_and_the_html(rec: Recorder, tmp_pa
     result = CliRunner().invoke(app, ["docs", "--db", url, "--out", str(docs)])
     assert result.exit_code == 0, result.output
     md = (docs / "supported-models.md").read_text()
-    assert "| acc |" not in md and "| perf |" in md and "| steady |" in md
+    assert "| acc | - | ✗ failing (" in md and "| perf |" in md and "| steady |" in md
     assert "warn regression: decode_tokens_per_s 60 vs 100.5" in md
     html = (docs / "support-matrix.html").read_text()
     assert html.count("⚠ regression") == 2
-    assert f"href='runs/run-{runs[-1]}.md'>run {runs[-1]}</a> → <a href='runs/run-{bad}.md'>run {bad}</a>" in html
-    assert (docs / "runs" / f"run-{runs[-1]}.md").is_file()  # the baseline run's page exists for the link
+    assert f"href='runs/run-{runs[-1]}.html'>run {runs[-1]}</a> → <a href='runs/run-{bad}.html'>run {bad}</a>" in html
+    assert (docs / "runs" / f"run-{runs[-1]}.html").is_file()  # the baseline run's page exists for the link
     regenerated = tmp_path / "again"
     assert CliRunner().invoke(app, ["docs", "--db", url, "--out", str(regenerated)]).exit_code == 0
     strip = lambda text: "\n".join(ln for ln in text.splitlines() if "Generated" not in ln)  # noqa: E731

@@ -109,3 +109,57 @@ def test_support_of_reads_reasons_and_history_from_the_database(tmp_path: Path) 
         got = support_of(s, latest)
     engine.dispose()
     assert got == Support(SupportStatus.FAILING, since_run=2, reason="decode diverged", run_id=3)
+
+
+def test_status_from_a_row_status_is_what_classify_says() -> None:
+    """The function the CLI and the pages call for a row's status without the database (``status_from``) agrees
+    with :func:`classify` for every status, given a ``RowStatus`` or the same fields as plain names."""
+    from results.support import status_from
+
+    export_only = {Stage.QUANTIZE: ResultStatus.PASS, Stage.EXPORT: ResultStatus.PASS,
+                   Stage.BUILD: ResultStatus.SKIPPED}
+    cases = [_status(1, Verdict.PASS, _all(ResultStatus.PASS)),
+             _status(1, Verdict.PASS, _all(ResultStatus.PASS), route="direct"),
+             _status(1, Verdict.INCOMPLETE, export_only), _status(1, Verdict.FAIL, FAILED),
+             _status(1, Verdict.ERROR, {Stage.EXPORT: ResultStatus.ERROR}),
+             _status(1, Verdict.INCOMPLETE, _all(ResultStatus.WAIVED)),
+             _status(1, Verdict.NOT_APPLICABLE, _all(ResultStatus.NOT_APPLICABLE)),
+             _status(1, Verdict.INCOMPLETE, _all(ResultStatus.SKIPPED)),
+             _status(1, Verdict.INCOMPLETE, _all(ResultStatus.PASS), standin=True)]
+    got = [status_from(r.verdict, r.stages, route=r.route, standin=r.standin) for r in cases]
+    assert got == [classify(r).status for r in cases]
+    assert set(got) == set(SupportStatus) - {SupportStatus.NEVER_TESTED}
+    plain = status_from("incomplete", {"quantize": "pass", "export": "pass", "build": "skipped"})
+    assert plain is SupportStatus.IMPLEMENTED
+
+
+def test_latest_status_of_runs_keeps_each_kind_apart(tmp_path: Path) -> None:
+    """The nightly's pages read each row's latest nightly (or bring-up) run; a test list's page its one run."""
+    from sqlalchemy.orm import Session
+
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.queries import SUPPORT_REQUIRED, latest_status
+    from results.recorder import Recorder
+    from results.support import NIGHTLY_PAGE_KINDS, latest_status_of_runs
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'k.db'}")
+    upgrade(engine)
+    rec = Recorder(engine)
+    runs = {}
+    for kind, status in (("nightly", "pass"), ("l0", "fail"), ("nightly", "pass"), ("l1", "pass")):
+        run = rec.start_run(kind, "t", "v")
+        for stage in ("infer", "accuracy"):
+            rec.record_result(run, model="m", precision="fp16", platform="x86-cpu", stage=stage, test_id="m",
+                              status=status if stage == "accuracy" else "pass", toolchain="edgellm-ort",
+                              toolchain_version="1")
+        rec.finish_run(run, "passed")
+        runs.setdefault(kind, []).append(run)
+    with Session(engine) as s:
+        nightly = latest_status_of_runs(s, kinds=NIGHTLY_PAGE_KINDS)
+        assert [(st.run_id, st.verdict) for st in nightly] == [(runs["nightly"][1], Verdict.PASS)]
+        listed = latest_status_of_runs(s, run_id=runs["l0"][0])
+        assert [(st.run_id, st.verdict) for st in listed] == [(runs["l0"][0], Verdict.FAIL)]
+        anything = latest_status_of_runs(s)
+        assert anything == latest_status(s, required=SUPPORT_REQUIRED)  # no kinds: the queries' own answer
+    engine.dispose()

@@ -11,6 +11,7 @@ its own per stage, each with its version, in the database, in ``edgefarm query``
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,10 +150,11 @@ def test_query_and_docs_show_the_versions_side_by_side(compared: dict[str, objec
     md = (Path(str(compared["root"])) / "docs" / "supported-models.md").read_text()
     thor = md.split("## thor\n", 1)[1].split("\n## ", 1)[0]
     lines = [x for x in thor.splitlines() if x.startswith("| tiny-qwen3-128")]
-    assert lines == [
-        "| tiny-qwen3-128 (tensorrt-edgellm==0.11.0) | 525K | ◇ export only, tensorrt-edgellm 0.11.0 (run 1) |",
-        f"| tiny-qwen3-128 (tensorrt-edgellm=={STANDIN}) | 525K | ◇ export only, tensorrt-edgellm {STANDIN} "
-        f"(run 1) |"], thor
+    assert [re.sub(r"\]\(runs/run-1\.md#[^)]+\)", "](…)", x) for x in lines] == [
+        "| tiny-qwen3-128 (tensorrt-edgellm==0.11.0) | 525K | ◇ implemented (export verified only), tensorrt-edgellm "
+        "0.11.0 ([run 1](…)) |",
+        f"| tiny-qwen3-128 (tensorrt-edgellm=={STANDIN}) | 525K | ◇ implemented (export verified only), "
+        f"tensorrt-edgellm {STANDIN} ([run 1](…)) |"], thor
     evidence = (Path(str(compared["root"])) / "docs" / "runs" / "run-1.md").read_text()
     assert "## tiny-qwen3-128 (tensorrt-edgellm==0.11.0) · int8_sq · thor" in evidence
     assert f"## tiny-qwen3-128 (tensorrt-edgellm=={STANDIN}) · int8_sq · thor" in evidence
