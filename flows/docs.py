@@ -171,19 +171,6 @@ def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[Regress
     return marks
 
 
-def display_status(verdict: str, stages: dict[str, str]) -> str:
-    """Deprecated for pages (they show ``results.support.SupportStatus``; kept for ``flows/compare.py`` and the
-    CLI until they switch to ``results.support.status_from``). The verdict, except that a row nothing ran for
-    says why: waived or skipped rather than incomplete."""
-    if verdict != "incomplete":
-        return verdict
-    values = set(stages.values())
-    for status in ("waived", "skipped"):
-        if values == {status}:
-            return status
-    return verdict
-
-
 def trend_points(engine: Engine) -> list[TrendPoint]:
     """Trend metrics of the published nightly runs; a row of a platform's other toolchain is its own line, named
     by its label."""
