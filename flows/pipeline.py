@@ -198,7 +198,7 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
     submitted_at = time.time()
     scheduler = Scheduler(lanes_of(ctx, {job.platform for job, _ in jobs}))
     runs: dict[tuple[str, tuple[object, ...]], str] = {}  # (stage, what it serves) -> its one run
-    platforms: dict[tuple[str, tuple[object, ...]], set[str]] = defaultdict(set)  # a run's platforms (its name)
+    sharers: dict[tuple[str, tuple[object, ...]], list[JobSpec]] = defaultdict(list)  # the jobs a run serves
     stage_runs: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = {}  # job key -> its stages' runs
     records: list[tuple[str, str, tuple[str, str, str]]] = []
     # a job that runs after another (JobSpec.after) is added after it, so it can wait for its stages
@@ -215,9 +215,9 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
                 # a job that runs after another (an EAGLE3 draft after its base) waits for that one's same stage
                 needs = tuple(mine[need] for need in stage.needs) + ((gates[name],) if name in gates else ())
                 lane = "host" if stage.where is Where.HOST else f"device:{spec.platform}"
-                scheduler.add(_Node(run, _stage_submitter(ctx, name, spec, platforms[run]), needs, lane))
+                scheduler.add(_Node(run, _stage_submitter(ctx, name, spec, sharers[run]), needs, lane))
                 runs[run] = name
-            platforms[run].add(spec.platform)
+            sharers[run].append(spec)
             mine[name] = run
             report.ran[spec.key][name] = run
         stage_runs[spec.key] = mine
@@ -237,11 +237,11 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
 
 
 def _stage_submitter(ctx: FarmContext, name: str, spec: JobSpec,
-                     platforms: set[str]) -> Callable[[list[Any]], PrefectFuture[Any]]:
-    """Submits the stage's task, named after what it serves (``platforms``: every job's that shares it, complete
+                     sharers: list[JobSpec]) -> Callable[[list[Any]], PrefectFuture[Any]]:
+    """Submits the stage's task, named after what it serves (``sharers``: every job that shares the run, complete
     by the time the scheduler submits it)."""
     def submit(upstream: list[Any]) -> PrefectFuture[Any]:
-        named = stage_task(name).with_options(task_run_name=task_run_name(name, spec, platforms))
+        named = stage_task(name).with_options(task_run_name=task_run_name(name, spec, sharers))
         return named.submit(ctx, name, spec, tuple(allow_failure(f) for f in upstream))
 
     return submit

@@ -24,13 +24,21 @@ _NAMED = {ResultStatus.SKIPPED: "Skipped", ResultStatus.WAIVED: "Waived", Result
 
 
 def row_name(model: str, precision: str, variant: str, platforms: Iterable[str]) -> str:
-    """``<model> <precision> [<variant>] @<platform>``; a run shared by jobs of several platforms (quantize, export)
-    names them all."""
+    """``<model> <precision> [<variant>] @<platform>``."""
     return f"{model} {precision}{f' [{variant}]' if variant else ''} @{','.join(sorted(set(platforms)))}"
 
 
-def task_run_name(stage: str, spec: JobSpec, platforms: Iterable[str] = ()) -> str:
-    return f"{stage} {row_name(spec.model, spec.precision.value, spec.variant, {*platforms, spec.platform})}"
+def task_run_name(stage: str, spec: JobSpec, sharers: Iterable[JobSpec] = ()) -> str:
+    """``<stage> <model> <precision> [<variant>] @<platform>``; a run shared by several jobs (the reference of a
+    model, a quantize or export serving several platforms) names what they differ in, comma-joined."""
+    jobs = [spec, *sharers]
+
+    def joined(values: Iterable[str]) -> str:
+        return ",".join(sorted(set(values)))
+
+    row = row_name(joined(j.model for j in jobs), joined(j.precision.value for j in jobs),
+                   joined(j.variant for j in jobs if j.variant), (j.platform for j in jobs))
+    return f"{stage} {row}"
 
 
 def first_line(text: str | None, limit: int = 300) -> str:

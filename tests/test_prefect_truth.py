@@ -124,3 +124,21 @@ def test_prefect_states_say_the_stage_s_status_and_hide_credentials() -> None:
                          (ResultStatus.NOT_APPLICABLE, "Not applicable")):
         state = stage_state(StageOutcome(stage="infer", status=status, reason="why"))
         assert (state.type.value, state.name, state.message) == ("COMPLETED", name, "why")
+
+
+def test_a_shared_run_is_named_after_every_row_it_serves() -> None:
+    from types import SimpleNamespace
+
+    from tasks.states import task_run_name
+
+    def job(precision: str, platform: str, variant: str = "") -> object:
+        return SimpleNamespace(model="tiny-llama", precision=SimpleNamespace(value=precision), variant=variant,
+                               platform=platform)
+
+    one = job("fp32", "x86-cpu")
+    assert task_run_name("build", one) == "build tiny-llama fp32 @x86-cpu"  # type: ignore[arg-type]
+    # the model's reference serves its precisions; an export, its platforms; a variant is named in brackets
+    assert task_run_name("reference", one, [one, job("fp16", "x86-cpu")]) == \
+        "reference tiny-llama fp16,fp32 @x86-cpu"  # type: ignore[list-item,arg-type]
+    assert task_run_name("export", job("fp16", "thor", "kv=fp8"), [job("fp16", "orin", "kv=fp8")]) == \
+        "export tiny-llama fp16 [kv=fp8] @orin,thor"  # type: ignore[list-item,arg-type]
