@@ -37,8 +37,11 @@ def _temporary_server(data_dir: Path, console: Console | None = None) -> Iterato
     own ephemeral one would outlive a killed orchestrator): it dies with this process, or when the block ends."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    if get_current_settings().api.url:
-        yield
+    if get_current_settings().api.url:  # a server of its own (edgefarm serve, production): its logs reach it now
+        try:
+            yield
+        finally:
+            _flush_logs()
         return
     from flows.prefect_env import free_port
     from flows.serve import start_server, stop_server
