@@ -190,7 +190,9 @@ def test_without_the_toolchain_its_rows_are_skipped_with_the_reason(tmp_path: Pa
     data, inventory = _farm(tmp_path)
     matrix = {**MATRIX, "name": "no-toolchain", "defaults": {**LIMITS, "stages": ["quantize", "export"]}}
     code, summary = _nightly(tmp_path, data, inventory, matrix)
-    assert code == 0 and summary["plan"] == {"skipped": 4} and summary["stages"] == {}, summary
+    # nothing ran: exit 5 (pytest's "no tests ran"), with the reason
+    assert code == 5 and summary["plan"] == {"skipped": 4} and summary["stages"] == {}, summary
+    assert summary["nothing_ran"] and all(": skipped: " in why for why in summary["why_nothing_ran"]), summary
     rows = _results(f"sqlite:///{data / 'edgefarm.db'}", int(summary["run_id"]))
     assert {r.status.value for r in rows.values()} == {"skipped"}
     for row in rows.values():
