@@ -92,7 +92,7 @@ def test_kill_9_of_the_orchestrator_takes_its_children_and_the_next_run_reaps_it
     nxt = _edgefarm(["nightly", "--json", "--matrix", str(empty), "--inventory", str(farm_dirs["inventory"]),
                      "--data-dir", str(data)], env)
     out, _ = nxt.communicate(timeout=600)
-    assert nxt.returncode == 0, out.decode()
+    assert nxt.returncode == 5, out.decode()  # nothing ran (no orin device): exit 5
     engine = make_engine(f"sqlite:///{db}")
     with Session(engine) as s:
         dead = s.get(Run, run_id)
