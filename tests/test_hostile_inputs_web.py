@@ -126,7 +126,10 @@ def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str,
 def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     from flows.cli import running as commands
 
-    code = commands._print_summary({"run_id": 1, "plan": {}, "stages": {}, "failed": HOSTILE_NAMES})
+    failures = [{"row": name, "stage": "build", "status": "fail", "error_kind": "test_failure", "device": name,
+                 "reason": name, "logs": [f"log:{name}"]} for name in HOSTILE_NAMES]
+    code = commands._print_summary({"run_id": 1, "plan": {}, "stages": {}, "failed": HOSTILE_NAMES,
+                                    "failures": failures})
     assert code == 1
     printed = capsys.readouterr().out
     assert "[/]" in printed and "[red]boom[/red] [link=http://evil.example]click[/link]" in printed

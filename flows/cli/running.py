@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -81,8 +81,6 @@ SYMBOL: dict[str, tuple[str, str]] = {
 class Progress:
     """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
 
-    SYMBOL: ClassVar[dict[str, tuple[str, str]]] = SYMBOL
-
     def __init__(self, jobs: list[str], stages: list[str]) -> None:
         self.jobs, self.stages = jobs, stages
         self.cells: dict[tuple[str, str], Text] = {}
@@ -91,7 +89,7 @@ class Progress:
     def update(self, event: Any) -> None:
         if event.status == "start":
             return
-        mark = cell(*self.SYMBOL.get(event.status, (event.status, "")))
+        mark = cell(*SYMBOL.get(event.status, (event.status, "")))
         if event.cached:
             mark.append(" (cached)", style="cyan")
         with self.lock:
@@ -231,10 +229,7 @@ def _print_summary(result: dict[str, Any]) -> int:
         d = result["docs"]
         out.print(f"docs: {d['out_dir']}/support-matrix.html and supported-models.md "
                   f"({d['supported']} supported of {d['rows']} rows)", markup=False)
-    failed = result.get("failures")
-    if failed is None:  # a summary without root causes (older callers): the failed jobs by name
-        failed = [{"row": job, "stage": "", "status": "failed", "reason": "", "logs": []}
-                  for job in result.get("failed") or []]
+    failed = result["failures"]
     if failed:
         out.print(Text(f"{len(failed)} row(s) failed (root cause: the first stage that failed):", style="red"))
         for f in failed:
