@@ -255,7 +255,9 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     on the scores' device, for a caller captured in a CUDA graph, where a CPU constant cannot be copied)."""
     n_heads, n_kv, head_dim = heads
     rep = n_heads // n_kv
-    qg = q.reshape(b, n_kv, rep * s, head_dim)
+    # Without groups (MHA) q is already [B, KV, S, D]: a reshape to its own shape, traced inside
+    # GroupQueryAttention's export, breaks TorchScript's peephole pass ("Argument passed to at() was not in the map").
+    qg = q if rep == 1 else q.reshape(b, n_kv, rep * s, head_dim)
     scores = (torch.matmul(qg, k.transpose(2, 3)) * scale).float()  # [B, KV, rep*S, T]
     fill = masked if masked is not None else torch.tensor(MASK_VALUE, dtype=torch.float32)
     scores = torch.where(mask, scores, fill)
