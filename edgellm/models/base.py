@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from edgellm.config import ModelConfig
 from edgellm.errors import BugError, ConfigurationError, UnsupportedError
+from edgellm.models.contract import SLIDING_FIELDS, describe, unimplemented
 from edgellm.registry import Registry
 
 
@@ -40,6 +41,9 @@ class ModelFamily:
     qk_norm: ClassVar[bool] = False
     rope_types: ClassVar[tuple[str, ...]] = ("llama3",)  # rope_scaling types implemented besides "default"
     hidden_acts: ClassVar[tuple[str, ...]] = ("silu",)
+    # config fields of edgellm.models.contract.MATH_FIELDS this family implements; any other one a config turns on
+    # is refused by name (sliding windows apart: see ``sliding_window``)
+    implements: ClassVar[frozenset[str]] = frozenset()
     ignore_rules: ClassVar[tuple[IgnoreRule, ...]] = (ROTARY_BUFFERS,)
     # A tiny checkpoint of the family for tests and the embedded nightly (edgellm.synth): the transformers config
     # class that writes it and its shape (vocab 512 so the bundled tokenizer can drive it).
@@ -67,6 +71,9 @@ class ModelFamily:
             if cfg.rope_scaling.params["low_freq_factor"] == cfg.rope_scaling.params["high_freq_factor"]:
                 raise UnsupportedError(f"{cls.name}: llama3 rope_scaling low_freq_factor must differ from "
                                        "high_freq_factor")
+        found = unimplemented(cfg.raw, cls.implements | frozenset(SLIDING_FIELDS))
+        if found:
+            raise UnsupportedError(describe(cls.name, found))
         if cfg.hidden_act not in cls.hidden_acts:
             raise UnsupportedError(
                 f"{cls.name}: hidden_act {cfg.hidden_act!r} is not implemented; supported: {', '.join(cls.hidden_acts)}"
@@ -79,6 +86,17 @@ class ModelFamily:
         if cfg.raw.get("use_sliding_window") is False:
             return None
         return cfg.sliding_window
+
+    @classmethod
+    def window_finding(cls, cfg: ModelConfig) -> str | None:
+        """What ``edgellm inspect`` says of a sliding window the runtime serves only up to its length, or None."""
+        window = cls.sliding_window(cfg)
+        if window is None or window >= cfg.max_position_embeddings:
+            return None
+        fields = ", ".join(f"{k} = {cfg.raw[k]!r}" for k in SLIDING_FIELDS if k in cfg.raw and k != "layer_types")
+        return (f"{cls.name}: {fields}: attention past the window is not implemented (full attention only); "
+                f"engines are limited to max_seq_len <= {window} of max_position_embeddings "
+                f"{cfg.max_position_embeddings}")
 
     @classmethod
     def has_qkv_bias(cls, cfg: ModelConfig) -> bool:
