@@ -38,6 +38,7 @@ class ModelFamily:
     model_types: ClassVar[tuple[str, ...]]
     architectures: ClassVar[tuple[str, ...]]
     qkv_bias: ClassVar[bool | None] = None  # None: follow config.attention_bias
+    mlp_bias: ClassVar[bool | None] = False  # None: follow config.mlp_bias (Llama); else what transformers hard-codes
     qk_norm: ClassVar[bool] = False
     rope_types: ClassVar[tuple[str, ...]] = ("llama3",)  # rope_scaling types implemented besides "default"
     hidden_acts: ClassVar[tuple[str, ...]] = ("silu",)
@@ -103,6 +104,10 @@ class ModelFamily:
         return cfg.attention_bias if cls.qkv_bias is None else cls.qkv_bias
 
     @classmethod
+    def has_mlp_bias(cls, cfg: ModelConfig) -> bool:
+        return cfg.mlp_bias if cls.mlp_bias is None else cls.mlp_bias
+
+    @classmethod
     def expected_parameters(cls, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every parameter the family needs, with its shape (HF names)."""
         h, d = cfg.hidden_size, cfg.head_dim
@@ -129,7 +134,7 @@ class ModelFamily:
             params[p + "mlp.gate_proj.weight"] = (f, h)
             params[p + "mlp.up_proj.weight"] = (f, h)
             params[p + "mlp.down_proj.weight"] = (h, f)
-            if cfg.mlp_bias:
+            if cls.has_mlp_bias(cfg):
                 params[p + "mlp.gate_proj.bias"] = (f,)
                 params[p + "mlp.up_proj.bias"] = (f,)
                 params[p + "mlp.down_proj.bias"] = (h,)

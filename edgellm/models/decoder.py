@@ -344,9 +344,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, bias: bool) -> None:
         super().__init__()
-        h, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        h, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
         self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
         self.down_proj = Linear(f, h, bias=bias, dtype=dtype)
@@ -372,7 +372,7 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.self_attn = Attention(cfg, family, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, family.has_mlp_bias(cfg))
 
 
 class DecoderModel(nn.Module):

@@ -13,6 +13,7 @@ class Llama(ModelFamily):
     model_types = ("llama",)
     architectures = ("LlamaForCausalLM",)
     hf_config = "LlamaConfig"
+    mlp_bias = None  # LlamaConfig.mlp_bias is read
     tiny_config: ClassVar[dict[str, Any]] = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=512, max_position_embeddings=256)

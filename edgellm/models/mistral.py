@@ -13,6 +13,7 @@ class Mistral(ModelFamily):
     model_types = ("mistral",)
     architectures = ("MistralForCausalLM",)
     hf_config = "MistralConfig"
+    qkv_bias = False  # transformers' Mistral has no attention bias, whatever the config says
     tiny_config: ClassVar[dict[str, Any]] = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=512, max_position_embeddings=256, sliding_window=None)

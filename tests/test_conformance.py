@@ -1,0 +1,68 @@
+"""The conformance matrix (edgellm.conformance): every registered family x the features its published configs use x
+the dtype its checkpoint is saved in x the export precision -> export, build, and parity with transformers on the
+same weights. fp32 exports are exact (greedy equal over 16 tokens, logits within fp32's limits); half precisions and
+quantized exports are judged by the limits of edgellm.thresholds. Cells are generated from the registries: nothing
+here lists a family, a feature, a rope type or a quantization method.
+
+The cells selected in this session run once, in a process per core (tests/helpers/conformance_cells.py; cells that
+share a checkpoint in one worker), and each parametrized test reports its own cell's outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import pytest
+
+from edgellm import conformance
+from edgellm.models.base import registered_families
+from tests.helpers.conformance_cells import init_worker, run_group
+
+CELLS = conformance.cells()
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+GROUP_TIMEOUT_S = 600
+
+
+def test_the_matrix_is_every_registered_family_feature_dtype_and_precision() -> None:
+    families = [f for f in registered_families() if f.hf_config is not None]
+    assert {c.family for c in CELLS} == {f.name for f in families} and len(families) >= 4
+    for family in families:
+        mine = [c for c in CELLS if c.family == family.name]
+        names = {f.name for f in conformance.features(family)}
+        assert {"base", "tied", "mha", "mqa", "head_dim", "sharded", "attention_bias", "mlp_bias"} <= names
+        assert {f"rope_{t}" for t in family.rope_types} <= names
+        assert {(c.feature.name, c.dtype) for c in mine if c.kind == "structure"} == {
+            (n, d) for n in names for d in conformance.CHECKPOINT_DTYPES}
+        assert {(c.feature.name, c.precision) for c in mine if c.kind == "precision"} == {
+            (n, p) for n in names for p in conformance.HALF_PRECISIONS}
+        assert {(c.dtype, c.precision) for c in mine if c.kind == "quantized"} == {
+            (d, m) for d in conformance.CHECKPOINT_DTYPES for m in conformance.quantized_methods()}
+    assert set(conformance.quantized_methods()) == {"int4_awq", "int8_sq"}
+    assert len({c.id for c in CELLS}) == len(CELLS)
+
+
+@pytest.fixture(scope="module")
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
+    """Every selected cell's outcome (None: passed), computed once for the module."""
+    selected = [item.callspec.params["cell"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_conformance" and hasattr(item, "callspec")]
+    groups: dict[tuple[str, str, str], list[conformance.Cell]] = defaultdict(list)
+    for cell in selected:
+        groups[cell.checkpoint_key].append(cell)
+    root = Path(tmp_path_factory.mktemp("conformance"))
+    found: dict[str, str | None] = {}
+    with ProcessPoolExecutor(max_workers=WORKERS, mp_context=get_context("spawn"), initializer=init_worker) as pool:
+        futures = [pool.submit(run_group, cells, root) for cells in groups.values()]
+        for future in futures:
+            found.update(future.result(timeout=GROUP_TIMEOUT_S))
+    return found
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
+def test_conformance(cell: conformance.Cell, outcomes: dict[str, str | None]) -> None:
+    assert cell.id in outcomes, f"{cell.id} did not run"
+    assert outcomes[cell.id] is None, f"{cell.id}:\n{outcomes[cell.id]}"
