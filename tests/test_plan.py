@@ -230,9 +230,10 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     plan = json.loads(result.stdout)
     # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the GPTQ checkpoint's CPU row,
     # onnxruntime-genai's rows (3 models x 2 precisions), the CPU's LoRA row (not applicable), the export list's share,
-    # the variant list's share (the EAGLE3 pair, a merged LoRA, a reduced vocabulary)
+    # the variant list's share (the EAGLE3 pair, a merged LoRA, a reduced vocabulary), the checkpoints as published
+    # (4 families x bf16 and fp16 at fp32 on the CPU)
     assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == \
-        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4
+        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4 + 8
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")
