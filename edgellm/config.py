@@ -17,6 +17,22 @@ from edgellm.quant import methods
 from edgellm.types import QuantMethod
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# The largest tokenizer.json taken (checked before it is read or copied): real ones are a few MiB to ~35 MiB;
+# a 600 MB one took 2.2 GB to load and was copied into every export.
+MAX_TOKENIZER_BYTES = 128 * 1024 * 1024
+
+
+def tokenizer_size_problem(tokenizer_file: Path) -> str | None:
+    """Why ``tokenizer_file`` is too large to take (naming its size and the limit), or None."""
+    try:
+        size = Path(tokenizer_file).stat().st_size
+    except OSError:
+        return None  # absent: the caller says so in its own words
+    if size > MAX_TOKENIZER_BYTES:
+        return (f"{tokenizer_file}: tokenizer file is {size} bytes, over the {MAX_TOKENIZER_BYTES}-byte limit "
+                f"(real tokenizer.json files are at most a few tens of MiB)")
+    return None
+
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 

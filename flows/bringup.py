@@ -31,9 +31,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 import stages
 from devices.inventory import Inventory, load_inventory
 from devices.types import DEVICE_TYPES
+from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
-from flows.bringup_report import write_report
+from flows.bringup_report import clear_planted, write_report
 from flows.docs import write_docs
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS
@@ -49,6 +50,7 @@ from results.recorder import Recorder
 from stages import Stage
 from tasks import bringup as rungs
 from test_lists.catalog import Catalog, ModelSource
+from test_lists.ids import model_name_problem
 from test_lists.testlist import TestEntry
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver
@@ -91,6 +93,7 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     else:
         raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model; give a "
                                  f"checkpoint directory or one of: {', '.join(sorted(catalog.sources))}")
+    _check_files(path, checkpoint)
     chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
                                                                            for d in inventory}))
     unknown = [p for p in chosen if p not in DEVICE_TYPES]
@@ -100,6 +103,7 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
                                  f"few-layer test)")
+    _check_layers(path, layers)
     out = Path(report_dir).expanduser() if report_dir else settings.data_dir / "bringup" / source.name
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--report {out}: exists and is not a directory")
@@ -121,13 +125,35 @@ def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) 
                 raise ConfigurationError(f"--name {name!r}: {path} is the catalog's {src.name!r}")
             return src
     chosen = name if name is not None else f"bringup-{path.name}"
-    if not _NAME.match(chosen):
-        raise ConfigurationError(f"--name {chosen!r}: a model name is letters, digits, '.', '_' and '-' (at most "
-                                 f"100, starting with a letter or digit)")
+    problem = model_name_problem(chosen)  # the rule rung 7's test ids hold it to, checked before any rung
+    if not _NAME.match(chosen) or problem is not None:
+        given = f"--name {chosen!r}" if name is not None else f"checkpoint directory {path.name!r} (model {chosen!r})"
+        raise ConfigurationError(f"{given}: a model name is letters, digits, '.', '_' and '-' (at most 100, starting "
+                                 f"with a letter or digit, no empty '-'-separated part); give --name"
+                                 + (f" ({problem})" if problem else ""))
     if chosen in catalog:
         raise ConfigurationError(f"--name {chosen!r}: the catalog's model of that name is another checkpoint; give "
                                  f"another --name")
     return ModelSource(chosen, "path", {"path": str(path)})
+
+
+def _check_files(path: Path, given: str) -> None:
+    """The checkpoint's files the ladder reads whole, bounded before any work (a 600 MB tokenizer.json took 2.2 GB)."""
+    if (too_large := tokenizer_size_problem(path / "tokenizer.json")) is not None:
+        raise ConfigurationError(f"checkpoint {given!r}: {too_large}")
+
+
+def _check_layers(path: Path, layers: int) -> None:
+    """``--layers`` against the checkpoint's decoder layers (its config's ``num_hidden_layers``, or its text
+    model's), before any rung is recorded; a config without it is the inventory rung's to report."""
+    try:
+        config = read_json_object(path / "config.json", what="config.json")
+    except ConfigurationError:  # unreadable: the inventory rung reports it, as evidence
+        return
+    text = config.get("text_config")
+    have = config.get("num_hidden_layers", text.get("num_hidden_layers") if isinstance(text, dict) else None)
+    if isinstance(have, int) and not isinstance(have, bool) and have >= 1 and layers > have:
+        raise ConfigurationError(f"--layers {layers}: the checkpoint has {have} decoder layers; valid: 1..{have}")
 
 
 def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDriver]:
@@ -223,14 +249,20 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         if not req.report_dir.resolve().is_relative_to(allowed):
             raise ConfigurationError(f"report_dir {report_dir!r}: a deployment writes reports under {allowed} only")
     req.report_dir.mkdir(parents=True, exist_ok=True)
+    clear_planted(req.report_dir)
     engine = make_engine(settings.db_url)
     try:
         prepare_for_run(engine)
         recorder = Recorder(engine)
         run_id = recorder.start_run(RunKind.BRINGUP, f"{trigger}: bring-up {req.source.name}", code_version(),
                                     toolchain=toolchain_versions())
-        recorder.set_report(run_id, str(req.report_dir.resolve()))
-        climbed, finished = climb(req, settings, recorder, run_id)
+        try:
+            recorder.set_report(run_id, str(req.report_dir.resolve()))
+            climbed, finished = climb(req, settings, recorder, run_id)
+        except BaseException as exc:  # never a run left ``running``: it ends failed (bad input) or error, unpublished
+            bad_input = isinstance(exc, ConfigurationError)
+            recorder.finish_run(run_id, RunStatus.FAILED if bad_input else RunStatus.ERROR, publish=False)
+            raise
         if not finished:  # stopped before the pipeline ran: the run ends here, with nothing to publish
             recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
     finally:

@@ -43,7 +43,7 @@ from typing import Any
 
 from edgellm import __version__
 from edgellm.compiler.files import file_table, staged_dir, tree_sha256, write_json
-from edgellm.config import ModelConfig, QuantConfig, read_json_object
+from edgellm.config import ModelConfig, QuantConfig, read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.models import family_for
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
@@ -191,6 +191,8 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     lm_head, kv_cache = check_variant(precision, lm_head_precision, kv_cache_precision)
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise ConfigurationError(f"{ckpt_dir}: tokenizer.json not found (the runtime needs it)")
+    if (too_large := tokenizer_size_problem(ckpt_dir / "tokenizer.json")) is not None:
+        raise ConfigurationError(too_large)  # before it is copied into the export
     started = time.perf_counter()
     # The checkpoint digest (hashing ~all its bytes) runs beside loading and tracing; hashlib releases the GIL.
     pool = ThreadPoolExecutor(max_workers=1)
