@@ -256,12 +256,14 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         recorder = Recorder(engine)
         run_id = recorder.start_run(RunKind.BRINGUP, f"{trigger}: bring-up {req.source.name}", code_version(),
                                     toolchain=toolchain_versions())
+        progress = Progress()
         try:
             recorder.set_report(run_id, str(req.report_dir.resolve()))
-            climbed, finished = climb(req, settings, recorder, run_id)
+            climbed, finished = climb(req, settings, recorder, run_id, progress)
         except BaseException as exc:  # never a run left ``running``: it ends failed (bad input) or error, unpublished
-            bad_input = isinstance(exc, ConfigurationError)
-            recorder.finish_run(run_id, RunStatus.FAILED if bad_input else RunStatus.ERROR, publish=False)
+            if not progress.pipeline_ends_run:  # (once the pipeline started, it ends the run, whatever happens)
+                bad_input = isinstance(exc, ConfigurationError)
+                recorder.finish_run(run_id, RunStatus.FAILED if bad_input else RunStatus.ERROR, publish=False)
             raise
         if not finished:  # stopped before the pipeline ran: the run ends here, with nothing to publish
             recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
@@ -276,9 +278,19 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
     return Completed(message=f"every rung passed: {req.source.name} on {', '.join(req.platforms)}", data=report)
 
 
-def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> tuple[list[rungs.Rung], bool]:
+@dataclass
+class Progress:
+    """How far a climb got: whether the pipeline (rung 7) started, and so ends the run itself (``execute_plan``
+    finishes its run however it ends)."""
+
+    pipeline_ends_run: bool = False
+
+
+def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int,
+          progress: Progress | None = None) -> tuple[list[rungs.Rung], bool]:
     """Every rung in order until one stops the ladder (the rest are recorded as skipped); whether rung 7 ran (its
-    run was finished by the pipeline)."""
+    run was finished by the pipeline; ``progress`` says so from the moment the pipeline starts)."""
+    progress = progress if progress is not None else Progress()
     ckpt, out = req.checkpoint, req.report_dir
     sha = checkpoint_digest(ckpt)
     quant = req.source.quantization()
@@ -299,7 +311,7 @@ def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> 
             if any(r.stops for r in climbed):
                 rung = rungs.Rung(rung_name, ResultStatus.SKIPPED, f"not climbed: {_stopped(climbed)} did not pass")
             elif rung_name == "pipeline":
-                rung, finished = _pipeline(req, settings, run_id)
+                rung, finished = _pipeline(req, settings, run_id, progress)
             else:
                 rung = _task(rung_name, steps[rung_name])
             recorder.record_rung(run_id, position, rung_name, rung.status, reason=rung.reason,
@@ -309,13 +321,14 @@ def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> 
     return climbed, finished
 
 
-def _pipeline(req: Request, settings: Settings, run_id: int) -> tuple[rungs.Rung, bool]:
+def _pipeline(req: Request, settings: Settings, run_id: int, progress: Progress) -> tuple[rungs.Rung, bool]:
     """Rung 7 and whether its run was finished (by the pipeline; not when the rows could not be planned)."""
     try:
         plan = pipeline_plan(req, settings)
     except ConfigurationError as exc:  # the plan refused the rows: the rung fails with the reason
         return rungs.Rung("pipeline", ResultStatus.FAIL, f"the rows could not be planned: {exc}"), False
     t0 = time.perf_counter()
+    progress.pipeline_ends_run = True
     report, _timing = execute_plan(plan, settings, trigger=f"bring-up {req.source.name}", run_id=run_id)
     rung = judge_pipeline(plan, report)
     rung.duration_s = time.perf_counter() - t0

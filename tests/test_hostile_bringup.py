@@ -140,3 +140,19 @@ def test_a_rung_that_raises_never_leaves_its_run_running(farm: dict[str, Path], 
     code, text = _bring_up(farm, "--report", str(tmp_path / "report"), "stories260K")
     assert code == 2 and "a value only a rung can judge" in text, text
     assert _runs(farm["db"]) == ["failed"]
+
+
+def test_a_nonsense_context_length_stops_at_the_inventory_naming_it_never_a_crash(farm: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    """Issue 40 item 13: ``max_position_embeddings`` 10**15 crashed rung 6 (exit 4, a traceback, no report)."""
+    ckpt = shutil.copytree(ASSETS_DIR / "stories260K", tmp_path / "long")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["max_position_embeddings"] = 10**15
+    (ckpt / "config.json").write_text(json.dumps(config))
+    report = tmp_path / "report"
+    code, text = _bring_up(farm, "--report", str(report), str(ckpt))
+    assert code == 1 and "Traceback" not in text, text
+    stopped = json.loads((report / "report.json").read_text())["stopped_at"]
+    assert stopped["name"] == "inventory", stopped
+    assert "key 'max_position_embeddings' = 1000000000000000: expected an integer from 1 to" in stopped["reason"]
+    assert _runs(farm["db"]) == ["failed"]
