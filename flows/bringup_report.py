@@ -61,9 +61,10 @@ def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path)
 
 
 def clear_planted(report_dir: Path) -> None:
-    """Before any rung: every name the ladder writes in ``report_dir`` that is a link or a node someone planted is
-    removed (unlinked, never followed), and a previous ladder's ``layers/`` with it; a directory where a file goes
-    is refused (exit 2). The evidence is then written to fresh files (``tasks.bringup``)."""
+    """Before any rung, every name the ladder writes in ``report_dir`` is removed: a link or node someone planted
+    (unlinked, never followed) and a previous ladder's files and ``layers/``, so the directory holds only this
+    ladder's evidence; a directory where a file goes is refused (exit 2). The evidence is then written to fresh
+    files (``tasks.bringup``)."""
     for name in (*EVIDENCE_FILES, LAYERS_DIR):
         path = report_dir / name
         try:

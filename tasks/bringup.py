@@ -217,7 +217,11 @@ def few_layers(checkpoint: Path, layers: int, drivers: Sequence[ToolchainDriver]
                     f"the checkpoint is already quantized ({quantized}): the few-layer test compares fp32 exports of "
                     f"float checkpoints with their reference")
     work = out_dir / LAYERS_DIR
-    work.mkdir()  # fresh: the flow removed whatever was there (clear_planted); a link planted since is refused
+    try:
+        work.mkdir()  # fresh: the flow removed whatever was there (clear_planted)
+    except FileExistsError:
+        raise ConfigurationError(f"{work}: appeared while the ladder ran (planted?); refusing to write through "
+                                 f"it") from None
     found = layers_check(checkpoint, out_dir / "reference.npz", layers, work_dir=work)
     evidence: dict[str, Any] = {"numeric": {"toolchain": "edgellm", "file": _write(out_dir, "layers_check.json", found),
                                             "passed": found["passed"], "failed_checks": found["failed_checks"],
