@@ -17,6 +17,24 @@ from edgellm.quant import methods
 from edgellm.types import QuantMethod
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# The longest context a config may declare: ~13x the longest real release (10M positions); 1e15 is a typo.
+MAX_POSITION_EMBEDDINGS = 1 << 27
+# The largest tokenizer.json taken (checked before it is read or copied): real ones are a few MiB to ~35 MiB;
+# a 600 MB one took 2.2 GB to load and was copied into every export.
+MAX_TOKENIZER_BYTES = 128 * 1024 * 1024
+
+
+def tokenizer_size_problem(tokenizer_file: Path) -> str | None:
+    """Why ``tokenizer_file`` is too large to take (naming its size and the limit), or None."""
+    try:
+        size = Path(tokenizer_file).stat().st_size
+    except OSError:
+        return None  # absent: the caller says so in its own words
+    if size > MAX_TOKENIZER_BYTES:
+        return (f"{tokenizer_file}: tokenizer file is {size} bytes, over the {MAX_TOKENIZER_BYTES}-byte limit "
+                f"(real tokenizer.json files are at most a few tens of MiB)")
+    return None
+
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -50,7 +68,8 @@ class _Reader:
     def _bad(self, key: str, value: Any, expected: str) -> None:
         self.problems.append(f"key {key!r} = {value!r}: expected {expected}")
 
-    def int(self, key: str, *, default: int | None = None, required: bool = True, minimum: int = 1) -> int:
+    def int(self, key: str, *, default: int | None = None, required: bool = True, minimum: int = 1,
+            maximum: int | None = None) -> int:
         value = self.data.get(key)
         if value is None:  # absent or null: both mean "use the default"
             value = default
@@ -59,7 +78,10 @@ class _Reader:
                 self.problems.append(f"missing required key {key!r} (an integer >= {minimum})")
             return 0
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self._bad(key, value, f"an integer >= {minimum}")
+            self._bad(key, value, f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum else ""))
+            return 0
+        if maximum is not None and value > maximum:
+            self._bad(key, value, f"an integer from {minimum} to {maximum}")
             return 0
         return value
 
@@ -193,7 +215,7 @@ class ModelConfig:
             num_key_value_heads=kv_heads,
             head_dim=head_dim or 0,
             vocab_size=r.int("vocab_size"),
-            max_position_embeddings=r.int("max_position_embeddings", default=2048),
+            max_position_embeddings=r.int("max_position_embeddings", default=2048, maximum=MAX_POSITION_EMBEDDINGS),
             rms_norm_eps=r.float("rms_norm_eps", default=1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,

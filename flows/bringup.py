@@ -31,9 +31,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 import stages
 from devices.inventory import Inventory, load_inventory
 from devices.types import DEVICE_TYPES
+from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
-from flows.bringup_report import write_report
+from flows.bringup_report import clear_planted, write_report
 from flows.docs import write_docs
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS
@@ -49,6 +50,7 @@ from results.recorder import Recorder
 from stages import Stage
 from tasks import bringup as rungs
 from test_lists.catalog import Catalog, ModelSource
+from test_lists.ids import model_name_problem
 from test_lists.testlist import TestEntry
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver
@@ -91,6 +93,7 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     else:
         raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model; give a "
                                  f"checkpoint directory or one of: {', '.join(sorted(catalog.sources))}")
+    _check_files(path, checkpoint)
     chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
                                                                            for d in inventory}))
     unknown = [p for p in chosen if p not in DEVICE_TYPES]
@@ -100,6 +103,7 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
                                  f"few-layer test)")
+    _check_layers(path, layers)
     out = Path(report_dir).expanduser() if report_dir else settings.data_dir / "bringup" / source.name
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--report {out}: exists and is not a directory")
@@ -121,13 +125,35 @@ def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) 
                 raise ConfigurationError(f"--name {name!r}: {path} is the catalog's {src.name!r}")
             return src
     chosen = name if name is not None else f"bringup-{path.name}"
-    if not _NAME.match(chosen):
-        raise ConfigurationError(f"--name {chosen!r}: a model name is letters, digits, '.', '_' and '-' (at most "
-                                 f"100, starting with a letter or digit)")
+    problem = model_name_problem(chosen)  # the rule rung 7's test ids hold it to, checked before any rung
+    if not _NAME.match(chosen) or problem is not None:
+        given = f"--name {chosen!r}" if name is not None else f"checkpoint directory {path.name!r} (model {chosen!r})"
+        raise ConfigurationError(f"{given}: a model name is letters, digits, '.', '_' and '-' (at most 100, starting "
+                                 f"with a letter or digit, no empty '-'-separated part); give --name"
+                                 + (f" ({problem})" if problem else ""))
     if chosen in catalog:
         raise ConfigurationError(f"--name {chosen!r}: the catalog's model of that name is another checkpoint; give "
                                  f"another --name")
     return ModelSource(chosen, "path", {"path": str(path)})
+
+
+def _check_files(path: Path, given: str) -> None:
+    """The checkpoint's files the ladder reads whole, bounded before any work (a 600 MB tokenizer.json took 2.2 GB)."""
+    if (too_large := tokenizer_size_problem(path / "tokenizer.json")) is not None:
+        raise ConfigurationError(f"checkpoint {given!r}: {too_large}")
+
+
+def _check_layers(path: Path, layers: int) -> None:
+    """``--layers`` against the checkpoint's decoder layers (its config's ``num_hidden_layers``, or its text
+    model's), before any rung is recorded; a config without it is the inventory rung's to report."""
+    try:
+        config = read_json_object(path / "config.json", what="config.json")
+    except ConfigurationError:  # unreadable: the inventory rung reports it, as evidence
+        return
+    text = config.get("text_config")
+    have = config.get("num_hidden_layers", text.get("num_hidden_layers") if isinstance(text, dict) else None)
+    if isinstance(have, int) and not isinstance(have, bool) and have >= 1 and layers > have:
+        raise ConfigurationError(f"--layers {layers}: the checkpoint has {have} decoder layers; valid: 1..{have}")
 
 
 def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDriver]:
@@ -223,14 +249,22 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         if not req.report_dir.resolve().is_relative_to(allowed):
             raise ConfigurationError(f"report_dir {report_dir!r}: a deployment writes reports under {allowed} only")
     req.report_dir.mkdir(parents=True, exist_ok=True)
+    clear_planted(req.report_dir)
     engine = make_engine(settings.db_url)
     try:
         prepare_for_run(engine)
         recorder = Recorder(engine)
         run_id = recorder.start_run(RunKind.BRINGUP, f"{trigger}: bring-up {req.source.name}", code_version(),
                                     toolchain=toolchain_versions())
-        recorder.set_report(run_id, str(req.report_dir.resolve()))
-        climbed, finished = climb(req, settings, recorder, run_id)
+        progress = Progress()
+        try:
+            recorder.set_report(run_id, str(req.report_dir.resolve()))
+            climbed, finished = climb(req, settings, recorder, run_id, progress)
+        except BaseException as exc:  # never a run left ``running``: it ends failed (bad input) or error, unpublished
+            if not progress.pipeline_ends_run:  # (once the pipeline started, it ends the run, whatever happens)
+                bad_input = isinstance(exc, ConfigurationError)
+                recorder.finish_run(run_id, RunStatus.FAILED if bad_input else RunStatus.ERROR, publish=False)
+            raise
         if not finished:  # stopped before the pipeline ran: the run ends here, with nothing to publish
             recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
     finally:
@@ -244,9 +278,19 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
     return Completed(message=f"every rung passed: {req.source.name} on {', '.join(req.platforms)}", data=report)
 
 
-def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> tuple[list[rungs.Rung], bool]:
+@dataclass
+class Progress:
+    """How far a climb got: whether the pipeline (rung 7) started, and so ends the run itself (``execute_plan``
+    finishes its run however it ends)."""
+
+    pipeline_ends_run: bool = False
+
+
+def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int,
+          progress: Progress | None = None) -> tuple[list[rungs.Rung], bool]:
     """Every rung in order until one stops the ladder (the rest are recorded as skipped); whether rung 7 ran (its
-    run was finished by the pipeline)."""
+    run was finished by the pipeline; ``progress`` says so from the moment the pipeline starts)."""
+    progress = progress if progress is not None else Progress()
     ckpt, out = req.checkpoint, req.report_dir
     sha = checkpoint_digest(ckpt)
     quant = req.source.quantization()
@@ -267,7 +311,7 @@ def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> 
             if any(r.stops for r in climbed):
                 rung = rungs.Rung(rung_name, ResultStatus.SKIPPED, f"not climbed: {_stopped(climbed)} did not pass")
             elif rung_name == "pipeline":
-                rung, finished = _pipeline(req, settings, run_id)
+                rung, finished = _pipeline(req, settings, run_id, progress)
             else:
                 rung = _task(rung_name, steps[rung_name])
             recorder.record_rung(run_id, position, rung_name, rung.status, reason=rung.reason,
@@ -277,13 +321,14 @@ def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> 
     return climbed, finished
 
 
-def _pipeline(req: Request, settings: Settings, run_id: int) -> tuple[rungs.Rung, bool]:
+def _pipeline(req: Request, settings: Settings, run_id: int, progress: Progress) -> tuple[rungs.Rung, bool]:
     """Rung 7 and whether its run was finished (by the pipeline; not when the rows could not be planned)."""
     try:
         plan = pipeline_plan(req, settings)
     except ConfigurationError as exc:  # the plan refused the rows: the rung fails with the reason
         return rungs.Rung("pipeline", ResultStatus.FAIL, f"the rows could not be planned: {exc}"), False
     t0 = time.perf_counter()
+    progress.pipeline_ends_run = True
     report, _timing = execute_plan(plan, settings, trigger=f"bring-up {req.source.name}", run_id=run_id)
     rung = judge_pipeline(plan, report)
     rung.duration_s = time.perf_counter() - t0

@@ -8,20 +8,25 @@ from __future__ import annotations
 import json
 import os
 import platform as host_platform
+import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest, checkpoint_revision
 from flows.docs_render import write_atomic
 from flows.escape import markdown_text
 from results.models import ResultStatus
-from tasks.bringup import RUNGS, Rung
+from tasks.bringup import LAYERS_DIR, RUNG_FILES, RUNGS, Rung
 
 if TYPE_CHECKING:
     from flows.bringup import Request
 
 SCHEMA = "edgefarm.bringup/1"
+# every name the ladder writes in its report directory (rungs 1-6, then the report)
+EVIDENCE_FILES = (*RUNG_FILES, "report.json", "report.md")
 EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input: 2 (ConfigurationError, before any rung)
 _SHOWN = {ResultStatus.PASS: "✓ pass", ResultStatus.FAIL: "✗ fail", ResultStatus.ERROR: "✗ error",
           ResultStatus.NOT_APPLICABLE: "– not applicable", ResultStatus.SKIPPED: "· not climbed"}
@@ -53,6 +58,26 @@ def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path)
         "rungs": [r.to_json() for r in climbed],
         "gaps": _gaps(climbed),
     }
+
+
+def clear_planted(report_dir: Path) -> None:
+    """Before any rung, every name the ladder writes in ``report_dir`` is removed: a link or node someone planted
+    (unlinked, never followed) and a previous ladder's files and ``layers/``, so the directory holds only this
+    ladder's evidence; a directory where a file goes is refused (exit 2). The evidence is then written to fresh
+    files (``tasks.bringup``)."""
+    for name in (*EVIDENCE_FILES, LAYERS_DIR):
+        path = report_dir / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and name == LAYERS_DIR:
+            shutil.rmtree(path)  # a previous ladder's work; links inside are removed, not followed
+        elif stat.S_ISDIR(st.st_mode):
+            raise ConfigurationError(f"--report {report_dir}: {name} is a directory; the bring-up writes a file "
+                                     f"there: remove it or give another --report")
+        else:
+            path.unlink()
 
 
 def write_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
+from edgellm.files import write_text_atomic
 from results.models import ResultStatus
 from toolchains.base import NotOffered, ToolchainDriver
 
@@ -34,6 +35,10 @@ TITLES = {
     "pipeline": "Export, build, infer, accuracy, bench",
 }
 PASSING_CLASSIFICATIONS = ("configuration-only variant", "alias")  # edgellm.checkpoint.closest: no new structure
+# the files rungs 1-6 write in the report directory, and the few-layer test's work directory there
+RUNG_FILES = ("inventory.json", "closest.json", "registry.json", "reconciliation.json", "reference.npz",
+              "layers_check.json")
+LAYERS_DIR = "layers"
 TENSOR_DIFFERENCES = ("missing tensor ", "unexpected tensor ", "wrong-shape tensor ")  # its tensor-only deciding items
 
 
@@ -71,7 +76,8 @@ def timed(name: str, body: Callable[[], Rung]) -> Rung:
 
 
 def _write(out_dir: Path, name: str, data: dict[str, Any]) -> str:
-    (out_dir / name).write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    """A fresh file replacing ``name`` (a link planted there is refused, never written through)."""
+    write_text_atomic(out_dir / name, json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     return name
 
 
@@ -210,8 +216,12 @@ def few_layers(checkpoint: Path, layers: int, drivers: Sequence[ToolchainDriver]
         return Rung("few_layers", ResultStatus.NOT_APPLICABLE,
                     f"the checkpoint is already quantized ({quantized}): the few-layer test compares fp32 exports of "
                     f"float checkpoints with their reference")
-    work = out_dir / "layers"
-    work.mkdir(exist_ok=True)
+    work = out_dir / LAYERS_DIR
+    try:
+        work.mkdir()  # fresh: the flow removed whatever was there (clear_planted)
+    except FileExistsError:
+        raise ConfigurationError(f"{work}: appeared while the ladder ran (planted?); refusing to write through "
+                                 f"it") from None
     found = layers_check(checkpoint, out_dir / "reference.npz", layers, work_dir=work)
     evidence: dict[str, Any] = {"numeric": {"toolchain": "edgellm", "file": _write(out_dir, "layers_check.json", found),
                                             "passed": found["passed"], "failed_checks": found["failed_checks"],

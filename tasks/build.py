@@ -5,7 +5,8 @@ the device, what the toolchain adds of the device's install (route, stand-in) an
 the runtime library's release), build parameters); an engine is remembered only once its precision was read back.
 The product is an engine manifest (``tasks.engines.DeviceEngine``): the engine itself is sealed into the building
 device's cache and never crosses back, but for the files the toolchain reads back to check it (and all of it when
-``fetch_engines`` asks). A hit counts only while its device still holds the engine (``engine_present``). The
+``fetch_engines`` asks). A hit counts only while its device still holds the engine, re-hashed there to the digest
+the farm recorded when it built it (``engine_present``; an entry that differs is evicted and built again). The
 toolchain driver says how to build, where the engine lands and how its precision is read back (never a fixed
 backend: a platform runs only the toolchains its device type names). The precision read back from the built engine
 must be the one asked for.
@@ -113,7 +114,8 @@ def _route_devices(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, route: 
 
 def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
     """Whether a cached engine manifest's engine can still be used: its bytes are in the store, or its device is in
-    the inventory, not quarantined and still holds it (a miss builds it again)."""
+    the inventory, not quarantined and still holds it, hashing to the digest the farm recorded (a miss builds it
+    again)."""
     farm = Farm.get(ctx)
     try:
         engine = engines.load(farm, ref)
@@ -122,8 +124,8 @@ def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
         device = farm.inventory.devices.get(engine.device)
         if device is None:
             return False
-        with open_transport(device) as transport:
-            return engines.present(transport, engine.digest)
+        with open_transport(device) as transport:  # re-hashed against the farm's digest; a mismatch is evicted
+            return engines.verified(device, transport, engine.digest)
     except (EdgeLLMError, OSError) as exc:
         log.info("build %s: cached engine %s not usable: %s", job.key, ref.sha256[:12], str(exc).splitlines()[0])
         return False

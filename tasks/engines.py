@@ -4,10 +4,12 @@ A build leaves its engine dir in the device's cache as ``cache/<digest>``, seale
 ``sha256sum`` lines of its files, made by the agent while hashing), where ``digest`` is the sha256 of that seal (the
 tree digest). The farm keeps a small manifest instead of the engine (:class:`DeviceEngine`, an ``engine_manifest``
 artifact: the build cache's product); only the files the toolchain reads back to check the engine come back
-(``ToolchainDriver.engine_readback``), beside ``ENGINE_LISTING`` (every file's size and sha256). Infer, accuracy
-and bench run on the device holding the engine and use ``cache/<digest>``, checked for presence (its seal and file
-count), never re-hashed. An engine's bytes reach the store only when a policy asks (``fetch_engines``); such an
-engine can also run on any device of its platform (staged from the store like any input).
+(``ToolchainDriver.engine_readback``), beside ``ENGINE_LISTING`` (every file's size and sha256). An engine a later
+run reuses (a build cache hit) is re-hashed on its device first and must match the digest the farm recorded
+(:func:`verified`; else it is evicted and built again). Infer, accuracy and bench run on the device holding the
+engine and use ``cache/<digest>``, checked for presence (its seal and file count): it was hashed by this run. An
+engine's bytes reach the store only when a policy asks (``fetch_engines``); such an engine can also run on any
+device of its platform (staged from the store like any input).
 
 Every cache entry a run uses is marked in use for that run (``cache/.inuse/<sha>.run-<id>``, which the agent's
 eviction honours) and touched (its last use); the run's markers are removed when it ends (and expire after the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import re
 import shlex
 from collections.abc import Iterable
@@ -31,12 +34,13 @@ from artifacts.store import ArtifactRef
 from devices import agent_client
 from devices.inventory import Device
 from devices.transport import RemoteNameError, Transport
-from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.errors import BugError, ConfigurationError, InfrastructureError
 from tasks import device_cache
 from tasks.farm import Farm
 from toolchains.base import ENGINE_LISTING, DeviceStep, ToolchainDriver
 
 SCHEMA = 2  # 2: the ONNX it was built from (to build it again when its device is lost)
+log = logging.getLogger(__name__)
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
@@ -135,6 +139,27 @@ def holders(farm: Farm, engine: DeviceEngine) -> list[str] | None:
 
 def present(transport: Transport, digest: str) -> bool:
     return transport.run(["sh", "-c", _PRESENT, "sh", digest], timeout=600).ok
+
+
+def verified(device: Device, transport: Transport, digest: str) -> bool:
+    """Whether ``cache/<digest>`` on ``device`` may be reused: present, and its files hashing (by the agent, now) to
+    ``digest``, the tree digest the farm recorded when the engine was built (its :class:`DeviceEngine` manifest in
+    the store; the board's seal and the engine's own manifest are files the board can rewrite, so neither is asked).
+    An entry that fails is evicted, so the build misses and makes it again instead of every later run using it."""
+    if not present(transport, digest):
+        return False
+    try:
+        found = agent_client.run(device, transport, "hash", device_cache.entry(digest), "--within", "cache",
+                                 timeout=device_cache.CHECK_TIMEOUT_S)
+        now = str(found.get("sha256")) if found.get("kind") == "tree" else f"not a tree ({found.get('kind')})"
+    except BugError as exc:  # the agent refused what is there (a link or special file planted in the entry)
+        now = str(exc).splitlines()[0]
+    if now == digest:
+        return True
+    log.warning("%s: engine cache/%s does not hash to the digest the farm recorded when it was built (now: %s): "
+                "evicted, building it again", device.id, digest[:12], now[:200])
+    device_cache.evict(transport, digest)
+    return False
 
 
 def locate(farm: Farm, device: Device, transport: Transport, engine: DeviceEngine) -> str:

@@ -21,7 +21,7 @@ from stages.variant import (
     SpecRole,
     Speculative,
 )
-from test_lists.catalog import Catalog
+from test_lists.catalog import Catalog, ModelSource
 from test_lists.schema import TestSpec
 from test_lists.testlist import TestEntry
 
@@ -30,6 +30,13 @@ def features(spec: TestSpec, catalog: Catalog) -> tuple[Features, list[tuple[str
     """The entry's features and every (field, problem) found: a named part unknown to the catalog or of another
     role, a rank or size the catalog cannot tell."""
     problems: list[tuple[str, str]] = []
+    lineage = _lineage(spec.model, catalog)
+    if lineage and (own := catalog.get(spec.model).role) != "checkpoint":
+        made_for = catalog.get(spec.model).base
+        problems.append(("model", f"model {spec.model!r} is a {own.replace('_', ' ')} in the catalog; a row's model "
+                                  f"names a checkpoint" + (f" (name it in a row of {made_for.name!r})" if made_for
+                                                           else "")))
+        lineage = ()
 
     def part(field: str, name: str, role: str) -> bool:
         if name not in catalog:
@@ -40,6 +47,9 @@ def features(spec: TestSpec, catalog: Catalog) -> tuple[Features, list[tuple[str
         if found != role:
             problems.append((field, f"{field} {name!r} is a {found.replace('_', ' ')} in the catalog; {field} names "
                                     f"a {role.replace('_', ' ')}"))
+            return False
+        if lineage and (why := _made_for_another(field, name, role, spec.model, lineage, catalog)) is not None:
+            problems.append((field, why))
             return False
         return True
 
@@ -73,6 +83,36 @@ def features(spec: TestSpec, catalog: Catalog) -> tuple[Features, list[tuple[str
         problems.append(("components", str(exc)))
         made = PLAIN
     return made, problems
+
+
+def _lineage(model: str, catalog: Catalog) -> tuple[str, ...]:
+    """``model`` and the models it was made from (the catalog's ``base:``: a pre-quantized checkpoint's float
+    model): a part made for any of them fits its rows. Empty when the catalog does not know ``model``."""
+    if model not in catalog:
+        return ()
+    found: list[str] = []
+    src: ModelSource | None = catalog.get(model)
+    while src is not None and src.name not in found:
+        found.append(src.name)
+        src = src.base
+    return tuple(found)
+
+
+def _made_for_another(field: str, name: str, role: str, model: str, lineage: tuple[str, ...],
+                      catalog: Catalog) -> str | None:
+    """Why part ``name`` does not belong with rows of ``model`` (a draft, adapter or vocabulary is made for one
+    base: its catalog ``base:``), naming the parts that do; None when it does."""
+    made_for = catalog.get(name).base
+    if made_for is not None and made_for.name in lineage:
+        return None
+    fits = sorted(n for n, src in catalog.sources.items()
+                  if src.base is not None and src.base.name in lineage and src.role == role)
+    valid = f"valid for {model!r}: {', '.join(fits)}" if fits else f"the catalog has no {role.replace('_', ' ')} " \
+                                                                    f"made for {model!r}"
+    if made_for is None:
+        return (f"{field} {name!r} names no base: in the catalog, so its pairing with {model!r} cannot be checked; "
+                f"give it base: (the model it was made for); {valid}")
+    return f"{field} {name!r} was made for {made_for.name!r} (its catalog base:), not for {model!r}; {valid}"
 
 
 def rows(entry: TestEntry) -> list[TestEntry]:

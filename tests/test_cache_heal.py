@@ -155,3 +155,52 @@ def test_dead_uploads_are_swept_from_the_device_cache(local_farm) -> None:
     with open_transport(device) as link:
         device_env_info(farm, device, link)  # a run's first contact with the device sweeps too
     assert not dead_file.exists() and writing.exists()
+
+
+def _reseal(entry: Path, seal: Path) -> None:
+    """What a board that rewrites evidence does: the entry's own seal made to match its (changed) files."""
+    import hashlib
+
+    lines = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  ./{p.relative_to(entry).as_posix()}\n"
+             for p in sorted(entry.rglob("*"), key=lambda p: "./" + p.relative_to(entry).as_posix()) if p.is_file()]
+    seal.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("rewrite", ["weights only", "weights, engine manifest and the board's seal"])
+def test_a_reused_engine_must_match_the_farm_s_digest_else_it_is_evicted_and_built_again(
+        local_farm, rewrite: str) -> None:
+    """Issue 40 item 3: a cached engine with one weight byte flipped (and, by a hostile board, its own
+    engine_manifest.json and cache seal rewritten to match) is no build cache hit: the entry is re-hashed against the
+    digest the farm recorded when it built it, evicted, and the build runs again; an untouched entry is reused."""
+    import hashlib
+    import json
+    from types import SimpleNamespace
+
+    from tasks import engines
+    from tasks.build import engine_present
+
+    farm, device, work = local_farm
+    built = work / "jobs" / "j1" / "engine"
+    built.mkdir(parents=True)
+    weights = os.urandom(4096)
+    (built / "rank0.engine").write_bytes(weights)
+    (built / "engine_manifest.json").write_text(json.dumps(
+        {"files": {"rank0.engine": hashlib.sha256(weights).hexdigest()}}))
+    job = SimpleNamespace(key="j")
+    with open_transport(device) as link:
+        sealed = engines.seal_built(farm, device, link, "jobs/j1")
+        ref = engines.store(farm, engines.DeviceEngine(
+            digest=sealed.digest, device=device.id, platform="x86-cpu", toolchain="edgellm-ort",
+            toolchain_version="1", bytes=sealed.bytes, files=sealed.files, onnx="b" * 64))
+        assert engine_present(farm.ctx, job, ref)  # untouched: reused
+        entry, seal = work / "cache" / sealed.digest, work / "cache" / f"{sealed.digest}.sha256sums"
+        flipped = bytearray(weights)
+        flipped[100] ^= 0x01
+        (entry / "rank0.engine").write_bytes(bytes(flipped))
+        if rewrite != "weights only":
+            (entry / "engine_manifest.json").write_text(json.dumps(
+                {"files": {"rank0.engine": hashlib.sha256(bytes(flipped)).hexdigest()}}))
+            _reseal(entry, seal)
+        assert engines.present(link, sealed.digest)  # the board's own evidence still says it is whole
+        assert not engine_present(farm.ctx, job, ref)  # the farm's digest does not: a miss, so the build runs again
+        assert not entry.exists() and not seal.exists()  # evicted: healed by that build, not failed every night

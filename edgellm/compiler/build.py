@@ -91,6 +91,10 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manif
     if params.max_seq_len > cfg.max_position_embeddings:
         raise ConfigurationError(f"max_seq_len {params.max_seq_len} exceeds the model's max_position_embeddings "
                                  f"{cfg.max_position_embeddings}")
+    held = export_manifest.get("rotary_positions", cfg.max_position_embeddings)  # older exports: the config's
+    if isinstance(held, int) and params.max_seq_len > held:
+        raise ConfigurationError(f"max_seq_len {params.max_seq_len} exceeds the {held} positions the export's RoPE "
+                                 f"tables hold; valid: 1..{held} (export with a larger max_positions)")
     window = family.sliding_window(cfg)
     if window is not None and params.max_seq_len > window:
         raise UnsupportedError(f"{family.name}: sliding_window {window} is not implemented (full attention only); "

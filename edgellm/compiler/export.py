@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from edgellm import __version__
+from edgellm.backends.base import MAX_SEQ_LEN
 from edgellm.compiler.files import file_table, staged_dir, tree_sha256, write_json
-from edgellm.config import ModelConfig, QuantConfig, read_json_object
+from edgellm.config import ModelConfig, QuantConfig, read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.models import family_for
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
@@ -60,8 +61,19 @@ DATA_FILE = "model.onnx.data"
 EXPORT_MANIFEST = "export_manifest.json"
 GENERATION_SETTINGS = "edgellm_generation.json"
 LOGITS_POSITIONS = "logits_positions"
+# The most positions an export's RoPE tables hold unless asked for more (``max_positions``): 4x the longest engine
+# the test lists build (8192); the tables of a 10M-position config are gigabytes, the rest of a tiny export kilobytes.
+EXPORT_MAX_POSITIONS = 1 << 15
 RUNTIME_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "chat_template.jinja", "generation_config.json")
+
+
+def rotary_positions(max_position_embeddings: int, max_positions: int = EXPORT_MAX_POSITIONS) -> int:
+    """How many positions the export's RoPE tables hold: the config's context bounded by the export's, so a
+    10M-position config on a tiny checkpoint exports small (its tables followed the config: 258 MB for 2**23)."""
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or not 1 <= max_positions <= MAX_SEQ_LEN:
+        raise ConfigurationError(f"max_positions {max_positions!r}: expected an integer from 1 to {MAX_SEQ_LEN}")
+    return min(max_position_embeddings, max_positions)
 
 
 def input_names(num_layers: int) -> list[str]:
@@ -170,9 +182,11 @@ def _resolve_precision(ckpt_dir: Path, quant: QuantConfig, asked: Precision | No
 def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision | None = None, *,
                       lm_head_precision: LMHeadPrecision | str | None = None,
                       kv_cache_precision: KVCachePrecision | str | None = None,
-                      overwrite: bool = False) -> dict[str, Any]:
+                      max_positions: int = EXPORT_MAX_POSITIONS, overwrite: bool = False) -> dict[str, Any]:
     """Export ``ckpt_dir`` to ``onnx_dir``; returns the export manifest. Nothing is written on failure.
-    ``precision`` None: the checkpoint's quantization method, else fp32."""
+    ``precision`` None: the checkpoint's quantization method, else fp32. The RoPE tables hold
+    ``min(max_position_embeddings, max_positions)`` positions (``rotary_positions`` in the manifest): an engine
+    built from it holds at most that many."""
     import onnx
     import torch
 
@@ -191,6 +205,8 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     lm_head, kv_cache = check_variant(precision, lm_head_precision, kv_cache_precision)
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise ConfigurationError(f"{ckpt_dir}: tokenizer.json not found (the runtime needs it)")
+    if (too_large := tokenizer_size_problem(ckpt_dir / "tokenizer.json")) is not None:
+        raise ConfigurationError(too_large)  # before it is copied into the export
     started = time.perf_counter()
     # The checkpoint digest (hashing ~all its bytes) runs beside loading and tracing; hashlib releases the GIL.
     pool = ThreadPoolExecutor(max_workers=1)
@@ -205,7 +221,8 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
         opset = max([OPSET, *(method(p.value).opset for p in {lin.precision for lin in layout.quantized})])
     else:
         model = Decoder.from_weights(cfg, family, load_weights(ckpt_dir, family, cfg), dtype=dtype)
-    model.use_rotary_tables(cfg.max_position_embeddings)  # com.microsoft.RotaryEmbedding, tables as initializers
+    positions = rotary_positions(cfg.max_position_embeddings, max_positions)
+    model.use_rotary_tables(positions)  # com.microsoft.RotaryEmbedding, tables as initializers
     if dtype == torch.float32:  # com.microsoft.GroupQueryAttention (its padding mask is additive: fp32 only)
         model.use_fused_attention()
     model.trace_shapes_only()  # the trace needs operations and shapes, not the weights' products
@@ -265,6 +282,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
                 "files": ckpt_files,
             },
             "model": {**cfg.summary(), "family": family.name, "sliding_window": family.sliding_window(cfg)},
+            "rotary_positions": positions,
             "io": {"inputs": ins, "outputs": outs},
             "export_seconds": round(export_s, 3),
             "created_unix": int(time.time()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgellm.config import tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 
 
@@ -16,6 +17,8 @@ class TextCodec:
 
         if not Path(tokenizer_file).is_file():
             raise ConfigurationError(f"{tokenizer_file}: tokenizer file not found")
+        if (too_large := tokenizer_size_problem(tokenizer_file)) is not None:
+            raise ConfigurationError(too_large)
         try:
             self.tok = Tokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the tokenizers library raises a plain Exception on bad JSON
