@@ -66,7 +66,7 @@ from urllib3.exceptions import HTTPError
 from artifacts.cache import ContentMismatch, ReadThroughCache
 from artifacts.inuse import remove_stale
 from artifacts.kinds import ArtifactKind, Packing
-from artifacts.location import S3Location, redact_url
+from artifacts.location import S3Location, unseen
 from artifacts.store import (
     SHA256_RE,
     ArtifactRef,
@@ -83,6 +83,7 @@ from artifacts.store import (
 )
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.files import atomic_output
+from edgellm.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class S3ArtifactStore:
 
     @property
     def where(self) -> str:
-        return redact_url(self.endpoint) if self.endpoint else f"AWS S3 ({self.region})"
+        return redact(self.endpoint) if self.endpoint else f"AWS S3 ({self.region})"
 
     def _blob_key(self, sha256: str) -> str:
         check_sha(sha256)
@@ -177,7 +178,7 @@ class S3ArtifactStore:
         raise StoreError(f"S3 {op} {where} at {self.where} failed {self.retry.attempts} time(s): {reason}")
 
     def _classify(self, exc: Exception, op: str, where: str) -> EdgeLLMError | _Retryable:
-        text = redact_url(" ".join(str(exc).split()))[:300]
+        text = redact(" ".join(str(exc).split()))[:300]
         if isinstance(exc, ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -610,8 +611,11 @@ def _make_client(location: S3Location, environ: Mapping[str, str], endpoint: str
                                                         ("AWS_SECRET_ACCESS_KEY", secret)) if not value)
         raise ConfigurationError(f"artifact store {location.url}: {missing} not set; the store takes its "
                                  f"credentials from {_SET_CREDENTIALS} only (never from the URL)")
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ConfigurationError(f"bad AWS_ENDPOINT_URL {redact_url(endpoint)!r}: need http(s)://HOST[:PORT]")
+    if endpoint is not None and (not endpoint.startswith(("http://", "https://")) or unseen(endpoint)
+                                 or any(c in endpoint for c in "@?#")):
+        raise ConfigurationError(f"bad AWS_ENDPOINT_URL {redact(endpoint)!r}: need http(s)://HOST[:PORT] (no "
+                                 f"credentials, query or control characters: the credentials go in "
+                                 f"{_SET_CREDENTIALS})")
     config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=min(timeout_s, 10),
                     read_timeout=timeout_s, max_pool_connections=max(10, 2 * concurrency),
                     s3={"addressing_style": "path" if endpoint else "auto"})

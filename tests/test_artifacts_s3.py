@@ -300,7 +300,7 @@ def test_a_store_outage_while_staging_inputs_blames_no_device(moto_s3: MotoServe
 
 
 @pytest.mark.parametrize(("url", "message"), [
-    ("s3://AKIAEXAMPLE:hunter2@bucket/x", r"'s3://\*\*\*@bucket/x'.*credentials do not go in the URL"),
+    ("s3://AKIAEXAMPLE:hunter2@bucket/x", r"'s3://AKIAEXAMPLE:\*\*\*@bucket/x'.*credentials do not go in the URL"),
     ("s3://bucket/x?secret=hunter2", r"secret=\*\*\*.*no query"),
     ("s3://", "no bucket"),
     ("s3://Bad_Bucket/x", "bad S3 bucket name 'Bad_Bucket'"),

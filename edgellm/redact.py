@@ -1,0 +1,45 @@
+"""Secrets hidden in text meant for people (messages, logs, parameters), in one place: every URL's password and
+every credential-like ``key=value``, whatever characters the secret holds.
+
+- userinfo: ``scheme://user:secret@host`` shows ``user:***@host``; a userinfo without ``:`` is a user name
+  (shown) unless it looks like a token used as one (longer than 16 characters, or holding ``/+=%@``): hidden
+  whole. The userinfo runs to the *last* ``@`` of the URL, so a secret holding ``/``, ``+``, ``:`` or ``@`` (AWS
+  secret keys hold ``/`` and ``+``) never shows in part. A URL ends at whitespace or a quote.
+- ``key=value`` pairs after ``?``, ``&``, ``;``, ``,``, whitespace or the start (URL queries, libpq's keyword form,
+  an ``Authorization`` header's ``Credential=...``) whose key (percent-decoded) names a credential: password, pwd,
+  secret, token, auth, signature, sig, credential, access key, api key (``X-Amz-Signature``, ``X-Amz-Credential``,
+  ``X-Amz-Security-Token``, ``AWSAccessKeyId``, ``sslpassword``, ``PGPASSWORD``...).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+HIDDEN = "***"
+# scheme:// then the userinfo: anything but whitespace and quotes, greedy, up to the URL's last '@'
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s'\"<>`]*)@")
+_PLAIN_USER = re.compile(r"[A-Za-z0-9._~-]*")
+_LONGEST_USER = 16
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|auth|signature|credential|access[_-]?key|api[_-]?key|^sig$",
+                         re.IGNORECASE)
+_PAIR = re.compile(r"(?P<lead>(?:^|[?&;,\s])\s*)(?P<key>[^=&;,?#\s'\"]+)(?P<eq>\s*=\s*)"
+                   r"(?P<value>'[^']*'|\"[^\"]*\"|[^&;,#\s'\"]*)")
+
+
+def _userinfo(m: re.Match[str]) -> str:
+    user, colon, _secret = m["userinfo"].partition(":")
+    if not _PLAIN_USER.fullmatch(user) or (not colon and len(user) > _LONGEST_USER):
+        return f"{m['scheme']}{HIDDEN}@"
+    return f"{m['scheme']}{user}{colon and ':' + HIDDEN}@"
+
+
+def _pair(m: re.Match[str]) -> str:
+    if not m["value"] or not _SECRET_KEY.search(unquote(m["key"]).replace("+", "")):
+        return m.group()
+    return f"{m['lead']}{m['key']}{m['eq']}{HIDDEN}"
+
+
+def redact(text: object) -> str:
+    """``text`` (made a string) with the secrets of every URL and credential-like pair in it hidden."""
+    return _PAIR.sub(_pair, _USERINFO.sub(_userinfo, str(text)))
