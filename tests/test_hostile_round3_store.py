@@ -5,19 +5,28 @@ control characters is refused."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
+from botocore.response import StreamingBody
 from typer.testing import CliRunner
 
+from artifacts.kinds import ArtifactKind
 from artifacts.location import S3Location, open_store
 from artifacts.s3 import Retry, S3ArtifactStore
-from artifacts.store import StoreError
-from edgellm.errors import ConfigurationError
+from artifacts.store import CorruptArtifactError, StoreError
+from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import redact
 from flows.cli import app
+from tests.fixtures.moto import MotoServer
+from tests.test_cli_show import _farm
 
 AWS_SECRET = "wJalr/K7MD+bPx"  # AWS secret keys hold '/' and '+'
 FAST = Retry(attempts=5, base_s=0.0, max_s=0.0)
@@ -109,3 +118,137 @@ def test_a_url_with_control_characters_is_refused_naming_it_escaped(url: str, es
     code, output = _show(tmp_path, {"EDGEFARM_ARTIFACTS": url})
     assert code == 2, output
     assert escaped in output and "control or invisible character" in output and "valid: " in output, output
+
+
+# --- 1. a reader never deletes evidence; 4. a put never returns a reference to bad bytes -------------------------
+
+PART = 128 * 1024
+
+
+class Damage:
+    """A transfer that flips one byte of what GetObject hands over (after botocore, so its response checksums
+    cannot see it), for the next ``times`` blob reads; ``vary``: a different byte each time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int, *, vary: bool = False) -> None:
+        self.left, self.done = times, 0
+        original = StreamingBody.iter_chunks
+
+        def iter_chunks(body: StreamingBody, chunk_size: int = 1024) -> Iterator[bytes]:
+            damage = self.left > 0
+            if damage:
+                self.left, self.done = self.left - 1, self.done + 1
+            for i, chunk in enumerate(original(body, chunk_size)):
+                if damage and i == 0 and chunk:
+                    at = self.done % len(chunk) if vary else 0
+                    chunk = chunk[:at] + bytes([chunk[at] ^ 0xFF]) + chunk[at + 1:]
+                yield chunk
+
+        monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")  # MinIO/Ceph settings
+        monkeypatch.setattr(StreamingBody, "iter_chunks", iter_chunks)
+
+
+def _s3(server: MotoServer, bucket: str, cache: Path) -> S3ArtifactStore:
+    return S3ArtifactStore(S3Location(bucket, "farm"), cache_dir=cache, cache_bytes=64 << 20, environ=server.env(),
+                           part_size=PART, retry=Retry(attempts=3, base_s=0.01, max_s=0.02))
+
+
+def _objects(server: MotoServer, bucket: str, prefix: str) -> dict[str, bytes]:
+    client = server.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return {k: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def _rot(server: MotoServer, bucket: str, sha: str, size: int) -> bytes:
+    """The object's bytes replaced, same size and metadata: only its bytes say it is wrong."""
+    bad = os.urandom(size)
+    server.client().put_object(Bucket=bucket, Key=f"farm/sha256/{sha[:2]}/{sha[2:]}", Body=bad,
+                               Metadata={"sha256": sha})
+    return bad
+
+
+def test_a_transfer_damaged_once_is_fetched_again_and_served(moto_s3: MotoServer, s3_bucket: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    data = os.urandom(2 * PART)
+    ref = _s3(moto_s3, s3_bucket, tmp_path / "producer").put(data, ArtifactKind.ENGINE)
+    before = _objects(moto_s3, s3_bucket, "farm/sha256/")
+    Damage(monkeypatch, times=1)
+    with caplog.at_level(logging.WARNING, logger="artifacts.s3"):
+        assert _s3(moto_s3, s3_bucket, tmp_path / "reader").read_bytes(ref.sha256) == data
+    assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before  # nothing removed
+    assert _objects(moto_s3, s3_bucket, "farm/quarantine/") == {}  # nothing judged corrupt
+    assert any("fetched again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_transfer_damaged_every_time_is_the_networks_fault_and_removes_nothing(
+        moto_s3: MotoServer, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(2 * PART)
+    ref = _s3(moto_s3, s3_bucket, tmp_path / "producer").put(data, ArtifactKind.ENGINE)
+    before = _objects(moto_s3, s3_bucket, "farm/sha256/")
+    Damage(monkeypatch, times=99, vary=True)
+    reader = _s3(moto_s3, s3_bucket, tmp_path / "reader")
+    with pytest.raises(StoreError, match="damaged on the way") as err:
+        reader.read_bytes(ref.sha256)
+    assert not isinstance(err.value, CorruptArtifactError) and isinstance(err.value, InfrastructureError)
+    assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before
+    assert _objects(moto_s3, s3_bucket, "farm/quarantine/") == {}
+
+
+def test_a_corrupt_object_is_quarantined_never_deleted(moto_s3: MotoServer, s3_bucket: str, tmp_path: Path) -> None:
+    data = os.urandom(2 * PART)
+    ref = _s3(moto_s3, s3_bucket, tmp_path / "producer").put(data, ArtifactKind.ENGINE)
+    bad = _rot(moto_s3, s3_bucket, ref.sha256, len(data))
+    reader = _s3(moto_s3, s3_bucket, tmp_path / "reader")
+    with pytest.raises(CorruptArtifactError, match="copied aside"):
+        reader.read_bytes(ref.sha256)
+    assert not reader.has(ref.sha256)  # a miss: its stage runs again
+    assert list(_objects(moto_s3, s3_bucket, "farm/sha256/").values()) == [bad]  # kept where it was
+    aside = _objects(moto_s3, s3_bucket, "farm/quarantine/")
+    copies = [v for k, v in aside.items() if not k.endswith(".json")]
+    records = [json.loads(v) for k, v in aside.items() if k.endswith(".json")]
+    assert copies == [bad] and len(records) == 1  # once per object, however often it is read
+    assert records[0]["sha256"] == ref.sha256 and records[0]["content_sha256"] == hashlib.sha256(bad).hexdigest()
+    assert records[0]["found_by"] == "a read"
+
+
+def test_a_put_over_a_corrupt_copy_replaces_it_and_keeps_the_evidence(moto_s3: MotoServer, s3_bucket: str,
+                                                                     tmp_path: Path) -> None:
+    data = os.urandom(2 * PART)
+    ref = _s3(moto_s3, s3_bucket, tmp_path / "first").put(data, ArtifactKind.ENGINE)
+    bad = _rot(moto_s3, s3_bucket, ref.sha256, len(data))
+    again = _s3(moto_s3, s3_bucket, tmp_path / "second").put(data, ArtifactKind.ENGINE)  # HEAD looks right
+    assert again == ref
+    assert list(_objects(moto_s3, s3_bucket, "farm/sha256/").values()) == [data]  # the reference is to good bytes
+    assert _s3(moto_s3, s3_bucket, tmp_path / "reader").read_bytes(ref.sha256) == data
+    copies = [v for k, v in _objects(moto_s3, s3_bucket, "farm/quarantine/").items() if not k.endswith(".json")]
+    assert copies == [bad]
+
+    truncated = data[:PART]  # another size: not even read, but kept aside before it is replaced
+    moto_s3.client().put_object(Bucket=s3_bucket, Key=f"farm/sha256/{ref.sha256[:2]}/{ref.sha256[2:]}",
+                                Body=truncated)
+    assert _s3(moto_s3, s3_bucket, tmp_path / "third").put(data, ArtifactKind.ENGINE) == ref
+    assert list(_objects(moto_s3, s3_bucket, "farm/sha256/").values()) == [data]
+    copies = [v for k, v in _objects(moto_s3, s3_bucket, "farm/quarantine/").items() if not k.endswith(".json")]
+    assert sorted(copies) == sorted([bad, truncated])
+
+
+def test_show_over_a_damaged_transfer_removes_nothing(tmp_path: Path, s3_env: dict[str, str], s3_bucket: str,
+                                                     moto_s3: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, data = f"s3://{s3_bucket}/farm", tmp_path / "data"
+    store = open_store(url, data, environ=s3_env)
+    try:
+        refs = _farm(data, store)
+    finally:
+        store.close()
+    shutil.rmtree(data / "artifact-cache")  # what show reads comes from the bucket
+    before = _objects(moto_s3, s3_bucket, "farm/sha256/")
+    log_id = f"log:{refs['log'].sha256[:12]}"
+    Damage(monkeypatch, times=1)
+    result = CliRunner().invoke(app, ["show", log_id, "--tail", "1", "--data-dir", str(data)],
+                                env={"EDGEFARM_ARTIFACTS": url})
+    assert result.exit_code == 0 and result.stdout == "last line\n", result.output
+    Damage(monkeypatch, times=99)  # the same byte every time: judged corrupt, yet nothing is removed
+    shutil.rmtree(data / "artifact-cache")
+    result = CliRunner().invoke(app, ["show", log_id, "--data-dir", str(data)], env={"EDGEFARM_ARTIFACTS": url})
+    assert result.exit_code == 3 and "corrupt" in result.output, result.output
+    assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before
