@@ -22,6 +22,7 @@ from artifacts.kinds import ArtifactKind
 from artifacts.location import S3Location, open_store
 from artifacts.s3 import Retry, S3ArtifactStore
 from artifacts.store import CorruptArtifactError, StoreError
+from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import redact
 from flows.cli import app
@@ -252,3 +253,44 @@ def test_show_over_a_damaged_transfer_removes_nothing(tmp_path: Path, s3_env: di
     result = CliRunner().invoke(app, ["show", log_id, "--data-dir", str(data)], env={"EDGEFARM_ARTIFACTS": url})
     assert result.exit_code == 3 and "corrupt" in result.output, result.output
     assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before
+
+
+# --- 7. stage commands on a local device get no credential of ours -----------------------------------------------
+
+CREDENTIALS = {
+    "AWS_SECRET_ACCESS_KEY": AWS_SECRET, "AWS_ACCESS_KEY_ID": "AKIAX", "AWS_SESSION_TOKEN": "s3ss10n",
+    "EDGEFARM_DB_URL": "postgresql+psycopg://farm:pw0rd@db/edgefarm", "PGPASSWORD": "pgpw0rd",
+    "GITHUB_TOKEN": "ghp_t0ken", "HF_TOKEN": "hf_t0ken", "VENDOR_API_KEY": "k3y", "SERVICE_PASSWORD": "sp4ss",
+    "MY_CLIENT_SECRET": "cl13nt", "PREFECT_API_AUTH_STRING": "admin:4uth", "SSH_AUTH_SOCK": "/tmp/agent.sock",
+    "HTTPS_PROXY": "http://proxyuser:pr0xypw@proxy.example:3128",  # a secret in the value, not the name
+}
+
+
+def test_a_stage_command_on_a_local_device_gets_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # no credential, though its name starts like one
+    transport = LocalTransport("local-cpu", tmp_path, env={"DEVICE_SETTING": "from the inventory"})
+    result = transport.run(["env"], timeout=60, env={"STEP_SETTING": "from the step"})
+    assert result.ok, result.stderr
+    seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert sorted(set(CREDENTIALS) & set(seen)) == []
+    for value in CREDENTIALS.values():
+        assert value not in result.stdout
+    assert seen["PATH"] == os.environ["PATH"] and seen["TOKENIZERS_PARALLELISM"] == "false"
+    assert seen["DEVICE_SETTING"] == "from the inventory" and seen["STEP_SETTING"] == "from the step"
+
+
+def test_a_host_tool_of_a_toolchain_gets_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolchains.onnxruntime_genai.export import offline_env
+    from toolchains.tensorrt_edgellm.process import run_tool
+
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    run = run_tool(["env"], env={"HF_HUB_OFFLINE": "1"}, log=tmp_path / "env.log", timeout=60)
+    text = (tmp_path / "env.log").read_text()
+    assert run.returncode == 0 and "HF_HUB_OFFLINE=1" in text and "PATH=" in text
+    builder = offline_env(tmp_path)
+    assert builder["HF_HUB_OFFLINE"] == "1" and builder["PATH"] == os.environ["PATH"]
+    for name, value in CREDENTIALS.items():
+        assert value not in text and name not in builder, name
