@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from artifacts.kinds import ArtifactKind
 from artifacts.location import S3Location, open_store
 from artifacts.s3 import Retry, S3ArtifactStore
-from artifacts.store import CorruptArtifactError, StoreError
+from artifacts.store import ArtifactStore, CorruptArtifactError, StoreError
 from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import redact
@@ -294,3 +294,25 @@ def test_a_host_tool_of_a_toolchain_gets_no_credentials(tmp_path: Path, monkeypa
     assert builder["HF_HUB_OFFLINE"] == "1" and builder["PATH"] == os.environ["PATH"]
     for name, value in CREDENTIALS.items():
         assert value not in text and name not in builder, name
+
+
+def test_the_local_store_moves_a_corrupt_blob_aside_never_deletes_it(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    data = os.urandom(4096)
+    ref = store.put(data, ArtifactKind.ENGINE)
+
+    def rot() -> bytes:
+        blob = store.path(ref.sha256)
+        os.chmod(blob, 0o644)
+        bad = os.urandom(len(data))
+        blob.write_bytes(bad)
+        return bad
+
+    first = rot()
+    assert not store.has(ref.sha256) and not store.path(ref.sha256).exists()  # a miss: rebuilt
+    assert store.put(data, ArtifactKind.ENGINE) == ref and store.read_bytes(ref.sha256) == data
+    second = rot()
+    assert store.put(data, ArtifactKind.ENGINE) == ref and store.read_bytes(ref.sha256) == data  # replaced
+    aside = {p.name: p.read_bytes() for p in (tmp_path / "artifacts" / "quarantine").iterdir()}
+    assert aside == {f"{ref.sha256}.{hashlib.sha256(b).hexdigest()}": b for b in (first, second)}
+    assert list(store.list()) == [ref.sha256]
