@@ -21,23 +21,13 @@ from urllib.parse import urlsplit
 
 from artifacts.store import ArtifactStore, Store
 from edgellm.errors import ConfigurationError
-from edgellm.redact import redact
+from edgellm.redact import redact, unseen
 
 SETTING = "$EDGEFARM_ARTIFACTS"  # named in messages (flows.settings reads it)
 DEFAULT_CACHE_GB = 5.0
 VALID = "unset (the data dir's artifacts/), an absolute directory, file:///DIR, s3://BUCKET or s3://BUCKET/PREFIX"
 # S3's bucket naming rules: 3-63 of lowercase letters, digits, dots and hyphens, a letter or digit at each end
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-# control characters (newlines, tabs, escapes, C1) and the invisible format ones (bidi overrides, zero widths):
-# urlsplit drops some silently (a tab or newline), so a URL holding one would name another place than it shows
-_UNSEEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
-
-
-def unseen(text: str) -> bool:
-    """Whether ``text`` holds a control or invisible character."""
-    return _UNSEEN.search(text) is not None
-
-
 def redact_url(text: str) -> str:
     """``text`` with the secrets of any URL in it hidden (``edgellm.redact``, the one redaction)."""
     return redact(text)

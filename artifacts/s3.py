@@ -70,7 +70,7 @@ from urllib3.exceptions import HTTPError
 from artifacts.cache import ContentMismatch, ReadThroughCache
 from artifacts.inuse import remove_stale
 from artifacts.kinds import ArtifactKind, Packing
-from artifacts.location import S3Location, unseen
+from artifacts.location import S3Location
 from artifacts.s3_quarantine import quarantine
 from artifacts.store import (
     SHA256_RE,
@@ -88,7 +88,7 @@ from artifacts.store import (
 )
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.files import atomic_output
-from edgellm.redact import redact
+from edgellm.redact import redact, unseen
 
 log = logging.getLogger(__name__)
 

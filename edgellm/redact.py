@@ -5,6 +5,8 @@ every credential-like ``key=value``, whatever characters the secret holds.
   (shown) unless it looks like a token used as one (longer than 16 characters, or holding ``/+=%@``): hidden
   whole. The userinfo runs to the *last* ``@`` of the URL, so a secret holding ``/``, ``+``, ``:`` or ``@`` (AWS
   secret keys hold ``/`` and ``+``) never shows in part. A URL ends at whitespace or a quote.
+- ``unseen``: whether a value (a URL, a path) holds a control or invisible character, which a parser may drop
+  silently (``urlsplit`` drops a tab or newline) so that it names another place than it shows: refused where read.
 - ``key=value`` pairs after ``?``, ``&``, ``;``, ``,``, whitespace or the start (URL queries, libpq's keyword form,
   an ``Authorization`` header's ``Credential=...``) whose key (percent-decoded) names a credential: password, pwd,
   secret, token, auth, signature, sig, credential, access key, api key (``X-Amz-Signature``, ``X-Amz-Credential``,
@@ -21,14 +23,25 @@ HIDDEN = "***"
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s'\"<>`]*)@")
 _PLAIN_USER = re.compile(r"[A-Za-z0-9._~-]*")
 _LONGEST_USER = 16
+_PLACEHOLDERS = {"PASSWORD", "SECRET"}
 _SECRET_KEY = re.compile(r"pass|pwd|secret|token|auth|signature|credential|access[_-]?key|api[_-]?key|^sig$",
                          re.IGNORECASE)
 _PAIR = re.compile(r"(?P<lead>(?:^|[?&;,\s])\s*)(?P<key>[^=&;,?#\s'\"]+)(?P<eq>\s*=\s*)"
                    r"(?P<value>'[^']*'|\"[^\"]*\"|[^&;,#\s'\"]*)")
 
+# control characters (newlines, tabs, escapes, C1) and the invisible format ones (bidi overrides, zero widths)
+_UNSEEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+
+
+def unseen(text: str) -> bool:
+    """Whether ``text`` holds a control or invisible character."""
+    return _UNSEEN.search(text) is not None
+
 
 def _userinfo(m: re.Match[str]) -> str:
-    user, colon, _secret = m["userinfo"].partition(":")
+    user, colon, secret = m["userinfo"].partition(":")
+    if secret in _PLACEHOLDERS:  # a message's own example (USER:PASSWORD@HOST), no secret
+        return m.group()
     if not _PLAIN_USER.fullmatch(user) or (not colon and len(user) > _LONGEST_USER):
         return f"{m['scheme']}{HIDDEN}@"
     return f"{m['scheme']}{user}{colon and ':' + HIDDEN}@"

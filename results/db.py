@@ -25,7 +25,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
-from edgellm.redact import HIDDEN
+from edgellm.redact import HIDDEN, unseen
 from edgellm.redact import redact as redact_text
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -77,6 +77,9 @@ def from_parameter(value: str | None, configured: str | None = None) -> str | No
 def parse_url(url: str | URL) -> URL:
     """Validate a URL's syntax and backend; the error names it (password hidden) and the valid forms."""
     valid = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
+    if isinstance(url, str) and unseen(url):
+        raise ConfigurationError(f"bad database URL {redact(url)!r}: it holds a control or invisible character "
+                                 f"(shown escaped); valid: {valid}")
     try:
         parsed = make_url(url)
     except ArgumentError:

@@ -316,3 +316,13 @@ def test_the_local_store_moves_a_corrupt_blob_aside_never_deletes_it(tmp_path: P
     aside = {p.name: p.read_bytes() for p in (tmp_path / "artifacts" / "quarantine").iterdir()}
     assert aside == {f"{ref.sha256}.{hashlib.sha256(b).hexdigest()}": b for b in (first, second)}
     assert list(store.list()) == [ref.sha256]
+
+
+@pytest.mark.parametrize("url", ["sqlite:////tmp/fa\nrm.db", "postgresql+psycopg://u:pw@h\n/db",
+                                 "postgresql+psycopg://u@h/d\u202eb"])
+def test_a_database_url_with_control_characters_is_refused(url: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["show", "00000000", "--db", url, "--data-dir", str(tmp_path)],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert "control or invisible character" in result.output and "valid: sqlite:///PATH or postgresql" in result.output
+    assert "USER:PASSWORD@HOST" in result.output and ":pw@" not in result.output
