@@ -26,7 +26,7 @@ from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import redact
 from flows.cli import app
-from tests.fixtures.moto import MotoServer
+from tests.fixtures.moto import Link, MotoServer
 from tests.test_cli_show import _farm
 
 AWS_SECRET = "wJalr/K7MD+bPx"  # AWS secret keys hold '/' and '+'
@@ -326,3 +326,28 @@ def test_a_database_url_with_control_characters_is_refused(url: str, tmp_path: P
     assert result.exit_code == 2, result.output
     assert "control or invisible character" in result.output and "valid: sqlite:///PATH or postgresql" in result.output
     assert "USER:PASSWORD@HOST" in result.output and ":pw@" not in result.output
+
+
+def test_a_byte_flipped_on_the_wire_is_fetched_again_and_nothing_is_removed(
+        moto_s3: MotoServer, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")  # the SDK's own check off (MinIO/Ceph)
+    data = os.urandom(4 * PART)
+    ref = _s3(moto_s3, s3_bucket, tmp_path / "producer").put(data, ArtifactKind.ENGINE)
+    before = _objects(moto_s3, s3_bucket, "farm/sha256/")
+    link = Link(moto_s3.port)
+    link.start()
+    try:
+        env = {**moto_s3.env(), "AWS_ENDPOINT_URL": link.endpoint}
+        reader = S3ArtifactStore(S3Location(s3_bucket, "farm"), cache_dir=tmp_path / "reader", cache_bytes=64 << 20,
+                                 environ=env, retry=Retry(attempts=3, base_s=0.01, max_s=0.02))
+        link.flip_next(1)
+        assert reader.read_bytes(ref.sha256) == data and link.flipped == 1
+        reader.cache.evict(ref.sha256)
+        link.flip_next(99)  # every transfer damaged: refused, as the network's fault or the object's, never deleted
+        with pytest.raises(StoreError):
+            reader.read_bytes(ref.sha256)
+    finally:
+        link.close()
+    assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before
+    for key, kept in _objects(moto_s3, s3_bucket, "farm/quarantine/").items():  # a copy made by the server
+        assert key.endswith(".json") or kept == data
