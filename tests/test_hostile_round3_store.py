@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -351,3 +352,11 @@ def test_a_byte_flipped_on_the_wire_is_fetched_again_and_nothing_is_removed(
     assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before
     for key, kept in _objects(moto_s3, s3_bucket, "farm/quarantine/").items():  # a copy made by the server
         assert key.endswith(".json") or kept == data
+
+
+@pytest.mark.parametrize("text", [" " * 20_000 + "x", "a://" * 50_000, "a." * 100_000, "&k='" * 50_000,
+                                  ("k" + " " * 50) * 4_000, "http://u:p@" * 20_000])
+def test_redaction_is_linear_on_hostile_text(text: str) -> None:
+    started = time.monotonic()
+    redact(text)
+    assert time.monotonic() - started < 2.0  # quadratic patterns took 25 s on 20,000 spaces
