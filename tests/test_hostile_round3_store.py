@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import EndpointConnectionError
 from botocore.response import StreamingBody
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from artifacts.kinds import ArtifactKind
@@ -25,7 +27,7 @@ from artifacts.s3 import Retry, S3ArtifactStore
 from artifacts.store import ArtifactStore, CorruptArtifactError, StoreError
 from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
-from edgellm.redact import redact
+from edgellm.redact import HIDDEN, redact
 from flows.cli import app
 from tests.fixtures.moto import Link, MotoServer
 from tests.test_cli_show import _farm
@@ -360,3 +362,17 @@ def test_redaction_is_linear_on_hostile_text(text: str) -> None:
     started = time.monotonic()
     redact(text)
     assert time.monotonic() - started < 2.0  # quadratic patterns took 25 s on 20,000 spaces
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Zs", "Zl", "Zp", "Cc")), min_size=8,
+                      max_size=40).filter(lambda s: s.strip() == s and not s.isspace()),
+       scheme=st.sampled_from(["s3", "http", "https", "postgresql+psycopg", "redis"]),
+       where=st.sampled_from(["", "Error: ", "could not reach '", 'endpoint URL: "', "at <"]))
+def test_a_password_of_any_characters_never_shows(secret: str, scheme: str, where: str) -> None:
+    rest = "@db.example:5432/edge?sslmode=require"
+    text = f"{where}{scheme}://farm:{secret}{rest}"
+    assume(secret not in f"{where}{scheme}://farm:{rest}" and secret not in ("PASSWORD", "SECRET"))
+    assume(not any(c.isspace() for c in secret))
+    shown = redact(text)
+    assert secret not in shown and f"farm:{HIDDEN}@db.example" in shown, shown
