@@ -109,8 +109,10 @@ class ReadThroughCache:
 
 
 class ContentMismatch(Exception):
-    """What was written does not hash to the name it was to be stored under."""
+    """What was written (or read) does not hash to the name it was to be stored under; ``etag``: the remote
+    object's, when known (which object the bytes came from)."""
 
-    def __init__(self, actual: str) -> None:
+    def __init__(self, actual: str, etag: str | None = None) -> None:
         super().__init__(actual)
         self.actual = actual
+        self.etag = etag

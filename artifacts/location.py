@@ -21,20 +21,16 @@ from urllib.parse import urlsplit
 
 from artifacts.store import ArtifactStore, Store
 from edgellm.errors import ConfigurationError
+from edgellm.redact import redact, unseen
 
 SETTING = "$EDGEFARM_ARTIFACTS"  # named in messages (flows.settings reads it)
 DEFAULT_CACHE_GB = 5.0
 VALID = "unset (the data dir's artifacts/), an absolute directory, file:///DIR, s3://BUCKET or s3://BUCKET/PREFIX"
-HIDDEN = "***"
 # S3's bucket naming rules: 3-63 of lowercase letters, digits, dots and hyphens, a letter or digit at each end
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
-_QUERY_VALUE = re.compile(r"([?&][^=&#\s]*=)[^&#\s]*")
-
-
 def redact_url(text: str) -> str:
-    """``text`` with the userinfo (``user:secret@``) and query values of any URL in it hidden."""
-    return _QUERY_VALUE.sub(rf"\1{HIDDEN}", _USERINFO.sub(f"{HIDDEN}@", text))
+    """``text`` with the secrets of any URL in it hidden (``edgellm.redact``, the one redaction)."""
+    return redact(text)
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,10 @@ def parse_artifacts_url(url: str | None) -> S3Location | Path | None:
     if url is None or not url.strip():
         return None
     url = url.strip()
-    shown = redact_url(url)
+    shown = redact(url)
+    if unseen(url):
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: it holds a control or invisible character (shown "
+                                 f"escaped); a URL is printable text; valid: {VALID}")
     if url.startswith("/"):
         return Path(url)
     parts = urlsplit(url)
@@ -75,9 +74,9 @@ def parse_artifacts_url(url: str | None) -> S3Location | Path | None:
     if parts.scheme != "s3":
         raise ConfigurationError(f"bad {SETTING} {shown!r}: unknown scheme {parts.scheme or 'none'!r}; "
                                  f"valid: {VALID}")
-    if "@" in parts.netloc:
-        raise ConfigurationError(f"bad {SETTING} {shown!r}: credentials do not go in the URL; take them out "
-                                 f"and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY where the farm runs")
+    if "@" in url:  # anywhere: a secret holding '/' ends urlsplit's netloc before its '@'
+        raise ConfigurationError(f"bad {SETTING} {shown!r}: no '@' allowed: credentials do not go in the URL; take "
+                                 f"them out and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY where the farm runs")
     if parts.query or parts.fragment or "?" in url or "#" in url:
         raise ConfigurationError(f"bad {SETTING} {shown!r}: no query or fragment allowed "
                                  f"(endpoint and region come from AWS_ENDPOINT_URL and AWS_REGION); valid: {VALID}")

@@ -11,15 +11,19 @@ environment); no credential is ever part of a URL, message or repr.
 The local store's contract, kept on a bucket:
 
 - content-addressed and deduplicated: ``put`` writes the source (a directory as a deterministic tar) into the
-  worker's cache while hashing it, then uploads it under its sha256 unless the bucket already holds that blob (same
-  size, its ``sha256`` metadata): then only its marker is refreshed, so gc spares the new reference.
+  worker's cache while hashing it, then uploads it under its sha256 unless the bucket already holds that blob (its
+  bytes read back and hashed): then only its marker is refreshed, so gc spares the new reference.
 - atomic: S3 makes an object visible whole or not at all on PutObject and CompleteMultipartUpload, so the final key
   is written directly, no temporary key. Blobs over one part go up as a multipart upload (parts of ``part_size``,
   ``concurrency`` at once); a put that fails aborts its upload; one whose process died is aborted by ``gc`` once
   older than twice the put deadline (a put running past it gives up by itself, so gc never aborts a live one).
-- verified on read: every byte handed out was hashed against its name; a blob whose bytes do not match is deleted
-  from the bucket and the cache, ``has`` reports a miss and a read raises CorruptArtifactError, so the stage that
-  makes it runs again (the next put uploads it afresh).
+- verified on read: every byte handed out was hashed against its name. Bytes that do not match are fetched again
+  before anything is judged: wrong bytes different every time are a transfer damaged on the way (StoreError,
+  infrastructure, retried); the same wrong bytes twice are the object's: it is quarantined (copied aside with a
+  record, ``artifacts.s3_quarantine``), never deleted, ``has`` reports a miss and a read raises
+  CorruptArtifactError, so the stage that makes it runs again; a reader removes nothing from the bucket.
+- a put trusts no HEAD: an object already at the blob's key is read back and hashed before the put returns its
+  reference; a corrupt one (or one of another size) is quarantined, then replaced.
 - retries: a connection error, a timeout, a 5xx or a throttle answer is retried with exponential backoff and
   jitter (``Retry``), then raised as StoreError, an InfrastructureError (Prefect's stage retries apply; no device
   is blamed for it); botocore's own retries are off so this is the one policy. A missing bucket or refused
@@ -66,7 +70,8 @@ from urllib3.exceptions import HTTPError
 from artifacts.cache import ContentMismatch, ReadThroughCache
 from artifacts.inuse import remove_stale
 from artifacts.kinds import ArtifactKind, Packing
-from artifacts.location import S3Location, redact_url
+from artifacts.location import S3Location
+from artifacts.s3_quarantine import quarantine
 from artifacts.store import (
     SHA256_RE,
     ArtifactRef,
@@ -83,6 +88,7 @@ from artifacts.store import (
 )
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.files import atomic_output
+from edgellm.redact import redact, unseen
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ _RETRY_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeo
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
                  "InvalidClientTokenId", "AuthorizationHeaderMalformed", "PermanentRedirect"}
 _SET_CREDENTIALS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+FETCHES = 3  # GETs of a blob whose bytes do not match before it is judged: the same wrong bytes twice, the object's
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class S3ArtifactStore:
 
     @property
     def where(self) -> str:
-        return redact_url(self.endpoint) if self.endpoint else f"AWS S3 ({self.region})"
+        return redact(self.endpoint) if self.endpoint else f"AWS S3 ({self.region})"
 
     def _blob_key(self, sha256: str) -> str:
         check_sha(sha256)
@@ -177,7 +184,7 @@ class S3ArtifactStore:
         raise StoreError(f"S3 {op} {where} at {self.where} failed {self.retry.attempts} time(s): {reason}")
 
     def _classify(self, exc: Exception, op: str, where: str) -> EdgeLLMError | _Retryable:
-        text = redact_url(" ".join(str(exc).split()))[:300]
+        text = redact(" ".join(str(exc).split()))[:300]
         if isinstance(exc, ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -235,7 +242,8 @@ class S3ArtifactStore:
     # the Store contract ---------------------------------------------------------------------------------------------
     def has(self, sha256: str) -> bool:
         """Whether the bucket holds the blob *and* its bytes hash to its name (checked through the cache, which
-        then holds it for the read that usually follows). A corrupt blob is evicted: a miss, so it is rebuilt."""
+        then holds it for the read that usually follows). A corrupt blob is a miss, so it is rebuilt (quarantined,
+        left in the bucket until that put replaces it)."""
         if self._head(self._blob_key(sha256)) is None:
             self.cache.evict(sha256)
             return False
@@ -262,9 +270,8 @@ class S3ArtifactStore:
                 key = self._blob_key(ref.sha256)
                 head = self._head(key)
                 self._touch(ref.sha256)  # before the upload completes: gc's age of the blob is this put's
-                if head is not None and int(head["ContentLength"]) == ref.size \
-                        and head.get("Metadata", {}).get("sha256") == ref.sha256:
-                    log.debug("artifact sha256:%s already in %s", ref.sha256, self.location.url)
+                if self._holds(key, ref, head):
+                    log.debug("artifact sha256:%s already in %s (read back: verified)", ref.sha256, self.location.url)
                 elif self._upload(f, key, ref.sha256, ref.size):
                     self._touch(ref.sha256)  # a multipart object's time is when its upload began: now is later
             finally:
@@ -273,6 +280,22 @@ class S3ArtifactStore:
             return ref
         raise StoreError(f"artifact cache {str(self.cache.local.root)!r} evicted a blob being stored three "
                          f"times: its bound ({self.cache.max_bytes} bytes) is too small for the work")
+
+    def _holds(self, key: str, ref: ArtifactRef, head: dict[str, Any] | None) -> bool:
+        """Whether the object at ``key`` is ``ref``'s bytes: read back and hashed, never taken from its HEAD (a
+        corrupt copy keeps its size and metadata). One that is not is quarantined first (copied aside, never
+        destroyed), so the put that replaces it keeps the evidence."""
+        if head is None:
+            return False
+        if int(head["ContentLength"]) != ref.size or head.get("Metadata", {}).get("sha256") != ref.sha256:
+            quarantine(self, ref.sha256, ContentMismatch(f"unread: {head['ContentLength']} bytes", head.get("ETag")),
+                       "a put")
+            return False
+        try:
+            self._judged(ref.sha256, partial(self._check_bytes, key, ref.sha256), "a put")
+        except (CorruptArtifactError, MissingArtifactError):  # quarantined, or gone since the HEAD: upload it
+            return False
+        return True
 
     def _touch(self, sha256: str) -> None:
         key = self._marker_key(sha256)
@@ -374,40 +397,74 @@ class S3ArtifactStore:
                                       f"{self.put_deadline_s:.0f} s: given up (gc would abort it past that age)")
 
     # reading (always verified) -------------------------------------------------------------------------------------
+    def _stream(self, key: str, sink: Callable[[bytes], object] | None) -> tuple[str, str | None]:
+        """One GET of the blob at ``key``, its bytes handed to ``sink`` as they arrive: their sha256 and the object's
+        ETag. MissingArtifactError when there is no such object."""
+        try:
+            answer = self._client.get_object(Bucket=self.location.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                name = key.removeprefix(self.location.key("sha256") + "/").replace("/", "")
+                raise MissingArtifactError(f"no artifact sha256:{name} in store {self.location.url!r}") from None
+            raise
+        body, h = answer["Body"], hashlib.sha256()
+        try:
+            for chunk in body.iter_chunks(_CHUNK):
+                h.update(chunk)
+                if sink is not None:
+                    sink(chunk)
+        finally:
+            body.close()
+        return h.hexdigest(), answer.get("ETag")
+
+    def _check_bytes(self, key: str, sha256: str) -> None:
+        """The object at ``key`` read and hashed (kept nowhere): ContentMismatch unless it is ``sha256``'s bytes."""
+        actual, etag = self._stream(key, None)
+        if actual != sha256:
+            raise ContentMismatch(actual, etag)
+
+    def _judged(self, sha256: str, fetch: Callable[[], T], by: str) -> T:
+        """``fetch()``: one GET of the blob that hashes its bytes and raises ContentMismatch unless they are
+        ``sha256``'s. A mismatch is fetched again before anything is judged: the same wrong bytes twice are the
+        object's (quarantined, see ``artifacts.s3_quarantine``; CorruptArtifactError), wrong bytes different every
+        time are the transfer's (StoreError, infrastructure: retried). Nothing is removed on a reader's word."""
+        key = self._blob_key(sha256)
+        seen: list[str] = []
+        for _ in range(FETCHES):
+            try:
+                return self._call("GetObject", key, fetch)
+            except ContentMismatch as bad:
+                if bad.actual in seen:
+                    kept = quarantine(self, sha256, bad, by)
+                    raise CorruptArtifactError(
+                        f"artifact sha256:{sha256} at {self._url(key)} is corrupt: fetched {len(seen) + 1} times, its "
+                        f"content hashes to {bad.actual}; not served; {kept}; its stage runs again and its next put "
+                        "replaces it") from None
+                seen.append(bad.actual)
+                log.warning("S3 GetObject %s: the bytes received hash to %s, not to their name: fetched again (a "
+                            "transfer damaged on the way is the network's fault)", self._url(key), bad.actual)
+        raise StoreError(f"S3 GetObject {self._url(key)} at {self.where}: {FETCHES} fetches gave {FETCHES} different "
+                         f"wrong contents: the transfer is damaged on the way (network, proxy or server); nothing "
+                         f"judged, nothing removed")
+
     def _download(self, sha256: str) -> BinaryIO:
-        """The blob fetched into the cache, hashed on the way; held open. A blob whose bytes do not match is
-        deleted from the bucket (CorruptArtifactError)."""
+        """The blob fetched into the cache, hashed on the way (``_judged``); held open."""
         key = self._blob_key(sha256)
 
-        def fill(out: BinaryIO) -> str:
-            try:
-                body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                    raise MissingArtifactError(f"no artifact sha256:{sha256} in store {self.location.url!r}") from None
-                raise
-            h = hashlib.sha256()
-            try:
-                for chunk in body.iter_chunks(_CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-            finally:
-                body.close()
-            return h.hexdigest()
+        def fetch() -> BinaryIO:
+            etag: list[str | None] = []
 
-        try:
-            return self._call("GetObject", key, lambda: self.cache.add(sha256, fill))
-        except ContentMismatch as bad:
-            self._evict(sha256)
-            raise CorruptArtifactError(
-                f"artifact sha256:{sha256} at {self._url(key)} is corrupt (content hashes to {bad.actual}); not "
-                "served; deleted from the bucket, so its stage runs again and stores it anew") from None
+            def fill(out: BinaryIO) -> str:
+                actual, tag = self._stream(key, out.write)
+                etag.append(tag)
+                return actual
 
-    def _evict(self, sha256: str) -> None:
-        log.warning("artifact sha256:%s in %s is corrupt: evicted, it will be rebuilt", sha256, self.location.url)
-        self.cache.evict(sha256)
-        self._delete(self._blob_key(sha256))
-        self._delete(self._marker_key(sha256))
+            try:
+                return self.cache.add(sha256, fill)
+            except ContentMismatch as bad:
+                raise ContentMismatch(bad.actual, etag[-1] if etag else None) from None
+
+        return self._judged(sha256, fetch, "a read")
 
     @contextmanager
     def _held(self, sha256: str) -> Iterator[BinaryIO]:
@@ -503,20 +560,16 @@ class S3ArtifactStore:
         yield from sorted(self._blobs("sha256"))
 
     def verify(self) -> Shas:
-        """The sha256 of every corrupt blob (content no longer matches its name); each is read from the bucket."""
+        """The sha256 of every corrupt blob (content no longer matches its name, in two fetches: ``_judged``); each
+        is read from the bucket, and quarantined (copied aside, never removed)."""
         bad = []
         for sha in self.list():
-            key = self._blob_key(sha)
-
-            def digest(key: str = key) -> str:
-                body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
-                h = hashlib.sha256()
-                for chunk in body.iter_chunks(_CHUNK):
-                    h.update(chunk)
-                return h.hexdigest()
-
-            if self._call("GetObject", key, digest) != sha:
+            try:
+                self._judged(sha, partial(self._check_bytes, self._blob_key(sha), sha), "verify")
+            except CorruptArtifactError:
                 bad.append(sha)
+            except MissingArtifactError:  # removed by gc since the listing
+                continue
         return bad
 
     def close(self) -> None:
@@ -610,8 +663,11 @@ def _make_client(location: S3Location, environ: Mapping[str, str], endpoint: str
                                                         ("AWS_SECRET_ACCESS_KEY", secret)) if not value)
         raise ConfigurationError(f"artifact store {location.url}: {missing} not set; the store takes its "
                                  f"credentials from {_SET_CREDENTIALS} only (never from the URL)")
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ConfigurationError(f"bad AWS_ENDPOINT_URL {redact_url(endpoint)!r}: need http(s)://HOST[:PORT]")
+    if endpoint is not None and (not endpoint.startswith(("http://", "https://")) or unseen(endpoint)
+                                 or any(c in endpoint for c in "@?#")):
+        raise ConfigurationError(f"bad AWS_ENDPOINT_URL {redact(endpoint)!r}: need http(s)://HOST[:PORT] (no "
+                                 f"credentials, query or control characters: the credentials go in "
+                                 f"{_SET_CREDENTIALS})")
     config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=min(timeout_s, 10),
                     read_timeout=timeout_s, max_pool_connections=max(10, 2 * concurrency),
                     s3={"addressing_style": "path" if endpoint else "auto"})

@@ -4,7 +4,8 @@ Layout: ``<root>/sha256/ab/cdef...`` (the first two hex digits fan out), ``<root
 A blob is written to a temp file while hashed, fsynced, then renamed into place (atomic; a crash leaves only a
 temp file, which gc removes) and made read-only. Same content is stored once: putting it again only refreshes
 the blob's mtime, so a fresh reference is never garbage collected before the caller records it; if the stored
-copy no longer verifies, the new one replaces it (a put never hands out a reference to a corrupt blob).
+copy no longer verifies, the new one replaces it (a put never hands out a reference to a corrupt blob) and the
+corrupt one is moved aside to ``<root>/quarantine/`` (evidence is never destroyed; gc never walks it).
 
 A directory is stored as ONE blob: a deterministic tar (members sorted by path, mtimes/uids/gids zeroed, owner
 names empty, modes 0644/0755 keeping only the executable bit; symlinks and special files are refused). The same
@@ -202,7 +203,8 @@ class ArtifactStore:
 
     def has(self, sha256: str) -> bool:
         """Whether a blob is here *and* its content still hashes to its name (a cache hit is trusted only after
-        its digest is checked, as ccache and Bazel do). A corrupt blob is evicted, so the caller rebuilds it."""
+        its digest is checked, as ccache and Bazel do). A corrupt blob is moved aside (``_evict``), so the caller
+        rebuilds it."""
         blob = self.path(sha256)
         if not blob.is_file():
             return False
@@ -213,8 +215,16 @@ class ArtifactStore:
         return True
 
     def _evict(self, sha256: str, actual: str) -> None:
-        log.warning("artifact sha256:%s is corrupt (content hashes to %s): evicted, it will be rebuilt", sha256, actual)
-        self.path(sha256).unlink(missing_ok=True)
+        """Move a corrupt blob aside to ``<root>/quarantine/<sha256>.<what it hashes to>``: out of the store (a
+        miss, so it is rebuilt), never destroyed (gc never walks quarantine/; a person removes the evidence)."""
+        aside = self.root / "quarantine" / f"{sha256}.{actual}"
+        try:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.path(sha256), aside)
+        except FileNotFoundError:  # moved or replaced by another process since it was hashed
+            return
+        log.warning("artifact sha256:%s is corrupt (content hashes to %s): moved aside to %s, it will be rebuilt",
+                    sha256, actual, aside)
 
     def ref(self, sha256: str, kind: ArtifactKind, packing: Packing) -> ArtifactRef:
         """The reference of a stored blob (for a cache hit); MissingArtifactError if it is not here."""
@@ -242,11 +252,12 @@ class ArtifactStore:
             dest = self.path(sha)
             with self._gc_lock(fcntl.LOCK_SH):  # no gc between the check and the pin
                 self._pins.add(sha)
-                if dest.is_file() and self._hash_file(dest) == sha:
+                stored = self._hash_file(dest) if dest.is_file() else None
+                if stored == sha:
                     os.utime(dest)  # deduplicated: refresh its age so gc spares the new reference
                 else:
-                    if dest.is_file():  # the stored copy rotted: the verified new one replaces it
-                        log.warning("artifact sha256:%s was corrupt: replaced by the content just stored", sha)
+                    if stored is not None:  # the stored copy rotted: kept aside, the verified new one replaces it
+                        self._evict(sha, stored)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.chmod(tmp, 0o444)
                     os.replace(tmp, dest)

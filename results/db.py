@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import sqlite3
 import threading
 import time
@@ -18,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
@@ -26,6 +25,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
+from edgellm.redact import HIDDEN, unseen
+from edgellm.redact import redact as redact_text
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
@@ -39,30 +40,11 @@ def default_url(data_dir: Path) -> str:
     return f"sqlite:///{(Path(data_dir) / 'edgefarm.db').resolve()}"
 
 
-HIDDEN = "***"
-# a query parameter (or libpq keyword) whose value is a secret: password, sslpassword, PGPASSWORD, a token...
-_SECRET_KEY = re.compile(r"pass|pwd|secret|token|auth", re.IGNORECASE)
-# the same in text that does not parse as a URL: `key=value` after ?, & or ; or a space (libpq's conninfo form)
-_SECRET_PAIR = re.compile(r"((?:^|[?&;\s])[^=&;\s]*(?:pass|pwd|secret|token|auth)[^=&;\s]*\s*=\s*)"
-                          r"('[^']*'|[^&;\s]*)", re.IGNORECASE)
-
-
 def redact(url: str | URL) -> str:
-    """The URL with every secret hidden, for logs, error messages and flow parameters: the password of
-    ``user:password@`` and the value of every query parameter named like one (``password``, ``sslpassword``,
-    ``PGPASSWORD``, ``...token``); text that is no URL gets the same treatment by pattern."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        text = re.sub(r"(://[^:/@]*:)[^@]*@", rf"\1{HIDDEN}@", str(url))
-        return _SECRET_PAIR.sub(rf"\1{HIDDEN}", text)
-    shown = parsed.set(query={}).render_as_string(hide_password=True)
-    pairs = [(key, value) for key, values in parsed.query.items()
-             for value in ((values,) if isinstance(values, str) else values)]
-    if pairs:
-        shown += "?" + "&".join(
-            f"{quote_plus(key)}={HIDDEN if _SECRET_KEY.search(key) else quote_plus(value)}" for key, value in pairs)
-    return shown
+    """The URL with every secret hidden, for logs, error messages and flow parameters (``edgellm.redact``, the one
+    redaction: the password of ``user:password@``, up to the URL's last ``@``, and the value of every query
+    parameter or libpq keyword named like a credential)."""
+    return redact_text(url.render_as_string(hide_password=False) if isinstance(url, URL) else url)
 
 
 def for_parameters(url: str) -> str:
@@ -95,6 +77,9 @@ def from_parameter(value: str | None, configured: str | None = None) -> str | No
 def parse_url(url: str | URL) -> URL:
     """Validate a URL's syntax and backend; the error names it (password hidden) and the valid forms."""
     valid = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
+    if isinstance(url, str) and unseen(url):
+        raise ConfigurationError(f"bad database URL {redact(url)!r}: it holds a control or invisible character "
+                                 f"(shown escaped); valid: {valid}")
     try:
         parsed = make_url(url)
     except ArgumentError:

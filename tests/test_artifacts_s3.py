@@ -169,8 +169,8 @@ def test_a_refused_upload_is_aborted_and_a_running_one_survives_gc(moto_s3: Moto
     assert _uploads(moto_s3, s3_bucket) == [] and _keys(moto_s3, s3_bucket, "farm/uploads/") == []
 
 
-def test_corrupt_object_is_evicted_and_a_miss_so_it_is_rebuilt(moto_s3: MotoServer, s3_bucket: str,
-                                                               tmp_path: Path) -> None:
+def test_corrupt_object_is_quarantined_and_a_miss_so_it_is_rebuilt(moto_s3: MotoServer, s3_bucket: str,
+                                                                   tmp_path: Path) -> None:
     producer = _store(moto_s3, s3_bucket, tmp_path / "producer")
     data = os.urandom(3 * PART)
     ref = producer.put(data, ArtifactKind.ENGINE)
@@ -184,17 +184,17 @@ def test_corrupt_object_is_evicted_and_a_miss_so_it_is_rebuilt(moto_s3: MotoServ
     assert producer.verify() == [ref.sha256]
     consumer = _store(moto_s3, s3_bucket, tmp_path / "consumer")
     assert not consumer.has(ref.sha256)  # a miss, not a failure
-    assert _keys(moto_s3, s3_bucket) == []  # evicted from the bucket
-    with pytest.raises(MissingArtifactError):
+    assert _keys(moto_s3, s3_bucket) == [_key(ref.sha256)]  # kept: a reader removes nothing (issue 40 item 1)
+    with pytest.raises(CorruptArtifactError):
         consumer.read_bytes(ref.sha256)
-    assert producer.put(data, ArtifactKind.ENGINE) == ref  # the stage runs again and stores it anew
+    assert producer.put(data, ArtifactKind.ENGINE) == ref  # the stage runs again: read back, found corrupt, replaced
     assert consumer.has(ref.sha256) and consumer.read_bytes(ref.sha256) == data
 
-    rot()  # a read without has(): never served, evicted, nothing half-written at the destination
+    rot()  # a read without has(): never served, nothing half-written at the destination, nothing removed
     dest = tmp_path / "engine.bin"
     with pytest.raises(CorruptArtifactError, match=f"sha256:{ref.sha256}.*corrupt"):
         _store(moto_s3, s3_bucket, tmp_path / "third").get_file(ref.sha256, dest)
-    assert not dest.exists() and _keys(moto_s3, s3_bucket) == []
+    assert not dest.exists() and _keys(moto_s3, s3_bucket) == [_key(ref.sha256)]
 
     # a rotten copy in a worker's cache is fetched again from the bucket (the bucket's copy is good)
     producer.put(data)
@@ -300,7 +300,7 @@ def test_a_store_outage_while_staging_inputs_blames_no_device(moto_s3: MotoServe
 
 
 @pytest.mark.parametrize(("url", "message"), [
-    ("s3://AKIAEXAMPLE:hunter2@bucket/x", r"'s3://\*\*\*@bucket/x'.*credentials do not go in the URL"),
+    ("s3://AKIAEXAMPLE:hunter2@bucket/x", r"'s3://AKIAEXAMPLE:\*\*\*@bucket/x'.*credentials do not go in the URL"),
     ("s3://bucket/x?secret=hunter2", r"secret=\*\*\*.*no query"),
     ("s3://", "no bucket"),
     ("s3://Bad_Bucket/x", "bad S3 bucket name 'Bad_Bucket'"),
@@ -338,8 +338,9 @@ def test_the_store_is_chosen_by_edgefarm_artifacts(moto_s3: MotoServer, s3_bucke
     with pytest.raises(ConfigurationError, match="AWS_SECRET_ACCESS_KEY not set"):
         open_store(settings.artifacts, data, environ=no_keys)
     leaky = {**env, "AWS_ENDPOINT_URL": f"http://user:hunter2@127.0.0.1:{moto_s3.port}"}
-    shown = repr(_store(moto_s3, s3_bucket, tmp_path / "c", endpoint=leaky["AWS_ENDPOINT_URL"]))
-    assert "hunter2" not in shown and "***@127.0.0.1" in shown
+    with pytest.raises(ConfigurationError, match="bad AWS_ENDPOINT_URL") as err:  # refused (issue 40 item 6)
+        _store(moto_s3, s3_bucket, tmp_path / "c", endpoint=leaky["AWS_ENDPOINT_URL"])
+    assert "hunter2" not in str(err.value) and "***@127.0.0.1" in str(err.value)
     with pytest.raises(ConfigurationError, match="EDGEFARM_ARTIFACT_CACHE_GB 'lots'"):
         Settings.resolve(data_dir=data, environ={"EDGEFARM_ARTIFACT_CACHE_GB": "lots"})
 

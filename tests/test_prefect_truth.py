@@ -117,7 +117,7 @@ def test_prefect_states_say_the_stage_s_status_and_hide_credentials() -> None:
     failed = stage_state(StageOutcome(stage="build", status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
                                       reason="lost postgresql://farm:hunter2@db:5432/x\nsecond line", duration_s=2.0))
     assert (failed.type.value, failed.name) == ("FAILED", "Failed")
-    assert failed.message == "error (infrastructure) after 2.0 s: lost postgresql://***@db:5432/x"
+    assert failed.message == "error (infrastructure) after 2.0 s: lost postgresql://farm:***@db:5432/x"
     cached = stage_state(StageOutcome(stage="export", status=ResultStatus.PASS, cached=True, duration_s=0.1))
     assert (cached.type.value, cached.name, cached.message) == ("COMPLETED", "Cached", "pass in 0.1 s (reused)")
     for status, name in ((ResultStatus.SKIPPED, "Skipped"), (ResultStatus.WAIVED, "Waived"),

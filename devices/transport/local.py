@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import threading
@@ -10,6 +9,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from devices.environment import stage_environ
 from devices.lifetime import kill_group, spawn
 from devices.transport.base import (
     MAX_KEPT_OUTPUT_BYTES,
@@ -70,7 +70,7 @@ class LocalTransport(Transport):
         proc = spawn(
             argv,
             cwd=directory,
-            env={**os.environ, **self.env, **(env or {})},
+            env={**stage_environ(), **self.env, **(env or {})},  # no credential of ours reaches a device's tool
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -18,6 +18,7 @@ from rich.table import Table
 from typer.core import TyperOption
 
 from edgellm.errors import EdgeLLMError, ErrorKind
+from edgellm.redact import redact
 from flows.cli.text import visible
 
 
@@ -82,7 +83,7 @@ def farm_errors(command: str) -> Iterator[None]:
     try:
         yield
     except EdgeLLMError as exc:
-        lines = str(exc).splitlines() or [type(exc).__name__]
+        lines = redact(exc).splitlines() or [type(exc).__name__]  # a URL's secret never shows, however it came
         err.print(f"edgefarm {command}: error ({exc.kind.value}): {visible(lines[0])}", markup=False)
         for line in lines[1:]:
             err.print(f"  {visible(line)}", markup=False)
@@ -96,7 +97,7 @@ def farm_errors(command: str) -> Iterator[None]:
         from results.errors import classify
 
         known = classify(exc)
-        err.print(f"edgefarm {command}: error ({known.kind.value}): {known}", markup=False)
+        err.print(f"edgefarm {command}: error ({known.kind.value}): {redact(known)}", markup=False)
         raise typer.Exit(known.kind.exit_code) from None
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.environment import stage_environ
 from devices.lifetime import kill_group, spawn
 from edgellm.errors import ConfigurationError, InfrastructureError, TestFailure, UnsupportedError
 from toolchains.onnxruntime_genai import DISTRIBUTION
@@ -178,8 +179,9 @@ def builder_argv(checkpoint: Path, output: Path, cache: Path, precision: str) ->
 
 
 def offline_env(scratch: Path) -> dict[str, str]:
-    """The builder's environment: ours, with the hub off and every cache it could write under ``scratch``."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+    """The builder's environment: ours less our credentials (``devices.environment``), with the hub off and every
+    cache it could write under ``scratch``."""
+    return {**stage_environ(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "HF_HOME": str(scratch / "hf-home"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.environment import stage_environ
 from devices.lifetime import kill_group, spawn
 from edgellm.errors import InfrastructureError
 
@@ -53,14 +54,14 @@ def _is_error_line(line: str) -> bool:
 
 
 def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float, cwd: Path | None = None) -> ToolRun:
-    """Run ``argv`` with ``env`` added to ours; stdout and stderr go to ``log``. A run past ``timeout`` is killed
-    with its whole process group and raises InfrastructureError."""
+    """Run ``argv`` with ``env`` added to ours less our credentials (``devices.environment``); stdout and stderr go
+    to ``log``. A run past ``timeout`` is killed with its whole process group and raises InfrastructureError."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log, "wb") as out:
         # its own process group, dying with the orchestrator (kill -9 included) and taking what it started along
-        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                     cwd=cwd)
+        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     env={**stage_environ(), **env}, cwd=cwd)
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
