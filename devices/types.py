@@ -50,6 +50,10 @@ class DeviceType(BaseModel):
     arch: Arch
     sm: int | None = Field(ge=10, le=999)  # CUDA compute capability x10 (87 = 8.7); None = no GPU
     memory_gb: float = Field(gt=0)
+    # what the OS and the board's services keep of memory_gb (Jetson: CPU and GPU share it); an engine fits when its
+    # estimate (edgellm.memory) is at most usable_memory_gb
+    os_reserve_gb: float = Field(default=0.0, ge=0)
+    memory_bandwidth_gbps: float | None = Field(default=None, gt=0)  # the vendor's published peak, GB/s
     toolchains: tuple[str, ...] = Field(min_length=1)  # registered toolchain names, in order of preference
     precisions: tuple[Precision, ...] = Field(min_length=1)
     kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
@@ -120,9 +124,15 @@ class DeviceType(BaseModel):
                 need = MIN_SM.get(precision.value)
                 if need is not None and self.sm is not None and self.sm < need:
                     problems.append(f"{what} {precision} needs SM{need}+ but sm is {self.sm}")
+        if self.os_reserve_gb >= self.memory_gb:
+            problems.append(f"os_reserve_gb {self.os_reserve_gb} must be below memory_gb {self.memory_gb}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def usable_memory_gb(self) -> float:
+        return round(self.memory_gb - self.os_reserve_gb, 3)
 
     @property
     def platform(self) -> Platform:

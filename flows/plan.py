@@ -27,6 +27,7 @@ from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
+from flows.memory_fit import Sizer, fit_problem, memory_json
 from stages.job import job_key
 from stages.variant import FEATURE_NAMES, PLAIN, Features
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
@@ -67,6 +68,9 @@ class Job:
     quantizer_version: str | None = None
     # the checkpoint is already quantized: its precision, read from it, and where (no quantize stage runs for it)
     prequantized: str | None = None
+    # the engine's estimated memory on this platform (flows.memory_fit.memory_json); None: the model's config cannot
+    # be read here
+    memory: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:
@@ -99,7 +103,7 @@ class Job:
                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
                "variant": e.variant_json(), "after": e.after,
-               "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
+               "stages": [str(s) for s in e.stages], "devices": list(self.devices), "memory": self.memory}
         if e.toolchain_versions:
             out["toolchain_versions"] = dict(e.toolchain_versions)
         if self.prequantized is not None:
@@ -551,6 +555,7 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
     decided_jobs: dict[str, Job] = {}
     refused: list[str] = []
     carried: dict[str, QuantConfig | None] = {}  # per model: the quantization its checkpoint already carries
+    sizer = Sizer()
     for entry, platform in pairs:
         source = catalog.get(entry.model)
         try:  # a pre-quantized checkpoint's precision is its own (the catalog decides, as for lists validate)
@@ -563,9 +568,14 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
                 refused.append(line)
             continue
         decided = _decide(entry, platform, inventory, catalog, data_dir, carried[entry.model])
+        sized = sizer.size(entry, source, decided.toolchain, platform)
+        if decided.decision in (Decision.RUN, Decision.SKIPPED) and not set(entry.stages) <= stages.host_stages() \
+                and (too_big := fit_problem(sized, DEVICE_TYPES[platform])) is not None:
+            decided = _Decided(Decision.NOT_APPLICABLE, decided.toolchain, too_big)
         job = Job(entry=entry, platform=platform, decision=decided.decision, toolchain=decided.toolchain,
                   reason=decided.reason, devices=decided.devices, **_resolved(decided),
-                  prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None)
+                  prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None,
+                  memory=memory_json(sized))
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
         if entry.after is not None and job.decision is Decision.RUN:  # planned only when the one before runs

@@ -250,6 +250,31 @@ class ModelSource:
             return None
         return _shape(config)
 
+    def config(self) -> dict[str, Any] | None:
+        """The model's Hugging Face config as a mapping, read without its weights (what ``shape`` reads; a
+        synthetic model's is its family's ``tiny_config`` with the entry's overrides, named by the family's first
+        model_type and architecture); None when it cannot be read here."""
+        if self.kind == "synth_quant":
+            return self.base.config() if self.base is not None else None
+        if self.kind == "synth_variant":
+            return None
+        if self.kind == "synthetic":
+            from edgellm.models.base import family_named
+
+            try:
+                family = family_named(self.spec["family"])
+            except ConfigurationError:
+                return None
+            spec = {k: v for k, v in self.spec.items() if k not in ("family", "seed", "dtype")}
+            return {"model_type": family.model_types[0], "architectures": [family.architectures[0]],
+                    **family.tiny_config, **spec}
+        try:
+            directory = ASSETS_DIR / self.spec["bundled"] if self.kind == "bundled" else self._path()
+            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except (ConfigurationError, OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
     def locate(self, data_dir: Path) -> Path:
         """The checkpoint directory, materializing synthetic checkpoints once under ``data_dir``.
 
