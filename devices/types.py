@@ -15,6 +15,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from devices._yaml import read_yaml_mapping, validation_problems
+from devices.site import overlay, site_dir
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 from toolchains import base as toolchains
@@ -174,15 +175,19 @@ class DeviceType(BaseModel):
 _TYPE_KEYS = list(DeviceType.model_fields)
 
 
-def load_device_types(directory: Path = DEVICE_TYPES_DIR) -> dict[str, DeviceType]:
-    """Every ``*.yaml`` in ``directory``, validated; every problem of every file in one ConfigurationError."""
+def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, DeviceType]:
+    """Every ``*.yaml`` in ``directory``, with a site directory's ``device_types/`` over them (``devices.site``: a
+    site file adds a type or replaces the packaged one of its name), validated; every problem of every file in one
+    ConfigurationError. Where each came from: ``device_type_files``."""
     problems: list[str] = []
     types: dict[str, DeviceType] = {}
     if not directory.is_dir():
         raise ConfigurationError(f"device type directory {directory} does not exist")
-    for stray in sorted(directory.glob("*.yml")):
-        problems.append(f"{stray}: device type files end in .yaml")
-    for path in sorted(directory.glob("*.yaml")):
+    site_types = None if site_dir is None else site_dir / "device_types"
+    for folder in (directory, site_types):
+        if folder is not None and folder.is_dir():
+            problems += [f"{stray}: device type files end in .yaml" for stray in sorted(folder.glob("*.yml"))]
+    for path in device_type_files(directory, site_dir=site_dir).values():
         try:
             data = read_yaml_mapping(path)
             device_type = DeviceType.model_validate(data)
@@ -203,7 +208,15 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR) -> dict[str, DeviceTyp
     return types
 
 
-DEVICE_TYPES: dict[str, DeviceType] = load_device_types()
+def device_type_files(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, Path]:
+    """Device type name -> the file it is read from (a site file over the packaged one of its name)."""
+    return overlay(directory, "device_types", site_dir, ("*.yaml",))
+
+
+# The site directory is read once, here, from the settings' environment (EDGEFARM_SITE_DIR; edgefarm --site-dir sets
+# it before this module is imported); issue 38 moves this into a context built from the settings.
+SITE_DIR: Path | None = site_dir()
+DEVICE_TYPES: dict[str, DeviceType] = load_device_types(site_dir=SITE_DIR)
 
 # Platform = device type name; members are the YAML files found above (X86_CPU = "x86-cpu", ORIN = "orin"...).
 Platform = _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})

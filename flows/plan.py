@@ -21,13 +21,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 import stages
 from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
+from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
 from devices.types import DEVICE_TYPES
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from flows.memory_fit import Sizer, fit_problem, memory_json
 from stages.job import job_key
 from stages.variant import FEATURE_NAMES, PLAIN, Features
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
@@ -568,7 +568,7 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
                 refused.append(line)
             continue
         decided = _decide(entry, platform, inventory, catalog, data_dir, carried[entry.model])
-        sized = sizer.size(entry, source, decided.toolchain, platform)
+        sized = sizer.size(entry, source.config(), decided.toolchain, platform, source_group(source))
         if decided.decision in (Decision.RUN, Decision.SKIPPED) and not set(entry.stages) <= stages.host_stages() \
                 and (too_big := fit_problem(sized, DEVICE_TYPES[platform])) is not None:
             decided = _Decided(Decision.NOT_APPLICABLE, decided.toolchain, too_big)

@@ -115,6 +115,9 @@ class Validator:
         self.catalog = PlatformCatalog.coerce(platforms)
         self.today = today or dt.date.today()
         self.models = models if models is not None else Catalog.load()
+        from devices.memory_fit import Sizer
+
+        self._sizer = Sizer()  # each row's memory, sized once (the reserve table read once)
 
     # ---------------------------------------------------------------- platforms
     def _selection(
@@ -166,7 +169,21 @@ class Validator:
                 if not found:
                     out.append((fname, found.reason))
                     break
+            else:
+                if shape is not None and (too_big := self._fit_problem(spec, name)) is not None:
+                    out.append(("max_seq_len", too_big))
         return out
+
+    def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
+        """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
+        from devices.memory_fit import fit_problem, source_group
+        from devices.types import DEVICE_TYPES
+
+        source = self.models.get(spec.model)
+        dtype = DEVICE_TYPES[platform]
+        toolchain = getattr(spec, "toolchain", None) or dtype.toolchains[0]
+        found = self._sizer.size(spec, source.config(), toolchain, platform, source_group(source))
+        return fit_problem(found, dtype)
 
     # ---------------------------------------------------------------- includes
     def _defaults(self, raw: LineDict, file: Path, errors: list[Problem]) -> dict[str, Any]:
