@@ -256,6 +256,20 @@ class Inventory:
         ]
 
 
+def _device_files(root: Path) -> list[Path]:
+    """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
+    (``devices.site``) added, a site file replacing the packaged one of its device id."""
+    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    from devices.types import SITE_DIR
+
+    site = None if SITE_DIR is None or root.resolve() != PACKAGED_INVENTORY_DIR else SITE_DIR / "inventory"
+    if site is None or not site.is_dir():
+        return files
+    added = sorted([*site.glob("*.yaml"), *site.glob("*.yml")])
+    replaced = {p.stem.lower() for p in added}
+    return [p for p in files if p.stem.lower() not in replaced] + added
+
+
 def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: Path | str) -> Inventory:
     """Every device file in ``directory``, validated; all problems in one error. A local device's relative
     ``work_dir`` is under ``data_dir``."""
@@ -265,7 +279,7 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
     problems: list[str] = []
     devices: dict[str, Device] = {}
     seen: dict[str, Path] = {}
-    for path in sorted([*root.glob("*.yaml"), *root.glob("*.yml")]):
+    for path in _device_files(root):
         device_id = path.stem
         if not _ID.match(device_id):
             problems.append(f"{path}: device id {device_id!r} (the file name) must match {_ID.pattern}")

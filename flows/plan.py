@@ -23,7 +23,8 @@ from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
 from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
-from devices.types import DEVICE_TYPES
+from devices.site import overlay
+from devices.types import DEVICE_TYPES, SITE_DIR
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
@@ -41,7 +42,8 @@ from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_inst
 log = logging.getLogger(__name__)
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
-DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
+# the nightly matrix: the site directory's matrices/nightly.yml when it has one (devices.site), else the shipped one
+DEFAULT_MATRIX = overlay(MATRICES_DIR, "matrices", SITE_DIR, ("*.yml",))["nightly"]
 
 
 class Decision(enum.StrEnum):

@@ -455,29 +455,36 @@ class Catalog:
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):
             raise ConfigurationError(f"{path}: expected a mapping 'models: {{NAME: SOURCE}}'")
+        files = {name: Path(path) for name in models}
+        if Path(path) == CATALOG_FILE:  # the shipped catalog, with the site directory's catalog/ files over it
+            models = dict(models)
+            for site_file, site_models in _site_catalogs():
+                models.update(site_models)
+                files.update(dict.fromkeys(site_models, site_file))
         problems, sources = [], {}
         bases: dict[str, str] = {}
         for name, raw in models.items():
+            src = files[name]  # each model's messages name the file that gave it
             try:
                 entry = _Entry.model_validate(raw)
             except ValidationError as exc:
                 for err in exc.errors():
                     loc = ".".join(str(x) for x in err["loc"])
-                    problems.append(f"{path}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
+                    problems.append(f"{src}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
                 continue
             template = None
             if entry.chat_template is not None:
-                template = (Path(path).parent / entry.chat_template).resolve()
+                template = (src.parent / entry.chat_template).resolve()
                 if not template.is_file():
-                    problems.append(f"{path}: model {name!r} chat_template: no file {template}")
-            limits = _thresholds(entry.thresholds or {}, f"{path}: model {name!r} thresholds", problems)
+                    problems.append(f"{src}: model {name!r} chat_template: no file {template}")
+            limits = _thresholds(entry.thresholds or {}, f"{src}: model {name!r} thresholds", problems)
             if entry.bundled is not None:
                 kind, spec = "bundled", {"bundled": entry.bundled}
             elif entry.synthetic is not None:
                 kind, spec = "synthetic", entry.synthetic.model_dump()
             elif entry.synth_quant is not None:
                 kind, spec = "synth_quant", entry.synth_quant.model_dump()
-                _synth_quant_method(spec["method"], f"{path}: model {name!r} synth_quant.method", problems)
+                _synth_quant_method(spec["method"], f"{src}: model {name!r} synth_quant.method", problems)
             elif entry.synth_variant is not None:
                 kind, spec = "synth_variant", entry.synth_variant.model_dump(exclude_none=True)
             else:
@@ -507,3 +514,21 @@ class Catalog:
 
     def __contains__(self, name: object) -> bool:
         return name in self.sources
+
+
+def _site_catalogs() -> list[tuple[Path, dict[str, Any]]]:
+    """The site directory's ``catalog/*.yml`` files (``devices.site``) and the models each gives, in name order: a
+    model there adds to the shipped catalog or replaces the shipped model of its name."""
+    from devices.site import overlay
+    from devices.types import SITE_DIR
+
+    if SITE_DIR is None:
+        return []
+    out = []
+    for file in overlay(SITE_DIR / "catalog", "catalog", None, ("*.yml", "*.yaml")).values():
+        data = read_yaml(file) or {}
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict):
+            raise ConfigurationError(f"{file}: expected a mapping 'models: {{NAME: SOURCE}}'")
+        out.append((file, models))
+    return out

@@ -169,10 +169,19 @@ class Validator:
                 if not found:
                     out.append((fname, found.reason))
                     break
-            else:
-                if shape is not None and (too_big := self._fit_problem(spec, name)) is not None:
-                    out.append(("max_seq_len", too_big))
         return out
+
+    def _fit_notes(self, spec: TestSpec, platforms: Iterable[str]) -> list[str]:
+        """For each platform the row's engine cannot fit (``devices.memory_fit``, as the plan asks it, when a stage
+        runs on the device): "not applicable on P: needs ...". The plan marks such rows not applicable; validation
+        warns, since a list may name several platforms of which only some are too small."""
+        import stages
+
+        if not self.catalog.device_types or spec.model not in self.models or spec.precision is None \
+                or set(spec.stages) <= stages.host_stages():
+            return []
+        return [f"not applicable on {name}: {why}" for name in sorted(platforms)
+                if (why := self._fit_problem(spec, name)) is not None]
 
     def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
         """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
@@ -293,6 +302,7 @@ class Validator:
 
         entries: list[TestEntry] = []
         first_seen: dict[str, str] = {}
+        fit_notes: list[Problem] = []  # rows that cannot fit a platform's memory (warnings: the plan decides)
         for src, i, item in tests:
             where = f"tests[{i}]"
             if not isinstance(item, dict):
@@ -329,6 +339,8 @@ class Validator:
                 errors.append(Problem(src, reason, line_of(item, (fname.split(".")[0],)), where, fname))
             for fname, reason in self._capability_problems(spec, platforms, feats):
                 errors.append(Problem(src, reason, line_of(item, (fname,)), where, fname))
+            fit_notes += [Problem(src, why, line_of(item, ()), where, "memory")
+                          for why in self._fit_notes(spec, platforms)]
             for row in rows(entry):
                 if row.test_id in first_seen:
                     errors.append(Problem(src, f"duplicate test id{'' if row is entry else ' ' + row.test_id} "
@@ -342,7 +354,7 @@ class Validator:
 
         waivers = self._waivers(raw, file, errors)
         cases = [(e.test_id, p) for e in entries for p in platforms]
-        warnings = self._waiver_warnings(waivers, cases)
+        warnings = fit_notes + self._waiver_warnings(waivers, cases)
         if errors or header is None:
             return None, errors, warnings
         test_list = TestList(

@@ -34,6 +34,6 @@ def load_or_exit() -> None:
         sys.exit(ErrorKind.CONFIGURATION.exit_code)
 
 
-if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py"):
+if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py", "-m"):  # "-m": python -m flows.cli, at import
     apply(sys.argv[1:])
     load_or_exit()
