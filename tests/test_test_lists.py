@@ -420,7 +420,8 @@ def test_waiver_problems_are_errors(tmp_path: Path) -> None:
         """)
     report = validate_paths([tmp_path / "waivers.yml"], today=TODAY)
     text = "\n".join(map(str, report.errors))
-    assert "waivers.yml:3: waivers[0]: platforms: unknown platform 'mars'; known: agx-orin-32gb, orin, orin-nano-8gb" in text
+    assert ("waivers.yml:3: waivers[0]: platforms: unknown platform 'mars'; known: agx-orin-32gb, orin, "
+            "orin-nano-8gb") in text
     assert "waivers[1]: bug: required key is missing" in text
     assert "waivers[1]: expires: Input should be a valid date" in text
     assert "waivers[1]: owner: unknown key 'owner'; valid: pattern, platforms, bug, expires, reason" in text
