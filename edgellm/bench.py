@@ -85,6 +85,18 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def cuda_peaks() -> dict[str, int]:
+    """The torch CUDA allocator's peaks in this process (``cuda_peak_allocated_bytes``, ``cuda_peak_reserved_bytes``)
+    when an engine ran on CUDA here; empty otherwise (torch is never imported for it)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"cuda_peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "cuda_peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+
+
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     from edgellm.runtime import Engine
 
@@ -152,6 +164,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "peak_rss_bytes_before_open": rss_before,
         # the engine's peak memory on the host: the process's peak RSS less its peak before the engine opened
         "peak_memory_bytes": peak_rss_bytes() - rss_before,
+        **cuda_peaks(),
         "threads": opts.num_threads,  # null: the runtime's default
         # the runtime session's own settings where its backend records them (ONNX Runtime: thread count, spinning)
         "session": getattr(engine.session, "settings", None),

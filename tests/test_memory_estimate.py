@@ -175,3 +175,18 @@ def test_estimate_within_15_percent_of_the_measured_peak_on_the_cpu(
     assert abs(found.total_bytes - measured) <= 0.15 * measured, (
         f"{model} {precision}: estimate {found.total_bytes / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB "
         f"({found.parts})")
+
+
+def test_bench_peak_memory_is_a_judged_metric() -> None:
+    """The engine's peak memory from ``edgellm bench`` becomes a farm metric, judged like speed (lower is better)."""
+    from edgellm.types import BenchMode
+    from results.regressions import RULES, Direction
+    from toolchains.edgellm.driver import bench_metrics
+
+    report = {"tokens_per_s": 10.0, "ms_per_token": {"median": 100.0, "p90": 120.0}, "peak_rss_bytes": 300 * MIB,
+              "peak_memory_bytes": 60 * MIB, "cuda_peak_allocated_bytes": 2 * MIB}
+    metrics = bench_metrics(BenchMode.DECODE, report)
+    assert metrics["decode_peak_memory_mb"] == (60.0, "MiB")
+    assert metrics["decode_cuda_peak_allocated_mb"] == (2.0, "MiB") and "decode_cuda_peak_reserved_mb" not in metrics
+    for name in ("decode_peak_memory_mb", "prefill_peak_memory_mb", "decode_cuda_peak_allocated_mb"):
+        assert RULES[name].direction is Direction.LOWER_IS_BETTER

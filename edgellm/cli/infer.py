@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgellm.bench import peak_rss_bytes
+from edgellm.bench import cuda_peaks, peak_rss_bytes
 
 NAME = "infer"
 HELP = "run generation requests (JSON file) on a built engine"
@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
     results = engine.generate(requests)
     write_response_file(args.output_file, results)
     print(json.dumps({"output_file": str(args.output_file), "responses": len(results),
-                      "peak_memory_bytes": peak_rss_bytes() - rss_before}), file=sys.stdout)
+                      "peak_memory_bytes": peak_rss_bytes() - rss_before, **cuda_peaks()}), file=sys.stdout)
     return 0
