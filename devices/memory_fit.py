@@ -10,7 +10,16 @@ from typing import Any, Protocol
 from devices.types import DeviceType
 from edgellm.config import ModelConfig
 from edgellm.errors import ConfigurationError
-from edgellm.memory import GB, MemoryEstimate, Reserve, compute_dtype, estimate, load_reserves, reserve_for
+from edgellm.memory import (
+    GB,
+    RESERVES_FILE,
+    MemoryEstimate,
+    Reserve,
+    compute_dtype,
+    estimate,
+    load_reserves,
+    reserve_for,
+)
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 
 
@@ -63,8 +72,10 @@ def memory_json(found: MemoryEstimate | None) -> dict[str, Any] | None:
     """What a job of the plan carries: ``{"estimate_gb", "parts": {part: GB}}``, and where the reserve came from."""
     if found is None:
         return None
+    r = found.reserve
     return {"estimate_gb": found.estimate_gb, "parts": {k: round(v / GB, 4) for k, v in found.parts.items()},
-            "reserve": found.reserve_source}
+            "reserve": f"measured for {r.toolchain} on {r.device_type} ({RESERVES_FILE.name})" if r is not None
+            else "none measured for this toolchain and platform"}
 
 
 def fit_problem(found: MemoryEstimate | None, device_type: DeviceType) -> str | None:

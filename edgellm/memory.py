@@ -13,6 +13,7 @@ Sizes are bytes; ``GB`` is 2**30 bytes (board memory is sized in powers of two).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class MemoryEstimate:
     parts: dict[str, int]  # bytes: weights, embeddings, lm_head, kv_cache, activations, runtime_reserve
     reserve_source: str
     notes: tuple[str, ...] = field(default=())
+    reserve: Reserve | None = None  # the measurement its runtime_reserve is, if any
 
     @property
     def total_bytes(self) -> int:
@@ -100,15 +102,33 @@ def load_reserves(path: Path = RESERVES_FILE) -> dict[tuple[str, str], Reserve]:
 def compute_dtype(toolchain: str | None, path: Path = RESERVES_FILE) -> str | None:
     """The float format a toolchain's runtime computes in and holds unquantized weights in, when it is not the
     row's own (the data file's ``compute_dtypes``); None: not stated (float rows as built, quantized rows fp16)."""
-    from edgellm.yamlio import read_yaml
-
     if toolchain is None:
         return None
-    table = read_yaml(path).get("compute_dtypes") or {}
-    found = table.get(toolchain)
+    found = _compute_dtypes(path).get(toolchain)
     if found is not None and found not in FLOAT_BYTES:
         raise ConfigurationError(f"{path}: compute_dtypes.{toolchain}: {found!r}; valid: {', '.join(FLOAT_BYTES)}")
     return found
+
+
+@functools.cache
+def _compute_dtypes(path: Path) -> dict[str, Any]:
+    from edgellm.yamlio import read_yaml
+
+    data = read_yaml(path)
+    table = data.get("compute_dtypes") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{path}: expected a mapping 'compute_dtypes: {{TOOLCHAIN: FLOAT DTYPE}}'")
+    return table
+
+
+def missing_reserve(toolchain: str | None, device_type: str | None,
+                    reserves: dict[tuple[str, str], Reserve]) -> str:
+    """What an estimate without a reserve says of it: which pair has no measurement, and which pairs have one."""
+    measured = ", ".join(f"{t} on {d}" for t, d in sorted(reserves)) or "none"
+    if toolchain is None:
+        return f"no toolchain given: no runtime reserve (measured: {measured})"
+    return (f"no reserve measured for {toolchain} on {device_type or 'any one device type'}: none added "
+            f"(measured: {measured})")
 
 
 def reserve_for(toolchain: str | None, device_type: str | None,
@@ -180,7 +200,8 @@ def _kv_lengths(cfg: ModelConfig, family: Any, max_seq_len: int) -> list[int]:
 def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, max_batch_size: int,
              max_input_len: int | None = None, lm_head_precision: LMHeadPrecision | str | None = None,
              kv_cache_precision: KVCachePrecision | str | None = None, group_size: int | None = None,
-             float_dtype: str | None = None, reserve: Reserve | None = None) -> MemoryEstimate:
+             float_dtype: str | None = None, reserve: Reserve | None = None,
+             no_reserve: str = "no runtime reserve given") -> MemoryEstimate:
     """The memory an engine of ``cfg`` built at these shapes needs (see the module's docstring)."""
     from edgellm.models.base import NoFamilyError, family_for
 
@@ -231,8 +252,8 @@ def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, 
     parts = {"weights": int(linears * per_value + other * fb), "embeddings": int(embed), "lm_head": int(head_bytes),
              "kv_cache": int(kv_bytes), "activations": int(act),
              "runtime_reserve": reserve.bytes if reserve is not None else 0}
-    source = reserve.source if reserve is not None else "not measured for this toolchain and device type: no reserve"
-    return MemoryEstimate(parts, source, tuple(notes))
+    source = reserve.source if reserve is not None else no_reserve
+    return MemoryEstimate(parts, source, tuple(notes), reserve)
 
 
 def _generic_parameters(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

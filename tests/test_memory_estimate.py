@@ -22,6 +22,7 @@ from edgellm.memory import (
     estimate,
     estimate_checkpoint,
     load_reserves,
+    missing_reserve,
     reserve_for,
     weight_bytes_per_value,
 )
@@ -82,8 +83,10 @@ def test_reserve_comes_from_the_stored_measurements_with_its_source() -> None:
     assert measured.bytes > 10 * MIB and "measured" in measured.source and "edgellm bench" in measured.source
     assert reserve_for("edgellm-ort", None, table) == measured
     assert reserve_for("tensorrt-edgellm", "orin", table) is None
-    found = estimate(_cfg(), "fp16", max_seq_len=64, max_batch_size=1, reserve=None)
-    assert found.parts["runtime_reserve"] == 0 and "not measured" in found.reserve_source
+    note = missing_reserve("tensorrt-edgellm", "orin", table)
+    assert note == "no reserve measured for tensorrt-edgellm on orin: none added (measured: edgellm-ort on x86-cpu)"
+    found = estimate(_cfg(), "fp16", max_seq_len=64, max_batch_size=1, reserve=None, no_reserve=note)
+    assert found.parts["runtime_reserve"] == 0 and found.reserve_source == note
     assert compute_dtype("edgellm-ort") == "fp32" and compute_dtype("tensorrt-edgellm") is None
 
 
