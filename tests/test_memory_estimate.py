@@ -193,3 +193,10 @@ def test_bench_peak_memory_is_a_judged_metric() -> None:
     assert metrics["decode_cuda_peak_allocated_mb"] == (2.0, "MiB") and "decode_cuda_peak_reserved_mb" not in metrics
     for name in ("decode_peak_memory_mb", "prefill_peak_memory_mb", "decode_cuda_peak_allocated_mb"):
         assert RULES[name].direction is Direction.LOWER_IS_BETTER
+
+
+def test_a_supported_rows_cell_shows_the_measured_peak_memory() -> None:
+    from flows.docs_render import metrics_text
+
+    assert metrics_text({"decode_tokens_per_s": 12.34, "decode_peak_memory_mb": 160.3}, "; ") == (
+        "decode tok/s 12.3; peak memory MiB 160")
