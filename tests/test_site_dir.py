@@ -140,3 +140,16 @@ def test_a_bad_site_is_a_configuration_error_naming_it(site: Path, tmp_path: Pat
     (site / "stuff").mkdir()
     done = _edgefarm("devices", "types", site=site, data=tmp_path / "data")
     assert done.returncode == 2 and "unknown subdirectory stuff; valid: device_types, lists" in done.stderr
+
+
+def test_a_site_matrix_replaces_the_shipped_nightly(site: Path, tmp_path: Path) -> None:
+    (site / "matrices").mkdir()
+    (site / "matrices" / "nightly.yml").write_text(
+        "name: lab-nightly\nmodels: [stories260K, site-llama-big]\nprecisions: [fp32]\nplatforms: [tiny-cpu]\n"
+        "defaults: {max_seq_len: 256, max_batch_size: 2, max_input_len: 128, stages: [export, build, infer]}\n")
+    done = _edgefarm("nightly", "--dry-run", "--format", "json", site=site, data=tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["name"] == "lab-nightly"
+    decided = {j["model"]: j["decision"] for j in plan["jobs"]}
+    assert decided == {"stories260K": "run", "site-llama-big": "not_applicable"}
