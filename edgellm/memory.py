@@ -219,6 +219,9 @@ def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, 
     except NoFamilyError:
         family = None
         notes.append(f"model_type {cfg.model_type!r}: no registered family; parameters from the generic decoder shape")
+    except UnsupportedError as exc:  # a family that refuses to run this config can still be sized, conservatively
+        family = None
+        notes.append(f"sized from the generic decoder shape with full attention: {exc}")
     fdt = _float_dtype(p, float_dtype)
     fb = FLOAT_BYTES[fdt]
     head = LMHeadPrecision.parse(lm_head_precision, what="LM-head precision") if lm_head_precision else None

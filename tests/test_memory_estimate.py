@@ -200,3 +200,12 @@ def test_a_supported_rows_cell_shows_the_measured_peak_memory() -> None:
 
     assert metrics_text({"decode_tokens_per_s": 12.34, "decode_peak_memory_mb": 160.3}, "; ") == (
         "decode tok/s 12.3; peak memory MiB 160")
+
+
+def test_a_config_the_runtime_refuses_is_still_sized_and_says_how() -> None:
+    """Sizing needs the shapes only: a family that refuses to run a config (here its activation) does not stop the
+    estimate, which falls back to the generic decoder's parameters and full attention, and says so."""
+    refused = estimate(_cfg(hidden_act="gelu_new"), "fp16", max_seq_len=64, max_batch_size=1)
+    plain = estimate(_cfg(), "fp16", max_seq_len=64, max_batch_size=1)
+    assert refused.parts == plain.parts
+    assert any("generic decoder shape" in n and "gelu_new" in n for n in refused.notes)
