@@ -76,6 +76,7 @@ RULES: dict[str, MetricRule] = {
     # the engine's own peak memory (edgellm bench: RSS over its baseline; torch-CUDA: the allocator's peak)
     "prefill_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "decode_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "infer_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "prefill_cuda_peak_allocated_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "decode_cuda_peak_allocated_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "ttft_ms": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),

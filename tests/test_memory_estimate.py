@@ -209,3 +209,20 @@ def test_a_config_the_runtime_refuses_is_still_sized_and_says_how() -> None:
     plain = estimate(_cfg(), "fp16", max_seq_len=64, max_batch_size=1)
     assert refused.parts == plain.parts
     assert any("generic decoder shape" in n and "gelu_new" in n for n in refused.notes)
+
+
+def test_infer_writes_the_engines_peak_memory_beside_its_responses(stories_engine, tmp_path: Path) -> None:
+    """``edgellm infer``'s output file carries the run's peak memory, which the farm's infer stage records as the
+    judged metric ``infer_peak_memory_mb``."""
+    from results.regressions import RULES, Direction
+
+    requests = tmp_path / "req.json"
+    requests.write_text(json.dumps({"requests": [{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 8}]}))
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-m", "edgellm", "infer", "--engine-dir", str(stories_engine.engine_dir),
+                    "--input-file", str(requests), "--output-file", str(out), "--threads", "1"],
+                   capture_output=True, text=True, check=True)
+    written = json.loads(out.read_text())
+    assert len(written["responses"]) == 1
+    assert 10 * MIB < written["peak_memory_bytes"] < 500 * MIB  # the ONNX Runtime session and a 1 MiB model
+    assert RULES["infer_peak_memory_mb"].direction is Direction.LOWER_IS_BETTER

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     rss_before = peak_rss_bytes()
     engine = Engine.open(args.engine_dir, num_threads=args.threads)
     results = engine.generate(requests)
-    write_response_file(args.output_file, results)
-    print(json.dumps({"output_file": str(args.output_file), "responses": len(results),
-                      "peak_memory_bytes": peak_rss_bytes() - rss_before, **cuda_peaks()}), file=sys.stdout)
+    # the engine's peak memory over the run: host RSS over the baseline before it opened; torch-CUDA's allocator
+    peaks = {"peak_memory_bytes": peak_rss_bytes() - rss_before, **cuda_peaks()}
+    write_response_file(args.output_file, results, peaks)
+    print(json.dumps({"output_file": str(args.output_file), "responses": len(results), **peaks}), file=sys.stdout)
     return 0
