@@ -32,7 +32,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from devices._yaml import read_yaml_mapping, validation_problems
-from devices.types import DEVICE_TYPES, DeviceType, Platform
+from devices.types import DEVICE_TYPES, DeviceType, platform_enum
 from edgellm.errors import ConfigurationError
 from toolchains import base as toolchains
 
@@ -90,8 +90,9 @@ class Device(BaseModel):
         return toolchains.driver_class(name)().device_config(self.toolchains[name], self.id)
 
     @property
-    def platform(self) -> Platform:
-        return Platform(self.type)
+    def platform(self) -> str:
+        """The device type's name, as a ``Platform`` member."""
+        return platform_enum()(self.type)
 
     @property
     def device_type(self) -> DeviceType:
@@ -249,8 +250,8 @@ class Inventory:
             valid = ", ".join(self.devices) or "(none)"
             raise ConfigurationError(f"unknown device {device_id!r} in {self.directory}; valid: {valid}") from None
 
-    def select(self, *, platform: Platform | str | None = None, labels: set[str] | None = None) -> list[Device]:
-        wanted = Platform.parse(platform, what="platform") if platform is not None else None
+    def select(self, *, platform: str | None = None, labels: set[str] | None = None) -> list[Device]:
+        wanted = platform_enum().parse(platform, what="platform") if platform is not None else None
         return [
             d for d in self if (wanted is None or d.platform is wanted) and (labels is None or d.has_labels(labels))
         ]
@@ -260,9 +261,10 @@ def _device_files(root: Path) -> list[Path]:
     """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
     (``devices.site``) added, a site file replacing the packaged one of its device id."""
     files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
-    from devices.types import SITE_DIR
+    from devices.site import current
 
-    site = None if SITE_DIR is None or root.resolve() != PACKAGED_INVENTORY_DIR else SITE_DIR / "inventory"
+    site_dir = current()
+    site = None if site_dir is None or root.resolve() != PACKAGED_INVENTORY_DIR else site_dir / "inventory"
     if site is None or not site.is_dir():
         return files
     added = sorted([*site.glob("*.yaml"), *site.glob("*.yml")])

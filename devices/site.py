@@ -1,39 +1,62 @@
-"""A lab's own files beside the packaged ones: the site directory (``EDGEFARM_SITE_DIR``, or ``edgefarm --site-dir``).
+"""A lab's own files beside the packaged ones: the site directory (``$EDGEFARM_SITE_DIR``, or ``edgefarm --site-dir``).
 
 Its subdirectories hold files of the packaged schemas, one kind each (``KINDS``): a site file adds to the packaged
 ones, or replaces the packaged file of the same name; either way it is validated as the packaged ones are, and
 listings say where each came from. Nothing of the installed package is edited, so an upgrade keeps the lab's files.
 
-Registries ask ``overlay`` with the site directory they were given (``site_dir()`` reads the setting once, at the
-edge); none reads the environment itself (issue 38: registries built from settings, carried in a context).
+The settings (``flows.settings``, the one reader of the farm's environment) and the command line ``configure`` the
+site directory; registries ask ``current()`` when they are first built and pass it to their loaders (issue 38 moves
+this into a context built from the settings). Once a registry has read it, it cannot change in this process.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from edgellm.errors import ConfigurationError
 
-ENV_SITE_DIR = "EDGEFARM_SITE_DIR"
 KINDS = ("device_types", "lists", "matrices", "inventory", "catalog")
+_state: dict[str, Path | bool | None] = {"site": None, "read": False}
 
 
-def site_dir(value: str | Path | None = None) -> Path | None:
-    """The site directory: ``value``, else ``EDGEFARM_SITE_DIR``, else None. One that is not a directory, or that
-    holds a subdirectory no kind names, is a ConfigurationError naming it and the valid kinds."""
-    raw = value if value is not None else os.environ.get(ENV_SITE_DIR) or None
-    if raw is None:
-        return None
-    path = Path(raw).expanduser()
+def checked(value: str | Path) -> Path:
+    """``value`` as a site directory: one that is not a directory, or that holds a subdirectory no kind names, is a
+    ConfigurationError naming it and the valid kinds."""
+    path = Path(value).expanduser()
     if not path.is_dir():
-        raise ConfigurationError(f"site directory {str(raw)!r} ({ENV_SITE_DIR} or --site-dir) is not a directory; "
-                                 f"it holds {', '.join(f'{k}/' for k in KINDS)}")
+        raise ConfigurationError(f"site directory {str(value)!r} ($EDGEFARM_SITE_DIR or --site-dir) is not a "
+                                 f"directory; it holds {', '.join(f'{k}/' for k in KINDS)}")
     stray = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name not in KINDS and not p.name.startswith("."))
     if stray:
         raise ConfigurationError(f"site directory {path}: unknown subdirector{'ies' if len(stray) > 1 else 'y'} "
                                  f"{', '.join(stray)}; valid: {', '.join(KINDS)}")
     return path.resolve()
+
+
+def configure(value: str | Path | None) -> Path | None:
+    """Set this process's site directory (None: none), checked; refused once a registry has read another one."""
+    site = None if value is None or str(value) == "" else checked(value)
+    if _state["read"] and site != _state["site"]:
+        raise ConfigurationError(f"site directory {site} given after the registries were built from "
+                                 f"{_state['site'] or 'the packaged files alone'}: give --site-dir first")
+    _state["site"], _state["set"] = site, True
+    return site
+
+
+def configure_default(value: str | Path | None) -> Path | None:
+    """``configure(value)`` unless this process already set or read its site directory (the command line's
+    ``--site-dir`` wins over the environment a worker's settings read later)."""
+    if _state["set"] or _state["read"]:
+        return current()
+    return configure(value)
+
+
+def current() -> Path | None:
+    """The configured site directory (None: the packaged files alone); from now on it cannot change."""
+    _state["read"] = True
+    site = _state["site"]
+    assert site is None or isinstance(site, Path)
+    return site
 
 
 def overlay(packaged: Path, kind: str, site: Path | None, patterns: tuple[str, ...]) -> dict[str, Path]:

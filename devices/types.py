@@ -1,4 +1,5 @@
-"""Device types: one YAML file each in ``devices/types/``; the ``Platform`` enum is built from them at import.
+"""Device types: one YAML file each in ``devices/types/`` and a site directory's ``device_types/``; the ``Platform``
+enum is built from them on first use.
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
@@ -8,14 +9,17 @@ answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the devic
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from devices import site
 from devices._yaml import read_yaml_mapping, validation_problems
-from devices.site import overlay, site_dir
+from devices.site import overlay
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 from toolchains import base as toolchains
@@ -136,8 +140,8 @@ class DeviceType(BaseModel):
         return round(self.memory_gb - self.os_reserve_gb, 3)
 
     @property
-    def platform(self) -> Platform:
-        return Platform(self.name)
+    def platform(self) -> _ChoiceEnum:
+        return platform_enum()(self.name)
 
     @property
     def label(self) -> str:
@@ -213,15 +217,49 @@ def device_type_files(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | No
     return overlay(directory, "device_types", site_dir, ("*.yaml",))
 
 
-# The site directory is read once, here, from the settings' environment (EDGEFARM_SITE_DIR; edgefarm --site-dir sets
-# it before this module is imported); issue 38 moves this into a context built from the settings.
-SITE_DIR: Path | None = site_dir()
-DEVICE_TYPES: dict[str, DeviceType] = load_device_types(site_dir=SITE_DIR)
+class _DeviceTypes(MutableMapping[str, DeviceType]):
+    """The device types of this process, read on first use from the packaged files and the configured site
+    directory (``devices.site.current()``), so the settings and the command line can name the site first."""
 
-# Platform = device type name; members are the YAML files found above (X86_CPU = "x86-cpu", ORIN = "orin"...).
-Platform = _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+    def __init__(self) -> None:
+        self._types: dict[str, DeviceType] | None = None
+
+    def _loaded(self) -> dict[str, DeviceType]:
+        if self._types is None:
+            self._types = load_device_types(site_dir=site.current())
+        return self._types
+
+    def __getitem__(self, name: str) -> DeviceType:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __setitem__(self, name: str, value: DeviceType) -> None:  # tests stand a type in
+        self._loaded()[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded()[name]
 
 
-def device_type(name: Platform | str) -> DeviceType:
+DEVICE_TYPES: MutableMapping[str, DeviceType] = _DeviceTypes()
+
+
+@functools.cache
+def platform_enum() -> type[_ChoiceEnum]:
+    # Platform = device type name; members are the types found (X86_CPU = "x86-cpu", ORIN = "orin"...)
+    return _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Platform":  # built with the device types, on first use
+        return platform_enum()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def device_type(name: str) -> DeviceType:
     """The device type called ``name``; an unknown name is a ConfigurationError listing the valid ones."""
-    return DEVICE_TYPES[Platform.parse(name, what="device type")]
+    return DEVICE_TYPES[platform_enum().parse(name, what="device type")]

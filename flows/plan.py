@@ -23,8 +23,8 @@ from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
 from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
-from devices.site import overlay
-from devices.types import DEVICE_TYPES, SITE_DIR
+from devices.site import current, overlay
+from devices.types import DEVICE_TYPES
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
@@ -42,8 +42,13 @@ from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_inst
 log = logging.getLogger(__name__)
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
-# the nightly matrix: the site directory's matrices/nightly.yml when it has one (devices.site), else the shipped one
-DEFAULT_MATRIX = overlay(MATRICES_DIR, "matrices", SITE_DIR, ("*.yml",))["nightly"]
+DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
+
+
+def default_matrix() -> Path:
+    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (devices.site), else the
+    shipped one."""
+    return overlay(MATRICES_DIR, "matrices", current(), ("*.yml",))["nightly"]
 
 
 class Decision(enum.StrEnum):

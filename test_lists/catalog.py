@@ -519,13 +519,13 @@ class Catalog:
 def _site_catalogs() -> list[tuple[Path, dict[str, Any]]]:
     """The site directory's ``catalog/*.yml`` files (``devices.site``) and the models each gives, in name order: a
     model there adds to the shipped catalog or replaces the shipped model of its name."""
-    from devices.site import overlay
-    from devices.types import SITE_DIR
+    from devices.site import current, overlay
 
-    if SITE_DIR is None:
+    site = current()
+    if site is None:
         return []
     out = []
-    for file in overlay(SITE_DIR / "catalog", "catalog", None, ("*.yml", "*.yaml")).values():
+    for file in overlay(site / "catalog", "catalog", None, ("*.yml", "*.yaml")).values():
         data = read_yaml(file) or {}
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):

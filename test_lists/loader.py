@@ -37,10 +37,9 @@ def list_files(lists_dir: Path | None = None) -> dict[str, Path]:
     if lists_dir is not None:
         found = {p.stem: p for p in sorted(Path(lists_dir).glob("*.yml"))}
     else:
-        from devices.site import overlay
-        from devices.types import SITE_DIR
+        from devices.site import current, overlay
 
-        found = overlay(LISTS_DIR, "lists", SITE_DIR, ("*.yml",))
+        found = overlay(LISTS_DIR, "lists", current(), ("*.yml",))
     return {name: path for name, path in sorted(found.items()) if name not in NOT_LISTS}
 
 
@@ -110,10 +109,9 @@ def validate_paths(
     if paths:
         files, missing = _expand([Path(p) for p in paths])
     else:  # the shipped lists, and the site directory's over them (a site file replaces the shipped one of its name)
-        from devices.site import overlay
-        from devices.types import SITE_DIR
+        from devices.site import current, overlay
 
-        files, missing = list(overlay(LISTS_DIR, "lists", SITE_DIR, ("*.yml",)).values()), []
+        files, missing = list(overlay(LISTS_DIR, "lists", current(), ("*.yml",)).values()), []
     catalog, catalog_problems = None, []
     for f in files:
         if f.stem == CATALOG_STEM:

@@ -38,12 +38,10 @@ app.command(name="compare")(compare)
 def _site(site_dir: str | None = typer.Option(
         None, "--site-dir", help="a lab's own device_types/, lists/, matrices/, inventory/, catalog/ over the "
                                  "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")) -> None:
-    from devices.types import SITE_DIR
-
     if site_dir is not None:
-        from devices.site import site_dir as checked
+        from devices.site import checked, current
 
-        if checked(site_dir) != SITE_DIR:
+        if checked(site_dir) != current():
             raise typer.BadParameter(f"{site_dir!r} was not applied: give --site-dir first, before the command "
                                      f"(or set $EDGEFARM_SITE_DIR)", param_hint="--site-dir")
 

@@ -209,17 +209,18 @@ def device_types(
 ) -> None:
     """Every device type: SM, memory (and what is usable after the OS's share), bandwidth, toolchains, and the file
     it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
-    from devices.site import origin
-    from devices.types import DEVICE_TYPES, SITE_DIR, device_type_files
+    from devices.site import current, origin
+    from devices.types import DEVICE_TYPES, device_type_files
 
-    files = device_type_files(site_dir=SITE_DIR)
+    site = current()
+    files = device_type_files(site_dir=site)
     rows = [{"name": t.name, "sm": t.sm, "memory_gb": t.memory_gb, "usable_memory_gb": t.usable_memory_gb,
              "memory_bandwidth_gbps": t.memory_bandwidth_gbps, "toolchains": list(t.toolchains),
-             "origin": origin(files[t.name], SITE_DIR), "file": str(files[t.name])} for t in DEVICE_TYPES.values()]
+             "origin": origin(files[t.name], site), "file": str(files[t.name])} for t in DEVICE_TYPES.values()]
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title=cell(f"{len(rows)} device type(s)" + (f"; site directory {SITE_DIR}" if SITE_DIR else "")))
+    table = Table(title=cell(f"{len(rows)} device type(s)" + (f"; site directory {site}" if site else "")))
     for column in ("name", "SM", "memory GB", "usable GB", "bandwidth GB/s", "toolchains", "from"):
         table.add_column(column, no_wrap=column == "name")
     for r in rows:

@@ -27,12 +27,12 @@ def _summary(report: Report) -> str:
 def _origins(report: Report) -> None:
     """Which files came from the site directory (``$EDGEFARM_SITE_DIR`` / ``--site-dir``), and which of them replace a
     shipped file of the same name."""
-    from devices.site import origin
-    from devices.types import SITE_DIR
+    from devices.site import current, origin
     from test_lists.loader import LISTS_DIR
 
+    site = current()
     for f in report.files:
-        if origin(f, SITE_DIR) == "site":
+        if origin(f, site) == "site":
             replaced = " (replaces the shipped one)" if (LISTS_DIR / f.name).is_file() else ""
             typer.echo(f"site: {f}{replaced}")
 
