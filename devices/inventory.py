@@ -32,7 +32,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from devices._yaml import read_yaml_mapping, validation_problems
-from devices.types import DEVICE_TYPES, DeviceType, Platform
+from devices.types import DEVICE_TYPES, DeviceType, platform_enum
 from edgellm.errors import ConfigurationError
 from toolchains import base as toolchains
 
@@ -90,8 +90,9 @@ class Device(BaseModel):
         return toolchains.driver_class(name)().device_config(self.toolchains[name], self.id)
 
     @property
-    def platform(self) -> Platform:
-        return Platform(self.type)
+    def platform(self) -> str:
+        """The device type's name, as a ``Platform`` member."""
+        return platform_enum()(self.type)
 
     @property
     def device_type(self) -> DeviceType:
@@ -249,11 +250,26 @@ class Inventory:
             valid = ", ".join(self.devices) or "(none)"
             raise ConfigurationError(f"unknown device {device_id!r} in {self.directory}; valid: {valid}") from None
 
-    def select(self, *, platform: Platform | str | None = None, labels: set[str] | None = None) -> list[Device]:
-        wanted = Platform.parse(platform, what="platform") if platform is not None else None
+    def select(self, *, platform: str | None = None, labels: set[str] | None = None) -> list[Device]:
+        wanted = platform_enum().parse(platform, what="platform") if platform is not None else None
         return [
             d for d in self if (wanted is None or d.platform is wanted) and (labels is None or d.has_labels(labels))
         ]
+
+
+def _device_files(root: Path) -> list[Path]:
+    """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
+    (``devices.site``) added, a site file replacing the packaged one of its device id."""
+    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    from devices.site import current
+
+    site_dir = current()
+    site = None if site_dir is None or root.resolve() != PACKAGED_INVENTORY_DIR else site_dir / "inventory"
+    if site is None or not site.is_dir():
+        return files
+    added = sorted([*site.glob("*.yaml"), *site.glob("*.yml")])
+    replaced = {p.stem.lower() for p in added}
+    return [p for p in files if p.stem.lower() not in replaced] + added
 
 
 def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: Path | str) -> Inventory:
@@ -265,7 +281,7 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
     problems: list[str] = []
     devices: dict[str, Device] = {}
     seen: dict[str, Path] = {}
-    for path in sorted([*root.glob("*.yaml"), *root.glob("*.yml")]):
+    for path in _device_files(root):
         device_id = path.stem
         if not _ID.match(device_id):
             problems.append(f"{path}: device id {device_id!r} (the file name) must match {_ID.pattern}")

@@ -1,4 +1,5 @@
-"""Device types: one YAML file each in ``devices/types/``; the ``Platform`` enum is built from them at import.
+"""Device types: one YAML file each in ``devices/types/`` and a site directory's ``device_types/``; the ``Platform``
+enum is built from them on first use.
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
@@ -8,13 +9,17 @@ answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the devic
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from devices import site
 from devices._yaml import read_yaml_mapping, validation_problems
+from devices.site import overlay
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
 from toolchains import base as toolchains
@@ -50,6 +55,10 @@ class DeviceType(BaseModel):
     arch: Arch
     sm: int | None = Field(ge=10, le=999)  # CUDA compute capability x10 (87 = 8.7); None = no GPU
     memory_gb: float = Field(gt=0)
+    # what the OS and the board's services keep of memory_gb (Jetson: CPU and GPU share it); an engine fits when its
+    # estimate (edgellm.memory) is at most usable_memory_gb
+    os_reserve_gb: float = Field(default=0.0, ge=0)
+    memory_bandwidth_gbps: float | None = Field(default=None, gt=0)  # the vendor's published peak, GB/s
     toolchains: tuple[str, ...] = Field(min_length=1)  # registered toolchain names, in order of preference
     precisions: tuple[Precision, ...] = Field(min_length=1)
     kv_cache_precisions: tuple[KVCachePrecision, ...] = Field(min_length=1)
@@ -120,13 +129,19 @@ class DeviceType(BaseModel):
                 need = MIN_SM.get(precision.value)
                 if need is not None and self.sm is not None and self.sm < need:
                     problems.append(f"{what} {precision} needs SM{need}+ but sm is {self.sm}")
+        if self.os_reserve_gb >= self.memory_gb:
+            problems.append(f"os_reserve_gb {self.os_reserve_gb} must be below memory_gb {self.memory_gb}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
     @property
-    def platform(self) -> Platform:
-        return Platform(self.name)
+    def usable_memory_gb(self) -> float:
+        return round(self.memory_gb - self.os_reserve_gb, 3)
+
+    @property
+    def platform(self) -> _ChoiceEnum:
+        return platform_enum()(self.name)
 
     @property
     def label(self) -> str:
@@ -164,15 +179,19 @@ class DeviceType(BaseModel):
 _TYPE_KEYS = list(DeviceType.model_fields)
 
 
-def load_device_types(directory: Path = DEVICE_TYPES_DIR) -> dict[str, DeviceType]:
-    """Every ``*.yaml`` in ``directory``, validated; every problem of every file in one ConfigurationError."""
+def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, DeviceType]:
+    """Every ``*.yaml`` in ``directory``, with a site directory's ``device_types/`` over them (``devices.site``: a
+    site file adds a type or replaces the packaged one of its name), validated; every problem of every file in one
+    ConfigurationError. Where each came from: ``device_type_files``."""
     problems: list[str] = []
     types: dict[str, DeviceType] = {}
     if not directory.is_dir():
         raise ConfigurationError(f"device type directory {directory} does not exist")
-    for stray in sorted(directory.glob("*.yml")):
-        problems.append(f"{stray}: device type files end in .yaml")
-    for path in sorted(directory.glob("*.yaml")):
+    site_types = None if site_dir is None else site_dir / "device_types"
+    for folder in (directory, site_types):
+        if folder is not None and folder.is_dir():
+            problems += [f"{stray}: device type files end in .yaml" for stray in sorted(folder.glob("*.yml"))]
+    for path in device_type_files(directory, site_dir=site_dir).values():
         try:
             data = read_yaml_mapping(path)
             device_type = DeviceType.model_validate(data)
@@ -193,12 +212,54 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR) -> dict[str, DeviceTyp
     return types
 
 
-DEVICE_TYPES: dict[str, DeviceType] = load_device_types()
+def device_type_files(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, Path]:
+    """Device type name -> the file it is read from (a site file over the packaged one of its name)."""
+    return overlay(directory, "device_types", site_dir, ("*.yaml",))
 
-# Platform = device type name; members are the YAML files found above (X86_CPU = "x86-cpu", ORIN = "orin"...).
-Platform = _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+
+class _DeviceTypes(MutableMapping[str, DeviceType]):
+    """The device types of this process, read on first use from the packaged files and the configured site
+    directory (``devices.site.current()``), so the settings and the command line can name the site first."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, DeviceType] | None = None
+
+    def _loaded(self) -> dict[str, DeviceType]:
+        if self._types is None:
+            self._types = load_device_types(site_dir=site.current())
+        return self._types
+
+    def __getitem__(self, name: str) -> DeviceType:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __setitem__(self, name: str, value: DeviceType) -> None:  # tests stand a type in
+        self._loaded()[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded()[name]
 
 
-def device_type(name: Platform | str) -> DeviceType:
+DEVICE_TYPES: MutableMapping[str, DeviceType] = _DeviceTypes()
+
+
+@functools.cache
+def platform_enum() -> type[_ChoiceEnum]:
+    # Platform = device type name; members are the types found (X86_CPU = "x86-cpu", ORIN = "orin"...)
+    return _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Platform":  # built with the device types, on first use
+        return platform_enum()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def device_type(name: str) -> DeviceType:
     """The device type called ``name``; an unknown name is a ConfigurationError listing the valid ones."""
-    return DEVICE_TYPES[Platform.parse(name, what="device type")]
+    return DEVICE_TYPES[platform_enum().parse(name, what="device type")]

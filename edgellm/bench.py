@@ -73,8 +73,28 @@ class BenchOptions:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process: Linux's ``VmHWM`` (its own address space's high-water mark), else
+    ``ru_maxrss`` (KiB on Linux). Not ``ru_maxrss`` first: Linux keeps it across exec, so a process started by a
+    larger one (a test runner, a farm worker) reports its parent's peak until it exceeds it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def cuda_peaks() -> dict[str, int]:
+    """The torch CUDA allocator's peaks in this process (``cuda_peak_allocated_bytes``, ``cuda_peak_reserved_bytes``)
+    when an engine ran on CUDA here; empty otherwise (torch is never imported for it)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"cuda_peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "cuda_peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
 
 
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
@@ -142,6 +162,9 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "step_latency_p90_over_median": p90_s / median_s,
         "peak_rss_bytes": peak_rss_bytes(),
         "peak_rss_bytes_before_open": rss_before,
+        # the engine's peak memory on the host: the process's peak RSS less its peak before the engine opened
+        "peak_memory_bytes": peak_rss_bytes() - rss_before,
+        **cuda_peaks(),
         "threads": opts.num_threads,  # null: the runtime's default
         # the runtime session's own settings where its backend records them (ONNX Runtime: thread count, spinning)
         "session": getattr(engine.session, "settings", None),

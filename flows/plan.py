@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 import stages
 from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
+from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
+from devices.site import current, overlay
 from devices.types import DEVICE_TYPES
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 
 MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
+
+
+def default_matrix() -> Path:
+    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (devices.site), else the
+    shipped one."""
+    return overlay(MATRICES_DIR, "matrices", current(), ("*.yml",))["nightly"]
 
 
 class Decision(enum.StrEnum):
@@ -67,6 +75,9 @@ class Job:
     quantizer_version: str | None = None
     # the checkpoint is already quantized: its precision, read from it, and where (no quantize stage runs for it)
     prequantized: str | None = None
+    # the engine's estimated memory on this platform (flows.memory_fit.memory_json); None: the model's config cannot
+    # be read here
+    memory: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:
@@ -99,7 +110,7 @@ class Job:
                "test_id": e.test_id, "lm_head_precision": e.lm_head_precision and e.lm_head_precision.value,
                "kv_cache_precision": e.kv_cache_precision and e.kv_cache_precision.value,
                "variant": e.variant_json(), "after": e.after,
-               "stages": [str(s) for s in e.stages], "devices": list(self.devices)}
+               "stages": [str(s) for s in e.stages], "devices": list(self.devices), "memory": self.memory}
         if e.toolchain_versions:
             out["toolchain_versions"] = dict(e.toolchain_versions)
         if self.prequantized is not None:
@@ -551,6 +562,7 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
     decided_jobs: dict[str, Job] = {}
     refused: list[str] = []
     carried: dict[str, QuantConfig | None] = {}  # per model: the quantization its checkpoint already carries
+    sizer = Sizer()
     for entry, platform in pairs:
         source = catalog.get(entry.model)
         try:  # a pre-quantized checkpoint's precision is its own (the catalog decides, as for lists validate)
@@ -563,9 +575,14 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
                 refused.append(line)
             continue
         decided = _decide(entry, platform, inventory, catalog, data_dir, carried[entry.model])
+        sized = sizer.size(entry, source.config(), decided.toolchain, platform, source_group(source))
+        if decided.decision in (Decision.RUN, Decision.SKIPPED) and not set(entry.stages) <= stages.host_stages() \
+                and (too_big := fit_problem(sized, DEVICE_TYPES[platform])) is not None:
+            decided = _Decided(Decision.NOT_APPLICABLE, decided.toolchain, too_big)
         job = Job(entry=entry, platform=platform, decision=decided.decision, toolchain=decided.toolchain,
                   reason=decided.reason, devices=decided.devices, **_resolved(decided),
-                  prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None)
+                  prequantized=prequantized_evidence(source) if carried[entry.model] is not None else None,
+                  memory=memory_json(sized))
         if job.key in seen:
             raise ConfigurationError(f"{entry.source}: test {job.test_id} on {platform} appears twice")
         if entry.after is not None and job.decision is Decision.RUN:  # planned only when the one before runs

@@ -29,6 +29,7 @@ ENV_SERVE_AUTH = "EDGEFARM_SERVE_AUTH_STRING"  # "user:password" the API of `edg
 ENV_ARTIFACTS = "EDGEFARM_ARTIFACTS"  # where the artifact store keeps its bytes (artifacts.location)
 ENV_ARTIFACT_CACHE_GB = "EDGEFARM_ARTIFACT_CACHE_GB"  # the bound of a worker's read-through cache of a bucket
 ENV_TOOLCHAIN_INDEX = "EDGEFARM_TOOLCHAIN_INDEX"  # where toolchain installs get wheels (toolchains.mirror.Index)
+ENV_SITE_DIR = "EDGEFARM_SITE_DIR"  # a lab's device types, lists, matrices, inventory, catalog (devices.site)
 ENV_QUANTIZE_ON = "EDGEFARM_QUANTIZE_ON"  # the work pool quantize stages are sent to (over a matrix's quantize_on)
 ENV_HOST_SLOTS = "EDGEFARM_HOST_SLOTS"  # host stages (quantize, export, reference) at once on the orchestrating host
 MAX_HOST_SLOTS = 1024
@@ -71,6 +72,10 @@ class Settings:
         ``db`` may be a flow parameter whose password is hidden (results.db.for_parameters). ``create``: make the
         data dir (commands that only read leave the disk as it is)."""
         env = os.environ if environ is None else environ
+        if environ is None:  # this process's settings: its site directory, unless the command line set one
+            from devices.site import configure_default
+
+            configure_default(env.get(ENV_SITE_DIR) or None)
         root = Path(data_dir or env.get(ENV_DATA_DIR) or Path.cwd() / ".data").resolve()
         if create:
             root.mkdir(parents=True, exist_ok=True)
@@ -195,3 +200,12 @@ def code_version() -> str:
     dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, timeout=10, check=False).stdout.strip()
     return f"{sha}{'-dirty' if dirty else ''}"
+
+
+def configure_site(value: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The site directory of this process (``devices.site``): ``value`` (``edgefarm --site-dir``), else
+    ``$EDGEFARM_SITE_DIR``, else none; checked, and set before any registry is built from it."""
+    from devices.site import configure
+
+    env = os.environ if environ is None else environ
+    return configure(value if value is not None else env.get(ENV_SITE_DIR) or None)

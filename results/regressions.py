@@ -73,6 +73,12 @@ RULES: dict[str, MetricRule] = {
     "decode_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "prefill_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "decode_peak_rss_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    # the engine's own peak memory (edgellm bench: RSS over its baseline; torch-CUDA: the allocator's peak)
+    "prefill_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "decode_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "infer_peak_memory_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "prefill_cuda_peak_allocated_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
+    "decode_cuda_peak_allocated_mb": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "ttft_ms": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
     "infer_ms_per_token": MetricRule(Direction.LOWER_IS_BETTER, _PERF, 0.05),
 }

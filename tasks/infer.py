@@ -90,6 +90,9 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
             if timed:  # a tool that writes no per-request timings gets none: nothing is guessed
                 out.metrics["ttft_ms"] = (statistics.median(t["ttft_ms"] for t in timed), "ms")
                 out.metrics["infer_ms_per_token"] = (statistics.median(t["ms_per_token"] for t in timed), "ms")
+            peak = written.get("peak_memory_bytes") if isinstance(written, dict) else None
+            if isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0:  # edgellm infer's own peak
+                out.metrics["infer_peak_memory_mb"] = (peak / 2**20, "MiB")
             if all(r.get("output_ids") is not None for r in responses):
                 out.metrics["generated_tokens"] = (float(sum(len(r["output_ids"]) for r in responses)), "tokens")
             else:

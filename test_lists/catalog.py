@@ -250,6 +250,31 @@ class ModelSource:
             return None
         return _shape(config)
 
+    def config(self) -> dict[str, Any] | None:
+        """The model's Hugging Face config as a mapping, read without its weights (what ``shape`` reads; a
+        synthetic model's is its family's ``tiny_config`` with the entry's overrides, named by the family's first
+        model_type and architecture); None when it cannot be read here."""
+        if self.kind == "synth_quant":
+            return self.base.config() if self.base is not None else None
+        if self.kind == "synth_variant":
+            return None
+        if self.kind == "synthetic":
+            from edgellm.models.base import family_named
+
+            try:
+                family = family_named(self.spec["family"])
+            except ConfigurationError:
+                return None
+            spec = {k: v for k, v in self.spec.items() if k not in ("family", "seed", "dtype")}
+            return {"model_type": family.model_types[0], "architectures": [family.architectures[0]],
+                    **family.tiny_config, **spec}
+        try:
+            directory = ASSETS_DIR / self.spec["bundled"] if self.kind == "bundled" else self._path()
+            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except (ConfigurationError, OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
     def locate(self, data_dir: Path) -> Path:
         """The checkpoint directory, materializing synthetic checkpoints once under ``data_dir``.
 
@@ -430,29 +455,36 @@ class Catalog:
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):
             raise ConfigurationError(f"{path}: expected a mapping 'models: {{NAME: SOURCE}}'")
+        files = {name: Path(path) for name in models}
+        if Path(path) == CATALOG_FILE:  # the shipped catalog, with the site directory's catalog/ files over it
+            models = dict(models)
+            for site_file, site_models in _site_catalogs():
+                models.update(site_models)
+                files.update(dict.fromkeys(site_models, site_file))
         problems, sources = [], {}
         bases: dict[str, str] = {}
         for name, raw in models.items():
+            src = files[name]  # each model's messages name the file that gave it
             try:
                 entry = _Entry.model_validate(raw)
             except ValidationError as exc:
                 for err in exc.errors():
                     loc = ".".join(str(x) for x in err["loc"])
-                    problems.append(f"{path}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
+                    problems.append(f"{src}: model {name!r}{(' ' + loc) if loc else ''}: {err['msg']}")
                 continue
             template = None
             if entry.chat_template is not None:
-                template = (Path(path).parent / entry.chat_template).resolve()
+                template = (src.parent / entry.chat_template).resolve()
                 if not template.is_file():
-                    problems.append(f"{path}: model {name!r} chat_template: no file {template}")
-            limits = _thresholds(entry.thresholds or {}, f"{path}: model {name!r} thresholds", problems)
+                    problems.append(f"{src}: model {name!r} chat_template: no file {template}")
+            limits = _thresholds(entry.thresholds or {}, f"{src}: model {name!r} thresholds", problems)
             if entry.bundled is not None:
                 kind, spec = "bundled", {"bundled": entry.bundled}
             elif entry.synthetic is not None:
                 kind, spec = "synthetic", entry.synthetic.model_dump()
             elif entry.synth_quant is not None:
                 kind, spec = "synth_quant", entry.synth_quant.model_dump()
-                _synth_quant_method(spec["method"], f"{path}: model {name!r} synth_quant.method", problems)
+                _synth_quant_method(spec["method"], f"{src}: model {name!r} synth_quant.method", problems)
             elif entry.synth_variant is not None:
                 kind, spec = "synth_variant", entry.synth_variant.model_dump(exclude_none=True)
             else:
@@ -482,3 +514,21 @@ class Catalog:
 
     def __contains__(self, name: object) -> bool:
         return name in self.sources
+
+
+def _site_catalogs() -> list[tuple[Path, dict[str, Any]]]:
+    """The site directory's ``catalog/*.yml`` files (``devices.site``) and the models each gives, in name order: a
+    model there adds to the shipped catalog or replaces the shipped model of its name."""
+    from devices.site import current, overlay
+
+    site = current()
+    if site is None:
+        return []
+    out = []
+    for file in overlay(site / "catalog", "catalog", None, ("*.yml", "*.yaml")).values():
+        data = read_yaml(file) or {}
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict):
+            raise ConfigurationError(f"{file}: expected a mapping 'models: {{NAME: SOURCE}}'")
+        out.append((file, models))
+    return out

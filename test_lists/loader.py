@@ -30,11 +30,22 @@ class TestListError(ConfigurationError):
         super().__init__(f"{len(problems)} problem(s) in test lists: " + "; ".join(str(p) for p in problems))
 
 
+def list_files(lists_dir: Path | None = None) -> dict[str, Path]:
+    """List name -> file: the ``*.yml`` of ``lists_dir``, or by default the shipped ones with the site directory's
+    ``lists/`` over them (``devices.site``: a site list adds one or replaces the shipped one of its name); waivers.yml
+    and the model catalog are not lists."""
+    if lists_dir is not None:
+        found = {p.stem: p for p in sorted(Path(lists_dir).glob("*.yml"))}
+    else:
+        from devices.site import current, overlay
+
+        found = overlay(LISTS_DIR, "lists", current(), ("*.yml",))
+    return {name: path for name, path in sorted(found.items()) if name not in NOT_LISTS}
+
+
 def list_names(lists_dir: Path | None = None) -> list[str]:
-    """Names of the lists in ``lists_dir`` (default: the shipped ones): ``*.yml`` stems except waivers.yml and
-    the model catalog."""
-    lists_dir = Path(lists_dir) if lists_dir is not None else LISTS_DIR
-    return sorted(p.stem for p in lists_dir.glob("*.yml") if p.stem not in NOT_LISTS)
+    """Names of the lists in ``lists_dir`` (default: the shipped ones and the site directory's)."""
+    return list(list_files(lists_dir))
 
 
 def _list_path(name_or_path: str | Path, lists_dir: Path | None) -> Path:
@@ -44,11 +55,11 @@ def _list_path(name_or_path: str | Path, lists_dir: Path | None) -> Path:
         if not path.is_file():
             raise ConfigurationError(f"test list file {text!r} does not exist")
         return path
-    lists_dir = Path(lists_dir) if lists_dir is not None else LISTS_DIR
-    names = list_names(lists_dir)
-    if text not in names:
-        raise ConfigurationError(f"unknown test list {text!r}; known: {', '.join(names) or '(none)'} in {lists_dir}")
-    return lists_dir / f"{text}.yml"
+    files = list_files(lists_dir)
+    if text not in files:
+        where = lists_dir if lists_dir is not None else LISTS_DIR
+        raise ConfigurationError(f"unknown test list {text!r}; known: {', '.join(files) or '(none)'} in {where}")
+    return files[text]
 
 
 def load_list(
@@ -95,7 +106,12 @@ def validate_paths(
 ) -> Report:
     """Validate list files and waivers.yml files (directories expand to their ``*.yml``); collect every problem.
     Models are checked against the catalog among ``paths`` (a directory's ``models.yml``), else the shipped one."""
-    files, missing = _expand([Path(p) for p in paths] if paths else [LISTS_DIR])
+    if paths:
+        files, missing = _expand([Path(p) for p in paths])
+    else:  # the shipped lists, and the site directory's over them (a site file replaces the shipped one of its name)
+        from devices.site import current, overlay
+
+        files, missing = list(overlay(LISTS_DIR, "lists", current(), ("*.yml",)).values()), []
     catalog, catalog_problems = None, []
     for f in files:
         if f.stem == CATALOG_STEM:

@@ -115,6 +115,9 @@ class Validator:
         self.catalog = PlatformCatalog.coerce(platforms)
         self.today = today or dt.date.today()
         self.models = models if models is not None else Catalog.load()
+        from devices.memory_fit import Sizer
+
+        self._sizer = Sizer()  # each row's memory, sized once (the reserve table read once)
 
     # ---------------------------------------------------------------- platforms
     def _selection(
@@ -167,6 +170,29 @@ class Validator:
                     out.append((fname, found.reason))
                     break
         return out
+
+    def _fit_notes(self, spec: TestSpec, platforms: Iterable[str]) -> list[str]:
+        """For each platform the row's engine cannot fit (``devices.memory_fit``, as the plan asks it, when a stage
+        runs on the device): "not applicable on P: needs ...". The plan marks such rows not applicable; validation
+        warns, since a list may name several platforms of which only some are too small."""
+        import stages
+
+        if not self.catalog.device_types or spec.model not in self.models or spec.precision is None \
+                or set(spec.stages) <= stages.host_stages():
+            return []
+        return [f"not applicable on {name}: {why}" for name in sorted(platforms)
+                if (why := self._fit_problem(spec, name)) is not None]
+
+    def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
+        """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
+        from devices.memory_fit import fit_problem, source_group
+        from devices.types import DEVICE_TYPES
+
+        source = self.models.get(spec.model)
+        dtype = DEVICE_TYPES[platform]
+        toolchain = getattr(spec, "toolchain", None) or dtype.toolchains[0]
+        found = self._sizer.size(spec, source.config(), toolchain, platform, source_group(source))
+        return fit_problem(found, dtype)
 
     # ---------------------------------------------------------------- includes
     def _defaults(self, raw: LineDict, file: Path, errors: list[Problem]) -> dict[str, Any]:
@@ -276,6 +302,7 @@ class Validator:
 
         entries: list[TestEntry] = []
         first_seen: dict[str, str] = {}
+        fit_notes: list[Problem] = []  # rows that cannot fit a platform's memory (warnings: the plan decides)
         for src, i, item in tests:
             where = f"tests[{i}]"
             if not isinstance(item, dict):
@@ -312,6 +339,8 @@ class Validator:
                 errors.append(Problem(src, reason, line_of(item, (fname.split(".")[0],)), where, fname))
             for fname, reason in self._capability_problems(spec, platforms, feats):
                 errors.append(Problem(src, reason, line_of(item, (fname,)), where, fname))
+            fit_notes += [Problem(src, why, line_of(item, ()), where, "memory")
+                          for why in self._fit_notes(spec, platforms)]
             for row in rows(entry):
                 if row.test_id in first_seen:
                     errors.append(Problem(src, f"duplicate test id{'' if row is entry else ' ' + row.test_id} "
@@ -325,7 +354,7 @@ class Validator:
 
         waivers = self._waivers(raw, file, errors)
         cases = [(e.test_id, p) for e in entries for p in platforms]
-        warnings = self._waiver_warnings(waivers, cases)
+        warnings = fit_notes + self._waiver_warnings(waivers, cases)
         if errors or header is None:
             return None, errors, warnings
         test_list = TestList(

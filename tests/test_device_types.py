@@ -21,7 +21,9 @@ def test_platform_enum_is_the_yaml_files() -> None:
     assert Platform.ORIN == "orin" and Platform.X86_CPU == "x86-cpu"
     assert Platform.parse("Thor") is Platform.THOR
     assert device_type(Platform.X86_H200).sm == 90
-    with pytest.raises(ConfigurationError, match=r"unknown device type 'jetson'; valid: orin, thor"):
+    with pytest.raises(ConfigurationError,
+                       match=r"unknown device type 'jetson'; valid: agx-orin-32gb, orin, orin-nano-8gb, orin-nx-16gb, "
+                             r"thor"):
         device_type("jetson")
 
 

@@ -115,7 +115,8 @@ def test_shipped_lists_content() -> None:
 
 
 def test_known_platforms_come_from_device_types() -> None:
-    assert known_platforms() == {"x86-cpu", "x86-h200", "x86-a30", "x86-rtx5080", "orin", "thor"}
+    assert known_platforms() == {"x86-cpu", "x86-h200", "x86-a30", "x86-rtx5080", "orin", "thor", "orin-nano-8gb",
+                                 "orin-nx-16gb", "agx-orin-32gb"}
     catalog = PlatformCatalog.from_dir()
     assert catalog.device_types and "orin" in catalog and catalog.names == sorted(known_platforms())
 
@@ -151,7 +152,8 @@ BROKEN_REASONS = [
     "bad_entries.yml:4: colour: unknown key 'colour'; valid: name, stage, description, platforms",
     "bad_entries.yml:2: stage: Input should be 'l0' or 'l1', got 'l2'",
     # unknown platform term, glob matching nothing
-    "bad_entries.yml:6: platforms.terms: unknown platform 'orin2'; known: orin, thor, x86-a30, x86-cpu",
+    "bad_entries.yml:6: platforms.terms: unknown platform 'orin2'; known: agx-orin-32gb, orin, orin-nano-8gb, "
+    "orin-nx-16gb, thor, x86-a30, x86-cpu",
     "bad_entries.yml:7: platforms.wildcards: wildcard 'jetson-*' matches no known platform",
     # unknown precision
     "bad_entries.yml:14: tests[0] (Qwen2.5-0.5B-Instruct): precision: unknown precision 'fp7'; valid: fp32, fp16",
@@ -418,7 +420,8 @@ def test_waiver_problems_are_errors(tmp_path: Path) -> None:
         """)
     report = validate_paths([tmp_path / "waivers.yml"], today=TODAY)
     text = "\n".join(map(str, report.errors))
-    assert "waivers.yml:3: waivers[0]: platforms: unknown platform 'mars'; known: orin, thor" in text
+    assert ("waivers.yml:3: waivers[0]: platforms: unknown platform 'mars'; known: agx-orin-32gb, orin, "
+            "orin-nano-8gb") in text
     assert "waivers[1]: bug: required key is missing" in text
     assert "waivers[1]: expires: Input should be a valid date" in text
     assert "waivers[1]: owner: unknown key 'owner'; valid: pattern, platforms, bug, expires, reason" in text

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from edgellm.bench import cuda_peaks, peak_rss_bytes
+
 NAME = "infer"
 HELP = "run generation requests (JSON file) on a built engine"
 
@@ -23,8 +25,11 @@ def run(args: argparse.Namespace) -> int:
     from edgellm.runtime.requests import parse_request_file, write_response_file
 
     requests = parse_request_file(args.input_file)  # validate before loading the engine
+    rss_before = peak_rss_bytes()
     engine = Engine.open(args.engine_dir, num_threads=args.threads)
     results = engine.generate(requests)
-    write_response_file(args.output_file, results)
-    print(json.dumps({"output_file": str(args.output_file), "responses": len(results)}), file=sys.stdout)
+    # the engine's peak memory over the run: host RSS over the baseline before it opened; torch-CUDA's allocator
+    peaks = {"peak_memory_bytes": peak_rss_bytes() - rss_before, **cuda_peaks()}
+    write_response_file(args.output_file, results, peaks)
+    print(json.dumps({"output_file": str(args.output_file), "responses": len(results), **peaks}), file=sys.stdout)
     return 0

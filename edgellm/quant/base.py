@@ -137,6 +137,8 @@ class QuantizationMethod:
       opset           the ONNX opset its ONNX Runtime lowering needs at least
       refused         why export refuses it on this platform (None: no reason beyond "not exported yet")
       kernel          the GEMM a runtime that lacks it would need (in refusals), default the GEMM kind
+      bits_per_weight bits one weight takes, scales amortised, for a method whose ``stored`` layout is not read
+                      (memory estimates: ``edgellm.memory``; a method with ``stored`` is sized from it)
       thresholds      accuracy limits of its engines against the float source, by ``edgellm.thresholds`` field
                       (None: no defaults; a thresholds file is needed)
     A method with groups says which group sizes its kernel takes by overriding ``group_size_problem``.
@@ -153,6 +155,7 @@ class QuantizationMethod:
     refused: ClassVar[str | None] = None
     kernel: ClassVar[str | None] = None
     thresholds: ClassVar[Mapping[str, float] | None] = None
+    bits_per_weight: ClassVar[float | None] = None
 
     @classmethod
     def exported(cls) -> bool:

@@ -12,4 +12,5 @@ class Int4Gptq(QuantizationMethod):
     name = "int4_gptq"
     order = 50
     modelopt_algos = ("W4A16_GPTQ",)
+    bits_per_weight = 4.25  # 4-bit values + an fp32 scale per group of 128
     hf_quant_methods = (("gptq", 4),)

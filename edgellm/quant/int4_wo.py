@@ -12,3 +12,4 @@ class Int4Wo(QuantizationMethod):
     name = "int4_wo"
     order = 60
     modelopt_algos = ("W4A16",)
+    bits_per_weight = 4.25  # 4-bit values + an fp32 scale per group of 128

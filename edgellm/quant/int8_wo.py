@@ -12,3 +12,4 @@ class Int8Wo(QuantizationMethod):
     name = "int8_wo"
     order = 30
     modelopt_algos = ("W8A16",)
+    bits_per_weight = 8.0  # 8-bit values; a per-channel scale is negligible

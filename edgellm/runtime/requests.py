@@ -170,5 +170,6 @@ def check_requests(requests: list[GenerationRequest]) -> list[str]:
     return problems
 
 
-def write_response_file(path: Path, results: list[GenerationResult]) -> None:
-    write_json_atomic(Path(path), {"responses": [r.to_json() for r in results]})
+def write_response_file(path: Path, results: list[GenerationResult], extra: dict[str, Any] | None = None) -> None:
+    """``{"responses": [...]}``, with ``extra`` keys beside it (the run's peak memory: ``edgellm infer``)."""
+    write_json_atomic(Path(path), {"responses": [r.to_json() for r in results], **(extra or {})})

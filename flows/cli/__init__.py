@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+import flows.cli._site  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
 from flows.cli import commands, query, show
 from flows.cli.bringup import bring_up
 from flows.cli.compare import compare
@@ -31,6 +32,20 @@ for command in (commands.nightly, commands.run, query.query, show.show, commands
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)
+
+
+@app.callback()
+def _site(site_dir: str | None = typer.Option(
+        None, "--site-dir", help="a lab's own device_types/, lists/, matrices/, inventory/, catalog/ over the "
+                                 "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")) -> None:
+    if site_dir is not None:
+        from devices.site import checked, current
+
+        if checked(site_dir) != current():
+            raise typer.BadParameter(f"{site_dir!r} was not applied: give --site-dir first, before the command "
+                                     f"(or set $EDGEFARM_SITE_DIR)", param_hint="--site-dir")
+
+
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")

@@ -32,14 +32,14 @@ def nightly(
     """Run the nightly support matrix (models x precisions x platforms) and publish the docs."""
     with farm_errors("nightly"):
         fmt = _plan_format(fmt)
-        from flows.plan import DEFAULT_MATRIX
+        from flows.plan import default_matrix
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
         _prefect(settings.data_dir)
         from flows.nightly import make_plan, nightly_support_matrix
 
-        matrix_path = matrix or DEFAULT_MATRIX
+        matrix_path = matrix or default_matrix()
         result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
                                docs_dir=str(settings.docs_dir), console=err if json_out else out)

@@ -201,3 +201,30 @@ def check(
             raise _fail(err) from None
     if not all(r.healthy for r in reports):
         raise typer.Exit(EXIT_UNHEALTHY)
+
+
+@app.command("types")
+def device_types(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Every device type: SM, memory (and what is usable after the OS's share), bandwidth, toolchains, and the file
+    it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
+    from devices.site import current, origin
+    from devices.types import DEVICE_TYPES, device_type_files
+
+    site = current()
+    files = device_type_files(site_dir=site)
+    rows = [{"name": t.name, "sm": t.sm, "memory_gb": t.memory_gb, "usable_memory_gb": t.usable_memory_gb,
+             "memory_bandwidth_gbps": t.memory_bandwidth_gbps, "toolchains": list(t.toolchains),
+             "origin": origin(files[t.name], site), "file": str(files[t.name])} for t in DEVICE_TYPES.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=cell(f"{len(rows)} device type(s)" + (f"; site directory {site}" if site else "")))
+    for column in ("name", "SM", "memory GB", "usable GB", "bandwidth GB/s", "toolchains", "from"):
+        table.add_column(column, no_wrap=column == "name")
+    for r in rows:
+        table.add_row(*map(cell, (r["name"], r["sm"] or "CPU", f"{r['memory_gb']:g}", f"{r['usable_memory_gb']:g}",
+                                  "-" if r["memory_bandwidth_gbps"] is None else f"{r['memory_bandwidth_gbps']:g}",
+                                  ", ".join(r["toolchains"]), f"{r['origin']}: {r['file']}")))
+    Console(soft_wrap=True).print(table)

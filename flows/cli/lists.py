@@ -24,6 +24,19 @@ def _summary(report: Report) -> str:
     )
 
 
+def _origins(report: Report) -> None:
+    """Which files came from the site directory (``$EDGEFARM_SITE_DIR`` / ``--site-dir``), and which of them replace a
+    shipped file of the same name."""
+    from devices.site import current, origin
+    from test_lists.loader import LISTS_DIR
+
+    site = current()
+    for f in report.files:
+        if origin(f, site) == "site":
+            replaced = " (replaces the shipped one)" if (LISTS_DIR / f.name).is_file() else ""
+            typer.echo(f"site: {f}{replaced}")
+
+
 @app.command("validate")
 def validate(
     paths: Annotated[
@@ -43,6 +56,7 @@ def validate(
             typer.echo(f"ERROR --today {today!r} is not a date YYYY-MM-DD")
             raise typer.Exit(2) from None
     report = validate_paths(paths or None, today=when)
+    _origins(report)
     for problem in report.errors:
         typer.echo(f"ERROR {problem}")
     for problem in report.warnings:

@@ -259,7 +259,15 @@ def bench_metrics(mode: BenchMode, report: Mapping[str, Any]) -> dict[str, tuple
     return {f"{m}_tokens_per_s": (float(report["tokens_per_s"]), "tokens/s"),
             f"{m}_ms_per_token": (float(report["ms_per_token"]["median"]), "ms"),
             f"{m}_ms_per_token_p90": (float(report["ms_per_token"]["p90"]), "ms"),
-            f"{m}_peak_rss_mb": (report["peak_rss_bytes"] / 2**20, "MiB")}
+            f"{m}_peak_rss_mb": (report["peak_rss_bytes"] / 2**20, "MiB"),
+            # the engine's own peak (edgellm.memory's estimate is of this): host RSS over its baseline, and on
+            # torch-CUDA the GPU allocator's peaks; absent from reports of an older edgellm
+            **{f"{m}_{name}_mb": (float(report[key]) / 2**20, "MiB")
+               for name, key in PEAK_MEMORY_KEYS if report.get(key) is not None}}
+
+
+PEAK_MEMORY_KEYS = (("peak_memory", "peak_memory_bytes"), ("cuda_peak_allocated", "cuda_peak_allocated_bytes"),
+                    ("cuda_peak_reserved", "cuda_peak_reserved_bytes"))  # metric name -> edgellm bench report key
 
 
 @register_toolchain
