@@ -13,6 +13,7 @@ import sys
 import typer
 
 from flows.cli import commands, query, show
+from flows.cli.bisect import bisect
 from flows.cli.bringup import bring_up
 from flows.cli.compare import compare
 from flows.cli.db import app as db_app
@@ -31,6 +32,7 @@ for command in (commands.nightly, commands.run, query.query, show.show, commands
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)
+app.command(name="bisect")(bisect)
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")

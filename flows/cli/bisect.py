@@ -1,0 +1,102 @@
+"""``edgefarm bisect``: the first commit of this repository whose own ``edgellm export -> build -> eval`` fails on a
+checkpoint that an older commit passed (flows/bisect.py; a probe: tasks/bisect.py). Exit codes: 0 found, 1 no answer
+(no probe changes the outcome, or --max-probes reached), 2 bad input (the message names the value and what is
+valid), 3 infrastructure failure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import DataDirOption, _prefect, err, farm_errors, out
+
+STEPS = ("export", "build", "eval")
+
+
+def _validate(checkpoint: Path, precision: str, platform: str, output: Path, max_probes: int, steps: str,
+              repo: Path | None) -> tuple[Path, tuple[str, ...]]:
+    """Every problem of the request at once (ConfigurationError, exit 2); returns the repository and the steps."""
+    from edgellm.errors import ConfigurationError
+    from edgellm.types import Precision
+    from tasks.bisect import PLATFORM_BACKENDS
+
+    problems = []
+    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
+        problems.append(f"--checkpoint {checkpoint}: not a checkpoint directory (no config.json)")
+    try:
+        Precision.parse(precision, what="precision")
+    except ConfigurationError as exc:
+        problems.append(f"--precision: {exc}")
+    if platform not in PLATFORM_BACKENDS:
+        problems.append(f"--platform {platform!r}: a --checkpoint bisect probes on this host; valid: "
+                        f"{', '.join(PLATFORM_BACKENDS)}")
+    if not output.parent.is_dir():
+        problems.append(f"--output {output}: directory {output.parent} not found")
+    if max_probes < 2:
+        problems.append(f"--max-probes {max_probes}: the two ends take 2; valid: an integer >= 2")
+    wanted = tuple(s.strip() for s in steps.split(",") if s.strip())
+    if not wanted or any(s not in STEPS for s in wanted):
+        problems.append(f"--steps {steps!r}: valid: a comma-separated subset of {', '.join(STEPS)}")
+    where = repo or Path.cwd()
+    top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                         check=False)
+    if top.returncode != 0:
+        problems.append(f"--repo {where}: not a git repository")
+    if problems:
+        raise ConfigurationError("bad bisect request:\n" + "\n".join(problems))
+    return Path(top.stdout.strip()), wanted
+
+
+def bisect(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory")],
+    precision: Annotated[str, typer.Option("--precision", help="the export precision (fp32, fp16, int4_awq ...)")],
+    good: Annotated[str, typer.Option("--good", help="a revision whose pipeline passes")],
+    bad: Annotated[str, typer.Option("--bad", help="a later revision whose pipeline fails")],
+    output: Annotated[Path, typer.Option("--output", help="write the JSON answer here", dir_okay=False)],
+    platform: Annotated[str, typer.Option("--platform", help="where the probes run: x86-cpu")] = "x86-cpu",
+    max_probes: Annotated[int, typer.Option("--max-probes", help="at most this many probes (the ends count)")] = 16,
+    steps: Annotated[str, typer.Option("--steps", help="which steps of each revision run")] = ",".join(STEPS),
+    repo: Annotated[Path | None, typer.Option("--repo", help="the repository (default: the one holding the "
+                                                             "current directory)", file_okay=False)] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse probe outcomes by content")] = True,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Bisect this repository's commits between --good and --bad on a checkpoint: the first bad commit, by running
+    each probed revision's own export -> build -> eval in a worktree of it."""
+    with farm_errors("bisect"):
+        from edgellm.reference import checkpoint_digest
+        from flows.settings import Settings
+        from tasks.bisect import resolve
+
+        top, wanted = _validate(checkpoint, precision, platform, output, max_probes, steps, repo)
+        good_rev, bad_rev = resolve(top, good, "--good"), resolve(top, bad, "--bad")
+        from tasks.bisect import between
+
+        between(top, good_rev, bad_rev)  # --good must be an ancestor of --bad: refused here, before any probe
+        settings = Settings.resolve(data_dir=data_dir)
+        from flows.bisect import BisectRequest
+        from flows.bisect import bisect as flow
+        from flows.cli.running import _announce_flow_run, _temporary_server
+
+        req = BisectRequest(repo=str(top), checkpoint=str(checkpoint.resolve()),
+                            checkpoint_digest=checkpoint_digest(checkpoint), precision=precision, platform=platform,
+                            good=good_rev.sha, bad=bad_rev.sha, max_probes=max_probes,
+                            cache_dir=str(settings.data_dir / "bisect-cache") if cache else None, steps=wanted)
+        _prefect(settings.data_dir)
+        with _temporary_server(settings.data_dir):
+            result = _announce_flow_run(flow)(req)
+        result = {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest, "precision": precision,
+                  "platform": platform, "repo": req.repo, **result}
+        output.write_text(json.dumps(result, indent=2) + "\n")
+    for p in result["probes"]:
+        out.print(f"{p['revision'][:7]} {p['status']:<5} {p['seconds']:7.1f} s{' cached' if p['cached'] else ''}  "
+                  f"{p['subject'][:70]}", markup=False)
+    if result["found"]:
+        out.print(f"first bad: {result['first_bad'][:7]} {result['first_bad_subject']}", markup=False)
+        raise typer.Exit(0)
+    err.print(f"edgefarm bisect: no answer: {result['reason']}", markup=False)
+    raise typer.Exit(1)

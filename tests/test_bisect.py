@@ -1,0 +1,165 @@
+"""``edgefarm bisect --checkpoint`` on a small synthetic repository: a fake ``edgellm`` package (export, build, eval
+as tiny scripts) over eight commits, the fifth planting the regression (export raises IndexError, as 0f37df0 did
+for MHA checkpoints at fp32). The probes run each revision's own fake package in a worktree, as Prefect task runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+MAIN = '''"""A fake edgellm: export, build and eval of a checkpoint, each writing one file."""
+import sys
+from pathlib import Path
+
+from edgellm.behaviour import BROKEN
+
+cmd, args = sys.argv[1], sys.argv[2:]
+if cmd == "export":
+    if BROKEN:
+        raise IndexError("Argument passed to at() was not in the map")
+    Path(args[1]).mkdir(parents=True)
+    (Path(args[1]) / "model.txt").write_text((Path(args[0]) / "config.json").read_text())
+elif cmd == "build":
+    Path(args[1]).mkdir(parents=True)
+    (Path(args[1]) / "engine.txt").write_text((Path(args[0]) / "model.txt").read_text())
+elif cmd == "eval":
+    engine = Path(args[args.index("--engine-dir") + 1])
+    out = Path(args[args.index("--output") + 1])
+    out.write_text('{"passed": true}')
+    sys.exit(0 if (engine / "engine.txt").is_file() else 1)
+else:
+    sys.exit(2)
+'''
+COMMITS = 8
+PLANTED = 4  # 0-based: commits[4] sets BROKEN
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("bisect")
+    repo = root / "repo"
+    (repo / "edgellm").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "user.email", "t@example.invalid")
+    _git(repo, "config", "user.name", "t")
+    (repo / "edgellm" / "__init__.py").write_text("")
+    (repo / "edgellm" / "__main__.py").write_text(MAIN)
+    shas = []
+    for i in range(COMMITS):
+        (repo / "edgellm" / "behaviour.py").write_text(f"BROKEN = {i >= PLANTED}\n")
+        (repo / "notes.txt").write_text(f"change {i}\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"change {i}" + (" plants the regression" if i == PLANTED else ""))
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama"}')
+    return {"repo": repo, "shas": shas, "ckpt": ckpt, "root": root}
+
+
+def _bisect(s: dict[str, Any], tmp_path: Path, *extra: str, good: str | None = None, bad: str | None = None,
+            cache: bool = False) -> tuple[int, str, dict[str, Any] | None]:
+    out = tmp_path / "bisect.json"
+    args = ["bisect", "--checkpoint", str(s["ckpt"]), "--precision", "fp32", "--platform", "x86-cpu",
+            "--good", good or s["shas"][0][:7], "--bad", bad or s["shas"][-1][:7], "--output", str(out),
+            "--repo", str(s["repo"]), "--data-dir", str(tmp_path / "data"), *([] if cache else ["--no-cache"]),
+            *extra]
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.output, json.loads(out.read_text()) if out.is_file() else None
+
+
+def _task_runs(names: list[str]) -> dict[str, str]:
+    """task run name -> state name, as the Prefect server recorded them."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=names)))
+    return {r.name: r.state.name for r in runs if r.state is not None}
+
+
+def test_names_the_planted_commit(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    code, output, answer = _bisect(synthetic, tmp_path)
+    shas = synthetic["shas"]
+    assert code == 0, output
+    assert answer is not None and answer["found"]
+    assert answer["first_bad"] == shas[PLANTED] and answer["last_good"] == shas[PLANTED - 1]
+    assert f"first bad: {shas[PLANTED][:7]} change {PLANTED} plants the regression" in output
+    probes = answer["probes"]
+    assert [p["revision"] for p in probes[:2]] == [shas[0], shas[-1]]  # the ends first
+    assert len(probes) <= 2 + 3  # 7 commits between: at most 3 halvings
+    for p in probes:
+        bad = shas.index(p["revision"]) >= PLANTED
+        assert p["status"] == ("bad" if bad else "good") and p["seconds"] > 0 and not p["cached"]
+        assert p["task_run"] == f"probe {p['revision'][:7]} {p['subject']}"
+        if bad:
+            assert p["step"] == "export" and "IndexError" in p["detail"]
+    states = _task_runs([p["task_run"] for p in probes])
+    assert states == {p["task_run"]: ("Bad" if p["status"] == "bad" else "Good") for p in probes}
+    assert _git(synthetic["repo"], "worktree", "list").count("\n") == 0  # every probe's worktree removed
+
+
+def test_a_second_run_reuses_the_probes_by_content(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    first = _bisect(synthetic, tmp_path, cache=True)
+    second = _bisect(synthetic, tmp_path, cache=True)
+    assert first[0] == second[0] == 0
+    assert first[2] is not None and second[2] is not None
+    assert not any(p["cached"] for p in first[2]["probes"]) and all(p["cached"] for p in second[2]["probes"])
+    assert second[2]["first_bad"] == synthetic["shas"][PLANTED]
+
+
+def test_no_probe_changes_the_outcome_is_exit_1(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    shas = synthetic["shas"]
+    code, output, answer = _bisect(synthetic, tmp_path, good=shas[PLANTED + 1], bad=shas[-1])
+    assert code == 1
+    assert answer is not None and not answer["found"] and answer["first_bad"] is None
+    assert "no probe changes the outcome" in output and f"--good {shas[PLANTED + 1][:7]} is bad" in output
+
+
+def test_max_probes_leaves_a_range_and_exit_1(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    code, output, answer = _bisect(synthetic, tmp_path, "--max-probes", "3")
+    assert code == 1, output
+    assert answer is not None and len(answer["probes"]) == 3 and not answer["found"]
+    assert synthetic["shas"][PLANTED] in answer["candidates"] and "--max-probes reached" in answer["reason"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--good", "nosuchrev"], "--good 'nosuchrev': unknown revision"),
+    (["--precision", "fp33"], "fp33"),
+    (["--platform", "thor"], "--platform 'thor'"),
+    (["--max-probes", "1"], "--max-probes 1"),
+])
+def test_bad_input_is_exit_2_naming_it(synthetic: dict[str, Any], tmp_path: Path, args: list[str],
+                                       needle: str) -> None:
+    shas = synthetic["shas"]
+    options = {"--good": shas[0], "--bad": shas[-1], "--precision": "fp32", "--platform": "x86-cpu",
+               **dict(zip(args[::2], args[1::2], strict=True))}
+    argv = ["bisect", "--checkpoint", str(synthetic["ckpt"]), "--output", str(tmp_path / "o.json"),
+            "--repo", str(synthetic["repo"]), "--data-dir", str(tmp_path / "data"),
+            *[x for kv in options.items() for x in kv]]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_checkpoint_dir_without_config_and_reversed_ends_are_exit_2(synthetic: dict[str, Any],
+                                                                       tmp_path: Path) -> None:
+    shas = synthetic["shas"]
+    code, output, _ = _bisect({**synthetic, "ckpt": tmp_path}, tmp_path)
+    assert code == 2 and f"--checkpoint {tmp_path}: not a checkpoint directory" in output
+    code, output, _ = _bisect(synthetic, tmp_path, good=shas[-1], bad=shas[0])
+    assert code == 2 and "is not an ancestor of --bad" in output
