@@ -3,9 +3,11 @@ named ``probe <short sha> <subject>`` whose state says its outcome (Completed "G
 "Skipped"; "(cached)" in its message when its outcome came from the content cache); the probe itself is
 tasks/bisect.py.
 
-The endpoints are probed first (good must pass, bad must fail: else no probe changes the outcome), then the commits
-between are halved; a skipped revision is stepped around (the unskipped one nearest the middle). At most
-``max_probes`` probes run: past that the answer is the range left.
+The endpoints are probed first (good must pass, bad must fail: else no probe changes the outcome), then the
+candidates (reachable from the latest bad, from no good: side branches a merge brought in included) are halved the
+way ``git bisect`` halves them (``git rev-list --bisect-all``); a skipped revision is stepped around (the next best
+halving). At most ``max_probes`` probes run: past that the answer is the candidates left. The first bad commit's
+parents are then all known good; ``last_good`` is its first parent.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.states import Completed, Failed, State
 
-from tasks.bisect import ProbeResult, Revision, between, run_probe
+from tasks.bisect import ProbeResult, Revision, candidates, midpoints, revision, run_probe
 
 STATE_NAMES = {"good": "Good", "bad": "Bad", "skip": "Skipped"}
 
@@ -69,54 +71,43 @@ class _Search:
         return str(data["status"])
 
 
-def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
-    """The unskipped index strictly between ``lo`` and ``hi`` nearest their middle, or None."""
-    mid = (lo + hi) // 2
-    for d in range(hi - lo):
-        for i in (mid - d, mid + d):
-            if lo < i < hi and i not in skipped:
-                return i
-    return None
-
-
 @flow(name="bisect", log_prints=False, validate_parameters=False)
 def bisect(req: BisectRequest) -> dict[str, Any]:
     """Returns ``{first_bad, last_good, found, reason, probes, commits}`` (``found`` False: no answer, why in
     ``reason``)."""
-    from tasks.bisect import resolve
+    from tasks.bisect import git, resolve
 
     log = get_run_logger()
     repo = Path(req.repo)
     good, bad = resolve(repo, req.good, "--good"), resolve(repo, req.bad, "--bad")
-    revs = between(repo, good, bad)
     search = _Search(req)
-    out: dict[str, Any] = {"good": good.sha, "bad": bad.sha, "commits": len(revs), "first_bad": None,
-                           "last_good": None, "found": False, "probes": search.probes}
+    out: dict[str, Any] = {"good": good.sha, "bad": bad.sha, "commits": len(candidates(repo, bad.sha, [good.sha])),
+                           "first_bad": None, "last_good": None, "found": False, "probes": search.probes}
     ends = {"good": search.probe(good), "bad": search.probe(bad)}
     if ends != {"good": "good", "bad": "bad"}:
         out["reason"] = (f"no probe changes the outcome: --good {good.short} is {ends['good']}, --bad {bad.short} "
                          f"is {ends['bad']} (expected good and bad)")
         return out
-    lo, hi, skipped = -1, len(revs) - 1, set()  # revs[lo] good (-1: --good), revs[hi] bad
-    while hi - lo > 1:
-        if len(search.probes) >= req.max_probes:
+    first_bad, goods, skipped = bad.sha, [good.sha], set()
+    while len(left := candidates(repo, first_bad, goods)) > 1 and len(search.probes) < req.max_probes:
+        pick = next((sha for sha in midpoints(repo, first_bad, goods) if sha not in skipped), None)
+        if pick is None:
             break
-        i = _pick(lo, hi, skipped)
-        if i is None:
-            break
-        status = search.probe(revs[i])
-        log.info("%s is %s (%d commits left between good and bad)", revs[i].short, status, hi - lo - 1)
+        rev = revision(repo, pick)
+        status = search.probe(rev)
+        log.info("%s is %s (%d candidates were left)", rev.short, status, len(left))
         if status == "good":
-            lo = i
+            goods.append(pick)
         elif status == "bad":
-            hi = i
+            first_bad = pick
         else:
-            skipped.add(i)
-    out["last_good"] = good.sha if lo < 0 else revs[lo].sha
-    if hi - lo == 1:
-        out.update(first_bad=revs[hi].sha, first_bad_subject=revs[hi].subject, found=True, reason=None)
+            skipped.add(pick)
+    left = candidates(repo, first_bad, goods)
+    if len(left) == 1:
+        found = revision(repo, first_bad)
+        out.update(first_bad=found.sha, first_bad_subject=found.subject, found=True, reason=None,
+                   last_good=git(repo, "rev-parse", f"{found.sha}^"))
     else:
-        left = [r.sha for r in revs[lo + 1:hi + 1]]
         out["candidates"] = left
         out["reason"] = (f"{len(left)} candidate(s) left after {len(search.probes)} probe(s) ("
                          + ("--max-probes reached" if len(search.probes) >= req.max_probes else

@@ -72,20 +72,32 @@ def resolve(repo: Path, rev: str, what: str) -> Revision:
     if done.returncode != 0:
         raise ConfigurationError(f"{what} {rev!r}: unknown revision in {repo}; give a commit sha, branch or tag "
                                  f"(`git -C {repo} log --oneline`)")
-    sha = done.stdout.strip()
-    return Revision(sha, git(repo, "rev-parse", f"{sha}^{{tree}}"), git(repo, "log", "-1", "--format=%s", sha))
+    return revision(repo, done.stdout.strip())
 
 
-def between(repo: Path, good: Revision, bad: Revision) -> list[Revision]:
-    """The commits after ``good`` up to ``bad`` (bad last), oldest first; ``good`` must be an ancestor of ``bad``."""
+def check_order(repo: Path, good: Revision, bad: Revision) -> None:
+    """``good`` must be an ancestor of ``bad`` (ConfigurationError otherwise)."""
     ancestor = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good.sha, bad.sha],
                               capture_output=True, check=False)
-    if ancestor.returncode != 0:
+    if ancestor.returncode != 0 or good.sha == bad.sha:
         raise ConfigurationError(f"--good {good.short} is not an ancestor of --bad {bad.short}; give a good revision "
                                  f"older than the bad one")
-    lines = git(repo, "log", "--reverse", "--ancestry-path", "--format=%H%x00%T%x00%s",
-                f"{good.sha}..{bad.sha}").splitlines()
-    return [Revision(*line.split("\x00", 2)) for line in lines if line]
+
+
+def candidates(repo: Path, bad: str, goods: list[str]) -> list[str]:
+    """The commits that may be the first bad one: reachable from ``bad`` and from none of ``goods`` (merges and
+    side branches included, as ``git bisect`` counts them)."""
+    return git(repo, "rev-list", bad, *[f"^{g}" for g in goods]).split()
+
+
+def midpoints(repo: Path, bad: str, goods: list[str]) -> list[str]:
+    """The candidates, best halving first (``git rev-list --bisect-all``), ``bad`` itself left out."""
+    lines = git(repo, "rev-list", "--bisect-all", bad, *[f"^{g}" for g in goods]).splitlines()
+    return [ln.split()[0] for ln in lines if ln and ln.split()[0] != bad]
+
+
+def revision(repo: Path, sha: str) -> Revision:
+    return Revision(sha, git(repo, "rev-parse", f"{sha}^{{tree}}"), git(repo, "log", "-1", "--format=%s", sha))
 
 
 def cache_key(tree: str, checkpoint_digest: str, precision: str, platform: str) -> str:

@@ -74,9 +74,9 @@ def bisect(
 
         top, wanted = _validate(checkpoint, precision, platform, output, max_probes, steps, repo)
         good_rev, bad_rev = resolve(top, good, "--good"), resolve(top, bad, "--bad")
-        from tasks.bisect import between
+        from tasks.bisect import check_order
 
-        between(top, good_rev, bad_rev)  # --good must be an ancestor of --bad: refused here, before any probe
+        check_order(top, good_rev, bad_rev)  # refused here, before any probe
         settings = Settings.resolve(data_dir=data_dir)
         from flows.bisect import BisectRequest
         from flows.bisect import bisect as flow
