@@ -163,3 +163,35 @@ def test_a_checkpoint_dir_without_config_and_reversed_ends_are_exit_2(synthetic:
     assert code == 2 and f"--checkpoint {tmp_path}: not a checkpoint directory" in output
     code, output, _ = _bisect(synthetic, tmp_path, good=shas[-1], bad=shas[0])
     assert code == 2 and "is not an ancestor of --bad" in output
+
+
+def test_a_regression_from_a_merged_branch_names_the_branch_commit(synthetic: dict[str, Any],
+                                                                  tmp_path: Path) -> None:
+    """main: g - a - M(merge of side) - b; side (from g): s1 - s2 (plants) - s3. The first bad is s2, not M."""
+    repo = tmp_path / "merged"
+    subprocess.run(["git", "clone", "-q", str(synthetic["repo"]), str(repo)], check=True)
+    for key in ("user.email", "user.name"):
+        _git(repo, "config", key, "t")
+    g = synthetic["shas"][0]
+    _git(repo, "checkout", "-q", "-b", "trunk", g)
+
+    def commit(msg: str, broken: bool, name: str = "notes.txt") -> str:
+        (repo / "edgellm" / "behaviour.py").write_text(f"BROKEN = {broken}\n")
+        (repo / name).write_text(msg + "\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", msg)
+        return _git(repo, "rev-parse", "HEAD")
+
+    commit("trunk a", False)
+    _git(repo, "checkout", "-q", "-b", "side", g)
+    commit("side s1", False, "side.txt")
+    s2 = commit("side s2 plants the regression", True, "side.txt")
+    commit("side s3", True, "side.txt")
+    _git(repo, "checkout", "-q", "trunk")
+    subprocess.run(["git", "-C", str(repo), "merge", "-q", "--no-edit", "-X", "theirs", "side"],
+                   capture_output=True, check=True)
+    bad = commit("trunk b", True)
+    code, output, answer = _bisect({**synthetic, "repo": repo}, tmp_path, good=g, bad=bad)
+    assert code == 0, output
+    assert answer is not None and answer["first_bad"] == s2
+    assert answer["last_good"] == _git(repo, "rev-parse", f"{s2}^")
