@@ -4,6 +4,7 @@ for MHA checkpoints at fp32). The probes run each revision's own fake package in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -195,3 +196,54 @@ def test_a_regression_from_a_merged_branch_names_the_branch_commit(synthetic: di
     assert code == 0, output
     assert answer is not None and answer["first_bad"] == s2
     assert answer["last_good"] == _git(repo, "rev-parse", f"{s2}^")
+
+
+def _runs_db(tmp_path: Path, revisions: list[str], statuses: list[str], digest: str) -> str:
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.recorder import Recorder
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    for revision, status in zip(revisions, statuses, strict=True):
+        run = rec.start_run("nightly", "schedule", revision[:12])
+        rec.record_worker(run, role="orchestrator", pool=None, host="h", data_dir="/d", revision=revision,
+                          source_digest=hashlib.sha256(revision.encode()).hexdigest(),
+                          toolchains={"edgellm-ort": "0.1.0"})
+        for stage in ("export", "build", "infer", "accuracy"):
+            rec.record_result(run, model="tiny", precision="fp32", platform="x86-cpu", stage=stage,
+                              test_id="tiny-fp32", status=status if stage == "export" else "pass",
+                              toolchain="edgellm-ort", toolchain_version="0.1.0", model_revision=digest)
+        rec.finish_run(run, "passed" if status == "pass" else "failed")
+    engine.dispose()
+    return url
+
+
+def test_row_form_bisects_the_farm_revisions_of_two_runs(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    from edgellm.reference import checkpoint_digest
+
+    shas = synthetic["shas"]
+    url = _runs_db(tmp_path, [shas[1], shas[-1]], ["pass", "fail"], checkpoint_digest(synthetic["ckpt"]))
+    out = tmp_path / "row.json"
+    result = CliRunner().invoke(app, [
+        "bisect", "--row", "tiny", "fp32", "x86-cpu", "--good", "1", "--bad", "2", "--checkpoint",
+        str(synthetic["ckpt"]), "--db", url, "--repo", str(synthetic["repo"]), "--data-dir", str(tmp_path / "d"),
+        "--output", str(out), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(out.read_text())
+    assert answer["first_bad"] == shas[PLANTED] and answer["changed"] == {"revision": [shas[1], shas[-1]]}
+    assert [r["status"] for r in answer["runs"]] == ["pass", "fail"]
+
+
+def test_row_form_refuses_runs_of_one_revision(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    from edgellm.reference import checkpoint_digest
+
+    shas = synthetic["shas"]
+    url = _runs_db(tmp_path, [shas[1], shas[1]], ["pass", "fail"], checkpoint_digest(synthetic["ckpt"]))
+    result = CliRunner().invoke(app, [
+        "bisect", "--row", "tiny", "fp32", "x86-cpu", "--good", "1", "--bad", "2", "--checkpoint",
+        str(synthetic["ckpt"]), "--db", url, "--repo", str(synthetic["repo"]), "--output", str(tmp_path / "o.json")])
+    assert result.exit_code == 2
+    assert "the farm's revision is the same in runs 1 and 2" in result.output

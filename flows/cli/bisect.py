@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import DataDirOption, _prefect, err, farm_errors, out
+from flows.cli.common import DataDirOption, DbOption, _prefect, err, farm_errors, out
 
 STEPS = ("export", "build", "eval")
 
@@ -51,33 +51,85 @@ def _validate(checkpoint: Path, precision: str, platform: str, output: Path, max
     return Path(top.stdout.strip()), wanted
 
 
+def _row_revisions(row: tuple[str, str, str], good: str, bad: str, db: str | None, data_dir: Path | None,
+                   checkpoint: Path) -> tuple[str, str, dict[str, object]]:
+    """--row: the farm revisions of the two runs and what changed between them (from the results database)."""
+    from edgellm.errors import ConfigurationError
+    from edgellm.reference import checkpoint_digest
+    from flows.settings import Settings
+    from results.db import read_only_engine
+    from results.row_inputs import changed, row_inputs
+
+    runs = []
+    for flag, value in (("--good", good), ("--bad", bad)):
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigurationError(f"{flag} {value!r}: with --row, a run id (an integer >= 1)")
+        runs.append(int(value))
+    settings = Settings.resolve(db=db, data_dir=data_dir, create=False)
+    engine = read_only_engine(settings.db_url)
+    sides = [row_inputs(engine, run, *row) for run in runs]
+    diff = changed(*sides)
+    facts: dict[str, object] = {"row": list(row), "runs": [s.to_json() for s in sides], "changed": diff}
+    if sides[0].status != "pass" or sides[1].status != "fail":
+        raise ConfigurationError(f"row {' '.join(row)}: run {runs[0]} is {sides[0].status} and run {runs[1]} is "
+                                 f"{sides[1].status}; --good needs a passing run of the row, --bad a failing one")
+    if "revision" not in diff:
+        raise ConfigurationError(f"the farm's revision is the same in runs {runs[0]} and {runs[1]}; what changed: "
+                                 f"{', '.join(diff) or 'nothing recorded'} (only the farm's commits are bisected)")
+    revs = [s.revision or "" for s in sides]
+    dirty = [r for r in revs if not r or r.endswith("-dirty") or r.startswith("edgellm-")]
+    if dirty:
+        raise ConfigurationError(f"run revision {dirty[0]!r} is no commit that can be checked out (uncommitted "
+                                 f"changes or an installed package); bisect between commits with --good/--bad REV")
+    want = sides[1].checkpoint_sha256
+    if want is not None and checkpoint_digest(checkpoint) != want:
+        raise ConfigurationError(f"--checkpoint {checkpoint}: its digest is not the row's checkpoint {want[:16]}... "
+                                 f"in run {runs[1]}; give that checkpoint's directory")
+    return revs[0], revs[1], facts
+
+
 def bisect(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory")],
-    precision: Annotated[str, typer.Option("--precision", help="the export precision (fp32, fp16, int4_awq ...)")],
-    good: Annotated[str, typer.Option("--good", help="a revision whose pipeline passes")],
-    bad: Annotated[str, typer.Option("--bad", help="a later revision whose pipeline fails")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory (with --row: "
+                                                                  "the row's checkpoint)")],
+    good: Annotated[str, typer.Option("--good", help="a revision whose pipeline passes (with --row: a run id)")],
+    bad: Annotated[str, typer.Option("--bad", help="a later revision whose pipeline fails (with --row: a run id)")],
     output: Annotated[Path, typer.Option("--output", help="write the JSON answer here", dir_okay=False)],
+    precision: Annotated[str | None, typer.Option("--precision", help="the export precision (fp32, fp16, int4_awq "
+                                                                      "...); with --row, the row's")] = None,
     platform: Annotated[str, typer.Option("--platform", help="where the probes run: x86-cpu")] = "x86-cpu",
+    row: Annotated[tuple[str, str, str] | None, typer.Option("--row", help="MODEL PRECISION PLATFORM: bisect what "
+                                                                          "changed between two runs of this row")
+                   ] = None,
     max_probes: Annotated[int, typer.Option("--max-probes", help="at most this many probes (the ends count)")] = 16,
     steps: Annotated[str, typer.Option("--steps", help="which steps of each revision run")] = ",".join(STEPS),
     repo: Annotated[Path | None, typer.Option("--repo", help="the repository (default: the one holding the "
                                                              "current directory)", file_okay=False)] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse probe outcomes by content")] = True,
+    db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Bisect this repository's commits between --good and --bad on a checkpoint: the first bad commit, by running
-    each probed revision's own export -> build -> eval in a worktree of it."""
+    each probed revision's own export -> build -> eval in a worktree of it. With --row, --good and --bad are two runs
+    of that row in the results database, and the farm revisions they ran are bisected."""
     with farm_errors("bisect"):
+        from edgellm.errors import ConfigurationError
         from edgellm.reference import checkpoint_digest
         from flows.settings import Settings
-        from tasks.bisect import resolve
+        from tasks.bisect import check_order, resolve
 
+        facts: dict[str, object] = {}
+        if row is not None:
+            if precision is not None and precision != row[1]:
+                raise ConfigurationError(f"--precision {precision!r} is not the row's {row[1]!r}; leave it out")
+            precision, platform = row[1], row[2]
+        if precision is None:
+            raise ConfigurationError("--precision is missing: give the export precision (fp32, fp16, int4_awq ...)")
         top, wanted = _validate(checkpoint, precision, platform, output, max_probes, steps, repo)
+        if row is not None:
+            good, bad, facts = _row_revisions(row, good, bad, db, data_dir, checkpoint)
         good_rev, bad_rev = resolve(top, good, "--good"), resolve(top, bad, "--bad")
-        from tasks.bisect import check_order
-
         check_order(top, good_rev, bad_rev)  # refused here, before any probe
-        settings = Settings.resolve(data_dir=data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir)
         from flows.bisect import BisectRequest
         from flows.bisect import bisect as flow
         from flows.cli.running import _announce_flow_run, _temporary_server
@@ -90,7 +142,7 @@ def bisect(
         with _temporary_server(settings.data_dir):
             result = _announce_flow_run(flow)(req)
         result = {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest, "precision": precision,
-                  "platform": platform, "repo": req.repo, **result}
+                  "platform": platform, "repo": req.repo, **facts, **result}
         output.write_text(json.dumps(result, indent=2) + "\n")
     for p in result["probes"]:
         out.print(f"{p['revision'][:7]} {p['status']:<5} {p['seconds']:7.1f} s{' cached' if p['cached'] else ''}  "
