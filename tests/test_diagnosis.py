@@ -14,6 +14,7 @@ import pytest
 
 from edgellm.accuracy import EvalOptions, run_eval
 from edgellm.compiler.files import sha256_file
+from edgellm.diagnosis import diagnose
 
 LAYERS = 4
 
@@ -180,6 +181,11 @@ def test_transposed_weight_is_weight_layout(built: tuple[Path, Path], tmp_path: 
     report = _eval(ckpt, _planted(engine, tmp_path, edit))
     _assert_class(report, "weight_layout", 3, "attention")
     assert all(e["rel_diff"] <= report["layer_rel_limit"] for e in report["layers"][:3])
+    # the same evidence from a quantized engine is a dequantization layout (valid-but-wrong tokens). Planted in a
+    # synth_quant int4_awq engine of this random model instead (nibbles swapped, rows permuted), the fault moved the
+    # residual stream by less than round-to-nearest int4 itself does (rel 0.25 vs 0.22 healthy): not separable there.
+    quantized = diagnose(report, report, quantized=True, limit=report["layer_rel_limit"])
+    assert quantized is not None and (quantized["class"], quantized["layer"]) == ("dequantization_layout", 3)
 
 
 def test_swapped_vocabulary_is_tokenizer_mismatch(built: tuple[Path, Path], tmp_path: Path) -> None:
