@@ -364,15 +364,17 @@ def _add_layers(report: dict[str, Any], engine: Any, ref: ReferenceData, opts: E
     if engine.manifest["backend"] != "ort":
         why = (f"a {engine.manifest['backend']} engine exposes no per-layer states here; `edgellm layers-check` "
                f"compares few-layer ONNX Runtime engines instead")
-    elif opts.checkpoint is None:
-        why = "a stored reference (--reference) holds no per-layer states; give --checkpoint"
+    elif opts.checkpoint is None and not ref.layer_states:
+        why = ("this reference file holds no per-layer states (make it with `edgellm reference --layer-states`), "
+               "or give --checkpoint")
     else:
         t0 = time.perf_counter()
         length = min(LAYER_SEQUENCE_TOKENS, engine.config.max_position_embeddings)
         sequences = [*ref.prompt_ids, *([ref.text_ids[:length]] if ref.text_ids else [])]
         try:
             result = layer_report(opts.engine_dir, opts.checkpoint, sequences, engine.config.num_hidden_layers,
-                                  limit, device=ref.device["device"])
+                                  limit, device=ref.device["device"],
+                                  stored=ref.layer_states if opts.checkpoint is None else None)
         except UnsupportedError as exc:
             why = str(exc)
         report["timings"]["layers_s"] = round(time.perf_counter() - t0, 4)

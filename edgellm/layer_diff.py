@@ -142,6 +142,18 @@ def reference_layer_states(hf: Any, ids: list[int]) -> dict[Key, np.ndarray]:
     return {k: v[0].float().cpu().numpy() for k, v in caught.items()}
 
 
+def stack_states(states: dict[Key, np.ndarray], num_layers: int) -> np.ndarray:
+    """[2 * num_layers, S, hidden], layer-major, ``PARTS`` order (a missing part: NaN rows)."""
+    any_state = next(iter(states.values()))
+    return np.stack([states.get((i, part), np.full_like(any_state, np.nan)) for i in range(num_layers)
+                     for part in PARTS]).astype(np.float32)
+
+
+def unstack_states(stacked: np.ndarray) -> dict[Key, np.ndarray]:
+    return {(k // len(PARTS), PARTS[k % len(PARTS)]): stacked[k] for k in range(len(stacked))
+            if np.isfinite(stacked[k]).all()}
+
+
 def _entry(diffs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
     """max abs / relative difference and non-finite count of (engine, reference) pairs, plus the per-position
     relative difference of the longest sequence (its error growth with position)."""
@@ -201,18 +213,25 @@ def summary(result: dict[str, Any]) -> str:
     return text
 
 
-def layer_report(engine_dir: Path, checkpoint: Path, sequences: list[list[int]], num_layers: int, limit: float, *,
-                 device: str = "cpu") -> dict[str, Any]:
-    """Run both sides on ``sequences`` (token ids) and compare (``compare_layers``)."""
+def layer_report(engine_dir: Path, checkpoint: Path | None, sequences: list[list[int]], num_layers: int,
+                 limit: float, *, device: str = "cpu",
+                 stored: list[tuple[list[int], np.ndarray]] | None = None) -> dict[str, Any]:
+    """Run both sides on ``sequences`` (token ids) and compare (``compare_layers``); ``stored``: the reference's
+    states from a reference file (its own sequences; no transformers here), else transformers on ``checkpoint``."""
     from edgellm.reference import HFModel
 
+    if stored is not None:
+        sequences = [ids for ids, _ in stored]
     debug = DebugSession.open(engine_dir, num_layers)
     engine_states = [debug.states(ids) for ids in sequences]
-    hf = HFModel(checkpoint, device)
-    try:
-        ref_states = [reference_layer_states(hf, ids) for ids in sequences]
-    finally:
-        hf.close()
+    if stored is not None:
+        ref_states = [unstack_states(st) for _, st in stored]
+    else:
+        hf = HFModel(checkpoint, device)
+        try:
+            ref_states = [reference_layer_states(hf, ids) for ids in sequences]
+        finally:
+            hf.close()
     result = compare_layers(engine_states, ref_states, num_layers, limit)
     result["sequences"] = [len(s) for s in sequences]
     result["summary"] = summary(result)

@@ -4,6 +4,7 @@ and no divergence; each fingerprint's fault is planted in a copy of that engine'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -130,18 +131,36 @@ def test_nan_weight_is_nan_upstream_at_its_layer(built: tuple[Path, Path], tmp_p
     assert report["layers_summary"].startswith("diverges at layer 2 (mlp): rel inf")
 
 
+def _interleave_layer_1(model: Any, _base: Path) -> None:
+    for n in model.graph.node:
+        if n.op_type == "RotaryEmbedding" and n.name.startswith("/decoder/self_attn_1/"):
+            next(a for a in n.attribute if a.name == "interleaved").i = 1
+
+
 def test_interleaved_rope_is_pair_layout(built: tuple[Path, Path], tmp_path: Path) -> None:
     ckpt, engine = built
-
-    def edit(model: Any, _base: Path) -> None:
-        for n in model.graph.node:
-            if n.op_type == "RotaryEmbedding" and n.name.startswith("/decoder/self_attn_1/"):
-                next(a for a in n.attribute if a.name == "interleaved").i = 1
-
-    report = _eval(ckpt, _planted(engine, tmp_path, edit))
+    report = _eval(ckpt, _planted(engine, tmp_path, _interleave_layer_1))
     _assert_class(report, "rope_pair_layout", 1, "attention")
     assert report["first_divergent_layer"]["layer"] == 1
     assert report["layers"][0]["rel_diff"] <= report["layer_rel_limit"]
+
+
+def test_a_stored_reference_with_layer_states_places_the_fault_too(built: tuple[Path, Path], tmp_path: Path) -> None:
+    """The farm's way: eval --reference FILE on the device, no transformers there (edgellm reference
+    --layer-states); a file without them says why no layer was compared."""
+    from edgellm.reference import ReferenceSettings, compute_reference
+
+    ckpt, engine = built
+    settings = ReferenceSettings(max_tokens=256, greedy_tokens=8)
+    compute_reference(ckpt, dataclasses.replace(settings, layer_states=True)).save(tmp_path / "ref.npz")
+    compute_reference(ckpt, settings).save(tmp_path / "plain.npz")
+    planted = _planted(engine, tmp_path, _interleave_layer_1)
+    report = run_eval(EvalOptions(engine_dir=planted, reference=tmp_path / "ref.npz", num_threads=1))
+    _assert_class(report, "rope_pair_layout", 1, "attention")
+    assert len(report["layers"]) == LAYERS
+    plain = run_eval(EvalOptions(engine_dir=planted, reference=tmp_path / "plain.npz", num_threads=1))
+    assert plain["layers"] is None and "--layer-states" in plain["layers_unavailable"]
+    assert plain["diagnosis"]["class"] == "unclassified"
 
 
 def test_wrong_rope_theta_is_position_encoding(built: tuple[Path, Path], tmp_path: Path) -> None:
