@@ -247,3 +247,11 @@ def test_row_form_refuses_runs_of_one_revision(synthetic: dict[str, Any], tmp_pa
         str(synthetic["ckpt"]), "--db", url, "--repo", str(synthetic["repo"]), "--output", str(tmp_path / "o.json")])
     assert result.exit_code == 2
     assert "the farm's revision is the same in runs 1 and 2" in result.output
+
+
+def test_row_form_of_an_unknown_model_without_checkpoint_is_exit_2(synthetic: dict[str, Any], tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [
+        "bisect", "--row", "no-such-model", "fp32", "x86-cpu", "--good", "1", "--bad", "2", "--repo",
+        str(synthetic["repo"]), "--data-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o.json")])
+    assert result.exit_code == 2
+    assert "unknown model 'no-such-model'" in result.output

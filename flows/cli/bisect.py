@@ -88,12 +88,24 @@ def _row_revisions(row: tuple[str, str, str], good: str, bad: str, db: str | Non
     return revs[0], revs[1], facts
 
 
+def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
+    """The catalog's checkpoint of ``model``, located as a run locates it (a synthetic one made)."""
+    from flows.cli.common import check_name
+    from flows.settings import Settings
+    from test_lists.catalog import Catalog
+
+    sources = Catalog.load().sources
+    check_name("model", model, sources)
+    return Path(sources[model].locate(Settings.resolve(data_dir=data_dir).data_dir))
+
+
 def bisect(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory (with --row: "
-                                                                  "the row's checkpoint)")],
     good: Annotated[str, typer.Option("--good", help="a revision whose pipeline passes (with --row: a run id)")],
     bad: Annotated[str, typer.Option("--bad", help="a later revision whose pipeline fails (with --row: a run id)")],
     output: Annotated[Path, typer.Option("--output", help="write the JSON answer here", dir_okay=False)],
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory (with "
+                                                                         "--row: default, the catalog's checkpoint "
+                                                                         "of the row's model)")] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="the export precision (fp32, fp16, int4_awq "
                                                                       "...); with --row, the row's")] = None,
     platform: Annotated[str, typer.Option("--platform", help="where the probes run: x86-cpu")] = "x86-cpu",
@@ -124,6 +136,11 @@ def bisect(
             precision, platform = row[1], row[2]
         if precision is None:
             raise ConfigurationError("--precision is missing: give the export precision (fp32, fp16, int4_awq ...)")
+        if checkpoint is None:
+            if row is None:
+                raise ConfigurationError("--checkpoint is missing: give a checkpoint directory (or --row MODEL "
+                                         "PRECISION PLATFORM for a catalog model's)")
+            checkpoint = _catalog_checkpoint(row[0], data_dir)
         top, wanted = _validate(checkpoint, precision, platform, output, max_probes, steps, repo)
         if row is not None:
             good, bad, facts = _row_revisions(row, good, bad, db, data_dir, checkpoint)
