@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from edgellm.errors import ConfigurationError
-from results.models import Result, ResultStatus, Run, RunWorker
+from results.models import Result, ResultStatus, Run, RunStatus, RunWorker
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,32 @@ def changed(good: RowInputs, bad: RowInputs) -> dict[str, list[Any]]:
     if good.checkpoint_sha256 != bad.checkpoint_sha256:
         out["checkpoint_sha256"] = [good.checkpoint_sha256, bad.checkpoint_sha256]
     return out
+
+
+def newly_failing(db: Engine, run_id: int | None = None) -> tuple[int, int, list[tuple[str, str, str]]]:
+    """The rows (model, precision, platform) that fail in nightly ``run_id`` (default: the latest finished nightly)
+    and passed in the nightly before it; returns (previous run, run, rows). Fewer than two finished nightlies is
+    ConfigurationError."""
+    finished = (RunStatus.PASSED, RunStatus.FAILED)
+    with db.connect() as c:
+        runs = [r.id for r in c.execute(select(Run.id).where(Run.kind == "nightly", Run.status.in_(finished))
+                                        .order_by(Run.id.desc()))]
+        if run_id is not None:
+            if run_id not in runs:
+                raise ConfigurationError(f"run {run_id}: no finished nightly run; valid: {', '.join(map(str, runs))}")
+            runs = runs[runs.index(run_id):]
+        if len(runs) < 2:
+            raise ConfigurationError("need two finished nightly runs to find rows that newly fail; found "
+                                     f"{len(runs)}")
+        now, before = runs[0], runs[1]
+        keys = sorted({(r.model, r.precision, r.platform) for r in c.execute(
+            select(Result.model, Result.precision, Result.platform).where(Result.run_id == now,
+                                                                          Result.status == ResultStatus.FAIL))})
+    rows = []
+    for key in keys:
+        try:
+            if row_inputs(db, before, *key).status == "pass":
+                rows.append(key)
+        except ConfigurationError:  # the row did not run before: not a regression
+            continue
+    return before, now, rows

@@ -198,7 +198,7 @@ def test_a_regression_from_a_merged_branch_names_the_branch_commit(synthetic: di
     assert answer["last_good"] == _git(repo, "rev-parse", f"{s2}^")
 
 
-def _runs_db(tmp_path: Path, revisions: list[str], statuses: list[str], digest: str) -> str:
+def _runs_db(tmp_path: Path, revisions: list[str], statuses: list[str], digest: str, model: str = "tiny") -> str:
     from results.db import make_engine
     from results.migrate import upgrade
     from results.recorder import Recorder
@@ -213,7 +213,7 @@ def _runs_db(tmp_path: Path, revisions: list[str], statuses: list[str], digest: 
                           source_digest=hashlib.sha256(revision.encode()).hexdigest(),
                           toolchains={"edgellm-ort": "0.1.0"})
         for stage in ("export", "build", "infer", "accuracy"):
-            rec.record_result(run, model="tiny", precision="fp32", platform="x86-cpu", stage=stage,
+            rec.record_result(run, model=model, precision="fp32", platform="x86-cpu", stage=stage,
                               test_id="tiny-fp32", status=status if stage == "export" else "pass",
                               toolchain="edgellm-ort", toolchain_version="0.1.0", model_revision=digest)
         rec.finish_run(run, "passed" if status == "pass" else "failed")
@@ -255,3 +255,23 @@ def test_row_form_of_an_unknown_model_without_checkpoint_is_exit_2(synthetic: di
         str(synthetic["repo"]), "--data-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o.json")])
     assert result.exit_code == 2
     assert "unknown model 'no-such-model'" in result.output
+
+
+def test_bisect_regressions_after_a_nightly_bisects_each_newly_failing_row(synthetic: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    from edgellm import BUNDLED_MODEL_DIR
+    from edgellm.reference import checkpoint_digest
+
+    shas = synthetic["shas"]
+    url = _runs_db(tmp_path, [shas[1], shas[-1]], ["pass", "fail"], checkpoint_digest(BUNDLED_MODEL_DIR),
+                   model="stories260K")
+    out = tmp_path / "regressions.json"
+    result = CliRunner().invoke(app, [
+        "bisect", "--bisect-regressions", "--db", url, "--repo", str(synthetic["repo"]), "--data-dir",
+        str(tmp_path / "d"), "--output", str(out), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(out.read_text())
+    assert (answer["previous_run"], answer["run"]) == (1, 2)
+    assert [r["row"] for r in answer["rows"]] == [["stories260K", "fp32", "x86-cpu"]]
+    assert answer["rows"][0]["first_bad"] == shas[PLANTED]
+    assert f"stories260K fp32 x86-cpu: first bad {shas[PLANTED][:7]}" in result.output

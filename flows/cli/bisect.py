@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -99,10 +99,74 @@ def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
     return Path(sources[model].locate(Settings.resolve(data_dir=data_dir).data_dir))
 
 
+def _request(top: Path, checkpoint: Path, precision: str, platform: str, good: str, bad: str, max_probes: int,
+             steps: tuple[str, ...], data_dir: Path | None) -> Any:
+    from edgellm.reference import checkpoint_digest
+    from flows.bisect import BisectRequest
+
+    return BisectRequest(repo=str(top), checkpoint=str(checkpoint.resolve()),
+                         checkpoint_digest=checkpoint_digest(checkpoint), precision=precision, platform=platform,
+                         good=good, bad=bad, max_probes=max_probes,
+                         cache_dir=str(data_dir / "bisect-cache") if data_dir is not None else None, steps=steps)
+
+
+def _run_flow(req: Any, facts: dict[str, object]) -> dict[str, Any]:
+    from flows.bisect import bisect as flow
+    from flows.cli.running import _announce_flow_run
+
+    result = _announce_flow_run(flow)(req)
+    return {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest, "precision": req.precision,
+            "platform": req.platform, "repo": req.repo, **facts, **result}
+
+
+def _regressions(run: int | None, output: Path, max_probes: int, steps: str, repo: Path | None, cache: bool,
+                 db: str | None, data_dir: Path | None) -> None:
+    """--bisect-regressions: each newly failing row of a nightly bisected in turn, the probes shared out of
+    --max-probes; a row that cannot be bisected (same revision, no checkpoint) says why in its entry."""
+    from edgellm.errors import ConfigurationError
+    from flows.cli.running import _temporary_server
+    from flows.settings import Settings
+    from results.db import read_only_engine
+    from results.row_inputs import newly_failing
+    from tasks.bisect import check_order, resolve
+
+    settings = Settings.resolve(db=db, data_dir=data_dir)
+    before, now, rows = newly_failing(read_only_engine(settings.db_url), run)
+    answers: list[dict[str, Any]] = []
+    left = max_probes
+    _prefect(settings.data_dir)
+    with _temporary_server(settings.data_dir):
+        for row in rows:
+            entry: dict[str, Any] = {"row": list(row)}
+            try:
+                if left < 2:
+                    raise ConfigurationError(f"--max-probes {max_probes} spent on the rows before")
+                checkpoint = _catalog_checkpoint(row[0], data_dir)
+                top, wanted = _validate(checkpoint, row[1], row[2], output, left, steps, repo)
+                good, bad, facts = _row_revisions(row, str(before), str(now), db, data_dir, checkpoint)
+                g, b = resolve(top, good, "run revision"), resolve(top, bad, "run revision")
+                check_order(top, g, b)
+                entry.update(_run_flow(_request(top, checkpoint, row[1], row[2], g.sha, b.sha, left, wanted,
+                                                settings.data_dir if cache else None), facts))
+                left -= len(entry["probes"])
+            except ConfigurationError as exc:
+                entry.update(found=False, reason=str(exc))
+            answers.append(entry)
+            out.print(f"{' '.join(row)}: " + (f"first bad {entry['first_bad'][:7]} {entry['first_bad_subject']}"
+                                              if entry.get("found") else f"no answer: {entry['reason']}"),
+                      markup=False)
+    output.write_text(json.dumps({"previous_run": before, "run": now, "rows": answers}, indent=2) + "\n")
+    if not rows:
+        out.print(f"no row newly fails in nightly run {now} (against run {before})", markup=False)
+    raise typer.Exit(0 if all(a.get("found") for a in answers) else 1)
+
+
 def bisect(
-    good: Annotated[str, typer.Option("--good", help="a revision whose pipeline passes (with --row: a run id)")],
-    bad: Annotated[str, typer.Option("--bad", help="a later revision whose pipeline fails (with --row: a run id)")],
     output: Annotated[Path, typer.Option("--output", help="write the JSON answer here", dir_okay=False)],
+    good: Annotated[str | None, typer.Option("--good", help="a revision whose pipeline passes (with --row: a run "
+                                                            "id)")] = None,
+    bad: Annotated[str | None, typer.Option("--bad", help="a later revision whose pipeline fails (with --row: a run "
+                                                          "id)")] = None,
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a Hugging Face checkpoint directory (with "
                                                                          "--row: default, the catalog's checkpoint "
                                                                          "of the row's model)")] = None,
@@ -117,6 +181,12 @@ def bisect(
     repo: Annotated[Path | None, typer.Option("--repo", help="the repository (default: the one holding the "
                                                              "current directory)", file_okay=False)] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse probe outcomes by content")] = True,
+    regressions: Annotated[bool, typer.Option("--bisect-regressions", help="after a nightly: bisect every row that "
+                                                                          "fails in it and passed in the nightly "
+                                                                          "before (--max-probes: for them all)")
+                           ] = False,
+    run: Annotated[int | None, typer.Option("--run", help="with --bisect-regressions: that nightly run (default: "
+                                                          "the latest finished)")] = None,
     db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
@@ -125,10 +195,16 @@ def bisect(
     of that row in the results database, and the farm revisions they ran are bisected."""
     with farm_errors("bisect"):
         from edgellm.errors import ConfigurationError
-        from edgellm.reference import checkpoint_digest
+        from flows.cli.running import _temporary_server
         from flows.settings import Settings
         from tasks.bisect import check_order, resolve
 
+        if regressions:
+            _regressions(run, output, max_probes, steps, repo, cache, db, data_dir)
+            return
+        if good is None or bad is None:
+            raise ConfigurationError(f"{'--good' if good is None else '--bad'} is missing: give both ends (revisions; "
+                                     f"with --row, run ids), or --bisect-regressions")
         facts: dict[str, object] = {}
         if row is not None:
             if precision is not None and precision != row[1]:
@@ -147,19 +223,11 @@ def bisect(
         good_rev, bad_rev = resolve(top, good, "--good"), resolve(top, bad, "--bad")
         check_order(top, good_rev, bad_rev)  # refused here, before any probe
         settings = Settings.resolve(db=db, data_dir=data_dir)
-        from flows.bisect import BisectRequest
-        from flows.bisect import bisect as flow
-        from flows.cli.running import _announce_flow_run, _temporary_server
-
-        req = BisectRequest(repo=str(top), checkpoint=str(checkpoint.resolve()),
-                            checkpoint_digest=checkpoint_digest(checkpoint), precision=precision, platform=platform,
-                            good=good_rev.sha, bad=bad_rev.sha, max_probes=max_probes,
-                            cache_dir=str(settings.data_dir / "bisect-cache") if cache else None, steps=wanted)
+        req = _request(top, checkpoint, precision, platform, good_rev.sha, bad_rev.sha, max_probes, wanted,
+                       settings.data_dir if cache else None)
         _prefect(settings.data_dir)
         with _temporary_server(settings.data_dir):
-            result = _announce_flow_run(flow)(req)
-        result = {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest, "precision": precision,
-                  "platform": platform, "repo": req.repo, **facts, **result}
+            result = _run_flow(req, facts)
         output.write_text(json.dumps(result, indent=2) + "\n")
     for p in result["probes"]:
         out.print(f"{p['revision'][:7]} {p['status']:<5} {p['seconds']:7.1f} s{' cached' if p['cached'] else ''}  "
