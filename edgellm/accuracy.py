@@ -106,6 +106,7 @@ class EvalOptions:
     prompts: tuple[str, ...] = PROMPTS
     num_threads: int | None = None
     reference_device: str | None = None  # None: where the engine runs (its backend's device)
+    layers: bool = False  # compare every layer's hidden states even when every check passed
 
     def settings(self) -> ReferenceSettings:
         return ReferenceSettings(
@@ -310,7 +311,7 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     checks = _make_checks(thresholds, logits=logits, greedy=greedy, ppl=ppl, tokenizer_ok=tokenizer_ok,
                           tok_detail=tok_detail)
     s = ref.settings
-    return {
+    report = {
         "passed": all(c.passed for c in checks),
         "precision": precision.value,
         "engine_dir": str(opts.engine_dir),
@@ -340,6 +341,51 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
         "auto_tokenizer": auto_tokenizer,
         "timings": {k: round(v, 4) for k, v in timings.items()},
     }
+    if opts.layers or not report["passed"]:
+        _add_layers(report, engine, ref, opts, precision)
+    return report
+
+
+LAYER_SEQUENCE_TOKENS = 128  # the text's first tokens: a sequence long enough to show error growth with position
+
+
+def _add_layers(report: dict[str, Any], engine: Any, ref: ReferenceData, opts: EvalOptions,
+                precision: Precision) -> None:
+    """``layers``, ``first_divergent_layer`` and ``diagnosis`` (edgellm.layer_diff, edgellm.diagnosis); where
+    the layers cannot be compared, ``layers`` is null and ``layers_unavailable`` says why."""
+    from edgellm.diagnosis import diagnose
+    from edgellm.errors import UnsupportedError
+    from edgellm.layer_diff import layer_report
+    from edgellm.quant import methods
+    from edgellm.thresholds import layer_rel_limit
+
+    limit = layer_rel_limit(precision)
+    result, why = None, None
+    if engine.manifest["backend"] != "ort":
+        why = (f"a {engine.manifest['backend']} engine exposes no per-layer states here; `edgellm layers-check` "
+               f"compares few-layer ONNX Runtime engines instead")
+    elif opts.checkpoint is None and not ref.layer_states:
+        why = ("this reference file holds no per-layer states (make it with `edgellm reference --layer-states`), "
+               "or give --checkpoint")
+    else:
+        t0 = time.perf_counter()
+        length = min(LAYER_SEQUENCE_TOKENS, engine.config.max_position_embeddings)
+        sequences = [*ref.prompt_ids, *([ref.text_ids[:length]] if ref.text_ids else [])]
+        try:
+            result = layer_report(opts.engine_dir, opts.checkpoint, sequences, engine.config.num_hidden_layers,
+                                  limit, device=ref.device["device"],
+                                  stored=ref.layer_states if opts.checkpoint is None else None)
+        except UnsupportedError as exc:
+            why = str(exc)
+        report["timings"]["layers_s"] = round(time.perf_counter() - t0, 4)
+    report["layers"] = result["layers"] if result else None
+    report["first_divergent_layer"] = result["first_divergent_layer"] if result else None
+    report["layer_rel_limit"] = limit
+    report["layers_summary"] = result["summary"] if result else None
+    if why is not None:
+        report["layers_unavailable"] = why
+    quantized = precision.value in {m.name for m in methods()}
+    report["diagnosis"] = diagnose(report, result, quantized=quantized, limit=limit)
 
 
 def _compare_logits(engine: Any, ref: ReferenceData, timings: dict[str, float]) -> dict[str, Any]:

@@ -140,7 +140,9 @@ def layers_check(checkpoint: Path | str, reference: Path | str, layers: int | No
     from edgellm.compiler.build import build_engine
     from edgellm.compiler.export import export_checkpoint
     from edgellm.config import QuantConfig
+    from edgellm.layer_diff import layer_report
     from edgellm.runtime.engine import Engine
+    from edgellm.thresholds import layer_rel_limit
 
     limits = limits or LayerLimits()
     checkpoint, reference = Path(checkpoint), Path(reference)
@@ -171,6 +173,10 @@ def layers_check(checkpoint: Path | str, reference: Path | str, layers: int | No
         timings["build_s"] = time.perf_counter() - t0
         engine = _Recording(Engine.open(Path(tmp) / "engine", num_threads=num_threads))
         logits = _compare_logits(engine, dataclasses.replace(ref, prompt_logits=ref.layer_logits), timings)
+        t0 = time.perf_counter()  # where inside the N layers the engine leaves transformers (evidence, no check)
+        per_layer = layer_report(Path(tmp) / "engine", Path(tmp) / "truncated", ref.prompt_ids, n,
+                                 layer_rel_limit(Precision.FP32))
+        timings["per_layer_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     hidden = _hidden(ckpt, ref, engine.seen)
     timings["hidden_s"] = time.perf_counter() - t0
@@ -205,5 +211,8 @@ def layers_check(checkpoint: Path | str, reference: Path | str, layers: int | No
         "checks": {c.name: c.to_json() for c in checks},
         "logits": logits,
         "hidden": hidden,
+        "layers_compared": per_layer["layers"],
+        "first_divergent_layer": per_layer["first_divergent_layer"],
+        "layers_summary": per_layer["summary"],
         "timings": {k: round(v, 4) for k, v in timings.items()},
     }

@@ -58,6 +58,7 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_WINDOW = 128
 GREEDY_TOP_K = 1024
 REFERENCE_DEVICES = ("cpu", "cuda")
+LAYER_STATE_TOKENS = 128  # the text's first tokens, kept as one more sequence of per-layer states (error growth)
 REFERENCE_DTYPE = "fp32"
 CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "vocab_size", "rope_theta", "tie_word_embeddings")
@@ -71,6 +72,7 @@ class ReferenceSettings:
     window: int = DEFAULT_WINDOW
     prompts: tuple[str, ...] = PROMPTS
     layers: int = 0  # > 0: also keep the hidden states after the first ``layers`` decoder layers
+    layer_states: bool = False  # also keep the residual stream after every layer's attention and MLP (layer_diff)
 
     def validate(self) -> None:
         problems = []
@@ -164,6 +166,9 @@ class ReferenceData:
     timings: dict[str, float] = field(default_factory=dict)
     hidden: list[np.ndarray] = field(default_factory=list)  # per prompt [S_i, hidden] after ``layers`` layers
     layer_logits: list[np.ndarray] = field(default_factory=list)  # per prompt [S_i, vocab]
+    # with settings layer_states: (ids, [2 * num_layers, S, hidden]) per sequence (the prompts, then the text's
+    # first LAYER_STATE_TOKENS tokens); rows layer-major, attention then MLP (edgellm.layer_diff.PARTS)
+    layer_states: list[tuple[list[int], np.ndarray]] = field(default_factory=list)
 
     @property
     def layers(self) -> int:
@@ -219,6 +224,9 @@ class ReferenceData:
                                           else np.zeros((0, e), np.float32))
         for j, top1 in enumerate(self.window_top1):
             a[f"window{j}_top1"] = np.asarray(top1, dtype=np.int64)
+        for j, (ids, states) in enumerate(self.layer_states):
+            a[f"states{j}_ids"] = np.asarray(ids, dtype=np.int64)
+            a[f"states{j}_hidden"] = np.asarray(states, dtype=np.float32)
         for i, (h, lg) in enumerate(zip(self.hidden, self.layer_logits, strict=True)):
             a[f"prompt{i}_hidden"] = np.asarray(h, dtype=np.float32)
             a[f"prompt{i}_layer_logits"] = np.asarray(lg, dtype=np.float32)
@@ -418,6 +426,15 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
             layer_logits.append(lg)
         timings["hidden_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        layer_states = []
+        for ids in [*prompt_ids, text_ids[:min(LAYER_STATE_TOKENS, cfg.max_position_embeddings)]] if (
+                settings.layer_states) else []:
+            from edgellm.layer_diff import reference_layer_states, stack_states
+
+            layer_states.append((list(ids), stack_states(reference_layer_states(hf, list(ids)),
+                                                         cfg.num_hidden_layers)))
+        timings["layer_states_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         greedy_ids, greedy_steps = [], []
         for ids in prompt_ids:
             out, steps = hf.greedy(ids, settings.greedy_tokens, eos)
@@ -451,7 +468,8 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
         "settings": {"prompts": list(settings.prompts), "text_file": str(settings.text_file),
                      "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                      "max_tokens": settings.max_tokens, "greedy_tokens": settings.greedy_tokens,
-                     "window": settings.window, "layers": settings.layers},
+                     "window": settings.window, "layers": settings.layers,
+                     "layer_states": settings.layer_states},
         "eos_ids": list(eos_t),
         "auto_tokenizer_class": auto_class,
         "greedy_top_k": min(GREEDY_TOP_K, cfg.vocab_size),
@@ -463,7 +481,8 @@ def compute_reference(checkpoint: Path, settings: ReferenceSettings, device: str
     return ReferenceData(header=header, prompt_ids=prompt_ids, prompt_auto_ids=prompt_auto,
                          prompt_logits=prompt_logits, text=text, text_ids=text_ids, text_auto_ids=text_auto,
                          greedy_ids=greedy_ids, greedy_steps=greedy_steps, window_nll=np.asarray(nll, np.float64),
-                         window_top1=top1, timings=timings, hidden=hidden, layer_logits=layer_logits)
+                         window_top1=top1, timings=timings, hidden=hidden, layer_logits=layer_logits,
+                         layer_states=layer_states)
 
 
 # --- reading it back (untrusted input: no pickles, every shape checked) ------------------------------------
@@ -560,7 +579,16 @@ def _from_arrays(arrays: dict[str, np.ndarray], source: str) -> ReferenceData:
                              f"[{len(ids)}, {hidden_size}] / [{len(ids)}, {vocab}]")
         hidden.append(h)
         layer_logits.append(lg)
+    layer_states = []
+    if s.get("layer_states", False) is True:  # files made before per-layer states were stored have none
+        rows = 2 * int(header["checkpoint"]["config"]["num_hidden_layers"])
+        for j in range(len(prompts) + 1):
+            ids = _arr(arrays, f"states{j}_ids", "i", 1).tolist()
+            st = _arr(arrays, f"states{j}_hidden", "f", 3)
+            if st.shape != (rows, len(ids), hidden_size):
+                raise ValueError(f"states{j}_hidden {list(st.shape)}, expected [{rows}, {len(ids)}, {hidden_size}]")
+            layer_states.append((ids, st))
     return ReferenceData(header=header, prompt_ids=ids_of, prompt_auto_ids=auto_of, prompt_logits=logits, text=text,
                          text_ids=text_ids, text_auto_ids=text_auto, greedy_ids=greedy_ids,
                          greedy_steps=greedy_steps, window_nll=nll, window_top1=top1, source=source, hidden=hidden,
-                         layer_logits=layer_logits)
+                         layer_logits=layer_logits, layer_states=layer_states)

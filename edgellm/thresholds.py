@@ -195,3 +195,22 @@ def resolve_thresholds(precision: Precision, file: Path | None = None,
         base_values = {f: None for f in FIELDS}
         return Thresholds(**{**base_values, **changes})
     return base.replace(**changes)
+
+
+# Per-layer limit of ``edgellm eval``'s layer comparison (edgellm.layer_diff): max |engine - reference| of the
+# residual stream after a layer's attention or MLP, over max |reference| there. Measured fp32 (a 4-layer random
+# tiny-llama, ONNX Runtime engine vs transformers, 12- and 118-token sequences, 2026-12-06): <= 3.4e-7 at every
+# layer and part; limit 1e-4 (300x). fp16/bf16: their rounding (2^-11, 2^-8 relative per op) compounded over a few
+# ops, not measured per layer; the quantized methods: weight error of 4/8-bit groups, not measured per layer (a
+# wrong dequantization layout gives O(1), which these still catch).
+LAYER_REL_LIMITS: dict[Precision, float] = {
+    Precision.FP32: 1e-4,
+    Precision.FP16: 1e-2,
+    Precision.BF16: 5e-2,
+}
+QUANTIZED_LAYER_REL_LIMIT = 0.3
+
+
+def layer_rel_limit(precision: Precision) -> float:
+    """The per-layer relative limit of ``precision`` (a quantized one: ``QUANTIZED_LAYER_REL_LIMIT``)."""
+    return LAYER_REL_LIMITS.get(precision, QUANTIZED_LAYER_REL_LIMIT)

@@ -76,6 +76,13 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
     failed = report.get("failed_checks") or []
     if failed:
         out.reason = "failed checks: " + ", ".join(map(str, failed))
+        # edgellm eval's where and what (issue 36): "diverges at layer 7 (mlp): rel 3.1e-1; layers 0-6 within 2e-4"
+        if report.get("layers_summary"):
+            out.reason += f"; {report['layers_summary']}"
+        if report.get("diagnosis"):
+            from edgellm.diagnosis import diagnosis_line
+
+            out.reason += f"; diagnosis: {diagnosis_line(report['diagnosis'])}"
     if judged_here:  # judged here, not by the device command's exit code
         if not report.get("passed") and run.status is ResultStatus.PASS:
             out.status, out.error_kind = ResultStatus.FAIL, ErrorKind.TEST_FAILURE

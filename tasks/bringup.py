@@ -225,9 +225,12 @@ def few_layers(checkpoint: Path, layers: int, drivers: Sequence[ToolchainDriver]
     found = layers_check(checkpoint, out_dir / "reference.npz", layers, work_dir=work)
     evidence: dict[str, Any] = {"numeric": {"toolchain": "edgellm", "file": _write(out_dir, "layers_check.json", found),
                                             "passed": found["passed"], "failed_checks": found["failed_checks"],
-                                            "checks": found.get("checks")},
+                                            "checks": found.get("checks"),
+                                            "first_divergent_layer": found.get("first_divergent_layer"),
+                                            "layers_summary": found.get("layers_summary")},
                                 "structural": {}}
     problems = [f"ONNX Runtime against the reference: {', '.join(found['failed_checks'])} out of limits"
+                + (f" ({found['layers_summary']})" if found.get("layers_summary") else "")
                 ] if not found["passed"] else []
     for driver in drivers:
         try:

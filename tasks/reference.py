@@ -44,7 +44,8 @@ def reference_key_inputs(checkpoint_sha: str) -> dict[str, object]:
     prompts_sha = hashlib.sha256("\0".join(PROMPTS).encode()).hexdigest()
     return {"stage": "reference", "format": FORMAT, "checkpoint_sha256": checkpoint_sha,
             "settings": {"max_tokens": EVAL_MAX_TOKENS, "greedy_tokens": DEFAULT_GREEDY_TOKENS,
-                         "window": REFERENCE_WINDOW, "text_sha256": text_sha, "prompts_sha256": prompts_sha},
+                         "window": REFERENCE_WINDOW, "text_sha256": text_sha, "prompts_sha256": prompts_sha,
+                         "layer_states": True},
             "edgellm": edgellm_version, "edgellm_build": build_id(), "transformers": transformers_version()}
 
 
@@ -69,7 +70,8 @@ def reference(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
         log_path = logs / f"reference-{model.replace('/', '--')}.log"
         argv = [sys.executable, "-m", "edgellm", "reference", str(Path(source.path)),
                 "--output", str(tmp / "reference.npz"), "--max-tokens", str(EVAL_MAX_TOKENS),
-                "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS), "--window", str(REFERENCE_WINDOW)]
+                "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS), "--window", str(REFERENCE_WINDOW),
+                "--layer-states"]  # a failing accuracy stage's eval then says which layer diverges (issue 36)
         log_path.write_text(f"$ {' '.join(argv)}\n", encoding="utf-8")
         env = {"PYTHONPATH": str(Path(edgellm.__file__).resolve().parents[1])}
         result = LocalTransport("orchestrator", work).run(argv, timeout=timeout_s, log=log_path, env=env)

@@ -95,6 +95,9 @@ def test_registered_family_passes_the_few_layer_check(name: str, layers: int, re
     assert report["hidden"]["observable"] is True and report["logits"]["max_abs_diff"] < 1e-3
     assert report["route"] == {"export": "edgellm export", "precision": "fp32", "backend": "ort"}
     assert report["truncated"]["dropped_tensors"] > 0
+    # every kept layer compared with transformers on the truncated checkpoint (issue 36), none diverging
+    assert [e["layer"] for e in report["layers_compared"]] == list(range(layers))
+    assert report["first_divergent_layer"] is None and report["layers_summary"].startswith(f"layers 0-{layers - 1}")
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # the work dir is cleaned up
     assert json.loads(capsys.readouterr().out)["passed"] is True
 

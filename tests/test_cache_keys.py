@@ -104,9 +104,10 @@ def _variants() -> dict[str, list[dict[str, Any]]]:
 
 # what main computed for these inputs before the cache moved into the generic body (bb2e55e); the TensorRT engine
 # key changed once since, on purpose: its device has no edgellm (no edgellm_build), and an engine is the product of
-# the board's TensorRT release (the versioned libnvinfer the agent found)
+# the board's TensorRT release (the versioned libnvinfer the agent found); the reference key changed once, on purpose:
+# its file holds every layer's states since issue 36 (``layer_states``), so older files are not reused
 PINNED = {
-    REFERENCE: ["71bfa29d09572951a79ee925f324f813c35ed7072c9df72852d358ad1e035331"],
+    REFERENCE: ["8bb608d9faf38aa1fe5382ea5fe6099042883356a89fe4cc0d8f92a353c2f105"],
     "quantize": ["ab708f60d84b91480453e7ce2e0e26a328a3e377f905e5c4693f01f95da6fbaa",
                  "2acf8475a8f377d24db9be9bc24a13503b9a7159204340cc4e9056a4fc9e052e"],
     "export": ["5322f74e529073272193801c2374c1a0e2181d041a77f31ad5706944529421e0",

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-divergence-margin", type=float, dest="greedy_max_divergence_margin")
     g.add_argument("--max-ppl-rel-diff", type=float, dest="ppl_max_rel_diff")
     g.add_argument("--min-top1-agreement", type=float, dest="top1_min_agreement")
+    p.add_argument("--layers", action="store_true",
+                   help="with --checkpoint: compare the hidden states after every layer (attention, MLP) with "
+                        "transformers' even when every check passed (a failing eval always does)")
     p.add_argument("--output", type=Path, default=None, help="write the JSON report here (default: stdout only)")
 
 
@@ -66,17 +69,26 @@ def run(args: argparse.Namespace) -> int:
         threshold_overrides={k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None},
         num_threads=args.threads,
         reference_device=args.reference_device,
+        layers=args.layers,
     )
     report = run_eval(opts)
     if args.output is not None:
         write_json_atomic(args.output, report)
     summary = {k: report[k] for k in ("passed", "precision", "reference_device", "reference_perplexity",
                                       "engine_perplexity", "perplexity_ratio")}
+    for key in ("first_divergent_layer", "layers_summary", "layers_unavailable", "diagnosis"):
+        if key in report:
+            summary[key] = report[key]
     summary["checks"] = {k: {f: c[f] for f in ("value", "threshold", "passed")} for k, c in report["checks"].items()}
     json.dump(json_safe(summary), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
     if not report["passed"]:
         failed = ", ".join(f"{n} = {report['checks'][n]['value']} (limit {report['checks'][n]['op']} "
                            f"{report['checks'][n]['threshold']})" for n in report["failed_checks"])
-        raise TestFailure(f"accuracy check failed at precision {report['precision']}: {failed}")
+        where = "".join(f"; {report[k]}" for k in ("layers_summary",) if report.get(k))
+        if report.get("diagnosis"):
+            from edgellm.diagnosis import diagnosis_line
+
+            where += f"; diagnosis: {diagnosis_line(report['diagnosis'])}"
+        raise TestFailure(f"accuracy check failed at precision {report['precision']}: {failed}{where}")
     return 0

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=0, metavar="N",
                    help="also store each prompt's hidden state after the first N decoder layers and the logits of "
                         "the checkpoint truncated to N layers (for `edgellm layers-check`; default 0: none)")
+    p.add_argument("--layer-states", action="store_true",
+                   help="also store the residual stream after every layer's attention and MLP on the prompts and the "
+                        "text's first tokens, so `edgellm eval --reference` can say which layer diverges")
     p.add_argument("--device", choices=REFERENCE_DEVICES, default="cpu",
                    help="where transformers runs the checkpoint, always in fp32 (default cpu; cuda: the first GPU, "
                         "TF32 off); recorded in the file")
@@ -45,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = ReferenceSettings(text_file=args.text, max_tokens=args.max_tokens, greedy_tokens=args.greedy_tokens,
-                                 window=args.window, layers=args.layers)
+                                 window=args.window, layers=args.layers, layer_states=args.layer_states)
     t0 = time.perf_counter()
     ref = compute_reference(args.checkpoint, settings, args.device)
     sha = ref.save(args.output)

@@ -14,6 +14,7 @@ import typer
 
 import flows.cli._site  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
 from flows.cli import commands, query, show
+from flows.cli.bisect import bisect
 from flows.cli.bringup import bring_up
 from flows.cli.compare import compare
 from flows.cli.db import app as db_app
@@ -32,6 +33,7 @@ for command in (commands.nightly, commands.run, query.query, show.show, commands
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)
+app.command(name="bisect")(bisect)
 
 
 @app.callback()
