@@ -18,7 +18,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import flows.execute as execute
-from edgellm.errors import ConfigurationError, ErrorKind
+from devices import agent_client
+from devices.health import check_device
+from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from flows.settings import Settings
 from results.db import make_engine, write_session
 from results.errors import RunReaped
@@ -29,6 +31,7 @@ from results.models import Run, RunStatus
 from results.queries import latest_status, row_history
 from results.recorder import Recorder
 from tests.helpers.docs_db import PIPELINE, build_docs_db
+from tests.test_hostile_inputs_web import _Answering, _local_device
 from tests.test_hostile_publish import ROW
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,3 +235,22 @@ def test_the_heartbeat_period_comes_from_the_environment_and_bad_values_are_name
             stale_limit_s()
     monkeypatch.delenv("EDGEFARM_HEARTBEAT_S")
     assert (heartbeat_s(), stale_limit_s()) == (20.0, 60.0)
+
+
+# item 11 -----------------------------------------------------------------------------------------------------------
+DEEP = "[" * 300_000 + "]" * 300_000  # 600 KB: under the transport's output bound, past any parser's recursion
+
+
+def test_a_board_agent_answering_300000_deep_json_is_the_devices_fault(tmp_path: Path) -> None:
+    """The agent's (and a toolchain probe's) JSON is parsed recursively: 300,000 levels raised RecursionError, which
+    the farm classifies as its own bug (exit 4)."""
+    device = _local_device(tmp_path)
+    with pytest.raises(InfrastructureError, match="printed JSON nested too deeply to read"):
+        agent_client.run(device, _Answering(DEEP), "env")
+    report = check_device(device, transport=_Answering(DEEP))
+    assert not report.healthy and report.error_kind is ErrorKind.INFRASTRUCTURE, report
+    assert any("hostile: agent env printed JSON nested too deeply" in p for p in report.problems), report.problems
+    env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
+    probed = check_device(device, transport=_Answering(env, probe=DEEP))
+    assert not probed.healthy, probed
+    assert any("its probe printed JSON nested too deeply" in p for p in probed.problems), probed.problems
