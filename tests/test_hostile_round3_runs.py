@@ -3,11 +3,13 @@ back as passed. Each test replays a probe that did not hold."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,17 +18,23 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+from typer.testing import CliRunner
 
 import flows.execute as execute
+from artifacts.kinds import ArtifactKind, Packing
+from artifacts.store import ArtifactRef, ArtifactStore
 from devices import agent_client
 from devices.health import check_device
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
+from flows.cli import app
+from flows.cli.show import TAIL_MAX_BYTES, _tail
 from flows.settings import Settings
 from results.db import make_engine, write_session
 from results.errors import RunReaped
 from results.leases import acquire, live_leases, try_acquire
 from results.liveness import heartbeat_s, reap_stale_runs, stale_limit_s
 from results.machine import this_host
+from results.migrate import upgrade
 from results.models import Run, RunStatus
 from results.queries import latest_status, row_history
 from results.recorder import Recorder
@@ -254,3 +262,94 @@ def test_a_board_agent_answering_300000_deep_json_is_the_devices_fault(tmp_path:
     probed = check_device(device, transport=_Answering(env, probe=DEEP))
     assert not probed.healthy, probed
     assert any("its probe printed JSON nested too deeply" in p for p in probed.problems), probed.problems
+
+
+def _store_farm(data: Path, artifacts: list[ArtifactRef]) -> ArtifactStore:
+    """A data dir whose database records one build result citing ``artifacts`` (already in its store)."""
+    engine = make_engine(f"sqlite:///{data / 'edgefarm.db'}")
+    upgrade(engine)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abc123", toolchain={"edgellm-farm": "0.1.0"})
+    rec.record_result(run, model="tiny-llama", precision="fp32", platform="x86-cpu", stage="build", test_id="b1",
+                      status="pass", toolchain="edgellm-ort", toolchain_version="1", artifacts=artifacts)
+    rec.finish_run(run, "passed")
+    engine.dispose()
+    return ArtifactStore(data / "artifacts")
+
+
+def _hostile_tar(member: tarfile.TarInfo, body: bytes = b"") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        member.size = len(body) if member.isfile() else 0
+        tar.addfile(member, io.BytesIO(body) if member.isfile() else None)
+    return buf.getvalue()
+
+
+def _link_out() -> tarfile.TarInfo:
+    link = tarfile.TarInfo("engine/outside")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+    return link
+
+
+def _device_node() -> tarfile.TarInfo:
+    node = tarfile.TarInfo("engine/null")
+    node.type, node.devmajor, node.devminor = tarfile.CHRTYPE, 1, 3
+    return node
+
+
+@pytest.mark.parametrize("member", [tarfile.TarInfo("../escaped.txt"), _link_out(), _device_node()],
+                         ids=["dotdot", "link-out", "device"])
+def test_show_refuses_a_hostile_tar_artifact_clearly(tmp_path: Path, member: tarfile.TarInfo) -> None:
+    """`show engine:ID --output DIR` of a stored tar with a member outside DIR exited 4 ("bug", a traceback's
+    FilterError) though tarfile's data filter let nothing escape: a store holding such a tar is refused, exit 3."""
+    data = tmp_path / "data"
+    data.mkdir()
+    blob = ArtifactStore(data / "artifacts").put(_hostile_tar(member, b"pwned"), ArtifactKind.ENGINE)
+    ref = ArtifactRef(blob.sha256, blob.size, ArtifactKind.ENGINE, Packing.TAR)
+    _store_farm(data, [ref]).close()
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["show", f"engine:{ref.sha256[:12]}", "--output", str(out), "--data-dir",
+                                      str(data)])
+    assert result.exit_code == 3, result.output
+    assert "refusing to unpack the stored tar" in result.output and "nothing was extracted" in result.output, \
+        result.output
+    assert not out.exists() and not (tmp_path / "escaped.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left
+
+
+def test_show_tail_of_a_large_log_reads_its_end_in_bounded_memory(tmp_path: Path) -> None:
+    """`show --tail 3` read the whole log into memory, decoded and split it: a 286 MiB log peaked at 1 GiB."""
+    data = tmp_path / "data"
+    data.mkdir()
+    line = b"0123456789 step ok\n"
+    body = line * ((48 << 20) // len(line)) + b"tail one\ntail \x1b[31mtwo\ntail three"  # 48 MiB, short lines
+    ref = ArtifactStore(data / "artifacts").put(body, ArtifactKind.LOG)
+    _store_farm(data, [ref]).close()
+    # VmHWM: this process's own peak (ru_maxrss would carry the forking test process's across exec)
+    measured = ("import re, runpy, sys\n"
+                "sys.argv = ['edgefarm', *sys.argv[1:]]\n"
+                "try:\n"
+                "    runpy.run_module('flows.cli', run_name='__main__')\n"
+                "finally:\n"
+                "    hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+                "    print('maxrss_kib', hwm, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", measured, "show", f"log:{ref.sha256[:12]}", "--tail", "3",
+                           "--data-dir", str(data)], cwd=REPO, env=_env(data), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["tail one", "tail \\x1b[31mtwo", "tail three"]
+    lines = body.count(b"\n") + 1
+    assert f"{lines} lines, the last 3" in done.stderr, done.stderr
+    peak_mib = int(done.stderr.rsplit("maxrss_kib", 1)[1].split()[0]) / 1024
+    assert peak_mib < 200, peak_mib  # the command itself ~100 MiB; reading the log whole took 600+
+
+
+def test_tail_lines_at_the_edges(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    for text, tail, want in [(b"", 3, []), (b"a", 3, ["a"]), (b"a\nb\n", 5, ["a", "b"]), (b"a\r\nb", 1, ["b"]),
+                             (b"x" * (TAIL_MAX_BYTES + 10) + b"\nend\n", 2, ["[cut] " + "x" * (TAIL_MAX_BYTES - 5),
+                                                                              "end"])]:
+        log.write_bytes(text)
+        with log.open("rb") as f:
+            got = _tail(f, len(text), tail)
+        assert [g.removesuffix("\r") for g in got] == want, (text[:20], tail)
