@@ -33,6 +33,18 @@ STALE_AFTER_S = 3 * HEARTBEAT_S
 ENV_HEARTBEAT_S = "EDGEFARM_HEARTBEAT_S"  # seconds between heartbeats (tests shorten it); stale after three missed
 
 
+_reaped: dict[int, str] = {}  # runs of this process that another process reaped meanwhile -> why
+_reaped_lock = threading.Lock()
+
+
+def reaped(run_id: int) -> RunReaped | None:
+    """The error to stop with when ``run_id``, a run of this process, was reaped meanwhile (its heartbeat learnt
+    so); None while it runs. Work that waits (for a device) asks, so a resumed run ends instead of queueing."""
+    with _reaped_lock:
+        why = _reaped.get(run_id)
+    return None if why is None else RunReaped(why)
+
+
 def heartbeat_s() -> float:
     """Seconds between a run's (and a device lease's) heartbeats: $EDGEFARM_HEARTBEAT_S, else ``HEARTBEAT_S``."""
     raw = os.environ.get(ENV_HEARTBEAT_S, "").strip()
@@ -96,6 +108,8 @@ def heartbeat(recorder: Recorder, run_id: int, every_s: float | None = None) -> 
                 recorder.heartbeat(run_id)
             except RunReaped as exc:
                 log.error("%s", exc)
+                with _reaped_lock:
+                    _reaped[run_id] = str(exc)
                 return
             except Exception as exc:  # a missed beat is survivable; the reaper allows three
                 log.warning("run %d: heartbeat failed: %s", run_id, exc)

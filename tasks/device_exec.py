@@ -44,6 +44,7 @@ from edgellm.errors import (
     ResourceError,
 )
 from results import leases, liveness, quarantine
+from results.errors import RunReaped
 from results.models import ResultStatus
 from tasks import device_cache, engines
 from tasks.farm import Farm
@@ -188,6 +189,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
     t0 = time.monotonic()
     delay = 0.02
     while True:
+        if (ended := liveness.reaped(farm.ctx.run_id)) is not None:
+            raise ended  # another run reaped this one (it was suspended): waiting for a device is pointless
         with farm.slots_freed:
             left = [d for d in candidates if d.id not in tried]
             if not left:
@@ -278,6 +281,8 @@ def run_stage(
     while len(tried) < len(candidates):
         try:
             device, lease, waited = _acquire(farm, candidates, tried, exclusive)
+        except RunReaped:
+            raise
         except InfrastructureError:
             break
         t0 = time.monotonic()

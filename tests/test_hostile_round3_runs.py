@@ -29,6 +29,7 @@ from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from flows.cli import app
 from flows.cli.show import TAIL_MAX_BYTES, _tail
 from flows.settings import Settings
+from results import liveness
 from results.db import make_engine, write_session
 from results.errors import RunReaped
 from results.leases import acquire, live_leases, try_acquire
@@ -38,6 +39,7 @@ from results.migrate import upgrade
 from results.models import Run, RunStatus
 from results.queries import latest_status, row_history
 from results.recorder import Recorder
+from tasks import device_exec
 from tests.helpers.docs_db import PIPELINE, build_docs_db
 from tests.test_hostile_inputs_web import _Answering, _local_device
 from tests.test_hostile_publish import ROW
@@ -353,3 +355,22 @@ def test_tail_lines_at_the_edges(tmp_path: Path) -> None:
         with log.open("rb") as f:
             got = _tail(f, len(text), tail)
         assert [g.removesuffix("\r") for g in got] == want, (text[:20], tail)
+
+
+def test_a_reaped_run_stops_waiting_for_devices_once_its_heartbeat_learns_it(tmp_path: Path) -> None:
+    """Resumed after being reaped, a run whose device another run took waited for it (6 h) before it could end."""
+    url = build_docs_db(tmp_path / "r.db", tmp_path)
+    engine = make_engine(url)
+    rec = Recorder(engine)
+    run_id = rec.start_run("nightly", "schedule", "abc123")
+    farm = SimpleNamespace(ctx=SimpleNamespace(run_id=run_id))
+    assert liveness.reaped(run_id) is None
+    with liveness.heartbeat(rec, run_id, every_s=0.05):
+        time.sleep(0.1)
+        assert reap_stale_runs(engine, stale_after_s=0.0).keys() == {run_id}
+        deadline = time.monotonic() + 10
+        while liveness.reaped(run_id) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with pytest.raises(RunReaped, match=f"run {run_id} was ended as 'error'"):
+        device_exec._acquire(farm, [], set(), exclusive=False)  # type: ignore[arg-type]
+    engine.dispose()
