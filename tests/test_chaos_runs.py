@@ -14,13 +14,15 @@ through $EDGEFARM_HEARTBEAT_S (1 s: a run is dead, and a device lease expires, a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -35,11 +37,24 @@ from results.models import RowLatest, Run, RunStatus
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / ".data" / "test-artifacts" / "chaos-runs.json"
 MATRIX = {"name": "suspend", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
           "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
                        "stages": ["export", "build", "infer", "accuracy"]}}
 NOTHING = {**MATRIX, "name": "nothing", "platforms": ["orin"]}  # nothing to run here: the run only opens and reaps
 BEAT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def table() -> Iterator[list[dict[str, Any]]]:
+    """The rows (fault, expected, observed, ok) both scenarios add; written to TABLE for benchmarks/chaos.py."""
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    yield rows
+    TABLE.parent.mkdir(parents=True, exist_ok=True)
+    phases = {row["fault"]: row.pop("wall_s") for row in rows}
+    TABLE.write_text(json.dumps({"table": rows, "wall_s": round(time.monotonic() - t0, 1), "phases_s": phases},
+                                indent=2) + "\n")
 
 
 def _env(data: Path) -> dict[str, str]:
@@ -75,7 +90,9 @@ def _reap_here(tmp_path: Path, inventory: Path, data: Path) -> subprocess.Comple
 
 
 def test_a_suspended_orchestrator_reaped_meanwhile_is_not_passed_when_it_resumes(
-        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
+        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path],
+        table: list[dict[str, Any]]) -> None:
+    t0 = time.monotonic()
     data = tmp_path / "data"
     migrated_prefect_home(data / "prefect")
     db = data / "edgefarm.db"
@@ -108,14 +125,27 @@ def test_a_suspended_orchestrator_reaped_meanwhile_is_not_passed_when_it_resumes
             first.send_signal(signal.SIGCONT)
             first.kill()
             first.wait()
-    assert first.returncode == 3, out
-    assert f"run {run_id} was ended as 'error'" in out and "reaped" in out, out
     with Session(engine) as s:
         run = s.get(Run, run_id)
-        assert run is not None and run.status is RunStatus.ERROR and run.published_at is None
-        assert s.scalar(select(RowLatest.run_id).where(RowLatest.run_id == run_id)) is None
-    assert live_leases(engine, "local-cpu") == []  # the resumed run took no device after it learnt it was reaped
+        latest = s.scalar(select(RowLatest.run_id).where(RowLatest.run_id == run_id))
+    held = live_leases(engine, "local-cpu")
     engine.dispose()
+    said = next((ln for ln in out.splitlines() if "was ended as" in ln), "(nothing about it)")
+    observed = (f"resumed run {run_id} exited {first.returncode}: {said[:300]}; its run is "
+                f"{run.status.value if run else 'missing'}, published {run.published_at if run else None}, "
+                f"latest for {'no' if latest is None else 'a'} row; device leases after: {len(held)}")
+    ok = (first.returncode == 3 and "reaped" in said and run is not None and run.status is RunStatus.ERROR
+          and run.published_at is None and latest is None and held == [])
+    table.append({"fault": "orchestrator SIGSTOPped 6 s (twice the stale limit) while a stage runs; a second "
+                           "nightly reaps its run and takes the device; SIGCONT",
+                  "expected": "the resumed run ends as infrastructure (exit 3, 'reaped'), stays error, unpublished, "
+                              "takes no device", "observed": observed, "ok": ok,
+                  "wall_s": round(time.monotonic() - t0, 1)})
+    assert first.returncode == 3, out
+    assert f"run {run_id} was ended as 'error'" in out and "reaped" in out, out
+    assert run is not None and run.status is RunStatus.ERROR and run.published_at is None
+    assert latest is None
+    assert held == []  # the resumed run took no device after it learnt it was reaped
 
 
 _TWIN = """
@@ -140,7 +170,9 @@ def _free_pid_base() -> int:
 
 
 def test_a_twin_machines_live_run_with_this_host_name_is_not_reaped(
-        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> None:
+        farm_dirs: dict[str, Path], tmp_path: Path, migrated_prefect_home: Callable[[Path], Path],
+        table: list[dict[str, Any]]) -> None:
+    t0 = time.monotonic()
     data = tmp_path / "data"
     migrated_prefect_home(data / "prefect")
     db = data / "edgefarm.db"
@@ -158,12 +190,22 @@ def test_a_twin_machines_live_run_with_this_host_name_is_not_reaped(
         run_id, pid, holder = twin.stdout.readline().split()
         assert int(pid) >= base and not pid_alive(int(pid)), pid  # its pid is no process here
         reaper = _reap_here(tmp_path, farm_dirs["inventory"], data)
-        assert reaper.returncode == 5, reaper.stdout + reaper.stderr
-        assert _running(db) == [int(run_id)]  # its heartbeat is fresh: alive, whatever its pid
+        running = _running(db)
         engine = make_engine(f"sqlite:///{db}")
-        assert [x.holder for x in live_leases(engine, "local-cpu")] == [holder]
-        assert try_acquire(engine, "local-cpu", 2, slots=2) is None  # its lease stands: the device is not free
+        held = [x.holder for x in live_leases(engine, "local-cpu")]
+        grabbed = try_acquire(engine, "local-cpu", 2, slots=2)
         engine.dispose()
+        table.append({"fault": f"a twin orchestrator with this host name in its own pid namespace (pid {pid}, no "
+                               f"process here) holds a live run and a device lease; a nightly here reaps",
+                      "expected": "the twin's run stays running and its lease stands (a fresh heartbeat is alive)",
+                      "observed": f"reaper exit {reaper.returncode}; running runs {running}; leases {held}; the "
+                                  f"device {'was taken' if grabbed else 'stayed held'}",
+                      "ok": reaper.returncode == 5 and running == [int(run_id)] and held == [holder] and not grabbed,
+                      "wall_s": round(time.monotonic() - t0, 1)})
+        assert reaper.returncode == 5, reaper.stdout + reaper.stderr
+        assert running == [int(run_id)]  # its heartbeat is fresh: alive, whatever its pid
+        assert held == [holder]
+        assert grabbed is None  # its lease stands: the device is not free
         twin.stdin.close()
         assert twin.wait(timeout=120) == 0, twin.stderr.read() if twin.stderr else ""
     finally:
