@@ -73,6 +73,11 @@ class CorruptArtifactError(StoreError):
     """A stored blob's content no longer matches its sha256 (disk or tampering): it is not served."""
 
 
+class UnsafeArchiveError(StoreError):
+    """A stored tar whose members would land outside its directory (or are links out, devices, not a tar at all):
+    refused whole, nothing extracted."""
+
+
 class MissingArtifactError(ConfigurationError):
     """No blob with that sha256 in this store."""
 
@@ -166,8 +171,12 @@ def untar(tar: BinaryIO, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
-        with tarfile.open(fileobj=tar, mode="r") as archive:
-            archive.extractall(staging, filter="data")
+        try:
+            with tarfile.open(fileobj=tar, mode="r") as archive:
+                archive.extractall(staging, filter="data")
+        except tarfile.TarError as exc:  # a member out of dest, a link out, a device node, or no tar at all
+            raise UnsafeArchiveError(f"refusing to unpack the stored tar into {str(dest)!r}: {exc}; nothing was "
+                                     f"extracted (the store holds a tar the farm never writes)") from None
         os.replace(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

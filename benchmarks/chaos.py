@@ -10,7 +10,11 @@ benchmarks/results/.
            must leave nothing in scratch -> benchmarks/results/chaos-host.json. Needs the tensorrt-edgellm
            environment the tests install once (tests/fixtures/toolchain.py); no network.
 
-    .venv/bin/python benchmarks/chaos.py [nightly|host|all]      # default: all
+  runs     tests/test_chaos_runs.py: a real ``edgefarm nightly`` SIGSTOPped past the stale limit, reaped and its
+           device taken meanwhile, then resumed; a twin orchestrator with this host name in its own pid namespace
+           whose live run a nightly here must not reap -> benchmarks/results/chaos-runs.json. Needs ``unshare``.
+
+    .venv/bin/python benchmarks/chaos.py [nightly|host|runs|all]      # default: all
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ SCENARIOS = {
     "nightly": ("tests/test_chaos.py", ARTIFACTS / "chaos.json", ROOT / "benchmarks" / "results" / "chaos.json"),
     "host": ("tests/test_chaos_host_kill.py", ARTIFACTS / "chaos-host.json",
              ROOT / "benchmarks" / "results" / "chaos-host.json"),
+    "runs": ("tests/test_chaos_runs.py", ARTIFACTS / "chaos-runs.json",
+             ROOT / "benchmarks" / "results" / "chaos-runs.json"),
 }
 
 

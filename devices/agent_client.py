@@ -54,12 +54,21 @@ def forget(device: Device) -> None:
         _staged.discard((device.id, device.work_dir))
 
 
-def json_object(what: str, stdout: str) -> dict[str, Any]:
-    """The one JSON object a device command printed; an infrastructure error naming ``what`` otherwise."""
+def device_json(what: str, stdout: str) -> Any:
+    """The JSON a device command printed (its size is bounded by the transport); anything else, JSON nested past
+    what the parser can follow included, is the device's fault: an infrastructure error naming ``what``."""
     try:
-        data = json.loads(stdout)
+        return json.loads(stdout)
     except ValueError:
         raise InfrastructureError(f"{what} printed no JSON: {stdout[:200]!r}") from None
+    except RecursionError:
+        raise InfrastructureError(f"{what} printed JSON nested too deeply to read ({len(stdout)} characters, "
+                                  f"starting {stdout[:40]!r})") from None
+
+
+def json_object(what: str, stdout: str) -> dict[str, Any]:
+    """The one JSON object a device command printed; an infrastructure error naming ``what`` otherwise."""
+    data = device_json(what, stdout)
     if not isinstance(data, dict):
         raise InfrastructureError(f"{what} printed {type(data).__name__}, not a JSON object")
     return data

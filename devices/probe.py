@@ -7,7 +7,6 @@ wrong for the toolchain raises ``DeviceConfigurationError`` naming every problem
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +85,7 @@ def probe_toolchain(device: Device, transport: Transport, driver: ToolchainDrive
             # the toolchain's own probe does not run: what it needs on the device is missing or broken
             raise DeviceConfigurationError(f"{where}: its probe ({' '.join(probe.argv[:4])}) failed with exit "
                                            f"{res.exit_code}: {_last(res.stderr)}")
-        try:
-            printed = json.loads(res.stdout)
-        except json.JSONDecodeError:
-            raise InfrastructureError(f"{where}: its probe printed no JSON: {res.stdout[:200]!r}") from None
+        printed = agent_client.device_json(f"{where}: its probe", res.stdout)
         if isinstance(printed, dict):
             facts = {**facts, **printed}
     return facts

@@ -12,6 +12,7 @@ Hardened the way a config reader facing careless or hostile input must be:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,23 @@ class _AliasLoader(_Loader):
     allow_aliases = True
 
 
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+             stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    return kinds.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def _read_text(path: Path, max_bytes: int) -> str:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # O_NONBLOCK: opening a FIFO with no writer would wait forever; anything but a regular file is refused
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise YamlSyntaxError(path, None, f"is {_file_kind(st.st_mode)}, not a regular file: give the path "
+                                                  f"of a YAML file")
+            os.set_blocking(fd, True)
+            size = st.st_size
             if size > max_bytes:
                 raise YamlSyntaxError(path, None, f"is {size} bytes, over the {max_bytes}-byte limit for a config file")
             raw = f.read(max_bytes + 1)

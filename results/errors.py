@@ -19,6 +19,11 @@ CONFIG_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACC
                            errno.ENAMETOOLONG})
 
 
+class RunReaped(InfrastructureError):
+    """The run was ended by another process (reaped as dead) while this one still ran it: nothing it did after
+    that is evidence (never published)."""
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip()
     return (text.splitlines() or [type(exc).__name__])[0][:500]

@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from edgellm.errors import ConfigurationError, InfrastructureError
 from results.db import writer
-from results.liveness import process_gone
+from results.machine import process_gone, this_host
 from results.models import DeviceLease, LeaseDevice
 
 log = logging.getLogger(__name__)
@@ -55,12 +54,13 @@ class Lease:
 
 
 def default_holder() -> str:
-    """``host:pid:token``: unique per acquirer, readable in the table."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+    """``host#machine:pid:token`` (results.machine.this_host): unique per acquirer, readable in the table."""
+    return f"{this_host()}:{os.getpid()}:{secrets.token_hex(6)}"
 
 
 def _gone(holder: str) -> bool:
-    """Whether a ``host:pid:token`` holder is a process of this host that no longer exists."""
+    """Whether a ``host#machine:pid:token`` holder is a process of this machine that no longer exists (a holder of
+    another machine with the same host name is not: its pid means nothing here)."""
     parts = holder.rsplit(":", 2)
     return len(parts) == 3 and parts[1].isdigit() and process_gone(parts[0], int(parts[1]))
 
@@ -203,7 +203,9 @@ def hold(
 
 @contextmanager
 def kept_alive(engine: Engine, lease: Lease) -> Iterator[Lease]:
-    """Heartbeat an acquired lease every ttl/3 in a background thread; release it on exit (also on error)."""
+    """Heartbeat an acquired lease every ttl/3 in a background thread; release it on exit (also on error). A block
+    that ends normally learns whether the lease held all along: LeaseLost if it expired or was reclaimed (a process
+    suspended past the TTL, whose device another run took meanwhile, must not report what it did there)."""
     stop = threading.Event()
 
     def beat() -> None:
@@ -218,9 +220,20 @@ def kept_alive(engine: Engine, lease: Lease) -> Iterator[Lease]:
 
     thread = threading.Thread(target=beat, name=f"lease-{lease.device_id}-{lease.id}", daemon=True)
     thread.start()
+    lost = False
     try:
         yield lease
+        stop.set()
+        thread.join()
+        try:
+            heartbeat(engine, lease)
+        except LeaseLost:
+            lost = True
+            raise
+        except Exception:  # a transient database error: the beats before it said the lease held
+            log.exception("last heartbeat of lease %s on %s failed", lease.id, lease.device_id)
     finally:
         stop.set()
         thread.join()
-        release(engine, lease)
+        if not lost:
+            release(engine, lease)

@@ -1,16 +1,17 @@
 """Runs whose orchestrator died: a heartbeat while it lives, and a reaper that ends the dead ones as ``error``.
 
-A ``running`` run is dead when its orchestrator's process is gone on this host (its pid no longer exists), or,
-from any host, when its heartbeat is older than ``STALE_AFTER_S`` (three missed beats; this also covers a pid
-that was reused). A reaped run is never published: its partial results stay out of
-the docs and queries.
+A ``running`` run is dead when its orchestrator's process is gone on this machine (same machine key, see
+results.machine: a host name alone is no machine's identity; its pid no longer exists), or, from any machine, when
+its heartbeat is older than ``STALE_AFTER_S`` (three missed beats; this also covers a pid that was reused). A reaped
+run is never published: its partial results stay out of the docs and queries, and if its orchestrator was only
+suspended, it learns so at its next heartbeat or when it tries to finish (``RunReaped``, infrastructure).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,30 +19,50 @@ from datetime import datetime
 
 from sqlalchemy import Engine, select, update
 
+from edgellm.errors import ConfigurationError
 from results.db import write_session
+from results.errors import RunReaped
+from results.machine import pid_alive, process_gone
 from results.models import Run, RunStatus, utcnow
 from results.recorder import Recorder
 
 log = logging.getLogger(__name__)
+__all__ = ["heartbeat", "is_dead", "pid_alive", "process_gone", "reap_stale_runs"]
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
+ENV_HEARTBEAT_S = "EDGEFARM_HEARTBEAT_S"  # seconds between heartbeats (tests shorten it); stale after three missed
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (one we may not signal counts)."""
+_reaped: dict[int, str] = {}  # runs of this process that another process reaped meanwhile -> why
+_reaped_lock = threading.Lock()
+
+
+def reaped(run_id: int) -> RunReaped | None:
+    """The error to stop with when ``run_id``, a run of this process, was reaped meanwhile (its heartbeat learnt
+    so); None while it runs. Work that waits (for a device) asks, so a resumed run ends instead of queueing."""
+    with _reaped_lock:
+        why = _reaped.get(run_id)
+    return None if why is None else RunReaped(why)
+
+
+def heartbeat_s() -> float:
+    """Seconds between a run's (and a device lease's) heartbeats: $EDGEFARM_HEARTBEAT_S, else ``HEARTBEAT_S``."""
+    raw = os.environ.get(ENV_HEARTBEAT_S, "").strip()
+    if not raw:
+        return HEARTBEAT_S
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0.05 <= value <= 3600:
+        raise ConfigurationError(f"bad ${ENV_HEARTBEAT_S} {raw!r}: need seconds between 0.05 and 3600 "
+                                 f"(default {HEARTBEAT_S:g})")
+    return value
 
 
-def process_gone(host: str | None, pid: int | None) -> bool:
-    """Whether process ``pid`` of ``host`` is known to be gone: only this host's processes can be asked (never
-    this process itself); anything else may live."""
-    return host == socket.gethostname() and pid is not None and pid != os.getpid() and not pid_alive(pid)
+def stale_limit_s() -> float:
+    """Three missed heartbeats: a run is dead after this, and a device lease lives this long without one."""
+    return 3 * heartbeat_s()
 
 
 def is_dead(run: Run, now: datetime, stale_after_s: float = STALE_AFTER_S) -> str | None:
@@ -55,13 +76,14 @@ def is_dead(run: Run, now: datetime, stale_after_s: float = STALE_AFTER_S) -> st
     return None
 
 
-def reap_stale_runs(engine: Engine, *, stale_after_s: float = STALE_AFTER_S) -> dict[int, str]:
+def reap_stale_runs(engine: Engine, *, stale_after_s: float | None = None) -> dict[int, str]:
     """End every dead ``running`` run as ``error`` (unpublished); returns run id -> why."""
+    stale = stale_limit_s() if stale_after_s is None else stale_after_s
     now = utcnow()
     reaped: dict[int, str] = {}
     with write_session(engine) as s:
         for run in s.scalars(select(Run).where(Run.status == RunStatus.RUNNING)):
-            why = is_dead(run, now, stale_after_s)
+            why = is_dead(run, now, stale)
             if why is not None:
                 reaped[run.id] = why
         for run_id in reaped:
@@ -73,14 +95,22 @@ def reap_stale_runs(engine: Engine, *, stale_after_s: float = STALE_AFTER_S) -> 
 
 
 @contextmanager
-def heartbeat(recorder: Recorder, run_id: int, every_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """Refresh the run's heartbeat every ``every_s`` seconds while the block runs."""
+def heartbeat(recorder: Recorder, run_id: int, every_s: float | None = None) -> Iterator[None]:
+    """Refresh the run's heartbeat every ``every_s`` seconds (default ``heartbeat_s()``) while the block runs; once
+    the run was reaped (this process was suspended past three beats) it stops: the run cannot finish as anything
+    (``Recorder.finish_run`` raises RunReaped)."""
     stop = threading.Event()
+    every = heartbeat_s() if every_s is None else every_s
 
     def beat() -> None:
-        while not stop.wait(every_s):
+        while not stop.wait(every):
             try:
                 recorder.heartbeat(run_id)
+            except RunReaped as exc:
+                log.error("%s", exc)
+                with _reaped_lock:
+                    _reaped[run_id] = str(exc)
+                return
             except Exception as exc:  # a missed beat is survivable; the reaper allows three
                 log.warning("run %d: heartbeat failed: %s", run_id, exc)
 

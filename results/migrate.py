@@ -68,7 +68,14 @@ def migration_lock(engine: Engine) -> Iterator[None]:
         return
     import fcntl
 
-    with open(f"{database}.migrate.lock", "a+b") as handle:
+    lock = f"{database}.migrate.lock"
+    try:
+        handle = open(lock, "a+b")  # noqa: SIM115 (closed by the with below, after the flock)
+    except OSError as exc:  # a read-only file system or directory: nothing here can be migrated
+        raise InfrastructureError(f"cannot migrate database {redact(engine.url)!r}: its migration lock {lock} "
+                                  f"cannot be opened for writing ({exc.strerror or exc}); the database or its "
+                                  f"directory is read-only: migrate it where it is writable") from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +27,8 @@ from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, ErrorKind
 from edgellm.types import Precision
 from results.db import make_engine, write_session
+from results.errors import RunReaped
+from results.machine import this_host
 from results.models import (
     ArtifactRecord,
     Attempt,
@@ -104,6 +105,14 @@ def environment_digest(environment: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _reaped_why(run: Run) -> str:
+    """Why a run this process still ran can no longer be ended by it (one line)."""
+    at = run.finished_at.isoformat(timespec="seconds") if run.finished_at else "an unknown time"
+    return (f"run {run.id} was ended as {run.status.value!r} at {at} by another process while this one still ran "
+            f"it (reaped: its heartbeat stopped, e.g. the orchestrator was suspended); what it did after that is not "
+            f"published, and its devices may have been taken over")
+
+
 def _upsert(session: Session) -> Any:
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
@@ -131,7 +140,7 @@ class Recorder:
             started_at=started_at or utcnow(),
             status=RunStatus.RUNNING,
             heartbeat_at=utcnow(),
-            host=socket.gethostname()[:200],
+            host=this_host(),
             pid=os.getpid(),
         )
         with write_session(self.engine) as s:
@@ -182,9 +191,11 @@ class Recorder:
         now = finished_at or utcnow()
         publish = publish and st is not RunStatus.CANCELLED
         with write_session(self.engine) as s:
-            self._run(s, run_id)
-            s.execute(update(Run).where(Run.id == run_id).values(status=st, finished_at=now,
-                                                                   published_at=now if publish else None))
+            run = self._run(s, run_id)
+            ended = s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+                              .values(status=st, finished_at=now, published_at=now if publish else None)).rowcount
+            if ended != 1:  # reaped (or ended) by someone else meanwhile: what it did after that is no evidence
+                raise RunReaped(_reaped_why(run))
             if publish:
                 rows = s.execute(select(Result.model, Result.precision, Result.platform, Result.job_toolchain,
                                         Result.variant).distinct().where(Result.run_id == run_id)).all()
@@ -214,10 +225,13 @@ class Recorder:
             self._run(s, run_id).report = _nonempty(report, "report path", 1000)
 
     def heartbeat(self, run_id: int) -> None:
-        """The orchestrator of ``run_id`` is alive (see results.liveness)."""
+        """The orchestrator of ``run_id`` is alive (see results.liveness); RunReaped if the run was ended meanwhile
+        (another run reaped it while this process was suspended or cut off)."""
         with write_session(self.engine) as s:
-            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
-                      .values(heartbeat_at=utcnow()))
+            beat = s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+                             .values(heartbeat_at=utcnow())).rowcount
+            if beat != 1:
+                raise RunReaped(_reaped_why(self._run(s, run_id)))
 
     @staticmethod
     def _run(s: Session, run_id: int) -> Run:

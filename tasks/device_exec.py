@@ -43,7 +43,8 @@ from edgellm.errors import (
     InfrastructureError,
     ResourceError,
 )
-from results import leases, quarantine
+from results import leases, liveness, quarantine
+from results.errors import RunReaped
 from results.models import ResultStatus
 from tasks import device_cache, engines
 from tasks.farm import Farm
@@ -52,7 +53,6 @@ from toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
 
 log = logging.getLogger(__name__)
 
-LEASE_TTL_S = 60.0
 LEASE_WAIT_S = 6 * 3600.0  # a busy platform queues work; it is not an error to wait for it
 STAGING_TIMEOUT_S = 600.0
 
@@ -189,6 +189,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
     t0 = time.monotonic()
     delay = 0.02
     while True:
+        if (ended := liveness.reaped(farm.ctx.run_id)) is not None:
+            raise ended  # another run reaped this one (it was suspended): waiting for a device is pointless
         with farm.slots_freed:
             left = [d for d in candidates if d.id not in tried]
             if not left:
@@ -202,7 +204,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
             if not _hold(farm, device, exclusive):
                 continue  # another stage of this run took it meanwhile
             try:
-                lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=LEASE_TTL_S,
+                lease = leases.try_acquire(farm.engine, device.id, device.max_jobs, ttl_s=liveness.stale_limit_s(),
                                            slots=_slots(device, exclusive))
             except BaseException:
                 _unhold(farm, device, exclusive)
@@ -279,6 +281,8 @@ def run_stage(
     while len(tried) < len(candidates):
         try:
             device, lease, waited = _acquire(farm, candidates, tried, exclusive)
+        except RunReaped:
+            raise
         except InfrastructureError:
             break
         t0 = time.monotonic()

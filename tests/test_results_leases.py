@@ -101,7 +101,7 @@ def test_dead_holder_of_this_host_is_reclaimed_at_once(engine: Engine, migrated_
     """A killed orchestrator's leases: its process is gone, so its slots are free again without waiting out the
     TTL (before, a rerun found the devices the dead run held busy for a minute)."""
     dead = _dead_holder(engine, migrated_db_url, "orin-1", 3600.0)
-    assert dead.holder.startswith(f"{socket.gethostname()}:")
+    assert dead.holder.startswith(f"{socket.gethostname()}#")  # host name and machine key (results.machine)
     lease = try_acquire(engine, "orin-1", 1)
     assert lease is not None
     assert [x.holder for x in live_leases(engine, "orin-1")] == [lease.holder]

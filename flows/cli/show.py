@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
@@ -22,6 +24,8 @@ from flows.cli.common import DataDirOption, DbOption, check_name, err, farm_erro
 from flows.cli.text import visible
 
 MIN_PREFIX = 8
+_CHUNK = 1 << 20
+TAIL_MAX_BYTES = 8 << 20  # --tail reads at most this much from a log's end (a longer last line is shown cut)
 _ID = re.compile(r"(?:(?P<kind>[a-z0-9_]+):)?(?P<hex>[0-9a-f]+)")
 TEXT_KINDS = (ArtifactKind.LOG, ArtifactKind.REPORT)  # printed as text (when stored as one file)
 VALID_IDS = ("log:<12 hex digits> as the run pages cite it (or KIND:<hex> for another kind), a sha256, or a prefix "
@@ -135,15 +139,47 @@ def resolve(ident: str, found: dict[str, list[Reference]], store: Any) -> tuple[
                              f"removed by `edgefarm gc`?); valid ids: {VALID_IDS}")
 
 
-def _print_text(data: bytes, tail: int | None, label: str) -> None:
-    lines = [line.removesuffix("\r") for line in data.decode("utf-8", errors="replace").split("\n")]
-    if lines and lines[-1] == "":
-        lines.pop()  # a final newline ends the last line, it starts none
-    shown = lines[-tail:] if tail else lines
-    count = f"{len(lines)} line" + ("" if len(lines) == 1 else "s")
-    err.print(f"# {visible(label)}: {count}" + (f", the last {len(shown)}" if tail else ""), markup=False)
-    for line in shown:  # escaped: a log's escape sequences are shown, never sent to the terminal
-        sys.stdout.write(visible(line.expandtabs(8)) + "\n")
+def _count_lines(f: BinaryIO) -> int:
+    """Lines in the file, read in chunks: a final newline ends the last line, it starts none."""
+    count, last = 0, b"\n"
+    while chunk := f.read(_CHUNK):
+        count += chunk.count(b"\n")
+        last = chunk[-1:]
+    return count + (last != b"\n")
+
+
+def _tail(f: BinaryIO, size: int, tail: int) -> list[str]:
+    """The last ``tail`` lines, read backwards from the end, at most ``TAIL_MAX_BYTES`` of them (a longer line is
+    shown cut, marked)."""
+    end, buf = size, b""
+    while end > 0 and buf.count(b"\n") <= tail and len(buf) < TAIL_MAX_BYTES:
+        start = max(0, end - _CHUNK)
+        f.seek(start)
+        buf = f.read(end - start) + buf
+        end = start
+    lines = buf.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    shown = [line.decode("utf-8", errors="replace") for line in lines[-tail:]]
+    if end > 0 and shown and len(lines) <= tail:  # the first line started before what was read
+        shown[0] = "[cut] " + shown[0]
+    return shown
+
+
+def _print_text(path: Path, tail: int | None, label: str) -> None:
+    """The log at ``path`` (a verified copy), escaped; ``tail``: its last lines only, read from the end (a log of
+    hundreds of MiB is never held in memory)."""
+    with path.open("rb") as f:
+        count = _count_lines(f)
+        if tail:
+            shown: Iterable[str] = _tail(f, f.tell(), tail)
+        else:
+            f.seek(0)
+            shown = (raw.rstrip(b"\n").decode("utf-8", errors="replace") for raw in f)
+        counted = f"{count} line" + ("" if count == 1 else "s")
+        err.print(f"# {visible(label)}: {counted}" + (f", the last {min(tail, count)}" if tail else ""), markup=False)
+        for line in shown:  # escaped: a log's escape sequences are shown, never sent to the terminal
+            sys.stdout.write(visible(line.removesuffix("\r").expandtabs(8)) + "\n")
     sys.stdout.flush()
 
 
@@ -224,7 +260,9 @@ def _open(store: Any, sha: str, refs: list[Reference], *, output: Path | None, t
             out.print(f"wrote {visible(output)} ({visible(kind or 'unrecorded')}, sha256:{sha}, verified)",
                       markup=False)
         elif not info and kind in TEXT_KINDS and packing == Packing.FILE.value:
-            _print_text(store.read_bytes(sha), tail, f"{kind}:{sha[:12]} ({refs[0].text()})")
+            with tempfile.TemporaryDirectory(prefix="edgefarm-show-") as tmp:
+                copy = store.get_file(sha, Path(tmp) / "text")  # verified while copied, in chunks
+                _print_text(copy, tail, f"{kind}:{sha[:12]} ({refs[0].text()})")
         else:
             _describe(sha, refs, store)
     except MissingArtifactError:
