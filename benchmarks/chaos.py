@@ -14,7 +14,11 @@ benchmarks/results/.
            device taken meanwhile, then resumed; a twin orchestrator with this host name in its own pid namespace
            whose live run a nightly here must not reap -> benchmarks/results/chaos-runs.json. Needs ``unshare``.
 
-    .venv/bin/python benchmarks/chaos.py [nightly|host|runs|all]      # default: all
+  transfer tests/test_chaos_transfer.py: a nightly whose artifacts are in an S3 bucket (moto) reached through a relay
+           that flips a byte of the next responses, the SDK's response checksums off: it must pass on intact objects
+           with no object deleted, changed or quarantined -> benchmarks/results/chaos-transfer.json.
+
+    .venv/bin/python benchmarks/chaos.py [nightly|host|runs|transfer|all]      # default: all
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ SCENARIOS = {
              ROOT / "benchmarks" / "results" / "chaos-host.json"),
     "runs": ("tests/test_chaos_runs.py", ARTIFACTS / "chaos-runs.json",
              ROOT / "benchmarks" / "results" / "chaos-runs.json"),
+    "transfer": ("tests/test_chaos_transfer.py", ARTIFACTS / "chaos-transfer.json",
+                 ROOT / "benchmarks" / "results" / "chaos-transfer.json"),
 }
 
 
