@@ -34,7 +34,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
 from flows.bringup_report import write_report
-from flows.docs import write_docs
+from flows.docs import publish_bringup
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS
 from flows.pipeline import RunReport, toolchain_versions
@@ -236,7 +236,7 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
     finally:
         engine.dispose()
     report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md")
-    write_docs(settings.db_url, settings.docs_dir, settings.data_dir)  # the run page, linking the report
+    publish_bringup(settings.db_url, settings.docs_dir, run_id, settings.data_dir)  # its own run page only
     stopped = report.get("stopped_at")
     if stopped:
         return Failed(message=f"stopped at rung {stopped['rung']} ({stopped['name']}): {stopped['reason']}"[:2000],

@@ -56,7 +56,6 @@ from results.support import NIGHTLY_PAGE_KINDS, Support, latest_status_of_runs, 
 from toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
-BRINGUP_PAGES = 50  # the latest bring-ups get a run page (with their rungs and report) even without rows
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
@@ -283,7 +282,8 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     """The nightly's pages (supported-models.md, support-matrix.html, the toolchains' layouts, trends) from the
     nightly-page runs only (``results.support.NIGHTLY_PAGE_KINDS``), and the run pages they link. A test list's
-    page (``lists/``, :func:`publish_test_list`) is left as it is."""
+    page (``lists/``, :func:`publish_test_list`) and a bring-up's run page (:func:`publish_bringup`) are left as
+    they are."""
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
@@ -296,10 +296,7 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         write_atomic(out_dir / "support-matrix.html",
                      render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
         linked = {m.previous_run_id for r in rows for m in r.regressions if m.previous_run_id is not None}
-        with Session(engine) as s:  # a bring-up's run page links its report, whether or not it made rows
-            bringups = set(s.scalars(select(Run.id).where(Run.kind == RunKind.BRINGUP.value)
-                                     .order_by(Run.id.desc()).limit(BRINGUP_PAGES)))
-        write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked | bringups, data_dir)
+        write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked, data_dir)
         # the same evidence in each toolchain's own page layout (<its directory>/supported-models.md, ...)
         layout_pages = [page for layout in docs_layouts()
                         for page in write_layout_pages(engine, out_dir, layout, generated_at=now, db_label=label,
@@ -308,6 +305,19 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         engine.dispose()
     return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported(rows)),
             "trend_images": [t.file for t in trends], "layout_pages": layout_pages}
+
+
+def publish_bringup(db_url: str, docs_dir: Path, run_id: int, data_dir: Path | None = None) -> Path:
+    """A bring-up's own run page (``runs/run-N.md`` and ``.html``: its rungs, its rows, a link to its report) and
+    nothing else: a bring-up never rewrites or joins the nightly's pages (issue 41: a scratch checkpoint brought up
+    once is not support). Returns the markdown page."""
+    engine = read_only_engine(db_url)
+    try:
+        require_current(engine, redact(db_url))
+        write_run_pages(engine, docs_dir, [run_id], data_dir)
+    finally:
+        engine.dispose()
+    return docs_dir / "runs" / f"run-{run_id}.md"
 
 
 LISTS_DIR = "lists"  # a test list's own page: <docs>/lists/<list name>.md and .html

@@ -248,9 +248,10 @@ def support_of(s: Session, status: RowStatus) -> Support:
 
 
 # The runs whose evidence the nightly's pages show (supported-models.md, the HTML matrix, the toolchains' layouts, the
-# Prefect matrix artifact): the nightly's, and a bring-up's (its rung 7 is the farm's pipeline on the model it adds).
-# A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
-NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY, RunKind.BRINGUP)
+# Prefect matrix artifact): the nightly's only. A model reaches them through the catalog and a nightly, never by being
+# brought up once: a bring-up's evidence (even its rung 7, the farm's pipeline) stays on its report and its run page
+# (issue 41). A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
+NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY,)
 
 
 def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,

@@ -134,7 +134,7 @@ def test_status_from_a_row_status_is_what_classify_says() -> None:
 
 
 def test_latest_status_of_runs_keeps_each_kind_apart(tmp_path: Path) -> None:
-    """The nightly's pages read each row's latest nightly (or bring-up) run; a test list's page its one run."""
+    """The nightly's pages read each row's latest nightly run (never a bring-up's); a test list's page its one run."""
     from sqlalchemy.orm import Session
 
     from results.db import make_engine
