@@ -36,6 +36,7 @@ from edgellm.reference import checkpoint_digest
 from flows.bringup_report import write_report
 from flows.docs import publish_bringup
 from flows.execute import execute_plan
+from flows.flow_run_names import flow_run_name, flow_run_tags, name_this_flow_run
 from flows.nightly import MAX_WORKERS
 from flows.pipeline import RunReport, toolchain_versions
 from flows.plan import Decision, Plan, installing_toolchains, plan_entries
@@ -230,6 +231,8 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         run_id = recorder.start_run(RunKind.BRINGUP, f"{trigger}: bring-up {req.source.name}", code_version(),
                                     toolchain=toolchain_versions())
         recorder.set_report(run_id, str(req.report_dir.resolve()))
+        name_this_flow_run(flow_run_name(RunKind.BRINGUP.value, req.source.name, run_id),
+                           flow_run_tags(RunKind.BRINGUP.value, req.platforms, toolchain_versions()))
         climbed, finished = climb(req, settings, recorder, run_id)
         if not finished:  # stopped before the pipeline ran: the run ends here, with nothing to publish
             recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
@@ -239,9 +242,10 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
     publish_bringup(settings.db_url, settings.docs_dir, run_id, settings.data_dir)  # its own run page only
     stopped = report.get("stopped_at")
     if stopped:
-        return Failed(message=f"stopped at rung {stopped['rung']} ({stopped['name']}): {stopped['reason']}"[:2000],
-                      data=report)
-    return Completed(message=f"every rung passed: {req.source.name} on {', '.join(req.platforms)}", data=report)
+        return Failed(message=f"run {run_id}: stopped at rung {stopped['rung']} ({stopped['name']}): "
+                              f"{stopped['reason']}"[:2000], data=report)
+    return Completed(message=f"run {run_id}: every rung passed: {req.source.name} on {', '.join(req.platforms)}",
+                     data=report)
 
 
 def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int) -> tuple[list[rungs.Rung], bool]:

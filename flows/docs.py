@@ -264,6 +264,17 @@ def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Pa
     return out
 
 
+def prefect_link(engine: Engine, run_id: int) -> dict[str, str]:
+    """The Prefect flow run that orchestrated ``run_id`` and its page in the UI, when a server that keeps it is
+    known (``PREFECT_API_URL``: ``edgefarm serve`` or production; a command's temporary server is gone after it)."""
+    from flows.prefect_env import flow_run_ui_url
+    from results.runs import orchestrator_flow_run
+
+    flow_run_id = orchestrator_flow_run(engine, run_id)
+    url = flow_run_ui_url(flow_run_id) if flow_run_id else None
+    return {"flow_run_id": flow_run_id, "prefect_url": url} if flow_run_id and url else {}
+
+
 def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_dir: Path | None) -> list[int]:
     """``runs/run-N.md`` and ``runs/run-N.html`` of each run, with its rows' statuses and its logs beside them."""
     written = []
@@ -271,6 +282,7 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
         info, results = run_evidence(engine, run_id, data_dir)
         if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
             info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
+        info.update(prefect_link(engine, run_id))
         states = run_states(engine, run_id, data_dir)
         logs = copy_logs(results, out_dir / "runs", data_dir)
         write_atomic(out_dir / "runs" / f"run-{run_id}.md", docs_runs.render_markdown(info, results, states, logs))

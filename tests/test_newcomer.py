@@ -48,3 +48,71 @@ def test_item1_a_scratch_bring_up_never_becomes_support(tmp_path: Path) -> None:
     page = publish_bringup(url, out, bringup, tmp_path / "data")  # ...the bring-up writes its own, and only that
     assert page == out / "runs" / f"run-{bringup}.md" and "bringup-my-qwen3" in page.read_text()
     assert "bringup-my-qwen3" not in (out / "supported-models.md").read_text()
+
+
+def test_item3_runs_lists_the_runs_newest_first_in_every_format(tmp_path: Path) -> None:
+    import csv
+    import io
+    import json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    url, nightly, bringup = _nightly_and_bringup(tmp_path)
+    args = ["runs", "--db", url, "--data-dir", str(tmp_path / "data")]
+    listed = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)
+    assert [(r["id"], r["kind"], r["status"]) for r in rows] == [(bringup, "bringup", "failed"),
+                                                                 (nightly, "nightly", "passed")]
+    assert rows[0]["rows"] == {"fail": 1, "pass": 2} and rows[1]["rows"] == {"pass": 1}
+    assert isinstance(rows[1]["duration_s"], float) and rows[1]["started_at"]
+    last = CliRunner().invoke(app, [*args, "--last", "1", "--format", "csv", "--output", str(tmp_path / "r.csv")])
+    assert last.exit_code == 0 and last.stdout == "", last.output
+    got = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
+    assert [(r["id"], r["rows"]) for r in got] == [(str(bringup), "fail=1;pass=2")]
+    table = CliRunner().invoke(app, [*args, "--format", "table"])
+    assert table.exit_code == 0 and "2 run(s), newest first" in table.stdout, table.stdout
+    assert f"{nightly}" in table.stdout and "1 pass" in table.stdout and "1 fail, 2 pass" in table.stdout
+    for bad, named in ((["--last", "0"], "--last 0"), (["--format", "yaml"], "'yaml'")):
+        refused = CliRunner().invoke(app, [*args, *bad])
+        assert refused.exit_code == 2 and named in refused.output, refused.output
+
+
+def test_item3_flow_runs_are_named_and_tagged_after_the_farm_run() -> None:
+    from flows.flow_run_names import flow_run_name, flow_run_tags
+    from flows.run_state import flow_state
+
+    assert flow_run_name("nightly", "small", 7) == "nightly-7"
+    assert flow_run_name("l0", "l0_pipeline_x86cpu", 8) == "l0_pipeline_x86cpu-8"
+    assert flow_run_name("bringup", "bringup-my-qwen3", 9) == "bring-up-bringup-my-qwen3-9"
+    assert flow_run_tags("nightly", ["x86-cpu", "thor"], {"onnxruntime": "1.22.0"}) == [
+        "kind:nightly", "onnxruntime:1.22.0", "platform:thor", "platform:x86-cpu"]
+    done = flow_state({"run_id": 7, "stages": {"pass": 4}, "failures": []})
+    assert done.message == "run 7: 4 pass"
+    failed = flow_state({"run_id": 7, "failures": [{"row": "m fp32 @x86-cpu", "stage": "infer", "status": "fail",
+                                                   "reason": "boom"}]})
+    assert failed.message == "run 7: 1 row(s) failed: m fp32 @x86-cpu: infer fail: boom"
+
+
+def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    from flows.docs import write_run_pages
+    from results.db import make_engine as engine_of
+
+    url, nightly, _ = _nightly_and_bringup(tmp_path)
+    engine = engine_of(url)
+    Recorder(engine).record_worker(nightly, role="orchestrator", pool=None, host="h", data_dir="d", revision="r",
+                                   source_digest="0" * 64, toolchains={}, flow_run_id="1234-abcd")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    write_run_pages(engine, tmp_path / "a", [nightly], None)
+    assert "Prefect flow run" not in (tmp_path / "a" / "runs" / f"run-{nightly}.md").read_text()  # no server kept
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+    write_run_pages(engine, tmp_path / "b", [nightly], None)
+    engine.dispose()
+    md = (tmp_path / "b" / "runs" / f"run-{nightly}.md").read_text()
+    assert "- Prefect flow run: [1234-abcd](http://127.0.0.1:4200/runs/flow-run/1234-abcd)" in md
+    assert "href='http://127.0.0.1:4200/runs/flow-run/1234-abcd'" in \
+        (tmp_path / "b" / "runs" / f"run-{nightly}.html").read_text()

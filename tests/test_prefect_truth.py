@@ -60,7 +60,8 @@ def test_a_failed_nightly_is_failed_in_prefect_with_named_tasks_logs_and_plain_p
 
     flow_run = _flow_run(matrix)
     assert flow_run.state.type.value == "FAILED", flow_run.state
-    assert flow_run.state.message.startswith(f"1 row(s) failed: {ROW}: accuracy fail: "), flow_run.state.message
+    assert re.match(rf"run \d+: 1 row\(s\) failed: {re.escape(ROW)}: accuracy fail: ", flow_run.state.message), \
+        flow_run.state.message
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
@@ -97,7 +98,8 @@ def test_nothing_ran_exits_5_with_why(farm_dirs: dict[str, Path], tmp_path: Path
     assert "ratio" not in result.stdout  # no timing of nothing
     flow_run = _flow_run(matrix)
     assert (flow_run.state.type.value, flow_run.state.name) == ("FAILED", "Nothing ran"), flow_run.state
-    assert flow_run.state.message.startswith("nothing ran: orin: "), flow_run.state.message
+    assert re.match(r"run \d+: nothing ran: orin: ", flow_run.state.message), flow_run.state.message
+    assert re.fullmatch(r"nightly-\d+", flow_run.name) and "kind:nightly" in flow_run.tags, flow_run
     assert uuid.UUID(str(flow_run.id))
 
     # a test list of a platform without a device: the same (it printed "stage results {}" and exited 0)

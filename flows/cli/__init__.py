@@ -18,6 +18,7 @@ from flows.cli.compare import compare
 from flows.cli.db import app as db_app
 from flows.cli.devices import app as devices_app
 from flows.cli.lists import app as lists_app
+from flows.cli.runs import runs
 from flows.cli.toolchains import app as toolchains_app
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ for command in (commands.nightly, commands.run, query.query, show.show, commands
     app.command()(command)
 app.command(name="bring-up")(bring_up)
 app.command(name="compare")(compare)
+app.command(name="runs")(runs)
 app.add_typer(devices_app, name="devices")
 app.add_typer(lists_app, name="lists")
 app.add_typer(db_app, name="db")
