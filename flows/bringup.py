@@ -15,10 +15,11 @@ catalog holds under a model name keeps that name and its accuracy limits; any ot
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,13 +91,15 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
         source = catalog.get(checkpoint)
         path = Path(source.locate(settings.data_dir)).resolve()
     else:
-        raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model; give a "
-                                 f"checkpoint directory or one of: {', '.join(sorted(catalog.sources))}")
+        raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model"
+                                 f"{did_you_mean(checkpoint, catalog.sources)}; give a checkpoint directory or one "
+                                 f"of: {', '.join(sorted(catalog.sources))}")
     chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
                                                                            for d in inventory}))
     unknown = [p for p in chosen if p not in DEVICE_TYPES]
     if unknown or not chosen:
-        raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown; valid: "
+        hints = "".join(did_you_mean(p, DEVICE_TYPES) for p in unknown)
+        raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown{hints}; valid: "
                                  f"{', '.join(sorted(DEVICE_TYPES))}")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
@@ -107,6 +110,13 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     if catalog.sources.get(source.name) is not source:
         catalog = Catalog({**catalog.sources, source.name: source}, catalog.path)
     return Request(path, source, chosen, layers, out, catalog, inventory)
+
+
+def did_you_mean(value: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a near match of ``value`` among ``valid`` (case-insensitive), else nothing."""
+    names = {n.lower(): n for n in valid}
+    close = difflib.get_close_matches(value.lower(), list(names), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(names[c]) for c in close)}?)" if close else ""
 
 
 def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) -> ModelSource:

@@ -116,3 +116,85 @@ def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_
     assert "- Prefect flow run: [1234-abcd](http://127.0.0.1:4200/runs/flow-run/1234-abcd)" in md
     assert "href='http://127.0.0.1:4200/runs/flow-run/1234-abcd'" in \
         (tmp_path / "b" / "runs" / f"run-{nightly}.html").read_text()
+
+
+def test_item6_names_version_completion_aliases_and_bad_input(tmp_path: Path, farm_dirs: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.cli.query import parse_status
+    from results.support import SupportStatus
+
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("edgefarm 0."), version.output
+    shown = CliRunner().invoke(app, ["--help"])
+    assert "--install-completion" in shown.stdout and "--show-completion" in shown.stdout
+    assert "runs " in shown.stdout  # the runs listing is a command of its own
+    assert parse_status("pass") is SupportStatus.L0_COVERED and parse_status("untested") is SupportStatus.NEVER_TESTED
+    assert parse_status("fail") is SupportStatus.FAILING and parse_status("l0-covered") is SupportStatus.L0_COVERED
+    url, _, _ = _nightly_and_bringup(tmp_path)
+    alias = CliRunner().invoke(app, ["query", "--db", url, "--status", "pass", "--format", "json"])
+    canonical = CliRunner().invoke(app, ["query", "--db", url, "--status", "l0_covered", "--format", "json"])
+    assert alias.exit_code == 0 and alias.stdout == canonical.stdout and '"status": "l0_covered"' in alias.stdout
+    typo = CliRunner().invoke(app, ["query", "--db", url, "--status", "l0_coverd"])
+    assert typo.exit_code == 2 and "error (bad input)" in typo.output and "'l0_covered'" in typo.output, typo.output
+    assert "error (configuration)" not in typo.output
+    args = ["--data-dir", str(farm_dirs["data"]), "--inventory", str(farm_dirs["inventory"]), "--db", url]
+    bad = CliRunner().invoke(app, ["bring-up", "stories260k", *args])
+    assert bad.exit_code == 2 and "(did you mean 'stories260K'?)" in bad.output, bad.output
+    platform = CliRunner().invoke(app, ["bring-up", "stories260K", "--platforms", "x86cpu", *args])
+    assert platform.exit_code == 2 and "(did you mean 'x86-cpu'?)" in platform.output, platform.output
+    assert "error (bad input)" in platform.output
+    junit_dir = CliRunner().invoke(app, ["run", "--priority", "l0_pipeline_x86cpu", "--junit",
+                                         str(tmp_path / "absent" / "j.xml"), *args])
+    assert junit_dir.exit_code == 2 and "--junit" in junit_dir.output and "does not exist" in junit_dir.output
+
+
+def test_item9_junit_xml_has_a_case_per_row_and_stage_with_the_root_cause() -> None:
+    from xml.etree import ElementTree as ET
+
+    from flows.cli.junit import junit_xml
+
+    row = "stories260K fp32 @x86-cpu"
+    result = {"run_id": 3, "results": [
+        {"row": row, "stage": "export", "status": "pass", "duration_s": 1.5, "reason": "", "device": None},
+        {"row": row, "stage": "accuracy", "status": "fail", "duration_s": 2.0, "reason": "ppl 9 > 1.2\x1b[2J",
+         "device": "local-cpu"},
+        {"row": "tiny fp16 @orin", "stage": "build", "status": "skipped", "duration_s": 0.0,
+         "reason": "no orin device", "device": None}],
+        "failures": [{"row": row, "stage": "accuracy", "status": "fail", "error_kind": "test_failure",
+                      "reason": "ppl 9 > 1.2\x1b[2J", "logs": ["log:0123456789ab"]}]}
+    root = ET.fromstring(junit_xml(result, "nightly"))
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("name") == "nightly run 3"
+    assert [suite.get(k) for k in ("tests", "failures", "skipped", "errors")] == ["3", "1", "1", "0"]
+    cases = {(c.get("classname"), c.get("name")): c for c in suite.iter("testcase")}
+    failure = cases[(row, "accuracy")].find("failure")
+    assert failure is not None and failure.get("message", "").startswith(
+        "root cause: accuracy fail (test_failure) on local-cpu: ppl 9 > 1.2\\x1b[2J")
+    assert "log: edgefarm show log:0123456789ab" in (failure.text or "")
+    skipped = cases[("tiny fp16 @orin", "build")].find("skipped")
+    assert skipped is not None and skipped.get("message") == "skipped: no orin device"
+    assert list(cases[(row, "export")]) == []
+
+
+def test_item9_k_selects_a_subset_of_the_plan_like_pytest() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from edgellm.errors import ConfigurationError
+    from flows.select import matches
+
+    def job(model: str, precision: str, platform: str) -> object:
+        return SimpleNamespace(model=model, precision=SimpleNamespace(value=precision), platform=platform,
+                               key=f"{model}-{precision}@{platform}", toolchain="edgellm-ort",
+                               entry=SimpleNamespace(variant=""))
+
+    a, b = job("stories260K", "fp32", "x86-cpu"), job("tiny-qwen3", "fp16", "thor")
+    assert [matches("stories", j) for j in (a, b)] == [True, False]  # type: ignore[arg-type]
+    assert [matches("not fp32 and (thor or orin)", j) for j in (a, b)] == [False, True]  # type: ignore[arg-type]
+    assert [matches("QWEN or @x86-cpu", j) for j in (a, b)] == [True, True]  # type: ignore[arg-type]
+    for bad in ("stories and", "(fp32", "or", ""):
+        with pytest.raises(ConfigurationError, match="-k"):
+            matches(bad, a)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ that need them.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -25,9 +26,36 @@ app = typer.Typer(
     name="edgefarm",
     help="Build farm proving which LLMs run at which precision on which edge platform.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
+
+
+def version_text() -> str:
+    """``edgefarm <farm version> (edgellm <library version>, Python x.y.z)``."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"edgefarm {of('edgellm-farm')} (Python {platform.python_version()})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                                callback=_version)] = False) -> None:
+    """Build farm proving which LLMs run at which precision on which edge platform."""
+
 for command in (commands.nightly, commands.run, query.query, show.show, commands.docs, commands.serve, commands.gc):
     app.command()(command)
 app.command(name="bring-up")(bring_up)

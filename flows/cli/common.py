@@ -74,6 +74,11 @@ def check_name(what: str, value: str, valid: Iterable[str]) -> str:
     raise ConfigurationError(f"unknown {what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
 
 
+def kind_label(kind: ErrorKind) -> str:
+    """An error kind as a person reads it: a typo or a bad value is "bad input" (exit 2), whatever it was about."""
+    return "bad input" if kind is ErrorKind.CONFIGURATION else kind.value.replace("_", " ")
+
+
 @contextmanager
 def farm_errors(command: str) -> Iterator[None]:
     """Map the library's error kinds to exit codes, one readable block, no traceback."""
@@ -83,12 +88,12 @@ def farm_errors(command: str) -> Iterator[None]:
         yield
     except EdgeLLMError as exc:
         lines = str(exc).splitlines() or [type(exc).__name__]
-        err.print(f"edgefarm {command}: error ({exc.kind.value}): {visible(lines[0])}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(exc.kind)}): {visible(lines[0])}", markup=False)
         for line in lines[1:]:
             err.print(f"  {visible(line)}", markup=False)
         raise typer.Exit(exc.kind.exit_code) from None
     except ValidationError as exc:  # a flow parameter of the wrong type
-        err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(ErrorKind.CONFIGURATION)}): {exc}", markup=False)
         raise typer.Exit(ErrorKind.CONFIGURATION.exit_code) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
@@ -96,7 +101,7 @@ def farm_errors(command: str) -> Iterator[None]:
         from results.errors import classify
 
         known = classify(exc)
-        err.print(f"edgefarm {command}: error ({known.kind.value}): {known}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(known.kind)}): {known}", markup=False)
         raise typer.Exit(known.kind.exit_code) from None
 
 

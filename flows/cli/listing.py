@@ -33,19 +33,28 @@ def check_format(fmt: str, valid: Sequence[str] = FORMATS) -> str:
     return name
 
 
+def check_file_option(option: str, path: Path | None) -> Path | None:
+    """A file option (``--output``, ``--junit``) checked before anything runs: its directory exists and it is not a
+    directory; a ConfigurationError (exit 2) naming it otherwise."""
+    from edgellm.errors import ConfigurationError
+
+    if path is None:
+        return None
+    if path.exists() and not path.is_file():
+        raise ConfigurationError(f"{option} {path}: exists and is not a file")
+    if not path.parent.is_dir():
+        raise ConfigurationError(f"{option} {path}: its directory {path.parent} does not exist")
+    return path
+
+
 @contextmanager
 def to_output(path: Path | None) -> Iterator[None]:
     """Everything printed inside (sys.stdout and the farm's ``out`` console) goes to ``path`` (None: stdout),
     written whole at the end (an interrupted listing leaves no half file)."""
-    from edgellm.errors import ConfigurationError
-
-    if path is None:
+    if check_file_option("--output", path) is None:
         yield
         return
-    if path.exists() and not path.is_file():
-        raise ConfigurationError(f"--output {path}: exists and is not a file")
-    if not path.parent.is_dir():
-        raise ConfigurationError(f"--output {path}: its directory {path.parent} does not exist")
+    assert path is not None
     buf = io.StringIO()
     saved_stdout, saved_file = sys.stdout, common.out._file  # None: the console follows sys.stdout
     sys.stdout = buf

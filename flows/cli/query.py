@@ -23,12 +23,18 @@ QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "c
                 "error_kind", "failing_since_run", "toolchain", "toolchain_version", "route", "standin", "run_id",
                 "run_kind", "run_started_at", "stages", "metrics", "logs", "root_cause_log")
 # other spellings --status accepts: the pages' older word for implemented (export verified only)
-STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value}
+# what people type for a status (issue 41: `--status pass` was refused); the canonical names are SupportStatus's
+STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value, "pass": SupportStatus.L0_COVERED.value,
+                  "passed": SupportStatus.L0_COVERED.value, "covered": SupportStatus.L0_COVERED.value,
+                  "fail": SupportStatus.FAILING.value, "failed": SupportStatus.FAILING.value,
+                  "untested": SupportStatus.NEVER_TESTED.value, "n/a": SupportStatus.NOT_APPLICABLE.value,
+                  "skip": SupportStatus.SKIPPED.value}
 STATUS_COLOURS = {SupportStatus.L0_COVERED: "green", SupportStatus.CHECKPOINT_DIRECT: "green",
                   SupportStatus.IMPLEMENTED: "cyan", SupportStatus.FAILING: "red", SupportStatus.WAIVED: "magenta",
                   SupportStatus.NOT_APPLICABLE: "dim", SupportStatus.SKIPPED: "yellow",
                   SupportStatus.NEVER_TESTED: "dim"}
-STATUS_HELP = " | ".join(s.value for s in SupportStatus) + " (export_verified: implemented; '-' or '_')"
+STATUS_HELP = " | ".join(s.value for s in SupportStatus) + (" (also pass = l0_covered, fail = failing, untested = "
+                                                              "never_tested, export_verified = implemented)")
 
 
 def parse_status(value: str) -> SupportStatus:
@@ -45,7 +51,7 @@ def parse_status(value: str) -> SupportStatus:
         close = difflib.get_close_matches(norm, [*valid, *STATUS_ALIASES], n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(repr(STATUS_ALIASES.get(c, c)) for c in close)}?)" if close else ""
         raise ConfigurationError(f"unknown --status {value!r}{hint}; valid statuses: {', '.join(valid)} "
-                                 f"(also export_verified for implemented; '-' or '_')")
+                                 f"(also pass, fail, untested, export_verified; '-' or '_')")
     return SupportStatus(norm)
 
 

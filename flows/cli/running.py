@@ -147,7 +147,8 @@ def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     return flow.with_options(on_running=[announce])
 
 
-PlanFormatOption = Annotated[str, typer.Option("--format", help="how --dry-run prints the plan: text | json")]
+PlanFormatOption = Annotated[str, typer.Option("--format", help="text | json: how the plan (--dry-run) or the run's "
+                                                               "summary is printed")]
 
 
 def _print_plan(plan: Any, fmt: str) -> None:
@@ -279,9 +280,14 @@ def exit_code(result: dict[str, Any]) -> int:
     return NOTHING_RAN if result.get("nothing_ran") else 0
 
 
-def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None) -> None:
-    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary); the exit code of
-    :func:`exit_code`."""
+def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None, junit: Path | None = None,
+            suite: str = "edgefarm") -> None:
+    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary), and its JUnit XML
+    in ``junit``; the exit code of :func:`exit_code`."""
+    if junit is not None:
+        from flows.cli.junit import write_junit
+
+        write_junit(result, junit, suite)
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(exit_code(result))
@@ -293,4 +299,7 @@ def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = N
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print the run summary as JSON")]
+JsonAliasOption = Annotated[bool, typer.Option("--json", help="the same as --format json (deprecated)")]
+JunitOption = Annotated[Path | None, typer.Option("--junit", help="also write the run as JUnit XML to FILE (one test "
+                                                                  "case per row and stage)", dir_okay=False)]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")]
