@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from flows import docs_runs
+from flows.compare import ensure_index as ensure_compare_index
 from flows.docs_html import html_status, render_html
 from flows.docs_layout import write_layout_pages
 from flows.docs_regressions import RegressionMark
@@ -304,6 +305,7 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         label = db_label(db_url)
         out_dir.mkdir(parents=True, exist_ok=True)
         trends = render_trends(trend_points(engine), out_dir)
+        ensure_compare_index(out_dir)  # the pages link the comparisons' index: it exists before any compare
         write_atomic(out_dir / "supported-models.md", render_markdown(rows, generated_at=now, db_label=label))
         write_atomic(out_dir / "support-matrix.html",
                      render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))

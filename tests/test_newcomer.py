@@ -3,7 +3,9 @@ bring-up of a scratch checkpoint, query, compare, runs, show), each item checked
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import unquote
 
 from flows.docs import publish_bringup, write_docs
 from results.db import make_engine
@@ -198,3 +200,54 @@ def test_item9_k_selects_a_subset_of_the_plan_like_pytest() -> None:
     for bad in ("stories and", "(fp32", "or", ""):
         with pytest.raises(ConfigurationError, match="-k"):
             matches(bad, a)  # type: ignore[arg-type]
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)|href='([^']+)'|href=\"([^\"]+)\"|src='([^']+)'")
+
+
+def broken_links(out: Path) -> list[str]:
+    """Every relative link of every page under ``out`` whose file does not exist (anchors and URLs aside)."""
+    bad = []
+    for page in sorted(out.rglob("*")):
+        if not (page.is_file() and page.suffix in (".md", ".html")):
+            continue
+        for m in _LINK.finditer(page.read_text(errors="replace")):
+            target = next(g for g in m.groups() if g)
+            if target.startswith(("#", "http://", "https://", "data:", "mailto:")):
+                continue
+            path = unquote(target.split("#", 1)[0])
+            if path and not (page.parent / path).exists():
+                bad.append(f"{page.relative_to(out)} -> {target}")
+    return bad
+
+
+def test_item4_compare_answers_first_prints_only_and_the_pages_links_resolve(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    url, nightly, _ = _nightly_and_bringup(tmp_path)
+    engine = make_engine(url)
+    rec = Recorder(engine)
+    again = rec.start_run("nightly", "schedule", "abd")
+    _row(rec, again, "stories260K", "fp32", "x86-cpu", dict.fromkeys(PIPELINE, "pass"), device="local-cpu",
+         metrics={"perplexity_ratio": (1.0001, ""), "lease_wait_s": (3.0, "s"), "host_load1": (1.5, "")})
+    rec.finish_run(again, "passed")
+    engine.dispose()
+    out = tmp_path / "docs"
+    write_docs(url, out, tmp_path / "data")
+    assert broken_links(out) == []  # before any compare: the matrix's and supported-models' compare links resolve
+    same = CliRunner().invoke(app, ["compare", "--runs", str(nightly), str(again), "--db", url, "--docs-dir",
+                                    str(out)])
+    assert same.exit_code == 0, same.output
+    lines = same.stdout.splitlines()
+    assert lines[0].startswith("0 gained, 0 lost, 0 changed (0 regressions), 1 unchanged; 2 metric deltas"), lines
+    assert "lease_wait_s" not in same.stdout and "host_load1" not in same.stdout  # only judged metrics
+    assert "perplexity_ratio" in same.stdout and "rows (" not in same.stdout  # no empty bordered rows table
+    assert len(lines) < 15, same.stdout
+    assert not list((out / "compare").glob("runs-*"))  # printed only: pages are opt-in
+    published = CliRunner().invoke(app, ["compare", "--runs", str(nightly), str(again), "--db", url,
+                                         "--docs-dir", str(out), "--publish"])
+    assert published.exit_code == 0 and (out / "compare" / f"runs-{nightly}-vs-{again}.md").is_file()
+    write_docs(url, out, tmp_path / "data")
+    assert broken_links(out) == []
