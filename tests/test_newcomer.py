@@ -251,3 +251,149 @@ def test_item4_compare_answers_first_prints_only_and_the_pages_links_resolve(tmp
     assert published.exit_code == 0 and (out / "compare" / f"runs-{nightly}-vs-{again}.md").is_file()
     write_docs(url, out, tmp_path / "data")
     assert broken_links(out) == []
+
+
+# -- the hour itself, on the real local device ----------------------------------------------------------------
+SMALL = {"name": "small", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
+         "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
+                      "stages": ["export", "build", "infer", "accuracy"],
+                      "timeout": {"export": 600, "build": 600, "infer": 600, "accuracy": 900}}}
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[=>78]")
+
+
+def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 80, rows: int = 40,
+               timeout: float = 600) -> tuple[int, str]:
+    """``argv`` on a real pseudo-terminal of ``cols`` x ``rows`` (what a person's terminal is); its exit code and
+    everything it wrote there."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the other end closed: the command ended
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+    finally:
+        code = proc.wait(timeout=30)
+        os.close(master)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def last_frame(screen: str, title: str, end: str) -> list[str]:
+    """The lines of the live table's last drawing: from its last title to the line holding ``end``."""
+    lines = [_ANSI.sub("", line).rstrip("\r") for line in screen.replace("\r\n", "\n").split("\n")]
+    start = max(i for i, line in enumerate(lines) if title in line)
+    stop = next(i for i in range(start, len(lines)) if end in lines[i])
+    return lines[start:stop + 1]
+
+
+def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_harness: Path) -> None:
+    """A nightly on a small matrix at 80 columns, the same subset again with -k and --junit, a bring-up of a scratch
+    copy of a checkpoint, then runs, query, compare and show: what issue 41 found, checked where a newcomer met it.
+    The data dir is the session's (its toolchain installs take minutes); the database and the pages are new."""
+    import json
+    import os
+    import shutil
+    import sys
+    from xml.etree import ElementTree as ET
+
+    import yaml
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+    from rich.cells import cell_len
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from test_lists.catalog import Catalog
+
+    db, docs = f"sqlite:///{tmp_path / 'edgefarm.db'}", tmp_path / "docs"
+    matrix = tmp_path / "small.yml"
+    matrix.write_text(yaml.safe_dump(SMALL))
+    common = ["--db", db, "--data-dir", str(farm_dirs["data"]), "--inventory", str(farm_dirs["inventory"])]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "EDGEFARM_DB_URL")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent), TERM="xterm-256color",
+               PREFECT_API_URL=str(PREFECT_API_URL.value()))  # the session's Prefect server: runs are kept there
+
+    # 1. the nightly, on an 80-column terminal: the live table fits, names rows whole, says elapsed time and counts
+    code, screen = run_in_pty([sys.executable, "-m", "flows.cli", "nightly", "--matrix", str(matrix), *common,
+                               "--docs-dir", str(docs)], env)
+    assert code == 0, screen[-4000:]
+    frame = last_frame(screen, "small progress", "pending")
+    assert all(cell_len(line) <= 80 for line in frame), frame
+    assert any("stories260K fp32 @x86-cpu" in line for line in frame), frame  # a row named whole, never cut
+    assert not any("…" in line for line in frame), frame
+    assert any(re.search(r"\d+:\d\d elapsed, 4/4 stages ended \(4 pass\), 0 running", line) for line in frame), frame
+    assert any("· pending" in line and "▶ running" in line for line in frame), frame  # distinct markers
+    row = next(line for line in frame if "stories260K fp32 @x86-cpu" in line)
+    assert row.count("✓") + row.count("↺") == 4, row
+
+    # 2. the same subset again, piped (plain lines), with -k and a JUnit XML report
+    junit = tmp_path / "nightly.xml"
+    again = CliRunner().invoke(app, ["nightly", "--matrix", str(matrix), *common, "--docs-dir", str(docs), "-k",
+                                     "stories260K and x86-cpu and not fp16", "--junit", str(junit)])
+    assert again.exit_code == 0, again.output
+    starts = re.findall(r"^\S+ \+\d+:\d\d \[\d+/4\] start +(.+)$", again.stdout, re.M)
+    ends = re.findall(r"^\S+ \+\d+:\d\d \[\d+/4\] (?:pass|FAIL|ERROR|skip) +(.+?) \d+\.\d s", again.stdout, re.M)
+    assert starts and sorted(starts) == sorted(ends), again.stdout  # every stage that starts says its end
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "4" and suite.get("failures") == "0"
+    assert {c.get("name") for c in suite.iter("testcase")} == {"export", "build", "infer", "accuracy"}
+    nothing = CliRunner().invoke(app, ["nightly", "--matrix", str(matrix), *common, "-k", "qwen"])
+    assert nothing.exit_code == 2 and "-k 'qwen' selects no job" in nothing.output, nothing.output
+
+    # 3. a bring-up of a scratch copy: its report and run page, never the nightly's pages
+    scratch = shutil.copytree(Catalog.load().get("stories260K").locate(farm_dirs["data"]), tmp_path / "my-qwen3")
+    brought = CliRunner().invoke(app, ["bring-up", str(scratch), "--platforms", "x86-cpu", "--json", *common],
+                                 env={"EDGEFARM_DOCS_DIR": str(docs)})
+    assert brought.exit_code == 0, brought.output
+    report = json.loads(brought.stdout[brought.stdout.find("{\n"):])
+    assert Path(report["run_page"]).is_file() and "bringup-my-qwen3" in Path(report["run_page"]).read_text()
+    pages = [p for p in docs.rglob("*") if p.is_file() and "runs" not in p.parts]
+    assert pages and not any("bringup-my-qwen3" in p.read_text(errors="replace") for p in pages)
+
+    # 4. runs: the three, newest first, matched to their Prefect flow runs by name, tags and state message
+    listed = CliRunner().invoke(app, ["runs", "--format", "json", "--db", db])
+    runs = json.loads(listed.stdout)
+    assert [(r["kind"], r["status"]) for r in runs] == [("bringup", "passed"), ("nightly", "passed"),
+                                                         ("nightly", "passed")], runs
+    first = runs[2]["id"]
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(runs[2]["flow_run_id"])
+    assert flow_run.name == f"nightly-{first}" and {"kind:nightly", "platform:x86-cpu"} <= set(flow_run.tags)
+    assert flow_run.state is not None and flow_run.state.message == f"run {first}: 4 pass"
+    run_page = (docs / "runs" / f"run-{first}.md").read_text()  # written by the nightly that reported to Prefect
+    assert f"/runs/flow-run/{runs[2]['flow_run_id']})" in run_page  # the run page links its flow run
+
+    # 5. query, compare, show
+    rows = json.loads(CliRunner().invoke(app, ["query", "--format", "json", "--status", "pass", "--db", db]).stdout)
+    assert {r["model"] for r in rows} >= {"stories260K"}
+    compared = CliRunner().invoke(app, ["compare", "--runs", str(first), str(runs[1]["id"]), "--db", db,
+                                        "--docs-dir", str(docs)])
+    assert compared.exit_code == 0 and compared.stdout.startswith("0 gained, 0 lost, 0 changed"), compared.output
+    assert "lease_wait_s" not in compared.stdout and "host_load1" not in compared.stdout
+    assert not list((docs / "compare").glob("runs-*"))  # printed, not published
+    log = next(g["id"] for r in rows if r["model"] == "stories260K" for g in r["logs"])
+    shown = CliRunner().invoke(app, ["show", log, "--db", db, "--data-dir", str(farm_dirs["data"])])
+    assert shown.exit_code == 0 and shown.stdout.strip(), shown.output
+    assert broken_links(docs) == []

@@ -46,10 +46,15 @@ def test_a_failed_nightly_is_failed_in_prefect_with_named_tasks_logs_and_plain_p
 
     # progress without a terminal: a line when each stage starts and when each of the job's stages ends
     for stage in ("export", "build", "infer", "accuracy"):
-        assert re.search(rf"^\d\d:\d\d:\d\d \[\d+/4\] start +{stage} {ROW}$", text, re.M), (stage, text)
-    assert re.search(rf"^\d\d:\d\d:\d\d \[\d/4\] pass +export {ROW} \d+\.\d s on orchestrator$", text, re.M), text
-    assert re.search(rf"^\d\d:\d\d:\d\d \[4/4\] FAIL +accuracy {ROW} \d+\.\d s on local-cpu: .*logits_max_abs_diff",
-                     text, re.M), text
+        assert re.search(rf"^\d\d:\d\d:\d\d \+\d+:\d\d \[\d+/4\] start +{stage} {ROW}$", text, re.M), (stage, text)
+    assert re.search(rf"^\d\d:\d\d:\d\d \+\d+:\d\d \[\d/4\] pass +export {ROW} \d+\.\d s on orchestrator$", text,
+                     re.M), text
+    assert re.search(rf"^\d\d:\d\d:\d\d \+\d+:\d\d \[4/4\] FAIL +accuracy {ROW} \d+\.\d s on local-cpu: "
+                     r".*logits_max_abs_diff", text, re.M), text
+    # every stage that starts prints its end, the model's reference (which no row lists) too
+    starts = re.findall(r"^\S+ \S+ \[\d+/4\] start +(\S+ .*)$", text, re.M)
+    ends = re.findall(r"^\S+ \S+ \[\d+/4\] (?:pass|FAIL|ERROR|skip|waived|n/a) +(\S+ .*?) \d+\.\d s", text, re.M)
+    assert sorted(starts) == sorted(ends) and any(s.startswith("reference ") for s in starts), text
     # the end summary: the failing row, its root cause, how to open its log
     assert "1 row(s) failed (root cause: the first stage that failed):" in text
     assert re.search(rf"✗ {ROW}: accuracy fail \(test_failure\) on local-cpu: .*logits_max_abs_diff", text), text

@@ -16,11 +16,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from flows.cli.common import err, out
-from flows.cli.text import cell, visible
+from flows.cli.progress import Progress, ProgressLines
+from flows.cli.text import visible
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
 NOTHING_RAN = 5  # the exit code when no stage ran (pytest's "no tests collected")
@@ -73,67 +73,6 @@ def _flush_logs() -> None:
         err.print(f"edgefarm: could not send the run's logs to Prefect: {visible(exc)}", markup=False)
 
 
-SYMBOL: dict[str, tuple[str, str]] = {
-    "pass": ("pass", "green"), "fail": ("FAIL", "red"), "error": ("ERROR", "yellow"), "skipped": ("skip", "dim"),
-    "waived": ("waived", "magenta"), "not_applicable": ("n/a", "dim"), "start": ("start", "cyan")}
-
-
-class Progress:
-    """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
-
-    def __init__(self, jobs: list[str], stages: list[str]) -> None:
-        self.jobs, self.stages = jobs, stages
-        self.cells: dict[tuple[str, str], Text] = {}
-        self.lock = threading.Lock()
-
-    def update(self, event: Any) -> None:
-        if event.status == "start":
-            return
-        mark = cell(*SYMBOL.get(event.status, (event.status, "")))
-        if event.cached:
-            mark.append(" (cached)", style="cyan")
-        with self.lock:
-            self.cells[(event.job, event.stage)] = mark
-
-    def table(self) -> Table:
-        t = Table(title="nightly progress", show_lines=False)
-        t.add_column("job")
-        for s in self.stages:
-            t.add_column(s)
-        with self.lock:
-            done = len(self.cells)
-            for job in self.jobs:
-                t.add_row(cell(job), *[self.cells.get((job, s), cell("…", "dim")) for s in self.stages])
-        t.caption = f"{done} stage results recorded"
-        return t
-
-
-class ProgressLines:
-    """One plain line per stage start and end, for logs and pipes (no terminal): time, ``[ended/expected]``,
-    status, the stage and its row (``<stage> <model> <precision> @<platform>``), seconds, device, and the first line
-    of the reason of what did not pass."""
-
-    def __init__(self, console: Console, expected: int) -> None:
-        self.console, self.expected, self.ended = console, expected, 0
-        self.lock = threading.Lock()
-
-    def update(self, event: Any) -> None:
-        word, style = SYMBOL.get(event.status, (event.status, ""))
-        with self.lock:
-            if event.status != "start":
-                self.ended += 1
-            line = Text(f"{time.strftime('%H:%M:%S')} [{self.ended}/{self.expected}] ")
-            line.append(f"{word:<6}", style=style)
-            line.append(f" {visible(event.name or f'{event.stage} {event.job}')}")
-            if event.status != "start":
-                line.append(f" {event.duration_s:.1f} s" + (" (reused)" if event.cached else ""))
-                if event.device:
-                    line.append(f" on {visible(event.device)}")
-                if event.reason and event.status != "pass":
-                    line.append(f": {visible(event.reason.splitlines()[0][:200])}", style="dim")
-            self.console.print(line, soft_wrap=True)
-
-
 def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
     from flows.prefect_env import flow_run_ui_url, reporting_server
@@ -173,11 +112,11 @@ def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]], console: Con
     from stages import progress_columns
     from tasks.progress import subscribe
 
-    jobs = [j.key for j in plan.runnable()]
-    stages = progress_columns(j.entry.stages for j in plan.runnable())
+    jobs = plan.runnable()
+    stages = progress_columns(j.entry.stages for j in jobs)
     live_table = console.is_terminal and bool(jobs)
-    progress: Progress | ProgressLines = Progress(jobs, stages) if live_table else \
-        ProgressLines(console, sum(len(j.entry.stages) for j in plan.runnable()))
+    progress: Progress | ProgressLines = Progress(plan.name, jobs, stages) if live_table else \
+        ProgressLines(console, jobs)
     unsubscribe = subscribe(progress.update)
     try:
         if isinstance(progress, Progress):
