@@ -397,3 +397,18 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
     shown = CliRunner().invoke(app, ["show", log, "--db", db, "--data-dir", str(farm_dirs["data"])])
     assert shown.exit_code == 0 and shown.stdout.strip(), shown.output
     assert broken_links(docs) == []
+
+
+def test_item8_the_l0_and_l1_deployments_carry_their_schedules_in_prefect_yaml() -> None:
+    from flows.serve import _to_deployment, load_deployment_specs
+    from test_lists.loader import list_names
+
+    specs = {d["name"]: d for d in load_deployment_specs()}
+    lists = {n for n in specs if n.startswith(("l0-", "l1-"))}
+    assert "l1-x86-cpu" in lists and {"l0-x86-cpu", "l0-orin", "l0-thor", "l0-h200"} <= lists
+    for name in sorted(lists):
+        assert specs[name]["parameters"]["priority"] in list_names(), name
+        deployment = _to_deployment(specs[name])  # what `edgefarm serve` registers
+        crons = [s.schedule.cron for s in deployment.schedules or []]
+        assert crons and all(c.count(" ") == 4 for c in crons), (name, crons)
+    assert _to_deployment(specs["l1-x86-cpu"]).schedules[0].schedule.cron == "0 14 * * *"
