@@ -29,12 +29,14 @@ QUIET_OFFLINE = {
 }
 
 
-def configure_prefect(data_dir: Path) -> dict[str, str]:
-    """Set Prefect's environment (user-set values win) and return what it uses."""
+def configure_prefect(data_dir: Path, *, create: bool = True) -> dict[str, str]:
+    """Set Prefect's environment (user-set values win) and return what it uses; ``create``: make its home (not for a
+    command that only reads, like a dry run)."""
     os.environ.setdefault("PREFECT_HOME", str(Path(data_dir).resolve() / "prefect"))
     for key, value in QUIET_OFFLINE.items():
         os.environ.setdefault(key, value)
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if create:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     return {k: os.environ[k] for k in ("PREFECT_HOME", *QUIET_OFFLINE)}
 
 

@@ -302,7 +302,8 @@ def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 80, rows: int =
 
 def last_frame(screen: str, title: str, end: str) -> list[str]:
     """The lines of the live table's last drawing: from its last title to the line holding ``end``."""
-    lines = [_ANSI.sub("", line).rstrip("\r") for line in screen.replace("\r\n", "\n").split("\n")]
+    # a redraw moves the cursor up and starts over after a carriage return: every line starts after a \r or \n
+    lines = [line for line in re.split(r"[\r\n]+", _ANSI.sub("", screen)) if line.strip()]
     start = max(i for i, line in enumerate(lines) if title in line)
     stop = next(i for i in range(start, len(lines)) if end in lines[i])
     return lines[start:stop + 1]
@@ -412,3 +413,20 @@ def test_item8_the_l0_and_l1_deployments_carry_their_schedules_in_prefect_yaml()
         crons = [s.schedule.cron for s in deployment.schedules or []]
         assert crons and all(c.count(" ") == 4 for c in crons), (name, crons)
     assert _to_deployment(specs["l1-x86-cpu"]).schedules[0].schedule.cron == "0 14 * * *"
+
+
+def test_item7_a_dry_run_from_a_subdirectory_touches_nothing_and_says_its_data_dir(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    sub = tmp_path / "flows"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    dry = CliRunner().invoke(app, ["nightly", "--dry-run"], env={"EDGEFARM_DATA_DIR": None, "EDGEFARM_DB_URL": None,
+                                                                 "PREFECT_HOME": None})
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines()[0] == (f"data dir: {sub / '.data'} (the default: ./.data relative to the current "
+                                          f"directory)")
+    assert list(sub.iterdir()) == []  # no .data, no .data/prefect

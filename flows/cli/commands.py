@@ -50,8 +50,9 @@ def nightly(
         from flows.select import select
         from flows.settings import Settings
 
-        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
-        _prefect(settings.data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir,
+                                    create=not dry_run)  # a dry run touches nothing, the data dir included
+        _prefect(settings.data_dir, create=not dry_run)
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or DEFAULT_MATRIX
@@ -80,8 +81,8 @@ def run(
         check_file_option("--junit", junit)
         from flows.settings import Settings
 
-        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
-        _prefect(settings.data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, create=not dry_run)
+        _prefect(settings.data_dir, create=not dry_run)
         from flows.test_list import make_plan, run_test_list
 
         result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),

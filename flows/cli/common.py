@@ -105,7 +105,7 @@ def farm_errors(command: str) -> Iterator[None]:
         raise typer.Exit(known.kind.exit_code) from None
 
 
-def _prefect(data_dir: Path) -> None:
+def _prefect(data_dir: Path, *, create: bool = True) -> None:
     from flows.prefect_env import configure_prefect
 
-    configure_prefect(data_dir)
+    configure_prefect(data_dir, create=create)

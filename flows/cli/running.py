@@ -155,7 +155,8 @@ def _print_summary(result: dict[str, Any]) -> int:
     """The end of a run for a person: what ran, every failing row with its root cause and how to open its log;
     returns the exit code (0 passed, 1 a row failed, 5 nothing ran)."""
     t = result.get("timing") or {}
-    out.print(f"run {result['run_id']}: {sum((result.get('stages') or {}).values())} stage results "
+    ran = f"run {result['run_id']}" if result.get("run_id") is not None else "no run recorded (nothing to do)"
+    out.print(f"{ran}: {sum((result.get('stages') or {}).values())} stage results "
               f"({_counts(result.get('stages') or {})}); plan: {_jobs(result.get('plan') or {})}", markup=False)
     hits = result.get("cache_hits") or {}
     out.print("reused (inputs unchanged): " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none"),
@@ -202,9 +203,19 @@ def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, d
     t0 = time.monotonic()
     plan = plan_of(not dry_run)
     if dry_run:
+        if fmt == "text":  # the plan depends on the data dir (the toolchains installed there): say which one
+            where = ("the default: ./.data relative to the current directory" if settings.data_dir_from == "default"
+                     else f"from {settings.data_dir_from}")
+            out.print(f"data dir: {visible(settings.data_dir)} ({where})", markup=False)
         _print_plan(plan, fmt)
         return None
     _say(say, f"plan {plan.name}: {_jobs(plan.counts())} (planned in {time.monotonic() - t0:.1f} s)")
+    if not plan.runnable():  # nothing to do: no server started, no run id taken
+        from flows.nightly import why_nothing_ran
+
+        return {"run_id": None, "plan": plan.counts(), "stages": {}, "cache_hits": {}, "failed": [],
+                "failures": [], "results": [], "nothing_ran": True, "why_nothing_ran": why_nothing_ran(plan, {}),
+                "timing": {}, "transfers": {}, "docs": None}
     db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
     with _temporary_server(settings.data_dir, say):
         return _run_with_progress(plan, lambda: flow_summary(_announce_flow_run(flow, say)(
@@ -230,7 +241,7 @@ def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = N
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(exit_code(result))
-    if matrix_of is not None:
+    if matrix_of is not None and result.get("run_id") is not None:
         from flows.cli.query import print_matrix
 
         print_matrix(matrix_of)
