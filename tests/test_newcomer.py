@@ -430,3 +430,21 @@ def test_item7_a_dry_run_from_a_subdirectory_touches_nothing_and_says_its_data_d
     assert dry.stdout.splitlines()[0] == (f"data dir: {sub / '.data'} (the default: ./.data relative to the current "
                                           f"directory)")
     assert list(sub.iterdir()) == []  # no .data, no .data/prefect
+
+
+def test_item11_a_truncated_checkpoint_names_the_bound_it_broke(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    import pytest
+
+    from edgellm.checkpoint.header import read_header
+    from edgellm.errors import EdgeLLMError
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)  # 8 of its 16 bytes: truncated
+    with pytest.raises(EdgeLLMError) as caught:
+        read_header(path)
+    assert "need 0 <= begin <= end <= 8; broken: end <= 8, the data section's size: the file is truncated" \
+        in str(caught.value)
