@@ -45,6 +45,8 @@ def test_item1_a_scratch_bring_up_never_becomes_support(tmp_path: Path) -> None:
         assert "scratch copy broke" not in text, page  # a bring-up's row never overrides a nightly's either
         assert f"run-{bringup}." not in text, page
     assert f"runs/run-{nightly}.md" in (out / "supported-models.md").read_text()
+    edge = next(out.glob("*/support-matrix.md")).read_text()  # item 5: the layout page says whose rows it counts
+    assert "counting only the rows TensorRT Edge-LLM ran (`tensorrt-edgellm`)" in edge
     assert result["rows"] == 1 and result["supported"] == 1
     assert not (out / "runs" / f"run-{bringup}.md").exists()  # write_docs does not write it...
     page = publish_bringup(url, out, bringup, tmp_path / "data")  # ...the bring-up writes its own, and only that
