@@ -450,3 +450,16 @@ def test_item11_a_truncated_checkpoint_names_the_bound_it_broke(tmp_path: Path) 
         read_header(path)
     assert "need 0 <= begin <= end <= 8; broken: end <= 8, the data section's size: the file is truncated" \
         in str(caught.value)
+
+
+def test_item7_ctrl_c_is_said_in_the_farms_words(capsys) -> None:
+    import pytest
+    import typer
+
+    from flows.cli.common import farm_errors
+
+    with pytest.raises(typer.Exit) as ended, farm_errors("nightly"):
+        raise KeyboardInterrupt
+    assert ended.value.exit_code == 130
+    said = capsys.readouterr().err
+    assert said.startswith("edgefarm nightly: interrupted (Ctrl-C).") and "ends unpublished" in said

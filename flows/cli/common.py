@@ -74,6 +74,9 @@ def check_name(what: str, value: str, valid: Iterable[str]) -> str:
     raise ConfigurationError(f"unknown {what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
 
 
+INTERRUPTED = 130  # a shell's code for a command ended by SIGINT (128 + 2)
+
+
 def kind_label(kind: ErrorKind) -> str:
     """An error kind as a person reads it: a typo or a bad value is "bad input" (exit 2), whatever it was about."""
     return "bad input" if kind is ErrorKind.CONFIGURATION else kind.value.replace("_", " ")
@@ -95,7 +98,12 @@ def farm_errors(command: str) -> Iterator[None]:
     except ValidationError as exc:  # a flow parameter of the wrong type
         err.print(f"edgefarm {command}: error ({kind_label(ErrorKind.CONFIGURATION)}): {exc}", markup=False)
         raise typer.Exit(ErrorKind.CONFIGURATION.exit_code) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:  # said in the farm's words, not only Prefect's "Crash detected!"
+        err.print(f"edgefarm {command}: interrupted (Ctrl-C). A run in progress ends unpublished: its partial results "
+                  f"are never evidence (`edgefarm runs` lists it). Run the command again: stages whose inputs did not "
+                  f"change are reused.", markup=False)
+        raise typer.Exit(INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # database, migration, disk, memory...: its kind decides the exit code
         from results.errors import classify
