@@ -463,3 +463,30 @@ def test_item7_ctrl_c_is_said_in_the_farms_words(capsys) -> None:
     assert ended.value.exit_code == 130
     said = capsys.readouterr().err
     assert said.startswith("edgefarm nightly: interrupted (Ctrl-C).") and "ends unpublished" in said
+
+
+def test_item6_every_listing_command_takes_format_and_output(tmp_path: Path, farm_dirs: dict[str, Path]) -> None:
+    import csv
+    import io
+    import json
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    url, _, _ = _nightly_and_bringup(tmp_path)
+    listings = {"query": ["query", "--db", url], "runs": ["runs", "--db", url],
+                "devices list": ["devices", "list", "--inventory", str(farm_dirs["inventory"]), "--db", url],
+                "toolchains list": ["toolchains", "list", "--data-dir", str(tmp_path / "empty")]}
+    for name, args in listings.items():
+        shown = CliRunner().invoke(app, [*args, "--format", "json"])
+        assert shown.exit_code == 0 and isinstance(json.loads(shown.stdout), list), (name, shown.output)
+        saved = tmp_path / f"{name.replace(' ', '-')}.csv"
+        written = CliRunner().invoke(app, [*args, "--format", "csv", "--output", str(saved)])
+        assert written.exit_code == 0 and written.stdout == "", (name, written.output)
+        header = next(csv.reader(io.StringIO(saved.read_text())))
+        assert header and header[0] in ("model", "id", "toolchain"), (name, header)
+        refused = CliRunner().invoke(app, [*args, "--format", "yaml"])
+        assert refused.exit_code == 2 and "'yaml'" in refused.output and "table, json, csv" in refused.output, name
+    legacy = CliRunner().invoke(app, ["toolchains", "list", "--data-dir", str(tmp_path / "empty"), "--json"])
+    assert legacy.exit_code == 0 and json.loads(legacy.stdout) == []  # --json: a deprecated alias of --format json

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
+from flows.cli.listing import OutputOption, check_file_option, check_format, to_output
 from flows.cli.text import cell
 from flows.escape import spreadsheet_cell
 from results.support import SupportStatus
@@ -170,19 +171,19 @@ def query(
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
     show_regressions: Annotated[bool, typer.Option("--regressions", help="the metrics outside their baseline in "
                                                                          "each row's latest run instead")] = False,
+    output: OutputOption = None,
     db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Which rows are supported? The latest support status of every (model, precision, platform, toolchain its jobs
     ran with), with its root-cause reason, from the results database."""
     with farm_errors("query"):
-        from edgellm.errors import ConfigurationError
         from edgellm.types import Precision
         from flows.settings import Settings
         from toolchains.base import parse as parse_toolchain
 
-        if fmt not in ("table", "json", "csv"):
-            raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
+        fmt = check_format(fmt)
+        check_file_option("--output", output)
         if precision is not None:
             name = precision.strip().lower()
             precision = check_name("precision", name, [p.value for p in Precision])
@@ -193,11 +194,17 @@ def query(
             parse_status(status)  # refused before the database is opened
         db_url = Settings.resolve(db=db, data_dir=data_dir, create=False).existing_db_url()
         if show_regressions:
-            _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform,
-                                               toolchain=toolchain), fmt, db_url)
+            found = regression_rows(db_url, model=model, precision=precision, platform=platform, toolchain=toolchain)
+            with to_output(output):
+                _print_regressions(found, fmt, db_url)
             return
         rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status,
                           toolchain=toolchain)
+    with to_output(output):
+        _print_query(rows, fmt)
+
+
+def _print_query(rows: list[dict[str, Any]], fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif fmt == "csv":
