@@ -490,3 +490,23 @@ def test_item6_every_listing_command_takes_format_and_output(tmp_path: Path, far
         assert refused.exit_code == 2 and "'yaml'" in refused.output and "table, json, csv" in refused.output, name
     legacy = CliRunner().invoke(app, ["toolchains", "list", "--data-dir", str(tmp_path / "empty"), "--json"])
     assert legacy.exit_code == 0 and json.loads(legacy.stdout) == []  # --json: a deprecated alias of --format json
+
+
+def test_item7_bring_up_prints_its_rungs_not_prefects_info(farm_dirs: dict[str, Path], tmp_path: Path,
+                                                           migrated_prefect_home) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.foreign import make_gemma3_text
+
+    ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: a short flow
+    migrated_prefect_home(tmp_path / "data" / "prefect")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "EDGEFARM_DB_URL"}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "bring-up", str(ckpt), "--data-dir",
+                           str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--platforms",
+                           "x86-cpu"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert "Closest family" in done.stdout and "| INFO" not in said and "Beginning flow run" not in said, said
