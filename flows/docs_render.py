@@ -58,7 +58,7 @@ def legend() -> tuple[str, ...]:
 def shown_status(status: SupportStatus) -> str:
     """A status in text: its glyph mark and label (``✗ failing``), or its label alone where its mark is a word
     (``not applicable``; the cell shows the word mark ``n/a``)."""
-    return status.label if status.mark.replace("/", "").isalpha() else f"{status.mark} {status.label}"
+    return status.display  # decided once, in results.support
 
 
 @dataclass(frozen=True)

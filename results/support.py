@@ -59,7 +59,7 @@ class SupportStatus(enum.StrEnum):
 
     @property
     def mark(self) -> str:
-        """One glyph or one word, safe in Markdown text and table cells."""
+        """One glyph or a word or two, safe in Markdown text and table cells."""
         return _MARKS[self]
 
     @property
@@ -69,9 +69,9 @@ class SupportStatus(enum.StrEnum):
 
     @property
     def display(self) -> str:
-        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, untested)
+        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, never tested)
         alone would repeat or abbreviate the label, so the label alone."""
-        return self.label if self.mark.replace("/", "").isalpha() else f"{self.mark} {self.label}"
+        return self.label if self.mark.replace("/", "").replace(" ", "").isalpha() else f"{self.mark} {self.label}"
 
     @property
     def listed(self) -> bool:
@@ -110,7 +110,7 @@ _MARKS = {
     SupportStatus.WAIVED: "waived",
     SupportStatus.NOT_APPLICABLE: "n/a",
     SupportStatus.SKIPPED: "skipped",
-    SupportStatus.NEVER_TESTED: "untested",
+    SupportStatus.NEVER_TESTED: "never tested",  # one spelling everywhere: never_tested in data, never tested in text
 }
 
 

@@ -33,7 +33,8 @@ def test_marks_and_labels_are_distinct_and_never_blank() -> None:
     marks = [s.mark for s in SupportStatus]
     labels = [s.label for s in SupportStatus]
     assert len(set(marks)) == len(marks) == 8 and len(set(labels)) == len(labels)
-    assert all(m.strip() and len(m.split()) == 1 for m in marks)
+    assert all(m.strip() and (len(m.split()) == 1 or m == s.label) for m, s in zip(marks, SupportStatus, strict=True))
+    assert SupportStatus.NEVER_TESTED.mark == SupportStatus.NEVER_TESTED.display == "never tested"  # one spelling
     assert {s.value for s in SupportStatus} == {"l0_covered", "implemented", "checkpoint_direct", "failing",
                                                 "waived", "not_applicable", "skipped", "never_tested"}
 
