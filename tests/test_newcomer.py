@@ -510,3 +510,18 @@ def test_item7_bring_up_prints_its_rungs_not_prefects_info(farm_dirs: dict[str, 
     assert done.returncode == 1, done.stdout + done.stderr
     said = done.stdout + done.stderr
     assert "Closest family" in done.stdout and "| INFO" not in said and "Beginning flow run" not in said, said
+
+
+def test_item7_a_long_install_says_it_is_still_working(caplog) -> None:
+    import logging
+    import time
+
+    from flows.plan import still_working
+
+    with caplog.at_level(logging.WARNING, logger="flows.plan"), still_working("installing toolchain x", 0.05):
+        time.sleep(0.3)
+    beats = [r.getMessage() for r in caplog.records if "still working" in r.getMessage()]
+    assert beats and all(re.fullmatch(r"installing toolchain x: still working, \d+ s", b) for b in beats), beats
+    caplog.clear()
+    time.sleep(0.15)
+    assert not caplog.records  # it stops with its block
