@@ -525,3 +525,14 @@ def test_item7_a_long_install_says_it_is_still_working(caplog) -> None:
     caplog.clear()
     time.sleep(0.15)
     assert not caplog.records  # it stops with its block
+
+
+def test_item11_a_cut_reason_says_it_was_cut() -> None:
+    from edgellm.errors import InfrastructureError
+    from flows.cli.progress import cut
+    from stages.outcome import REASON_CHARS, StageOutcome
+
+    long = "word " * 1000
+    recorded = StageOutcome.from_error("build", InfrastructureError(long + "\nsecond line"))
+    assert recorded.reason is not None and len(recorded.reason) == REASON_CHARS and recorded.reason.endswith("…")
+    assert cut("short") == "short" and cut(long, 20) == long[:19] + "…"
