@@ -536,3 +536,46 @@ def test_item11_a_cut_reason_says_it_was_cut() -> None:
     recorded = StageOutcome.from_error("build", InfrastructureError(long + "\nsecond line"))
     assert recorded.reason is not None and len(recorded.reason) == REASON_CHARS and recorded.reason.endswith("…")
     assert cut("short") == "short" and cut(long, 20) == long[:19] + "…"
+
+
+def test_item2_the_live_table_fits_80_columns_with_every_stage_and_two_toolchains() -> None:
+    from types import SimpleNamespace
+
+    from rich.cells import cell_len
+    from rich.console import Console
+
+    from flows.cli.progress import Progress, ProgressLines
+
+    stages = ["reference", "quantize", "export", "build", "infer", "accuracy", "bench"]
+
+    def job(model: str, toolchain: str, listed: tuple[str, ...]) -> object:
+        return SimpleNamespace(key=f"{model}-fp16@x86-cpu/{toolchain}", model=model, toolchain=toolchain,
+                               precision=SimpleNamespace(value="fp16"), platform="x86-cpu",
+                               entry=SimpleNamespace(variant="", stages=listed))
+
+    jobs = [job("stories260K", "edgellm-ort", tuple(stages[1:])), job("stories260K", "onnxruntime-genai",
+                                                                          ("export", "build", "infer")),
+            job("tiny-llama-4l-eagle3-with-a-long-name", "edgellm-ort", tuple(stages[1:]))]
+    progress = Progress("l0_pipeline_x86cpu", jobs, stages)
+    progress.update(SimpleNamespace(cached=False, job=jobs[0].key, stage="quantize", status="pass"))
+    progress.update(SimpleNamespace(cached=False, job=jobs[0].key, stage="export", status="start"))
+    progress.update(SimpleNamespace(cached=True, job=jobs[1].key, stage="export", status="pass"))
+    console = Console(width=80, record=True, file=open("/dev/null", "w"), color_system=None)  # noqa: SIM115
+    console.print(progress.table())
+    text = console.export_text()
+    lines = text.splitlines()
+    assert all(cell_len(line) <= 80 for line in lines), text
+    assert "l0_pipeline_x86cpu progress" in text and "…" not in text
+    names = [line.split("  ")[0].strip() for line in lines[3:-2]]  # the row column, line by line (wrapped, not cut)
+    assert "stories260K fp16 @x86-cpu (edgellm-ort)" in " ".join(names), text
+    assert "stories260K fp16 @x86-cpu (onnxruntime-genai)" in " ".join(names), text  # two toolchains differ
+    assert "tiny-llama-4l-eagle3-with-a-long-name fp16 @x86-cpu" in "".join(names), text  # folded, never cut
+    first, second = [line for line in lines if line.startswith("stories260K fp16 @x86-cpu")]
+    assert "✓" in first and "▶" in first and "·" in first  # done, running, pending: three markers
+    assert "↺" in second and "✓" not in second  # reused, not "pass (cached)" wrapping
+    assert "0:00 elapsed, 2/15 stages ended (2 pass), 1 running" in text.replace("\n", " "), text
+    plain = Console(width=80, record=True, file=open("/dev/null", "w"), color_system=None)  # noqa: SIM115
+    lines_out = ProgressLines(plain, jobs)
+    lines_out.update(SimpleNamespace(cached=False, job=jobs[1].key, stage="build", status="start",
+                                     name="build stories260K fp16 @x86-cpu", device=None, duration_s=0.0, reason=None))
+    assert "build stories260K fp16 @x86-cpu (onnxruntime-genai)" in plain.export_text()  # two toolchains differ

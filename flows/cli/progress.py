@@ -94,10 +94,12 @@ class Progress:
         return cell(*RUNNING) if (job, stage) in self.running else cell(*PENDING)
 
     def table(self) -> Table:
-        t = Table(title=cell(f"{self.title} progress"), box=box.SIMPLE_HEAD, padding=(0, 1), expand=True)
+        t = Table(title=cell(f"{self.title} progress"), box=box.SIMPLE_HEAD, padding=(0, 1), expand=True,
+                  collapse_padding=True, show_edge=False, pad_edge=False)
         t.add_column("row", overflow="fold", ratio=1)
         for s in self.stages:
-            t.add_column(SHORT.get(s, s), justify="center", no_wrap=True)
+            header = SHORT.get(s, s)
+            t.add_column(header, justify="center", no_wrap=True, width=max(len(header), 3))  # the rest: the row
         with self.lock:
             for job in self.jobs:
                 t.add_row(cell(self.labels[job]), *[self._cell(job, s) for s in self.stages])
