@@ -432,6 +432,7 @@ def test_item7_a_dry_run_from_a_subdirectory_touches_nothing_and_says_its_data_d
     assert dry.stdout.splitlines()[0] == (f"data dir: {sub / '.data'} (the default: ./.data relative to the current "
                                           f"directory)")
     assert list(sub.iterdir()) == []  # no .data, no .data/prefect
+    assert "Failed to create the Prefect home" not in dry.output
 
 
 def test_item11_a_truncated_checkpoint_names_the_bound_it_broke(tmp_path: Path) -> None:
