@@ -580,3 +580,26 @@ def test_item2_the_live_table_fits_80_columns_with_every_stage_and_two_toolchain
     lines_out.update(SimpleNamespace(cached=False, job=jobs[1].key, stage="build", status="start",
                                      name="build stories260K fp16 @x86-cpu", device=None, duration_s=0.0, reason=None))
     assert "build stories260K fp16 @x86-cpu (onnxruntime-genai)" in plain.export_text()  # two toolchains differ
+
+
+def test_item5_a_table_says_each_toolchains_version_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abc")
+    made = {"edgellm-ort": "0.1.0+onnxruntime-1.22.0", "onnxruntime-genai": "0.7.0"}
+    for precision in ("fp32", "fp16"):
+        for toolchain, version in made.items():
+            for stage in PIPELINE:
+                rec.record_result(run, model="stories260K", precision=precision, platform="x86-cpu", stage=stage,
+                                  test_id=f"stories260K-{precision}-{toolchain}", status="pass", device="local-cpu",
+                                  toolchain=toolchain, toolchain_version=version)
+    rec.finish_run(run, "passed")
+    engine.dispose()
+    write_docs(url, tmp_path / "docs", None)
+    md = (tmp_path / "docs" / "supported-models.md").read_text()
+    assert "Toolchains: edgellm-ort 0.1.0+onnxruntime-1.22.0, onnxruntime-genai 0.7.0" in md  # once, in the heading
+    cells = [line for line in md.splitlines() if line.startswith("| stories260K")]
+    assert len(cells) == 2 and all("0.7.0" not in c and "1.22.0" not in c for c in cells), cells
+    assert "[✓ edgellm-ort](runs/" in md and "[✓ onnxruntime-genai](runs/" in md
