@@ -603,3 +603,17 @@ def test_item5_a_table_says_each_toolchains_version_once(tmp_path: Path) -> None
     cells = [line for line in md.splitlines() if line.startswith("| stories260K")]
     assert len(cells) == 2 and all("0.7.0" not in c and "1.22.0" not in c for c in cells), cells
     assert "[✓ edgellm-ort](runs/" in md and "[✓ onnxruntime-genai](runs/" in md
+
+
+def test_item11_a_failure_cites_the_checks_evidence_before_the_tools_log() -> None:
+    from artifacts.kinds import ArtifactKind
+    from artifacts.store import ArtifactRef
+    from results.models import ResultStatus
+    from stages.outcome import StageOutcome
+    from tasks.states import log_ids
+
+    arts = [ArtifactRef("a" * 64, 1, ArtifactKind.LOG), ArtifactRef("b" * 64, 1, ArtifactKind.REPORT)]
+    failed = StageOutcome(stage="export", status=ResultStatus.FAIL, reason="export check failed", artifacts=arts)
+    assert log_ids(failed) == ["report:bbbbbbbbbbbb", "log:aaaaaaaaaaaa"]  # what the farm judged, then the tool's log
+    passed = StageOutcome(stage="export", status=ResultStatus.PASS, artifacts=arts)
+    assert log_ids(passed) == ["log:aaaaaaaaaaaa"]

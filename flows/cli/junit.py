@@ -46,7 +46,8 @@ def junit_xml(result: Mapping[str, Any], suite: str) -> str:
             el = ET.SubElement(case, tag, {"message": _text(f"{head}{c['stage']} {c['status']}{kind}{where}: "
                                                             f"{reason}"), "type": c["status"]})
             logs = (cause or {}).get("logs") or []
-            el.text = _text("\n".join([reason, *(f"log: edgefarm show {x}" for x in logs)]), 20_000)
+            el.text = _text("\n".join([reason, *(f"{'evidence' if x.startswith('report:') else 'log'}: edgefarm "
+                                                  f"show {x}" for x in logs)]), 20_000)
         elif c["status"] in NOT_RUN:
             ET.SubElement(case, "skipped", {"message": _text(f"{c['status']}: {reason}" if reason else c["status"])})
     ET.indent(root)

@@ -178,8 +178,9 @@ def _print_summary(result: dict[str, Any]) -> int:
             where = f" on {f['device']}" if f.get("device") else ""
             out.print(Text.assemble("  ✗ ", (visible(f["row"]), "bold"),
                                     visible(f": {f['stage']} {f['status']}{kind}{where}: {f['reason']}")))
-            for log_id in f.get("logs") or []:
-                out.print(f"      log: edgefarm show {visible(log_id)}", markup=False)
+            for log_id in f.get("logs") or []:  # the check's evidence (report:) first, then the tools' logs
+                what = "evidence" if str(log_id).startswith("report:") else "log"
+                out.print(f"      {what}: edgefarm show {visible(log_id)}", markup=False)
         return 1
     if result.get("nothing_ran"):
         out.print(Text(f"nothing ran (exit {NOTHING_RAN}):", style="yellow"))
