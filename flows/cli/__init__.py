@@ -2,8 +2,8 @@
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
 One module per group (devices, lists, db, toolchains; commands: nightly, run, query, show, docs, serve, gc;
-bring-up; compare; runs), mounted here, with ``--version`` and shell completion; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands
-that need them.
+bring-up; compare; runs), mounted here, with ``--version`` and shell completion; the packages they drive hold no
+CLI code. Heavy imports (Prefect) happen inside the commands that need them.
 """
 
 from __future__ import annotations
