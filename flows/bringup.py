@@ -15,10 +15,11 @@ catalog holds under a model name keeps that name and its accuracy limits; any ot
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
 from flows.bringup_report import clear_planted, write_report
-from flows.docs import write_docs
+from flows.docs import publish_bringup
 from flows.execute import execute_plan
+from flows.flow_run_names import flow_run_name, flow_run_tags, name_this_flow_run
 from flows.nightly import MAX_WORKERS
 from flows.pipeline import RunReport, toolchain_versions
 from flows.plan import Decision, Plan, installing_toolchains, plan_entries
@@ -91,14 +93,16 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
         source = catalog.get(checkpoint)
         path = Path(source.locate(settings.data_dir)).resolve()
     else:
-        raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model; give a "
-                                 f"checkpoint directory or one of: {', '.join(sorted(catalog.sources))}")
+        raise ConfigurationError(f"checkpoint {checkpoint!r}: not a directory and not a catalog model"
+                                 f"{did_you_mean(checkpoint, catalog.sources)}; give a checkpoint directory or one "
+                                 f"of: {', '.join(sorted(catalog.sources))}")
     _check_files(path, checkpoint)
     chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
                                                                            for d in inventory}))
     unknown = [p for p in chosen if p not in DEVICE_TYPES]
     if unknown or not chosen:
-        raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown; valid: "
+        hints = "".join(did_you_mean(p, DEVICE_TYPES) for p in unknown)
+        raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown{hints}; valid: "
                                  f"{', '.join(sorted(DEVICE_TYPES))}")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
@@ -110,6 +114,13 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
     if catalog.sources.get(source.name) is not source:
         catalog = Catalog({**catalog.sources, source.name: source}, catalog.path)
     return Request(path, source, chosen, layers, out, catalog, inventory)
+
+
+def did_you_mean(value: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a near match of ``value`` among ``valid`` (case-insensitive), else nothing."""
+    names = {n.lower(): n for n in valid}
+    close = difflib.get_close_matches(value.lower(), list(names), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(names[c]) for c in close)}?)" if close else ""
 
 
 def _source_for(path: Path, name: str | None, catalog: Catalog, data_dir: Path) -> ModelSource:
@@ -259,6 +270,8 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
         progress = Progress()
         try:
             recorder.set_report(run_id, str(req.report_dir.resolve()))
+            name_this_flow_run(flow_run_name(RunKind.BRINGUP.value, req.source.name, run_id),
+                               flow_run_tags(RunKind.BRINGUP.value, req.platforms, toolchain_versions()))
             climbed, finished = climb(req, settings, recorder, run_id, progress)
         except BaseException as exc:  # never a run left ``running``: it ends failed (bad input) or error, unpublished
             if not progress.pipeline_ends_run:  # (once the pipeline started, it ends the run, whatever happens)
@@ -270,12 +283,13 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
     finally:
         engine.dispose()
     report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md")
-    write_docs(settings.db_url, settings.docs_dir, settings.data_dir)  # the run page, linking the report
+    publish_bringup(settings.db_url, settings.docs_dir, run_id, settings.data_dir)  # its own run page only
     stopped = report.get("stopped_at")
     if stopped:
-        return Failed(message=f"stopped at rung {stopped['rung']} ({stopped['name']}): {stopped['reason']}"[:2000],
-                      data=report)
-    return Completed(message=f"every rung passed: {req.source.name} on {', '.join(req.platforms)}", data=report)
+        return Failed(message=f"run {run_id}: stopped at rung {stopped['rung']} ({stopped['name']}): "
+                              f"{stopped['reason']}"[:2000], data=report)
+    return Completed(message=f"run {run_id}: every rung passed: {req.source.name} on {', '.join(req.platforms)}",
+                     data=report)
 
 
 @dataclass

@@ -317,9 +317,12 @@ class Comparison:
 
 
 def common_metrics(a: Mapping[RowId, RowSide], b: Mapping[RowId, RowSide]) -> list[tuple[RowId, MetricKey]]:
-    """The (row, metric) pairs present on both sides: those get a delta (and need a history)."""
+    """The (row, metric) pairs present on both sides among the judged metrics (``results.regressions.RULES``:
+    accuracy and speed; never sizes, cache hits, lease waits or host load): those get a delta (and need a history)."""
+    from results.regressions import RULES
+
     return [(row, m) for row in sorted(a.keys() & b.keys()) for m in sorted(a[row].metrics.keys()
-                                                                          & b[row].metrics.keys())]
+                                                                          & b[row].metrics.keys()) if m[1] in RULES]
 
 
 def compare_rows(a_label: str, b_label: str, slug: str, a: Mapping[RowId, RowSide], b: Mapping[RowId, RowSide],
@@ -768,6 +771,20 @@ def render_index_html(entries: Sequence[PublishedComparison]) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Comparisons</title><style>{_CSS}</style>"
             f"</head><body><h1>Comparisons</h1><p>Published by <code>edgefarm compare</code>, newest first.</p>"
             f"<ul>{items}</ul></body></html>\n")
+
+
+def ensure_index(docs_dir: Path) -> list[Path]:
+    """``compare/index.md`` and ``.html`` (the pages' "comparisons" links), written when absent ("none yet"), so
+    those links resolve before any comparison is published; returns the files written."""
+    folder = docs_dir / COMPARE_DIR
+    index, index_html = folder / "index.md", folder / "index.html"
+    if index.is_file() and index_html.is_file():
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = published_comparisons(docs_dir)
+    write_text_atomic(index, render_index(entries))
+    write_text_atomic(index_html, render_index_html(entries))
+    return [index, index_html]
 
 
 def publish(c: Comparison, docs_dir: Path, *, db_label: str, now: str | None = None) -> list[Path]:

@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from flows import docs_runs
+from flows.compare import ensure_index as ensure_compare_index
 from flows.docs_html import html_status, render_html
 from flows.docs_layout import write_layout_pages
 from flows.docs_regressions import RegressionMark
@@ -56,7 +57,6 @@ from results.support import NIGHTLY_PAGE_KINDS, Support, latest_status_of_runs, 
 from toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
-BRINGUP_PAGES = 50  # the latest bring-ups get a run page (with their rungs and report) even without rows
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
@@ -265,6 +265,17 @@ def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Pa
     return out
 
 
+def prefect_link(engine: Engine, run_id: int) -> dict[str, str]:
+    """The Prefect flow run that orchestrated ``run_id`` and its page in the UI, when a server that keeps it is
+    known (``PREFECT_API_URL``: ``edgefarm serve`` or production; a command's temporary server is gone after it)."""
+    from flows.prefect_env import flow_run_ui_url
+    from results.runs import orchestrator_flow_run
+
+    flow_run_id = orchestrator_flow_run(engine, run_id)
+    url = flow_run_ui_url(flow_run_id) if flow_run_id else None
+    return {"flow_run_id": flow_run_id, "prefect_url": url} if flow_run_id and url else {}
+
+
 def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_dir: Path | None) -> list[int]:
     """``runs/run-N.md`` and ``runs/run-N.html`` of each run, with its rows' statuses and its logs beside them."""
     written = []
@@ -272,6 +283,7 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
         info, results = run_evidence(engine, run_id, data_dir)
         if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
             info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
+        info.update(prefect_link(engine, run_id))
         states = run_states(engine, run_id, data_dir)
         logs = copy_logs(results, out_dir / "runs", data_dir)
         write_atomic(out_dir / "runs" / f"run-{run_id}.md", docs_runs.render_markdown(info, results, states, logs))
@@ -283,7 +295,8 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     """The nightly's pages (supported-models.md, support-matrix.html, the toolchains' layouts, trends) from the
     nightly-page runs only (``results.support.NIGHTLY_PAGE_KINDS``), and the run pages they link. A test list's
-    page (``lists/``, :func:`publish_test_list`) is left as it is."""
+    page (``lists/``, :func:`publish_test_list`) and a bring-up's run page (:func:`publish_bringup`) are left as
+    they are."""
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
@@ -292,14 +305,12 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         label = db_label(db_url)
         out_dir.mkdir(parents=True, exist_ok=True)
         trends = render_trends(trend_points(engine), out_dir)
+        ensure_compare_index(out_dir)  # the pages link the comparisons' index: it exists before any compare
         write_atomic(out_dir / "supported-models.md", render_markdown(rows, generated_at=now, db_label=label))
         write_atomic(out_dir / "support-matrix.html",
                      render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
         linked = {m.previous_run_id for r in rows for m in r.regressions if m.previous_run_id is not None}
-        with Session(engine) as s:  # a bring-up's run page links its report, whether or not it made rows
-            bringups = set(s.scalars(select(Run.id).where(Run.kind == RunKind.BRINGUP.value)
-                                     .order_by(Run.id.desc()).limit(BRINGUP_PAGES)))
-        write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked | bringups, data_dir)
+        write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked, data_dir)
         # the same evidence in each toolchain's own page layout (<its directory>/supported-models.md, ...)
         layout_pages = [page for layout in docs_layouts()
                         for page in write_layout_pages(engine, out_dir, layout, generated_at=now, db_label=label,
@@ -308,6 +319,19 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         engine.dispose()
     return {"out_dir": str(out_dir), "rows": len(rows), "supported": len(supported(rows)),
             "trend_images": [t.file for t in trends], "layout_pages": layout_pages}
+
+
+def publish_bringup(db_url: str, docs_dir: Path, run_id: int, data_dir: Path | None = None) -> Path:
+    """A bring-up's own run page (``runs/run-N.md`` and ``.html``: its rungs, its rows, a link to its report) and
+    nothing else: a bring-up never rewrites or joins the nightly's pages (issue 41: a scratch checkpoint brought up
+    once is not support). Returns the markdown page."""
+    engine = read_only_engine(db_url)
+    try:
+        require_current(engine, redact(db_url))
+        write_run_pages(engine, docs_dir, [run_id], data_dir)
+    finally:
+        engine.dispose()
+    return docs_dir / "runs" / f"run-{run_id}.md"
 
 
 LISTS_DIR = "lists"  # a test list's own page: <docs>/lists/<list name>.md and .html

@@ -168,7 +168,7 @@ def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
     state = r.state
     fields = cell_fields(r)
     hover = "\n".join(f"{k}: {v}" for k, v in fields.items())
-    mark = "" if state.mark == state.label or state.mark.replace("/", "").isalpha() else state.mark + " "
+    mark = "" if state.display == state.label else state.mark + " "  # a word mark: the label alone
     bug = f" <a class='bug' href='{e(r.bug)}'>bug</a>" if r.bug else ""
     detail = metrics_text(r.metrics, " · ") if state in PASSING else (r.root_cause or r.made_by or "")
     return (f"<td class='cell {e(state.value)}' data-key='{e(r.anchor)}' data-platform='{e(platform)}' "

@@ -356,7 +356,10 @@ def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[
         "",
         "## Coverage from evidence (extension)",
         "",
-        "Rows (model, precision, variant, toolchain) per status in their latest run.",
+        f"Rows (model, precision, variant, toolchain) per status in their latest nightly run, counting only the rows "
+        f"{markdown_text(layout.product)} ran ({_code(layout.toolchain)}): a platform it never runs on shows none "
+        "here, whatever other toolchains proved there (the farm's own [support matrix](../support-matrix.html) shows "
+        "every toolchain's rows).",
         "",
         "| Platform | " + " | ".join(s.display for s in SupportStatus) + " |",
         "|---|" + "---:|" * len(SupportStatus),

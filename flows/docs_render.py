@@ -59,7 +59,7 @@ def legend() -> tuple[str, ...]:
 def shown_status(status: SupportStatus) -> str:
     """A status in text: its glyph mark and label (``✗ failing``), or its label alone where its mark is a word
     (``not applicable``; the cell shows the word mark ``n/a``)."""
-    return status.label if status.mark.replace("/", "").isalpha() else f"{status.mark} {status.label}"
+    return status.display  # decided once, in results.support
 
 
 @dataclass(frozen=True)
@@ -300,15 +300,18 @@ def _run_ref(r: MatrixRow, links: bool) -> str:
     return f"[run {r.run_id}]({r.evidence_link})" if links else f"run {r.run_id}"
 
 
-def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool = True) -> str:
+def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool = True,
+                  versions_said: bool = False) -> str:
     """One cell: every status shows its own mark (never blank): L0 covered and checkpoint-direct link the evidence
-    with their mark; the others say their label and link their run; no row: never tested."""
+    with their mark; the others say their label and link their run; no row: never tested. ``versions_said``: the
+    table's heading names each toolchain's one version, so a cell names the toolchain only."""
     if r is None:
         return SupportStatus.NEVER_TESTED.mark
     state = r.state
+    made_by = r.toolchain if versions_said and r.toolchain else r.made_by
     if state in PASSING:
-        # where a platform's table holds several toolchains, each cell names the toolchain and version it proves
-        text = f"{state.mark} {markdown_text(r.made_by)}" if several_toolchains and r.toolchain else state.mark
+        # where a platform's table holds several toolchains, each cell names the toolchain (and version) it proves
+        text = f"{state.mark} {markdown_text(made_by)}" if several_toolchains and r.toolchain else state.mark
         regressed = f" {mark_markdown(r.regressions)}" if r.regressions and links else ""
         direct = f" {DIRECT_ONLY}" if state is SupportStatus.CHECKPOINT_DIRECT else ""
         return (f"[{text}]({r.evidence_link})" if links else f"{text} (run {r.run_id})") + direct + regressed
@@ -316,7 +319,7 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
     if state is SupportStatus.NOT_APPLICABLE:
         return state.mark
     if state is SupportStatus.IMPLEMENTED:
-        return f"{shown}, {markdown_text(r.made_by or 'toolchain unknown')} ({_run_ref(r, links)})"
+        return f"{shown}, {markdown_text(made_by or 'toolchain unknown')} ({_run_ref(r, links)})"
     if state is SupportStatus.FAILING and r.support is not None and r.support.since_run is not None \
             and r.support.since_run != r.run_id:
         shown += f" since run {r.support.since_run}"
@@ -377,6 +380,8 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
         shown = [r for r in tested if r.state in LISTED]
         toolchains = platform_toolchains(shown)
         several = len({r.toolchain for r in shown if r.toolchain}) > 1
+        # each toolchain at one version in this table: the heading says the versions once, the cells name toolchains
+        once = len(toolchains) == len({r.toolchain for r in shown if r.toolchain and r.made_by})
         precisions = precision_order(r.precision for r in tested)
         cells = {(r.label, r.precision): r for r in tested}  # one table row per model (per compared version)
         params = {r.label: r.params for r in tested}
@@ -388,7 +393,8 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
                   "|---|---:|" + ":-:|" * len(precisions)]
         for model in sorted({r.label for r in tested}, key=str.lower):
             row = [markdown_text(model), format_params(params.get(model))]
-            row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links) for p in precisions]
+            row += [markdown_cell(cells.get((model, p)), several_toolchains=several, links=links, versions_said=once)
+                    for p in precisions]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if not any(r.state in PASSING for r in rows):

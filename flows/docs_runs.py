@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from flows.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
-from flows.escape import markdown_text
+from flows.escape import markdown_text, safe_link
 from results.support import Support, SupportStatus, stage_order
 
 LOG_DIR = "logs"  # beside the run pages: runs/logs/<sha12>.txt
@@ -162,6 +162,9 @@ def render_markdown(run: Mapping[str, object], results: Sequence[Mapping[str, ob
     report, link = run.get("report"), run.get("report_link")
     if report and link:
         lines.append(f"- report: [{markdown_text(report)}/report.md]({quote(str(link))})")
+    prefect = safe_link(run.get("prefect_url"))
+    if prefect:
+        lines.append(f"- Prefect flow run: [{markdown_text(run.get('flow_run_id'))}]({prefect})")
     page = f"run-{run['id']}.html"
     lines += ["", f"The same page as HTML: [{markdown_text(page)}]({quote(page)}).", ""]
     counts = summary_counts(secs, states)
@@ -222,6 +225,9 @@ def render_html(run: Mapping[str, object], results: Sequence[Mapping[str, object
     report, link = run.get("report"), run.get("report_link")
     if report and link:
         out.append(f"<li>report: <a href='{e(quote(str(link)))}'>{e(str(report))}/report.md</a></li>")
+    prefect = safe_link(run.get("prefect_url"))
+    if prefect:
+        out.append(f"<li>Prefect flow run: <a href='{e(prefect)}'>{e(str(run.get('flow_run_id')))}</a></li>")
     out += ["</ul>", f"<p><a href='../support-matrix.html'>support matrix</a> · <a href='run-{e(str(run['id']))}.md'>"
             "this page as Markdown</a></p>"]
     counts = summary_counts(secs, states)

@@ -16,6 +16,7 @@ from devices.transport.base import transfer_counts, transfers_since
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.reference import checkpoint_digest
 from flows import revision
+from flows.flow_run_names import current_flow_run_id, flow_run_name, flow_run_tags, name_this_flow_run
 from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
 from flows.plan import Plan
 from flows.settings import Settings
@@ -61,9 +62,11 @@ def execute_plan(plan: Plan, settings: Settings, *, trigger: str, host_slots: in
     here = revision.current()
     if run_id is None:
         run_id = recorder.start_run(RunKind(plan.kind), trigger, here.git, toolchain=toolchain_versions())
+        name_this_flow_run(flow_run_name(plan.kind, plan.name, run_id),
+                           flow_run_tags(plan.kind, sorted({j.platform for j in plan.jobs}), toolchain_versions()))
     recorder.record_worker(run_id, role="orchestrator", pool=pool, host=revision.host_name(),
                            data_dir=str(settings.data_dir), revision=here.git, source_digest=here.source,
-                           toolchains=toolchain_versions())
+                           toolchains=toolchain_versions(), flow_run_id=current_flow_run_id())
     ctx = FarmContext(run_id=run_id, db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),
                       inventory_dir=str(settings.inventory_dir), host_slots=host_slots,
                       quantize_device=settings.quantize_device,

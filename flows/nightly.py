@@ -74,12 +74,20 @@ def summary(plan: Plan, report: Any, timing: dict[str, float], docs: dict[str, A
         "cache_hits": report.cache_hits(),
         "failed": report.failed,
         "failures": failures(report.outcomes, rows),
+        "results": stage_results(report.outcomes, rows),
         "nothing_ran": idle,
         "why_nothing_ran": why_nothing_ran(plan, report.outcomes) if idle else [],
         "timing": timing if not idle else {},
         "transfers": report.transfers,
         "docs": docs,
     }
+
+
+def stage_results(outcomes: Any, rows: dict[str, str]) -> list[dict[str, Any]]:
+    """Every recorded stage of every row, in the pipeline's order (a CI report's test cases: ``--junit``)."""
+    return [{"row": rows.get(key, key), "job": key, "stage": str(stage), "status": o.status.value,
+             "duration_s": round(o.duration_s, 3), "reason": o.reason or "", "device": o.device}
+            for key in sorted(outcomes) for stage, o in outcomes[key].items()]
 
 
 def why_nothing_ran(plan: Plan, outcomes: Any) -> list[str]:

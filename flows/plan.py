@@ -10,8 +10,10 @@ import datetime as dt
 import enum
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -468,6 +470,29 @@ def _entry(list_name: str, spec: TestSpec, source: str, feats: Features = PLAIN)
     )
 
 
+INSTALL_HEARTBEAT_S = 20.0  # how often a long install says it is still working (the first one takes minutes)
+
+
+@contextmanager
+def still_working(what: str, every_s: float = INSTALL_HEARTBEAT_S) -> Iterator[None]:
+    """A line every ``every_s`` seconds while the block runs (``<what>: still working, 40 s``): a first install
+    is minutes of pip, which says nothing meanwhile."""
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            log.warning("%s: still working, %.0f s", what, time.monotonic() - t0)
+
+    thread = threading.Thread(target=beat, daemon=True, name="still-working")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: WheelSource | None = None) -> Plan:
     """``make()``; when a job it skips would run once the toolchains it needs were installed (those whose driver
     can install itself: ``Availability.installable``), install them under ``data_dir`` (one-time, minutes; from
@@ -487,7 +512,8 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: Whee
             t0 = time.monotonic()
             log.warning("installing toolchain %s for %d job(s) that need it (one-time)", name,
                         sum(name in (job.toolchain, job.quantizer) for job in would_run))
-            problem = found.install(wheels)
+            with still_working(f"installing toolchain {name}"):
+                problem = found.install(wheels)
             log.warning("toolchain %s: %s after %.0f s", name, f"not installed ({problem})" if problem else "installed",
                         time.monotonic() - t0)
     return make() if needed else plan

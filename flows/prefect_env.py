@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 # The farm's own loggers (every package of this project): their INFO records reach the flow run's logs in Prefect.
@@ -29,12 +30,21 @@ QUIET_OFFLINE = {
 }
 
 
-def configure_prefect(data_dir: Path) -> dict[str, str]:
-    """Set Prefect's environment (user-set values win) and return what it uses."""
-    os.environ.setdefault("PREFECT_HOME", str(Path(data_dir).resolve() / "prefect"))
+def configure_prefect(data_dir: Path, *, create: bool = True) -> dict[str, str]:
+    """Set Prefect's environment (user-set values win) and return what it uses; ``create``: make its home under the
+    data dir (not for a command that only reads, like a dry run: it gets a scratch home in the temp dir when the data
+    dir has none, since importing Prefect makes one)."""
+    home = Path(data_dir).resolve() / "prefect"
+    if not create and not home.is_dir():  # Prefect makes its home when imported: a scratch one, outside the data dir
+        home = Path(tempfile.gettempdir()) / f"edgefarm-prefect-{os.getuid()}"
+        home.mkdir(mode=0o700, exist_ok=True)
+        if home.is_symlink() or home.stat().st_uid != os.getuid():  # another user's: never ours to use
+            home = Path(tempfile.mkdtemp(prefix="edgefarm-prefect-"))
+    os.environ.setdefault("PREFECT_HOME", str(home))
     for key, value in QUIET_OFFLINE.items():
         os.environ.setdefault(key, value)
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if create:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     return {k: os.environ[k] for k in ("PREFECT_HOME", *QUIET_OFFLINE)}
 
 

@@ -25,18 +25,23 @@ def nothing_ran(outcomes: Mapping[str, Mapping[str, StageOutcome]]) -> bool:
 def flow_state(summary: dict[str, Any]) -> State[dict[str, Any]]:
     """The flow run's final state: Failed naming each failed row and its root cause, or "nothing ran" with why;
     else Completed. Its data is the summary either way."""
+    run = f"run {summary['run_id']}: " if summary.get("run_id") is not None else ""  # the farm's run number first
     failed = summary.get("failures") or []
     if failed:
         parts = [f"{f['row']}: {f['stage']} {f['status']}: {first_line(f['reason'], 160)}" for f in failed]
-        message = f"{len(failed)} row(s) failed: " + "; ".join(parts)
+        message = f"{run}{len(failed)} row(s) failed: " + "; ".join(parts)
         if len(message) > MESSAGE_CHARS:
             message = message[:MESSAGE_CHARS - 1] + "…"
         return Failed(message=message, data=summary)
     if summary.get("nothing_ran"):
         why = "; ".join(summary.get("why_nothing_ran") or ["the plan has no job to run"])
-        return Failed(name="Nothing ran", message=f"nothing ran: {why}"[:MESSAGE_CHARS], data=summary)
+        message = f"{run}nothing ran: {why}"
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS - 1] + "…"
+        return Failed(name="Nothing ran", message=message, data=summary)
     stages = summary.get("stages") or {}
-    return Completed(message=", ".join(f"{n} {s}" for s, n in sorted(stages.items())) or "done", data=summary)
+    return Completed(message=run + (", ".join(f"{n} {s}" for s, n in sorted(stages.items())) or "done"),
+                     data=summary)
 
 
 def flow_summary(state: State[Any]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class SupportStatus(enum.StrEnum):
 
     @property
     def mark(self) -> str:
-        """One glyph or one word, safe in Markdown text and table cells."""
+        """One glyph or a word or two, safe in Markdown text and table cells."""
         return _MARKS[self]
 
     @property
@@ -69,9 +69,9 @@ class SupportStatus(enum.StrEnum):
 
     @property
     def display(self) -> str:
-        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, untested)
+        """Mark and label for text: a glyph mark before the label; a word mark (waived, n/a, skipped, never tested)
         alone would repeat or abbreviate the label, so the label alone."""
-        return self.label if self.mark.replace("/", "").isalpha() else f"{self.mark} {self.label}"
+        return self.label if self.mark.replace("/", "").replace(" ", "").isalpha() else f"{self.mark} {self.label}"
 
     @property
     def listed(self) -> bool:
@@ -110,7 +110,7 @@ _MARKS = {
     SupportStatus.WAIVED: "waived",
     SupportStatus.NOT_APPLICABLE: "n/a",
     SupportStatus.SKIPPED: "skipped",
-    SupportStatus.NEVER_TESTED: "untested",
+    SupportStatus.NEVER_TESTED: "never tested",  # one spelling everywhere: never_tested in data, never tested in text
 }
 
 
@@ -248,9 +248,10 @@ def support_of(s: Session, status: RowStatus) -> Support:
 
 
 # The runs whose evidence the nightly's pages show (supported-models.md, the HTML matrix, the toolchains' layouts, the
-# Prefect matrix artifact): the nightly's, and a bring-up's (its rung 7 is the farm's pipeline on the model it adds).
-# A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
-NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY, RunKind.BRINGUP)
+# Prefect matrix artifact): the nightly's only. A model reaches them through the catalog and a nightly, never by being
+# brought up once: a bring-up's evidence (even its rung 7, the farm's pipeline) stays on its report and its run page
+# (issue 41). A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
+NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY,)
 
 
 def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,

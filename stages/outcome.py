@@ -15,6 +15,8 @@ from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
 from results.models import ResultStatus
 
+REASON_CHARS = 2000  # a stage's reason as recorded: its first line, this long at most (an ellipsis where cut)
+
 
 @dataclass
 class StageOutcome:
@@ -53,8 +55,9 @@ class StageOutcome:
         kind = exc.kind if isinstance(exc, EdgeLLMError) else ErrorKind.BUG
         reason = str(exc) if isinstance(exc, EdgeLLMError) else f"{type(exc).__name__}: {exc}"
         status = ResultStatus.FAIL if kind is ErrorKind.TEST_FAILURE else ResultStatus.ERROR
-        return cls(stage=stage, status=status, device=device, reason=reason.splitlines()[0][:2000],
-                   error_kind=kind).done()
+        first = (reason.splitlines() or [""])[0]
+        first = first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 1] + "…"  # cut, and says so
+        return cls(stage=stage, status=status, device=device, reason=first, error_kind=kind).done()
 
     @classmethod
     def skipped(cls, stage: str, reason: str) -> StageOutcome:

@@ -84,6 +84,10 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
     emit(StageEvent(job=job.key, stage=stage, status="start", device=None, cached=False,
                     name=prefect_task_run.name or task_run_name(stage, job)))
     outcome = guarded(stage, lambda: _work(ctx, spec, job, ready))
+    if stage not in job.stages:  # no record task says its end (a model's reference, an identity quantize): said here
+        emit(StageEvent(job=job.key, stage=stage, status=outcome.status.value, device=outcome.device,
+                        cached=outcome.cached, name=prefect_task_run.name or task_run_name(stage, job),
+                        duration_s=outcome.duration_s, reason=outcome.reason))
     log_tails(ctx, outcome)
     log.info("%s %s: %s in %.2f s%s%s", stage, job.key, outcome.status.value, outcome.duration_s,
              " (cached)" if outcome.cached else "", f": {outcome.reason}" if outcome.reason else "")

@@ -70,8 +70,13 @@ def root_cause(stages_of_row: Mapping[str, StageOutcome]) -> tuple[str, StageOut
 
 
 def log_ids(outcome: StageOutcome) -> list[str]:
-    """The ids ``edgefarm show`` opens for the stage's logs (``log:<sha256 prefix>``, as the run pages cite them)."""
-    return [f"log:{a.sha256[:12]}" for a in outcome.artifacts if a.kind == ArtifactKind.LOG]
+    """The ids ``edgefarm show`` opens for the stage's logs (``log:<sha256 prefix>``, as the run pages cite them); a
+    stage that failed or errored cites its own check's evidence first (``report:<prefix>``: what the farm judged),
+    then the tools' logs (a vendor tool's log may end "Export complete" when the farm's check failed)."""
+    logs = [f"log:{a.sha256[:12]}" for a in outcome.artifacts if a.kind == ArtifactKind.LOG]
+    if outcome.status not in FAILED:
+        return logs
+    return [f"report:{a.sha256[:12]}" for a in outcome.artifacts if a.kind == ArtifactKind.REPORT] + logs
 
 
 def failures(outcomes: Mapping[str, Mapping[str, StageOutcome]], rows: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -130,6 +130,7 @@ def test_the_nightly_end_table_uses_the_same_words(farm: dict[str, Any], capsys:
 @pytest.mark.parametrize(("given", "expected"), [
     ("export_verified", "implemented"), ("export-verified", "implemented"), ("Implemented", "implemented"),
     ("l0-covered", "l0_covered"), ("not-applicable", "not_applicable"), ("failing", "failing"),
+    ("pass", "l0_covered"), ("fail", "failing"),  # what people type (issue 41)
 ])
 def test_status_filter_takes_every_spelling(farm: dict[str, Any], given: str, expected: str) -> None:
     rows = _json(farm, "--status", given)
@@ -137,7 +138,7 @@ def test_status_filter_takes_every_spelling(farm: dict[str, Any], given: str, ex
 
 
 def test_status_filter_refuses_the_old_words(farm: dict[str, Any]) -> None:
-    for bad, hint in (("incomplete", None), ("pass", None), ("failng", "failing"), ("export-verifed", "implemented")):
+    for bad, hint in (("incomplete", None), ("passes", None), ("failng", "failing"), ("export-verifed", "implemented")):
         result = _query(farm, "--status", bad)
         assert result.exit_code == 2, result.output
         assert f"unknown --status {bad!r}" in result.output and all(s.value in result.output for s in SupportStatus)

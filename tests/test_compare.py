@@ -176,8 +176,10 @@ def test_table_output_is_escaped_and_fail_on_regression_exits_1(db: str, tmp_pat
 
 
 def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
-    _json(db, tmp_path, "--toolchain", f"{TRT}==0.11.0", "--against", "==0.12.0")
-    _json(db, tmp_path, "--runs", "1", "3")
+    assert _json(db, tmp_path, "--runs", "1", "3")["pages"] == []  # printed only, unless --publish (issue 41)
+    assert not (tmp_path / "compare").exists()
+    _json(db, tmp_path, "--toolchain", f"{TRT}==0.11.0", "--against", "==0.12.0", "--publish")
+    _json(db, tmp_path, "--runs", "1", "3", "--publish")
     folder = tmp_path / "compare"
     md = (folder / "tensorrt-edgellm-0.11.0-vs-0.12.0.md").read_text()
     page = (folder / "tensorrt-edgellm-0.11.0-vs-0.12.0.html").read_text()
@@ -192,7 +194,7 @@ def test_pages_are_written_escaped_and_indexed(db: str, tmp_path: Path) -> None:
     listed = published_comparisons(tmp_path)
     assert {p.slug for p in listed} == {"tensorrt-edgellm-0.11.0-vs-0.12.0", "runs-1-vs-3"}
     assert all((tmp_path / p.html).is_file() for p in listed)
-    _json(db, tmp_path, "--runs", "1", "3")  # published again: one entry still
+    _json(db, tmp_path, "--runs", "1", "3", "--publish")  # published again: one entry still
     assert len(published_comparisons(tmp_path)) == 2
 
 
@@ -280,11 +282,14 @@ def test_compare_rows_without_a_database() -> None:
     def row(model: str) -> RowId:
         return RowId(RowKey(model, Precision.parse("fp16"), "orin", TRT))
 
-    a = {row("x"): RowSide(1, "l0_covered", {"infer": "pass"}, metrics={("bench", "m"): (2.0, "s")}),
+    m = ("bench", "ttft_ms")
+    unjudged = {("bench", "lease_wait_s"): (1.0, "s"), ("bench", "host_load1"): (0.5, ""),
+                ("export", "cache_hit"): (1.0, "")}  # measured, never judged: no delta (issue 41)
+    a = {row("x"): RowSide(1, "l0_covered", {"infer": "pass"}, metrics={m: (2.0, "ms"), **unjudged}),
          row("y"): RowSide(1, "failing", {"infer": "fail"})}
-    b = {row("x"): RowSide(2, "l0_covered", {"infer": "pass"}, metrics={("bench", "m"): (3.0, "s")}),
+    b = {row("x"): RowSide(2, "l0_covered", {"infer": "pass"}, metrics={m: (3.0, "ms"), **unjudged}),
          row("z"): RowSide(2, "l0_covered", {"infer": "pass"})}
-    c = compare_rows("A", "B", "s", a, b, {(row("x"), ("bench", "m")): [2.0, 2.1, 1.9]})
+    c = compare_rows("A", "B", "s", a, b, {(row("x"), m): [2.0, 2.1, 1.9]})
     assert [r.key.model for r, _ in c.gained] == ["z"] and [r.key.model for r, _ in c.lost] == ["y"]
     assert c.same == 1 and not c.changed
     [d] = c.deltas
@@ -314,7 +319,7 @@ def test_a_variant_is_its_own_row(tmp_path: Path) -> None:
 
 def test_metric_globs_narrow_what_is_printed_not_what_is_published(db: str, tmp_path: Path) -> None:
     sides = ("--toolchain", f"{TRT}==0.11.0", "--against", "==0.12.0")
-    data = _json(db, tmp_path, *sides, "--metric", "*/prefill_*")
+    data = _json(db, tmp_path, *sides, "--metric", "*/prefill_*", "--publish")
     assert {d["metric"] for d in data["metric_deltas"]} == {"prefill_tokens_per_s"}
     page = next(Path(p) for p in data["pages"] if p.endswith(".md") and "index" not in p)
     assert "decode_tokens_per_s" in page.read_text()  # the published page keeps every delta

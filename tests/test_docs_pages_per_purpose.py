@@ -1,7 +1,7 @@
-"""Issue 26: pages per purpose and evidence one click away. The nightly's pages come from nightly (and bring-up) runs
-only; a test-list run publishes its own page (``docs/lists/<list>.md`` and ``.html``); neither rewrites the other.
-A waiver's bug link stays a link in the HTML and the Prefect table; a run's log is copied beside its run pages and
-linked; tooltips lead with the root cause."""
+"""Issue 26: pages per purpose and evidence one click away. The nightly's pages come from nightly runs only
+(never a bring-up's, issue 41); a test-list run publishes its own page (``docs/lists/<list>.md`` and ``.html``);
+neither rewrites the other. A waiver's bug link stays a link in the HTML and the Prefect table; a run's log is
+copied beside its run pages and linked; tooltips lead with the root cause."""
 
 from __future__ import annotations
 

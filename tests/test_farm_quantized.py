@@ -151,7 +151,8 @@ def test_export_only_rows_are_never_supported(quantized_farm: dict[str, object])
     md = (Path(str(quantized_farm["root"])) / "docs" / "supported-models.md").read_text()
     thor = md.split("## thor\n", 1)[1].split("\n## ", 1)[0]
     line = next(x for x in thor.splitlines() if x.startswith("| tiny-qwen3-128 |"))
-    assert "◇ implemented (export verified only), tensorrt-edgellm 0.11.0 ([run 1](runs/run-1.md#tiny-qwen3-" in line
+    assert "Toolchain: tensorrt-edgellm 0.11.0" in thor  # the version once, in the heading (issue 41)
+    assert "◇ implemented (export verified only), tensorrt-edgellm ([run 1](runs/run-1.md#tiny-qwen3-" in line
     assert "✓" not in line  # export-only evidence is never the supported mark
     cpu = md.split("## x86-cpu\n", 1)[1].split("\n## ", 1)[0]
     assert "(runs/run-1.md#tiny-qwen3-128-int4-awq-x86-cpu)" in cpu and "(runs/run-1.md#tiny-qwen3-128-int8-sq" in cpu

@@ -113,14 +113,16 @@ def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
 def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str, status: str) -> None:
     from types import SimpleNamespace
 
-    from flows.cli import running as commands
+    from flows.cli.progress import Progress
     from flows.cli.text import visible
 
-    progress = commands.Progress([job], ["export"])
+    planned = SimpleNamespace(key=job, model=job, precision=SimpleNamespace(value="fp32"), platform="x86-cpu",
+                              toolchain="edgellm-ort", entry=SimpleNamespace(variant="", stages=("export",)))
+    progress = Progress(job, [planned], ["export"])
     progress.update(SimpleNamespace(job=job, stage="export", status=status, cached=True))
     table = _rendered(progress.table())
     assert visible(job) in table and visible(status) in table
-    assert len([line for line in table.splitlines() if line.startswith("│")]) == 1  # one row, one line
+    assert len([line for line in table.splitlines() if "fp32 @x86-cpu" in line]) == 1  # one row, one line
 
 
 def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixture[str]) -> None:

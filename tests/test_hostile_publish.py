@@ -53,7 +53,7 @@ def _run_plan(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, breaks:
     monkeypatch.setattr(execute, "submit_jobs", submit_jobs)
     monkeypatch.setattr(execute, "timing_summary", lambda *a: {})
     monkeypatch.setattr(execute, "toolchain_versions", lambda: {"edgellm-farm": "0.1.0"})
-    plan = SimpleNamespace(kind="nightly", runnable=lambda: [], sources={}, quantize_on=None)
+    plan = SimpleNamespace(kind="nightly", name="nightly", jobs=[], runnable=lambda: [], sources={}, quantize_on=None)
     settings = Settings(db_url=url, data_dir=tmp_path, inventory_dir=tmp_path, docs_dir=tmp_path / "docs")
     if breaks is None:
         execute.execute_plan(plan, settings, trigger="test")  # type: ignore[arg-type]

@@ -393,10 +393,10 @@ def test_docs_show_two_toolchains_of_a_platform_side_by_side(side_by_side: Engin
     assert f"Toolchains: {ORT} {ORT_V}, {GENAI} 0.6.0, {GENAI} {GENAI_V}" in cpu
     lines = [x for x in cpu.splitlines() if x.startswith("| ") and not x.startswith("| Model")]
     assert lines == [  # FP32 | FP16; each cell names its toolchain and version; a failed row says so
-        f"| stories260K | 260K | untested | [✓ edgellm-ort {ORT_V}](runs/run-1.md#stories260k-fp16-x86-cpu) |",
+        f"| stories260K | 260K | never tested | [✓ edgellm-ort {ORT_V}](runs/run-1.md#stories260k-fp16-x86-cpu) |",
         f"| stories260K ({GENAI}) | 260K | ✗ failing ([run 1](runs/run-1.md#stories260k-fp32-x86-cpu-by-{GENAI})) | "
         f"[✓ onnxruntime-genai {GENAI_V}](runs/run-1.md#stories260k-fp16-x86-cpu-by-{GENAI}) |",
-        f"| tiny-qwen3 ({GENAI}; {GENAI}==0.6.0) | - | untested | [✓ onnxruntime-genai 0.6.0](runs/run-1.md#tiny-"
+        f"| tiny-qwen3 ({GENAI}; {GENAI}==0.6.0) | - | never tested | [✓ onnxruntime-genai 0.6.0](runs/run-1.md#tiny-"
         f"qwen3-fp16-x86-cpu-by-{GENAI}-{GENAI}-0-6-0) |"], cpu
     assert "| tiny-qwen3 | - | [✓](runs/run-1.md#tiny-qwen3-int4-awq-orin) |" in _section(md, "orin")
     assert "(edgellm-ort)" in _section(md, "npu-x")  # a platform this farm does not know: every toolchain named

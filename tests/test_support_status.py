@@ -33,7 +33,8 @@ def test_marks_and_labels_are_distinct_and_never_blank() -> None:
     marks = [s.mark for s in SupportStatus]
     labels = [s.label for s in SupportStatus]
     assert len(set(marks)) == len(marks) == 8 and len(set(labels)) == len(labels)
-    assert all(m.strip() and len(m.split()) == 1 for m in marks)
+    assert all(m.strip() and (len(m.split()) == 1 or m == s.label) for m, s in zip(marks, SupportStatus, strict=True))
+    assert SupportStatus.NEVER_TESTED.mark == SupportStatus.NEVER_TESTED.display == "never tested"  # one spelling
     assert {s.value for s in SupportStatus} == {"l0_covered", "implemented", "checkpoint_direct", "failing",
                                                 "waived", "not_applicable", "skipped", "never_tested"}
 
@@ -134,7 +135,7 @@ def test_status_from_a_row_status_is_what_classify_says() -> None:
 
 
 def test_latest_status_of_runs_keeps_each_kind_apart(tmp_path: Path) -> None:
-    """The nightly's pages read each row's latest nightly (or bring-up) run; a test list's page its one run."""
+    """The nightly's pages read each row's latest nightly run (never a bring-up's); a test list's page its one run."""
     from sqlalchemy.orm import Session
 
     from results.db import make_engine

@@ -211,7 +211,10 @@ def _entry(name: str, entry: Any, data_len: int, data_start: int, file: str, pat
         return None
     begin, end = offsets
     if not 0 <= begin <= end <= data_len:
-        bad(f"data_offsets [{begin}, {end}] lie outside the {data_len}-byte data section (need 0 <= begin <= end)")
+        broken = ("begin >= 0" if begin < 0 else "begin <= end" if begin > end
+                  else f"end <= {data_len}, the data section's size: the file is truncated or the offsets are wrong")
+        bad(f"data_offsets [{begin}, {end}] lie outside the {data_len}-byte data section (need 0 <= begin <= end <= "
+            f"{data_len}; broken: {broken})")
         return None
     bits = math.prod(shape) * DTYPE_BITS[dtype]
     if bits % 8:

@@ -2,13 +2,14 @@
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure.
 One module per group (devices, lists, db, toolchains; commands: nightly, run, query, show, docs, serve, gc;
-bring-up), mounted here; the packages they drive hold no CLI code. Heavy imports (Prefect) happen inside the commands
-that need them.
+bring-up; compare; runs), mounted here, with ``--version`` and shell completion; the packages they drive hold no
+CLI code. Heavy imports (Prefect) happen inside the commands that need them.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -20,32 +21,59 @@ from flows.cli.compare import compare
 from flows.cli.db import app as db_app
 from flows.cli.devices import app as devices_app
 from flows.cli.lists import app as lists_app
+from flows.cli.runs import runs
 from flows.cli.toolchains import app as toolchains_app
 
 app = typer.Typer(
     name="edgefarm",
     help="Build farm proving which LLMs run at which precision on which edge platform.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
-for command in (commands.nightly, commands.run, query.query, show.show, commands.docs, commands.serve, commands.gc):
-    app.command()(command)
-app.command(name="bring-up")(bring_up)
-app.command(name="compare")(compare)
-app.command(name="bisect")(bisect)
+
+
+def version_text() -> str:
+    """``edgefarm <farm version> (edgellm <library version>, Python x.y.z)``."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"edgefarm {of('edgellm-farm')} (Python {platform.python_version()})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _site(site_dir: str | None = typer.Option(
-        None, "--site-dir", help="a lab's own device_types/, lists/, matrices/, inventory/, catalog/ over the "
-                                 "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")) -> None:
+def _root(version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                                callback=_version)] = False,
+          site_dir: Annotated[str | None, typer.Option(
+              "--site-dir", help="a lab's own device_types/, lists/, matrices/, inventory/, catalog/ over the "
+                                 "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")] = None) -> None:
+    """Build farm proving which LLMs run at which precision on which edge platform."""
     if site_dir is not None:
         from devices.site import checked, current
 
         if checked(site_dir) != current():
             raise typer.BadParameter(f"{site_dir!r} was not applied: give --site-dir first, before the command "
                                      f"(or set $EDGEFARM_SITE_DIR)", param_hint="--site-dir")
+
+
+for command in (commands.nightly, commands.run, query.query, show.show, commands.docs, commands.serve, commands.gc):
+    app.command()(command)
+app.command(name="bring-up")(bring_up)
+app.command(name="compare")(compare)
+app.command(name="runs")(runs)
+app.command(name="bisect")(bisect)
 
 
 app.add_typer(devices_app, name="devices")

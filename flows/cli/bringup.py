@@ -43,13 +43,13 @@ def bring_up(
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
+        _prefect(settings.data_dir)  # before Prefect is imported (flows.bringup): its console then says warnings only
         wanted = [p.strip() for p in platforms.split(",") if p.strip()] if platforms is not None else None
         from flows.bringup import bring_up as flow
         from flows.bringup import resolve
         from flows.run_state import flow_summary
 
         req = resolve(checkpoint, wanted, layers, str(report) if report else None, name, settings)  # bad input: 2
-        _prefect(settings.data_dir)
         from results.db import for_parameters
 
         with _temporary_server(settings.data_dir):

@@ -14,7 +14,16 @@ from typing import Annotated
 import typer
 
 from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, err, farm_errors, out
-from flows.cli.running import DryRunOption, JsonOption, PlanFormatOption, _finish, _plan_and_run, _plan_format
+from flows.cli.listing import check_file_option
+from flows.cli.running import (
+    DryRunOption,
+    JsonAliasOption,
+    JunitOption,
+    PlanFormatOption,
+    _finish,
+    _plan_and_run,
+    _plan_format,
+)
 
 
 def nightly(
@@ -26,25 +35,34 @@ def nightly(
     inventory: InventoryOption = None,
     docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where docs are written (default: "
                                                                      "<data dir>/docs)", file_okay=False)] = None,
-    json_out: JsonOption = False,
+    json_out: JsonAliasOption = False,
     fmt: PlanFormatOption = "text",
+    junit: JunitOption = None,
+    keyword: Annotated[str | None, typer.Option("-k", help="only the jobs whose row (model precision @platform, "
+                                                          "test id, toolchain) matches: words with and / or / not, "
+                                                          "like pytest -k")] = None,
 ) -> None:
     """Run the nightly support matrix (models x precisions x platforms) and publish the docs."""
     with farm_errors("nightly"):
         fmt = _plan_format(fmt)
+        check_file_option("--junit", junit)
         from flows.plan import default_matrix
+        from flows.select import select
         from flows.settings import Settings
 
-        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir)
-        _prefect(settings.data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir,
+                                    create=not dry_run)  # a dry run touches nothing, the data dir included
+        _prefect(settings.data_dir, create=not dry_run)
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or default_matrix()
-        result = _plan_and_run(settings, lambda install: make_plan(matrix_path, settings, install=install),
+        result = _plan_and_run(settings, lambda install: select(make_plan(matrix_path, settings, install=install),
+                                                                keyword),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
-                               docs_dir=str(settings.docs_dir), console=err if json_out else out)
+                               docs_dir=str(settings.docs_dir), console=err if json_out or fmt == "json" else out)
     if result is not None:
-        _finish(result, json_out=json_out, matrix_of=settings.db_url)
+        _finish(result, json_out=json_out or fmt == "json", matrix_of=settings.db_url, junit=junit,
+                suite="nightly")
 
 
 def run(
@@ -53,23 +71,25 @@ def run(
     db: DbOption = None,
     data_dir: DataDirOption = None,
     inventory: InventoryOption = None,
-    json_out: JsonOption = False,
+    json_out: JsonAliasOption = False,
     fmt: PlanFormatOption = "text",
+    junit: JunitOption = None,
 ) -> None:
     """Run one priority list on the devices its platform selector matches."""
     with farm_errors("run"):
         fmt = _plan_format(fmt)
+        check_file_option("--junit", junit)
         from flows.settings import Settings
 
-        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
-        _prefect(settings.data_dir)
+        settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, create=not dry_run)
+        _prefect(settings.data_dir, create=not dry_run)
         from flows.test_list import make_plan, run_test_list
 
         result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),
                                run_test_list, dry_run=dry_run, fmt=fmt, priority=priority,
-                               console=err if json_out else out)
+                               console=err if json_out or fmt == "json" else out)
     if result is not None:
-        _finish(result, json_out=json_out)
+        _finish(result, json_out=json_out or fmt == "json", junit=junit, suite=priority)
 
 
 # a row is (model, precision, platform, job_toolchain: the toolchain its jobs ran with); toolchain and

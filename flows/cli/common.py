@@ -75,6 +75,14 @@ def check_name(what: str, value: str, valid: Iterable[str]) -> str:
     raise ConfigurationError(f"unknown {what} {value!r}{hint}; valid {what}s: {', '.join(names) or '(none)'}")
 
 
+INTERRUPTED = 130  # a shell's code for a command ended by SIGINT (128 + 2)
+
+
+def kind_label(kind: ErrorKind) -> str:
+    """An error kind as a person reads it: a typo or a bad value is "bad input" (exit 2), whatever it was about."""
+    return "bad input" if kind is ErrorKind.CONFIGURATION else kind.value.replace("_", " ")
+
+
 @contextmanager
 def farm_errors(command: str) -> Iterator[None]:
     """Map the library's error kinds to exit codes, one readable block, no traceback."""
@@ -84,24 +92,29 @@ def farm_errors(command: str) -> Iterator[None]:
         yield
     except EdgeLLMError as exc:
         lines = redact(exc).splitlines() or [type(exc).__name__]  # a URL's secret never shows, however it came
-        err.print(f"edgefarm {command}: error ({exc.kind.value}): {visible(lines[0])}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(exc.kind)}): {visible(lines[0])}", markup=False)
         for line in lines[1:]:
             err.print(f"  {visible(line)}", markup=False)
         raise typer.Exit(exc.kind.exit_code) from None
     except ValidationError as exc:  # a flow parameter of the wrong type
-        err.print(f"edgefarm {command}: error (configuration): {exc}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(ErrorKind.CONFIGURATION)}): {exc}", markup=False)
         raise typer.Exit(ErrorKind.CONFIGURATION.exit_code) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:  # said in the farm's words, not only Prefect's "Crash detected!"
+        err.print(f"edgefarm {command}: interrupted (Ctrl-C). A run in progress ends unpublished: its partial results "
+                  f"are never evidence (`edgefarm runs` lists it). Run the command again: stages whose inputs did not "
+                  f"change are reused.", markup=False)
+        raise typer.Exit(INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # database, migration, disk, memory...: its kind decides the exit code
         from results.errors import classify
 
         known = classify(exc)
-        err.print(f"edgefarm {command}: error ({known.kind.value}): {redact(known)}", markup=False)
+        err.print(f"edgefarm {command}: error ({kind_label(known.kind)}): {redact(known)}", markup=False)
         raise typer.Exit(known.kind.exit_code) from None
 
 
-def _prefect(data_dir: Path) -> None:
+def _prefect(data_dir: Path, *, create: bool = True) -> None:
     from flows.prefect_env import configure_prefect
 
-    configure_prefect(data_dir)
+    configure_prefect(data_dir, create=create)

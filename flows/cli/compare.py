@@ -56,8 +56,9 @@ def compare(
     docs_dir: Annotated[Path | None, typer.Option("--docs-dir", help="where the pages go (default: where `edgefarm "
                                                                      "docs` writes: $EDGEFARM_DOCS_DIR, else <data "
                                                                      "dir>/docs)", file_okay=False)] = None,
-    publish: Annotated[bool, typer.Option("--publish/--no-publish", help="write <docs dir>/compare/<slug>.md, "
-                                                                         ".html and index.md")] = True,
+    publish: Annotated[bool, typer.Option("--publish/--no-publish", help="also write <docs dir>/compare/<slug>.md, "
+                                                                         ".html and index.md (default: print "
+                                                                         "only)")] = False,
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="exit 1 when a row on both sides "
                                                                                   "went from supported (l0_covered, "
                                                                                   "checkpoint_direct) to anything "
@@ -126,8 +127,11 @@ def _only_metrics(c: Any, patterns: list[str]) -> Any:
 def _print(c: Any) -> None:
     from flows.compare import stage_text
 
+    out.print(cell(c.summary()))  # the answer first
     out.print(cell(f"A: {c.a}"))
     out.print(cell(f"B: {c.b}"))
+    if not (c.changed or c.gained or c.lost or c.deltas):
+        return
     rows = Table(title=f"rows ({len(c.gained)} gained, {len(c.lost)} lost, {len(c.changed)} changed, {c.same} same)")
     for col in ("change", "row", "A", "B", "stages", "why (B)"):
         rows.add_column(col)
@@ -142,7 +146,8 @@ def _print(c: Any) -> None:
     for row, side in c.lost:
         rows.add_row(cell("lost", "yellow"), cell(row.text()), cell(side.verdict, colour(side.verdict)),
                      cell("-"), cell(""), cell(""))
-    print_table(rows)
+    if c.changed or c.gained or c.lost:  # never an empty bordered table
+        print_table(rows)
     if c.deltas:
         from flows.compare import fmt_delta, fmt_num, fmt_rel
 
@@ -155,4 +160,3 @@ def _print(c: Any) -> None:
                       *map(cell, (fmt_num(d.a), fmt_num(d.b), fmt_delta(d.delta), fmt_rel(d.relative), d.band.text)),
                       cell(d.noise if d.band.half_width is not None else "-", noise))
         print_table(t)
-    out.print(cell(c.summary()))

@@ -7,6 +7,7 @@ Exit codes: 0 all healthy, 1 some device unhealthy, 2 broken inventory or databa
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from rich.table import Table
 from devices.health import HealthReport, check_inventory
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
+from flows.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
 from flows.cli.text import cell, visible
 from flows.settings import Settings
 
@@ -125,21 +127,37 @@ def list_devices(
     inventory: InventoryDir = None,
     db: Annotated[str | None, typer.Option("--db", help="results database that holds quarantines (default: "
                                                          "$EDGEFARM_DB_URL, else <data dir>/edgefarm.db)")] = None,
+    fmt: FormatOption = "table",
+    output: OutputOption = None,
 ) -> None:
     """Every device: id, type (platform), transport, address, labels, max parallel jobs, and whether (and why)
     it is quarantined."""
+    try:
+        fmt = check_format(fmt)
+        check_file_option("--output", output)
+    except EdgeLLMError as err:
+        raise _fail(err) from None
     devices, settings = _load(inventory, db)
     try:
         held = quarantined(settings.db_url, given=db is not None)
     except EdgeLLMError as err:
         raise _fail(err) from None
-    table = Table(title=cell(f"{len(devices)} device(s) in {devices.directory}"))
-    for column in ("id", "type", "transport", "host:port", "labels", "max jobs", "quarantine"):
-        table.add_column(column, no_wrap=column in ("id", "host:port"))
-    for d in devices:
-        why = "unknown (no results database)" if held is None else held.get(d.id, "no")
-        table.add_row(*map(cell, (d.id, d.platform, d.transport, d.address, ", ".join(d.labels), d.max_jobs, why)))
-    Console(soft_wrap=True).print(table)
+    rows = [{"id": d.id, "type": str(d.platform), "transport": str(d.transport), "address": d.address,
+             "labels": list(d.labels), "max_jobs": d.max_jobs,
+             "quarantine": "unknown (no results database)" if held is None else held.get(d.id, "no")}
+            for d in devices]
+
+    def table_of(listed: object) -> None:
+        table = Table(title=cell(f"{len(devices)} device(s) in {devices.directory}"))
+        for column in ("id", "type", "transport", "host:port", "labels", "max jobs", "quarantine"):
+            table.add_column(column, no_wrap=column in ("id", "host:port"))
+        for r in rows:
+            table.add_row(*map(cell, (r["id"], r["type"], r["transport"], r["address"], ", ".join(r["labels"]),
+                                      r["max_jobs"], r["quarantine"])))
+        Console(file=sys.stdout, soft_wrap=True).print(table)
+
+    with to_output(output):
+        emit(rows, ("id", "type", "transport", "address", "labels", "max_jobs", "quarantine"), fmt, table_of)
 
 
 def _gib(n: int | None) -> str:

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
+from flows.cli.listing import OutputOption, check_file_option, check_format, to_output
 from flows.cli.text import cell
 from flows.escape import spreadsheet_cell
 from results.support import SupportStatus
@@ -23,12 +24,18 @@ QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "c
                 "error_kind", "failing_since_run", "toolchain", "toolchain_version", "route", "standin", "run_id",
                 "run_kind", "run_started_at", "stages", "metrics", "logs", "root_cause_log")
 # other spellings --status accepts: the pages' older word for implemented (export verified only)
-STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value}
+# what people type for a status (issue 41: `--status pass` was refused); the canonical names are SupportStatus's
+STATUS_ALIASES = {"export_verified": SupportStatus.IMPLEMENTED.value, "pass": SupportStatus.L0_COVERED.value,
+                  "passed": SupportStatus.L0_COVERED.value, "covered": SupportStatus.L0_COVERED.value,
+                  "fail": SupportStatus.FAILING.value, "failed": SupportStatus.FAILING.value,
+                  "untested": SupportStatus.NEVER_TESTED.value, "n/a": SupportStatus.NOT_APPLICABLE.value,
+                  "skip": SupportStatus.SKIPPED.value}
 STATUS_COLOURS = {SupportStatus.L0_COVERED: "green", SupportStatus.CHECKPOINT_DIRECT: "green",
                   SupportStatus.IMPLEMENTED: "cyan", SupportStatus.FAILING: "red", SupportStatus.WAIVED: "magenta",
                   SupportStatus.NOT_APPLICABLE: "dim", SupportStatus.SKIPPED: "yellow",
                   SupportStatus.NEVER_TESTED: "dim"}
-STATUS_HELP = " | ".join(s.value for s in SupportStatus) + " (export_verified: implemented; '-' or '_')"
+STATUS_HELP = " | ".join(s.value for s in SupportStatus) + (" (also pass = l0_covered, fail = failing, untested = "
+                                                              "never_tested, export_verified = implemented)")
 
 
 def parse_status(value: str) -> SupportStatus:
@@ -45,7 +52,7 @@ def parse_status(value: str) -> SupportStatus:
         close = difflib.get_close_matches(norm, [*valid, *STATUS_ALIASES], n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(repr(STATUS_ALIASES.get(c, c)) for c in close)}?)" if close else ""
         raise ConfigurationError(f"unknown --status {value!r}{hint}; valid statuses: {', '.join(valid)} "
-                                 f"(also export_verified for implemented; '-' or '_')")
+                                 f"(also pass, fail, untested, export_verified; '-' or '_')")
     return SupportStatus(norm)
 
 
@@ -164,19 +171,19 @@ def query(
     fmt: Annotated[str, typer.Option("--format", help="table | json | csv")] = "table",
     show_regressions: Annotated[bool, typer.Option("--regressions", help="the metrics outside their baseline in "
                                                                          "each row's latest run instead")] = False,
+    output: OutputOption = None,
     db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Which rows are supported? The latest support status of every (model, precision, platform, toolchain its jobs
     ran with), with its root-cause reason, from the results database."""
     with farm_errors("query"):
-        from edgellm.errors import ConfigurationError
         from edgellm.types import Precision
         from flows.settings import Settings
         from toolchains.base import parse as parse_toolchain
 
-        if fmt not in ("table", "json", "csv"):
-            raise ConfigurationError(f"unknown --format {fmt!r}; valid: table, json, csv")
+        fmt = check_format(fmt)
+        check_file_option("--output", output)
         if precision is not None:
             name = precision.strip().lower()
             precision = check_name("precision", name, [p.value for p in Precision])
@@ -187,11 +194,17 @@ def query(
             parse_status(status)  # refused before the database is opened
         db_url = Settings.resolve(db=db, data_dir=data_dir, create=False).existing_db_url()
         if show_regressions:
-            _print_regressions(regression_rows(db_url, model=model, precision=precision, platform=platform,
-                                               toolchain=toolchain), fmt, db_url)
+            found = regression_rows(db_url, model=model, precision=precision, platform=platform, toolchain=toolchain)
+            with to_output(output):
+                _print_regressions(found, fmt, db_url)
             return
         rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status,
                           toolchain=toolchain)
+    with to_output(output):
+        _print_query(rows, fmt)
+
+
+def _print_query(rows: list[dict[str, Any]], fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif fmt == "csv":

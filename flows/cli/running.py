@@ -16,11 +16,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from flows.cli.common import err, out
-from flows.cli.text import cell, visible
+from flows.cli.progress import Progress, ProgressLines
+from flows.cli.text import visible
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
 NOTHING_RAN = 5  # the exit code when no stage ran (pytest's "no tests collected")
@@ -73,67 +73,6 @@ def _flush_logs() -> None:
         err.print(f"edgefarm: could not send the run's logs to Prefect: {visible(exc)}", markup=False)
 
 
-SYMBOL: dict[str, tuple[str, str]] = {
-    "pass": ("pass", "green"), "fail": ("FAIL", "red"), "error": ("ERROR", "yellow"), "skipped": ("skip", "dim"),
-    "waived": ("waived", "magenta"), "not_applicable": ("n/a", "dim"), "start": ("start", "cyan")}
-
-
-class Progress:
-    """Live table of jobs x stages, fed by stage events from the tasks (in-process)."""
-
-    def __init__(self, jobs: list[str], stages: list[str]) -> None:
-        self.jobs, self.stages = jobs, stages
-        self.cells: dict[tuple[str, str], Text] = {}
-        self.lock = threading.Lock()
-
-    def update(self, event: Any) -> None:
-        if event.status == "start":
-            return
-        mark = cell(*SYMBOL.get(event.status, (event.status, "")))
-        if event.cached:
-            mark.append(" (cached)", style="cyan")
-        with self.lock:
-            self.cells[(event.job, event.stage)] = mark
-
-    def table(self) -> Table:
-        t = Table(title="nightly progress", show_lines=False)
-        t.add_column("job")
-        for s in self.stages:
-            t.add_column(s)
-        with self.lock:
-            done = len(self.cells)
-            for job in self.jobs:
-                t.add_row(cell(job), *[self.cells.get((job, s), cell("…", "dim")) for s in self.stages])
-        t.caption = f"{done} stage results recorded"
-        return t
-
-
-class ProgressLines:
-    """One plain line per stage start and end, for logs and pipes (no terminal): time, ``[ended/expected]``,
-    status, the stage and its row (``<stage> <model> <precision> @<platform>``), seconds, device, and the first line
-    of the reason of what did not pass."""
-
-    def __init__(self, console: Console, expected: int) -> None:
-        self.console, self.expected, self.ended = console, expected, 0
-        self.lock = threading.Lock()
-
-    def update(self, event: Any) -> None:
-        word, style = SYMBOL.get(event.status, (event.status, ""))
-        with self.lock:
-            if event.status != "start":
-                self.ended += 1
-            line = Text(f"{time.strftime('%H:%M:%S')} [{self.ended}/{self.expected}] ")
-            line.append(f"{word:<6}", style=style)
-            line.append(f" {visible(event.name or f'{event.stage} {event.job}')}")
-            if event.status != "start":
-                line.append(f" {event.duration_s:.1f} s" + (" (reused)" if event.cached else ""))
-                if event.device:
-                    line.append(f" on {visible(event.device)}")
-                if event.reason and event.status != "pass":
-                    line.append(f": {visible(event.reason.splitlines()[0][:200])}", style="dim")
-            self.console.print(line, soft_wrap=True)
-
-
 def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
     from flows.prefect_env import flow_run_ui_url, reporting_server
@@ -147,7 +86,8 @@ def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     return flow.with_options(on_running=[announce])
 
 
-PlanFormatOption = Annotated[str, typer.Option("--format", help="how --dry-run prints the plan: text | json")]
+PlanFormatOption = Annotated[str, typer.Option("--format", help="text | json: how the plan (--dry-run) or the run's "
+                                                               "summary is printed")]
 
 
 def _print_plan(plan: Any, fmt: str) -> None:
@@ -172,11 +112,11 @@ def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]], console: Con
     from stages import progress_columns
     from tasks.progress import subscribe
 
-    jobs = [j.key for j in plan.runnable()]
-    stages = progress_columns(j.entry.stages for j in plan.runnable())
+    jobs = plan.runnable()
+    stages = progress_columns(j.entry.stages for j in jobs)
     live_table = console.is_terminal and bool(jobs)
-    progress: Progress | ProgressLines = Progress(jobs, stages) if live_table else \
-        ProgressLines(console, sum(len(j.entry.stages) for j in plan.runnable()))
+    progress: Progress | ProgressLines = Progress(plan.name, jobs, stages) if live_table else \
+        ProgressLines(console, jobs)
     unsubscribe = subscribe(progress.update)
     try:
         if isinstance(progress, Progress):
@@ -215,7 +155,8 @@ def _print_summary(result: dict[str, Any]) -> int:
     """The end of a run for a person: what ran, every failing row with its root cause and how to open its log;
     returns the exit code (0 passed, 1 a row failed, 5 nothing ran)."""
     t = result.get("timing") or {}
-    out.print(f"run {result['run_id']}: {sum((result.get('stages') or {}).values())} stage results "
+    ran = f"run {result['run_id']}" if result.get("run_id") is not None else "no run recorded (nothing to do)"
+    out.print(f"{ran}: {sum((result.get('stages') or {}).values())} stage results "
               f"({_counts(result.get('stages') or {})}); plan: {_jobs(result.get('plan') or {})}", markup=False)
     hits = result.get("cache_hits") or {}
     out.print("reused (inputs unchanged): " + (", ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none"),
@@ -237,8 +178,9 @@ def _print_summary(result: dict[str, Any]) -> int:
             where = f" on {f['device']}" if f.get("device") else ""
             out.print(Text.assemble("  ✗ ", (visible(f["row"]), "bold"),
                                     visible(f": {f['stage']} {f['status']}{kind}{where}: {f['reason']}")))
-            for log_id in f.get("logs") or []:
-                out.print(f"      log: edgefarm show {visible(log_id)}", markup=False)
+            for log_id in f.get("logs") or []:  # the check's evidence (report:) first, then the tools' logs
+                what = "evidence" if str(log_id).startswith("report:") else "log"
+                out.print(f"      {what}: edgefarm show {visible(log_id)}", markup=False)
         return 1
     if result.get("nothing_ran"):
         out.print(Text(f"nothing ran (exit {NOTHING_RAN}):", style="yellow"))
@@ -262,9 +204,19 @@ def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, d
     t0 = time.monotonic()
     plan = plan_of(not dry_run)
     if dry_run:
+        if fmt == "text":  # the plan depends on the data dir (the toolchains installed there): say which one
+            where = ("the default: ./.data relative to the current directory" if settings.data_dir_from == "default"
+                     else f"from {settings.data_dir_from}")
+            out.print(f"data dir: {visible(settings.data_dir)} ({where})", markup=False)
         _print_plan(plan, fmt)
         return None
     _say(say, f"plan {plan.name}: {_jobs(plan.counts())} (planned in {time.monotonic() - t0:.1f} s)")
+    if not plan.runnable():  # nothing to do: no server started, no run id taken
+        from flows.nightly import why_nothing_ran
+
+        return {"run_id": None, "plan": plan.counts(), "stages": {}, "cache_hits": {}, "failed": [],
+                "failures": [], "results": [], "nothing_ran": True, "why_nothing_ran": why_nothing_ran(plan, {}),
+                "timing": {}, "transfers": {}, "docs": None}
     db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
     with _temporary_server(settings.data_dir, say):
         return _run_with_progress(plan, lambda: flow_summary(_announce_flow_run(flow, say)(
@@ -279,13 +231,18 @@ def exit_code(result: dict[str, Any]) -> int:
     return NOTHING_RAN if result.get("nothing_ran") else 0
 
 
-def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None) -> None:
-    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary); the exit code of
-    :func:`exit_code`."""
+def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = None, junit: Path | None = None,
+            suite: str = "edgefarm") -> None:
+    """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary), and its JUnit XML
+    in ``junit``; the exit code of :func:`exit_code`."""
+    if junit is not None:
+        from flows.cli.junit import write_junit
+
+        write_junit(result, junit, suite)
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(exit_code(result))
-    if matrix_of is not None:
+    if matrix_of is not None and result.get("run_id") is not None:
         from flows.cli.query import print_matrix
 
         print_matrix(matrix_of)
@@ -293,4 +250,7 @@ def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = N
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print the run summary as JSON")]
+JsonAliasOption = Annotated[bool, typer.Option("--json", help="the same as --format json (deprecated)")]
+JunitOption = Annotated[Path | None, typer.Option("--junit", help="also write the run as JUnit XML to FILE (one test "
+                                                                  "case per row and stage)", dir_okay=False)]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="print and validate the plan; touch no device")]

@@ -10,7 +10,6 @@ an install that failed on the machine).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from edgellm.errors import ConfigurationError, ErrorKind
-from flows.cli.common import DataDirOption, farm_errors
+from flows.cli.common import DataDirOption, farm_errors, out
+from flows.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
 from flows.cli.text import cell
 from toolchains import base as toolchains
 from toolchains.base import Environment, ToolchainDriver
@@ -130,15 +130,19 @@ def mirror_command(
 @app.command("list")
 def list_command(
     data_dir: DataDirOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the same as --format json (deprecated)")] = False,
+    fmt: FormatOption = "table",
+    output: OutputOption = None,
 ) -> None:
     """Every installed toolchain environment with its version read back and its health."""
     with farm_errors("toolchains list"):
+        fmt = "json" if as_json else check_format(fmt)
+        check_file_option("--output", output)
         root = _data_dir(data_dir)
         envs = [e for name in toolchains.names() for e in toolchains.driver(name, root).environments()]
-    if as_json:
-        Console().print_json(json.dumps([e.to_dict() for e in envs]))
-    else:
-        Console().print(_table(envs) if envs else cell(f"no toolchain environments under {root / 'toolchains'}"))
+        with to_output(output):
+            emit([e.to_dict() for e in envs], ("toolchain", "version", "healthy", "path", "problems"), fmt,
+                 lambda _rows: out.print(_table(envs) if envs else
+                                         cell(f"no toolchain environments under {root / 'toolchains'}")))
     if any(not e.healthy for e in envs):
         raise typer.Exit(ErrorKind.TEST_FAILURE.exit_code)
