@@ -157,8 +157,8 @@ def test_the_tiny_models_are_not_applicable_on_orin_and_thor_but_run_on_the_cpu(
             assert job.reason.startswith(HEADS), job
     by = {(j.model, j.precision.value, j.platform): j for j in main}
     assert by[("stories260K", "fp16", "orin")].reason == f"{HEADS} 8"
-    assert by[("tiny-qwen3", "fp8", "thor")].reason == f"{HEADS} 32 (a decode kernel, but no prefill kernel)"
-    assert by[("tiny-qwen2", "fp16", "thor")].reason == f"{HEADS} 16"
+    assert by[("tiny-qwen3-bf16", "fp8", "thor")].reason == f"{HEADS} 32 (a decode kernel, but no prefill kernel)"
+    assert by[("tiny-qwen2-bf16", "fp16", "thor")].reason == f"{HEADS} 16"
 
 
 def test_the_layout_models_are_planned_on_orin_and_thor(tmp_path: Path, _own_data_dir: Path) -> None:

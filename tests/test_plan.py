@@ -44,13 +44,13 @@ def test_default_matrix_plan_decides_every_cell_with_a_reason(_own_data_dir: Pat
     orin_fp8 = by[("stories260K", "fp8", "orin")]
     assert orin_fp8.decision is Decision.NOT_APPLICABLE and "needs SM89+" in orin_fp8.reason
     # no tiny model's head size (8-32) has a TensorRT Edge-LLM attention kernel: not applicable on Orin and Thor
-    thor_fp16 = by[("tiny-qwen3", "fp16", "thor")]
+    thor_fp16 = by[("tiny-qwen3-bf16", "fp16", "thor")]
     assert (thor_fp16.decision, thor_fp16.toolchain) == (Decision.NOT_APPLICABLE, "tensorrt-edgellm")
     assert thor_fp16.reason == ("TensorRT Edge-LLM's attention kernels take head sizes 64, 128, 256, 512 (prefill "
                                 "and decode); this model's is 32 (a decode kernel, but no prefill kernel)")
-    thor_fp8 = by[("tiny-qwen2", "fp8", "thor")]
+    thor_fp8 = by[("tiny-qwen2-bf16", "fp8", "thor")]
     assert thor_fp8.decision is Decision.NOT_APPLICABLE and "this model's is 16" in thor_fp8.reason
-    cpu_fp8 = by[("tiny-qwen2", "fp8", "x86-cpu")]
+    cpu_fp8 = by[("tiny-qwen2-bf16", "fp8", "x86-cpu")]
     assert (cpu_fp8.decision, cpu_fp8.reason) == (Decision.NOT_APPLICABLE,
                                                   "fp8 is emulated on x86-cpu (no fp8 GEMM kernel)")
     cpu_int4 = by[("tiny-qwen3-128", "int4_awq", "x86-cpu")]  # its quantizer is missing: skipped, saying so
@@ -230,10 +230,10 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     plan = json.loads(result.stdout)
     # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the GPTQ checkpoint's CPU row,
     # onnxruntime-genai's rows (3 models x 2 precisions), the CPU's LoRA row (not applicable), the export list's share,
-    # the variant list's share (the EAGLE3 pair, a merged LoRA, a reduced vocabulary), the checkpoints as published
-    # (4 families x bf16 and fp16 at fp32 on the CPU)
+    # the variant list's share (the EAGLE3 pair, a merged LoRA, a reduced vocabulary), the fp16 checkpoints as
+    # published (4 families at fp32 on the CPU)
     assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == \
-        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4 + 8
+        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4 + 4
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")
@@ -258,7 +258,7 @@ def test_host_only_jobs_need_no_device_and_device_stages_wait_for_the_driver(_ow
     assert tiny["fp16"].entry.stages == (Stage.EXPORT,)  # nothing to quantize at fp16
     by = {(j.model, j.precision.value, j.platform): j for j in plan_matrix(DEFAULT_MATRIX, inventory, catalog,
                                                                               data_dir=_own_data_dir).jobs}
-    assert by[("tiny-qwen3", "fp16", "thor")].decision is Decision.NOT_APPLICABLE  # no kernel for its head size
+    assert by[("tiny-qwen3-bf16", "fp16", "thor")].decision is Decision.NOT_APPLICABLE  # no kernel for its head size
     thor = next(j for j in plan_test_list(load_list("l0_pipeline_thor"), inventory, catalog,
                                           data_dir=_own_data_dir).jobs
                 if (j.model, j.precision.value) == ("qwen3-0.6b-layout", "nvfp4"))
