@@ -16,7 +16,7 @@ from pathlib import Path
 from edgellm.errors import ConfigurationError
 
 KINDS = ("device_types", "lists", "matrices", "inventory", "catalog")
-_state: dict[str, Path | bool | None] = {"site": None, "read": False}
+_state: dict[str, Path | bool | None] = {"site": None, "set": False, "read": False}
 
 
 def checked(value: str | Path) -> Path:

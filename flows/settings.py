@@ -76,6 +76,9 @@ class Settings:
             from devices.site import configure_default
 
             configure_default(env.get(ENV_SITE_DIR) or None)
+            from results.liveness import ENV_HEARTBEAT_S, configure_heartbeat
+
+            configure_heartbeat(env.get(ENV_HEARTBEAT_S))
         root = Path(data_dir or env.get(ENV_DATA_DIR) or Path.cwd() / ".data").resolve()
         if create:
             root.mkdir(parents=True, exist_ok=True)

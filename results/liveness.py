@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ __all__ = ["heartbeat", "is_dead", "pid_alive", "process_gone", "reap_stale_runs
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
 ENV_HEARTBEAT_S = "EDGEFARM_HEARTBEAT_S"  # seconds between heartbeats (tests shorten it); stale after three missed
+_period = {"s": HEARTBEAT_S}  # this process's, set by the settings (flows.settings, the farm environment's reader)
 
 
 _reaped: dict[int, str] = {}  # runs of this process that another process reaped meanwhile -> why
@@ -45,19 +45,28 @@ def reaped(run_id: int) -> RunReaped | None:
     return None if why is None else RunReaped(why)
 
 
-def heartbeat_s() -> float:
-    """Seconds between a run's (and a device lease's) heartbeats: $EDGEFARM_HEARTBEAT_S, else ``HEARTBEAT_S``."""
-    raw = os.environ.get(ENV_HEARTBEAT_S, "").strip()
-    if not raw:
+def configure_heartbeat(raw: str | None) -> float:
+    """Set this process's seconds between heartbeats from the settings' ``$EDGEFARM_HEARTBEAT_S`` (None or empty:
+    ``HEARTBEAT_S``); a value that is no number of seconds in [0.05, 3600] is a ConfigurationError naming it."""
+    text = (raw or "").strip()
+    if not text:
+        _period["s"] = HEARTBEAT_S
         return HEARTBEAT_S
     try:
-        value = float(raw)
+        value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or not 0.05 <= value <= 3600:
-        raise ConfigurationError(f"bad ${ENV_HEARTBEAT_S} {raw!r}: need seconds between 0.05 and 3600 "
+        raise ConfigurationError(f"bad ${ENV_HEARTBEAT_S} {text!r}: need seconds between 0.05 and 3600 "
                                  f"(default {HEARTBEAT_S:g})")
+    _period["s"] = value
     return value
+
+
+def heartbeat_s() -> float:
+    """Seconds between a run's (and a device lease's) heartbeats: what the settings configured
+    (``configure_heartbeat``), else ``HEARTBEAT_S``."""
+    return _period["s"]
 
 
 def stale_limit_s() -> float:

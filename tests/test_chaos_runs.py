@@ -2,13 +2,13 @@
 through $EDGEFARM_HEARTBEAT_S (1 s: a run is dead, and a device lease expires, after 3 s without one).
 
   suspended    a real ``edgefarm nightly`` SIGSTOPped while a stage runs on the local device, for twice the stale
-               limit; meanwhile a second ``edgefarm nightly`` reaps its run and the device's lease is taken (and
+               limit; meanwhile a second orchestrator process reaps its run and the device's lease is taken (and
                freed 5 s after the SIGCONT). Expected: the resumed run ends as infrastructure (exit 3, "reaped"),
                takes no device, its run stays ``error`` and is never published (it used to exit 0 as ``passed``,
                published).
   same name    an orchestrator on a "second machine" with this host's name (a process in its own pid namespace:
                its pid means nothing here) holds a run with a fresh heartbeat and a device lease; a second
-               ``edgefarm nightly`` here reaps dead runs. Expected: the twin's run and lease stay (they used to be
+               orchestrator process here reaps dead runs. Expected: the twin's run and lease stay (they used to be
                reaped at once, because its pid is no process of this namespace).
 """
 
@@ -82,11 +82,26 @@ def _running(db: Path) -> list[int]:
         engine.dispose()
 
 
+_REAPER = """
+import json, sys
+from flows.settings import Settings
+from results.db import make_engine
+from results.liveness import reap_stale_runs
+settings = Settings.resolve(data_dir=sys.argv[1])  # $EDGEFARM_HEARTBEAT_S: the stale limit, as a run's start reads it
+print(json.dumps(reap_stale_runs(make_engine(settings.db_url))))
+"""
+
+
 def _reap_here(tmp_path: Path, inventory: Path, data: Path) -> subprocess.CompletedProcess[str]:
-    nothing = tmp_path / "nothing.yml"
-    nothing.write_text(yaml.safe_dump(NOTHING))
-    return subprocess.run(_nightly(nothing, inventory, data, "--json"), env=_env(data), cwd=REPO,
+    """A second orchestrator process on this machine reaping dead runs, as every run's start does
+    (flows.execute.execute_plan). A nightly with nothing to run no longer opens a run, so it reaps nothing."""
+    return subprocess.run([sys.executable, "-c", _REAPER, str(data)], env=_env(data), cwd=REPO,
                           capture_output=True, text=True, timeout=600)
+
+
+def _reaped(done: subprocess.CompletedProcess[str]) -> dict[int, str]:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def test_a_suspended_orchestrator_reaped_meanwhile_is_not_passed_when_it_resumes(
@@ -111,8 +126,8 @@ def test_a_suspended_orchestrator_reaped_meanwhile_is_not_passed_when_it_resumes
         (run_id,) = _running(db)
         first.send_signal(signal.SIGSTOP)  # a laptop lid, a VM pause
         time.sleep(6 * BEAT_S)  # twice the stale limit
-        second = _reap_here(tmp_path, farm_dirs["inventory"], data)
-        assert second.returncode == 5, second.stdout + second.stderr
+        reaped = _reaped(_reap_here(tmp_path, farm_dirs["inventory"], data))
+        assert run_id in reaped, reaped
         engine = make_engine(f"sqlite:///{db}")
         taken = try_acquire(engine, "local-cpu", 2, slots=2, ttl_s=600)  # the second run takes the device
         assert taken is not None, live_leases(engine, "local-cpu")
@@ -190,19 +205,21 @@ def test_a_twin_machines_live_run_with_this_host_name_is_not_reaped(
         run_id, pid, holder = twin.stdout.readline().split()
         assert int(pid) >= base and not pid_alive(int(pid)), pid  # its pid is no process here
         reaper = _reap_here(tmp_path, farm_dirs["inventory"], data)
+        reaped = _reaped(reaper)
         running = _running(db)
         engine = make_engine(f"sqlite:///{db}")
         held = [x.holder for x in live_leases(engine, "local-cpu")]
         grabbed = try_acquire(engine, "local-cpu", 2, slots=2)
         engine.dispose()
         table.append({"fault": f"a twin orchestrator with this host name in its own pid namespace (pid {pid}, no "
-                               f"process here) holds a live run and a device lease; a nightly here reaps",
+                               f"process here) holds a live run and a device lease; an orchestrator here reaps",
                       "expected": "the twin's run stays running and its lease stands (a fresh heartbeat is alive)",
-                      "observed": f"reaper exit {reaper.returncode}; running runs {running}; leases {held}; the "
+                      "observed": f"reaper exit {reaper.returncode}, reaped {reaped or 'none'}; running runs "
+                                  f"{running}; leases {held}; the "
                                   f"device {'was taken' if grabbed else 'stayed held'}",
-                      "ok": reaper.returncode == 5 and running == [int(run_id)] and held == [holder] and not grabbed,
+                      "ok": not reaped and running == [int(run_id)] and held == [holder] and not grabbed,
                       "wall_s": round(time.monotonic() - t0, 1)})
-        assert reaper.returncode == 5, reaper.stdout + reaper.stderr
+        assert reaped == {}, reaped
         assert running == [int(run_id)]  # its heartbeat is fresh: alive, whatever its pid
         assert held == [holder]
         assert grabbed is None  # its lease stands: the device is not free

@@ -123,7 +123,7 @@ def _suspended_plan(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(execute, "submit_jobs", submit_jobs)
     monkeypatch.setattr(execute, "timing_summary", lambda *a: {})
     monkeypatch.setattr(execute, "toolchain_versions", lambda: {"edgellm-farm": "0.1.0"})
-    plan = SimpleNamespace(kind="nightly", runnable=lambda: [], sources={}, quantize_on=None)
+    plan = SimpleNamespace(kind="nightly", name="nightly", jobs=[], runnable=lambda: [], sources={}, quantize_on=None)
     settings = Settings(db_url=url, data_dir=tmp_path, inventory_dir=tmp_path, docs_dir=tmp_path / "docs")
     with pytest.raises(RunReaped) as caught:
         execute.execute_plan(plan, settings, trigger="test")  # type: ignore[arg-type]
@@ -236,14 +236,18 @@ def test_a_fresh_lease_of_another_machine_with_the_same_host_name_is_not_reclaim
 
 
 def test_the_heartbeat_period_comes_from_the_environment_and_bad_values_are_named(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from flows.settings import Settings
+
     monkeypatch.setenv("EDGEFARM_HEARTBEAT_S", "0.5")
+    Settings.resolve(data_dir=tmp_path)  # the settings read the farm's environment, and set the period
     assert (heartbeat_s(), stale_limit_s()) == (0.5, 1.5)
     for bad in ("soon", "0", "nan", "-1"):
         monkeypatch.setenv("EDGEFARM_HEARTBEAT_S", bad)
         with pytest.raises(ConfigurationError, match=f"bad \\$EDGEFARM_HEARTBEAT_S '{bad}': need seconds"):
-            stale_limit_s()
+            Settings.resolve(data_dir=tmp_path)
     monkeypatch.delenv("EDGEFARM_HEARTBEAT_S")
+    Settings.resolve(data_dir=tmp_path)
     assert (heartbeat_s(), stale_limit_s()) == (20.0, 60.0)
 
 

@@ -153,3 +153,18 @@ def test_a_site_matrix_replaces_the_shipped_nightly(site: Path, tmp_path: Path) 
     assert plan["name"] == "lab-nightly"
     decided = {j["model"]: j["decision"] for j in plan["jobs"]}
     assert decided == {"stories260K": "run", "site-llama-big": "not_applicable"}
+
+
+def test_the_settings_of_a_process_without_the_command_line_resolve(tmp_path: Path) -> None:
+    """A Prefect worker or any process that never imported the command line resolves its settings (it raised
+    KeyError: 'set' before the site directory was configured by the CLI's import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flows.settings import Settings; from devices.site import current; "
+            "Settings.resolve(data_dir=sys.argv[1]); print(current())")
+    env = {k: v for k, v in os.environ.items() if k != "EDGEFARM_SITE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
