@@ -15,7 +15,7 @@ from results.migrate import current_revision, head_revision, schema_diff, upgrad
 
 TABLES = {"runs", "results", "metrics", "metric_baselines", "artifact_refs", "device_health", "toolchain_versions",
           "lease_devices", "device_leases", "row_latest", "attempts", "cache_entries", "alembic_version",
-          "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers"}
+          "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers", "bisections"}
 
 
 def test_upgrade_from_empty_and_models_match(db_url: str) -> None:
