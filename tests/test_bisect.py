@@ -254,6 +254,7 @@ def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer:
         assert rec.first_bad_subject == f"change {PLANTED} plants the regression"
         assert (rec.good_run_id, rec.bad_run_id, rec.good_ref, rec.bad_ref) == (1, 2, "1", "2")
         assert (rec.good_sha, rec.bad_sha) == (shas[1], shas[-1])
+        assert rec.toolchain == "edgellm-ort" and rec.checkpoint_sha256 == answer["checkpoint_sha256"]
         assert [p["revision"] for p in rec.probes] == [p["revision"] for p in answer["probes"]]
         assert bisections_of_run(engine, 1) == {}
         line = f"first bad: {shas[PLANTED][:12]} change {PLANTED} plants the regression"

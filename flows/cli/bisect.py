@@ -125,11 +125,13 @@ def _record(db_url: str, answer: dict[str, Any], good_ref: str, bad_ref: str, ro
     from results.bisections import from_answer, record_bisection
     from results.db import make_engine
 
+    sides = answer.get("runs") or []  # the row form's two runs (results.row_inputs.RowInputs.to_json)
+    toolchain = sides[-1].get("job_toolchain") if sides else None
     engine = make_engine(db_url)
     try:
         answer["bisection_id"] = record_bisection(engine, from_answer(
-            answer, good_ref=good_ref, bad_ref=bad_ref, row=row, good_run_id=runs[0] if runs else None,
-            bad_run_id=runs[1] if runs else None))
+            answer, good_ref=good_ref, bad_ref=bad_ref, row=row, toolchain=toolchain,
+            good_run_id=runs[0] if runs else None, bad_run_id=runs[1] if runs else None))
     finally:
         engine.dispose()
 
