@@ -78,6 +78,13 @@ def bisections_of_run(engine: Engine, bad_run_id: int) -> dict[RowKey, Bisection
         return _latest(_typed(b) for b in rows)
 
 
+def bisections_of_checkpoint(engine: Engine, checkpoint_sha256: str) -> list[BisectionRecord]:
+    """Every bisection of a checkpoint (by its digest), oldest first."""
+    with Session(engine) as s:
+        return [_typed(b) for b in s.scalars(select(Bisection).where(Bisection.checkpoint_sha256 == checkpoint_sha256)
+                                             .order_by(Bisection.id))]
+
+
 def latest_bisections(engine: Engine | Session, rows: Iterable[RowKey]) -> dict[RowKey, BisectionRecord]:
     """The latest bisection of each of ``rows`` that has one (what ``edgefarm compare`` shows by a regression)."""
     wanted = set(rows)

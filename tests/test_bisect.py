@@ -130,6 +130,28 @@ def test_no_probe_changes_the_outcome_is_exit_1(synthetic: dict[str, Any], tmp_p
     assert "no probe changes the outcome" in output and f"--good {shas[PLANTED + 1][:7]} is bad" in output
 
 
+def test_a_checkpoint_bisection_with_db_records_its_digest_and_no_answer(synthetic: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    """--checkpoint with --db: the answer (here none) is recorded by the checkpoint's digest, with no row."""
+    from edgellm.reference import checkpoint_digest
+    from results.bisections import bisections_of_checkpoint
+    from results.db import make_engine
+    from results.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    shas = synthetic["shas"]
+    code, _, answer = _bisect(synthetic, tmp_path, "--db", url, good=shas[PLANTED + 1], bad=shas[-1])
+    assert code == 1 and answer is not None
+    [rec] = bisections_of_checkpoint(engine, checkpoint_digest(synthetic["ckpt"]))
+    engine.dispose()
+    assert (rec.id, rec.row, rec.found, rec.first_bad, rec.good_sha, len(rec.probes)) == (
+        answer["bisection_id"], None, False, None, shas[PLANTED + 1], 2)
+    assert rec.line() == f"bisected: no answer ({answer['reason']})"
+    assert answer["reason"].startswith("no probe changes the outcome")
+
+
 def test_max_probes_leaves_a_range_and_exit_1(synthetic: dict[str, Any], tmp_path: Path) -> None:
     code, output, answer = _bisect(synthetic, tmp_path, "--max-probes", "3")
     assert code == 1, output
