@@ -111,13 +111,15 @@ def _latest(records: Iterable[BisectionRecord]) -> dict[RowKey, BisectionRecord]
 def from_answer(answer: Mapping[str, Any], *, good_ref: str, bad_ref: str, row: RowKey | None = None,
                 toolchain: str | None = None, good_run_id: int | None = None,
                 bad_run_id: int | None = None) -> BisectionRecord:
-    """The record of one answer of the bisect flow (``flows.bisect``: found, first_bad, probes ...)."""
+    """The record of one answer of ``edgefarm bisect`` (the flow's ``found``, ``first_bad``, ``probes`` ... with the
+    request's ``precision``, ``platform`` and ``checkpoint_sha256``); a probe keeps its revision, status, seconds,
+    cached, failing step and subject."""
     probes = [{k: p.get(k) for k in ("revision", "status", "seconds", "cached", "step", "subject")}
               for p in answer.get("probes") or []]
+    model, precision, platform = row if row else (None, str(answer["precision"]), str(answer["platform"]))
     return BisectionRecord(
-        precision=str(row[1] if row else answer.get("precision")), platform=str(row[2] if row else
-                                                                                 answer.get("platform")),
-        model=row[0] if row else None, toolchain=toolchain, checkpoint_sha256=answer.get("checkpoint_sha256"),
+        precision=precision, platform=platform, model=model, toolchain=toolchain,
+        checkpoint_sha256=answer.get("checkpoint_sha256"),
         good_ref=good_ref, bad_ref=bad_ref, good_run_id=good_run_id, bad_run_id=bad_run_id,
         good_sha=answer.get("good"), bad_sha=answer.get("bad"), found=bool(answer.get("found")),
         reason=answer.get("reason"), first_bad=answer.get("first_bad"),
