@@ -48,7 +48,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from edgellm.errors import BugError, ConfigurationError
 from edgellm.files import write_text_atomic
 from flows.docs_render import scrub
 from flows.escape import markdown_text
+from results.bisections import latest_bisections
 from results.models import Metric, Result, ResultStatus, Run, RunKind
 from results.queries import RowKey, RowStatus, row_history
 from results.regressions import K_MAD, MAD_TO_SIGMA
@@ -239,15 +240,21 @@ class StatusChange:
     a: RowSide
     b: RowSide
     stages: dict[str, tuple[str | None, str | None]]  # stages whose worst status changed: (A, B), None = absent
+    bisected: str | None = None  # a regression's recorded bisection: "first bad: <sha12> <subject>"
 
     @property
     def regression(self) -> bool:
         return self.a.verdict in SUPPORTED and self.b.verdict not in SUPPORTED
 
+    def why(self) -> str:
+        """Why B, with the bisection's answer when the row was bisected."""
+        return "; ".join(x for x in (self.b.why(self.stages), self.bisected) if x) or "-"
+
     def to_json(self) -> dict[str, Any]:
         return {"row": self.row.to_json(), "a": self.a.to_json(), "b": self.b.to_json(),
                 "verdict": [self.a.verdict, self.b.verdict], "regression": self.regression,
-                "stages": {k: list(v) for k, v in self.stages.items()}}
+                "stages": {k: list(v) for k, v in self.stages.items()},
+                **({"bisected": self.bisected} if self.bisected else {})}
 
 
 @dataclass(frozen=True)
@@ -581,7 +588,23 @@ def build_comparison(db: Engine | Session, a: Side, b: Side, *, data_dir: Path |
                                      "different runs")
         rows_a, rows_b = _row_sides(s, ra), _row_sides(s, rb)
         history = _histories(s, ra, rb, common_metrics(rows_a, rows_b))
-    return compare_rows(ra.label, rb.label, slug, rows_a, rows_b, history)
+        c = compare_rows(ra.label, rb.label, slug, rows_a, rows_b, history)
+        return with_bisections(s, c)
+
+
+def _bisect_key(row: RowId) -> tuple[str, str, str]:
+    j = row.to_json()
+    return (j["model"], j["precision"], j["platform"])
+
+
+def with_bisections(s: Session, c: Comparison) -> Comparison:
+    """Each regression with its row's latest recorded bisection (``results.bisections``), when it has one."""
+    found = latest_bisections(s, [_bisect_key(ch.row) for ch in c.regressions])
+    if not found:
+        return c
+    changed = [replace(ch, bisected=found[_bisect_key(ch.row)].line())
+               if ch.regression and _bisect_key(ch.row) in found else ch for ch in c.changed]
+    return replace(c, changed=changed)
 
 
 def _session(db: Engine | Session) -> AbstractContextManager[Session]:
@@ -645,7 +668,7 @@ def render_markdown(c: Comparison, *, generated_at: str, db_label: str) -> str:
 
     table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "why (B)", "run A", "run B"),
           [[*_row_cells(ch.row), ch.a.verdict, ch.b.verdict + (" (regression)" if ch.regression else ""),
-            stage_text(ch.stages), ch.b.why(ch.stages) or "-", ch.a.run_id, ch.b.run_id] for ch in c.changed])
+            stage_text(ch.stages), ch.why(), ch.a.run_id, ch.b.run_id] for ch in c.changed])
     table("Rows gained (in B, not in A)", (*_ROW_HEAD, "B", "run B"),
           [[*_row_cells(r), s.verdict, s.run_id] for r, s in c.gained])
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),
@@ -700,7 +723,7 @@ def render_html(c: Comparison, *, generated_at: str, db_label: str) -> str:
     table("Status changes", (*_ROW_HEAD, "A", "B", "stages", "why (B)", "run A", "run B"),
           [("regression" if ch.regression else "",
             [*row(ch.row), status(ch.a.verdict), status(ch.b.verdict), e(stage_text(ch.stages)),
-             e(ch.b.why(ch.stages) or "-"), e(str(ch.a.run_id)), e(str(ch.b.run_id))]) for ch in c.changed])
+             e(ch.why()), e(str(ch.a.run_id)), e(str(ch.b.run_id))]) for ch in c.changed])
     table("Rows gained (in B, not in A)", (*_ROW_HEAD, "B", "run B"),
           [("", [*row(r), status(s.verdict), e(str(s.run_id))]) for r, s in c.gained])
     table("Rows lost (in A, not in B)", (*_ROW_HEAD, "A", "run A"),

@@ -147,6 +147,14 @@ def summary_counts(secs: Sequence[Section], states: Mapping[str, Support]) -> di
     return {s: n for s, n in counts.items() if n}
 
 
+def bisection_line(run: Mapping[str, object], sec: Section) -> str | None:
+    """``first bad: <sha12> <subject>`` of a row this run is the bad end of (``run["bisections"]``: (model,
+    precision, platform) -> the line; unescaped)."""
+    found = run.get("bisections") or {}
+    key = (str(sec.results[0]["model"]), sec.precision, sec.platform)
+    return found.get(key) if isinstance(found, Mapping) else None
+
+
 def _info_lines(run: Mapping[str, object]) -> list[tuple[str, object]]:
     return [(key, run.get(key)) for key in ("status", "trigger", "code_version", "started_at", "finished_at")]
 
@@ -191,6 +199,9 @@ def render_markdown(run: Mapping[str, object], results: Sequence[Mapping[str, ob
         if state is not None:
             lines += [f"Status: {markdown_text(state.status.display)}"
                       + (f"; root cause: {markdown_text(state.reason)}" if state.reason else "") + ".", ""]
+        bisected = bisection_line(run, sec)
+        if bisected:
+            lines += [f"Bisected: {markdown_text(bisected)}.", ""]
         lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for res, reason in zip(sec.results, reasons_once(sec.results), strict=True):
             arts = ", ".join(f"[{markdown_text(k)}:{s[:12]}]({logs[s]})" if s in logs
@@ -256,6 +267,9 @@ def render_html(run: Mapping[str, object], results: Sequence[Mapping[str, object
         if state is not None:
             out.append(f"<p class='status'>Status: <b>{e(state.status.display)}</b>"
                        + (f"; root cause: {e(state.reason)}" if state.reason else "") + "</p>")
+        bisected = bisection_line(run, sec)
+        if bisected:
+            out.append(f"<p class='bisected'>Bisected: {e(bisected)}.</p>")
         out.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in COLUMNS) + "</tr>")
         for res, reason in zip(sec.results, reasons_once(sec.results), strict=True):
             arts = ", ".join(f"<a class='log' href='{e(logs[s])}'>{e(k)}:{e(s[:12])}</a>" if s in logs

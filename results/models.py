@@ -353,6 +353,36 @@ class RunWorker(Base):
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class Bisection(Base):
+    """An answer of ``edgefarm bisect``: of a row (model, precision, platform, job toolchain; the good and bad runs
+    when the row form was used) or of a checkpoint (its digest), between two ends (as given and as resolved), with
+    the first bad commit (full sha) and its subject, the last good one, and every probe (JSON). Names are plain
+    strings (``results.bisections`` reads and writes it)."""
+
+    __tablename__ = "bisections"
+    __table_args__ = (Index("ix_bisections_model_precision_platform", "model", "precision", "platform"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str | None] = mapped_column(String(200))  # None: a --checkpoint bisection
+    precision: Mapped[str] = mapped_column(String(64))
+    platform: Mapped[str] = mapped_column(String(100))
+    toolchain: Mapped[str | None] = mapped_column(String(100))
+    checkpoint_sha256: Mapped[str | None] = mapped_column(String(64))
+    good_ref: Mapped[str] = mapped_column(String(200))  # as given: a revision, or a run id with --row
+    bad_ref: Mapped[str] = mapped_column(String(200))
+    good_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    bad_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), index=True)
+    good_sha: Mapped[str | None] = mapped_column(String(64))
+    bad_sha: Mapped[str | None] = mapped_column(String(64))
+    found: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str | None] = mapped_column(Text)  # why not found
+    first_bad: Mapped[str | None] = mapped_column(String(64))
+    first_bad_subject: Mapped[str | None] = mapped_column(Text)
+    last_good: Mapped[str | None] = mapped_column(String(64))
+    probes: Mapped[list[Any]] = mapped_column(JSON)  # [{revision, status, seconds, ...}]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class Environment(Base):
     """One distinct environment results ran in (a device's: L4T/JetPack, the runtime libraries, CUDA, driver, the
     toolchain build's release and revision, power mode, clocks; or the orchestrator's), stored once by its digest."""

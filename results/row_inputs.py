@@ -23,6 +23,7 @@ class RowInputs:
     toolchains: dict[str, str] = field(default_factory=dict)
     checkpoint_sha256: str | None = None
     status: str = ""  # fail when any of the row's stages failed or errored, else pass (skips, n/a: their own)
+    job_toolchain: str | None = None  # the toolchain the row's job ran (None: several, or not recorded)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +39,8 @@ def row_inputs(db: Engine, run_id: int, model: str, precision: str, platform: st
         worker = c.execute(select(RunWorker.revision, RunWorker.source_digest, RunWorker.toolchains)
                            .where(RunWorker.run_id == run_id, RunWorker.role == "orchestrator")
                            .order_by(RunWorker.id)).first()
-        rows = c.execute(select(Result.status, Result.model_revision, Result.toolchain, Result.toolchain_version)
+        rows = c.execute(select(Result.status, Result.model_revision, Result.toolchain, Result.toolchain_version,
+                                Result.job_toolchain)
                          .where(Result.run_id == run_id, Result.model == model, Result.precision == precision,
                                 Result.platform == platform)).all()
     if not rows:
@@ -51,10 +53,12 @@ def row_inputs(db: Engine, run_id: int, model: str, precision: str, platform: st
     if worker is not None:
         toolchains = {**{str(k): str(v) for k, v in (worker.toolchains or {}).items()}, **toolchains}
     digests = sorted({r.model_revision for r in rows if r.model_revision})
+    jobs = sorted({str(r.job_toolchain) for r in rows if r.job_toolchain})
     return RowInputs(run_id=run_id, code_version=run.code_version,
                      revision=worker.revision if worker is not None else None,
                      source_digest=worker.source_digest if worker is not None else None, toolchains=toolchains,
-                     checkpoint_sha256=digests[0] if len(digests) == 1 else None, status=status)
+                     checkpoint_sha256=digests[0] if len(digests) == 1 else None, status=status,
+                     job_toolchain=jobs[0] if len(jobs) == 1 else None)
 
 
 def changed(good: RowInputs, bad: RowInputs) -> dict[str, list[Any]]:

@@ -130,6 +130,28 @@ def test_no_probe_changes_the_outcome_is_exit_1(synthetic: dict[str, Any], tmp_p
     assert "no probe changes the outcome" in output and f"--good {shas[PLANTED + 1][:7]} is bad" in output
 
 
+def test_a_checkpoint_bisection_with_db_records_its_digest_and_no_answer(synthetic: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    """--checkpoint with --db: the answer (here none) is recorded by the checkpoint's digest, with no row."""
+    from edgellm.reference import checkpoint_digest
+    from results.bisections import bisections_of_checkpoint
+    from results.db import make_engine
+    from results.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    shas = synthetic["shas"]
+    code, _, answer = _bisect(synthetic, tmp_path, "--db", url, good=shas[PLANTED + 1], bad=shas[-1])
+    assert code == 1 and answer is not None
+    [rec] = bisections_of_checkpoint(engine, checkpoint_digest(synthetic["ckpt"]))
+    engine.dispose()
+    assert (rec.id, rec.row, rec.found, rec.first_bad, rec.good_sha, len(rec.probes)) == (
+        answer["bisection_id"], None, False, None, shas[PLANTED + 1], 2)
+    assert rec.line() == f"bisected: no answer ({answer['reason']})"
+    assert answer["reason"].startswith("no probe changes the outcome")
+
+
 def test_max_probes_leaves_a_range_and_exit_1(synthetic: dict[str, Any], tmp_path: Path) -> None:
     code, output, answer = _bisect(synthetic, tmp_path, "--max-probes", "3")
     assert code == 1, output
@@ -235,6 +257,56 @@ def test_row_form_bisects_the_farm_revisions_of_two_runs(synthetic: dict[str, An
     answer = json.loads(out.read_text())
     assert answer["first_bad"] == shas[PLANTED] and answer["changed"] == {"revision": [shas[1], shas[-1]]}
     assert [r["status"] for r in answer["runs"]] == ["pass", "fail"]
+    _check_recorded_and_shown(url, tmp_path, shas, answer)
+
+
+def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer: dict[str, Any]) -> None:
+    """The answer is a typed row of ``bisections`` (bad run 2), and run 2's pages and a compare page of runs 1 and
+    2 say ``first bad: <sha12> <subject>`` for the row."""
+    from flows.compare import RunSide, build_comparison, render_html, render_markdown
+    from flows.docs import write_run_pages
+    from results.bisections import bisections_of_run, latest_bisections
+    from results.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        rec = bisections_of_run(engine, 2)[("tiny", "fp32", "x86-cpu")]
+        assert rec.id == answer["bisection_id"] and rec.found and rec.reason is None
+        assert (rec.first_bad, rec.last_good) == (shas[PLANTED], shas[PLANTED - 1])
+        assert rec.first_bad_subject == f"change {PLANTED} plants the regression"
+        assert (rec.good_run_id, rec.bad_run_id, rec.good_ref, rec.bad_ref) == (1, 2, "1", "2")
+        assert (rec.good_sha, rec.bad_sha) == (shas[1], shas[-1])
+        assert rec.toolchain == "edgellm-ort" and rec.checkpoint_sha256 == answer["checkpoint_sha256"]
+        assert [p["revision"] for p in rec.probes] == [p["revision"] for p in answer["probes"]]
+        assert bisections_of_run(engine, 1) == {}
+        line = f"first bad: {shas[PLANTED][:12]} change {PLANTED} plants the regression"
+        assert rec.line() == line
+        assert latest_bisections(engine, [("tiny", "fp32", "x86-cpu")])[("tiny", "fp32", "x86-cpu")].id == rec.id
+        assert write_run_pages(engine, tmp_path / "docs", [1, 2], None) == [1, 2]
+        runs = tmp_path / "docs" / "runs"
+        assert f"Bisected: {line}." in (runs / "run-2.md").read_text()
+        assert f"<p class='bisected'>Bisected: {line}.</p>" in (runs / "run-2.html").read_text()
+        assert "first bad" not in (runs / "run-1.md").read_text()
+        c = build_comparison(engine, RunSide(1), RunSide(2))
+        assert [ch.bisected for ch in c.regressions] == [line]
+        assert line in render_markdown(c, generated_at="now", db_label="test")
+        assert line in render_html(c, generated_at="now", db_label="test")
+    finally:
+        engine.dispose()
+
+
+def test_a_subject_is_escaped_on_the_pages() -> None:
+    from flows.docs_runs import render_html, render_markdown
+
+    run = {"id": 2, "kind": "nightly", "status": "failed", "trigger": "t", "code_version": "v", "started_at": "s",
+           "bisections": {("tiny", "fp32", "x86-cpu"): "first bad: 0123456789ab <script>x</script> *bold*"}}
+    results = [{"model": "tiny", "precision": "fp32", "platform": "x86-cpu", "stage": "export", "status": "fail",
+                "toolchain": "edgellm-ort", "job_toolchain": "edgellm-ort", "reason": "r", "metrics": [],
+                "artifacts": []}]
+    page = render_html(run, results)
+    assert "<script>x" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    md = render_markdown(run, results)
+    assert "Bisected: first bad: 0123456789ab" in md and "\\<script>x\\</script> \\*bold\\*." in md
 
 
 def test_row_form_refuses_runs_of_one_revision(synthetic: dict[str, Any], tmp_path: Path) -> None:
@@ -275,3 +347,11 @@ def test_bisect_regressions_after_a_nightly_bisects_each_newly_failing_row(synth
     assert [r["row"] for r in answer["rows"]] == [["stories260K", "fp32", "x86-cpu"]]
     assert answer["rows"][0]["first_bad"] == shas[PLANTED]
     assert f"stories260K fp32 x86-cpu: first bad {shas[PLANTED][:7]}" in result.output
+    from results.bisections import bisections_of_run
+    from results.db import make_engine
+
+    engine = make_engine(url)
+    rec = bisections_of_run(engine, 2)[("stories260K", "fp32", "x86-cpu")]
+    engine.dispose()
+    assert (rec.first_bad, rec.good_run_id, rec.bad_run_id) == (shas[PLANTED], 1, 2)
+    assert rec.id == answer["rows"][0]["bisection_id"]

@@ -15,7 +15,7 @@ from results.migrate import current_revision, head_revision, schema_diff, upgrad
 
 TABLES = {"runs", "results", "metrics", "metric_baselines", "artifact_refs", "device_health", "toolchain_versions",
           "lease_devices", "device_leases", "row_latest", "attempts", "cache_entries", "alembic_version",
-          "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers"}
+          "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers", "bisections"}
 
 
 def test_upgrade_from_empty_and_models_match(db_url: str) -> None:
@@ -178,5 +178,47 @@ def test_workers_starting_together_on_a_new_database_migrate_it_once(db_url: str
         t.join(timeout=60)
     assert errors == [] and done == [head_revision()] * 4
     engine = make_engine(db_url)
+    assert schema_diff(engine) == []
+    engine.dispose()
+
+
+def test_0015_bisections_round_trip_and_downgrade(db_url: str) -> None:
+    """A bisection written through ``results.bisections`` reads back as the same typed row on both backends; a run
+    deleted leaves it with no run id; downgrade to 0014 drops the table, upgrade restores a matching schema."""
+    from alembic import command
+    from sqlalchemy import delete
+    from sqlalchemy.orm import Session
+
+    from results.bisections import BisectionRecord, bisections_of_run, latest_bisections, record_bisection
+    from results.migrate import alembic_config
+    from results.models import Run
+    from results.recorder import Recorder
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    good, bad = rec.start_run("nightly", "cron", "v1"), rec.start_run("nightly", "cron", "v2")
+    probes = [{"revision": "a" * 40, "status": "good", "seconds": 1.5}, {"revision": "b" * 40, "status": "bad",
+                                                                         "seconds": 2.0}]
+    given = BisectionRecord(precision="fp32", platform="x86-cpu", good_ref=str(good), bad_ref=str(bad), found=True,
+                            model="tiny", checkpoint_sha256="c" * 64, good_run_id=good, bad_run_id=bad,
+                            good_sha="a" * 40, bad_sha="b" * 40, first_bad="b" * 40, first_bad_subject="One <b>",
+                            last_good="a" * 40, probes=probes)
+    bid = record_bisection(engine, given)
+    back = bisections_of_run(engine, bad)[("tiny", "fp32", "x86-cpu")]
+    assert back.id == bid and back.created_at is not None
+    assert back == BisectionRecord(**{**given.__dict__, "id": bid, "created_at": back.created_at})
+    assert back.line() == f"first bad: {'b' * 12} One <b>"
+    with Session(engine) as s, s.begin():
+        s.execute(delete(Run).where(Run.id == bad))
+    kept = latest_bisections(engine, [("tiny", "fp32", "x86-cpu")])[("tiny", "fp32", "x86-cpu")]
+    assert (kept.id, kept.good_run_id, kept.bad_run_id) == (bid, good, None)
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0014")
+        conn.commit()
+    assert current_revision(engine) == "0014" and "bisections" not in inspect(engine).get_table_names()
+    assert upgrade(engine) == head_revision()
     assert schema_diff(engine) == []
     engine.dispose()

@@ -119,6 +119,23 @@ def _run_flow(req: Any, facts: dict[str, object]) -> dict[str, Any]:
             "platform": req.platform, "repo": req.repo, **facts, **result}
 
 
+def _record(db_url: str, answer: dict[str, Any], good_ref: str, bad_ref: str, row: tuple[str, str, str] | None,
+            runs: tuple[int, int] | None = None) -> None:
+    """The answer into the results database (``results.bisections``), with the row and its runs when known."""
+    from results.bisections import from_answer, record_bisection
+    from results.db import make_engine
+
+    sides = answer.get("runs") or []  # the row form's two runs (results.row_inputs.RowInputs.to_json)
+    toolchain = sides[-1].get("job_toolchain") if sides else None
+    engine = make_engine(db_url)
+    try:
+        answer["bisection_id"] = record_bisection(engine, from_answer(
+            answer, good_ref=good_ref, bad_ref=bad_ref, row=row, toolchain=toolchain,
+            good_run_id=runs[0] if runs else None, bad_run_id=runs[1] if runs else None))
+    finally:
+        engine.dispose()
+
+
 def _regressions(run: int | None, output: Path, max_probes: int, steps: str, repo: Path | None, cache: bool,
                  db: str | None, data_dir: Path | None) -> None:
     """--bisect-regressions: each newly failing row of a nightly bisected in turn, the probes shared out of
@@ -149,6 +166,7 @@ def _regressions(run: int | None, output: Path, max_probes: int, steps: str, rep
                 entry.update(_run_flow(_request(top, checkpoint, row[1], row[2], g.sha, b.sha, left, wanted,
                                                 settings.data_dir if cache else None), facts))
                 left -= len(entry["probes"])
+                _record(settings.db_url, entry, str(before), str(now), row, (before, now))
             except ConfigurationError as exc:
                 entry.update(found=False, reason=str(exc))
             answers.append(entry)
@@ -218,6 +236,7 @@ def bisect(
                                          "PRECISION PLATFORM for a catalog model's)")
             checkpoint = _catalog_checkpoint(row[0], data_dir)
         top, wanted = _validate(checkpoint, precision, platform, output, max_probes, steps, repo)
+        given = (good, bad)  # with --row: the run ids
         if row is not None:
             good, bad, facts = _row_revisions(row, good, bad, db, data_dir, checkpoint)
         good_rev, bad_rev = resolve(top, good, "--good"), resolve(top, bad, "--bad")
@@ -228,6 +247,10 @@ def bisect(
         _prefect(settings.data_dir)
         with _temporary_server(settings.data_dir):
             result = _run_flow(req, facts)
+        if row is not None:
+            _record(settings.db_url, result, *given, row, (int(given[0]), int(given[1])))
+        elif db is not None:  # a --checkpoint bisection is recorded where a database is named
+            _record(settings.db_url, result, *given, None)
         output.write_text(json.dumps(result, indent=2) + "\n")
     for p in result["probes"]:
         out.print(f"{p['revision'][:7]} {p['status']:<5} {p['seconds']:7.1f} s{' cached' if p['cached'] else ''}  "
