@@ -75,3 +75,48 @@ def test_fits_on_dims_the_cells_that_exceed_the_chosen_type_in_the_browser(tab: 
     tab.js("(() => { const s = document.getElementById('f-fits'); s.value = 'orin'; "
            "s.dispatchEvent(new Event('change')); return true; })()")
     assert tab.js(dimmed) == [] and tab.js(shown) == ["big", "small", "unsized"]
+
+
+def test_the_record_task_and_the_plan_s_decisions_carry_the_estimate_to_the_matrix_rows(
+        migrated_db_url: str, tmp_path: Path) -> None:
+    """What a job's stages record (and what the plan records of a job that will not run) carries the plan's
+    estimate, and the support matrix's row reads it back beside the measured peak: no migration, one metric."""
+    from sqlalchemy import create_engine
+
+    from edgellm.types import Precision
+    from flows.docs import matrix_rows
+    from flows.pipeline import RunReport, record_plan_decisions
+    from flows.plan import Decision, Job, Plan
+    from results.models import ResultStatus
+    from results.recorder import Recorder
+    from stages.job import CheckpointRef, JobSpec
+    from stages.outcome import StageOutcome
+    from tasks.farm import Farm, FarmContext
+    from tasks.record import record
+    from test_lists.testlist import TestEntry
+
+    engine = create_engine(migrated_db_url)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "cron", "v1")
+    ctx = FarmContext(run_id=run, db_url=migrated_db_url, data_dir=str(tmp_path / "data"),
+                      inventory_dir=str(Path(__file__).resolve().parents[1] / "devices" / "inventory"))
+    try:
+        job = JobSpec(model="m", precision=Precision.FP32, platform="x86-cpu", toolchain="edgellm-ort",
+                      test_id="m-fp32", max_seq_len=64, checkpoint=CheckpointRef("m", str(tmp_path), "ab" * 32),
+                      max_batch_size=1, max_input_len=32, stages=("export",), memory_estimate_gb=1.5)
+        record.fn(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version="1",
+                                                   metrics={"decode_peak_memory_mb": (1400.0, "MiB")}))
+        entry = TestEntry(list_name="l", model="big", precision=Precision.FP32, max_seq_len=64, max_batch_size=1,
+                          max_input_len=32, stages=("export",), timeouts={})
+        refused = Job(entry=entry, platform="x86-cpu", decision=Decision.NOT_APPLICABLE, toolchain="edgellm-ort",
+                      reason="needs 30.0 GB; x86-cpu has 20 GB usable", memory={"estimate_gb": 30.0, "parts": {}})
+        record_plan_decisions(ctx, Plan(name="p", kind="nightly", jobs=[refused]), RunReport(run_id=run))
+    finally:
+        Farm.close(ctx)
+    rec.finish_run(run, "passed")
+    try:
+        rows = {r.model: r.metrics for r in matrix_rows(engine, tmp_path / "data")}
+    finally:
+        engine.dispose()
+    assert rows == {"m": {MEMORY_ESTIMATE_METRIC: 1536.0, "decode_peak_memory_mb": 1400.0},
+                    "big": {MEMORY_ESTIMATE_METRIC: 30720.0}}
