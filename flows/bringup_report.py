@@ -173,7 +173,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     for r in report["route"]:
         lines.append(f"| {t(r['platform'])} | {t(r['precision'])} | {t(r['toolchain'])} | "
                      f"{t(r['route'] or r['decision'])} |")
-    lines += ["", "## Memory fit", "", "| Platform | Toolchain | Precision | Estimate GB | Usable GB | Fits |",
+    lines += ["", "## Memory fit", "",
+              "| Platform | Toolchain | Precision | Estimate GB | Usable GB (of total) | Fits |",
               "|---|---|---|---|---|---|"]
     for f in report.get("memory_fit") or []:
         fits = {True: "✓ fits", False: "✗ does not fit", None: "not sized"}[f["fits"]]
