@@ -35,6 +35,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
+from flows.bringup_fit import memory_fit, planned_toolchains
 from flows.bringup_report import clear_planted, write_report
 from flows.docs import publish_bringup
 from flows.execute import execute_plan
@@ -173,7 +174,7 @@ def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDri
     return [toolchains.driver(n, data_dir) for n in names]
 
 
-def pipeline_plan(req: Request, settings: Settings) -> Plan:
+def pipeline_rows(req: Request) -> list[tuple[TestEntry, str]]:
     """Rung 7's rows: per platform its first precision (or the checkpoint's own), the full pipeline where the
     inventory has a device of it, the export alone where it has none."""
     carried = req.source.checkpoint_precision()
@@ -187,6 +188,12 @@ def pipeline_plan(req: Request, settings: Settings) -> Plan:
                           timeouts={s: stages.spec(s).timeout_s for s in (Stage.QUANTIZE, *DEVICE_STAGES)},
                           source=f"bring-up of {req.checkpoint}", **ENGINE_LIMITS)
         pairs.append((entry, platform))
+    return pairs
+
+
+def pipeline_plan(req: Request, settings: Settings) -> Plan:
+    """Rung 7's plan of :func:`pipeline_rows`."""
+    pairs = pipeline_rows(req)
 
     def make() -> Plan:
         return plan_entries("bring-up", RunKind.BRINGUP.value, pairs, req.inventory, req.catalog,
@@ -282,7 +289,8 @@ def bring_up(checkpoint: str, platforms: list[str] | None = None, layers: int = 
             recorder.finish_run(run_id, RunStatus.FAILED, publish=False)
     finally:
         engine.dispose()
-    report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md")
+    fit = memory_fit(pipeline_rows(req), req.source, planned_toolchains(climbed))
+    report = write_report(req, climbed, run_id, settings.docs_dir / "runs" / f"run-{run_id}.md", fit)
     publish_bringup(settings.db_url, settings.docs_dir, run_id, settings.data_dir)  # its own run page only
     stopped = report.get("stopped_at")
     if stopped:

@@ -32,7 +32,10 @@ _SHOWN = {ResultStatus.PASS: "✓ pass", ResultStatus.FAIL: "✗ fail", ResultSt
           ResultStatus.NOT_APPLICABLE: "– not applicable", ResultStatus.SKIPPED: "· not climbed"}
 
 
-def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:
+def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path,
+                 fit: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``fit``: per platform, the engine's estimated memory against its device type's usable memory
+    (``flows.bringup_fit.memory_fit``)."""
     stopped = next((r for r in climbed if r.stops), None)
     by_name = {r.name: r for r in climbed}
     config = json.loads((req.checkpoint / "config.json").read_text(encoding="utf-8"))
@@ -54,6 +57,7 @@ def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path)
         "run_page": str(run_page),
         "route": _routes(rows),
         "hardware": _hardware(req, rows),
+        "memory_fit": fit or [],
         "reconciliation": _reconciliation(by_name.get("reconciliation")),
         "rungs": [r.to_json() for r in climbed],
         "gaps": _gaps(climbed),
@@ -80,8 +84,9 @@ def clear_planted(report_dir: Path) -> None:
             path.unlink()
 
 
-def write_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path) -> dict[str, Any]:
-    report = build_report(req, climbed, run_id, run_page)
+def write_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path,
+                 fit: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    report = build_report(req, climbed, run_id, run_page, fit)
     report["report_dir"] = str(req.report_dir.resolve())
     write_atomic(req.report_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
     write_atomic(req.report_dir / "report.md", render_markdown(report))
@@ -168,6 +173,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     for r in report["route"]:
         lines.append(f"| {t(r['platform'])} | {t(r['precision'])} | {t(r['toolchain'])} | "
                      f"{t(r['route'] or r['decision'])} |")
+    lines += ["", "## Memory fit", "",
+              "| Platform | Toolchain | Precision | Estimate GB | Usable GB (of total) | Fits |",
+              "|---|---|---|---|---|---|"]
+    for f in report.get("memory_fit") or []:
+        fits = {True: "✓ fits", False: "✗ does not fit", None: "not sized"}[f["fits"]]
+        estimate = "-" if f["estimate_gb"] is None else f"{f['estimate_gb']:.2f}"
+        lines.append(f"| {t(f['platform'])} | {t(f['toolchain'])} | {t(f['precision'])} | {estimate} | "
+                     f"{f['usable_gb']:g} of {f['memory_gb']:g} | {fits}: {t(f['reason'])} |")
     hw = report["hardware"]
     lines += ["", "## Hardware", "", f"- host: {t(hw['host']['machine'])} {t(hw['host']['system'])}, "
               f"{hw['host']['cpus']} CPUs, Python {t(hw['host']['python'])}"]

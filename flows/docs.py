@@ -30,6 +30,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from devices.types import DEVICE_TYPES
 from flows import docs_runs
 from flows.compare import ensure_index as ensure_compare_index
 from flows.docs_html import html_status, render_html
@@ -294,6 +295,12 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
     return written
 
 
+def usable_memory() -> dict[str, float]:
+    """Each device type's usable memory (GiB: ``memory_gb`` less its OS share), what the matrix's "fits on" filter
+    offers: the packaged types and the site directory's."""
+    return {name: t.usable_memory_gb for name, t in DEVICE_TYPES.items()}
+
+
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     """The nightly's pages (supported-models.md, support-matrix.html, the toolchains' layouts, trends) from the
     nightly-page runs only (``results.support.NIGHTLY_PAGE_KINDS``), and the run pages they link. A test list's
@@ -310,7 +317,8 @@ def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict
         ensure_compare_index(out_dir)  # the pages link the comparisons' index: it exists before any compare
         write_atomic(out_dir / "supported-models.md", render_markdown(rows, generated_at=now, db_label=label))
         write_atomic(out_dir / "support-matrix.html",
-                     render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir))
+                     render_html(rows, generated_at=now, db_label=label, trends=trends, docs_dir=out_dir,
+                                 usable_gb=usable_memory()))
         linked = {m.previous_run_id for r in rows for m in r.regressions if m.previous_run_id is not None}
         write_run_pages(engine, out_dir, {r.run_id for r in rows} | linked, data_dir)
         # the same evidence in each toolchain's own page layout (<its directory>/supported-models.md, ...)
@@ -370,7 +378,8 @@ def publish_test_list(db_url: str, docs_dir: Path, list_name: str, run_id: int,
         write_atomic(folder / f"{name}.md", render_markdown(rows, generated_at=now, db_label=label,
                                                             title=markdown_text(title), intro=md_intro))
         write_atomic(folder / f"{name}.html", render_html(rows, generated_at=now, db_label=label, title=title,
-                                                          intro=html_intro, see_also=False))
+                                                          intro=html_intro, see_also=False,
+                                                          usable_gb=usable_memory()))
         write_run_pages(engine, docs_dir, [run_id], data_dir)
     finally:
         engine.dispose()

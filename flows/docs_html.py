@@ -10,7 +10,7 @@ import base64
 import html
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flows.docs_regressions import mark_html
@@ -29,6 +29,7 @@ from flows.docs_render import (
     status_counts,
 )
 from results.support import SupportStatus
+from stages.job import MEMORY_ESTIMATE_METRIC
 
 # one colour per status of the one vocabulary (results.support.SupportStatus), in its order
 STATUS_COLOURS = {
@@ -57,7 +58,7 @@ td.cell.selected{outline:3px solid #202124}
 #details{position:fixed;right:1em;top:1em;width:360px;max-height:90vh;overflow:auto;background:#fff;
 border:1px solid #999;box-shadow:0 2px 8px rgba(0,0,0,.25);padding:10px 14px;font-size:13px}
 #details[hidden]{display:none}#details dt{font-weight:600}#details dd{margin:0 0 6px 0;white-space:pre-wrap}
-.hidden{display:none}
+.hidden{display:none}td.cell.nofit{opacity:.3}
 """
 
 _JS = """
@@ -65,10 +66,16 @@ const CELLS = JSON.parse(document.getElementById('cell-data').textContent);
 function checkedStatuses() {
   return new Set([...document.querySelectorAll('#f-status input:checked')].map(i => i.value));
 }
+function fitsLimit() {
+  const select = document.getElementById('f-fits');
+  const opt = select ? select.selectedOptions[0] : null;
+  return opt && opt.dataset.usableMb ? Number(opt.dataset.usableMb) : Infinity;
+}
 function applyFilters() {
   const platform = document.getElementById('f-platform').value;
   const precision = document.getElementById('f-precision').value;
   const statuses = checkedStatuses();
+  const limit = fitsLimit();
   for (const sec of document.querySelectorAll('section.platform')) {
     sec.classList.toggle('hidden', platform !== 'all' && sec.dataset.platform !== platform);
     for (const el of sec.querySelectorAll('[data-precision]')) {
@@ -79,8 +86,11 @@ function applyFilters() {
       let any = false;
       for (const td of tr.querySelectorAll('td.cell')) {
         const match = td.dataset.status !== '' && statuses.has(td.dataset.status);
+        // a cell without an estimate is never dimmed: unknown is not "does not fit"
+        const nofit = td.dataset.estimateMb !== undefined && Number(td.dataset.estimateMb) > limit;
         td.classList.toggle('filtered', !match);
-        if (match && !td.classList.contains('hidden')) any = true;
+        td.classList.toggle('nofit', match && nofit);
+        if (match && !nofit && !td.classList.contains('hidden')) any = true;
       }
       tr.classList.toggle('hidden', !any);
       if (any) shownRows++;
@@ -171,8 +181,10 @@ def _cell(r: MatrixRow | None, platform: str, precision: str) -> str:
     mark = "" if state.display == state.label else state.mark + " "  # a word mark: the label alone
     bug = f" <a class='bug' href='{e(r.bug)}'>bug</a>" if r.bug else ""
     detail = metrics_text(r.metrics, " · ") if state in PASSING else (r.root_cause or r.made_by or "")
+    estimate = r.metrics.get(MEMORY_ESTIMATE_METRIC)
+    needs = "" if estimate is None else f"data-estimate-mb='{estimate:.0f}' "
     return (f"<td class='cell {e(state.value)}' data-key='{e(r.anchor)}' data-platform='{e(platform)}' "
-            f"data-precision='{e(precision)}' data-status='{e(state.value)}' "
+            f"data-precision='{e(precision)}' data-status='{e(state.value)}' {needs}"
             f"style='{_chip(state)}' title='{e(hover)}'>"
             f"<a class='evidence' href='{e(r.evidence_html)}'>{e(mark)}<b>{e(state.label)}</b> · run {r.run_id}</a>"
             f"{bug}<div class='m'>{e(detail)}</div>{mark_html(r.regressions)}</td>")
@@ -240,11 +252,24 @@ def summary_line(rows: Sequence[MatrixRow], platforms: Sequence[str]) -> str:
     return f"<p id='summary'>{'; '.join(parts)}.</p>"
 
 
+def fits_filter(usable_gb: Mapping[str, float]) -> str:
+    """The "fits on" select: one option per device type with its usable memory (GiB, as ``edgellm.memory.GB``); a
+    chosen type dims the cells whose estimate (``memory_estimate_mb``) exceeds it. Empty without device types."""
+    e = html.escape
+    if not usable_gb:
+        return ""
+    options = "".join(f"<option value='{e(name)}' data-usable-mb='{gb * 1024:.0f}'>{e(name)} ({gb:g} GB usable)"
+                      "</option>" for name, gb in sorted(usable_gb.items(), key=lambda kv: (kv[1], kv[0])))
+    return ("<label title='dims the cells whose estimated memory exceeds the usable memory of the device type'>"
+            f"Fits on <select id='f-fits'><option value='all'>any device</option>{options}</select></label>")
+
+
 def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
                 trends: Sequence[TrendImage] = (), docs_dir: Path | None = None, title: str = "Support matrix",
-                intro: str = "", see_also: bool = True) -> str:
+                intro: str = "", see_also: bool = True, usable_gb: Mapping[str, float] | None = None) -> str:
     """The page; trend PNGs are read from ``docs_dir`` and inlined (no external assets). ``title``, ``intro`` (HTML)
-    and ``see_also`` (the links to the layouts' pages and comparisons) let a test list's page use it."""
+    and ``see_also`` (the links to the layouts' pages and comparisons) let a test list's page use it;
+    ``usable_gb`` (device type -> usable memory, GiB) adds the "fits on" filter."""
     e = html.escape
     by_platform: dict[str, list[MatrixRow]] = defaultdict(list)
     for r in rows:
@@ -281,6 +306,7 @@ def render_html(rows: Sequence[MatrixRow], *, generated_at: str, db_label: str,
         + "".join(f"<label><input type='checkbox' value='{e(s.value)}' checked> {e(s.label)}</label> "
                   for s in statuses)
         + "</span>",
+        fits_filter(usable_gb or {}),
         "</div>",
     ]
     if not rows:

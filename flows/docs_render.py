@@ -43,6 +43,7 @@ CELL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("perplexity_ratio", "ppl ratio", "{:.4f}"),
     ("logits_max_abs_diff", "max abs Δlogit", "{:.1e}"),
     ("greedy_match_fraction", "greedy match", "{:.0%}"),
+    ("memory_estimate_mb", "estimated memory MiB", "{:.0f}"),  # the plan's estimate (devices.memory_fit)
     ("decode_peak_memory_mb", "peak memory MiB", "{:.0f}"),  # the engine's measured peak (edgellm bench)
 )
 DIRECT_ONLY = SupportStatus.CHECKPOINT_DIRECT.label

@@ -27,7 +27,7 @@ import stages
 from flows.plan import Decision, Job, Plan
 from results.models import ResultStatus
 from stages import Where
-from stages.job import CheckpointRef, JobSpec, chosen_versions, job_key
+from stages.job import CheckpointRef, JobSpec, chosen_versions, estimate_metric, job_key
 from stages.outcome import StageOutcome
 from tasks.common import stage_task
 from tasks.environment import host_record
@@ -99,7 +99,7 @@ def job_spec(job: Job, checkpoint: CheckpointRef, source: ModelSource | None = N
                    chat_template=None if template is None else str(template),
                    thresholds=dict(source.thresholds.get(e.precision, {})) if source is not None else {},
                    calibration_samples=source.calibration_samples if source is not None else None,
-                   toolchain_versions=e.toolchain_versions)
+                   toolchain_versions=e.toolchain_versions, memory_estimate_gb=job.memory_estimate_gb)
 
 
 def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> None:
@@ -113,7 +113,7 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
         rows += [{"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
                   "test_id": job.test_id, "status": status, "reason": job.reason, "toolchain": job.toolchain,
                   "job_toolchain": job.toolchain, "chosen_versions": chosen_versions(job.entry.toolchain_versions),
-                  "variant": job.entry.variant,
+                  "variant": job.entry.variant, "metrics": estimate_metric(job.memory_estimate_gb),
                   "environment": host_record()}  # decided by the orchestrator
                  for stage in job.entry.stages if stages.spec(stage).recorded]
         report.planned[job.key] = status

@@ -82,6 +82,11 @@ class Job:
     memory: dict[str, Any] | None = None
 
     @property
+    def memory_estimate_gb(self) -> float | None:
+        """The estimate alone (GiB), what the job's results record; None when it was not sized."""
+        return None if self.memory is None else float(self.memory["estimate_gb"])
+
+    @property
     def model(self) -> str:
         return self.entry.model
 

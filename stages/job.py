@@ -21,6 +21,15 @@ def chosen_versions(versions: tuple[tuple[str, str], ...]) -> str | None:
     return ", ".join(f"{t}=={v}" for t, v in versions) or None
 
 
+MEMORY_ESTIMATE_METRIC = "memory_estimate_mb"  # the plan's estimate of a row's engine memory (MiB), per result
+
+
+def estimate_metric(estimate_gb: float | None) -> dict[str, tuple[float, str]]:
+    """``{memory_estimate_mb: (MiB, "MiB")}`` for a plan's ``estimate_gb`` (GiB, as ``edgellm.memory.GB``); empty
+    for None."""
+    return {} if estimate_gb is None else {MEMORY_ESTIMATE_METRIC: (round(estimate_gb * 1024, 1), "MiB")}
+
+
 def job_key(test_id: str, platform: str) -> str:
     """The one name of a job (a test on a platform) in a run: plans, progress, reports and attempts use it."""
     return f"{test_id}@{platform}"
@@ -73,6 +82,9 @@ class JobSpec:
     after: str | None = None
     # the checkpoints its variant reads besides its own, by role (Features.part_models: draft, lora, vocab)
     parts: tuple[tuple[str, CheckpointRef], ...] = ()
+    # the plan's estimate of the engine's memory on its platform (devices.memory_fit; None: not sized): recorded
+    # with each stage's metrics as ``memory_estimate_mb`` so the pages show it beside the measured peak
+    memory_estimate_gb: float | None = field(default=None, hash=False, compare=False)
 
     def part(self, role: str) -> CheckpointRef | None:
         return dict(self.parts).get(role)
@@ -87,6 +99,11 @@ class JobSpec:
         """The checkpoint the transformers reference reads: the float base of a pre-quantized one, else the
         source."""
         return self.reference_checkpoint if self.reference_checkpoint is not None else self.checkpoint
+
+    @property
+    def estimate_metrics(self) -> dict[str, tuple[float, str]]:
+        """The plan's memory estimate as a metric of the row (none when the plan could not size it)."""
+        return estimate_metric(self.memory_estimate_gb)
 
     @property
     def chosen_versions(self) -> str | None:

@@ -45,7 +45,8 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
             test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
             toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
             reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
-            metrics=result.metrics, artifacts=result.artifacts, route=result.route, standin=result.standin,
+            metrics={**job.estimate_metrics, **result.metrics},  # the plan's estimate beside what the stage measured
+            artifacts=result.artifacts, route=result.route, standin=result.standin,
             chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's; toolchain: the maker's
             variant=job.variant,
             environment=result.environment or host_record(), bench_conditions=result.bench_conditions,

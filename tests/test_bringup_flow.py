@@ -91,6 +91,10 @@ def test_a_registered_family_climbs_every_rung_on_x86_cpu(data_dir: Path, farm_d
     assert all(s["status"] == "pass" for s in pipeline.values())
     md = (report_dir / "report.md").read_text()
     assert "**Passed**" in md and "| 7 | Export, build, infer, accuracy, bench | ✓ pass |" in md
+    fit = on_disk["memory_fit"]  # issue 37: the estimate against the platform's usable memory
+    assert [(f["platform"], f["toolchain"], f["fits"]) for f in fit] == [("x86-cpu", "edgellm-ort", True)]
+    assert 0 < fit[0]["estimate_gb"] < fit[0]["usable_gb"] < fit[0]["memory_gb"]
+    assert "## Memory fit" in md and "| x86-cpu | edgellm-ort | fp32 |" in md and "✓ fits: needs" in md
     own_page = Path(report["run_page"])  # the flow published its run page, which links the report back
     assert own_page == data_dir / "docs" / "runs" / f"run-{report['run_id']}.md" and "report.md" in own_page.read_text()
     assert _rungs(db, report["run_id"]) == [(r["name"], "pass", r["reason"]) for r in report["rungs"]]
