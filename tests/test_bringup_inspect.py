@@ -17,7 +17,7 @@ from tests.fixtures.checkpoints import Ckpts
 from tests.helpers.foreign import make_olmo2
 from tests.st_helpers import set_field
 
-REGISTERED = "registered: gemma2, gemma3_text, llama, mistral, qwen2, qwen3"
+REGISTERED = "registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"
 Q1 = "model.layers.1.self_attn.q_proj.weight"
 
 
@@ -151,7 +151,7 @@ def test_olmo2_is_a_new_structure_closest_to_llama(foreign: Path) -> None:
                                "unexpected tensor model.layers.{i}.self_attn.k_norm.weight",
                                "unexpected tensor model.layers.{i}.self_attn.q_norm.weight"]
     by = {c["family"]: c for c in res["candidates"]}
-    assert set(by) == {"gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3"}
+    assert set(by) == {"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"}
     assert "wrong-shape tensor model.layers.{i}.self_attn.q_norm.weight" in by["qwen3"]["deciding"]
     assert "missing tensor model.layers.{i}.self_attn.q_proj.bias" in by["qwen2"]["deciding"]
 

@@ -145,5 +145,5 @@ def test_layers_check_bad_inputs_exit_2(refs: dict[str, Path], ckpts: Ckpts, tmp
     assert f"reference file {tmp_path / 'none.npz'} not found" in run(stories, "--reference",
                                                                       str(tmp_path / "none.npz"))
     foreign = make_olmo2(tmp_path / "foreign")
-    assert "unknown model_type 'olmo2'; registered: gemma2, gemma3_text, llama, mistral, qwen2, qwen3" in run(
+    assert "unknown model_type 'olmo2'; registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in run(
         str(foreign), "--reference", ref)
