@@ -97,7 +97,7 @@ def test_every_declared_family_reconciles_cleanly_with_the_default_model(trt: To
     if name == "qwen2_tied_bf16_sharded":  # q/k/v biases fill the bias slots; the head is the embedding's
         assert rec.tied == {"lm_head.weight": "model.embed_tokens.weight"}
         assert "model.layers.0.self_attn.q_proj.bias" not in rec.missing
-    assert {"llama", "mistral", "phi3", "qwen2", "qwen3"} == LAYOUT_IDENTICAL_FAMILIES
+    assert {"llama", "mistral", "qwen2", "qwen3"} == LAYOUT_IDENTICAL_FAMILIES
 
 
 def test_a_modelopt_int8_sq_checkpoint_reconciles_with_its_quantized_linears(trt: ToolchainDriver, ckpts,
