@@ -106,3 +106,24 @@ def test_gemma3_refuses_bidirectional_attention_and_attention_softcapping(tmp_pa
         family_for(ModelConfig.from_dict({**base, "use_bidirectional_attention": True}))
     with pytest.raises(UnsupportedError, match=r"attn_logit_softcapping = 50\.0"):
         family_for(ModelConfig.from_dict({**base, "attn_logit_softcapping": 50.0}))
+
+
+@pytest.mark.parametrize("method", ["int4_awq", "int8_sq"])
+def test_a_quantized_gemma_export_is_the_quantized_decoder_math(tmp_path, method: str) -> None:
+    """Gemma's (1 + w) norms take no folded smoothing scale: each quantized linear keeps its own, and the engine
+    computes what the quantized decoder computes."""
+    from edgellm.compiler.quantized import load_quantized_decoder
+    from edgellm.synth_quant import calibration_ids, quantize_rtn
+
+    src = make_checkpoint(tmp_path / "ck", "gemma3_text")
+    q = quantize_rtn(src, tmp_path / "q", method, calibration_ids(src), group_size=32)
+    cfg = ModelConfig.load(q)
+    decoder = load_quantized_decoder(q, cfg, family_for(cfg), Checkpoint.open(q).reconciliation.quant_layout,
+                                     fold_input_smoothing=False)
+    export_checkpoint(q, tmp_path / "onnx")
+    build_engine(tmp_path / "onnx", tmp_path / "engine", "ort", max_seq_len=64)
+    n = len(PROMPT)
+    with torch.no_grad():
+        want = decoder(torch.tensor([PROMPT]), torch.ones(1, n, dtype=torch.long), torch.arange(n)[None],
+                       *decoder.empty_past(1))[0][0].numpy()
+    assert np.abs(Engine.open(tmp_path / "engine").logits(PROMPT) - want).max() < 1e-4

@@ -114,3 +114,14 @@ def test_a_build_past_longrope_original_length_is_refused_by_name(tmp_path) -> N
         build_engine(tmp_path / "onnx", tmp_path / "engine", "ort")
     manifest = build_engine(tmp_path / "onnx", tmp_path / "engine", "ort", max_seq_len=64)
     assert manifest["build_params"]["max_seq_len"] == 64
+
+
+def test_a_quantized_phi3_checkpoint_is_refused_at_export_by_name(tmp_path) -> None:
+    from edgellm.synth_quant import calibration_ids, quantize_rtn
+
+    src = make_checkpoint(tmp_path / "ck", "phi3")
+    q = quantize_rtn(src, tmp_path / "q", "int4_awq", calibration_ids(src), group_size=32)
+    with pytest.raises(UnsupportedError, match=r"phi3: a quantized checkpoint's fused linears \(qkv_proj, "
+                                               r"gate_up_proj\) are not exported"):
+        export_checkpoint(q, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
