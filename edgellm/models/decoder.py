@@ -1,8 +1,11 @@
 """One decoder-only transformer in torch for every registered family, built from a checkpoint's tensors.
 
 The family's class variables select the variants: q/k/v bias (``family.has_qkv_bias``), per-head q/k RMSNorm
-(``qk_norm``), explicit ``head_dim``, Llama-3 RoPE scaling, tied embeddings. The forward pass takes an explicit
-KV cache so it exports to one ONNX graph serving prefill and decode:
+(``qk_norm``), explicit ``head_dim``, tied embeddings, RoPE scaling and partial rotary (``edgellm.models.rope``, per
+layer type), sliding windows per layer (``family.layer_windows``: a mask over the cache's positions; the cache itself
+keeps every position), Gemma's (1 + w) norms, sandwich norms, scaled embeddings, tanh GELU, query_pre_attn_scalar and
+soft-capping, Phi-3's fused qkv_proj / gate_up_proj. The forward pass takes an explicit KV cache so it exports to one
+ONNX graph serving prefill and decode:
 
     input_ids      int64 [B, S]
     attention_mask int64 [B, P + S]   1 = real token, 0 = padding (left padding)

@@ -15,8 +15,10 @@ SDPA, the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSNorm, the g
 GEMM adding into the residual. Decode (a few rows), eight kernels a layer: ``kernels.gemv`` for the four
 projections (split-K float32 partial sums where the output is narrow; SiLU * up fused into gate/up), RoPE + cache
 write summing the q/k/v partials, attention over the written columns, and the residual add + next RMSNorm summing
-the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, or ``fused=False``) both run
-through the layer modules as below.
+the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, ``fused=False``, or a model the
+kernels do not implement: sliding windows, partial rotary, several RoPE layer types, Gemma's norms and soft-capping,
+see ``Decoder.plain``) both run through the layer modules as below, each windowed layer masking the cache columns
+outside its window.
 
 The layer modules' decode step: its per-layer functions (``attn_in_decode``, ``decode_attention``,
 ``attn_out_mlp``, ``lm_head``) take the layer modules and tensors: ``torch.compile`` traces each once and reuses it
