@@ -152,3 +152,14 @@ def test_torch_cuda_engine_past_the_window_equals_transformers_on_the_gpu(window
         engine = Engine.open(tmp_path / name)
         out = engine.generate([GenerationRequest(id="a", input_ids=PROMPT, max_new_tokens=16)])[0]
         assert out.output_ids == _reference(ckpt, [PROMPT])[0], name
+
+
+def test_a_windowed_model_runs_the_layer_modules_even_where_the_kernels_are_asked_for(windowed) -> None:
+    """The torch-cuda session asks for the fused kernels wherever Triton imports; they implement full attention only,
+    so a windowed model takes the layer modules (checked above) instead of the kernels' unwindowed attention."""
+    onnx_dir = windowed["qwen2"][1]
+    cfg = ModelConfig.load(onnx_dir)
+    table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+    model = GpuDecoder(cfg, load_parameters(data_file, table, torch.device("cpu")), max_batch_size=1,
+                       max_seq_len=32, device=torch.device("cpu"), fused=True)
+    assert model.fused is False and model.windows == (None, 4) and not model.decoder.plain
