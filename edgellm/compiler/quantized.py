@@ -206,7 +206,7 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
     from edgellm.models.decoder import Decoder
     from edgellm.weights import weight_files
 
-    if family.fused_checkpoint_linears:
+    if not family.quantized_export:
         raise UnsupportedError(f"{family.name}: a quantized checkpoint's fused linears (qkv_proj, gate_up_proj) are "
                                f"not exported (each would need its split widths); export the float checkpoint")
     # Gemma's (1 + w) norms cannot take a smoothing scale by multiplying the weight: each linear keeps its own

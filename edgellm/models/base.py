@@ -47,6 +47,9 @@ class ModelFamily:
     sandwich_norms: ClassVar[bool] = False  # pre/post feed-forward norms, attention output normed (Gemma)
     scaled_embeddings: ClassVar[bool] = False  # embeddings times sqrt(hidden_size) in the model dtype (Gemma)
     fused_checkpoint_linears: ClassVar[bool] = False  # qkv_proj and gate_up_proj as the checkpoint stores them (Phi-3)
+    # whether export takes a ModelOpt-quantized checkpoint of the family (edgellm.compiler.quantized); when False it
+    # is refused by name and the family's quantized rows are not made
+    quantized_export: ClassVar[bool] = True
     # the layer kind when a config names none (layer_types, sliding_window_pattern, max_window_layers): every layer
     # windowed when the config sets sliding_window (Mistral, Phi-3), or a family's own rule (Gemma-2: even layers)
     default_window_pattern: ClassVar[int | None] = None  # every n-th layer (1-based) global, the others windowed

@@ -31,5 +31,6 @@ class Phi3(ModelFamily):
     }
     rope_types = ("longrope",)  # transformers' Phi3Config takes no other type
     fused_checkpoint_linears = True
+    quantized_export = False  # its quantized qkv_proj / gate_up_proj would need their split widths: not implemented
     qkv_bias = False
     implements = frozenset({"partial_rotary_factor"})
