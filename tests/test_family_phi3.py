@@ -101,7 +101,8 @@ def test_longrope_short_factors_and_its_length_limit() -> None:
     assert got.rotary_dim == 24 and torch.equal(got.inv_freq, want) and got.attention_scaling == want_scale
     assert want_scale > 1
     assert length_limit(cfg) == (64, "longrope scaling switches to long_factor past original_max_position_embeddings "
-                                     "64 (not implemented)")
+                                     "64 (not implemented: transformers' Phi-3 generation then recomputes the whole "
+                                     "cache with the long factors)")
 
 
 def test_a_build_past_longrope_original_length_is_refused_by_name(tmp_path) -> None:

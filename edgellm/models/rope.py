@@ -122,7 +122,8 @@ def length_limit(cfg: ModelConfig) -> tuple[int, str] | None:
         if rs is not None and rs.rope_type == "longrope":
             limit = _original_max(cfg, raw)
             return limit, (f"longrope scaling switches to long_factor past original_max_position_embeddings "
-                           f"{limit} (not implemented)")
+                           f"{limit} (not implemented: transformers' Phi-3 generation then recomputes the whole "
+                           f"cache with the long factors)")
     return None
 
 
