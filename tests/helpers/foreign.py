@@ -19,3 +19,19 @@ def make_olmo2(out_dir: Path, *, num_hidden_layers: int = 1, max_shard_size: str
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     transformers.Olmo2ForCausalLM(cfg).save_pretrained(out_dir, **kwargs)
     return Path(out_dir)
+
+
+def make_granite(out_dir: Path) -> Path:
+    """A ``granite`` checkpoint (GraniteForCausalLM): the Llama layout with embedding, residual, attention and logits
+    multipliers (config fields no registered family implements: a new structure at the closest-family rung)."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    cfg = transformers.GraniteConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
+                                     embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                                     logits_scaling=8.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    transformers.GraniteForCausalLM(cfg).save_pretrained(out_dir)
+    return Path(out_dir)
