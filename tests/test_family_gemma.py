@@ -14,6 +14,7 @@ import transformers
 from edgellm.backends.torch_cuda import weight_table
 from edgellm.backends.torch_cuda.decoder import GpuDecoder, load_parameters
 from edgellm.checkpoint import Checkpoint
+from edgellm.checkpoint.closest import closest_family
 from edgellm.compiler.build import build_engine
 from edgellm.compiler.export import export_checkpoint
 from edgellm.config import ModelConfig
@@ -58,6 +59,9 @@ def test_reconciled_tensor_by_tensor(gemmas) -> None:
                      "self_attn.k_norm"):
             assert f"model.layers.{i}.{part}.weight" in names
     assert family.layer_windows(cfg) == (8, 8, None)
+    found = closest_family(ckpt)  # bring-up's rung 2: every field the config sets is one the family reads
+    assert (found["family"], found["classification"], found["registered"]) == (
+        "gemma3_text", "configuration-only variant", True)
     g2 = ModelConfig.load(gemmas["gemma2"][0])
     assert family_for(g2).layer_windows(g2) == (8, None)
     assert "model.layers.0.self_attn.q_norm.weight" not in family_for(g2).expected_parameters(g2)

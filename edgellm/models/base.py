@@ -150,6 +150,9 @@ class ModelFamily:
         window is set. Without a window (or with use_sliding_window false) every layer is full."""
         n = cfg.num_hidden_layers
         full = ("full_attention",) * n
+        # read before deciding (a config's pattern beside its layer_types is one the layer_types already spell out,
+        # as transformers writes both): every field read here is one this family honours
+        pattern = cfg.raw.get("sliding_window_pattern", cfg.raw.get("_sliding_window_pattern"))
         if cfg.sliding_window is None or cfg.raw.get("use_sliding_window") is False:
             return full
         types = cfg.raw.get("layer_types")
@@ -158,7 +161,6 @@ class ModelFamily:
                 raise UnsupportedError(f"{cls.name}: layer_types {types!r}: expected {n} entries of "
                                        f"{', '.join(LAYER_KINDS)}")
             return tuple(types)
-        pattern = cfg.raw.get("sliding_window_pattern", cfg.raw.get("_sliding_window_pattern"))
         if pattern is None:
             pattern = cls.default_window_pattern
         if pattern is not None:
