@@ -271,6 +271,8 @@ def _rope(data: dict[str, Any], r: _Reader) -> tuple[float, RopeScaling | None]:
     """Read RoPE settings from either layout: transformers<5 (``rope_theta`` + ``rope_scaling``) or
     transformers>=5 (``rope_parameters`` holding ``rope_type``, ``rope_theta`` and the scaling keys)."""
     params = data.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # per layer type (Gemma-3): the global layers'; edgellm.models.rope
     scaling = data.get("rope_scaling")
     theta_value = data.get("rope_theta")
     if isinstance(params, dict):

@@ -12,7 +12,8 @@ Features of a family (each a set of config overrides over the family's ``tiny_co
     attention_bias   ``attention_bias: true``: q/k/v/o biases where transformers reads it (Llama, Qwen3), ignored
                      where it does not (Mistral; Qwen2 always has q/k/v biases)
     mlp_bias         ``mlp_bias: true``: MLP biases where transformers reads it (Llama), ignored elsewhere
-    rope_<type>      each ``rope_scaling`` type the family implements (``ModelFamily.rope_types``)
+    rope_<type>      each ``rope_scaling`` type the family implements (``ModelFamily.rope_types``), unless the family
+                     gives its own example of it
     <own>            the family's ``conformance_features`` (sliding windows, partial rotary, ...)
 
 Cells, per family (``cells()``):
@@ -21,7 +22,8 @@ Cells, per family (``cells()``):
     precision   every feature from its bf16 checkpoint (as published) at each half precision: fp16 built on ONNX
                 Runtime, bf16 run by the torch-cuda runtime's decoder (on the CPU here), by the precision's limits
     quantized   every ModelOpt method edgellm exports and ``edgellm.synth_quant`` writes, from the base checkpoint in
-                every dtype, by the method's limits (``edgellm.thresholds``)
+                every dtype, by the method's limits (``edgellm.thresholds``), for each family whose export takes
+                quantized checkpoints (``ModelFamily.quantized_export``)
 
 The checks themselves (export, build, eval) are the library's; this module only says what to run.
 """
@@ -48,8 +50,9 @@ ROPE_EXAMPLES: dict[str, dict[str, Any]] = {
     "linear": {"rope_type": "linear", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    "longrope": {"rope_type": "longrope", "original_max_position_embeddings": 64,
-                 "short_factor": None, "long_factor": None},  # factors filled per head size: rope_example()
+    # the short factors over the whole engine (original_max_position_embeddings = the tiny context); filled per head
+    # size by rope_example()
+    "longrope": {"rope_type": "longrope", "short_factor": None, "long_factor": None},
 }
 
 
@@ -85,6 +88,7 @@ def rope_example(rope_type: str, family: type[ModelFamily]) -> dict[str, Any]:
     example = dict(ROPE_EXAMPLES[rope_type])
     if rope_type == "longrope":
         shape = family.tiny_config
+        example["original_max_position_embeddings"] = shape["max_position_embeddings"]
         head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
         rotary = int(head_dim * float(shape.get("partial_rotary_factor", 1.0)))
         example["short_factor"] = [1.0 + 0.05 * i for i in range(rotary // 2)]
@@ -110,8 +114,10 @@ def features(family: type[ModelFamily]) -> list[Feature]:
     # them as transformers does (Mistral, Qwen2's MLP).
     found.append(Feature("attention_bias", {"attention_bias": True}))
     found.append(Feature("mlp_bias", {"mlp_bias": True}))
-    found += [Feature(f"rope_{t}", {"rope_scaling": rope_example(t, family)}) for t in family.rope_types]
-    own: dict[str, dict[str, Any]] = getattr(family, "conformance_features", {}) or {}
+    own: dict[str, dict[str, Any]] = family.conformance_features
+    # a rope type the family gives its own published example of (a feature named after it) takes that one
+    found += [Feature(f"rope_{t}", {"rope_scaling": rope_example(t, family)}) for t in family.rope_types
+              if t not in own and f"rope_{t}" not in own]
     found += [Feature(name, dict(overrides)) for name, overrides in sorted(own.items())]
     names = [f.name for f in found]
     if len(set(names)) != len(names):
@@ -137,5 +143,7 @@ def cells(families: list[type[ModelFamily]] | None = None) -> list[Cell]:
         feats = features(family)
         out += [Cell(family.name, f, d, "fp32", "structure") for f in feats for d in CHECKPOINT_DTYPES]
         out += [Cell(family.name, f, "bf16", p, "precision") for f in feats for p in HALF_PRECISIONS]
-        out += [Cell(family.name, feats[0], d, m, "quantized") for m in quantized_methods() for d in CHECKPOINT_DTYPES]
+        if family.quantized_export:  # else its export refuses a quantized checkpoint by name (its own tests)
+            out += [Cell(family.name, feats[0], d, m, "quantized") for m in quantized_methods()
+                    for d in CHECKPOINT_DTYPES]
     return out

@@ -21,7 +21,7 @@ from edgellm import ASSETS_DIR
 from flows.cli import app
 from flows.docs import publish_bringup, write_docs
 from results.models import BringupRung, Run
-from tests.helpers.foreign import make_gemma3_text
+from tests.helpers.foreign import make_granite
 from tests.helpers.toolchain_env import link_real_toolchain
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -157,12 +157,12 @@ def test_a_model_type_only_the_default_model_would_take_stops_at_the_registry_ch
 
 def test_an_unregistered_family_is_inventoried_and_stops_at_the_closest_family(
         data_dir: Path, farm_dirs: dict[str, Path], tmp_path: Path) -> None:
-    ckpt = make_gemma3_text(tmp_path / "gemma3")
+    ckpt = make_granite(tmp_path / "granite")
     code, text, report = _bring_up(data_dir, farm_dirs["inventory"], tmp_path / "r.db", str(ckpt), "--report",
                                    str(tmp_path / "report"))
     assert code == 1, text
     first, second = report["rungs"][:2]
-    assert first["status"] == "pass" and "gemma3_text" in first["reason"]
+    assert first["status"] == "pass" and "granite" in first["reason"]
     assert [f["kind"] for f in first["evidence"]["findings"]] == ["no_registered_family"]
     assert second["status"] == "fail" and "new structure" in second["reason"]
     assert report["stopped_at"]["name"] == "closest_family"
@@ -211,7 +211,7 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(
     import subprocess
     import sys
 
-    ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: a short flow
+    ckpt = make_granite(tmp_path / "granite")  # stops at rung 2: a short flow
     migrated_prefect_home(tmp_path / "data" / "prefect")  # the temporary server's home: a database already migrated
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))

@@ -14,16 +14,16 @@ from safetensors.torch import load_file, save_file
 from edgellm.checkpoint.closest import ALIAS, NEW_STRUCTURE, VARIANT, closest_family
 from edgellm.cli import main
 from tests.fixtures.checkpoints import Ckpts
-from tests.helpers.foreign import make_gemma3_text
+from tests.helpers.foreign import make_olmo2
 from tests.st_helpers import set_field
 
-REGISTERED = "registered: llama, mistral, qwen2, qwen3"
+REGISTERED = "registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"
 Q1 = "model.layers.1.self_attn.q_proj.weight"
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_gemma3_text(tmp_path_factory.mktemp("gemma3") / "ck")
+def foreign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_olmo2(tmp_path_factory.mktemp("olmo2") / "ck")
 
 
 def _inspect(capsys: pytest.CaptureFixture[str], ckpt: Path, out: Path, *flags: str) -> tuple[int, str, str, Any]:
@@ -38,37 +38,36 @@ def _edit_config(d: Path, **keys: Any) -> None:
     (d / "config.json").write_text(json.dumps(cfg))
 
 
-def test_unregistered_family_is_inventoried_with_a_finding(gemma: Path, tmp_path: Path,
+def test_unregistered_family_is_inventoried_with_a_finding(foreign: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err, inv = _inspect(capsys, gemma, tmp_path / "inv.json")
+    rc, out, err, inv = _inspect(capsys, foreign, tmp_path / "inv.json")
     assert (rc, err) == (0, ""), err
     assert inv["ok"] is True and inv["problems"] == [] and inv["family"] is None and inv["reconciliation"] is None
     assert [f["kind"] for f in inv["findings"]] == ["no_registered_family"]
-    assert "unknown model_type 'gemma3_text'" in inv["findings"][0]["message"]
+    assert "unknown model_type 'olmo2'" in inv["findings"][0]["message"]
     assert REGISTERED in inv["findings"][0]["message"]
-    stored = load_file(gemma / "model.safetensors")
+    stored = load_file(foreign / "model.safetensors")
     assert inv["tensor_count"] == len(stored) and inv["parameters"] == sum(t.numel() for t in stored.values())
     assert inv["dtypes"] == {"F32": {"tensors": len(stored), "parameters": inv["parameters"],
                                      "bytes": sum(t.numel() * 4 for t in stored.values())}}
     patterns = {p["pattern"]: p for p in inv["patterns"]}
-    assert patterns["model.layers.{0}.pre_feedforward_layernorm.weight"]["shapes"] == [[64]]
-    assert patterns["model.layers.{0}.self_attn.q_norm.weight"]["shapes"] == [[16]]
+    assert patterns["model.layers.{0}.post_feedforward_layernorm.weight"]["shapes"] == [[64]]
+    assert patterns["model.layers.{0}.self_attn.q_norm.weight"]["shapes"] == [[64]]  # the whole projection
     assert inv["shards"] == [{"file": "model.safetensors", "readable": True, "tensors": len(stored),
                               "header_bytes": inv["shards"][0]["header_bytes"],
-                              "file_bytes": (gemma / "model.safetensors").stat().st_size}]
-    assert inv["config"]["model_type"] == "gemma3_text" and inv["config"]["head_dim"] == 16
-    assert inv["config_json"]["hidden_activation"] == "gelu_pytorch_tanh"
+                              "file_bytes": (foreign / "model.safetensors").stat().st_size}]
+    assert inv["config"]["model_type"] == "olmo2" and inv["config"]["head_dim"] == 16
     assert inv["quantization"]["method"] == "none" and inv["quantization"]["is_quantized"] is False
-    assert "finding: no_registered_family: unknown model_type 'gemma3_text'" in out
+    assert "finding: no_registered_family: unknown model_type 'olmo2'" in out
     assert "status      OK, 1 finding(s)" in out
 
 
-def test_require_family_makes_it_an_error(gemma: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err, inv = _inspect(capsys, gemma, tmp_path / "inv.json", "--require-family")
+def test_require_family_makes_it_an_error(foreign: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err, inv = _inspect(capsys, foreign, tmp_path / "inv.json", "--require-family")
     assert rc == 2
-    assert f"problem: unknown model_type 'gemma3_text'; {REGISTERED} (--require-family)" in err
+    assert f"problem: unknown model_type 'olmo2'; {REGISTERED} (--require-family)" in err
     assert inv["ok"] is False and inv["findings"][0]["kind"] == "no_registered_family"
-    assert inv["tensor_count"] == 15  # the inventory is still whole
+    assert inv["tensor_count"] == 14  # the inventory is still whole
 
 
 def test_registered_family_with_require_family_still_passes(ckpts: Ckpts, tmp_path: Path,
@@ -77,9 +76,9 @@ def test_registered_family_with_require_family_still_passes(ckpts: Ckpts, tmp_pa
     assert (rc, err) == (0, "") and inv["family"] == "qwen3" and inv["findings"] == []
 
 
-def test_family_free_inventory_reports_the_quantization_block(gemma: Path, tmp_path: Path,
+def test_family_free_inventory_reports_the_quantization_block(foreign: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    d = shutil.copytree(gemma, tmp_path / "q")
+    d = shutil.copytree(foreign, tmp_path / "q")
     (d / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
         "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
     rc, _, _, inv = _inspect(capsys, d, tmp_path / "a.json")
@@ -95,9 +94,9 @@ def test_family_free_inventory_reports_the_quantization_block(gemma: Path, tmp_p
     assert rc == 2 and "unknown quantization_config quant_method='bitsy' bits=3; known: " in err
 
 
-def test_family_free_inventory_keeps_the_header_hardening(gemma: Path, tmp_path: Path,
+def test_family_free_inventory_keeps_the_header_hardening(foreign: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    d = shutil.copytree(gemma, tmp_path / "bad")
+    d = shutil.copytree(foreign, tmp_path / "bad")
     name = "model.layers.0.self_attn.q_proj.weight"
     set_field(d / "model.safetensors", name, "dtype", "F12")
     rc, _, err, inv = _inspect(capsys, d, tmp_path / "inv.json")
@@ -110,9 +109,9 @@ def test_family_free_inventory_keeps_the_header_hardening(gemma: Path, tmp_path:
 
 
 def test_family_free_inventory_keeps_the_index_hardening(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = make_gemma3_text(tmp_path / "sharded", max_shard_size="100KB")
+    d = make_olmo2(tmp_path / "sharded", max_shard_size="100KB")
     rc, _, err, inv = _inspect(capsys, d, tmp_path / "ok.json")
-    assert (rc, err) == (0, "") and inv["sharded"] is True and len(inv["shards"]) > 1 and inv["tensor_count"] == 15
+    assert (rc, err) == (0, "") and inv["sharded"] is True and len(inv["shards"]) > 1 and inv["tensor_count"] == 14
     index = json.loads((d / "model.safetensors.index.json").read_text())
     name = "model.norm.weight"
     index["weight_map"][name] = "../" + index["weight_map"][name]
@@ -122,9 +121,9 @@ def test_family_free_inventory_keeps_the_index_hardening(tmp_path: Path, capsys:
     assert "is not a plain file name inside the checkpoint directory" in err and inv["family"] is None
 
 
-def test_a_config_edgellm_cannot_read_is_a_finding_too(gemma: Path, tmp_path: Path,
+def test_a_config_edgellm_cannot_read_is_a_finding_too(foreign: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    d = shutil.copytree(gemma, tmp_path / "gpt")
+    d = shutil.copytree(foreign, tmp_path / "gpt")
     cfg = json.loads((d / "config.json").read_text())
     cfg["n_embd"] = cfg.pop("hidden_size")
     cfg["model_type"] = "gpt9"
@@ -133,7 +132,7 @@ def test_a_config_edgellm_cannot_read_is_a_finding_too(gemma: Path, tmp_path: Pa
     assert (rc, err) == (0, "")
     assert [f["kind"] for f in inv["findings"]] == ["no_registered_family", "config_not_read"]
     assert "missing required key 'hidden_size'" in inv["findings"][1]["message"]
-    assert inv["config"] is None and inv["config_json"]["n_embd"] == 64 and inv["tensor_count"] == 15
+    assert inv["config"] is None and inv["config_json"]["n_embd"] == 64 and inv["tensor_count"] == 14
     res = closest_family(d)
     assert res["classification"] == NEW_STRUCTURE and "missing required key 'hidden_size'" in res["config_problem"]
     assert "n_embd" in res["deciding"]
@@ -144,19 +143,17 @@ def test_a_config_edgellm_cannot_read_is_a_finding_too(gemma: Path, tmp_path: Pa
 
 
 # --- closest family ----------------------------------------------------------------------------------------------
-def test_gemma3_is_a_new_structure_closest_to_qwen3(gemma: Path) -> None:
-    res = closest_family(gemma)
-    assert (res["family"], res["classification"], res["registered"]) == ("qwen3", NEW_STRUCTURE, False)
-    for deciding in ("hidden_activation", "query_pre_attn_scalar",
-                     "unexpected tensor model.layers.{i}.pre_feedforward_layernorm.weight",
-                     "unexpected tensor model.layers.{i}.post_feedforward_layernorm.weight"):
-        assert deciding in res["deciding"]
-    assert "final_logit_softcapping" not in res["deciding"]  # unread but null: a feature left off
+def test_olmo2_is_a_new_structure_closest_to_llama(foreign: Path) -> None:
+    res = closest_family(foreign)
+    assert (res["family"], res["classification"], res["registered"]) == ("llama", NEW_STRUCTURE, False)
+    assert res["deciding"] == ["missing tensor model.layers.{i}.input_layernorm.weight",
+                               "unexpected tensor model.layers.{i}.post_feedforward_layernorm.weight",
+                               "unexpected tensor model.layers.{i}.self_attn.k_norm.weight",
+                               "unexpected tensor model.layers.{i}.self_attn.q_norm.weight"]
     by = {c["family"]: c for c in res["candidates"]}
-    assert set(by) == {"llama", "mistral", "qwen2", "qwen3"}
-    assert "unexpected tensor model.layers.{i}.self_attn.q_norm.weight" in by["llama"]["deciding"]
+    assert set(by) == {"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"}
+    assert "wrong-shape tensor model.layers.{i}.self_attn.q_norm.weight" in by["qwen3"]["deciding"]
     assert "missing tensor model.layers.{i}.self_attn.q_proj.bias" in by["qwen2"]["deciding"]
-    assert by["qwen3"]["unread_fields"]["hidden_activation"] == "gelu_pytorch_tanh"
 
 
 @pytest.mark.parametrize("name,family", [("stories", "llama"), ("llama", "llama"), ("mistral", "mistral"),
@@ -209,8 +206,8 @@ def test_a_config_a_family_refuses_decides_new_structure(ckpts: Ckpts, tmp_path:
     assert own["deciding"] == ["config refused: llama: hidden_act 'gelu' is not implemented; supported: silu"]
 
 
-def test_closest_cli_json_and_bad_input(gemma: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["closest", str(gemma), "--output", str(tmp_path / "c.json")]) == 0
+def test_closest_cli_json_and_bad_input(foreign: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["closest", str(foreign), "--output", str(tmp_path / "c.json")]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "c.json").read_text())
     assert printed["schema"] == "edgellm.closest/1" and printed["classification"] == NEW_STRUCTURE
@@ -218,7 +215,7 @@ def test_closest_cli_json_and_bad_input(gemma: Path, tmp_path: Path, capsys: pyt
     assert f"{tmp_path / 'nope'}: checkpoint directory not found" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    (empty / "config.json").write_text(json.dumps({"model_type": "olmo2"}))
     assert main(["closest", str(empty)]) == 2
     assert "no model.safetensors or model.safetensors.index.json" in capsys.readouterr().err
 

@@ -18,7 +18,7 @@ from edgellm.cli import main
 from edgellm.errors import ConfigurationError
 from edgellm.reference import ReferenceSettings, checkpoint_digest, compute_reference, load_reference
 from tests.fixtures.checkpoints import Ckpts
-from tests.helpers.foreign import make_gemma3_text
+from tests.helpers.foreign import make_olmo2
 
 SMALL = ["--greedy-tokens", "2", "--max-tokens", "32", "--window", "16"]
 
@@ -147,6 +147,6 @@ def test_layers_check_bad_inputs_exit_2(refs: dict[str, Path], ckpts: Ckpts, tmp
     assert "bad limits: min_cosine=2.0" in run(stories, "--reference", ref, "--min-cosine", "2")
     assert f"reference file {tmp_path / 'none.npz'} not found" in run(stories, "--reference",
                                                                       str(tmp_path / "none.npz"))
-    gemma = make_gemma3_text(tmp_path / "gemma")
-    assert "unknown model_type 'gemma3_text'; registered: llama, mistral, qwen2, qwen3" in run(
-        str(gemma), "--reference", ref)
+    foreign = make_olmo2(tmp_path / "foreign")
+    assert "unknown model_type 'olmo2'; registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in run(
+        str(foreign), "--reference", ref)

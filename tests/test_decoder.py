@@ -57,7 +57,7 @@ def test_missing_and_misshaped_tensors_are_named(ckpts, tmp_path):
 
 
 @pytest.mark.parametrize("scaling, fragment", [
-    ({"rope_type": "yarn", "factor": 4.0}, "rope_scaling type 'yarn' is not implemented"),
+    ({"rope_type": "longrope", "factor": 4.0}, "rope_scaling type 'longrope' is not implemented"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}, "needs positive numbers for high_freq_factor"),
 ])
 def test_unsupported_rope_scaling_is_refused(ckpts, tmp_path, scaling, fragment):

@@ -174,10 +174,11 @@ def test_export_rejects_precisions(ckpts, tmp_path, capsys, precision, fragment)
 def test_export_unsupported_rope_scaling_exit_2(ckpts, tmp_path, capsys):
     ckpt = ckpts.copy("llama", tmp_path / "ck")
     data = json.loads((ckpt / "config.json").read_text())
-    data["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    data["rope_parameters"] = {"rope_type": "longrope", "factor": 2.0, "rope_theta": 10000.0}
     (ckpt / "config.json").write_text(json.dumps(data))
     assert main(["export", str(ckpt), str(tmp_path / "o")]) == 2
-    assert "rope_scaling type 'dynamic' is not implemented; supported: default, llama3" in capsys.readouterr().err
+    assert ("rope_scaling type 'longrope' is not implemented; supported: default, llama3, linear, dynamic, yarn"
+            in capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
 
 
@@ -207,13 +208,14 @@ def test_build_unknown_backend_and_bad_limits(stories_engine, tmp_path, capsys):
     assert not (tmp_path / "e").exists()
 
 
-def test_mistral_sliding_window_limits_max_seq_len(tmp_path, capsys):
+def test_mistral_sliding_window_builds_past_the_window(tmp_path, capsys):
+    """Windows are implemented (tests/test_sliding_window.py checks the tokens): an engine longer than the window
+    builds, and the manifests say which window its layers use."""
     ckpt = make_checkpoint(tmp_path / "ck", "mistral", sliding_window=64)
     assert main(["export", str(ckpt), str(tmp_path / "onnx")]) == 0
-    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "e1")]) == 2
-    assert "sliding_window 64 is not implemented (full attention only); build with max_seq_len <= 64" in (
-        capsys.readouterr().err)
-    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "e2"), "--max-seq-len", "64"]) == 0
+    assert main(["build", str(tmp_path / "onnx"), str(tmp_path / "e1")]) == 0
+    manifest = json.loads((tmp_path / "e1" / "engine_manifest.json").read_text())
+    assert manifest["build_params"]["max_seq_len"] == 256 and manifest["model"]["sliding_window"] == 64
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

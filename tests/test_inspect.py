@@ -266,7 +266,8 @@ def test_unknown_model_type_is_a_finding_unless_a_family_is_required(ckpts: Ckpt
     assert "finding: no_registered_family: unknown model_type 'gpt9'" in out
     rc = main(["inspect", str(d), "--require-family"])
     err = capsys.readouterr().err
-    assert rc == 2 and "problem: unknown model_type 'gpt9'; registered: llama, mistral, qwen2, qwen3" in err
+    assert rc == 2 and ("problem: unknown model_type 'gpt9'; registered: gemma2, gemma3_text, llama, mistral, phi3, "
+                        "qwen2, qwen3") in err
 
 
 def test_problems_are_collected_across_files(ckpts: Ckpts, tmp_path: Path,

@@ -207,7 +207,8 @@ def test_our_toolchain_answers_from_its_family_registry_and_reconciliation(ckpts
     assert check.status is RegistryStatus.REGISTERED and check.ok and check.model_class == "edgellm.models.qwen3.Qwen3"
     foreign = ours.registry_check(_foreign(ckpts.llama, tmp_path / "mollama"))
     assert foreign.status is RegistryStatus.UNSUPPORTED and not foreign.ok
-    assert "'mollama'" in foreign.problem and "registered: llama, mistral, qwen2, qwen3" in foreign.problem
+    assert "'mollama'" in foreign.problem
+    assert "registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in foreign.problem
 
     assert ours.reconcile(ckpts.qwen3).ok
     rec = ours.reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))

@@ -118,7 +118,7 @@ def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
         "checkpoint": str(ckpt.root),
         "ok": ckpt.ok,
         "problems": [str(p) for p in ckpt.problems],
-        "findings": _findings(ckpt),
+        "findings": [],  # a config field the family does not implement is a problem (edgellm.models.contract)
         "config": ckpt.config.summary(),
         "config_json": ckpt.config.raw,
         "family": ckpt.family.name,
@@ -127,14 +127,6 @@ def build_inventory(ckpt: Checkpoint) -> dict[str, Any]:
         **tensor_summary(ckpt.tensors, ckpt.headers, ckpt.index is not None),
         "reconciliation": ckpt.reconciliation.to_json(),
     }
-
-
-WINDOW_CAPPED = "sliding_window_capped"  # finding kind: a window served only by engines no longer than it
-
-
-def _findings(ckpt: Checkpoint) -> list[dict[str, str]]:
-    window = ckpt.family.window_finding(ckpt.config)
-    return [] if window is None else [{"kind": WINDOW_CAPPED, "message": window}]
 
 
 def family_free_inventory(root: Path, raw: dict[str, Any], files: TensorFiles, quant: QuantConfig,

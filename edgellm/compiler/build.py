@@ -19,6 +19,7 @@ from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_f
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
+from edgellm.models.rope import length_limit as rope_length_limit
 from edgellm.quant import check_gemm_readback
 from edgellm.types import Precision
 
@@ -95,10 +96,10 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manif
     if isinstance(held, int) and params.max_seq_len > held:
         raise ConfigurationError(f"max_seq_len {params.max_seq_len} exceeds the {held} positions the export's RoPE "
                                  f"tables hold; valid: 1..{held} (export with a larger max_positions)")
-    window = family.sliding_window(cfg)
-    if window is not None and params.max_seq_len > window:
-        raise UnsupportedError(f"{family.name}: sliding_window {window} is not implemented (full attention only); "
-                               f"build with max_seq_len <= {window}")
+    limit = rope_length_limit(cfg)
+    if limit is not None and params.max_seq_len > limit[0]:
+        raise UnsupportedError(f"{family.name}: max_seq_len {params.max_seq_len}: {limit[1]}; build with "
+                               f"max_seq_len <= {limit[0]}")
     started = time.perf_counter()
     with staged_dir(Path(engine_dir), overwrite=overwrite) as out:
         built = engine.build(onnx_dir / MODEL_FILE, out, params)

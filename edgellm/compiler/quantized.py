@@ -23,7 +23,7 @@ from torch import nn
 
 from edgellm.checkpoint.modelopt import LinearLayer, QuantLayout
 from edgellm.config import ModelConfig
-from edgellm.errors import BugError
+from edgellm.errors import BugError, UnsupportedError
 from edgellm.models.base import ModelFamily
 from edgellm.models.decoder import RMSNorm
 
@@ -206,6 +206,11 @@ def load_quantized_decoder(ckpt_dir: Path, cfg: ModelConfig, family: type[ModelF
     from edgellm.models.decoder import Decoder
     from edgellm.weights import weight_files
 
+    if not family.quantized_export:
+        raise UnsupportedError(f"{family.name}: a quantized checkpoint's fused linears (qkv_proj, gate_up_proj) are "
+                               f"not exported (each would need its split widths); export the float checkpoint")
+    # Gemma's (1 + w) norms cannot take a smoothing scale by multiplying the weight: each linear keeps its own
+    fold_input_smoothing = fold_input_smoothing and not family.norm_offset
     quantized = {lin.module: lin for lin in layout.quantized}
     wanted_float = set(family.expected_parameters(cfg))
     state: dict[str, torch.Tensor] = {}

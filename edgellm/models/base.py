@@ -40,8 +40,23 @@ class ModelFamily:
     qkv_bias: ClassVar[bool | None] = None  # None: follow config.attention_bias
     mlp_bias: ClassVar[bool | None] = False  # None: follow config.mlp_bias (Llama); else what transformers hard-codes
     qk_norm: ClassVar[bool] = False
-    rope_types: ClassVar[tuple[str, ...]] = ("llama3",)  # rope_scaling types implemented besides "default"
+    # rope_scaling types implemented besides "default" (edgellm.models.rope), each equal to transformers'
+    rope_types: ClassVar[tuple[str, ...]] = ("llama3", "linear", "dynamic", "yarn")
     hidden_acts: ClassVar[tuple[str, ...]] = ("silu",)
+    hidden_act_key: ClassVar[str] = "hidden_act"  # Gemma names it hidden_activation
+    norm_offset: ClassVar[bool] = False  # RMSNorm scaled by (1 + weight) (Gemma)
+    sandwich_norms: ClassVar[bool] = False  # pre/post feed-forward norms, attention output normed (Gemma)
+    scaled_embeddings: ClassVar[bool] = False  # embeddings times sqrt(hidden_size) in the model dtype (Gemma)
+    fused_checkpoint_linears: ClassVar[bool] = False  # qkv_proj and gate_up_proj as the checkpoint stores them (Phi-3)
+    # whether export takes a ModelOpt-quantized checkpoint of the family (edgellm.compiler.quantized); when False it
+    # is refused by name and the family's quantized rows are not made
+    quantized_export: ClassVar[bool] = True
+    # the layer kind when a config names none (layer_types, sliding_window_pattern, max_window_layers): every layer
+    # windowed when the config sets sliding_window (Mistral, Phi-3), or a family's own rule (Gemma-2: even layers)
+    default_window_pattern: ClassVar[int | None] = None  # every n-th layer (1-based) global, the others windowed
+    # named config overrides (over tiny_config) of features the family's published configs use: the conformance
+    # matrix (edgellm.conformance) crosses them with dtypes and precisions
+    conformance_features: ClassVar[dict[str, dict[str, Any]]] = {}
     # config fields of edgellm.models.contract.MATH_FIELDS this family implements; any other one a config turns on
     # is refused by name (sliding windows apart: see ``sliding_window``)
     implements: ClassVar[frozenset[str]] = frozenset()
@@ -54,11 +69,16 @@ class ModelFamily:
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         """Refuse a config this family cannot honour, naming the value and what is supported."""
-        if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type not in cls.rope_types:
-            raise UnsupportedError(
-                f"{cls.name}: rope_scaling type {cfg.rope_scaling.rope_type!r} is not implemented; "
-                f"supported: default, {', '.join(cls.rope_types)}"
-            )
+        from edgellm.models.rope import layer_rope, rotary_dim
+
+        for layer_type in sorted(set(cls.layer_types(cfg))):
+            _, scaling, _ = layer_rope(cfg, layer_type)
+            if scaling is not None and scaling.rope_type not in cls.rope_types:
+                raise UnsupportedError(
+                    f"{cls.name}: rope_scaling type {scaling.rope_type!r} is not implemented; "
+                    f"supported: default, {', '.join(cls.rope_types)}"
+                )
+        rotary_dim(cfg)
         if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "llama3":
             need = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
             bad = [k for k in need if isinstance(cfg.rope_scaling.params.get(k), bool)
@@ -75,29 +95,88 @@ class ModelFamily:
         found = unimplemented(cfg.raw, cls.implements | frozenset(SLIDING_FIELDS))
         if found:
             raise UnsupportedError(describe(cls.name, found))
-        if cfg.hidden_act not in cls.hidden_acts:
+        act = cls.activation(cfg)
+        if act not in cls.hidden_acts:
             raise UnsupportedError(
-                f"{cls.name}: hidden_act {cfg.hidden_act!r} is not implemented; supported: {', '.join(cls.hidden_acts)}"
+                f"{cls.name}: {cls.hidden_act_key} {act!r} is not implemented; supported: {', '.join(cls.hidden_acts)}"
             )
+        cls.layer_windows(cfg)
+
+    @classmethod
+    def activation(cls, cfg: ModelConfig) -> str:
+        value = cfg.raw.get(cls.hidden_act_key)
+        return value if isinstance(value, str) else cfg.hidden_act
+
+    @classmethod
+    def attention_scale(cls, cfg: ModelConfig) -> float:
+        """The factor of q @ k^T: head_dim^-0.5, or query_pre_attn_scalar^-0.5 where the family implements it."""
+        scalar = cfg.raw.get("query_pre_attn_scalar")
+        if "query_pre_attn_scalar" in cls.implements and scalar is not None:
+            return float(scalar) ** -0.5
+        return float(cfg.head_dim) ** -0.5
+
+    @classmethod
+    def _cap(cls, cfg: ModelConfig, key: str) -> float | None:
+        value = cfg.raw.get(key)
+        if key not in cls.implements or value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UnsupportedError(f"{cls.name}: {key} {value!r}: expected null or a number > 0")
+        return float(value)
+
+    @classmethod
+    def attention_softcap(cls, cfg: ModelConfig) -> float | None:
+        return cls._cap(cfg, "attn_logit_softcapping")
+
+    @classmethod
+    def final_softcap(cls, cfg: ModelConfig) -> float | None:
+        return cls._cap(cfg, "final_logit_softcapping")
+
+    @classmethod
+    def embed_scale(cls, cfg: ModelConfig) -> float | None:
+        return float(cfg.hidden_size) ** 0.5 if cls.scaled_embeddings else None
 
     @classmethod
     def sliding_window(cls, cfg: ModelConfig) -> int | None:
-        """The attention window the config asks for, or None (Qwen configs carry one with use_sliding_window
-        false). The runtime implements full attention only, so a build refuses max_seq_len above this."""
-        if cfg.raw.get("use_sliding_window") is False:
-            return None
-        return cfg.sliding_window
+        """The attention window of the config's windowed layers, or None when no layer is windowed (Qwen configs
+        carry one with use_sliding_window false)."""
+        windows = [w for w in cls.layer_windows(cfg) if w is not None]
+        return windows[0] if windows else None
 
     @classmethod
-    def window_finding(cls, cfg: ModelConfig) -> str | None:
-        """What ``edgellm inspect`` says of a sliding window the runtime serves only up to its length, or None."""
-        window = cls.sliding_window(cfg)
-        if window is None or window >= cfg.max_position_embeddings:
-            return None
-        fields = ", ".join(f"{k} = {cfg.raw[k]!r}" for k in SLIDING_FIELDS if k in cfg.raw and k != "layer_types")
-        return (f"{cls.name}: {fields}: attention past the window is not implemented (full attention only); "
-                f"engines are limited to max_seq_len <= {window} of max_position_embeddings "
-                f"{cfg.max_position_embeddings}")
+    def layer_types(cls, cfg: ModelConfig) -> tuple[str, ...]:
+        """Each layer's kind, ``full_attention`` or ``sliding_attention``, as transformers decides it: the config's
+        ``layer_types``; else ``sliding_window_pattern`` (every n-th layer global); else ``max_window_layers``
+        (Qwen: layers from that index on windowed); else the family's pattern; else every layer windowed when a
+        window is set. Without a window (or with use_sliding_window false) every layer is full."""
+        n = cfg.num_hidden_layers
+        full = ("full_attention",) * n
+        # read before deciding (a config's pattern beside its layer_types is one the layer_types already spell out,
+        # as transformers writes both): every field read here is one this family honours
+        pattern = cfg.raw.get("sliding_window_pattern", cfg.raw.get("_sliding_window_pattern"))
+        if cfg.sliding_window is None or cfg.raw.get("use_sliding_window") is False:
+            return full
+        types = cfg.raw.get("layer_types")
+        if types is not None:
+            if not isinstance(types, list) or len(types) != n or any(t not in LAYER_KINDS for t in types):
+                raise UnsupportedError(f"{cls.name}: layer_types {types!r}: expected {n} entries of "
+                                       f"{', '.join(LAYER_KINDS)}")
+            return tuple(types)
+        if pattern is None:
+            pattern = cls.default_window_pattern
+        if pattern is not None:
+            if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+                raise UnsupportedError(f"{cls.name}: sliding_window_pattern {pattern!r}: expected an integer >= 1")
+            return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n))
+        first = cfg.raw.get("max_window_layers")
+        if isinstance(first, int) and not isinstance(first, bool):
+            return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
+        return ("sliding_attention",) * n
+
+    @classmethod
+    def layer_windows(cls, cfg: ModelConfig) -> tuple[int | None, ...]:
+        """Each layer's attention window (a query attends to the ``window`` positions ending at itself), or None."""
+        return tuple(cfg.sliding_window if t == "sliding_attention" else None for t in cls.layer_types(cfg))
 
     @classmethod
     def has_qkv_bias(cls, cfg: ModelConfig) -> bool:
@@ -118,9 +197,15 @@ class ModelFamily:
             p = f"{LAYER_PREFIX}{i}."
             params[p + "input_layernorm.weight"] = (h,)
             params[p + "post_attention_layernorm.weight"] = (h,)
-            params[p + "self_attn.q_proj.weight"] = (q, h)
-            params[p + "self_attn.k_proj.weight"] = (kv, h)
-            params[p + "self_attn.v_proj.weight"] = (kv, h)
+            if cls.sandwich_norms:
+                params[p + "pre_feedforward_layernorm.weight"] = (h,)
+                params[p + "post_feedforward_layernorm.weight"] = (h,)
+            if cls.fused_checkpoint_linears:
+                params[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, h)
+            else:
+                params[p + "self_attn.q_proj.weight"] = (q, h)
+                params[p + "self_attn.k_proj.weight"] = (kv, h)
+                params[p + "self_attn.v_proj.weight"] = (kv, h)
             params[p + "self_attn.o_proj.weight"] = (h, q)
             if qkv_bias:
                 params[p + "self_attn.q_proj.bias"] = (q,)
@@ -131,8 +216,11 @@ class ModelFamily:
             if cls.qk_norm:
                 params[p + "self_attn.q_norm.weight"] = (d,)
                 params[p + "self_attn.k_norm.weight"] = (d,)
-            params[p + "mlp.gate_proj.weight"] = (f, h)
-            params[p + "mlp.up_proj.weight"] = (f, h)
+            if cls.fused_checkpoint_linears:
+                params[p + "mlp.gate_up_proj.weight"] = (2 * f, h)
+            else:
+                params[p + "mlp.gate_proj.weight"] = (f, h)
+                params[p + "mlp.up_proj.weight"] = (f, h)
             params[p + "mlp.down_proj.weight"] = (h, f)
             if cls.has_mlp_bias(cfg):
                 params[p + "mlp.gate_proj.bias"] = (f,)
@@ -149,6 +237,7 @@ class ModelFamily:
         return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {}
 
 
+LAYER_KINDS = ("full_attention", "sliding_attention")
 LAYER_PREFIX = "model.layers."  # decoder layer i's parameters are named model.layers.{i}.*
 
 

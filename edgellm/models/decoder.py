@@ -1,8 +1,11 @@
 """One decoder-only transformer in torch for every registered family, built from a checkpoint's tensors.
 
 The family's class variables select the variants: q/k/v bias (``family.has_qkv_bias``), per-head q/k RMSNorm
-(``qk_norm``), explicit ``head_dim``, Llama-3 RoPE scaling, tied embeddings. The forward pass takes an explicit
-KV cache so it exports to one ONNX graph serving prefill and decode:
+(``qk_norm``), explicit ``head_dim``, tied embeddings, RoPE scaling and partial rotary (``edgellm.models.rope``, per
+layer type), sliding windows per layer (``family.layer_windows``: a mask over the cache's positions; the cache itself
+keeps every position), Gemma's (1 + w) norms, sandwich norms, scaled embeddings, tanh GELU, query_pre_attn_scalar and
+soft-capping, Phi-3's fused qkv_proj / gate_up_proj. The forward pass takes an explicit KV cache so it exports to one
+ONNX graph serving prefill and decode:
 
     input_ids      int64 [B, S]
     attention_mask int64 [B, P + S]   1 = real token, 0 = padding (left padding)
@@ -14,8 +17,9 @@ Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everythin
 For export, ``use_rotary_tables`` and (fp32) ``use_fused_attention`` select autograd functions whose ONNX form is
 ONNX Runtime's fused ``RotaryEmbedding`` / ``GroupQueryAttention``; their eager forward computes the same math.
 
-The math is written once, here, for every runtime: ``rms_norm``, ``rope_cos_sin`` / ``apply_rope``,
-``Attention.project`` (projections, per-head norms, RoPE), ``grouped_attention``, ``MLP``. ``Decoder.forward`` is
+The math is written once for every runtime: ``rms_norm``, ``rope_cos_sin`` / ``apply_rope``, ``grouped_attention``
+and the fused ops' autograd functions (edgellm.models.ops; RoPE parameters in edgellm.models.rope), and here
+``Attention.project`` (projections, per-head norms, RoPE), ``MLP``, ``Layer.after_attention``. ``Decoder.forward`` is
 the export's driver (an explicit past in, the present out); the torch-cuda backend drives the same layers around its
 preallocated cache (edgellm/backends/torch_cuda/decoder.py). What differs between them is a Linear implementation
 plugged into these modules: ``Linear`` (nn.Linear; export), a ModelOpt-quantized linear
@@ -24,51 +28,28 @@ plugged into these modules: ``Linear`` (nn.Linear; export), a ModelOpt-quantized
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from edgellm.config import ModelConfig
 from edgellm.models.base import ModelFamily
-
-# Masked scores use a large finite negative (not -inf) so fully padded query rows stay finite.
-MASK_VALUE = -1e30
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], float32, with Llama-3 scaling applied when configured."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    rs = cfg.rope_scaling
-    if rs is None:
-        return inv_freq
-    # Only "llama3" passes family.check_config.
-    factor = rs.factor
-    low, high = float(rs.params["low_freq_factor"]), float(rs.params["high_freq_factor"])
-    old_ctx = float(rs.params["original_max_position_embeddings"])
-    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-class _ShapeOnlyLinear(torch.autograd.Function):
-    """``x @ W^T`` in the ONNX form ``nn.Linear`` exports (MatMul of a Transpose), computing only the output's shape:
-    zeros [..., out_features]."""
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros((*x.shape[:-1], weight.shape[0]))
-
-    @staticmethod
-    def symbolic(g: Any, x: Any, weight: Any) -> Any:
-        return g.op("MatMul", x, g.op("Transpose", weight, perm_i=[1, 0]))
+from edgellm.models.ops import (
+    MASK_VALUE,
+    AddRMSNorm,
+    FusedMask,
+    GroupQueryAttention,
+    Rope,
+    RotaryEmbedding,
+    ShapeOnlyLinear,
+    grouped_attention,
+    rms_norm,
+    rope_cos_sin,
+    rope_freqs,
+    rotary,
+)
+from edgellm.models.rope import RopeParams, rope_parameters
 
 
 class Linear(nn.Linear):
@@ -85,7 +66,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.shapes_only:
             return super().forward(x)
-        y = _ShapeOnlyLinear.apply(x, self.weight)
+        y = ShapeOnlyLinear.apply(x, self.weight)
         return y if self.bias is None else y + self.bias
 
 
@@ -114,13 +95,6 @@ class ColumnLinear(nn.Module):
         return nn.functional.linear(x, self.weight.t(), self.bias)  # x @ weight (+ bias): one addmm / mm
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last axis, computed in fp32 and scaled in ``x``'s dtype (transformers' Llama/Qwen)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -131,147 +105,25 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_freqs(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE angles [..., head_dim / 2] of ``positions`` (any shape): position * inv_freq in fp32."""
-    return positions.float()[..., None] * inv_freq
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scaled by (1 + weight), the product in fp32, then cast to ``x``'s dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [..., head_dim] of ``positions`` (any shape): position * inv_freq in fp32, both halves, then
-    cos/sin in ``dtype``; ``sin`` carries rotate_half's sign (negated first half), so ``apply_rope`` is two
-    products and a sum."""
-    freqs = rope_freqs(positions, inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    half = inv_freq.shape[0]
-    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+def make_norm(family: type[ModelFamily], dim: int, eps: float, dtype: torch.dtype) -> RMSNorm:
+    return OffsetRMSNorm(dim, eps, dtype) if family.norm_offset else RMSNorm(dim, eps, dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, with the sign of rotate_half folded into ``sin_signed`` (exact)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+class FusedLinear(Linear):
+    """One checkpoint linear holding several (Phi-3's ``qkv_proj``, ``gate_up_proj``): ``widths`` split its output."""
 
-
-Rope = Callable[[torch.Tensor, int], torch.Tensor]  # rope(x, num_heads): see Decoder._rope_fn
-
-
-def rotary(cos: torch.Tensor, sin_signed: torch.Tensor) -> Rope:
-    """The ``rope`` of ``Attention.project`` from cos/sin (``rope_cos_sin``) broadcasting against [B, heads, S, D]."""
-    return lambda x, num_heads: apply_rope(x, cos, sin_signed)
-
-
-class RotaryEmbedding(torch.autograd.Function):
-    """Rotary embedding from cos/sin tables [positions, head_dim / 2]; positions [B, S]; x [B, heads, S, head_dim]
-    (``num_heads`` 0) or [B, S, num_heads * head_dim]. Exports as ONNX Runtime's fused
-    ``com.microsoft.RotaryEmbedding`` (non-interleaved); eager is ``apply_rope`` of the tables (x1 cos - x2 sin,
-    x2 cos + x1 sin)."""
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
-                sin_table: torch.Tensor, num_heads: int) -> torch.Tensor:
-        flat = x.shape
-        if num_heads:  # [B, S, N * D] -> [B, N, S, D]
-            x = x.view(flat[0], flat[1], num_heads, -1).transpose(1, 2)
-        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]  # [B, 1, S, D/2]
-        out = apply_rope(x, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
-        return out.transpose(1, 2).reshape(flat) if num_heads else out
-
-    @staticmethod
-    def symbolic(g: Any, x: Any, positions: Any, cos_table: Any, sin_table: Any, num_heads: int) -> Any:
-        out = g.op("com.microsoft::RotaryEmbedding", x, positions, cos_table, sin_table, interleaved_i=0,
-                   **({"num_heads_i": num_heads} if num_heads else {}))
-        out.setType(x.type())
-        return out
-
-
-class GroupQueryAttention(torch.autograd.Function):
-    """Causal attention of rotated queries over past + new keys and values, heads grouped (GQA), exported as ONNX
-    Runtime's ``com.microsoft.GroupQueryAttention`` (one node instead of the reshapes, transposes, concatenations,
-    mask and softmax of ``Attention``'s own path).
-
-    q [B, S, H * D], k and v [B, S, KV * D] (rotary already applied: the op's own rotary assumes right padding),
-    past k/v [B, KV, P, D] -> out [B, S, H * D], present k/v [B, KV, P + S, D]. ``seqlens_k`` int32 [B] = P + S - 1
-    and ``total`` int32 [] = P + S for every row: the op's padding is on the right, ours on the left, so every row
-    counts as full and ``bias`` float32 [B, 1, S, P + S] (0 or MASK) masks the padding; the op adds the causal mask.
-    ONNX Runtime refuses S > 1 with a past for B > 1 (the runtime runs such a step row by row)."""
-
-    @staticmethod
-    def forward(ctx: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
-                past_v: torch.Tensor, seqlens_k: torch.Tensor, total: torch.Tensor, bias: torch.Tensor,
-                num_heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, s, _ = q.shape
-        p, d = past_k.shape[2], past_k.shape[3]
-        k = torch.cat([past_k, k.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
-        v = torch.cat([past_v, v.view(b, s, kv_heads, d).transpose(1, 2)], dim=2)
-        causal = torch.arange(p + s)[None, :] <= torch.arange(s)[:, None] + p  # [S, P + S]
-        mask = (causal & (bias == 0)).repeat(1, 1, num_heads // kv_heads, 1)  # grouped_attention's rows
-        qh = q.view(b, s, num_heads, d).transpose(1, 2)
-        return grouped_attention(qh, k, v, mask, (num_heads, kv_heads, d), scale, b, s), k, v
-
-    @staticmethod
-    def symbolic(g: Any, q: Any, k: Any, v: Any, past_k: Any, past_v: Any, seqlens_k: Any, total: Any, bias: Any,
-                 num_heads: int, kv_heads: int, scale: float) -> tuple[Any, Any, Any]:
-        none = g.op("prim::Constant")
-        none.setType(torch._C.NoneType.get())
-        out, present_k, present_v = g.op(
-            "com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total, none, none, none, bias,
-            num_heads_i=num_heads, kv_num_heads_i=kv_heads, scale_f=scale, do_rotary_i=0, outputs=3)
-        out.setType(q.type())
-        present_k.setType(past_k.type())
-        present_v.setType(past_v.type())
-        return out, present_k, present_v
-
-
-class AddRMSNorm(torch.autograd.Function):
-    """fp32 (RMSNorm(x + skip), x + skip), exported as ONNX Runtime's fused ``com.microsoft.
-    SkipSimplifiedLayerNormalization`` (its fourth output is the sum): one node for the residual add and the norm,
-    which ORT's own fusion leaves apart because the sum also feeds the next residual. Eager is ``rms_norm``."""
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        total = x + skip
-        return rms_norm(total, weight, eps), total
-
-    @staticmethod
-    def symbolic(g: Any, x: Any, skip: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-        out, _, _, total = g.op("com.microsoft::SkipSimplifiedLayerNormalization", x, skip, weight, epsilon_f=eps,
-                                outputs=4)
-        out.setType(x.type())
-        total.setType(x.type())
-        return out, total
-
-
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      heads: tuple[int, int, int], scale: float, b: int, s: int,
-                      masked: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal grouped-query attention as transformers' eager path computes it (scores in the model dtype, softmax
-    in fp32): q [B, H, S, D] against k/v [B, KV, T, D] -> [B, S, H * D]; ``heads`` (H, KV, D) and ``b``, ``s`` are
-    given (a trace records shapes read from tensors). K/V are not repeated: the query heads of a group fold into the
-    rows (row j * S + i is query position i of the group's head j), so ``mask`` (True = attend) broadcasts to
-    [B, KV, rep * S, T]; masked scores take MASK_VALUE (``masked``: that value as a 0-dim float32 tensor already
-    on the scores' device, for a caller captured in a CUDA graph, where a CPU constant cannot be copied)."""
-    n_heads, n_kv, head_dim = heads
-    rep = n_heads // n_kv
-    # Without groups (MHA) q is already [B, KV, S, D]: a reshape to its own shape, traced inside
-    # GroupQueryAttention's export, breaks TorchScript's peephole pass ("Argument passed to at() was not in the map").
-    qg = q if rep == 1 else q.reshape(b, n_kv, rep * s, head_dim)
-    scores = (torch.matmul(qg, k.transpose(2, 3)) * scale).float()  # [B, KV, rep*S, T]
-    fill = masked if masked is not None else torch.tensor(MASK_VALUE, dtype=torch.float32)
-    scores = torch.where(mask, scores, fill)
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v).view(b, n_heads, s, head_dim)
-    return out.transpose(1, 2).reshape(b, s, n_heads * head_dim)
-
-
-class FusedMask(NamedTuple):
-    """What ``GroupQueryAttention`` takes instead of the boolean mask (shapes in its docstring)."""
-
-    seqlens_k: torch.Tensor
-    total: torch.Tensor
-    bias: torch.Tensor
+    def __init__(self, in_features: int, widths: list[int], dtype: torch.dtype) -> None:
+        super().__init__(in_features, sum(widths), bias=False, dtype=dtype)
+        self.widths = widths
 
 
 class Attention(nn.Module):
@@ -281,37 +133,46 @@ class Attention(nn.Module):
         self.heads = (self.n_heads, self.n_kv, self.head_dim)
         h, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
         bias = family.has_qkv_bias(cfg)
-        self.q_proj = Linear(h, q, bias=bias, dtype=dtype)
-        self.k_proj = Linear(h, kv, bias=bias, dtype=dtype)
-        self.v_proj = Linear(h, kv, bias=bias, dtype=dtype)
+        self.qkv_proj: ColumnLinear | FusedLinear | None = None  # q/k/v as one GEMM
+        if family.fused_checkpoint_linears:
+            self.qkv_proj = FusedLinear(h, [q, kv, kv], dtype)
+        else:
+            self.q_proj = Linear(h, q, bias=bias, dtype=dtype)
+            self.k_proj = Linear(h, kv, bias=bias, dtype=dtype)
+            self.v_proj = Linear(h, kv, bias=bias, dtype=dtype)
         self.o_proj = Linear(q, h, bias=cfg.attention_bias and family.qkv_bias is None, dtype=dtype)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
-        self.scale = self.head_dim**-0.5
-        self.qkv_proj: ColumnLinear | None = None  # q/k/v as one GEMM (use_column_linears)
+        self.q_norm = make_norm(family, self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
+        self.k_norm = make_norm(family, self.head_dim, cfg.rms_norm_eps, dtype) if family.qk_norm else None
+        self.scale = family.attention_scale(cfg)
+        # SDPA's own default (1 / sqrt(D)) unless the family scales otherwise (the torch-cuda runtime's prefill)
+        self.sdpa_scale = None if self.scale == self.head_dim**-0.5 else self.scale
+        self.softcap = family.attention_softcap(cfg)
 
     def use_column_linears(self) -> None:
         """q/k/v as one ``ColumnLinear``, o_proj as another (the torch-cuda runtime's layout)."""
-        self.qkv_proj = ColumnLinear([self.q_proj, self.k_proj, self.v_proj])
-        del self.q_proj, self.k_proj, self.v_proj
+        if isinstance(self.qkv_proj, FusedLinear):
+            fused = ColumnLinear([self.qkv_proj])
+            fused.widths = self.qkv_proj.widths
+            self.qkv_proj = fused
+        else:
+            self.qkv_proj = ColumnLinear([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
         self.o_proj = ColumnLinear([self.o_proj])
 
-    def _qkv(self, x: torch.Tensor, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, S, H, D], k and v [B, S, KV, D]."""
+    def _qkv_flat(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, S, H * D], k and v [B, S, KV * D]."""
         if self.qkv_proj is None:
-            return (self.q_proj(x).view(b, s, self.n_heads, self.head_dim),
-                    self.k_proj(x).view(b, s, self.n_kv, self.head_dim),
-                    self.v_proj(x).view(b, s, self.n_kv, self.head_dim))
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.widths, dim=-1)
-        return (q.view(b, s, self.n_heads, self.head_dim), k.view(b, s, self.n_kv, self.head_dim),
-                v.view(b, s, self.n_kv, self.head_dim))
+        return q, k, v
 
     def project(self, x: torch.Tensor, rope: Rope, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, S, hidden] -> q [B, H, S, D], k and v [B, KV, S, D]: the projections, the per-head norms (qk_norm
         families) and RoPE. ``b``, ``s`` come from the driver's inputs (one traced value for every layer, so the
         exported shape computations are shared)."""
-        q, k, v = self._qkv(x, b, s)
-        v = v.transpose(1, 2)
+        q, k, v = self._qkv_flat(x)
+        q, k = q.view(b, s, self.n_heads, self.head_dim), k.view(b, s, self.n_kv, self.head_dim)
+        v = v.view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, S, D]
@@ -327,14 +188,15 @@ class Attention(nn.Module):
         q, k, v = self.project(x, rope, b, s)
         k = torch.cat([past_k, k], dim=2)  # [B, KV, P+S, D]
         v = torch.cat([past_v, v], dim=2)
-        return self.o_proj(grouped_attention(q, k, v, mask, self.heads, self.scale, b, s)), k, v
+        out = grouped_attention(q, k, v, mask, self.heads, self.scale, b, s, softcap=self.softcap)
+        return self.o_proj(out), k, v
 
     def _fused(
         self, x: torch.Tensor, rope: Rope, mask: FusedMask, past_k: torch.Tensor, past_v: torch.Tensor, b: int,
         s: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The same attention through ``GroupQueryAttention``: q/k/v stay [B, S, heads * D]."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self._qkv_flat(x)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.view(b, s, self.n_heads, self.head_dim)).view(b, s, self.n_heads * self.head_dim)
             k = self.k_norm(k.view(b, s, self.n_kv, self.head_dim)).view(b, s, self.n_kv * self.head_dim)
@@ -343,36 +205,64 @@ class Attention(nn.Module):
         return self.o_proj(out), k, v
 
 
+def activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The MLP's gate activation, by its config name (``ModelFamily.hidden_acts``)."""
+    if name == "gelu_pytorch_tanh":
+        return nn.functional.gelu(x, approximate="tanh")
+    return nn.functional.silu(x)
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, bias: bool) -> None:
+    def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
-        h, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
-        self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
+        h, f, bias = cfg.hidden_size, cfg.intermediate_size, family.has_mlp_bias(cfg)
+        self.act = family.activation(cfg)
+        self.gate_up_proj: ColumnLinear | FusedLinear | None = None  # gate/up as one GEMM
+        if family.fused_checkpoint_linears:
+            self.gate_up_proj = FusedLinear(h, [f, f], dtype)
+        else:
+            self.gate_proj = Linear(h, f, bias=bias, dtype=dtype)
+            self.up_proj = Linear(h, f, bias=bias, dtype=dtype)
         self.down_proj = Linear(f, h, bias=bias, dtype=dtype)
-        self.gate_up_proj: ColumnLinear | None = None  # gate/up as one GEMM (use_column_linears)
 
     def use_column_linears(self) -> None:
         """gate/up as one ``ColumnLinear``, down_proj as another (the torch-cuda runtime's layout)."""
-        self.gate_up_proj = ColumnLinear([self.gate_proj, self.up_proj])
-        del self.gate_proj, self.up_proj
+        if isinstance(self.gate_up_proj, FusedLinear):
+            fused = ColumnLinear([self.gate_up_proj])
+            fused.widths = self.gate_up_proj.widths
+            self.gate_up_proj = fused
+        else:
+            self.gate_up_proj = ColumnLinear([self.gate_proj, self.up_proj])
+            del self.gate_proj, self.up_proj
         self.down_proj = ColumnLinear([self.down_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x))."""
+        """down(act(gate(x)) * up(x))."""
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).split(self.gate_up_proj.widths, dim=-1)
-            return self.down_proj(nn.functional.silu(gate) * up)
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(activation(self.act, gate) * up)
+        return self.down_proj(activation(self.act, self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.input_layernorm = make_norm(family, cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.self_attn = Attention(cfg, family, dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype, family.has_mlp_bias(cfg))
+        self.post_attention_layernorm = make_norm(family, cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.sandwich = family.sandwich_norms
+        if self.sandwich:  # Gemma: the attention and MLP outputs normed before their residual adds
+            self.pre_feedforward_layernorm = make_norm(family, cfg.hidden_size, cfg.rms_norm_eps, dtype)
+            self.post_feedforward_layernorm = make_norm(family, cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, family, dtype)
+
+    def after_attention(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The residual stream ``x`` after this layer, from its attention's output ``h`` (o_proj applied)."""
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderModel(nn.Module):
@@ -382,25 +272,39 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(Layer(cfg, family, dtype) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.norm = make_norm(family, cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, family: type[ModelFamily], dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.cfg, self.dtype = cfg, dtype
+        self.cfg, self.family, self.dtype = cfg, family, dtype
         self.model = DecoderModel(cfg, family, dtype)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # on the meta device a placeholder (from_weights computes it on the CPU; see Linear for why)
-        meta = torch.get_default_device().type == "meta"
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg),
-                             persistent=False)
-        self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        # per layer: its attention window (None: full) and the RoPE parameters of its layer type (computed on the
+        # CPU even while the model is built on the meta device: see Linear)
+        self.layer_types = family.layer_types(cfg)
+        self.windows = family.layer_windows(cfg)
+        with torch.device("cpu"):
+            self.ropes: dict[str, RopeParams] = {t: rope_parameters(cfg, t) for t in sorted(set(self.layer_types))}
+        self.embed_scale = family.embed_scale(cfg)
+        self.final_softcap = family.final_softcap(cfg)
+        self.rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.fused_attention = False
         for p in self.parameters():
             p.requires_grad_(False)
+
+    @property
+    def plain(self) -> bool:
+        """The Llama math only (what the torch-cuda kernels implement): no windows, one full-width RoPE, SiLU,
+        plain RMSNorm, no soft-capping or embedding scale."""
+        rope = next(iter(self.ropes.values()))
+        f = self.family
+        return (all(w is None for w in self.windows) and len(self.ropes) == 1 and rope.rotary_dim == self.cfg.head_dim
+                and not f.sandwich_norms and not f.norm_offset and f.activation(self.cfg) == "silu"
+                and self.embed_scale is None and self.final_softcap is None and f.attention_softcap(self.cfg) is None)
 
     @classmethod
     def from_weights(
@@ -420,13 +324,26 @@ class Decoder(nn.Module):
         model.load_state_dict(state, strict=False, assign=True)
         if cfg.tie_word_embeddings and "lm_head" not in modules:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model.inv_freq = rope_inv_freq(cfg)
         missing = [n for n, p in model.named_parameters() if p.is_meta]
         if missing:  # load_weights already checked names against the family; this is an internal mismatch
             from edgellm.errors import BugError
 
             raise BugError(f"decoder parameters not loaded: {', '.join(missing[:5])}")
         return model.eval()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [B, S, H], times sqrt(hidden) in the model dtype where the family scales them."""
+        x = self.model.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
+        return x
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final-normed hidden states (soft-capped in the model dtype where configured)."""
+        logits = self.lm_head(normed)
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits.float()
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -437,55 +354,76 @@ class Decoder(nn.Module):
         b, s = input_ids.shape
         past_len = past[0].shape[2]
         total = attention_mask.shape[1]
-        x = self.model.embed_tokens(input_ids)
-        rope = self._rope_fn(position_ids)
-        mask = (self._fused_mask(attention_mask, b, s, total) if self.fused_attention
-                else self._grouped_mask(attention_mask, s, past_len, total))
+        x = self.embed(input_ids)
+        ropes = {t: self._rope_fn(position_ids, t) for t in self.ropes}
+        masks = {w: (self._fused_mask(attention_mask, b, s, total, w) if self.fused_attention
+                     else self._grouped_mask(attention_mask, s, past_len, total, w)) for w in set(self.windows)}
         presents: list[torch.Tensor] = []
         layers = list(self.model.layers)
-        normed = layers[0].input_layernorm(x)
-        for i, layer in enumerate(layers):
-            h, k, v = layer.self_attn(normed, rope, mask, past[2 * i], past[2 * i + 1], b, s)
-            normed, x = self._add_norm(x, h, layer.post_attention_layernorm)
-            following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            normed, x = self._add_norm(x, layer.mlp(normed), following)
-            presents += [k, v]
+        if self.family.sandwich_norms:
+            for i, layer in enumerate(layers):
+                h, k, v = layer.self_attn(layer.input_layernorm(x), ropes[self.layer_types[i]],
+                                          masks[self.windows[i]], past[2 * i], past[2 * i + 1], b, s)
+                x = layer.after_attention(x, h)
+                presents += [k, v]
+            normed = self.model.norm(x)
+        else:
+            normed = layers[0].input_layernorm(x)
+            for i, layer in enumerate(layers):
+                h, k, v = layer.self_attn(normed, ropes[self.layer_types[i]], masks[self.windows[i]], past[2 * i],
+                                          past[2 * i + 1], b, s)
+                normed, x = self._add_norm(x, h, layer.post_attention_layernorm)
+                following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+                normed, x = self._add_norm(x, layer.mlp(normed), following)
+                presents += [k, v]
         if logits_positions is not None:
             normed = normed.index_select(1, logits_positions)
-        logits = self.lm_head(normed).float()
-        return (logits, *presents)
+        return (self.logits(normed), *presents)
 
     def _add_norm(self, x: torch.Tensor, h: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + h), x + h): the residual add and the next RMSNorm, one fused op in an fp32 export."""
-        if self.dtype == torch.float32:
+        if self.dtype == torch.float32 and not isinstance(norm, OffsetRMSNorm):
             return AddRMSNorm.apply(x, h, norm.weight, norm.eps)  # type: ignore[no-any-return]
         x = x + h
         return norm(x), x
 
-    def _grouped_mask(self, attention_mask: torch.Tensor, s: int, past_len: int, total: int) -> torch.Tensor:
-        """Attention's boolean mask [B, 1, rep*S, T]: causal over [S, T] repeated for the query heads of a KV group
-        (Attention's rows) and the padding, once for every layer."""
+    def _grouped_mask(self, attention_mask: torch.Tensor, s: int, past_len: int, total: int,
+                      window: int | None = None) -> torch.Tensor:
+        """Attention's boolean mask [B, 1, rep*S, T]: causal over [S, T] (within ``window`` positions of the query,
+        counted on the cache's axis as transformers does) repeated for the query heads of a KV group (Attention's
+        rows) and the padding, once for every layer of that window."""
         q_idx = torch.arange(s, dtype=torch.int64)[:, None] + past_len
         k_idx = torch.arange(total, dtype=torch.int64)[None, :]
-        causal = (k_idx <= q_idx).repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
+        allowed = k_idx <= q_idx
+        if window is not None:
+            allowed = allowed & (k_idx > q_idx - window)
+        causal = allowed.repeat(self.cfg.num_attention_heads // self.cfg.num_key_value_heads, 1)
         return causal[None, None] & (attention_mask[:, None, None, :] > 0)
 
     @staticmethod
-    def _fused_mask(attention_mask: torch.Tensor, b: int, s: int, total: int) -> FusedMask:
-        """``GroupQueryAttention``'s inputs for ``attention_mask`` [B, T], once for every layer."""
+    def _fused_mask(attention_mask: torch.Tensor, b: int, s: int, total: int,
+                    window: int | None = None) -> FusedMask:
+        """``GroupQueryAttention``'s inputs for ``attention_mask`` [B, T], once for every layer of that window (the
+        keys ``window`` or more positions behind a query masked in the bias)."""
         lengths = torch.ones_like(attention_mask).sum(dim=1)  # [B], every row T (see GroupQueryAttention)
         bias = (attention_mask[:, None, None, :] == 0).float() * MASK_VALUE  # [B, 1, 1, T]
-        return FusedMask(seqlens_k=(lengths - 1).to(torch.int32), total=lengths[0].to(torch.int32),
-                         bias=bias.expand(b, 1, s, total))
+        if window is None:
+            bias = bias.expand(b, 1, s, total)
+        else:
+            q_idx = torch.arange(s, dtype=torch.int64)[:, None] + (total - s)
+            k_idx = torch.arange(total, dtype=torch.int64)[None, :]
+            bias = bias + (k_idx <= q_idx - window).float()[None, None] * MASK_VALUE  # [B, 1, S, T]
+        return FusedMask(seqlens_k=(lengths - 1).to(torch.int32), total=lengths[0].to(torch.int32), bias=bias)
 
     def use_fused_attention(self) -> None:
         """Attention through ONNX Runtime's ``GroupQueryAttention`` (with rotary from tables: call
-        ``use_rotary_tables`` first). fp32 only: its additive padding mask must stay finite in the model dtype."""
+        ``use_rotary_tables`` first). fp32 only: its additive padding mask must stay finite in the model dtype.
+        Not with attention soft-capping (the explicit path computes it as transformers does)."""
         if self.rope_tables is None or self.dtype != torch.float32:
             from edgellm.errors import BugError
 
             raise BugError("use_fused_attention needs use_rotary_tables first and an fp32 decoder")
-        self.fused_attention = True
+        self.fused_attention = self.family.attention_softcap(self.cfg) is None
 
     def trace_shapes_only(self) -> None:
         """For the export's trace, which records operations and shapes, not values: the float linears compute zeros
@@ -495,20 +433,42 @@ class Decoder(nn.Module):
             if isinstance(module, Linear):
                 module.shapes_only = True
 
+    def cos_sin(self, positions: torch.Tensor, layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_cos_sin`` of ``positions`` for layers of ``layer_type`` ([..., rotary_dim], model dtype)."""
+        rope = self.ropes[layer_type]
+        return rope_cos_sin(positions, rope.inv_freq, self.dtype, rope.attention_scaling)
+
     def use_rotary_tables(self, max_positions: int) -> None:
         """Apply RoPE from cos/sin tables through ``RotaryEmbedding`` (one fused op per q and k once exported)
         instead of computing cos/sin from the positions in the graph. The tables hold the same products:
-        position * inv_freq in float32, then cos/sin, in the model dtype."""
-        freqs = rope_freqs(torch.arange(max_positions), self.inv_freq)  # [max_positions, D/2]
-        self.rope_tables = (freqs.cos().to(self.dtype), freqs.sin().to(self.dtype))
+        position * inv_freq in float32 (times the attention scaling), then cos/sin, in the model dtype."""
+        self.rope_tables = {}
+        for t, rope in self.ropes.items():
+            freqs = rope_freqs(torch.arange(max_positions), rope.inv_freq)  # [max_positions, rotary_dim / 2]
+            cos, sin = freqs.cos(), freqs.sin()
+            if rope.attention_scaling != 1.0:
+                cos, sin = cos * rope.attention_scaling, sin * rope.attention_scaling
+            self.rope_tables[t] = (cos.to(self.dtype), sin.to(self.dtype))
 
-    def _rope_fn(self, position_ids: torch.Tensor) -> Rope:
+    def _rope_fn(self, position_ids: torch.Tensor, layer_type: str) -> Rope:
         """rope(x, num_heads): x [B, heads, S, D] with num_heads 0, else [B, S, num_heads * D] (tables only)."""
-        if self.rope_tables is not None:
-            cos_table, sin_table = self.rope_tables
+        if self.rope_tables is None:
+            cos, sin = self.cos_sin(position_ids, layer_type)  # [B, S, rotary_dim], once for all layers
+            return rotary(cos[:, None], sin[:, None])
+        cos_table, sin_table = self.rope_tables[layer_type]
+        rot, d = self.ropes[layer_type].rotary_dim, self.cfg.head_dim
+        if rot == d:
             return lambda t, heads: RotaryEmbedding.apply(t, position_ids, cos_table, sin_table, heads)
-        cos, sin = rope_cos_sin(position_ids, self.inv_freq, self.dtype)  # [B, S, D], once for all layers
-        return rotary(cos[:, None], sin[:, None])
+
+        def partial(t: torch.Tensor, heads: int) -> torch.Tensor:  # the first ``rot`` dims of each head rotate
+            flat = t.shape
+            if heads:  # [B, S, N * D] -> [B, N, S, D]
+                t = t.view(flat[0], flat[1], heads, d).transpose(1, 2)
+            out = torch.cat((RotaryEmbedding.apply(t[..., :rot], position_ids, cos_table, sin_table, 0),
+                             t[..., rot:]), dim=-1)
+            return out.transpose(1, 2).reshape(flat) if heads else out
+
+        return partial
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         shape = (batch, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)

@@ -7,7 +7,7 @@ from edgellm.models.base import ModelFamily, register_family
 
 @register_family
 class Mistral(ModelFamily):
-    """Mistral: Llama layout. Full attention only: a build refuses max_seq_len above ``sliding_window``."""
+    """Mistral: Llama layout; ``sliding_window`` (when set) windows every layer."""
 
     name = "mistral"
     model_types = ("mistral",)

@@ -15,8 +15,10 @@ SDPA, the o_proj GEMM adding into the residual (cuBLAS beta = 1), RMSNorm, the g
 GEMM adding into the residual. Decode (a few rows), eight kernels a layer: ``kernels.gemv`` for the four
 projections (split-K float32 partial sums where the output is narrow; SiLU * up fused into gate/up), RoPE + cache
 write summing the q/k/v partials, attention over the written columns, and the residual add + next RMSNorm summing
-the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, or ``fused=False``) both run
-through the layer modules as below.
+the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, ``fused=False``, or a model the
+kernels do not implement: sliding windows, partial rotary, several RoPE layer types, Gemma's norms and soft-capping,
+see ``Decoder.plain``) both run through the layer modules as below, each windowed layer masking the cache columns
+outside its window.
 
 The layer modules' decode step: its per-layer functions (``attn_in_decode``, ``decode_attention``,
 ``attn_out_mlp``, ``lm_head``) take the layer modules and tensors: ``torch.compile`` traces each once and reuses it
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 
 from edgellm.config import ModelConfig
 from edgellm.models import family_for
-from edgellm.models.decoder import MASK_VALUE, Decoder, Layer, grouped_attention, rope_cos_sin, rotary
+from edgellm.models.decoder import MASK_VALUE, Decoder, Layer, grouped_attention, rotary
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CAPACITY_ALIGN = 64  # cache length rounded up so SDPA's masked kernels need no padded copy of the mask
@@ -72,24 +74,23 @@ def attn_in_decode(layer: Layer, x: torch.Tensor, cos: torch.Tensor,
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     heads: tuple[int, int, int], scale: float) -> torch.Tensor:
+                     heads: tuple[int, int, int], scale: float, softcap: float | None = None) -> torch.Tensor:
     """One query per row against the whole cache: q [B, Hq, 1, D], k/v [B, KV, T, D], mask bool [B, 1, 1, T] ->
     [B, 1, Hq * D]. The model's grouped attention: two batched matmuls parallel over T (a fused kernel with one query
     block per head would walk T serially). The mask value is made on the GPU: a CUDA graph cannot copy a CPU
     constant in."""
     masked = q.new_full((), MASK_VALUE, dtype=torch.float32)
-    return grouped_attention(q, k, v, mask, heads, scale, q.shape[0], 1, masked)
+    return grouped_attention(q, k, v, mask, heads, scale, q.shape[0], 1, masked, softcap)
 
 
 def attn_out_mlp(layer: Layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """x [B, S, H] residual, o [B, S, Hq * D] attention output -> the layer's output [B, S, H]."""
-    x = x + layer.self_attn.o_proj(o)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return layer.after_attention(x, layer.self_attn.o_proj(o))
 
 
 def lm_head(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
     """Final norm and LM head: x [..., H] -> float32 logits [..., V]."""
-    return decoder.lm_head(decoder.model.norm(x)).float()
+    return decoder.logits(decoder.model.norm(x))
 
 
 class GpuDecoder:
@@ -100,7 +101,12 @@ class GpuDecoder:
                  max_seq_len: int, device: torch.device, fns: dict[str, Any] | None = None,
                  decode_sdpa: bool = False, fused: bool | None = None) -> None:
         self.cfg, self.device = cfg, device
-        self.fused = device.type == "cuda" if fused is None else fused
+        # the parameters' own dtype (the table's): the runtime computes in the precision the engine states
+        self.dtype = params["model.embed_tokens.weight"].dtype
+        self.decoder = Decoder.from_weights(cfg, family_for(cfg), params, self.dtype)  # views of the table's tensors
+        # the kernels implement the Llama math: a model with windows or another family's math runs the layer modules
+        # whatever was asked (``fused`` is the session's default where Triton imports)
+        self.fused = (device.type == "cuda" if fused is None else fused) and self.decoder.plain
         if self.fused:
             from edgellm.backends.torch_cuda import kernels  # imports triton: only where a GPU runs
 
@@ -110,17 +116,17 @@ class GpuDecoder:
                            "attn_out_mlp": attn_out_mlp, "lm_head": lm_head}
         if decode_sdpa and "decode_attention" in self.fns:
             del self.fns["decode_attention"]
-        # the parameters' own dtype (the table's): the runtime computes in the precision the engine states
-        self.dtype = params["model.embed_tokens.weight"].dtype
-        self.decoder = Decoder.from_weights(cfg, family_for(cfg), params, self.dtype)  # views of the table's tensors
         self.layers: list[Layer] = list(self.decoder.model.layers)
         for layer in self.layers:
             layer.self_attn.use_column_linears()
             layer.mlp.use_column_linears()
-        # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype
+        # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype, per layer type
         self.capacity = -(-(max_seq_len + SCRATCH_COLUMNS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
-        cos, sin = rope_cos_sin(torch.arange(self.capacity), self.decoder.inv_freq, self.dtype)
-        self.cos, self.sin = cos.to(device), sin.to(device)
+        self.tables = {t: tuple(c.to(device) for c in self.decoder.cos_sin(torch.arange(self.capacity), t))
+                       for t in self.decoder.ropes}
+        self.cos, self.sin = self.tables[self.decoder.layer_types[0]]  # the kernels' (one layer type: ``plain``)
+        self.windows = self.decoder.windows
+        self.columns = torch.arange(self.capacity, device=device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         kv_shape = (2, max_batch_size, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
         self.kv = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
@@ -145,9 +151,10 @@ class GpuDecoder:
         seen = {p.data_ptr(): p.numel() * p.element_size() for p in self.decoder.parameters()}
         return sum(seen.values())
 
-    def _rope(self, positions: torch.Tensor) -> Any:
+    def _rope(self, positions: torch.Tensor, layer_type: str) -> Any:
         """``rope`` of positions [B, S]: the tables' rows, [B, 1, S, D]."""
-        return rotary(self.cos[positions][:, None], self.sin[positions][:, None])
+        cos, sin = self.tables[layer_type]
+        return rotary(cos[positions][:, None], sin[positions][:, None])
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, start: int, new_valid: torch.Tensor,
                 logits_from: int, *, causal_only: bool) -> torch.Tensor:
@@ -173,24 +180,38 @@ class GpuDecoder:
             x = self._fused_layers(self.embed_rows(ids.reshape(-1)), positions.reshape(-1), col, s, attend)
             last = x.view(b, s, -1)[:, logits_from:].reshape(b * (s - logits_from), -1)
             return self._fused_head(last).view(b, s - logits_from, -1)
-        x = self.decoder.model.embed_tokens(ids)
-        rope = self._rope(positions)
-        for layer, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
-            q, k, v = layer.self_attn.project(layer.input_layernorm(x), rope, b, s)
+        x = self.decoder.embed(ids)
+        ropes = {t: self._rope(positions, t) for t in self.tables}
+        masks = {w: self._prefill_mask(b, s, start, new_valid, causal_only, w) for w in set(self.windows)}
+        for i, (layer, kc, vc) in enumerate(zip(self.layers, self.keys, self.values, strict=True)):
+            q, k, v = layer.self_attn.project(layer.input_layernorm(x), ropes[self.decoder.layer_types[i]], b, s)
             kc[:b, :, start:end] = k
             vc[:b, :, start:end] = v
-            o = F.scaled_dot_product_attention(q, kc[:b, :, :end], vc[:b, :, :end], attn_mask=mask,
-                                               is_causal=mask is None, enable_gqa=n_q != n_kv)
-            x = attn_out_mlp(layer, x, o.transpose(1, 2).reshape(b, s, n_q * d))
+            att, mask = layer.self_attn, masks[self.windows[i]]
+            if att.softcap is not None:  # SDPA has no soft-capping: the model's grouped attention
+                m = (mask if mask is not None else torch.ones((s, end), dtype=torch.bool,
+                                                              device=self.device).tril(start)[None, None])
+                o = grouped_attention(q, kc[:b, :, :end], vc[:b, :, :end], m.repeat(1, 1, n_q // n_kv, 1),
+                                      self.heads, att.scale, b, s, softcap=att.softcap)
+            else:
+                o = F.scaled_dot_product_attention(q, kc[:b, :, :end], vc[:b, :, :end], attn_mask=mask,
+                                                   is_causal=mask is None, enable_gqa=n_q != n_kv,
+                                                   scale=att.sdpa_scale).transpose(1, 2).reshape(b, s, n_q * d)
+            x = attn_out_mlp(layer, x, o)
         return lm_head(self.decoder, x[:, logits_from:])
 
-    def _prefill_mask(self, b: int, s: int, start: int, new_valid: torch.Tensor,
-                      causal_only: bool) -> torch.Tensor | None:
-        """SDPA's bool mask [B, 1, S, start + S] (None: plain causal)."""
+    def _prefill_mask(self, b: int, s: int, start: int, new_valid: torch.Tensor, causal_only: bool,
+                      window: int | None = None) -> torch.Tensor | None:
+        """SDPA's bool mask [B, 1, S, start + S] (None: plain causal); ``window``: keys ``window`` or more columns
+        behind the query masked too."""
         end = start + s
         mask = None
+        if window is not None and end > window:
+            causal_only = False
         if not causal_only:
             causal = torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start)
+            if window is not None:
+                causal &= ~torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start - window)
             mask = causal[None] & self.valid[:b, None, :end]  # [B, S, T]
             # a padded query row attends to itself only: its output is unused but must stay finite
             eye = torch.zeros((s, end), dtype=torch.bool, device=self.device)
@@ -264,21 +285,29 @@ class GpuDecoder:
         valid.index_fill_(1, write_idx, True)
         f = self.fns
         sdpa = "decode_attention" not in f
-        if sdpa:  # additive, built once per step (a bool mask would be converted by SDPA in every layer)
-            mask = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype,
-                               device=self.device).masked_fill_(~valid[:, None, None, :], float("-inf"))
-        else:
-            mask = valid[:, None, None, :]
-        x = self.decoder.model.embed_tokens(tokens[:, None])  # [B, 1, H]
-        cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [B, 1, 1, D]
-        for layer, kv, kc, vc in zip(self.layers, self.kv, self.keys, self.values, strict=True):
-            q, new_kv = f["attn_in_decode"](layer, x, cos, sin)
-            kv[:, :b].index_copy_(3, write_idx, new_kv)
-            if sdpa:  # the query heads of one kv head are its rows: [B, KV, rep, D] against [B, KV, T, D]
-                qg = q.reshape(b, n_kv, n_q // n_kv, d)
-                o = F.scaled_dot_product_attention(qg, kc[:b], vc[:b], attn_mask=mask).reshape(b, 1, n_q * d)
+        masks = {}
+        for w in set(self.windows):  # a windowed layer: the columns within its window of the written one
+            seen = valid if w is None else valid & (self.columns > write_idx - w)[None]
+            if sdpa:  # additive, built once per step (a bool mask would be converted by SDPA in every layer)
+                masks[w] = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype,
+                                       device=self.device).masked_fill_(~seen[:, None, None, :], float("-inf"))
             else:
-                o = f["decode_attention"](q, kc[:b], vc[:b], mask, self.heads, layer.self_attn.scale)
+                masks[w] = seen[:, None, None, :]
+        x = self.decoder.embed(tokens[:, None])  # [B, 1, H]
+        tables = {t: (cos[positions][:, None, None], sin[positions][:, None, None])  # [B, 1, 1, D]
+                  for t, (cos, sin) in self.tables.items()}
+        for i, (layer, kv, kc, vc) in enumerate(zip(self.layers, self.kv, self.keys, self.values, strict=True)):
+            q, new_kv = f["attn_in_decode"](layer, x, *tables[self.decoder.layer_types[i]])
+            kv[:, :b].index_copy_(3, write_idx, new_kv)
+            att, mask = layer.self_attn, masks[self.windows[i]]
+            if sdpa and att.softcap is None:  # the query heads of one kv head are its rows: [B, KV, rep, D]
+                qg = q.reshape(b, n_kv, n_q // n_kv, d)
+                o = F.scaled_dot_product_attention(qg, kc[:b], vc[:b], attn_mask=mask,
+                                                   scale=att.sdpa_scale).reshape(b, 1, n_q * d)
+            elif sdpa:
+                o = decode_attention(q, kc[:b], vc[:b], mask == 0, self.heads, att.scale, att.softcap)
+            else:
+                o = f["decode_attention"](q, kc[:b], vc[:b], mask, self.heads, att.scale, att.softcap)
             x = f["attn_out_mlp"](layer, x, o)
         return f["lm_head"](self.decoder, x)[:, 0]
 

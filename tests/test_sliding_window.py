@@ -1,0 +1,165 @@
+"""Sliding-window attention on every backend: each layer's window from the config (``layer_types``,
+``sliding_window_pattern``, ``max_window_layers``, ``use_sliding_window``), correct past the window — a prompt
+longer than it and a generation going on past it — against transformers: the fp32 export on ONNX Runtime (greedy
+over 16 tokens, left-padded batches too) and the torch-cuda decoder's math on the CPU (logits of prefill and
+decode steps). The same on CUDA is ``@pytest.mark.gpu`` (a GPU machine runs it with ``pytest -m gpu``).
+
+The KV cache of a windowed layer holds every position (the mask, not the cache, bounds what a query sees): what is
+exact today; bounding its memory by the window is not implemented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from edgellm.backends.torch_cuda import weight_table
+from edgellm.backends.torch_cuda.decoder import GpuDecoder, load_parameters
+from edgellm.compiler.build import build_engine
+from edgellm.compiler.export import export_checkpoint
+from edgellm.config import ModelConfig
+from edgellm.models import family_for
+from edgellm.runtime import Engine, GenerationRequest
+from edgellm.synth import make_checkpoint
+
+PROMPT = [1, 17, 300, 45, 9, 88, 123, 7, 260, 33, 5, 71, 402, 18]  # 14 tokens, the windows are 4 and 5
+WINDOWED = {
+    # Mistral: every layer windowed
+    "mistral": ("mistral", dict(sliding_window=4)),
+    # Qwen2: layers from max_window_layers on windowed (transformers writes the layer_types it derives)
+    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    # Qwen3: explicit layer_types, full then windowed
+    "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5,
+                            layer_types=["full_attention", "sliding_attention"])),
+}
+
+
+def _reference(ckpt: Path, prompts: list[list[int]], new: int = 16) -> list[list[int]]:
+    ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            greedy = ref.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False)
+            out.append(greedy[0, len(ids):].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """name -> (checkpoint, fp32 export) of each windowed config."""
+    root = tmp_path_factory.mktemp("windowed")
+    out = {}
+    for name, (family, overrides) in WINDOWED.items():
+        ckpt = make_checkpoint(root / name, family, **overrides)
+        export_checkpoint(ckpt, root / f"onnx_{name}", "fp32")
+        out[name] = (ckpt, root / f"onnx_{name}")
+    return out
+
+
+def test_each_layer_takes_the_window_transformers_gives_it() -> None:
+    def windows(family: str, **raw: object) -> tuple[int | None, ...]:
+        base = {"model_type": family, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "vocab_size": 512}
+        cfg = ModelConfig.from_dict({**base, **raw})
+        return family_for(cfg).layer_windows(cfg)
+
+    assert windows("mistral", sliding_window=8) == (8, 8, 8, 8)
+    assert windows("mistral", sliding_window=None) == (None,) * 4
+    assert windows("qwen2", sliding_window=8, use_sliding_window=False, max_window_layers=1) == (None,) * 4
+    assert windows("qwen2", sliding_window=8, use_sliding_window=True, max_window_layers=2) == (None, None, 8, 8)
+    assert windows("qwen3", sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2) == (
+        8, None, 8, None)
+    assert windows("llama", sliding_window=8, sliding_window_pattern=2) == (8, None, 8, None)
+    for name, (family, overrides) in WINDOWED.items():  # what transformers' own config derives
+        hf = getattr(transformers, family_for(ModelConfig.from_dict(
+            {"model_type": family, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "vocab_size": 512})).hf_config)(num_hidden_layers=2, **overrides)
+        types = getattr(hf, "layer_types", None) or ["sliding_attention"] * 2
+        cfg = ModelConfig.from_dict({**hf.to_dict(), "model_type": family})
+        assert family_for(cfg).layer_types(cfg) == tuple(types), name
+
+
+def test_greedy_past_the_window_equals_transformers_on_onnx_runtime(windowed, tmp_path) -> None:
+    """A prompt longer than the window, 16 tokens generated past it; a left-padded batch of two prompts (the
+    window counts cache positions, padding included, as transformers' mask does)."""
+    prompts = [PROMPT, PROMPT[:9]]
+    for name, (ckpt, onnx_dir) in windowed.items():
+        build_engine(onnx_dir, tmp_path / name, "ort", max_batch_size=2, max_seq_len=64)
+        engine = Engine.open(tmp_path / name)
+        want = _reference(ckpt, prompts)
+        alone = engine.generate([GenerationRequest(id="a", input_ids=PROMPT, max_new_tokens=16)])[0]
+        assert alone.output_ids == want[0], name
+        batch = engine.generate([GenerationRequest(id=str(i), input_ids=p, max_new_tokens=16)
+                                 for i, p in enumerate(prompts)])
+        assert [r.output_ids for r in batch] == want, name
+
+
+def test_the_window_changes_the_tokens(windowed) -> None:
+    """The windowed checkpoint is not its full-attention twin: the comparison above would catch a window ignored."""
+    ckpt, _ = windowed["mistral"]
+    full = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, sliding_window=None).eval()
+    with torch.no_grad():
+        assert not torch.allclose(full(torch.tensor([PROMPT])).logits, transformers.AutoModelForCausalLM
+                                  .from_pretrained(ckpt, dtype=torch.float32).eval()(torch.tensor([PROMPT])).logits)
+
+
+def _gpu_decoder_matches(ckpt: Path, onnx_dir: Path, device: torch.device, limit: float) -> None:
+    cfg = ModelConfig.load(onnx_dir)
+    table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+    model = GpuDecoder(cfg, load_parameters(data_file, table, device), max_batch_size=2, max_seq_len=32,
+                       device=device)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    n = len(PROMPT)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        ref = hf(ids).logits[0].float()
+        d = ids.to(device)
+        pos = torch.arange(n, device=device)[None]
+        whole = model.prefill(d, pos, 0, torch.ones(1, n, dtype=torch.bool, device=device), 0, causal_only=True)[0]
+        model.prefill(d[:, :8], pos[:, :8], 0, torch.ones(1, 8, dtype=torch.bool, device=device), 7,
+                      causal_only=True)
+        steps = torch.stack([model.decode(d[0, i:i + 1], pos[0, i:i + 1], torch.tensor([i], device=device))[0]
+                             for i in range(8, n)])
+        pad = 3
+        padded_ids = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), ids[0, :n - pad]]), ids[0]])
+        mask = torch.tensor([[0] * pad + [1] * (n - pad), [1] * n], dtype=torch.bool)
+        padded = model.prefill(padded_ids.to(device), (mask.long().cumsum(1) - 1).clamp_min(0).to(device), 0,
+                               mask.to(device), 0, causal_only=False)
+    # the left-padded row sees its window over cache columns, padding included: transformers' own padded forward
+    with torch.no_grad():
+        ref_padded = hf(padded_ids, attention_mask=mask.long()).logits[0].float()
+    for what, got, want in (("prefill", whole, ref), ("decode past the window", steps, ref[8:]),
+                            ("left-padded row", padded[0, pad:], ref_padded[pad:]), ("full row", padded[1], ref)):
+        assert float((got.cpu() - want).abs().max()) < limit, what
+
+
+def test_torch_cuda_decoder_past_the_window_matches_transformers_on_the_cpu(windowed) -> None:
+    for ckpt, onnx_dir in windowed.values():
+        _gpu_decoder_matches(ckpt, onnx_dir, torch.device("cpu"), 1e-4)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_engine_past_the_window_equals_transformers_on_the_gpu(windowed, tmp_path) -> None:
+    """On CUDA: the decoder's math (the layer modules: the fused kernels take no window) and a built torch-cuda
+    engine's greedy continuation, against transformers."""
+    device = torch.device("cuda")
+    for name, (ckpt, onnx_dir) in windowed.items():
+        _gpu_decoder_matches(ckpt, onnx_dir, device, 1e-3)
+        build_engine(onnx_dir, tmp_path / name, "torch-cuda", max_batch_size=2, max_seq_len=64)
+        engine = Engine.open(tmp_path / name)
+        out = engine.generate([GenerationRequest(id="a", input_ids=PROMPT, max_new_tokens=16)])[0]
+        assert out.output_ids == _reference(ckpt, [PROMPT])[0], name
+
+
+def test_a_windowed_model_runs_the_layer_modules_even_where_the_kernels_are_asked_for(windowed) -> None:
+    """The torch-cuda session asks for the fused kernels wherever Triton imports; they implement full attention only,
+    so a windowed model takes the layer modules (checked above) instead of the kernels' unwindowed attention."""
+    onnx_dir = windowed["qwen2"][1]
+    cfg = ModelConfig.load(onnx_dir)
+    table, data_file = weight_table(onnx_dir / "model.onnx", cfg)
+    model = GpuDecoder(cfg, load_parameters(data_file, table, torch.device("cpu")), max_batch_size=1,
+                       max_seq_len=32, device=torch.device("cpu"), fused=True)
+    assert model.fused is False and model.windows == (None, 4) and not model.decoder.plain
