@@ -656,15 +656,15 @@ def test_a_password_given_as_a_query_parameter_never_reaches_prefect(postgres: P
 
     url, password = postgres.create_database(), postgres.password
     url = url.replace(f":{password}@", "@") + f"?sslmode=disable&password={password}"
-    matrix = tmp_path / "nodevice.yml"  # planned, recorded, nothing to run: the flow itself is under test
+    # the cheapest run that opens a flow run (one export on the local CPU; a run with nothing to do opens none)
+    matrix = tmp_path / "export.yml"
     matrix.write_text(yaml.safe_dump({
-        "name": "nodevice", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["orin"],
-        "defaults": {"stages": ["export", "build", "infer"], "max_seq_len": 256, "max_batch_size": 2,
-                     "max_input_len": 128}}))
+        "name": "export", "models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
+        "defaults": {"stages": ["export"], "max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}}))
     code, output = _invoke("nightly", "--json", "--matrix", str(matrix), "--db", url, "--inventory",
                            str(farm_dirs["inventory"]), "--data-dir", str(tmp_path / "data"),
                            "--docs-dir", str(tmp_path / "docs"))
-    assert code == 5, output  # nothing ran (no orin device: pytest's exit code 5)
+    assert code == 0, output
     assert password not in output
     with get_client(sync_client=True) as client:
         runs = [r for r in client.read_flow_runs() if r.parameters.get("matrix") == str(matrix)]
