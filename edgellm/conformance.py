@@ -18,9 +18,11 @@ Features of a family (each a set of config overrides over the family's ``tiny_co
 
 Cells, per family (``cells()``):
     structure   every feature x every checkpoint dtype, exported at fp32: greedy equal to transformers over 16 tokens
-                and logits within fp32's limits
-    precision   every feature from its bf16 checkpoint (as published) at each half precision: fp16 built on ONNX
-                Runtime, bf16 run by the torch-cuda runtime's decoder (on the CPU here), by the precision's limits
+                and logits within fp32's limits (a RoPE scaling type from the bf16 checkpoint only: it changes the
+                fp32 tables alone, which every dtype and precision shares)
+    precision   every feature but the RoPE types from its bf16 checkpoint (as published) at each half precision: fp16
+                built on ONNX Runtime, bf16 run by the torch-cuda runtime's decoder (on the CPU here), by the
+                precision's limits
     quantized   every ModelOpt method edgellm exports and ``edgellm.synth_quant`` writes, from the base checkpoint in
                 every dtype, by the method's limits (``edgellm.thresholds``), for each family whose export takes
                 quantized checkpoints (``ModelFamily.quantized_export``)
@@ -61,6 +63,9 @@ class Feature:
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
     max_shard_size: str | None = None
+    # a RoPE scaling type changes only the fp32 tables every precision and dtype shares: its structure cell from the
+    # bf16 checkpoint (as published) proves it; the others are proven on every dtype and precision by ``base``
+    rope: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,7 @@ def features(family: type[ModelFamily]) -> list[Feature]:
     found.append(Feature("mlp_bias", {"mlp_bias": True}))
     own: dict[str, dict[str, Any]] = family.conformance_features
     # a rope type the family gives its own published example of (a feature named after it) takes that one
-    found += [Feature(f"rope_{t}", {"rope_scaling": rope_example(t, family)}) for t in family.rope_types
+    found += [Feature(f"rope_{t}", {"rope_scaling": rope_example(t, family)}, rope=True) for t in family.rope_types
               if t not in own and f"rope_{t}" not in own]
     found += [Feature(name, dict(overrides)) for name, overrides in sorted(own.items())]
     names = [f.name for f in found]
@@ -141,8 +146,9 @@ def cells(families: list[type[ModelFamily]] | None = None) -> list[Cell]:
         if family.hf_config is None:
             continue  # no synthetic checkpoint of it (edgellm.synth): proven by its own tests
         feats = features(family)
-        out += [Cell(family.name, f, d, "fp32", "structure") for f in feats for d in CHECKPOINT_DTYPES]
-        out += [Cell(family.name, f, "bf16", p, "precision") for f in feats for p in HALF_PRECISIONS]
+        out += [Cell(family.name, f, d, "fp32", "structure") for f in feats
+                for d in (("bf16",) if f.rope else CHECKPOINT_DTYPES)]
+        out += [Cell(family.name, f, "bf16", p, "precision") for f in feats if not f.rope for p in HALF_PRECISIONS]
         if family.quantized_export:  # else its export refuses a quantized checkpoint by name (its own tests)
             out += [Cell(family.name, feats[0], d, m, "quantized") for m in quantized_methods()
                     for d in CHECKPOINT_DTYPES]

@@ -61,7 +61,11 @@ def run_group(cells: list[conformance.Cell], root: Path) -> dict[str, str | None
 
 def _config_value(config: dict[str, Any], key: str) -> Any:
     if key == "rope_scaling" and "rope_scaling" not in config:  # transformers 5 writes rope_parameters
-        return config.get("rope_parameters")
+        params = config.get("rope_parameters")
+        # per layer type (Gemma-3): a rope_scaling applies to the global (full attention) layers
+        if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+            return params["full_attention"]
+        return params
     return config.get(key)
 
 
