@@ -17,6 +17,7 @@ from edgellm.memory import (
     Reserve,
     compute_dtype,
     estimate,
+    load_copy,
     load_reserves,
     reserve_for,
 )
@@ -62,7 +63,7 @@ class Sizer:
             return estimate(cfg, entry.precision, max_seq_len=entry.max_seq_len, max_batch_size=entry.max_batch_size,
                             max_input_len=entry.max_input_len, lm_head_precision=entry.lm_head_precision,
                             kv_cache_precision=entry.kv_cache_precision, group_size=group,
-                            float_dtype=compute_dtype(toolchain),
+                            float_dtype=compute_dtype(toolchain), load_copy=load_copy(toolchain),
                             reserve=reserve_for(toolchain, platform, self.reserves))
         except ConfigurationError:  # a config this library cannot size: the row's other checks speak for it
             return None

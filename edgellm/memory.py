@@ -121,6 +121,21 @@ def _compute_dtypes(path: Path) -> dict[str, Any]:
     return table
 
 
+def load_copy(toolchain: str | None, path: Path = RESERVES_FILE) -> bool:
+    """Whether a toolchain's runtime copies each decoder layer's linears at load, one layer at a time (the data
+    file's ``load_copies``): its peak then holds one layer's linears twice."""
+    if toolchain is None:
+        return False
+    from edgellm.yamlio import read_yaml
+
+    data = read_yaml(path)
+    table = data.get("load_copies", {}) if isinstance(data, dict) else {}
+    found = table.get(toolchain) if isinstance(table, dict) else None
+    if found not in (None, "one_layer"):
+        raise ConfigurationError(f"{path}: load_copies.{toolchain}: {found!r}; valid: one_layer")
+    return found == "one_layer"
+
+
 def missing_reserve(toolchain: str | None, device_type: str | None,
                     reserves: dict[tuple[str, str], Reserve]) -> str:
     """What an estimate without a reserve says of it: which pair has no measurement, and which pairs have one."""
@@ -201,7 +216,7 @@ def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, 
              max_input_len: int | None = None, lm_head_precision: LMHeadPrecision | str | None = None,
              kv_cache_precision: KVCachePrecision | str | None = None, group_size: int | None = None,
              float_dtype: str | None = None, reserve: Reserve | None = None,
-             no_reserve: str = "no runtime reserve given") -> MemoryEstimate:
+             no_reserve: str = "no runtime reserve given", load_copy: bool = False) -> MemoryEstimate:
     """The memory an engine of ``cfg`` built at these shapes needs (see the module's docstring)."""
     from edgellm.models.base import NoFamilyError, family_for
 
@@ -252,9 +267,14 @@ def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, 
     tokens = max_batch_size * s_in
     act = tokens * (4 * h + q + 2 * cfg.num_key_value_heads * cfg.head_dim + 2 * cfg.intermediate_size) * fb
     act += tokens * v * 4 + max_batch_size * cfg.num_attention_heads * s_in * max_seq_len * fb
+    if fb != 4:  # logits in the float dtype before their fp32 copy
+        act += tokens * v * fb
     parts = {"weights": int(linears * per_value + other * fb), "embeddings": int(embed), "lm_head": int(head_bytes),
              "kv_cache": int(kv_bytes), "activations": int(act),
              "runtime_reserve": reserve.bytes if reserve is not None else 0}
+    if load_copy:  # one layer's linears held twice while the runtime lays them out (``load_copy``)
+        parts["load_copy"] = int(linears * per_value / max(cfg.num_hidden_layers, 1))
+        notes.append("one decoder layer's linears counted twice: the runtime copies them at load, layer by layer")
     source = reserve.source if reserve is not None else no_reserve
     return MemoryEstimate(parts, source, tuple(notes), reserve)
 

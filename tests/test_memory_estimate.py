@@ -226,3 +226,16 @@ def test_infer_writes_the_engines_peak_memory_beside_its_responses(stories_engin
     assert len(written["responses"]) == 1
     assert 10 * MIB < written["peak_memory_bytes"] < 500 * MIB  # the ONNX Runtime session and a 1 MiB model
     assert RULES["infer_peak_memory_mb"].direction is Direction.LOWER_IS_BETTER
+
+
+def test_a_runtime_that_lays_out_each_layer_at_load_holds_one_layer_twice() -> None:
+    """edgellm-torch-cuda copies a layer's linears into its column layout, freeing the loaded ones layer by layer:
+    its estimate counts one layer's linears once more (the data file's load_copies); ONNX Runtime's does not."""
+    from edgellm.memory import load_copy
+
+    assert load_copy("edgellm-torch-cuda") and not load_copy("edgellm-ort") and not load_copy(None)
+    cfg = _cfg()
+    plain = estimate(cfg, "bf16", max_seq_len=64, max_batch_size=1)
+    copied = estimate(cfg, "bf16", max_seq_len=64, max_batch_size=1, load_copy=True)
+    layer_linears = (256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * 512) * 2  # q, o, k, v, gate, up, down in bf16
+    assert copied.total_bytes - plain.total_bytes == copied.parts["load_copy"] == layer_linears

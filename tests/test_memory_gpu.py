@@ -16,7 +16,7 @@ import pytest
 
 from edgellm.compiler.build import build_engine
 from edgellm.compiler.export import export_checkpoint
-from edgellm.memory import estimate_checkpoint
+from edgellm.memory import estimate_checkpoint, load_copy
 from edgellm.synth import make_checkpoint
 
 pytestmark = pytest.mark.gpu
@@ -39,7 +39,8 @@ def test_estimate_within_15_percent_of_the_allocated_peak_on_the_gpu(tmp_path: P
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     allocated = int(report["cuda_peak_allocated_bytes"])
-    found = estimate_checkpoint(ckpt, precision, float_dtype=precision, reserve=None, **SHAPES)
+    found = estimate_checkpoint(ckpt, precision, float_dtype=precision, reserve=None,
+                                load_copy=load_copy("edgellm-torch-cuda"), **SHAPES)
     engine_part = found.total_bytes - found.parts["runtime_reserve"]
     print(json.dumps({"precision": precision, "estimate_mib": engine_part / MIB, "allocated_mib": allocated / MIB,
                       "reserved_mib": report.get("cuda_peak_reserved_bytes", 0) / MIB,

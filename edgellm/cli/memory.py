@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from edgellm.errors import EXIT_OK
-from edgellm.memory import FLOAT_BYTES, compute_dtype, estimate_checkpoint, load_reserves, missing_reserve, reserve_for
+from edgellm.memory import (
+    FLOAT_BYTES,
+    compute_dtype,
+    estimate_checkpoint,
+    load_copy,
+    load_reserves,
+    missing_reserve,
+    reserve_for,
+)
 
 NAME = "memory"
 HELP = "estimate an engine's memory (weights, KV cache, activations, runtime reserve) from a checkpoint's config"
@@ -39,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                                 lm_head_precision=args.lm_head_precision,
                                 kv_cache_precision=args.kv_cache_precision,
                                 float_dtype=args.float_dtype or compute_dtype(args.toolchain),
-                                reserve=reserve,
+                                reserve=reserve, load_copy=load_copy(args.toolchain),
                                 no_reserve=missing_reserve(args.toolchain, args.device_type, reserves))
     out = {"checkpoint": str(args.checkpoint), "toolchain": args.toolchain,
            "device_type": reserve.device_type if reserve is not None else args.device_type, **found.to_json()}

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from edgellm.config import ModelConfig
 from edgellm.models import family_for
+from edgellm.models.base import LAYER_PREFIX
 from edgellm.models.decoder import MASK_VALUE, Decoder, Layer, grouped_attention, rotary
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -117,9 +118,13 @@ class GpuDecoder:
         if decode_sdpa and "decode_attention" in self.fns:
             del self.fns["decode_attention"]
         self.layers: list[Layer] = list(self.decoder.model.layers)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             layer.self_attn.use_column_linears()
             layer.mlp.use_column_linears()
+            # ``params`` is consumed: the layer's loaded views go as soon as its column copies exist, so each stored
+            # tensor is freed layer by layer (the load's peak is the model and one layer, not the layers twice)
+            for name in [n for n in params if n.startswith(f"{LAYER_PREFIX}{i}.")]:
+                del params[name]
         # RoPE tables as the export's: position * inv_freq in fp32, then cos/sin in the model dtype, per layer type
         self.capacity = -(-(max_seq_len + SCRATCH_COLUMNS) // CAPACITY_ALIGN) * CAPACITY_ALIGN
         self.tables = {t: tuple(c.to(device) for c in self.decoder.cos_sin(torch.arange(self.capacity), t))
