@@ -58,7 +58,9 @@ def _broken_inventory(root: Path, hosts: SshHosts) -> Path:
 
 def _expected_problems(directory: Path) -> list[str]:
     return [
-        f"{directory / 'jetson-1.yaml'}: type: unknown device type 'jetson-orin'; valid: orin, thor",
+        f"{directory / 'jetson-1.yaml'}: type: unknown device type 'jetson-orin'; valid: agx-orin-32gb, orin, "
+        "orin-nano-8gb, "
+        "orin-nx-16gb, thor",
         f"{directory / 'nokey.yaml'}: key_file: {directory / 'keys' / 'absent'} does not exist",
         f"{directory / 'dup.yml'}: duplicate device id 'dup' (also {directory / 'dup.yaml'})",
         f"{directory / 'badport.yaml'}: port: Input should be less than or equal to 65535 (got 70000)",
