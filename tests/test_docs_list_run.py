@@ -43,3 +43,24 @@ def test_a_list_run_publishes_its_own_page_with_its_waivers_bug(farm_dirs: dict[
     run_page = next((docs / "runs").glob("run-*.html"))
     assert "waived" in run_page.read_text()
     assert not (docs / "supported-models.md").exists()  # a list run never writes the nightly's pages
+
+
+def test_a_list_whose_every_row_is_waived_runs_nothing_and_says_why(farm_dirs: dict[str, Path], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "l0_waived.yml").write_text(yaml.safe_dump({
+        "name": "l0_waived", "stage": "l0", "description": "all waived", "platforms": {"terms": ["x86-cpu"]},
+        "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128, "stages": ["export"]},
+        "tests": [{"model": "stories260K", "precision": "fp32"}]}))
+    (lists / "waivers.yml").write_text(yaml.safe_dump({"waivers": [
+        {"pattern": "stories260K-fp32-*", "platforms": ["x86-cpu"], "bug": BUG, "expires": "2099-01-01",
+         "reason": "known issue"}]}))
+    docs = tmp_path / "docs"
+    monkeypatch.setenv("EDGEFARM_DOCS_DIR", str(docs))
+    db = tmp_path / "list.db"
+    result = CliRunner().invoke(app, ["run", "--priority", str(lists / "l0_waived.yml"), "--db", f"sqlite:///{db}",
+                                      "--inventory", str(farm_dirs["inventory"]), "--data-dir", str(farm_dirs["data"])])
+    assert result.exit_code == 5, result.output  # everything waived: nothing ran (pytest's 5, issue 26)
+    assert "nothing ran (exit 5):" in result.output and "waived until 2099-01-01" in result.output
+    assert not (docs / "lists" / "l0_waived.html").exists()  # no run, so no page (issue 41: no run id taken)
