@@ -172,10 +172,11 @@ def test_a_build_of_another_release_is_refused(make_board: Callable[..., JetsonB
     other = make_board("orin", tools_version="0.10.0")  # only a 0.10.0 build: the 0.11.0 export is not run on it
     block = {**other.toolchain_block(), "version": "0.10.0"}
     summary = _run(farm_dir, _inventory(farm_dir, other, toolchains={"tensorrt-edgellm": block}))
-    skipped = _results(farm_dir, summary["run_id"])["build"]
-    assert skipped.status.value == "skipped"
-    assert "no orin device has a tensorrt-edgellm 0.11.0 build" in skipped.reason
-    assert f"{other.id}: 0.10.0" in skipped.reason and "mismatch is refused" in skipped.reason
+    # skipped at plan time: nothing runs, so no run is opened (issue 41) and the summary says why
+    assert summary["run_id"] is None and summary["nothing_ran"] and summary["plan"] == {"skipped": 1}, summary
+    (why,) = summary["why_nothing_ran"]
+    assert "orin: skipped:" in why and "no orin device has a tensorrt-edgellm 0.11.0 build" in why
+    assert f"{other.id}: 0.10.0" in why and "mismatch is refused" in why
     assert [c for c in other.calls() if c["tool"] == "llm_build"] == []
 
 
