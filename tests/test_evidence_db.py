@@ -210,15 +210,15 @@ def test_the_nightly_never_hands_prefect_the_database_password(postgres, farm_di
 
     url = postgres.create_database()
     assert postgres.password in url
-    matrix = tmp_path / "nodevice.yml"  # planned, recorded, nothing to run: the flow itself is under test
-    defaults = {"stages": ["export", "build", "infer"], "max_seq_len": 256, "max_batch_size": 2,
-                "max_input_len": 128}
-    matrix.write_text(yaml.safe_dump({"name": "nodevice", "models": ["stories260K"], "precisions": ["fp32"],
-                                      "platforms": ["orin"], "defaults": defaults}))
+    # the cheapest run that opens a flow run (one export on the local CPU; a run with nothing to do opens none)
+    matrix = tmp_path / "export.yml"
+    defaults = {"stages": ["export"], "max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}
+    matrix.write_text(yaml.safe_dump({"name": "export", "models": ["stories260K"], "precisions": ["fp32"],
+                                      "platforms": ["x86-cpu"], "defaults": defaults}))
     code, output = _invoke(["nightly", "--json", "--matrix", str(matrix), "--db", url, "--inventory",
                             str(farm_dirs["inventory"]), "--data-dir", str(tmp_path / "data"),
                             "--docs-dir", str(tmp_path / "docs")])
-    assert code == 5, output  # nothing ran (no orin device): exit 5
+    assert code == 0, output
     assert postgres.password not in output
     with get_client(sync_client=True) as client:
         runs = [r for r in client.read_flow_runs() if r.parameters.get("matrix") == str(matrix)]

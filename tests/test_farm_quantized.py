@@ -194,10 +194,9 @@ def test_without_the_toolchain_its_rows_are_skipped_with_the_reason(tmp_path: Pa
     # nothing ran: exit 5 (pytest's "no tests ran"), with the reason
     assert code == 5 and summary["plan"] == {"skipped": 4} and summary["stages"] == {}, summary
     assert summary["nothing_ran"] and all(": skipped: " in why for why in summary["why_nothing_ran"]), summary
-    rows = _results(f"sqlite:///{data / 'edgefarm.db'}", int(summary["run_id"]))
-    assert {r.status.value for r in rows.values()} == {"skipped"}
-    for row in rows.values():
+    assert summary["run_id"] is None  # nothing to do opens no run (issue 41): the summary carries the reasons
+    for why in summary["why_nothing_ran"]:
         assert "tensorrt-edgellm 0.11.0 could not be installed: installing tensorrt-edgellm 0.11.0: package " \
-               "registry unreachable" in row.reason, row.reason
-        assert str(data) not in row.reason
+               "registry unreachable" in why, why
+        assert str(data) not in why
     assert not (data / "toolchains" / "tensorrt-edgellm-0.11.0").exists()  # a failed install leaves nothing
