@@ -499,9 +499,9 @@ def test_item7_bring_up_prints_its_rungs_not_prefects_info(farm_dirs: dict[str, 
     import subprocess
     import sys
 
-    from tests.helpers.foreign import make_gemma3_text
+    from tests.helpers.foreign import make_granite
 
-    ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: a short flow
+    ckpt = make_granite(tmp_path / "granite")  # a new structure: stops at rung 2, a short flow
     migrated_prefect_home(tmp_path / "data" / "prefect")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "EDGEFARM_DB_URL"}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
