@@ -149,6 +149,7 @@ def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_p
         entry, platform, toolchain = _Entry(), "thor", "tensorrt-edgellm"
         toolchain_version, quantizer, quantizer_version = "0.11.0", "tensorrt-edgellm", "0.11.0"
         prequantized = None
+        memory_estimate_gb = None  # the plan's estimate (not sized here)
 
     ref = CheckpointRef(model="m", path="/nowhere", sha256="0" * 64)
     trt = driver("tensorrt-edgellm")
