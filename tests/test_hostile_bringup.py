@@ -19,7 +19,7 @@ from edgellm.config import MAX_TOKENIZER_BYTES
 from edgellm.errors import ConfigurationError
 from flows.cli import app
 from results.models import Run
-from tests.helpers.foreign import make_gemma3_text
+from tests.helpers.foreign import make_granite
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -53,7 +53,7 @@ def _runs(db: Path) -> list[str]:
 
 def test_links_planted_in_the_report_directory_are_removed_never_written_through(farm: dict[str, Path],
                                                                                 tmp_path: Path) -> None:
-    ckpt = make_gemma3_text(tmp_path / "gemma3")  # stops at rung 2: inventory.json and closest.json are written
+    ckpt = make_granite(tmp_path / "granite")  # stops at rung 2: inventory.json and closest.json are written
     victim, victim_dir = tmp_path / "victim.txt", tmp_path / "victim-dir"
     victim.write_text("precious\n")
     victim_dir.mkdir()

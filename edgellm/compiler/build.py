@@ -19,7 +19,6 @@ from edgellm.compiler.files import file_table, sha256_file, staged_dir, verify_f
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.models import family_for
-from edgellm.models.rope import length_limit as rope_length_limit
 from edgellm.quant import check_gemm_readback
 from edgellm.types import Precision
 
@@ -96,6 +95,8 @@ def _build(onnx_dir: Path, engine_dir: Path, engine: EngineBackend, export_manif
     if isinstance(held, int) and params.max_seq_len > held:
         raise ConfigurationError(f"max_seq_len {params.max_seq_len} exceeds the {held} positions the export's RoPE "
                                  f"tables hold; valid: 1..{held} (export with a larger max_positions)")
+    from edgellm.models.rope import length_limit as rope_length_limit  # torch: only where an engine is built
+
     limit = rope_length_limit(cfg)
     if limit is not None and params.max_seq_len > limit[0]:
         raise UnsupportedError(f"{family.name}: max_seq_len {params.max_seq_len}: {limit[1]}; build with "

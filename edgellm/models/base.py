@@ -291,6 +291,11 @@ def family_for(cfg: ModelConfig) -> type[ModelFamily]:
     return family
 
 
+# the package's modules that hold no family: never imported to fill the registry (decoder, ops and rope import torch,
+# which inspect, the plan and eval --reference must not load)
+SUPPORT_MODULES = frozenset({"base", "contract", "decoder", "ops", "rope"})
+
+
 def _load_builtin_families() -> None:
     """Import every module of this package once (sorted: a stable registration order); their decorators fill
     the registries. A family is one module: nothing here lists them."""
@@ -300,7 +305,7 @@ def _load_builtin_families() -> None:
     import edgellm.models as package
 
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name not in ("base", "decoder"):
+        if info.name not in SUPPORT_MODULES:
             importlib.import_module(f"edgellm.models.{info.name}")
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from edgellm.config import ModelConfig, RopeScaling, _Reader, _rope
 from edgellm.errors import UnsupportedError
+
+if TYPE_CHECKING:  # torch loads only where tables are computed: inspect and plan stay light
+    import torch
 
 ROPE_TYPES = ("llama3", "linear", "dynamic", "yarn", "longrope")  # implemented here besides "default"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -85,6 +86,8 @@ def layer_rope(cfg: ModelConfig, layer_type: str) -> tuple[float, RopeScaling | 
 
 
 def _default(theta: float, dim: int) -> torch.Tensor:
+    import torch
+
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
@@ -128,6 +131,8 @@ def length_limit(cfg: ModelConfig) -> tuple[int, str] | None:
 
 
 def _llama3(inv_freq: torch.Tensor, rs: RopeScaling) -> torch.Tensor:
+    import torch
+
     factor = rs.factor
     low, high = float(rs.params["low_freq_factor"]), float(rs.params["high_freq_factor"])
     old_ctx = float(rs.params["original_max_position_embeddings"])
@@ -163,6 +168,8 @@ def _yarn(cfg: ModelConfig, base: float, dim: int, rs: RopeScaling, raw: dict[st
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
+    import torch
+
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
     extrapolation = 1 - ramp
@@ -182,6 +189,8 @@ def _longrope(cfg: ModelConfig, base: float, dim: int, raw: dict[str, Any]) -> R
     attention_factor = raw.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    import torch
+
     ext = torch.tensor(short, dtype=torch.float32)
     shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     return RopeParams(1.0 / (ext * base**shape), float(attention_factor), dim)
