@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 from flows.docs_regressions import RegressionMark, mark_markdown
 from flows.escape import markdown_text
+from stages.job import PPL_LIMIT_METRIC
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -270,8 +271,23 @@ def platform_toolchains(rows: Iterable[MatrixRow]) -> list[str]:
     return sorted({r.made_by for r in rows if r.made_by})
 
 
+# A metric judged against a limit shows the limit beside it (as MLPerf shows each row's target): metric -> (the
+# metric recording the limit the row was judged by, how to say it)
+CELL_LIMITS: dict[str, tuple[str, str]] = {
+    "perplexity_ratio": (PPL_LIMIT_METRIC, "limit 1±{:.2g}"),
+}
+
+
 def metrics_text(metrics: dict[str, float], sep: str) -> str:
-    parts = [f"{label} {fmt.format(metrics[name])}" for name, label, fmt in CELL_METRICS if name in metrics]
+    parts = []
+    for name, label, fmt in CELL_METRICS:
+        if name not in metrics:
+            continue
+        text = f"{label} {fmt.format(metrics[name])}"
+        limit_metric, limit_fmt = CELL_LIMITS.get(name, ("", ""))
+        if limit_metric in metrics:
+            text += f" ({limit_fmt.format(metrics[limit_metric])})"
+        parts.append(text)
     return sep.join(parts)
 
 

@@ -21,6 +21,7 @@ def chosen_versions(versions: tuple[tuple[str, str], ...]) -> str | None:
     return ", ".join(f"{t}=={v}" for t, v in versions) or None
 
 
+PPL_LIMIT_METRIC = "perplexity_rel_limit"  # the accuracy stage's perplexity limit |ratio - 1| <= it, per result
 MEMORY_ESTIMATE_METRIC = "memory_estimate_mb"  # the plan's estimate of a row's engine memory (MiB), per result
 
 

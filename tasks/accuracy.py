@@ -17,7 +17,7 @@ from devices.transport import Transport
 from edgellm.errors import ErrorKind
 from results.models import ResultStatus
 from stages import Stage
-from stages.job import JobSpec
+from stages.job import PPL_LIMIT_METRIC, JobSpec
 from stages.outcome import StageOutcome
 from tasks import engines
 from tasks.build import with_engine
@@ -73,6 +73,11 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
     if judged_here:  # the host's comparison is the stage's report
         out.artifacts.append(farm.store.put(json.dumps(report, indent=1).encode(), ArtifactKind.REPORT))
     out.metrics.update(metrics)
+    checks = report.get("checks")
+    ppl_check = checks.get("perplexity_rel_diff") if isinstance(checks, dict) else None
+    limit = ppl_check.get("threshold") if isinstance(ppl_check, dict) else None
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):  # the pages show the ratio with its limit
+        out.metrics[PPL_LIMIT_METRIC] = (float(limit), "")
     failed = report.get("failed_checks") or []
     if failed:
         out.reason = "failed checks: " + ", ".join(map(str, failed))

@@ -350,6 +350,8 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
     assert any("· pending" in line and "▶ running" in line for line in frame), frame  # distinct markers
     row = next(line for line in frame if "stories260K fp32 @x86-cpu" in line)
     assert row.count("✓") + row.count("↺") == 4, row
+    matrix_page = (docs / "support-matrix.html").read_text()  # the perplexity with the limit it was judged by
+    assert re.search(r"ppl ratio \d\.\d{4} \(limit 1±0\.001\)", matrix_page), matrix_page[-3000:]
 
     # 2. the same subset again, piped (plain lines), with -k and a JUnit XML report
     junit = tmp_path / "nightly.xml"
@@ -617,3 +619,12 @@ def test_item11_a_failure_cites_the_checks_evidence_before_the_tools_log() -> No
     assert log_ids(failed) == ["report:bbbbbbbbbbbb", "log:aaaaaaaaaaaa"]  # what the farm judged, then the tool's log
     passed = StageOutcome(stage="export", status=ResultStatus.PASS, artifacts=arts)
     assert log_ids(passed) == ["log:aaaaaaaaaaaa"]
+
+
+def test_item5_a_cells_perplexity_ratio_says_the_limit_it_was_judged_by() -> None:
+    from flows.docs_render import metrics_text
+    from stages.job import PPL_LIMIT_METRIC
+
+    shown = metrics_text({"perplexity_ratio": 1.00042, PPL_LIMIT_METRIC: 0.01}, "; ")
+    assert shown == "ppl ratio 1.0004 (limit 1±0.01)"
+    assert metrics_text({"perplexity_ratio": 1.00042}, "; ") == "ppl ratio 1.0004"  # a row recorded before the limit
