@@ -130,5 +130,7 @@ def heartbeat(recorder: Recorder, run_id: int, every_s: float | None = None) -> 
     finally:
         stop.set()
         th.join()
+        with _reaped_lock:  # what this run learnt ends with it: a later run of this process (another database's
+            _reaped.pop(run_id, None)  # run of the same number) must not inherit it
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,19 @@ from typer.testing import CliRunner
 from flows.cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def farm_dirs(tmp_path: Path) -> dict[str, Path]:
+    """A data dir of this test's own: the session's local device cache holds other tests' engines (and may already
+    hold this one's), and the test must know which entry its nightly made."""
+    data, inventory = tmp_path / "data", tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "local-cpu.yaml").write_text(yaml.safe_dump({
+        "type": "x86-cpu", "transport": "local", "work_dir": str(data / "devices" / "local-cpu"),
+        "labels": ["cpu", "local"], "max_jobs": 2, "python": sys.executable, "env": {"PYTHONPATH": str(REPO)}}))
+    return {"data": data, "inventory": inventory}
 
 
 def _nightly(farm_dirs: dict[str, Path], tmp_path: Path, name: str) -> dict[str, object]:

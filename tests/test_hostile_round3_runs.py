@@ -375,6 +375,12 @@ def test_a_reaped_run_stops_waiting_for_devices_once_its_heartbeat_learns_it(tmp
         deadline = time.monotonic() + 10
         while liveness.reaped(run_id) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-    with pytest.raises(RunReaped, match=f"run {run_id} was ended as 'error'"):
-        device_exec._acquire(farm, [], set(), exclusive=False)  # type: ignore[arg-type]
+        with pytest.raises(RunReaped, match=f"run {run_id} was ended as 'error'"):
+            device_exec._acquire(farm, [], set(), exclusive=False)  # type: ignore[arg-type]
     engine.dispose()
+    # its end ends what it learnt: the next run of this process with the same number (another database's, as when
+    # a long-lived process or a test session runs one after another) is not taken for reaped
+    other = make_engine(build_docs_db(tmp_path / "other.db", tmp_path / "other"))
+    again = Recorder(other).start_run("nightly", "schedule", "abc123")
+    assert again == run_id and liveness.reaped(again) is None
+    other.dispose()
