@@ -4,14 +4,17 @@ longer than it and a generation going on past it — against transformers: the f
 over 16 tokens, left-padded batches too) and the torch-cuda decoder's math on the CPU (logits of prefill and
 decode steps). The same on CUDA is ``@pytest.mark.gpu`` (a GPU machine runs it with ``pytest -m gpu``).
 
-The KV cache of a windowed layer holds every position (the mask, not the cache, bounds what a query sees): what is
-exact today; bounding its memory by the window is not implemented.
+The KV cache of a windowed layer holds its last ``window`` positions only (the window of its last query) in ONNX
+Runtime's host caches (the in-place ``KVBuffer`` and the growing ``KVCache``), where full-attention layers hold every
+position; such a cache steps back over one decode step (a benchmark's rewind) and refuses to go further back than it
+holds. The torch-cuda decoder's cache still holds every position (the mask bounds what a query sees).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -22,7 +25,7 @@ from edgellm.compiler.build import build_engine
 from edgellm.compiler.export import export_checkpoint
 from edgellm.config import ModelConfig
 from edgellm.models import family_for
-from edgellm.runtime import Engine, GenerationRequest
+from edgellm.runtime import Engine, GenerationRequest, KVBuffer, KVCache
 from edgellm.synth import make_checkpoint
 
 PROMPT = [1, 17, 300, 45, 9, 88, 123, 7, 260, 33, 5, 71, 402, 18]  # 14 tokens, the windows are 4 and 5
@@ -95,6 +98,80 @@ def test_greedy_past_the_window_equals_transformers_on_onnx_runtime(windowed, tm
         batch = engine.generate([GenerationRequest(id=str(i), input_ids=p, max_new_tokens=16)
                                  for i, p in enumerate(prompts)])
         assert [r.output_ids for r in batch] == want, name
+
+
+@pytest.fixture(scope="module")
+def ort_engines(windowed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """name -> ONNX Runtime engine of the fp32 export (GroupQueryAttention) of each windowed config."""
+    root = tmp_path_factory.mktemp("windowed_engines")
+    for name, (_, onnx_dir) in windowed.items():
+        build_engine(onnx_dir, root / name, "ort", max_batch_size=2, max_seq_len=64)
+    return {name: root / name for name in windowed}
+
+
+def _held(cache) -> list[int]:
+    return [int(k.shape[2]) for k in cache.keys] + [int(v.shape[2]) for v in cache.values]
+
+
+def _window_bound(cache, windows: tuple[int | None, ...]) -> list[int]:
+    """What each layer's cache may hold: every position, or a windowed layer's last ``window``."""
+    return [cache.length if w is None else min(cache.length, w) for w in windows] * 2
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["KVBuffer", "KVCache"])
+def test_a_windowed_layers_ort_cache_holds_its_window_only(windowed, ort_engines, in_place: bool) -> None:
+    """A left-padded batch of a prompt longer than the window (prefilled in two chunks: the second over a past,
+    row by row) and 16 greedy steps past it: after every step a windowed layer's keys and values hold its last
+    ``window`` positions (the cache's bytes stop growing there), a full layer every position, and the tokens are
+    transformers'."""
+    prompts = [PROMPT, PROMPT[:9]]
+    pad = len(PROMPT) - 9
+    for name in ("mistral", "qwen3"):  # every layer windowed (4); full then windowed (5)
+        engine = Engine.open(ort_engines[name])
+        engine.session.kv_in_place = in_place
+        windows = family_for(engine.config).layer_windows(engine.config)
+        cache = engine.new_cache(2)
+        assert isinstance(cache, KVBuffer if in_place else KVCache)
+        ids = np.array([PROMPT, [0] * pad + PROMPT[:9]], dtype=np.int64)
+        mask = np.array([[1] * len(PROMPT), [0] * pad + [1] * 9], dtype=np.int64)
+        engine.step(ids[:, :6], cache, mask[:, :6])
+        assert _held(cache) == _window_bound(cache, windows), name
+        logits = engine.step(ids[:, 6:], cache, mask, last_only=True)
+        out: list[list[int]] = [[], []]
+        sizes = []
+        for _ in range(16):
+            assert _held(cache) == _window_bound(cache, windows), (name, cache.length)
+            sizes.append(cache.nbytes())
+            token = logits[:, -1].argmax(-1)
+            for row, t in zip(out, token, strict=True):
+                row.append(int(t))
+            mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+            logits = engine.step(token[:, None], cache, mask, last_only=True)
+        assert cache.length == len(PROMPT) + 16
+        assert out == _reference(windowed[name][0], prompts), name
+        if all(w is not None for w in windows):  # nothing grows: 2 rows x (K, V) x layers x kv heads x window x dim
+            c = engine.config
+            assert set(sizes) == {2 * 2 * c.num_hidden_layers * c.num_key_value_heads * 4 * c.head_dim * 4}, name
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["KVBuffer", "KVCache"])
+def test_a_windowed_cache_steps_back_over_one_decode_step_only(ort_engines, in_place: bool) -> None:
+    """``truncate`` (a benchmark's rewind to its past length) goes back over one decode step and gives the same
+    logits again; further back than a windowed layer holds is refused, naming the window."""
+    engine = Engine.open(ort_engines["qwen3"])
+    engine.session.kv_in_place = in_place
+    cache = engine.new_cache(1)
+    engine.step(np.array([PROMPT]), cache)
+    first = engine.step(np.array([[7]]), cache)
+    cache.truncate(len(PROMPT))
+    assert np.array_equal(engine.step(np.array([[7]]), cache), first)
+    engine.step(np.array([[9]]), cache)
+    with pytest.raises(ValueError, match=r"truncate length 14: layers of attention window 5 hold positions 11\.\.15 "
+                                         r"only, and going back to 14 needs 10\.\.13"):
+        cache.truncate(len(PROMPT))
+    cache.truncate(0)
+    assert cache.length == 0 and _held(cache) == [0] * 4
+    assert np.array_equal(engine.step(np.array([PROMPT]), cache)[0], engine.logits(PROMPT))
 
 
 def test_the_window_changes_the_tokens(windowed) -> None:
