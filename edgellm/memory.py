@@ -200,16 +200,12 @@ def _float_dtype(precision: Precision, compute: str | None) -> str:
 
 
 def _kv_lengths(cfg: ModelConfig, family: Any, max_seq_len: int) -> list[int]:
-    """Positions each layer's cache holds: ``max_seq_len``, or a sliding-window layer's window when smaller. The
-    window is the family's (``sliding_window(cfg)``); which layers slide, the config's ``layer_types`` when it
-    lists them (Gemma-3, Qwen3), else every layer."""
-    window = family.sliding_window(cfg) if family is not None else None
-    if window is None:
-        return [max_seq_len] * cfg.num_hidden_layers
-    types = cfg.raw.get("layer_types")
-    if isinstance(types, list) and len(types) == cfg.num_hidden_layers:
-        return [min(window, max_seq_len) if t == "sliding_attention" else max_seq_len for t in types]
-    return [min(window, max_seq_len)] * cfg.num_hidden_layers
+    """Positions each layer's cache holds: ``max_seq_len``, or a sliding-window layer's window when smaller (its
+    cache holds its last ``window`` positions on every backend). Which layers slide, and their window, is the
+    family's reading of the config (``layer_windows``: layer_types, sliding_window_pattern, max_window_layers, its
+    own pattern)."""
+    windows = family.layer_windows(cfg) if family is not None else (None,) * cfg.num_hidden_layers
+    return [max_seq_len if w is None else min(w, max_seq_len) for w in windows]
 
 
 def estimate(cfg: ModelConfig, precision: Precision | str, *, max_seq_len: int, max_batch_size: int,

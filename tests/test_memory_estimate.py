@@ -55,6 +55,19 @@ def test_sliding_window_layers_hold_at_most_their_window() -> None:
     assert short.parts["kv_cache"] * 8 == full.parts["kv_cache"]  # a window longer than max_seq_len binds nothing
 
 
+def test_the_windowed_layers_are_the_familys_reading_of_the_config() -> None:
+    """Which layers hold their window only is what the family reads from the config (``layer_windows``): Qwen2's
+    max_window_layers (layers from it on windowed), Gemma-2's own pattern (every other layer), not every layer."""
+    per_layer = 2 * 2 * 64 * 2  # (K, V) x kv heads x dim x fp16 bytes, per position
+    qwen = estimate(_cfg(model_type="qwen2", architectures=["Qwen2ForCausalLM"], use_sliding_window=True,
+                         sliding_window=1024, max_window_layers=3), "fp16", max_seq_len=4096, max_batch_size=1)
+    assert qwen.parts["kv_cache"] == (3 * 4096 + 1024) * per_layer
+    gemma = estimate(_cfg(model_type="gemma2", architectures=["Gemma2ForCausalLM"], sliding_window=1024,
+                          hidden_activation="gelu_pytorch_tanh"), "fp16", max_seq_len=4096, max_batch_size=1)
+    assert not gemma.notes
+    assert gemma.parts["kv_cache"] == (2 * 4096 + 2 * 1024) * per_layer
+
+
 def test_embeddings_and_lm_head_by_their_own_precision_tied_counted_once() -> None:
     untied = estimate(_cfg(), "int4_awq", max_seq_len=64, max_batch_size=1, lm_head_precision="int8_wo")
     assert untied.parts["embeddings"] == 1000 * 256 * 2  # fp16: the float format of a quantized row

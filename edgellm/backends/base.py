@@ -60,8 +60,9 @@ class TensorSpec:
 
 
 class KVCacheHandle(Protocol):
-    """What the runtime holds of a session's KV cache: ``batch_size`` rows, ``length`` positions held, room for
-    ``capacity`` (None: it grows as needed); ``truncate(n)`` drops positions >= n."""
+    """What the runtime holds of a session's KV cache: ``batch_size`` rows, ``length`` positions held (a windowed
+    layer keeps the last ``window`` of them), room for ``capacity`` (None: it grows as needed); ``truncate(n)`` drops
+    positions >= n (``truncate_problem`` says when a windowed layer no longer holds what that needs)."""
 
     batch_size: int
 
@@ -77,6 +78,22 @@ class KVCacheHandle(Protocol):
     def truncate(self, length: int) -> None: ...
 
     def nbytes(self) -> int: ...
+
+
+def truncate_problem(length: int, new_length: int, windows: tuple[int | None, ...]) -> str | None:
+    """Why a cache holding ``length`` positions cannot go back to ``new_length`` (dropping the positions after it),
+    or None. A windowed layer's cache holds only its last ``min(length, window)`` positions (``edgellm.models.
+    decoder``): going back is possible while it still holds the window - 1 positions before ``new_length`` that the
+    next query needs (back over one decode step, or to an empty cache)."""
+    if not 0 <= new_length <= length:
+        return f"truncate length {new_length} must be between 0 and the cache length {length}"
+    for window in sorted({w for w in windows if w is not None}):
+        need, held = max(0, new_length - window + 1), max(0, length - window)
+        if need < new_length and need < held:
+            return (f"truncate length {new_length}: layers of attention window {window} hold positions {held}.."
+                    f"{length - 1} only, and going back to {new_length} needs {need}..{new_length - 1} (a windowed "
+                    f"cache goes back over one decode step at most, or to 0)")
+    return None
 
 
 def position_ids(attention_mask: np.ndarray, new: int) -> np.ndarray:

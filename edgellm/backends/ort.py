@@ -59,9 +59,11 @@ class OrtSession(Session):
     through GroupQueryAttention, which writes the step's keys and values into its past buffer when past and present
     are bound to one buffer (``kv_in_place``: the session's caches are then ``KVBuffer``s; otherwise a ``KVCache``
     grows by the present outputs), and refuses several new positions over a past for batch > 1 (such a step runs
-    one row at a time)."""
+    one row at a time). ``windows``: each layer's attention window (``family.layer_windows``), whose cache holds the
+    graph's present, its last ``window`` positions (never in place)."""
 
-    def __init__(self, sess: Any, *, gqa: bool = False, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, sess: Any, *, gqa: bool = False, settings: dict[str, Any] | None = None,
+                 windows: tuple[int | None, ...] | None = None) -> None:
         self.sess = sess
         self.settings = settings or {}  # the session options it was opened with (session_settings)
         self.inputs = _specs(sess.get_inputs())
@@ -71,6 +73,7 @@ class OrtSession(Session):
         layers = sum(s.name.startswith("past_key_values.") for s in self.inputs) // 2
         self._kv = [(f"past_key_values.{i}.{kv}", f"present.{i}.{kv}") for i in range(layers)
                     for kv in ("key", "value")]
+        self.windows = tuple(windows) if windows is not None else (None,) * layers
         vocab = next((o.shape[-1] for o in self.outputs if o.name == "logits"), None)
         self._vocab = vocab if isinstance(vocab, int) else None
         self._gqa = gqa
@@ -91,8 +94,8 @@ class OrtSession(Session):
         kv_heads, head_dim, dtype = int(spec.shape[1]), int(spec.shape[3]), np.dtype(spec.dtype)
         layers = len(self._kv) // 2
         if self.kv_in_place:
-            return KVBuffer(layers, batch_size, kv_heads, head_dim, dtype, capacity)
-        return KVCache(layers, batch_size, kv_heads, head_dim, dtype)
+            return KVBuffer(layers, batch_size, kv_heads, head_dim, dtype, capacity, self.windows)
+        return KVCache(layers, batch_size, kv_heads, head_dim, dtype, self.windows)
 
     def step(self, input_ids: np.ndarray, positions: np.ndarray, attention_mask: np.ndarray,
              cache: KVCache | KVBuffer, *, last_only: bool) -> np.ndarray:
@@ -125,44 +128,64 @@ class OrtSession(Session):
         if not self.kv_in_place or self._vocab is None:
             raise BugError("run_in_place on a session that does not update its KV cache in place")
         if self._row_by_row(feeds, cache.length):  # over row views of the buffers
-            return np.concatenate([self._bind_kv([b[i:i + 1] for b in cache.buffers]).run(self._row(feeds, i))
-                                   for i in range(cache.batch_size)], axis=0)
+            rows = [self._bind_kv([b[i:i + 1] for b in cache.buffers]) for i in range(cache.batch_size)]
+            logits = np.concatenate([r.run(self._row(feeds, i)) for i, r in enumerate(rows)], axis=0)
+            for j, *_ in rows[0].windowed:  # each row's windowed presents, as one batch
+                cache.buffers[j] = np.concatenate([r.buffers[j] for r in rows], axis=0)
+            return logits
         if cache.binding is None:
             cache.binding = self._bind_kv(cache.buffers)
         return cache.binding.run(feeds)  # type: ignore[no-any-return]
 
     def _bind_kv(self, buffers: list[np.ndarray]) -> _KVBinding:
         """Each past input and its present output bound to the same buffer (contiguous arrays: a row of a C-ordered
-        buffer is one)."""
+        buffer is one); a windowed layer's are bound at every step (``_KVBinding.run``)."""
         import onnxruntime as ort
 
         io = self.sess.io_binding()
-        for (past, present), buf in zip(self._kv, buffers, strict=True):
+        windowed = []
+        for j, ((past, present), buf) in enumerate(zip(self._kv, buffers, strict=True)):
+            if (window := self.windows[j // 2]) is not None:
+                windowed.append((j, past, present, window))
+                continue
             value = ort.OrtValue.ortvalue_from_numpy(buf)
             io.bind_ortvalue_input(past, value)
             io.bind_ortvalue_output(present, value)
-        return _KVBinding(self.sess, io, buffers, self._vocab)  # type: ignore[arg-type]  # run_in_place checked it
+        return _KVBinding(self.sess, io, buffers, self._vocab, windowed)  # type: ignore[arg-type]  # checked
 
 
 @dataclass
 class _KVBinding:
     """A session's IOBinding over KV buffers, and every array it points into (kept alive as long as the binding:
-    ONNX Runtime holds raw pointers)."""
+    ONNX Runtime holds raw pointers). ``windowed``: (index in ``buffers``, past input, present output, window) of
+    each windowed layer's keys and values, whose past is bound at every step and whose present (the last
+    ``window`` positions of past + new) replaces it in ``buffers``."""
 
     sess: Any
     io: Any
     buffers: list[np.ndarray]
     vocab: int
+    windowed: list[tuple[int, str, str, int]] = field(default_factory=list)
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     logits: np.ndarray | None = None
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         for name, value in feeds.items():
             self.io.bind_cpu_input(name, value)
-        logits = np.empty((feeds["input_ids"].shape[0], feeds[LOGITS_POSITIONS].shape[0], self.vocab), np.float32)
+        b, s = feeds["input_ids"].shape
+        logits = np.empty((b, feeds[LOGITS_POSITIONS].shape[0], self.vocab), np.float32)
         self.io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        presents = []
+        for j, past, present, window in self.windowed:
+            held = self.buffers[j]
+            self.io.bind_cpu_input(past, held)
+            out = np.empty((*held.shape[:2], min(held.shape[2] + s, window), held.shape[3]), held.dtype)
+            self.io.bind_output(present, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+            presents.append(out)
         self.inputs, self.logits = feeds, logits
         self.sess.run_with_iobinding(self.io)
+        for (j, *_), out in zip(self.windowed, presents, strict=True):
+            self.buffers[j] = out
         return logits
 
 
@@ -240,7 +263,18 @@ class OrtBackend(EngineBackend):
         except Exception as exc:
             raise ConfigurationError(f"{path}: ONNX Runtime cannot load the engine ({exc})") from None
         ops = manifest.get("graph", {}).get("op_counts", {})
-        return OrtSession(sess, gqa=bool(ops.get("GroupQueryAttention")), settings=settings)
+        return OrtSession(sess, gqa=bool(ops.get("GroupQueryAttention")), settings=settings,
+                          windows=layer_windows(Path(engine_dir)))
+
+
+def layer_windows(engine_dir: Path) -> tuple[int | None, ...]:
+    """Each layer's attention window, as the engine's model family reads its config (the export's graph keeps a
+    windowed layer's last ``window`` positions; its cache holds them)."""
+    from edgellm.config import ModelConfig
+    from edgellm.models import family_for
+
+    cfg = ModelConfig.load(engine_dir)
+    return family_for(cfg).layer_windows(cfg)
 
 
 def session_settings(num_threads: int | None, *, intra_op_spinning: bool = INTRA_OP_SPINNING) -> dict[str, Any]:

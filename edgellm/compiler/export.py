@@ -11,6 +11,8 @@ export computes in fp32):
     outputs  logits                          fp32   [batch, n, vocab]
              present.{i}.key/value           dtype  [batch, kv_heads, total, head_dim]
 
+A sliding-window layer's ``past`` and ``present`` hold its last ``window`` positions at most (``present`` [batch,
+kv_heads, min(its past + seq, window), head_dim]; ``edgellm.models.decoder``): its cache never grows past the window.
 Decode feeds ``present`` back as ``past``; a fresh sequence feeds ``past`` with length 0. Padding is on the left;
 position ids count real tokens only. ``logits_positions`` = 0..seq-1 gives every position's logits; generation
 feeds [seq - 1] so a prefill does not run the lm_head over the whole prompt.

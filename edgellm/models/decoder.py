@@ -2,16 +2,21 @@
 
 The family's class variables select the variants: q/k/v bias (``family.has_qkv_bias``), per-head q/k RMSNorm
 (``qk_norm``), explicit ``head_dim``, tied embeddings, RoPE scaling and partial rotary (``edgellm.models.rope``, per
-layer type), sliding windows per layer (``family.layer_windows``: a mask over the cache's positions; the cache itself
-keeps every position), Gemma's (1 + w) norms, sandwich norms, scaled embeddings, tanh GELU, query_pre_attn_scalar and
-soft-capping, Phi-3's fused qkv_proj / gate_up_proj. The forward pass takes an explicit KV cache so it exports to one
-ONNX graph serving prefill and decode:
+layer type), sliding windows per layer (``family.layer_windows``: a windowed layer's cache holds its last ``window``
+positions, the window of its last query, and a mask keeps each query within its own window), Gemma's (1 + w) norms,
+sandwich norms, scaled embeddings, tanh GELU, query_pre_attn_scalar and soft-capping, Phi-3's fused qkv_proj /
+gate_up_proj. The forward pass takes an explicit KV cache so it exports to one ONNX graph serving prefill and decode:
 
     input_ids      int64 [B, S]
     attention_mask int64 [B, P + S]   1 = real token, 0 = padding (left padding)
     position_ids   int64 [B, S]
     past k/v       [B, kv_heads, P, head_dim] per layer, model dtype
     -> logits float32 [B, S, vocab], present k/v [B, kv_heads, P + S, head_dim] per layer
+
+A windowed layer's past holds only the last positions of the P (at most its window; transformers' sliding cache
+keeps window - 1, one more lets a runtime step back over one decode step) and its present keeps the last
+``min(P_w + S, window)`` of past + new: a query attends to the ``window`` positions ending at itself, so the next
+step needs no more, and that layer's cache never grows past its window.
 
 Numerics follow transformers' eager path: RMSNorm and softmax in fp32, everything else in the model dtype.
 For export, ``use_rotary_tables`` and (fp32) ``use_fused_attention`` select autograd functions whose ONNX form is
@@ -352,12 +357,9 @@ class Decoder(nn.Module):
         """``past`` is (k0, v0, k1, v1, ...); returns (logits, present k0, v0, ...). ``logits_positions`` (int64
         [n], indices into the S new positions) limits the logits to those positions: [B, n, vocab]."""
         b, s = input_ids.shape
-        past_len = past[0].shape[2]
-        total = attention_mask.shape[1]
         x = self.embed(input_ids)
         ropes = {t: self._rope_fn(position_ids, t) for t in self.ropes}
-        masks = {w: (self._fused_mask(attention_mask, b, s, total, w) if self.fused_attention
-                     else self._grouped_mask(attention_mask, s, past_len, total, w)) for w in set(self.windows)}
+        masks = {w: self._mask(attention_mask, past, b, s, w) for w in set(self.windows)}
         presents: list[torch.Tensor] = []
         layers = list(self.model.layers)
         if self.family.sandwich_norms:
@@ -365,7 +367,7 @@ class Decoder(nn.Module):
                 h, k, v = layer.self_attn(layer.input_layernorm(x), ropes[self.layer_types[i]],
                                           masks[self.windows[i]], past[2 * i], past[2 * i + 1], b, s)
                 x = layer.after_attention(x, h)
-                presents += [k, v]
+                presents += self._kept(i, k, v)
             normed = self.model.norm(x)
         else:
             normed = layers[0].input_layernorm(x)
@@ -375,10 +377,33 @@ class Decoder(nn.Module):
                 normed, x = self._add_norm(x, h, layer.post_attention_layernorm)
                 following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
                 normed, x = self._add_norm(x, layer.mlp(normed), following)
-                presents += [k, v]
+                presents += self._kept(i, k, v)
         if logits_positions is not None:
             normed = normed.index_select(1, logits_positions)
         return (self.logits(normed), *presents)
+
+    def _mask(self, attention_mask: torch.Tensor, past: tuple[torch.Tensor, ...], b: int, s: int,
+              window: int | None) -> torch.Tensor | FusedMask:
+        """The mask of the layers of ``window``, once for all of them. A full layer's past holds every position
+        (``attention_mask`` [B, P + S]; in place, its past input is a whole preallocated buffer, so P comes from the
+        mask); a windowed layer's past holds the last P_w of them (its own input's length, the same for every layer
+        of that window), so its mask is the last P_w + S columns, positions counted on its own cache's axis."""
+        total = attention_mask.shape[1]
+        if window is not None:
+            held = past[2 * self.windows.index(window)].shape[2]
+            attention_mask = attention_mask[:, total - held - s:]
+            total = held + s
+        if self.fused_attention:
+            return self._fused_mask(attention_mask, b, s, total, window)
+        return self._grouped_mask(attention_mask, s, total - s, total, window)
+
+    def _kept(self, i: int, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """Layer ``i``'s present keys and values: all of them, or a windowed layer's last ``window`` positions (its
+        cache never grows past its window)."""
+        window = self.windows[i]
+        if window is None:
+            return [k, v]
+        return [k[:, :, -window:], v[:, :, -window:]]
 
     def _add_norm(self, x: torch.Tensor, h: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + h), x + h): the residual add and the next RMSNorm, one fused op in an fp32 export."""

@@ -111,7 +111,8 @@ class TorchCudaBackend(EngineBackend):
                       "parameters": sum(len(t["members"]) for t in table)},
             "reused_files": {ENGINE_DATA: data_file.name},
             "options": {"device": "cuda", "weights": "export data file, mapped by " + WEIGHT_TABLE,
-                        "kv_cache": "preallocated [max_batch_size, kv_heads, max_seq_len, head_dim] per layer",
+                        "kv_cache": "preallocated [max_batch_size, kv_heads, max_seq_len, head_dim] per layer "
+                                    "([..., window, ...], a ring, per sliding-window layer)",
                         "prefill": "fused kernels (Triton) + cuBLAS GEMMs, attention by scaled_dot_product_attention",
                         "decode": "one CUDA graph per batch size: fused kernels (Triton) + cuBLAS GEMMs, the "
                                   "greedy/sampling choice inside",

@@ -6,8 +6,10 @@ so it can be captured in a CUDA graph, and attends through the model's ``grouped
 The layers take ``ColumnLinear`` for their Linear (weights [in, out], contiguous at load from the export's
 [out, in], so a projection is ``x @ w``; q/k/v and gate/up one GEMM each); the LM head stays the export's (cuBLAS reads
 either layout). Hidden states [B, S, H]. Cache per layer: keys and values [max_batch, kv_heads, capacity, head_dim];
-``valid`` [max_batch, capacity] marks the positions a row may attend to (left padding stays invalid). Numerics follow
-transformers' eager path: RMSNorm in fp32, everything else in the model dtype, softmax in fp32.
+``valid`` [max_batch, capacity] marks the positions a row may attend to (left padding stays invalid). A windowed
+layer's cache is a ring of ``window`` columns instead, [max_batch, kv_heads, window, head_dim]: position c lives in
+column c % window, so it holds the last ``window`` positions (the window of the last query) and never more. Numerics
+follow transformers' eager path: RMSNorm in fp32, everything else in the model dtype, softmax in fp32.
 
 With ``fused`` (the default on a CUDA device) prefill and decode run the layers' math through ``kernels`` (Triton),
 hidden states [T, H] with T = B * S. Prefill, per layer: RMSNorm, the q/k/v GEMM (cuBLAS), RoPE + cache write,
@@ -17,8 +19,10 @@ projections (split-K float32 partial sums where the output is narrow; SiLU * up 
 write summing the q/k/v partials, attention over the written columns, and the residual add + next RMSNorm summing
 the o_proj / down partials; the LM head stays cuBLAS. Without ``fused`` (the CPU, ``fused=False``, or a model the
 kernels do not implement: sliding windows, partial rotary, several RoPE layer types, Gemma's norms and soft-capping,
-see ``Decoder.plain``) both run through the layer modules as below, each windowed layer masking the cache columns
-outside its window.
+see ``Decoder.plain``) both run through the layer modules as below. A windowed layer's prefill attends to its
+ring's last window - 1 positions (gathered in order) and the new ones, then writes the last ``window`` new ones into
+the ring; its decode writes one ring column and attends to the whole ring, masked where a column holds no valid
+position yet.
 
 The layer modules' decode step: its per-layer functions (``attn_in_decode``, ``decode_attention``,
 ``attn_out_mlp``, ``lm_head``) take the layer modules and tensors: ``torch.compile`` traces each once and reuses it
@@ -131,10 +135,9 @@ class GpuDecoder:
                        for t in self.decoder.ropes}
         self.cos, self.sin = self.tables[self.decoder.layer_types[0]]  # the kernels' (one layer type: ``plain``)
         self.windows = self.decoder.windows
-        self.columns = torch.arange(self.capacity, device=device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        kv_shape = (2, max_batch_size, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
-        self.kv = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.kv = [torch.zeros((2, max_batch_size, cfg.num_key_value_heads, w or self.capacity, cfg.head_dim),
+                               dtype=self.dtype, device=device) for w in self.windows]
         self.keys = [kv[0] for kv in self.kv]
         self.values = [kv[1] for kv in self.kv]
         self.valid = torch.zeros((max_batch_size, self.capacity), dtype=torch.bool, device=device)
@@ -187,41 +190,58 @@ class GpuDecoder:
             return self._fused_head(last).view(b, s - logits_from, -1)
         x = self.decoder.embed(ids)
         ropes = {t: self._rope(positions, t) for t in self.tables}
-        masks = {w: self._prefill_mask(b, s, start, new_valid, causal_only, w) for w in set(self.windows)}
-        for i, (layer, kc, vc) in enumerate(zip(self.layers, self.keys, self.values, strict=True)):
+        # a windowed layer attends to the window - 1 positions before ``start`` (its ring's) and the new ones
+        firsts = {w: 0 if w is None else start - min(start, w - 1) for w in set(self.windows)}
+        masks = {w: self._prefill_mask(b, s, start, new_valid, causal_only, w, first) for w, first in firsts.items()}
+        for i, (layer, kv) in enumerate(zip(self.layers, self.kv, strict=True)):
             q, k, v = layer.self_attn.project(layer.input_layernorm(x), ropes[self.decoder.layer_types[i]], b, s)
-            kc[:b, :, start:end] = k
-            vc[:b, :, start:end] = v
-            att, mask = layer.self_attn, masks[self.windows[i]]
+            window = self.windows[i]
+            if window is None:
+                kv[0, :b, :, start:end] = k
+                kv[1, :b, :, start:end] = v
+                kc, vc = kv[0, :b, :, :end], kv[1, :b, :, :end]
+            else:
+                held = self.ring_slots(firsts[window], start, window)
+                kc = torch.cat([kv[0, :b].index_select(2, held), k], dim=2)
+                vc = torch.cat([kv[1, :b].index_select(2, held), v], dim=2)
+                kept = min(s, window)  # the last ``window`` new positions go into the ring
+                kv[:, :b].index_copy_(3, self.ring_slots(end - kept, end, window),
+                                      torch.stack([k[:, :, s - kept:], v[:, :, s - kept:]]))
+            att, mask = layer.self_attn, masks[window]
             if att.softcap is not None:  # SDPA has no soft-capping: the model's grouped attention
                 m = (mask if mask is not None else torch.ones((s, end), dtype=torch.bool,
                                                               device=self.device).tril(start)[None, None])
-                o = grouped_attention(q, kc[:b, :, :end], vc[:b, :, :end], m.repeat(1, 1, n_q // n_kv, 1),
-                                      self.heads, att.scale, b, s, softcap=att.softcap)
+                o = grouped_attention(q, kc, vc, m.repeat(1, 1, n_q // n_kv, 1), self.heads, att.scale, b, s,
+                                      softcap=att.softcap)
             else:
-                o = F.scaled_dot_product_attention(q, kc[:b, :, :end], vc[:b, :, :end], attn_mask=mask,
-                                                   is_causal=mask is None, enable_gqa=n_q != n_kv,
+                o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, is_causal=mask is None,
+                                                   enable_gqa=n_q != n_kv,
                                                    scale=att.sdpa_scale).transpose(1, 2).reshape(b, s, n_q * d)
             x = attn_out_mlp(layer, x, o)
         return lm_head(self.decoder, x[:, logits_from:])
 
+    def ring_slots(self, first: int, end: int, window: int) -> torch.Tensor:
+        """The ring columns of positions first..end-1 (at most ``window`` of them) of a layer of that window."""
+        return torch.arange(first, end, device=self.device) % window
+
     def _prefill_mask(self, b: int, s: int, start: int, new_valid: torch.Tensor, causal_only: bool,
-                      window: int | None = None) -> torch.Tensor | None:
-        """SDPA's bool mask [B, 1, S, start + S] (None: plain causal); ``window``: keys ``window`` or more columns
-        behind the query masked too."""
+                      window: int | None = None, first: int = 0) -> torch.Tensor | None:
+        """SDPA's bool mask [B, 1, S, end - first] over the keys of positions ``first``..end-1 (0: a full layer's
+        whole cache) for the queries start..end-1 (None: plain causal); ``window``: keys ``window`` or more
+        positions behind the query masked too."""
         end = start + s
         mask = None
         if window is not None and end > window:
             causal_only = False
         if not causal_only:
-            causal = torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start)
+            q_pos = torch.arange(start, end, device=self.device)[:, None]
+            k_pos = torch.arange(first, end, device=self.device)[None, :]
+            causal = k_pos <= q_pos
             if window is not None:
-                causal &= ~torch.ones((s, end), dtype=torch.bool, device=self.device).tril(start - window)
-            mask = causal[None] & self.valid[:b, None, :end]  # [B, S, T]
+                causal &= k_pos > q_pos - window
+            mask = causal[None] & self.valid[:b, None, first:end]  # [B, S, T]
             # a padded query row attends to itself only: its output is unused but must stay finite
-            eye = torch.zeros((s, end), dtype=torch.bool, device=self.device)
-            eye[:, start:] = torch.eye(s, dtype=torch.bool, device=self.device)
-            mask = (mask | (eye[None] & ~new_valid[:, :, None]))[:, None]
+            mask = (mask | ((k_pos == q_pos)[None] & ~new_valid[:, :, None]))[:, None]
         return mask
 
     # --- the fused path (kernels.py) ---------------------------------------------------------------------------
@@ -291,10 +311,10 @@ class GpuDecoder:
         f = self.fns
         sdpa = "decode_attention" not in f
         masks = {}
-        for w in set(self.windows):  # a windowed layer: the columns within its window of the written one
-            seen = valid if w is None else valid & (self.columns > write_idx - w)[None]
+        for w in set(self.windows):  # a windowed layer: its ring, each column holding the last position c % w
+            seen = valid if w is None else self._ring_valid(valid, write_idx, w)
             if sdpa:  # additive, built once per step (a bool mask would be converted by SDPA in every layer)
-                masks[w] = torch.zeros((b, 1, 1, self.capacity), dtype=self.dtype,
+                masks[w] = torch.zeros((b, 1, 1, seen.shape[1]), dtype=self.dtype,
                                        device=self.device).masked_fill_(~seen[:, None, None, :], float("-inf"))
             else:
                 masks[w] = seen[:, None, None, :]
@@ -303,7 +323,8 @@ class GpuDecoder:
                   for t, (cos, sin) in self.tables.items()}
         for i, (layer, kv, kc, vc) in enumerate(zip(self.layers, self.kv, self.keys, self.values, strict=True)):
             q, new_kv = f["attn_in_decode"](layer, x, *tables[self.decoder.layer_types[i]])
-            kv[:, :b].index_copy_(3, write_idx, new_kv)
+            window = self.windows[i]
+            kv[:, :b].index_copy_(3, write_idx if window is None else write_idx % window, new_kv)
             att, mask = layer.self_attn, masks[self.windows[i]]
             if sdpa and att.softcap is None:  # the query heads of one kv head are its rows: [B, KV, rep, D]
                 qg = q.reshape(b, n_kv, n_q // n_kv, d)
@@ -315,6 +336,30 @@ class GpuDecoder:
                 o = f["decode_attention"](q, kc[:b], vc[:b], mask, self.heads, att.scale, att.softcap)
             x = f["attn_out_mlp"](layer, x, o)
         return f["lm_head"](self.decoder, x)[:, 0]
+
+    def _ring_valid(self, valid: torch.Tensor, write_idx: torch.Tensor, window: int) -> torch.Tensor:
+        """bool [B, window]: whether each ring column of a layer of ``window`` holds a valid position once position
+        ``write_idx`` is written (column j: the last position c <= write_idx with c % window == j)."""
+        held = write_idx - (write_idx - torch.arange(window, device=self.device)) % window  # [window]
+        return valid[:, held.clamp(min=0)] & (held >= 0)[None]
+
+    def load_past(self, i: int, b: int, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """Layer ``i``'s cache given the positions end - n..end-1 (keys and values [b, kv_heads, n, head_dim]; a
+        windowed layer keeps the last ``window`` of them)."""
+        window = self.windows[i]
+        if window is not None:
+            keys, values = keys[:, :, -window:], values[:, :, -window:]
+        n = keys.shape[2]
+        cols = torch.arange(end - n, end, device=self.device)
+        self.kv[i][:, :b].index_copy_(3, cols if window is None else cols % window, torch.stack([keys, values]))
+
+    def held(self, i: int, b: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s cached keys and values once ``end`` positions are written, in order: all of them, or a
+        windowed layer's last ``window``."""
+        window = self.windows[i]
+        cols = (torch.arange(end, device=self.device) if window is None
+                else self.ring_slots(end - min(end, window), end, window))
+        return self.kv[i][0, :b].index_select(2, cols), self.kv[i][1, :b].index_select(2, cols)
 
 
 def _linear(x: torch.Tensor, lin: Any) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgellm.backends.base import Session, TensorSpec, position_ids
+from edgellm.backends.base import Session, TensorSpec, position_ids, truncate_problem
 from edgellm.backends.sampling import SamplingParams
 from edgellm.backends.torch_cuda.decoder import (
     GpuDecoder,
@@ -108,15 +108,18 @@ class DeviceCache:
         return self.session.model.max_seq_len
 
     def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate length {length} must be between 0 and the cache length {self.length}")
+        problem = truncate_problem(self.length, length, self.session.model.windows)
+        if problem is not None:
+            raise ValueError(problem)
         self.session.check_live(self)
         self.length = length
 
     def nbytes(self) -> int:
+        """Bytes of the positions held (a windowed layer's last ``window``)."""
         c = self.session.config
         item = self.session.model.dtype.itemsize
-        return 2 * c.num_hidden_layers * self.batch_size * c.num_key_value_heads * self.length * c.head_dim * item
+        held = sum(self.length if w is None else min(self.length, w) for w in self.session.model.windows)
+        return 2 * held * self.batch_size * c.num_key_value_heads * c.head_dim * item
 
 
 class TorchCudaSession(Session):
@@ -238,13 +241,14 @@ class TorchCudaSession(Session):
         ids, mask, pos = feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"]
         L = self.config.num_hidden_layers
         b, s = ids.shape
-        past = int(feeds["past_key_values.0.key"].shape[2])
+        past = mask.shape[1] - s  # a windowed layer's past holds the last ``window`` of these only
         cache = self.new_cache(b)
         m = self.model
         with torch.cuda.stream(self.stream):
             for i in range(L):
-                m.keys[i][:b, :, :past] = torch.from_numpy(feeds[f"past_key_values.{i}.key"]).to(self.device)
-                m.values[i][:b, :, :past] = torch.from_numpy(feeds[f"past_key_values.{i}.value"]).to(self.device)
+                k, v = (torch.from_numpy(feeds[f"past_key_values.{i}.{kv}"]).to(self.device, m.dtype)
+                        for kv in ("key", "value"))
+                m.load_past(i, b, k, v, past)
             m.valid[:b, :past] = torch.from_numpy(mask[:, :past] > 0).to(self.device)
             logits = self._prefill(ids, pos, mask, past, 0)
             sel = feeds.get("logits_positions")
@@ -252,8 +256,8 @@ class TorchCudaSession(Session):
                 logits = logits[:, torch.from_numpy(sel).to(self.device)]
             out = {"logits": logits.cpu().numpy()}
             for i in range(L):
-                out[f"present.{i}.key"] = _host(m.keys[i][:b, :, :past + s])
-                out[f"present.{i}.value"] = _host(m.values[i][:b, :, :past + s])
+                k, v = m.held(i, b, past + s)
+                out[f"present.{i}.key"], out[f"present.{i}.value"] = _host(k), _host(v)
         cache.length = past + s
         return out
 
@@ -273,8 +277,11 @@ class TorchCudaSession(Session):
         key = (b, greedy)
         if key not in self._graphs:
             m = self.model
-            saved = [t.clone() for t in (self.tokens, self.positions, self.write_idx, m.valid, self.logits)]
-            # warm-ups write the scratch columns past max_seq_len, never a column holding the sequence
+            # warm-ups write the scratch columns past max_seq_len, never a column holding the sequence; but a
+            # windowed layer's ring has no column to spare, so the rings (window-sized) are saved and put back too
+            state = [self.tokens, self.positions, self.write_idx, m.valid, self.logits,
+                     *(kv for kv, w in zip(m.kv, m.windows, strict=True) if w is not None)]
+            saved = [t.clone() for t in state]
             self.write_idx.fill_(m.max_seq_len)
             self.positions.clamp_(max=m.max_seq_len - 1)
             for _ in range(2):
@@ -282,7 +289,7 @@ class TorchCudaSession(Session):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=self.stream):
                 self._decode_body(b, greedy)
-            for t, s in zip((self.tokens, self.positions, self.write_idx, m.valid, self.logits), saved, strict=True):
+            for t, s in zip(state, saved, strict=True):
                 t.copy_(s)
             self._graphs[key] = graph
         return self._graphs[key]
