@@ -269,6 +269,74 @@ def test_row_form_bisects_a_changed_toolchain_version(fake_chain: str, small_ckp
         tmp_path / "docs" / "runs" / "run-2.md").read_text()
 
 
+GENAI_VERSIONS = ("0.16.0", "0.17.0", "0.17.1", "0.18.0")
+GENAI_PLANTED = "0.17.1"
+GENAI_BUILDER = '''"""STAND-IN for onnxruntime-genai {version}'s builder (test only): the files an export checks."""
+import argparse
+import json
+from pathlib import Path
+
+import numpy  # the farm's, from underneath this environment
+
+config = argparse.Namespace(architectures=["LlamaForCausalLM"])
+if config.architectures[0] == "LlamaForCausalLM":  # the dispatch the farm reads the supported architectures from
+    pass
+parser = argparse.ArgumentParser()
+for flag in ("-i", "-o", "-p", "-e", "-c"):
+    parser.add_argument(flag)
+args, _ = parser.parse_known_args()
+if {broken}:
+    raise SystemExit("onnxruntime-genai {version}: the builder dropped the rotary embedding")
+Path(args.o).mkdir(parents=True)
+(Path(args.o) / "genai_config.json").write_text(json.dumps({{"model": {{"type": "llama"}}}}))
+(Path(args.o) / "model.onnx").write_bytes(numpy.zeros(4, numpy.uint8).tobytes())
+'''
+
+
+@pytest.fixture
+def genai_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """STAND-IN releases of onnxruntime-genai (its builder only), the regression planted in 0.17.1; pip reads only
+    their wheelhouse."""
+    import os
+
+    house = tmp_path / "genai-wheels"
+    house.mkdir()
+    for v in GENAI_VERSIONS:
+        broken = v >= GENAI_PLANTED  # string order is PEP 440 order for these four
+        _wheel(house, "onnxruntime-genai", v, {"onnxruntime_genai/__init__.py": "",
+                                               "onnxruntime_genai/models/__init__.py": "",
+                                               "onnxruntime_genai/models/builder.py":
+                                                   GENAI_BUILDER.format(version=v, broken=broken)})
+    for var in [v for v in os.environ if v.startswith("PIP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(house))
+    return house
+
+
+def test_onnxruntime_genai_versions_are_bisected_in_environments_over_the_farm_s(genai_wheels: Path,
+                                                                                   tmp_path: Path) -> None:
+    ckpt = tmp_path / "llama"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                  "hidden_size": 64, "num_attention_heads": 4}))
+    out = tmp_path / "genai.json"
+    code, output = _run(["--checkpoint", str(ckpt), "--precision", "fp32", "--toolchain", "onnxruntime-genai",
+                         "--good-version", GENAI_VERSIONS[0], "--bad-version", GENAI_VERSIONS[-1], "--data-dir",
+                         str(tmp_path / "d"), "--output", str(out), "--no-cache"])
+    assert code == 0, output
+    answer = json.loads(out.read_text())
+    assert (answer["first_bad"], answer["last_good"]) == (GENAI_PLANTED, "0.17.0")
+    assert "first bad: onnxruntime-genai 0.17.1 (last good 0.17.0)" in output
+    bad = [p for p in answer["probes"] if p["status"] == "bad"]
+    assert bad and all("dropped the rotary embedding" in p["detail"] for p in bad)
+    from toolchains.base import driver
+
+    envs = driver("onnxruntime-genai", tmp_path / "d").environments()
+    assert {e.version for e in envs} == {p["revision"] for p in answer["probes"]} and all(e.healthy for e in envs)
+
+
 # --- checkpoint revisions -------------------------------------------------------------------------------------------
 
 def _git(repo: Path, *args: str) -> str:
