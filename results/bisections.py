@@ -90,11 +90,20 @@ def record_bisection(engine: Engine, rec: BisectionRecord) -> int:
 
 
 def bisections_of_run(engine: Engine, bad_run_id: int) -> dict[RowKey, BisectionRecord]:
-    """The latest bisection of each row whose bad end was ``bad_run_id`` (what its run page shows)."""
+    """The latest bisection of each row whose bad end was ``bad_run_id``."""
+    return _latest(_of_run(engine, bad_run_id))
+
+
+def bisection_lines_of_run(engine: Engine, bad_run_id: int) -> dict[RowKey, str]:
+    """What the run page says of each row whose bad end was ``bad_run_id``: :func:`lines`."""
+    return lines(_of_run(engine, bad_run_id))
+
+
+def _of_run(engine: Engine, bad_run_id: int) -> list[BisectionRecord]:
     with Session(engine) as s:
         rows = s.scalars(select(Bisection).where(Bisection.bad_run_id == bad_run_id, Bisection.model.is_not(None))
                          .order_by(Bisection.id)).all()
-        return _latest(_typed(b) for b in rows)
+        return [_typed(b) for b in rows]
 
 
 def bisections_of_checkpoint(engine: Engine, checkpoint_sha256: str) -> list[BisectionRecord]:
@@ -105,18 +114,39 @@ def bisections_of_checkpoint(engine: Engine, checkpoint_sha256: str) -> list[Bis
 
 
 def latest_bisections(engine: Engine | Session, rows: Iterable[RowKey]) -> dict[RowKey, BisectionRecord]:
-    """The latest bisection of each of ``rows`` that has one (what ``edgefarm compare`` shows by a regression)."""
+    """The latest bisection of each of ``rows`` that has one."""
     wanted = set(rows)
+    return {k: v for k, v in _latest(_of_rows(engine, wanted)).items() if k in wanted}
+
+
+def latest_bisection_lines(engine: Engine | Session, rows: Iterable[RowKey]) -> dict[RowKey, str]:
+    """What ``edgefarm compare`` says by a regression of each of ``rows`` that was bisected: :func:`lines`."""
+    wanted = set(rows)
+    return {k: v for k, v in lines(_of_rows(engine, wanted)).items() if k in wanted}
+
+
+def _of_rows(engine: Engine | Session, wanted: set[RowKey]) -> list[BisectionRecord]:
     if not wanted:
-        return {}
+        return []
     models = sorted({m for m, _, _ in wanted})
     stmt = select(Bisection).where(Bisection.model.in_(models)).order_by(Bisection.id)
     if isinstance(engine, Session):
-        found = [_typed(b) for b in engine.scalars(stmt)]
-    else:
-        with Session(engine) as s:
-            found = [_typed(b) for b in s.scalars(stmt)]
-    return {k: v for k, v in _latest(found).items() if k in wanted}
+        return [_typed(b) for b in engine.scalars(stmt)]
+    with Session(engine) as s:
+        return [_typed(b) for b in s.scalars(stmt)]
+
+
+def lines(records: Iterable[BisectionRecord]) -> dict[RowKey, str]:
+    """Each row's answer as a page says it: its latest bisection's :meth:`BisectionRecord.line`, joined by the
+    latest of each other input bisected between the same two runs ("first bad: 0123456789ab ...; first bad:
+    tensorrt-edgellm 0.11.0 (last good 0.10.0)"), inputs in ``INPUTS`` order."""
+    records = list(records)
+    out: dict[RowKey, str] = {}
+    for row, last in _latest(records).items():
+        same = {r.bisected: r for r in records  # in id order: a later one of an input replaces an earlier one
+                if r.row == row and (r.good_run_id, r.bad_run_id) == (last.good_run_id, last.bad_run_id)}
+        out[row] = "; ".join(same[i].line() for i in INPUTS if i in same)
+    return out
 
 
 def _latest(records: Iterable[BisectionRecord]) -> dict[RowKey, BisectionRecord]:

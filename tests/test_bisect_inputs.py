@@ -439,6 +439,68 @@ def test_a_checkpoint_revision_bisection_names_the_commit_that_corrupts_a_weight
     assert rec.line() == f"first bad: checkpoint revision {shas[planted][:12]} re-export the weights"
 
 
+def test_row_form_bisects_each_input_that_changed(fake_chain: str, stand_in: dict[str, Any], data_dir: Path,
+                                                  tmp_path: Path) -> None:
+    """Between two runs of a row the farm's revision and fake-chain's version both changed: each is bisected (the
+    farm's commits with the stand-in edgellm, whose third commit breaks its export; the versions as above), both
+    answers recorded for the row and said together on the bad run's page."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from edgellm.reference import checkpoint_digest
+    from flows.docs import write_run_pages
+    from results.bisections import bisection_lines_of_run
+    from results.db import make_engine
+    from results.migrate import upgrade
+    from results.recorder import Recorder
+
+    farm = tmp_path / "farm"
+    shutil.copytree(stand_in["code"], farm)
+    shas = [_git(farm, "rev-parse", "HEAD")]
+    main = farm / "edgellm" / "__main__.py"
+    for i in range(1, 4):
+        if i == 2:
+            main.write_text(main.read_text().replace('if cmd in ("export", "build"):',
+                                                     'if cmd == "export":\n    sys.exit("export lost the config")\n'
+                                                     'if cmd in ("export", "build"):'))
+        (farm / "notes.txt").write_text(f"change {i}\n")
+        shas.append(_commit(farm, "export: one path for every family" if i == 2 else f"change {i}"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama"}')
+    save_file({"w": np.ones((2, 2), np.float32)}, str(ckpt / "model.safetensors"))
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    for revision, version, status in ((shas[0], VERSIONS[0], "pass"), (shas[-1], VERSIONS[-1], "fail")):
+        run = rec.start_run("nightly", "schedule", revision[:12])
+        rec.record_worker(run, role="orchestrator", pool=None, host="h", data_dir="/d", revision=revision,
+                          source_digest=revision + "0" * 24, toolchains={FAKE: version})
+        rec.record_result(run, model="tiny", precision="fp32", platform="x86-cpu", stage="export",
+                          test_id="tiny-fp32", status=status, toolchain=FAKE, toolchain_version=version,
+                          model_revision=checkpoint_digest(ckpt))
+        rec.finish_run(run, "passed" if status == "pass" else "failed")
+    out = tmp_path / "row.json"
+    code, output = _run(["--row", "tiny", "fp32", "x86-cpu", "--good", "1", "--bad", "2", "--checkpoint", str(ckpt),
+                         "--repo", str(farm), "--db", url, "--data-dir", str(data_dir), "--output", str(out),
+                         "--no-cache"])
+    assert code == 0, output
+    answer = json.loads(out.read_text())
+    assert set(answer["changed"]) == {"revision", f"toolchain:{FAKE}"} and answer["found"]
+    [farm_answer, version_answer] = answer["bisections"]
+    assert (farm_answer["input"], farm_answer["first_bad"]) == ("revision", shas[2])
+    assert (version_answer["input"], version_answer["first_bad"]) == ("toolchain", PLANTED)
+    assert f"first bad: {shas[2][:7]} export: one path for every family" in output
+    assert f"first bad: {FAKE} {PLANTED} (last good 0.2.0)" in output
+    both = (f"first bad: {shas[2][:12]} export: one path for every family; first bad: {FAKE} {PLANTED} (last good "
+            f"0.2.0)")
+    assert bisection_lines_of_run(engine, 2) == {("tiny", "fp32", "x86-cpu"): both}
+    assert write_run_pages(engine, tmp_path / "docs", [2], None) == [2]
+    engine.dispose()
+    assert f"Bisected: {both}." in (tmp_path / "docs" / "runs" / "run-2.md").read_text()
+
+
 @pytest.mark.slow
 def test_the_farm_s_own_eval_bisects_a_real_checkpoint_s_revisions(tmp_path: Path) -> None:
     """stories260K as a git repository (initial upload, a model card, the weights re-exported with layer 2's down

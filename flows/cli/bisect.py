@@ -188,8 +188,9 @@ def _version_job(ask: Ask, toolchain: str, good: str, bad: str) -> Job:
 def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_good: str | None,
               ckpt_bad: str | None) -> tuple[list[Job], dict[str, object]]:
     """--row: what changed between the two runs (from the results database), and a job for each changed input
-    that can be bisected; why the others cannot is in the facts (``not_bisected``). None that can is
-    ConfigurationError naming each."""
+    that can be bisected; why the others cannot (the ends read from the runs included: a commit this checkout lacks,
+    a version pip's index does not offer) is in the facts (``not_bisected``). None that can is ConfigurationError
+    naming each; a bad --checkpoint-good-rev/--checkpoint-bad-rev is ConfigurationError at once."""
     from edgellm.errors import ConfigurationError
     from flows.settings import Settings
     from results.db import read_only_engine
@@ -225,7 +226,10 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
             notes["revision"] = (f"run revision {dirty[0]!r} is no commit that can be checked out (uncommitted "
                                  f"changes or an installed package); bisect between commits with --good/--bad REV")
         else:
-            jobs.append(_revision_job(ask, revs[0], revs[1], given))
+            try:
+                jobs.append(_revision_job(ask, revs[0], revs[1], given))
+            except ConfigurationError as exc:  # e.g. a commit this checkout does not have
+                notes["revision"] = str(exc)
     used = set(sides[0].used) | set(sides[1].used)
     for key, (was, now) in diff.items():
         if not key.startswith("toolchain:"):
@@ -239,8 +243,12 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
         elif not was or not now:
             notes[key] = f"{name} ran in one run only ({was or 'absent'} -> {now or 'absent'})"
         else:
-            jobs.append(dataclasses.replace(_version_job(ask, name, str(was), str(now)), good_ref=given[0],
-                                            bad_ref=given[1]))
+            try:
+                job = _version_job(ask, name, str(was), str(now))
+            except ConfigurationError as exc:  # e.g. a recorded version pip's index does not offer
+                notes[key] = " ".join(str(exc).split())
+                continue
+            jobs.append(dataclasses.replace(job, good_ref=given[0], bad_ref=given[1]))
     if "checkpoint_sha256" in diff or ckpt_good or ckpt_bad:
         if ckpt_good is None:
             notes["checkpoint"] = ("the checkpoint's digest changed; the results record no git revision of it: give "
