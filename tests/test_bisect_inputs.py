@@ -229,6 +229,33 @@ def test_a_toolchain_without_environments_or_unknown_is_exit_2(small_ckpt: Path,
     assert code == 2 and "--bad-version missing" in output
 
 
+def test_tensorrt_edgellm_probes_its_quantize_then_its_export_from_the_version_s_environment(
+        monkeypatch: pytest.MonkeyPatch, small_ckpt: Path, tmp_path: Path) -> None:
+    """Its probe of a version is its host stages, from that version's environment: quantize for a precision its
+    quantizer makes (the export then reads the quantized checkpoint), the export alone for fp16."""
+    from toolchains.tensorrt_edgellm import export, quantize
+
+    calls: list[tuple[str, Path, Path]] = []
+
+    def fake_quantize(env: Path, checkpoint: Path, out_dir: Path, method: str, **kw: Any) -> Any:
+        calls.append((f"quantize {method}", env, checkpoint))
+        return type("Q", (), {"checkpoint": out_dir / "checkpoint"})()
+
+    def fake_export(env: Path, checkpoint: Path, out_dir: Path, **kw: Any) -> None:
+        calls.append(("export", env, checkpoint))
+
+    monkeypatch.setattr(quantize, "quantize", fake_quantize)
+    monkeypatch.setattr(export, "export", fake_export)
+    trt = toolchains.driver("tensorrt-edgellm", tmp_path)
+    env = toolchains.Environment("tensorrt-edgellm", "0.10.0", True, str(tmp_path / "env"))
+    trt.probe_version(env, small_ckpt, tmp_path / "w1", Precision.INT4_AWQ)
+    trt.probe_version(env, small_ckpt, tmp_path / "w2", Precision.FP16)
+    assert calls == [("quantize int4_awq", tmp_path / "env", small_ckpt),
+                     ("export", tmp_path / "env", tmp_path / "w1" / "quantize" / "checkpoint"),
+                     ("export", tmp_path / "env", small_ckpt)]
+    assert "tensorrt-edgellm" in toolchains.version_probing()
+
+
 def test_row_form_bisects_a_changed_toolchain_version(fake_chain: str, small_ckpt: Path, data_dir: Path,
                                                       tmp_path: Path) -> None:
     """Two runs of one farm revision whose row ran fake-chain 0.1.0, then 0.10.0: only the versions are bisected,

@@ -222,7 +222,7 @@ def between(versions: Sequence[str], good: str, bad: str, *, toolchain: str) -> 
     problems = []
     for flag, value in (("--good-version", good), ("--bad-version", bad)):
         if value not in versions:
-            shown = ", ".join(versions[-12:]) + (" ..." if len(versions) > 12 else "") if versions else "none"
+            shown = (("..., " if len(versions) > 12 else "") + ", ".join(versions[-12:])) if versions else "none"
             problems.append(f"{flag} {value!r}: not an installable version of {toolchain}; valid: {shown}")
     if problems:
         raise ConfigurationError("\n".join(problems))
