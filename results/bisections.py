@@ -139,7 +139,7 @@ def _of_rows(engine: Engine | Session, wanted: set[RowKey]) -> list[BisectionRec
 def lines(records: Iterable[BisectionRecord]) -> dict[RowKey, str]:
     """Each row's answer as a page says it: its latest bisection's :meth:`BisectionRecord.line`, joined by the
     latest of each other input bisected between the same two runs ("first bad: 0123456789ab ...; first bad:
-    tensorrt-edgellm 0.11.0 (last good 0.10.0)"), inputs in ``INPUTS`` order."""
+    <toolchain> <version> (last good <version>)"), inputs in ``INPUTS`` order."""
     records = list(records)
     out: dict[RowKey, str] = {}
     for row, last in _latest(records).items():
