@@ -59,7 +59,7 @@ from edgellm.errors import BugError, ConfigurationError
 from edgellm.files import write_text_atomic
 from flows.docs_render import scrub
 from flows.escape import markdown_text
-from results.bisections import latest_bisections
+from results.bisections import latest_bisection_lines
 from results.models import Metric, Result, ResultStatus, Run, RunKind
 from results.queries import RowKey, RowStatus, row_history
 from results.regressions import K_MAD, MAD_TO_SIGMA
@@ -598,11 +598,12 @@ def _bisect_key(row: RowId) -> tuple[str, str, str]:
 
 
 def with_bisections(s: Session, c: Comparison) -> Comparison:
-    """Each regression with its row's latest recorded bisection (``results.bisections``), when it has one."""
-    found = latest_bisections(s, [_bisect_key(ch.row) for ch in c.regressions])
+    """Each regression with its row's latest recorded bisection (``results.bisections``: one line per input
+    bisected between the same runs), when it has one."""
+    found = latest_bisection_lines(s, [_bisect_key(ch.row) for ch in c.regressions])
     if not found:
         return c
-    changed = [replace(ch, bisected=found[_bisect_key(ch.row)].line())
+    changed = [replace(ch, bisected=found[_bisect_key(ch.row)])
                if ch.regression and _bisect_key(ch.row) in found else ch for ch in c.changed]
     return replace(c, changed=changed)
 

@@ -49,7 +49,7 @@ from flows.docs_render import (
     write_atomic,
 )
 from flows.escape import markdown_text, safe_link
-from results.bisections import bisections_of_run
+from results.bisections import bisection_lines_of_run
 from results.db import read_only_engine, redact
 from results.migrate import require_current
 from results.models import ArtifactKind, ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
@@ -286,7 +286,7 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
         if info.get("report_path"):  # relative to the run page, so the docs and data dir can move together
             info["report_link"] = os.path.relpath(Path(str(info["report_path"])) / "report.md", out_dir / "runs")
         info.update(prefect_link(engine, run_id))
-        info["bisections"] = {row: b.line() for row, b in bisections_of_run(engine, run_id).items()}
+        info["bisections"] = bisection_lines_of_run(engine, run_id)
         states = run_states(engine, run_id, data_dir)
         logs = copy_logs(results, out_dir / "runs", data_dir)
         write_atomic(out_dir / "runs" / f"run-{run_id}.md", docs_runs.render_markdown(info, results, states, logs))

@@ -356,8 +356,10 @@ class RunWorker(Base):
 class Bisection(Base):
     """An answer of ``edgefarm bisect``: of a row (model, precision, platform, job toolchain; the good and bad runs
     when the row form was used) or of a checkpoint (its digest), between two ends (as given and as resolved), with
-    the first bad commit (full sha) and its subject, the last good one, and every probe (JSON). Names are plain
-    strings (``results.bisections`` reads and writes it)."""
+    the first bad commit (full sha) and its subject, the last good one, and every probe (JSON). ``bisected`` names
+    the input: this repository's commits (``revision``, also NULL), the checkpoint's commits (``checkpoint``) or the
+    versions of the toolchain in ``toolchain`` (``toolchain``: the ends, the first bad and the last good are then
+    versions). Names are plain strings (``results.bisections`` reads and writes it)."""
 
     __tablename__ = "bisections"
     __table_args__ = (Index("ix_bisections_model_precision_platform", "model", "precision", "platform"),)
@@ -381,6 +383,7 @@ class Bisection(Base):
     last_good: Mapped[str | None] = mapped_column(String(64))
     probes: Mapped[list[Any]] = mapped_column(JSON)  # [{revision, status, seconds, ...}]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    bisected: Mapped[str | None] = mapped_column(String(32))  # revision (NULL too), checkpoint or toolchain
 
 
 class Environment(Base):

@@ -24,6 +24,7 @@ class RowInputs:
     checkpoint_sha256: str | None = None
     status: str = ""  # fail when any of the row's stages failed or errored, else pass (skips, n/a: their own)
     job_toolchain: str | None = None  # the toolchain the row's job ran (None: several, or not recorded)
+    used: tuple[str, ...] = ()  # the toolchains the row's stages ran with (a quantizer's besides the job's)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +59,8 @@ def row_inputs(db: Engine, run_id: int, model: str, precision: str, platform: st
                      revision=worker.revision if worker is not None else None,
                      source_digest=worker.source_digest if worker is not None else None, toolchains=toolchains,
                      checkpoint_sha256=digests[0] if len(digests) == 1 else None, status=status,
-                     job_toolchain=jobs[0] if len(jobs) == 1 else None)
+                     job_toolchain=jobs[0] if len(jobs) == 1 else None,
+                     used=tuple(sorted({str(r.toolchain) for r in rows if r.toolchain})))
 
 
 def changed(good: RowInputs, bad: RowInputs) -> dict[str, list[Any]]:

@@ -222,3 +222,43 @@ def test_0015_bisections_round_trip_and_downgrade(db_url: str) -> None:
     assert upgrade(engine) == head_revision()
     assert schema_diff(engine) == []
     engine.dispose()
+
+
+def test_0016_a_bisection_names_its_input_and_older_rows_read_as_revision(db_url: str) -> None:
+    """A toolchain-version bisection reads back with its input and says its versions; a row written before 0016
+    (no ``bisected``) reads as this repository's commits; downgrade to 0015 drops the column, upgrade restores it."""
+    from alembic import command
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from edgellm.errors import ConfigurationError
+    from results.bisections import BisectionRecord, bisections_of_checkpoint, record_bisection
+    from results.migrate import alembic_config
+    from results.models import Bisection
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    given = BisectionRecord(precision="fp16", platform="thor", good_ref="0.10.0", bad_ref="0.12.0", found=True,
+                            toolchain="tensorrt-edgellm", checkpoint_sha256="c" * 64, good_sha="0.10.0",
+                            bad_sha="0.12.0", first_bad="0.11.0", last_good="0.10.0", bisected="toolchain")
+    bid = record_bisection(engine, given)
+    [back] = bisections_of_checkpoint(engine, "c" * 64)
+    assert back == BisectionRecord(**{**given.__dict__, "id": bid, "created_at": back.created_at})
+    assert back.line() == "first bad: tensorrt-edgellm 0.11.0 (last good 0.10.0)"
+    with Session(engine) as s, s.begin():
+        s.execute(update(Bisection).where(Bisection.id == bid).values(bisected=None, toolchain="edgellm-ort",
+                                                                      first_bad="a" * 40, first_bad_subject="One"))
+    [old] = bisections_of_checkpoint(engine, "c" * 64)
+    assert old.bisected == "revision" and old.line() == f"first bad: {'a' * 12} One"
+    with pytest.raises(ConfigurationError, match="bisected input 'layers'"):
+        BisectionRecord(precision="fp16", platform="thor", good_ref="a", bad_ref="b", found=False, bisected="layers")
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0015")
+        conn.commit()
+    assert current_revision(engine) == "0015"
+    assert "bisected" not in {c["name"] for c in inspect(engine).get_columns("bisections")}
+    assert upgrade(engine) == head_revision()
+    assert schema_diff(engine) == []
+    engine.dispose()

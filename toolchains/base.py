@@ -446,6 +446,23 @@ class ToolchainDriver(ABC):
         running install is making); returns what was removed."""
         return []
 
+    # --- version bisection (``edgefarm bisect --toolchain``): an environment per version, the row's stages in it ---
+
+    def installable_versions(self) -> list[str]:
+        """Every version an environment of it can be installed at (:meth:`install_version`), oldest first: what its
+        package source offers (pip's index: the registry, or the local index or wheelhouse pip is configured
+        with). InfrastructureError when the source cannot be reached."""
+        raise self._no_environment()
+
+    def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
+        """One probe of a version bisection: this toolchain's stages of a row that this host can run, with the
+        installed version ``env`` (:meth:`install_version`'s), on ``checkpoint``, working in the empty directory
+        ``work``. Returns when they pass; raises the EdgeLLMError of what failed (its kind says whether the version
+        is bad or was not judged: infrastructure and resource errors are not judged). :class:`NotOffered` where the
+        toolchain has no stages that run from an environment of its own."""
+        raise NotOffered(f"toolchain {self.name} offers no version probe (toolchains that do: "
+                         f"{', '.join(version_probing()) or 'none'})")
+
     @abstractmethod
     def host_version(self) -> str:
         """The version on the orchestrating host (the host stages' product: quantize, export)."""
@@ -789,6 +806,12 @@ def driver(name: str, data_dir: Path | None = None, pins: Mapping[str, str] | No
     """Toolchain ``name``'s driver for the farm at ``data_dir``, at the versions ``pins`` chose (each toolchain's
     pinned one otherwise). One instance per arguments: stages ask it as often as they like."""
     return _instances(parse(name), None if data_dir is None else Path(data_dir), tuple(sorted((pins or {}).items())))
+
+
+def version_probing() -> list[str]:
+    """The toolchains whose versions ``edgefarm bisect`` can probe (they offer
+    :meth:`ToolchainDriver.probe_version`)."""
+    return [n for n in names() if _DRIVERS.get(n).probe_version is not ToolchainDriver.probe_version]
 
 
 def pinned_versions() -> dict[str, str]:

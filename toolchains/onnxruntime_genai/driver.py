@@ -6,6 +6,9 @@ build (load the model there, set its limits), infer (our requests, its responses
 and greedy continuations, scored on the host by edgellm's own comparison against the same float reference) and
 bench (prefill and decode at the farm's shapes). Its version is the installed distribution's: on the host, the
 farm's environment (``pip install 'edgellm-farm[genai]'``); on a device, what the runner's ``env`` reads there.
+Other versions, for ``edgefarm bisect --toolchain onnxruntime-genai``: each in an environment of its own under the
+data dir holding only that distribution, over the farm's (its dependencies and onnxruntime stay the farm's); a
+version's probe is the builder's export from it.
 
 This module imports only light parts at load (device types validate toolchain names against the registry); the
 builder, the graph check and the scoring are imported when a stage runs.
@@ -15,17 +18,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.errors import TestFailure
+from edgellm.errors import BugError, ConfigurationError, TestFailure
 from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
 from toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
     EngineCheck,
+    Environment,
     ToolchainDriver,
     Variant,
     pushed_path,
@@ -39,9 +45,22 @@ if TYPE_CHECKING:
     from stages.job import CheckpointRef, JobSpec
     from stages.outcome import Keyed, StageOutcome
     from toolchains.base import HostWork
+    from toolchains.mirror import WheelSource
 
 EXPORT_CHECK = 1  # version of the read-back check a cached export passed (bump when it tightens)
 _MADE_IN_EXPORT = (Precision.INT4_WO,)
+# a version names a directory: an exact release, ASCII, bounded (0.17.1, 0.18.0rc1, 0.18.0.post1)
+_VERSION = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){1,3}((a|b|rc)[0-9]{1,4})?(\.post[0-9]{1,4})?(\.dev[0-9]{1,4})?",
+                      re.ASCII)
+
+
+def check_version(version: str) -> str:
+    if not (isinstance(version, str) and _VERSION.fullmatch(version)):
+        raise ConfigurationError(f"bad {TOOLCHAIN} version {str(version)[:40]!r}; expected an exact release like "
+                                 f"0.17.1 (also 0.18.0rc1, 0.18.0.post1), not a range or a name")
+    return version
+
+
 _LM_HEAD = {Precision.FP32: LMHeadPrecision.FP32, Precision.INT4_WO: LMHeadPrecision.INT4_WO}  # what the builder makes
 
 
@@ -88,6 +107,53 @@ class OnnxruntimeGenai(ToolchainDriver):
         from toolchains.onnxruntime_genai.export import toolchain_version
 
         return toolchain_version()
+
+    # --- other versions, for a version bisection: an environment per version over the farm's ---
+
+    def _root(self) -> Path:
+        if self.data_dir is None:
+            raise BugError(f"toolchain {self.name}: its environments were asked for without the farm's data dir")
+        return Path(self.data_dir).resolve() / "toolchains"
+
+    def installable_versions(self) -> list[str]:
+        from toolchains.venvs import installable_versions
+
+        return installable_versions(DISTRIBUTION)
+
+    def install_version(self, version: str, wheels: WheelSource | None = None) -> Environment:
+        """``onnxruntime-genai==version`` alone (``--no-deps``) in ``<data dir>/toolchains/onnxruntime-genai-
+        <version>``, over the farm's own environment (its site-packages follow the environment's own: the builder's
+        dependencies and onnxruntime are the farm's). Only the distribution's version differs from the farm's."""
+        from toolchains.venvs import install_distribution
+
+        check_version(version)
+        farm = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        built = install_distribution(self._root(), self.name, version, [f"{DISTRIBUTION}=={version}"],
+                                     distribution=DISTRIBUTION, wheels=wheels,
+                                     pip_args=("--no-deps", "--ignore-installed"),  # its own copy, even of the farm's
+                                     pth=[Path(p) for p in farm])
+        return Environment(self.name, built.version, built.healthy, str(built.path), tuple(built.problems))
+
+    def environments(self) -> list[Environment]:
+        from toolchains.venvs import check_distribution
+
+        root = self._root()
+        found = sorted(p for p in root.glob(f"{self.name}-*") if p.is_dir()) if root.is_dir() else []
+        checked = [check_distribution(p, DISTRIBUTION, p.name.removeprefix(f"{self.name}-")) for p in found]
+        return [Environment(self.name, c.version, c.healthy, str(c.path), tuple(c.problems)) for c in checked]
+
+    def sweep_dead_installs(self) -> list[Path]:
+        from toolchains.venvs import sweep_dead_installs
+
+        return sweep_dead_installs(self._root(), self.name) if self.data_dir is not None else []
+
+    def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
+        """Its host stage of the row with that version: the model builder's export, from the version's environment.
+        Its device stages (the runner, with a device's own onnxruntime-genai) are not probed."""
+        from toolchains.onnxruntime_genai import export
+
+        export.export(checkpoint, work / "export", precision.value, log=work / "export.log",
+                      python=Path(env.path) / "bin" / "python")
 
     def device_files(self) -> tuple[Path, ...]:
         return (runner.RUNNER,)

@@ -104,7 +104,16 @@ class BuilderFailed(TestFailure):
         self.log_tail = log_tail
 
 
-def toolchain_version() -> str:
+def toolchain_version(python: Path | None = None) -> str:
+    """The installed distribution's version: in this interpreter's environment, or in ``python``'s (an
+    environment of one version, for a version bisection)."""
+    if python is not None:
+        from toolchains.venvs import distribution_version
+
+        found = distribution_version(Path(python).parent.parent, DISTRIBUTION)
+        if found is None:
+            raise InfrastructureError(f"{DISTRIBUTION} is not installed in {python}'s environment")
+        return found
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -112,13 +121,26 @@ def toolchain_version() -> str:
                                   f"(pip install {DISTRIBUTION} onnx-ir)") from None
 
 
-@functools.cache
-def supported_architectures() -> frozenset[str]:
-    """The ``architectures[0]`` values the installed builder dispatches on, read from its source (no import)."""
+def builder_source(python: Path | None = None) -> Path:
+    """The model builder's source file: of this interpreter's onnxruntime-genai (found without importing it), or of
+    the one in ``python``'s environment."""
+    if python is not None:
+        env = Path(python).parent.parent
+        found = sorted(env.glob("lib/python3*/site-packages/onnxruntime_genai/models/builder.py"))
+        if not found:
+            raise InfrastructureError(f"{DISTRIBUTION} has no model builder in {env}")
+        return found[0]
     spec = importlib.util.find_spec("onnxruntime_genai")  # a top-level spec: the package is not imported
     if spec is None or not spec.submodule_search_locations:
         raise InfrastructureError(f"{DISTRIBUTION} is not installed in {sys.executable}'s environment")
-    source = Path(next(iter(spec.submodule_search_locations))) / "models" / "builder.py"
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / "builder.py"
+
+
+@functools.cache
+def supported_architectures(source: Path | None = None) -> frozenset[str]:
+    """The ``architectures[0]`` values the builder dispatches on, read from its source (no import); ``source``:
+    :func:`builder_source` (default: this interpreter's)."""
+    source = source or builder_source()
     if not source.is_file():
         raise InfrastructureError(f"{DISTRIBUTION} has no model builder at {source}")
     found: set[str] = set()
@@ -141,16 +163,17 @@ def head_dim(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def applicability(config: Mapping[str, Any], precision: str | None = None) -> str | None:
+def applicability(config: Mapping[str, Any], precision: str | None = None, python: Path | None = None) -> str | None:
     """Why the builder cannot make a CPU model of this checkpoint config (at ``precision`` when given), naming the
-    value and what is valid; None when it can. Decided from config.json alone, before anything runs."""
+    value and what is valid; None when it can. Decided from config.json alone, before anything runs. ``python``: the
+    builder of that interpreter's environment is asked (default: this one's)."""
     reasons = []
     if precision is not None and precision not in RECIPES:
         reasons.append(f"precision {precision!r} is not one onnxruntime-genai's builder makes here; valid: "
                        f"{', '.join(PRECISIONS)}")
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    supported = supported_architectures()
+    supported = supported_architectures(None if python is None else builder_source(python))
     if arch is None:
         reasons.append(f"config.json names no architectures (model_type {config.get('model_type')!r}); the "
                        f"builder dispatches on architectures[0], one of: {', '.join(sorted(supported))}")
@@ -172,9 +195,10 @@ def model_dir(out_dir: Path) -> Path:
     return out_dir / MODEL_SUBDIR if (out_dir / MODEL_SUBDIR / "genai_config.json").is_file() else out_dir
 
 
-def builder_argv(checkpoint: Path, output: Path, cache: Path, precision: str) -> list[str]:
+def builder_argv(checkpoint: Path, output: Path, cache: Path, precision: str,
+                 python: Path | None = None) -> list[str]:
     recipe = RECIPES[precision]
-    return [sys.executable, "-m", BUILDER_MODULE, "-i", str(checkpoint), "-o", str(output),
+    return [str(python or sys.executable), "-m", BUILDER_MODULE, "-i", str(checkpoint), "-o", str(output),
             "-p", recipe.builder_precision, "-e", "cpu", "-c", str(cache), "--extra_options", *recipe.extra_options]
 
 
@@ -223,9 +247,11 @@ def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = TIMEOUT_S, log: Path) -> ExportResult:
+def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = TIMEOUT_S, log: Path,
+           python: Path | None = None) -> ExportResult:
     """Build ``checkpoint`` at ``precision`` into ``out_dir`` (made atomically; must not exist): the builder's files
-    in ``out_dir/model``, this result in ``out_dir/export.json``, the builder's output in ``log``.
+    in ``out_dir/model``, this result in ``out_dir/export.json``, the builder's output in ``log``. ``python``: the
+    builder of that interpreter's environment runs (an environment of one version; default: this interpreter's).
 
     Raises UnsupportedError for what :func:`applicability` refuses, ConfigurationError for bad arguments,
     BuilderFailed (a TestFailure carrying the log's last lines) when the builder fails or writes no model,
@@ -246,14 +272,14 @@ def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = 
         raise ConfigurationError(f"{config_file} is not readable JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ConfigurationError(f"{config_file} holds {type(config).__name__}, not a JSON object")
-    reason = applicability(config, precision)
+    reason = applicability(config, precision, python)
     if reason is not None:
         raise UnsupportedError(f"onnxruntime-genai cannot export {checkpoint.name}: {reason}")
-    version = toolchain_version()
+    version = toolchain_version(python)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        argv = builder_argv(checkpoint.resolve(), work / MODEL_SUBDIR, work / "cache", precision)
+        argv = builder_argv(checkpoint.resolve(), work / MODEL_SUBDIR, work / "cache", precision, python)
         code, wall, peak = _run(argv, env=offline_env(work), cwd=work, log=log, timeout=timeout)
         if code != 0:
             raise BuilderFailed(f"the onnxruntime-genai builder failed (exit {code}) on {checkpoint}", log_tail(log))

@@ -306,6 +306,23 @@ class TensorrtEdgellm(ToolchainDriver):
     def sweep_dead_installs(self) -> list[Path]:
         return sweep_dead_installs(self._root())
 
+    def installable_versions(self) -> list[str]:
+        from toolchains.tensorrt_edgellm.env import installable_versions
+
+        return installable_versions()
+
+    def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
+        """Its host stages of the row with that version: quantize (the precisions its quantizer makes), then the
+        ONNX export. Its device stages (llm_build, llm_inference on a TensorRT board) are not probed: a board runs
+        a build of one version (its inventory's), not one per probe."""
+        from toolchains.tensorrt_edgellm import export, quantize
+
+        source = checkpoint
+        if precision in self.quantizes():
+            source = quantize.quantize(Path(env.path), checkpoint, work / "quantize", precision.value,
+                                       chat_template=export.DEFAULT_CHAT_TEMPLATE).checkpoint
+        export.export(Path(env.path), source, work / "export")
+
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         """The release of the build the job ran with: what its CMakeCache.txt says (the probe refused a device
         where that differs from the inventory), else the inventory's; ``+standin`` on a stand-in."""

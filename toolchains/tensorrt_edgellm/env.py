@@ -9,28 +9,26 @@ Its packages come from the package registry, or from the artifact store's mirror
 ``edgefarm toolchains mirror``; fetched into a temporary wheelhouse beside the environment, installed ``--no-index``),
 as the ``WheelSource`` handed to :func:`install` says.
 
-Installs are atomic: the environment is built in a temporary sibling directory (``.tensorrt-edgellm-<version>.*``)
-and renamed into place, so a failed or interrupted install leaves nothing that looks installed. Its steps run in
-process groups that die with the installer (``devices.lifetime``); SIGTERM and Ctrl-C kill them and remove the
-temporary directory before the installer ends. The directory is marked in use while the install runs, so what a
-killed install left (kill -9) is removed by the next install and by ``edgefarm gc``, never a running one's.
+Installs are atomic (``toolchains.venvs``, the mechanism every toolchain with environments shares): the environment
+is built in a temporary sibling directory (``.tensorrt-edgellm-<version>.*``) and renamed into place, so a failed or
+interrupted install leaves nothing that looks installed. Its steps run in process groups that die with the installer
+(``devices.lifetime``); SIGTERM and Ctrl-C kill them and remove the temporary directory before the installer ends.
+The directory is marked in use while the install runs, so what a killed install left (kill -9) is removed by the
+next install and by ``edgefarm gc``, never a running one's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from artifacts.inuse import held_dir, remove_stale
 from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
-from toolchains import mirror
+from toolchains import mirror, venvs
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 
 CPU_TORCH = "torch==2.13.0"
@@ -150,19 +148,9 @@ def install(root: Path, version: str, *, log: Path | None = None,
         existing = health(dest)
         if existing.healthy:
             return existing
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    sweep_dead_installs(dest.parent)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(lifetime.terminate_as_interrupt())
-        found = stack.enter_context(mirror.find(wheels, TOOLCHAIN, version))
-        house = None
-        if found is not None:  # fetched (and verified) before anything is built
-            house = found.fetch(stack.enter_context(held_dir(dest.parent, f".{dest.name}.wheels.")))
-        tmp = stack.enter_context(held_dir(dest.parent, f".{dest.name}."))
-        tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
-        _build(tmp, version, log, house, None if found is None else found.shown)
-        _relocate(tmp, dest)
-        _swap_into_place(tmp, dest)
+    venvs.install_atomically(dest, TOOLCHAIN, version,
+                             lambda tmp, house, shown: _build(tmp, version, log, house, shown),
+                             lambda path: health(path).healthy, wheels=wheels)
     result = health(dest)
     if not result.healthy:
         raise InfrastructureError(f"{TOOLCHAIN} {version} installed into {dest} but is unhealthy: "
@@ -172,7 +160,7 @@ def install(root: Path, version: str, *, log: Path | None = None,
 
 def sweep_dead_installs(root: Path) -> list[Path]:
     """What installs that died left under ``root`` (their temporary directories), never a running one's."""
-    return remove_stale(Path(root), f".{TOOLCHAIN}-*", 0)
+    return venvs.sweep_dead_installs(root, TOOLCHAIN)
 
 
 def _build(env: Path, version: str, log: Path | None, wheelhouse: Path | None, mirrored_in: str | None) -> None:
@@ -185,17 +173,8 @@ def _build(env: Path, version: str, log: Path | None, wheelhouse: Path | None, m
         (f"install {TOOLCHAIN}[tools]=={version}", [*pip, *requirements(version)]),
         ("remove torchvision", [python, "-m", "pip", "uninstall", "-y", "torchvision"]),
     ]
-    for what, argv in steps:
-        try:
-            done = lifetime.run(argv, timeout=STEP_TIMEOUT_S, env=mirror.pip_env(wheelhouse))  # its group dies with us
-        except subprocess.TimeoutExpired:
-            raise InfrastructureError(f"installing {TOOLCHAIN} {version}: '{what}' took over {STEP_TIMEOUT_S} s "
-                                      f"(slow package registry?)") from None
-        if log is not None:
-            with open(log, "a", encoding="utf-8") as fh:
-                fh.write(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}\n")
-        if done.returncode != 0:
-            raise _pip_error(what, version, done.stdout + done.stderr, mirrored_in)
+    venvs.run_steps(steps, toolchain=TOOLCHAIN, version=version, wheelhouse=wheelhouse, log=log,
+                    error=lambda what, output: _pip_error(what, version, output, mirrored_in))
 
 
 def _pip_error(what: str, version: str, output: str,
@@ -220,22 +199,13 @@ def _pip_error(what: str, version: str, output: str,
 
 
 def _relocate(built: Path, dest: Path) -> None:
-    # venv and pip write absolute paths into console-script shebangs and activate scripts: point them at dest.
-    old, new = str(built).encode(), str(dest).encode()
-    for path in [*sorted((built / "bin").iterdir()), built / "pyvenv.cfg"]:
-        if path.is_symlink() or not path.is_file():
-            continue
-        data = path.read_bytes()
-        if old in data:
-            path.write_bytes(data.replace(old, new))
+    venvs.relocate(built, dest)
 
 
 def _swap_into_place(built: Path, dest: Path) -> None:
-    with held_dir(dest.parent, f".{dest.name}.stale.") as stale:
-        if dest.exists():  # an unhealthy leftover: move it aside, dropped once the new one is in place
-            os.replace(dest, stale / "env")
-        try:
-            os.replace(built, dest)
-        except OSError:
-            if not health(dest).healthy:  # not a concurrent install that won the race
-                raise
+    venvs.swap_into_place(built, dest, lambda path: health(path).healthy)
+
+
+def installable_versions() -> list[str]:
+    """The versions pip's index offers (oldest first) that name an environment (:func:`check_version`)."""
+    return [v for v in venvs.installable_versions(TOOLCHAIN) if _VERSION.fullmatch(v)]
