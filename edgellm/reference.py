@@ -372,9 +372,9 @@ def top_logits(row: np.ndarray, k: int, eos_ids: tuple[int, ...]) -> TopLogits:
 
 def checkpoint_digest(ckpt: Path) -> str:
     """The checkpoint's identity, as export records it in its manifest (and build copies into the engine's)."""
-    from edgellm.compiler.files import file_table, tree_sha256
+    from edgellm.compiler.files import checkpoint_files, tree_sha256
 
-    return tree_sha256(file_table(ckpt))
+    return tree_sha256(checkpoint_files(ckpt))
 
 
 def checkpoint_revision(ckpt: Path) -> str | None:

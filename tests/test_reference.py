@@ -220,3 +220,23 @@ def test_sparse_greedy_margin_is_exact_in_top_k_and_a_lower_bound_outside() -> N
         else:
             assert 0 < part["divergence_margin"] <= full["divergence_margin"]
             assert part["divergence_margin"] == pytest.approx(float(row[order[0]] - row[order[GREEDY_TOP_K - 1]]))
+
+
+def test_a_checkpoint_cloned_with_git_has_the_identity_of_its_files(ckpts, tmp_path) -> None:
+    """A Hugging Face repository cloned with git carries ``.git/``, which git rewrites on every checkout: the
+    checkpoint's identity (what caches and bisection compare) is its files'."""
+    from edgellm.reference import checkpoint_digest
+
+    src = ckpts.copy("stories", tmp_path / "ckpt")
+    plain = checkpoint_digest(src)
+    (src / ".git" / "objects").mkdir(parents=True)
+    (src / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (src / ".git" / "index").write_bytes(os.urandom(64))
+    assert checkpoint_digest(src) == plain
+    from edgellm.compiler.export import export_checkpoint
+
+    manifest = export_checkpoint(src, tmp_path / "onnx")  # the export records the same identity
+    assert json.loads((tmp_path / "onnx" / "export_manifest.json").read_text())["checkpoint"]["sha256"] == plain, (
+        manifest)
+    (src / "notes.txt").write_text("a file of the checkpoint counts\n")
+    assert checkpoint_digest(src) != plain

@@ -45,7 +45,7 @@ from typing import Any
 
 from edgellm import __version__
 from edgellm.backends.base import MAX_SEQ_LEN
-from edgellm.compiler.files import file_table, staged_dir, tree_sha256, write_json
+from edgellm.compiler.files import checkpoint_files, file_table, staged_dir, tree_sha256, write_json
 from edgellm.config import ModelConfig, QuantConfig, read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError, UnsupportedError
 from edgellm.models import family_for
@@ -212,7 +212,7 @@ def export_checkpoint(ckpt_dir: Path, onnx_dir: Path, precision: str | Precision
     started = time.perf_counter()
     # The checkpoint digest (hashing ~all its bytes) runs beside loading and tracing; hashlib releases the GIL.
     pool = ThreadPoolExecutor(max_workers=1)
-    ckpt_files_future = pool.submit(file_table, ckpt_dir)
+    ckpt_files_future = pool.submit(checkpoint_files, ckpt_dir)
     dtype = getattr(torch, EXPORT_DTYPES.get(precision, "float32"))
     opset = OPSET
     if layout is not None:

@@ -37,6 +37,13 @@ def file_table(root: Path, *, exclude: tuple[str, ...] = (),
     return table
 
 
+def checkpoint_files(ckpt: Path) -> dict[str, dict[str, Any]]:
+    """A checkpoint's file table, its identity's input: every file but a version-control folder's (a Hugging Face
+    repository cloned with git has ``.git/``, which git rewrites: another revision checked out and back must give the
+    same identity)."""
+    return {k: v for k, v in file_table(ckpt).items() if k.split("/", 1)[0] != ".git"}
+
+
 def tree_sha256(table: dict[str, dict[str, Any]]) -> str:
     """One digest over a file table (names and contents), e.g. a checkpoint's identity."""
     h = hashlib.sha256()
