@@ -3,11 +3,15 @@ taken from the engine itself and from transformers on the same token ids, compar
 
 Engine side (ONNX Runtime engines): a debug copy of the engine's own ``model.onnx`` (its weights shared through
 links, the engine directory untouched) whose residual stream is made graph outputs. The residual sums are found by
-the norm that consumes them, named by the checkpoint's tensors: ``model.layers.i.post_attention_layernorm.weight``
-reads the sum after layer i's attention; ``model.layers.{i+1}.input_layernorm.weight`` (``model.norm.weight`` for the
-last layer) the sum after its MLP, i.e. the layer's output. A fused ``SkipSimplifiedLayerNormalization`` carries the
-sum as its fourth output, a plain ``SimplifiedLayerNormalization`` reads it as its first input.
-Reference side: transformers' forward hooks, the input of ``post_attention_layernorm`` (after attention) and the
+the norm that consumes them, named by the checkpoint's tensors: layer i's MLP input norm (the family's
+``mlp_input_norm``: ``model.layers.i.post_attention_layernorm.weight``, or ``pre_feedforward_layernorm`` with sandwich
+norms) reads the sum after layer i's attention; ``model.layers.{i+1}.input_layernorm.weight`` (``model.norm.weight``
+for the last layer) the sum after its MLP, i.e. the layer's output. A fused ``SkipSimplifiedLayerNormalization``
+carries the sum as its fourth output, a plain ``SimplifiedLayerNormalization`` reads it as its first input. Where no
+norm carries a checkpoint name (a (1 + w) norm exports its scale as a folded constant), the residual stream is
+followed as the chain of its adds from the first norm's input (the embeddings): each layer adds twice (attention,
+then MLP).
+Reference side: transformers' forward hooks, the input of the family's MLP input norm (after attention) and the
 output of the decoder layer (after the MLP). Both run one sequence at a time from an empty cache.
 Torch-cuda engines (and a board's TensorRT engines) expose no intermediate tensors here: ``engine_layer_states``
 refuses them with that reason (UnsupportedError), and ``edgellm layers-check``'s few-layer engines are the fallback.
@@ -15,11 +19,13 @@ refuses them with that reason (UnsupportedError), and ``edgellm layers-check``'s
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shutil
 import tempfile
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,18 +35,31 @@ import numpy as np
 from edgellm.errors import UnsupportedError
 
 PARTS = ("attention", "mlp")
-_POST_ATTN = re.compile(r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$")
 _INPUT_NORM = re.compile(r"^model\.layers\.(\d+)\.input_layernorm\.weight$")
 FINAL_NORM = "model.norm.weight"
+NORM_OPS = ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization")
+DEFAULT_MLP_NORM = "post_attention_layernorm"  # a model_type no family registers: the Llama layout
 
 Key = tuple[int, str]  # (layer, part)
 
 
-def residual_tensors(graph: Any, num_layers: int) -> dict[Key, str]:
+def mlp_input_norm(model_type: object) -> str:
+    """The norm reading the residual after attention, as the registered family of ``model_type`` declares it."""
+    from edgellm.models.base import FAMILIES, is_registered_model_type
+
+    return FAMILIES.get(model_type).mlp_input_norm() if is_registered_model_type(model_type) else DEFAULT_MLP_NORM
+
+
+def residual_tensors(graph: Any, num_layers: int, mlp_norm: str = DEFAULT_MLP_NORM) -> dict[Key, str]:
     """(layer, part) -> the name of the graph tensor holding the residual stream there (see the module doc)."""
+    return _by_norm_names(graph, num_layers, mlp_norm) or _by_residual_adds(graph, num_layers)
+
+
+def _by_norm_names(graph: Any, num_layers: int, mlp_norm: str) -> dict[Key, str]:
+    after_attention = re.compile(rf"^model\.layers\.(\d+)\.{re.escape(mlp_norm)}\.weight$")
     found: dict[Key, str] = {}
     for node in graph.node:
-        if node.op_type not in ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"):
+        if node.op_type not in NORM_OPS:
             continue
         weight = node.input[2] if node.op_type.startswith("Skip") else node.input[1]
         if node.op_type.startswith("Skip"):
@@ -49,12 +68,37 @@ def residual_tensors(graph: Any, num_layers: int) -> dict[Key, str]:
             tensor = node.input[0]
         if tensor is None:
             continue
-        if (m := _POST_ATTN.match(weight)) is not None:
+        if (m := after_attention.match(weight)) is not None:
             found[(int(m.group(1)), "attention")] = tensor
         elif (m := _INPUT_NORM.match(weight)) is not None and int(m.group(1)) > 0:
             found[(int(m.group(1)) - 1, "mlp")] = tensor
         elif weight == FINAL_NORM:
             found[(num_layers - 1, "mlp")] = tensor
+    return found
+
+
+def _by_residual_adds(graph: Any, num_layers: int) -> dict[Key, str]:
+    """The residual stream as the chain of its adds: from the first norm's input (the embeddings), each step the one
+    ``Add`` (or fused skip norm's sum) that reads the last; the k-th sum is layer k // 2's, after attention for even
+    k, after the MLP for odd k. Stops where a sum is read by no add, or by several (not a chain)."""
+    consumers: dict[str, list[Any]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    first = next((n for n in graph.node if n.op_type in NORM_OPS), None)
+    if first is None:
+        return {}
+    current, found = first.input[0], {}
+    for k in range(2 * num_layers):
+        adds = [n for n in consumers[current] if n.op_type == "Add"
+                or (n.op_type == NORM_OPS[0] and current in n.input[:2])]
+        if len(adds) != 1:
+            break
+        node = adds[0]
+        current = node.output[0] if node.op_type == "Add" else (node.output[3] if len(node.output) > 3 else "")
+        if not current:
+            break
+        found[(k // 2, PARTS[k % 2])] = current
     return found
 
 
@@ -76,7 +120,12 @@ class DebugSession:
             raise UnsupportedError(f"{engine_dir}: no model.onnx; per-layer hidden states are taken from ONNX Runtime "
                                    f"engines only (use `edgellm layers-check` for few-layer engines)")
         model = onnx.load(str(model_path), load_external_data=False)
-        outputs = residual_tensors(model.graph, num_layers)
+        config = Path(engine_dir) / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        outputs = residual_tensors(model.graph, num_layers, mlp_input_norm(model_type))
+        if not outputs:
+            raise UnsupportedError(f"{engine_dir}: no residual stream found in model.onnx (no norm named after the "
+                                   f"checkpoint's tensors, no chain of residual adds): per-layer states unavailable")
         known = {o.name for o in model.graph.output}
         for name in outputs.values():
             if name not in known:
@@ -126,8 +175,9 @@ def reference_layer_states(hf: Any, ids: list[int]) -> dict[Key, np.ndarray]:
         raise UnsupportedError(f"{type(hf.model).__name__}: no base_model.layers; per-layer states cannot be taken")
     caught: dict[Key, Any] = {}
     hooks = []
+    mlp_norm = mlp_input_norm(getattr(hf.model.config, "model_type", None))
     for i, layer in enumerate(layers):
-        norm = getattr(layer, "post_attention_layernorm", None)
+        norm = getattr(layer, mlp_norm, None)
         if norm is not None:
             hooks.append(norm.register_forward_pre_hook(
                 lambda _m, args, i=i: caught.__setitem__((i, "attention"), args[0])))

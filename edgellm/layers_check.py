@@ -4,12 +4,14 @@ build for ONNX Runtime -> run), against the provider reference's layer-N results
 What is compared, on the reference's fixed prompts (its token ids):
   logits  the truncated engine's logits vs the reference's layer-N logits (transformers' own final norm and lm_head
           applied to its hidden state after N layers): max |diff| and min per-position cosine;
-  hidden  the hidden state after N layers as the truncated graph's lm_head sees it (final RMSNorm applied, so its
-          per-position scale is not observable there): the engine's recovered from its logits by least squares over
-          the checkpoint's lm_head (exact when the lm_head has full column rank, vocab >= hidden), the reference's
-          by edgellm's ``rms_norm`` over the stored hidden state with the checkpoint's final norm; max |diff| and
-          min cosine. An lm_head too ill-conditioned for that (``MAX_LM_HEAD_CONDITION``; rank-deficient, or vocab <
-          hidden) makes it unobservable: reported with the reason, not checked.
+  hidden  the hidden state after N layers as the truncated graph's lm_head sees it (final norm applied, so its
+          per-position scale is not observable there): the engine's recovered from its logits (the family's final
+          soft-capping undone, where it has one) by least squares over the checkpoint's lm_head (exact when the
+          lm_head has full column rank, vocab >= hidden), the reference's by the family's own final norm (edgellm's
+          module of it: RMSNorm, or (1 + w) RMSNorm) over the stored hidden state with the checkpoint's weight; max
+          |diff| and min cosine. A recovery too ill-conditioned for that (``MAX_LM_HEAD_CONDITION``: the lm_head's
+          condition number times the soft-capping's amplification; rank-deficient, or vocab < hidden) makes it
+          unobservable: reported with the reason, not checked.
 Limits are the fp32 accuracy thresholds (``edgellm.thresholds``: logits_max_abs_diff, logits_min_cosine), applied to
 both; float checkpoints only (the route exports fp32). The report is ``edgellm.layers-check/1`` JSON.
 """
@@ -102,26 +104,47 @@ def _lm_head_gram(w: Any) -> np.ndarray:
     return gram
 
 
+def _uncapped(logits: np.ndarray, cap: float | None) -> np.ndarray:
+    """The logits before a final soft-capping ``cap * tanh(x / cap)`` (float64), or as they are without one."""
+    z = logits.astype(np.float64)
+    return z if cap is None else cap * np.arctanh(z / cap)
+
+
+def _final_norm(ckpt: Any) -> Any:
+    """The family's final norm (edgellm's module, float64) with the checkpoint's weight: hidden [S, H] -> normed."""
+    import torch
+
+    from edgellm.models.decoder import make_norm
+
+    cfg = ckpt.config
+    norm = make_norm(ckpt.family, cfg.hidden_size, cfg.rms_norm_eps, torch.float64)
+    norm.weight = torch.nn.Parameter(ckpt.load_tensor("model.norm.weight").double(), requires_grad=False)
+    return lambda h: norm(torch.from_numpy(h).double()).numpy()
+
+
 def _hidden(ckpt: Any, ref: ReferenceData, engine_logits: list[np.ndarray]) -> dict[str, Any]:
     import torch
 
-    from edgellm.models.decoder import rms_norm
-
-    cfg = ckpt.config
-    head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    cfg, family = ckpt.config, ckpt.family
+    head_name = family.tied_parameters(cfg).get("lm_head.weight", "lm_head.weight")
     w = ckpt.load_tensor(head_name).float()  # [vocab, hidden]
-    norm_w = ckpt.load_tensor("model.norm.weight").double()
     gram = _lm_head_gram(w)
     eig = np.linalg.eigvalsh(gram)
     condition = float(np.sqrt(eig[-1] / eig[0])) if eig[0] > 0 else float("inf")
-    if not condition < MAX_LM_HEAD_CONDITION:
+    # d/dx cap * tanh(x / cap) = 1 - (z / cap)^2: the logits' error grows by its inverse where they are undone
+    cap = family.final_softcap(cfg)
+    peak = max((float(np.max(np.abs(z))) for z in engine_logits), default=0.0)
+    amplification = 1.0 if cap is None else (1.0 / (1.0 - (peak / cap) ** 2) if peak < cap else float("inf"))
+    if not condition * amplification < MAX_LM_HEAD_CONDITION:
+        capped = "" if cap is None else f", times {amplification:.3g} from undoing the final soft-capping at {cap:g}"
         return {"observable": False, "lm_head_condition": str(condition),
-                "why": f"lm_head {head_name} {list(w.shape)} has condition number {condition:.3g} (limit "
+                "why": f"lm_head {head_name} {list(w.shape)} has condition number {condition:.3g}{capped} (limit "
                        f"{MAX_LM_HEAD_CONDITION:g}): the hidden state cannot be recovered from the logits"}
+    norm = _final_norm(ckpt)
     max_abs, min_cos, per_prompt = 0.0, 1.0, []
     for p, h, z in zip(ref.prompts, ref.hidden, engine_logits, strict=True):
-        want = rms_norm(torch.from_numpy(h).double(), norm_w, cfg.rms_norm_eps).numpy()
-        got = np.linalg.solve(gram, (torch.from_numpy(z).double() @ w.double()).numpy().T).T  # [S, hidden]
+        want = norm(h)
+        got = np.linalg.solve(gram, (torch.from_numpy(_uncapped(z, cap)) @ w.double()).numpy().T).T  # [S, hidden]
         diff, cos = float(np.max(np.abs(got - want))), float(np.min(cosine_rows(got, want)))
         max_abs, min_cos = max(max_abs, diff), min(min_cos, cos)
         per_prompt.append({"prompt": p, "tokens": len(h), "max_abs_diff": diff, "min_cosine": cos})

@@ -12,8 +12,8 @@ File format (``edgellm-reference/1``): one uncompressed ``.npz`` (numpy zip, no 
   window{j}_top1              int64 [len_j - 1]: reference argmax at each predicting position of window j
   prompt{i}_hidden            float32 [S_i, hidden]: with ``layers`` N > 0, the hidden state after the first N
                               decoder layers (the output of layer N-1, before any final norm)
-  prompt{i}_layer_logits      float32 [S_i, vocab]: the model's own final norm and lm_head applied to that hidden
-                              state: the logits of the checkpoint truncated to its first N layers
+  prompt{i}_layer_logits      float32 [S_i, vocab]: the model's own final norm, lm_head and any final soft-capping
+                              applied to that hidden state: the logits of the checkpoint truncated to its first N layers
 Windows are non-overlapping runs of ``settings.window`` tokens over the first ``max_tokens`` text ids, so an
 engine is evaluated on the same windows whatever its own limits (eval refuses one whose max_input_len is smaller).
 K = min(vocab, GREEDY_TOP_K): exact for small vocabularies; for large ones a divergence to a token outside the
@@ -316,25 +316,30 @@ class HFModel:
 
     def after_layers(self, ids: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
         """The hidden state after the first ``n`` decoder layers, float32 [S, hidden] (captured at the output of
-        layer n-1, so before the final norm even when n is every layer), and the model's own final norm and lm_head
-        applied to it, float32 [S, vocab]: what the checkpoint truncated to n layers computes."""
-        base = self.model.base_model
-        layers, norm, head = getattr(base, "layers", None), getattr(base, "norm", None), \
-            self.model.get_output_embeddings()
-        if layers is None or norm is None or head is None:
-            raise ConfigurationError(f"{type(self.model).__name__}: no decoder layers / final norm / lm_head found "
-                                     f"(base_model.layers, base_model.norm, output embeddings): hidden states after "
-                                     f"{n} layers cannot be taken")
+        layer n-1, so before the final norm even when n is every layer), and the logits the model itself computes
+        from it, float32 [S, vocab]: what the checkpoint truncated to n layers computes. The layers after n-1 pass
+        their input through unchanged (forward hooks), so whatever the model does after its layers (final norm,
+        lm_head, a final soft-capping or logit scale) is the model's own code, never re-written here."""
+        layers = getattr(self.model.base_model, "layers", None)
+        if layers is None:
+            raise ConfigurationError(f"{type(self.model).__name__}: no decoder layers found (base_model.layers): "
+                                     f"hidden states after {n} layers cannot be taken")
         caught: list[Any] = []
-        hook = layers[n - 1].register_forward_hook(
-            lambda _m, _i, out: caught.append(out[0] if isinstance(out, tuple) else out))
+
+        def skip(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+            given = args[0] if args else kwargs["hidden_states"]
+            return (given, *out[1:]) if isinstance(out, tuple) else given
+
+        hooks = [layers[n - 1].register_forward_hook(
+            lambda _m, _i, out: caught.append(out[0] if isinstance(out, tuple) else out))]
+        hooks += [layer.register_forward_hook(skip, with_kwargs=True) for layer in layers[n:]]
         try:
             with self.torch.inference_mode():
-                self.model(input_ids=self.tensor([ids]), use_cache=False)
+                logits = self.model(input_ids=self.tensor([ids]), use_cache=False).logits
                 hidden = caught[0]
-                logits = head(norm(hidden))
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
         return hidden[0].float().cpu().numpy(), logits[0].float().cpu().numpy()
 
     def greedy(self, ids: list[int], n: int, eos: set[int]) -> tuple[list[int], list[np.ndarray]]:

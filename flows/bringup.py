@@ -174,6 +174,13 @@ def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDri
     return [toolchains.driver(n, data_dir) for n in names]
 
 
+def advisers_for(drivers: Iterable[ToolchainDriver], data_dir: Path) -> list[ToolchainDriver]:
+    """Every other registered toolchain: rungs 3 and 4 ask those usable on this host as they are (none is installed
+    for advice) too, and keep what they would do with the model_type as advice that decides nothing."""
+    asked = {d.name for d in drivers}
+    return [toolchains.driver(n, data_dir) for n in sorted(toolchains.names()) if n not in asked]
+
+
 def pipeline_rows(req: Request) -> list[tuple[TestEntry, str]]:
     """Rung 7's rows: per platform its first precision (or the checkpoint's own), the full pipeline where the
     inventory has a device of it, the export alone where it has none."""
@@ -318,11 +325,12 @@ def climb(req: Request, settings: Settings, recorder: Recorder, run_id: int,
     quant = req.source.quantization()
     quantized = f"{quant.method.value}, {quant.source}" if quant is not None and quant.is_quantized else None
     drivers = drivers_for(req.platforms, settings.data_dir)
+    advisers = advisers_for(drivers, settings.data_dir)
     steps: dict[str, Callable[[], rungs.Rung]] = {
         "inventory": lambda: rungs.inventory(ckpt, out),
         "closest_family": lambda: rungs.closest_family(ckpt, out),
-        "registry": lambda: rungs.registry(ckpt, drivers, out),
-        "reconciliation": lambda: rungs.reconciliation(ckpt, drivers, out),
+        "registry": lambda: rungs.registry(ckpt, drivers, out, advisers),
+        "reconciliation": lambda: rungs.reconciliation(ckpt, drivers, out, advisers),
         "reference": lambda: rungs.reference(ckpt, req.layers, out, quantized),
         "few_layers": lambda: rungs.few_layers(ckpt, req.layers, drivers, out, quantized),
     }

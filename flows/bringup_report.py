@@ -58,6 +58,7 @@ def build_report(req: Request, climbed: list[Rung], run_id: int, run_page: Path,
         "route": _routes(rows),
         "hardware": _hardware(req, rows),
         "memory_fit": fit or [],
+        "registries": _registries(by_name.get("registry")),
         "reconciliation": _reconciliation(by_name.get("reconciliation")),
         "rungs": [r.to_json() for r in climbed],
         "gaps": _gaps(climbed),
@@ -123,15 +124,35 @@ def _hardware(req: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "devices": devices, "standin_platforms": standin}
 
 
-def _reconciliation(rung: Rung | None) -> dict[str, Any]:
+def _registries(rung: Rung | None) -> dict[str, Any]:
+    """What each toolchain's own registry does with the model_type (registered, its default model, or refused); an
+    adviser's (a toolchain of no requested platform) marked ``advice``."""
     if rung is None:
         return {}
     out = {}
-    for name, found in (rung.evidence.get("toolchains") or {}).items():
+    advice = {n: f for n, f in (rung.evidence.get("advice") or {}).items() if f.get("offered")}
+    for name, found in [*(rung.evidence.get("toolchains") or {}).items(), *advice.items()]:
+        if found.get("offered"):
+            out[name] = {"offered": True, "advice": bool(found.get("advice")), "ok": found.get("ok"),
+                         **{k: found.get(k) for k in ("toolchain_version", "model_type", "status", "model_class",
+                                                       "layout_family", "reason")}}
+        else:
+            out[name] = {"offered": False}
+    return out
+
+
+def _reconciliation(rung: Rung | None) -> dict[str, Any]:
+    """Each toolchain's reconciliation; an adviser's (a toolchain of no requested platform) marked ``advice``."""
+    if rung is None:
+        return {}
+    out = {}
+    advice = {n: f for n, f in (rung.evidence.get("advice") or {}).items() if f.get("offered")}
+    for name, found in [*(rung.evidence.get("toolchains") or {}).items(), *advice.items()]:
         if not found.get("offered"):
             out[name] = {"offered": False}
             continue
-        out[name] = {"offered": True, "ok": found.get("ok"), "model": found.get("model"),
+        out[name] = {"offered": True, "advice": bool(found.get("advice")), "ok": found.get("ok"),
+                     "model": found.get("model"),
                      "expected": found.get("expected"), "matched": found.get("matched"),
                      "missing": sorted(found.get("missing") or {}), "unexpected": found.get("unexpected") or [],
                      "shape_mismatches": found.get("shape_mismatches") or [], "problems": found.get("problems") or []}
@@ -146,6 +167,9 @@ def _gaps(climbed: list[Rung]) -> list[str]:
         for name, found in (rung.evidence.get("toolchains") or {}).items():
             if not found.get("offered"):
                 gaps.append(f"{rung.name}: {name} offers no such check")
+        for name, found in (rung.evidence.get("advice") or {}).items():
+            if str(found.get("reason") or "").startswith("not usable here"):
+                gaps.append(f"{rung.name}: no advice from {name} ({found['reason']})")
         for name in (rung.evidence.get("structural") or {}):
             gaps.append(f"few_layers: {name}'s few-layer export checked structurally only (numerics need its device)")
         gaps += [f"pipeline: {g}" for g in rung.evidence.get("gaps") or []]
@@ -187,13 +211,24 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [f"- {t(p)}: {t(', '.join(ids))}" for p, ids in sorted(hw["devices"].items())]
     if hw["standin_platforms"]:
         lines.append(f"- stand-in tools on: {t(', '.join(hw['standin_platforms']))} (never evidence of support)")
+    lines += ["", "## Registries", "", "| Toolchain | Version | model_type | Status | Class | Why |",
+              "|---|---|---|---|---|---|"]
+    for name, reg in sorted((report.get("registries") or {}).items()):
+        if not reg["offered"]:
+            lines.append(f"| {t(name)} | | | not offered | | |")
+            continue
+        shown = f"{name} (advice)" if reg.get("advice") else name
+        lines.append(f"| {t(shown)} | {t(reg['toolchain_version'] or '')} | {t(reg['model_type'] or '')} | "
+                     f"{t(reg['status'] or '')}{'' if reg['ok'] else ' ✗'} | {t(reg['model_class'] or '-')} | "
+                     f"{t(reg['reason'] or '')} |")
     lines += ["", "## Reconciliation", "", "| Toolchain | Model | Matched | Missing | Unexpected | Problems |",
               "|---|---|---|---|---|---|"]
     for name, rec in sorted(report["reconciliation"].items()):
         if not rec["offered"]:
             lines.append(f"| {t(name)} | not offered | | | | |")
             continue
-        lines.append(f"| {t(name)} | {t(rec['model'])} | {rec['matched']}/{rec['expected']} | "
+        shown = f"{name} (advice)" if rec.get("advice") else name
+        lines.append(f"| {t(shown)} | {t(rec['model'])} | {rec['matched']}/{rec['expected']} | "
                      f"{t(', '.join(rec['missing']) or '-')} | {t(', '.join(rec['unexpected']) or '-')} | "
                      f"{t('; '.join(rec['problems']) or '-')} |")
     lines += ["", "## Gaps", ""] + ([f"- {t(g)}" for g in report["gaps"]] or ["- none"])

@@ -7,7 +7,9 @@ a reference of a pre-quantized checkpoint); ``skipped`` (an earlier rung failed)
 ``ConfigurationError`` before any rung runs; an infrastructure error (a toolchain that cannot be installed) is the
 rung's ``error``. What each toolchain answers is its driver's (``toolchains.base``: ``registry_check``,
 ``reconcile``, ``export_layers``); one that does not offer a check is listed as such, and a rung needs at least one
-toolchain that answered.
+toolchain that answered. Rungs 3 and 4 also ask the toolchains of no requested platform that are usable on this host
+(``advisers``): their answers are kept and shown as advice (what that toolchain would do with the model_type, e.g. a
+fall back to its default model) and decide nothing.
 """
 
 from __future__ import annotations
@@ -142,44 +144,83 @@ def closest_family(checkpoint: Path, out_dir: Path) -> Rung:
 
 
 # rungs 3 and 4 -------------------------------------------------------------------------------------------------------
+def _answer(driver: ToolchainDriver, ask: Callable[[ToolchainDriver], Any]) -> tuple[dict[str, Any], str | None]:
+    """A toolchain's answer (JSON) and, where it is not ok, why in one line."""
+    try:
+        found = ask(driver)
+    except NotOffered as exc:
+        return {"offered": False, "reason": str(exc)}, None
+    except UnsupportedError as exc:
+        return {"offered": True, "ok": False, "problems": [str(exc)]}, str(exc)
+    if found.ok:
+        return {"offered": True, **found.to_json()}, None
+    problems = getattr(found, "problems", None) or []
+    why = getattr(found, "problem", None) or "; ".join(problems[:3])
+    return {"offered": True, **found.to_json()}, why
+
+
+def _advice(advisers: Sequence[ToolchainDriver], ask: Callable[[ToolchainDriver], Any]
+            ) -> tuple[dict[str, Any], list[str]]:
+    """The advisers' answers (an infrastructure or configuration error of one is its answer: advice decides
+    nothing) and one short line each for the rung's reason."""
+    answers: dict[str, Any] = {}
+    said: list[str] = []
+    for driver in advisers:
+        usable = driver.available()
+        if not usable.ok:  # never installed for advice
+            answers[driver.name] = {"offered": False, "advice": True, "reason": f"not usable here: {usable.reason}"}
+            continue
+        try:
+            answer, why = _answer(driver, ask)
+        except EdgeLLMError as exc:
+            answer, why = {"offered": True, "ok": False, "problems": [str(exc)]}, str(exc)
+        answers[driver.name] = {**answer, "advice": True}
+        if answer["offered"]:
+            version = answer.get("toolchain_version")
+            who = f"{driver.name} {version}" if version else driver.name
+            if why is None:
+                said.append(f"{who}: {answer.get('status') or 'ok'}")
+                continue
+            first = why.split("; ")[0]
+            line = f"{first[:300]}{' ...' if len(first) > 300 or first != why else ''}"
+            said.append(line if line.startswith(driver.name) else f"{who}: {line}")
+    return answers, said
+
+
 def _per_toolchain(name: str, drivers: Sequence[ToolchainDriver], ask: Callable[[ToolchainDriver], Any],
-                   out_dir: Path) -> Rung:
+                   out_dir: Path, advisers: Sequence[ToolchainDriver] = ()) -> Rung:
     answers: dict[str, Any] = {}
     failed: list[str] = []
     for driver in drivers:
-        try:
-            found = ask(driver)
-        except NotOffered as exc:
-            answers[driver.name] = {"offered": False, "reason": str(exc)}
-            continue
-        except UnsupportedError as exc:
-            answers[driver.name] = {"offered": True, "ok": False, "problems": [str(exc)]}
-            failed.append(f"{driver.name}: {exc}")
-            continue
-        answers[driver.name] = {"offered": True, **found.to_json()}
-        if not found.ok:
-            why = getattr(found, "problem", None) or "; ".join(found.problems[:3])
+        answers[driver.name], why = _answer(driver, ask)
+        if why is not None:
             failed.append(f"{driver.name}: {why}")
-    file = _write(out_dir, f"{name}.json", answers)
-    evidence = {"file": file, "toolchains": answers}
+    advice, advised = _advice(advisers, ask)
+    file = _write(out_dir, f"{name}.json", {**answers, **advice})
+    evidence = {"file": file, "toolchains": answers, **({"advice": advice} if advice else {})}
+    besides = (f"; advice, deciding nothing (no requested platform runs them): {'; '.join(advised)}"
+               if advised else "")
     if failed:
-        return Rung(name, ResultStatus.FAIL, "; ".join(failed), evidence)
+        return Rung(name, ResultStatus.FAIL, "; ".join(failed) + besides, evidence)
     answered = sorted(n for n, a in answers.items() if a["offered"])
     if not answered:
         return Rung(name, ResultStatus.FAIL, f"none of {', '.join(d.name for d in drivers)} offers this check",
                     evidence)
-    return Rung(name, ResultStatus.PASS, f"checked by {', '.join(answered)}", evidence)
+    return Rung(name, ResultStatus.PASS, f"checked by {', '.join(answered)}{besides}", evidence)
 
 
-def registry(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path) -> Rung:
+def registry(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path,
+             advisers: Sequence[ToolchainDriver] = ()) -> Rung:
     """Each toolchain's own model registry, asked in its own environment: registered, or a fallback to its default
-    model that one of our families declares layout-identical."""
-    return _per_toolchain("registry", drivers, lambda d: d.registry_check(checkpoint), out_dir)
+    model that one of our families declares layout-identical. ``advisers`` are asked too, deciding nothing."""
+    return _per_toolchain("registry", drivers, lambda d: d.registry_check(checkpoint), out_dir, advisers)
 
 
-def reconciliation(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path) -> Rung:
-    """The checkpoint's tensors against each toolchain's model for it (meta device, headers only), both ways."""
-    return _per_toolchain("reconciliation", drivers, lambda d: d.reconcile(checkpoint), out_dir)
+def reconciliation(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path,
+                   advisers: Sequence[ToolchainDriver] = ()) -> Rung:
+    """The checkpoint's tensors against each toolchain's model for it (meta device, headers only), both ways.
+    ``advisers`` are asked too, deciding nothing."""
+    return _per_toolchain("reconciliation", drivers, lambda d: d.reconcile(checkpoint), out_dir, advisers)
 
 
 # rung 5 --------------------------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from tests.helpers.toolchain_env import link_real_toolchain
 # NVIDIA's quantizer and exporter runs are shared with the rest of the session (test_model_shapes.py makes the same
 # qwen2.5-0.5b-layout int4_awq at 2 calibration rows; both lists export its fp16): tests/fixtures/toolchain_runs.py
 pytestmark = pytest.mark.usefixtures("prefect_harness", "shared_toolchain_runs")
-LAYOUTS = {"orin": ("qwen2.5-0.5b-layout", "llama-3.2-1b-layout"), "thor": ("qwen2.5-0.5b-layout", "qwen3-0.6b-layout")}
+LAYOUTS = {"orin": ("qwen2.5-0.5b-layout", "llama-3.2-1b-layout", "gemma-3-1b-layout", "phi-4-mini-layout"),
+           "thor": ("qwen2.5-0.5b-layout", "qwen3-0.6b-layout", "gemma-3-1b-layout", "phi-4-mini-layout")}
 _REFERENCES: dict[str, Path] = {}  # checkpoint digest -> its reference (both lists run qwen2.5-0.5b-layout)
 # The stand-in boards answer from the float reference, so what the quantized checkpoints learnt from calibration
 # decides nothing here: the layout models calibrate on 2 rows instead of the catalog's 8 (calibration_samples), as

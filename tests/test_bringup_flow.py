@@ -112,6 +112,36 @@ def test_a_tiny_qwen3_climbs_every_rung(data_dir: Path, farm_dirs: dict[str, Pat
     assert report["platforms"] == ["x86-cpu"]  # the inventory's platforms by default
 
 
+@pytest.mark.parametrize(("model", "layers", "trt_loads_every_tensor"), [
+    ("tiny-gemma2-bf16", 2, False), ("tiny-gemma3-bf16", 3, False), ("tiny-phi3-bf16", 2, True)])
+def test_the_families_edge_teams_ship_climb_every_rung_with_tensorrt_edgellms_answer_as_advice(
+        data_dir: Path, farm_dirs: dict[str, Path], tmp_path: Path, model: str, layers: int,
+        trt_loads_every_tensor: bool) -> None:
+    """Issue 35: Gemma-2, Gemma-3 text and Phi-3 from their bf16 sharded checkpoints up every rung on x86-cpu (the
+    few-layer test through the family's own final norm and logits). Rungs 3 and 4 also ask TensorRT Edge-LLM, a
+    toolchain of no requested platform: 0.11.0 registers none of the three model_types, so its default model would
+    take them (and its loader would skip Gemma's sandwich norms without a word) — advice, deciding nothing."""
+    report_dir = tmp_path / "report"
+    code, text, report = _bring_up(data_dir, farm_dirs["inventory"], tmp_path / "r.db", model, "--platforms",
+                                   "x86-cpu", "--layers", str(layers), "--report", str(report_dir))
+    assert code == 0, text
+    assert [r["status"] for r in report["rungs"]] == ["pass"] * 7, text
+    registry, reconciliation = report["rungs"][2], report["rungs"][3]
+    assert set(registry["evidence"]["toolchains"]) == {"edgellm-ort", "onnxruntime-genai"}
+    trt = registry["evidence"]["advice"]["tensorrt-edgellm"]
+    assert (trt["advice"], trt["status"], trt["ok"], trt["layout_family"]) == (True, "default-fallback", False, None)
+    assert trt["model_class"] == trt["default_class"] == "tensorrt_edgellm.models.default.modeling_default.CausalLM"
+    assert "advice, deciding nothing" in registry["reason"] and "tensorrt-edgellm 0.11.0 does not support model_type"\
+        in registry["reason"]
+    assert report["registries"]["tensorrt-edgellm"]["advice"] is True
+    assert report["registries"]["edgellm-ort"]["status"] == "registered"
+    skipped = reconciliation["evidence"]["advice"]["tensorrt-edgellm"]["unexpected"]
+    assert (not skipped) is trt_loads_every_tensor
+    assert trt_loads_every_tensor or all("feedforward_layernorm" in name for name in skipped)
+    md = (report_dir / "report.md").read_text()
+    assert "## Registries" in md and "| tensorrt-edgellm (advice) | 0.11.0 |" in md and "default-fallback ✗" in md
+
+
 def test_a_renamed_tensor_stops_at_reconciliation_naming_it(data_dir: Path, farm_dirs: dict[str, Path],
                                                            tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file

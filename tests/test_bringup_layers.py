@@ -150,3 +150,38 @@ def test_layers_check_bad_inputs_exit_2(refs: dict[str, Path], ckpts: Ckpts, tmp
     foreign = make_olmo2(tmp_path / "foreign")
     assert "unknown model_type 'olmo2'; registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in run(
         str(foreign), "--reference", ref)
+
+
+@pytest.mark.parametrize("family,overrides", [
+    ("gemma2", {"final_logit_softcapping": 2.0}),  # its layer-2 logits reach ~1: a cap of 2 bends them by up to ~9%
+    ("gemma3_text", {}),
+])
+def test_the_few_layer_check_takes_the_final_norm_and_logits_of_the_family(family: str, overrides: dict[str, float],
+                                                                          tmp_path: Path) -> None:
+    """Gemma's final norm scales by (1 + w), its residual after attention is read by pre_feedforward_layernorm
+    (sandwich norms) and Gemma-2 soft-caps its final logits: the reference's layer-N logits are the model's own
+    (capping included), the engine's hidden state is recovered through the family's maths (not Llama's RMSNorm and
+    plain logits), and every layer's residual stream is found in the engine's graph, whose (1 + w) norms carry no
+    checkpoint names."""
+    import torch
+    import transformers
+
+    from edgellm.synth import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / family, family, tie_word_embeddings=True, **overrides)
+    ref_file = _reference(ckpt, tmp_path / "ref.npz", "--layers", "2")
+    ref = load_reference(ref_file)
+    truncate_checkpoint(ckpt, tmp_path / "t2", 2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "t2", dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ref.prompt_ids[0]]))
+    np.testing.assert_allclose(out.logits[0].numpy(), ref.layer_logits[0], atol=1e-5)
+    out_file = tmp_path / "report.json"
+    assert main(["layers-check", str(ckpt), "--reference", str(ref_file), "--output", str(out_file),
+                 "--work-dir", str(tmp_path)]) == 0
+    report = json.loads(out_file.read_text())
+    assert report["passed"] is True and report["family"] == family and report["hidden"]["observable"] is True
+    assert report["checks"]["hidden_max_abs_diff"]["value"] < 1e-4
+    assert report["checks"]["logits_max_abs_diff"]["value"] < 1e-4
+    assert [sorted(e["parts"]) for e in report["layers_compared"]] == [["attention", "mlp"]] * 2
+    assert report["first_divergent_layer"] is None and report["layers_summary"].startswith("layers 0-1 within")

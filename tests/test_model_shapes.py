@@ -26,7 +26,9 @@ from toolchains.tensorrt_edgellm import kernels
 HEADS = "TensorRT Edge-LLM's attention kernels take head sizes 64, 128, 256, 512 (prefill and decode); this model's is"
 LAYOUTS = {"qwen2.5-0.5b-layout": ModelShape(896, 14, 2, 64, 2, 512),
            "llama-3.2-1b-layout": ModelShape(2048, 32, 8, 64, 1, 512),
-           "qwen3-0.6b-layout": ModelShape(1024, 16, 8, 128, 2, 512)}
+           "qwen3-0.6b-layout": ModelShape(1024, 16, 8, 128, 2, 512),
+           "gemma-3-1b-layout": ModelShape(1152, 4, 1, 256, 2, 512),
+           "phi-4-mini-layout": ModelShape(3072, 24, 8, 128, 1, 512)}
 LIMITS = {"max_seq_len": 256, "max_batch_size": 1, "max_input_len": 128}
 
 
@@ -100,6 +102,8 @@ def _shape(heads: int, kv: int, head_dim: int) -> ModelShape:
     (_shape(12, 4, 256), 110, None, "TensorRT Edge-LLM's decode attention kernels (XQA) take head size 256 with 2, "
                                     "4, 6, 8 query heads per KV head; this model has 3 (12 query, 4 KV heads)"),
     (_shape(8, 4, 256), 110, None, None),
+    (_shape(4, 1, 256), 87, None, None),  # Gemma-3 1B: 4 query heads per KV head of 256
+    (_shape(24, 8, 128), 87, None, None),  # Phi-4-mini: 3 per KV head of 128
     (_shape(32, 2, 512), 110, None, None),
     (_shape(12, 2, 512), 110, None, "take head size 512 with 2, 4, 8, 16 query heads per KV head; this model has 6"),
     (_shape(14, 4, 64), 87, None, "need the query heads to be a multiple of the KV heads; this model has 14 query "
@@ -177,8 +181,9 @@ def test_the_layout_models_are_planned_on_orin_and_thor(tmp_path: Path, _own_dat
             {"type": platform, "transport": "local", "work_dir": f"d/{platform}",
              "toolchains": {"tensorrt-edgellm": install}}))
     inventory, catalog = load_inventory(directory, data_dir=_own_data_dir), Catalog.load()
-    for name, models in [("l0_pipeline_orin", {"qwen2.5-0.5b-layout", "llama-3.2-1b-layout"}),
-                         ("l0_pipeline_thor", {"qwen2.5-0.5b-layout", "qwen3-0.6b-layout"})]:
+    issue35 = {"gemma-3-1b-layout", "phi-4-mini-layout"}
+    for name, models in [("l0_pipeline_orin", {"qwen2.5-0.5b-layout", "llama-3.2-1b-layout", *issue35}),
+                         ("l0_pipeline_thor", {"qwen2.5-0.5b-layout", "qwen3-0.6b-layout", *issue35})]:
         plan = plan_test_list(load_list(name), inventory, catalog, data_dir=_own_data_dir)
         layout = [j for j in plan.jobs if j.model in LAYOUTS]
         assert {j.model for j in layout} == models

@@ -231,9 +231,10 @@ def test_dry_run_json_lists_every_job_with_its_decision(tmp_path: Path) -> None:
     # the main block (6 models x 3 precisions x 3 platforms), the CPU's quantized rows, the GPTQ checkpoint's CPU row,
     # onnxruntime-genai's rows (3 models x 2 precisions), the CPU's LoRA row (not applicable), the export list's share,
     # the variant list's share (the EAGLE3 pair, a merged LoRA, a reduced vocabulary), the fp16 checkpoints as
-    # published (4 families at fp32 on the CPU)
+    # published (4 families at fp32 on the CPU), and issue 35's families as published in bf16 (3 models x 3
+    # precisions x 3 platforms, the main block's cells)
     assert plan["name"] == "nightly" and sum(plan["counts"].values()) == len(plan["jobs"]) == \
-        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4 + 4
+        6 * 3 * 3 + 3 + 1 + 6 + 1 + 2 + 4 + 4 + 3 * 3 * 3
     for job in plan["jobs"]:
         assert {"model", "precision", "platform", "toolchain", "decision", "reason", "test_id"} <= set(job)
         assert job["decision"] in ("run", "not_applicable", "skipped")

@@ -96,11 +96,13 @@ def test_shipped_lists_content() -> None:
     assert waived == {"Qwen3-0.6B-nvfp4-mxsl4096-mxbs4-mxil2048"}  # by the directory-wide waivers.yml
     assert load_list("l0_pipeline_h200").platforms == ("x86-h200",)
     # the layout models (real widths, random weights) have rows of their own in the Orin and Thor lists
-    assert {e.model for e in orin.entries if e.model.endswith("-layout")} == {"qwen2.5-0.5b-layout",
-                                                                                "llama-3.2-1b-layout"}
+    # (issue 35: Gemma-3 1B's and Phi-4-mini's at fp16 on both)
+    assert {e.model for e in orin.entries if e.model.endswith("-layout")} == {
+        "qwen2.5-0.5b-layout", "llama-3.2-1b-layout", "gemma-3-1b-layout", "phi-4-mini-layout"}
     assert {(e.model, e.precision) for e in thor if e.model.endswith("-layout")} == {
         ("qwen2.5-0.5b-layout", Precision.FP16), ("qwen2.5-0.5b-layout", Precision.FP8),
-        ("qwen2.5-0.5b-layout", Precision.NVFP4), ("qwen3-0.6b-layout", Precision.NVFP4)}
+        ("qwen2.5-0.5b-layout", Precision.NVFP4), ("qwen3-0.6b-layout", Precision.NVFP4),
+        ("gemma-3-1b-layout", Precision.FP16), ("phi-4-mini-layout", Precision.FP16)}
     # every float catalog model x five precisions, host stages only; not the layout models (quantizing their real
     # widths takes minutes per method on 2 cores: their quantized rows are the hardware lists'); a pre-quantized one
     # at its own precision

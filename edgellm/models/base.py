@@ -133,6 +133,13 @@ class ModelFamily:
         return cls._cap(cfg, "final_logit_softcapping")
 
     @classmethod
+    def mlp_input_norm(cls) -> str:
+        """The layer's norm that reads the residual stream after attention (the MLP's input norm), by its name in a
+        layer (``model.layers.{i}.<name>``): post_attention_layernorm, or pre_feedforward_layernorm where sandwich
+        norms put post_attention_layernorm on the attention's output instead."""
+        return "pre_feedforward_layernorm" if cls.sandwich_norms else "post_attention_layernorm"
+
+    @classmethod
     def embed_scale(cls, cfg: ModelConfig) -> float | None:
         return float(cfg.hidden_size) ** 0.5 if cls.scaled_embeddings else None
 
