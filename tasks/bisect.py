@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError, EdgeLLMError
+from edgellm.files import write_text_atomic
 
 PLATFORM_BACKENDS = {"x86-cpu": "ort"}  # the platforms a --checkpoint bisect can probe on this host
 OUTCOMES = ("good", "bad", "skip")
@@ -147,9 +148,7 @@ def write_cached(cache_dir: Path | None, key: str, result: ProbeResult) -> None:
     if cache_dir is None or result.status == "skip":  # a revision not judged is asked again next time
         return
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"key": key, **result.to_json()}))
-    tmp.replace(cache_dir / f"{key}.json")
+    write_text_atomic(cache_dir / f"{key}.json", json.dumps({"key": key, **result.to_json()}))
 
 
 def _steps(python: str, ckpt: Path, work: Path, precision: str, backend: str) -> list[tuple[str, list[str]]]:

@@ -142,6 +142,13 @@ def test_a_bad_site_is_a_configuration_error_naming_it(site: Path, tmp_path: Pat
     assert done.returncode == 2 and "unknown subdirectory stuff; valid: device_types, lists" in done.stderr
 
 
+def test_a_bad_site_path_cannot_drive_the_terminal(site: Path, tmp_path: Path) -> None:
+    (site / "st\x1b[2Juff").mkdir()
+    done = _edgefarm("devices", "types", site=site, data=tmp_path / "data")
+    assert done.returncode == 2 and "error (configuration)" in done.stderr
+    assert "\x1b" not in done.stderr and "st\\x1b[2Juff" in done.stderr
+
+
 def test_a_site_matrix_replaces_the_shipped_nightly(site: Path, tmp_path: Path) -> None:
     (site / "matrices").mkdir()
     (site / "matrices" / "nightly.yml").write_text(

@@ -35,7 +35,9 @@ def configure_or_exit(argv: list[str]) -> None:
 
         len(DEVICE_TYPES)
     except ConfigurationError as exc:
-        print(f"edgefarm: error (configuration): {exc}", file=sys.stderr)
+        from flows.cli.text import visible  # not flows.cli.common: it would build the registries this decides first
+
+        print(f"edgefarm: error (configuration): {visible(exc)}", file=sys.stderr)
         sys.exit(ErrorKind.CONFIGURATION.exit_code)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from edgellm.files import write_text_atomic
 from flows.cli.text import visible
 
 FAILED = ("fail",)
@@ -55,6 +56,4 @@ def junit_xml(result: Mapping[str, Any], suite: str) -> str:
 
 
 def write_junit(result: Mapping[str, Any], path: Path, suite: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(junit_xml(result, suite), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, junit_xml(result, suite))

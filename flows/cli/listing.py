@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from edgellm.files import write_text_atomic
 from flows.cli import common
 
 FORMATS = ("table", "json", "csv")
@@ -64,9 +65,7 @@ def to_output(path: Path | None) -> Iterator[None]:
     finally:
         sys.stdout = saved_stdout
         common.out._file = saved_file
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, buf.getvalue())
 
 
 def _csv_value(value: Any) -> Any:
