@@ -3,119 +3,19 @@
 
 The farm pushes this file into the device cache (``<work_dir>/cache/<sha256 of this file>``) and runs it as
 ``python3 -I -S <that path> SUBCOMMAND ...``; nothing else of ours is installed on the board. It needs Python 3.8+
-(JetPack 5's) and the standard library only, on Linux (aarch64, x86_64). It may run the board's own tools
-(``nvpmodel``, ``jetson_clocks``, ``nvidia-smi``), found on PATH, always with an argv list, ``LC_ALL=C`` and a short
-timeout; each is optional: a tool that is absent, fails or times out makes its fields null, never a crash.
+(JetPack 5's) and the standard library only, on Linux (aarch64, x86_64). The board's own tools (``nvpmodel``,
+``jetson_clocks``, ``nvidia-smi``) are run from PATH with an argv list, ``LC_ALL=C`` and a short timeout; a tool that
+is absent, fails or times out makes its facts null, never a crash.
 
-Every subcommand prints ONE JSON object on one line of stdout (keys sorted). On failure (exit 2, 3, 4) it prints
-nothing on stdout and one line ``agent: <kind>: <message>`` on stderr; a "no" answer (exit 1) prints its JSON and
-one line ``agent: check: ...`` or ``agent: evict: ...`` on stderr.
+Subcommands: ``env`` (the facts of FACTS below, one table entry per key), ``check``, ``hash``, ``oom`` and
+``cache usage|evict|touch``. Each prints ONE JSON object on one line of stdout (keys sorted); on failure nothing on
+stdout and one line ``agent: <kind>: <message>`` on stderr. Exit codes: 0 yes, 1 no (``check`` found problems,
+``evict`` could not get under ``--max-bytes``; its JSON still comes, with one ``agent: check: ...`` or
+``agent: evict: ...`` line on stderr), 2 bad input, 3 infrastructure (I/O, a full disk, the cache lock), 4 a bug
+in this agent (the message names the exception and the line).
 
-Exit codes:
-  0  done, and the answer is yes (``check`` found no problem, ``evict`` got the cache under the limit)
-  1  done, and the answer is no: ``check`` found problems, or ``evict`` could not get under ``--max-bytes``
-     because what is left is in use or kept (its JSON still comes on stdout and says why)
-  2  bad input: an unknown option, a name that is not a sha256, a path outside ``--within``, a symlink where a
-     file or directory was asked for, a missing path to hash or entry to touch
-  3  infrastructure: a read or write failed (permissions, I/O, a full disk), or the cache lock was not free in time
-  4  a bug in this agent (the message names the exception and the line)
-
-``env [--root DIR] [--work-dir DIR] [--dpkg GLOB ...]``: what a benchmark result depends on. ``--root``
-(default ``$AGENT_SYSROOT`` or ``/``; a test seam for a fake board) prefixes every file read; tools come from PATH;
-``--work-dir`` (default the current directory) is where the free disk is measured; ``--dpkg`` adds packages to
-"packages". Host names and user names are never printed. Keys:
-  schema                  1 (this layout)
-  python                  "3.10.12"; python_implementation "CPython"
-  system, machine         "Linux", "aarch64" (machine: /proc/sys/kernel/arch, else uname)
-  kernel, kernel_build    uname's release and version
-  libc                    "glibc 2.35"
-  cpu_count, cpus_usable  os.cpu_count() and the CPUs this process may run on
-  cpu_model               /proc/cpuinfo "model name" (x86; aarch64 kernels print none)
-  board_model             /proc/device-tree/model, else /sys/devices/virtual/dmi/id/product_name
-  memory_total_bytes, memory_available_bytes   /proc/meminfo MemTotal, MemAvailable
-  disk_total_bytes, disk_free_bytes            the file system holding --work-dir
-  l4t        {"release": "36.4.3", "source", "board", "eabi", "gcid", "date", "kernel_variant"}: from
-             /etc/nv_tegra_release (R<major> + "." + REVISION), else the dpkg version of nvidia-l4t-core
-  jetpack    {"version": "6.2.1", "source"}: dpkg nvidia-jetpack, else a table of L4T releases (source "l4t table")
-  packages   {name: dpkg version} of the installed packages named in DPKG_PACKAGES (the platform: L4T, JetPack,
-             CUDA, cuDNN, the driver) or matching a ``--dpkg`` glob (a toolchain names its own runtime's
-             packages: this file names none), read from /var/lib/dpkg/status directly ({} when none is there)
-  cuda       {"version": "12.6.68", "source"}: /usr/local/cuda/version.json, version.txt, then dpkg
-             cuda-toolkit-X-Y, cuda-runtime-X-Y, cuda-cudart-X-Y (the highest X-Y)
-  gpu_driver {"version": "540.4.0", "source"}: /proc/driver/nvidia/version, else nvidia-smi
-  gpus       [{"index", "name", "driver_version", "compute_cap", "memory_total_mib", "sm_clock_mhz",
-             "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "persistence_mode", "power_limit_w",
-             "temperature_c"}] from nvidia-smi (a field the driver does not support is null)
-  power_mode {"name": "MAXN", "id": 0, "source": "nvpmodel -q"}
-  clocks_locked  true when the online CPUs, the GPU and the EMC all run at their max; false when one of them is
-             known to run below it; null when that cannot be decided. From ``jetson_clocks --show`` (it needs
-             root), else from sysfs when a GPU devfreq node exists (cpufreq policy*/scaling_cur_freq against
-             scaling_max_freq, the GPU devfreq node and the EMC clock below)
-  clocks     {"source", "cpu_online", "cpu_at_max" (CPUs, or cpufreq policies when the source is sysfs),
-             "gpu": {"cur_hz", "min_hz", "max_hz"}, "emc": {...}}
-  gpu_clock  {"device", "devices", "cur_hz", "min_hz", "max_hz", "governor", "source"}: /sys/class/devfreq/<name>
-             for a name holding one of GPU_DEVFREQ_HINTS (17000000.ga10b or 17000000.gpu on Orin, gpu-gpc-0 on Thor)
-  emc_clock  {"cur_hz", "min_hz", "max_hz", "source"}: /sys/class/devfreq/bwmgr (Hz), else
-             /sys/kernel/debug/bpmp/debug/clk/emc/{rate,min_rate,max_rate} (debugfs, root only)
-  thermal    [{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 45.5}] from /sys/class/thermal
-  unavailable  [{"field", "why"}]: every field above that is null (and every null inside thermal, gpu_clock,
-             emc_clock), with the reason; the paths named are relative to --root
-  Not read: tegrastats (a sampler that runs until killed; the same temperatures and clocks come from sysfs).
-
-``check [--tool NAME=PATH ...] [--lib DIR ...] [--needs-lib GLOB ...] [--file PATH ...] [--build-dir DIR ...]
-[--cmake-key KEY ...]``: whether each tool exists and is executable (a PATH without "/" is looked up on PATH), each
-library dir is a directory, each ``--needs-lib`` glob (a file name pattern such as ``libcudart.so*``) matches a file
-in at least one ``--lib`` dir, and each ``--file`` is a regular file (a symlink to one counts). Each ``--build-dir``
-is a CMake build directory: its ``CMakeCache.txt`` is read for the project's name and version
-(``CMAKE_PROJECT_NAME``, ``CMAKE_PROJECT_VERSION``), its build type, the source dir (``CMAKE_HOME_DIRECTORY``)
-and the ``--cmake-key`` entries asked for; the source's git revision is read from its ``.git`` (HEAD, the ref it
-names, packed-refs; no git binary needed). Keys: ok, problems (one line each, naming the path and what is wrong),
-tools {NAME: resolved path or null}, libs {GLOB: the first matching path or null}, builds {DIR: {"project",
-"version", "build_type", "source_dir", "revision", "cache": {KEY: value}}} (null where not found; a missing
-``CMakeCache.txt`` is a problem).
-
-``hash PATH [--within DIR]``: sha256 of a file, or the tree digest of a directory: the sha256 of the lines that
-``cd PATH && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum`` prints (so it equals ``sha256sum``
-of a ``.sha256sums`` seal made that way; an empty directory hashes the empty text). Names holding a backslash or a
-newline are escaped as sha256sum does; a name holding a carriage return is refused (coreutils before 9.0 and after
-write it differently). Symlinks anywhere and special files are refused, never followed; with ``--within``, a PATH
-not strictly inside DIR is refused. Keys: kind ("file" or "tree"), sha256, files, bytes; with ``--list`` also
-listing [{"path": "./a/b", "sha256", "bytes"}] (a tree's files, in digest order). ``--seal FILE`` (trees only) writes
-those sha256sum lines to FILE atomically while hashing (so ``sha256sum FILE`` is the digest): the seal of a cache
-entry, made without reading the files twice.
-
-``oom [--root DIR] [--last N]``: the kernel's OOM-killer records a job can be told from, read from the kernel log
-files under the root (``var/log/kern.log``, ``var/log/syslog``; ``dmesg`` needs root on most boards and is not
-run), the last N (default 5), oldest first, and the memory now. Keys: kills [{"pid", "comm", "total_vm_kb",
-"anon_rss_kb", "line"}], sources (the files read), memory_total_bytes, memory_available_bytes.
-
-``cache usage|evict|touch``: the device cache is a directory of entries named by their sha256 (a file or a
-directory), each with an optional seal ``<sha>.sha256sums``; uploads in progress are ``.<sha>.partial-*`` (listed,
-never counted as entries, never removed). Names given on the command line must be 64 lowercase hex digits (so
-never "..", "/" or an absolute path); a symlink in the cache is never an entry and never followed. A missing cache
-directory is an empty cache.
-  Last use of an entry: the latest of its own mtime and ctime (ctime moves when the entry is renamed into place,
-  so a fresh upload counts as used even when tar restored an old mtime) and the mtimes of its in-use markers.
-  In-use markers: files ``<cache>/.inuse/<sha>.<tag>`` (any tag, e.g. a job id). A marker holds whitespace-
-  separated ``key=value`` words, all optional: ``pid=<pid>`` and ``boot=<contents of
-  /proc/sys/kernel/random/boot_id>``. The entry is in use while one of its markers is active: its pid is alive
-  (and, when boot= is given, on this boot), or the marker was modified less than the TTL ago (``--ttl-s``,
-  default MARKER_TTL_S = 6 h; touching a marker extends it). A job marks an entry and runs on it with
-  ``sh -c 'mkdir -p cache/.inuse && printf "pid=%s boot=%s\\n" $$ "$(cat /proc/sys/kernel/random/boot_id)"
-  > cache/.inuse/<sha>.<job> && exec <tool> ...'`` (exec keeps the pid) and removes the marker when done; a marker
-  left by a crash stops counting once its pid is gone and the TTL has passed.
-  ``cache usage --cache DIR [--ttl-s S]``: keys exists, entries (LRU first: {"sha256", "kind", "bytes" (the
-  regular files' sizes plus the seal's), "files", "sealed", "last_use" (epoch s), "in_use", "in_use_by" (active
-  marker tags), "markers": [{"tag", "pid", "pid_alive", "age_s", "active"}]}), total_bytes, entry_count, partials
-  [{"name", "bytes", "mtime"}], partial_bytes, other [{"name", "why"}] (what is neither), ttl_s.
-  ``cache evict --cache DIR --max-bytes N [--keep SHA ...] [--ttl-s S] [--dry-run]``: under an exclusive lock
-  (``<cache>/.lock``; two evicts never interleave), removes least-recently-used entries (each with its seal and
-  markers) until the total is at most N, never one in use or kept. An entry is first renamed to
-  ``.<sha>.evicting-<pid>`` and its markers are read again; marked meanwhile, it is put back. Stale markers of
-  missing entries and what an interrupted evict left are removed too. Keys: ok, dry_run, max_bytes, total_bytes
-  (after), freed_bytes, removed [{"sha256", "bytes", "last_use"}], blocked [{"sha256", "bytes", "why"}] (passed
-  over while still above N), markers_removed, leftovers_removed. Exit 1 when it could not get under N.
-  ``cache touch --cache DIR SHA``: sets the entry's mtime to now (its last use). Keys: sha256, last_use.
+The contract (every subcommand's options and JSON keys, the cache's layout and in-use markers) is
+``docs/board-agent.md``; its names are the names used here.
 """
 
 from __future__ import annotations
@@ -137,6 +37,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import IO, Any, NamedTuple, NoReturn
 
 SCHEMA = 1
 TOOL_TIMEOUT_S = 5.0
@@ -154,6 +56,7 @@ DPKG_PACKAGES = re.compile(
     r"(nvidia-l4t-core|nvidia-jetpack"
     r"|cuda-runtime-\d+-\d+|cuda-cudart-\d+-\d+|cuda-toolkit-\d+-\d+|libcudnn\d+(?:-cuda-\d+)?"
     r"|nvidia-driver-\d+)\Z")
+DPKG_STATUS = "/var/lib/dpkg/status"
 # /sys/class/devfreq names that are a GPU (jetson_stats' list: gv11b, gp10b, ga10b, gb10b, gpu)
 GPU_DEVFREQ_HINTS = ("gpu", "ga10b", "gv11b", "gp10b", "gb10b")
 # JetPack of an L4T release, where dpkg has no nvidia-jetpack (jetson_stats' table; exact release or "major.minor")
@@ -164,6 +67,8 @@ NVIDIA_SMI_FIELDS = ("index", "name", "driver_version", "compute_cap", "memory.t
 NVIDIA_SMI_KEYS = ("index", "name", "driver_version", "compute_cap", "memory_total_mib", "sm_clock_mhz",
                    "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "persistence_mode", "power_limit_w",
                    "temperature_c")
+EMC_DEBUGFS = "/sys/kernel/debug/bpmp/debug/clk/emc"
+CPUFREQ = "/sys/devices/system/cpu/cpufreq"
 
 
 class AgentError(Exception):
@@ -184,14 +89,14 @@ class Infrastructure(AgentError):
 # ---------------------------------------------------------------------------------------------------------- helpers
 
 
-def _int(text):
+def _int(text: object) -> int | None:
     try:
         return int(str(text).strip())
     except ValueError:
         return None
 
 
-def _number(text):
+def _number(text: object) -> int | float | None:
     """A number from a tool's field, or None for "[N/A]", "[Not Supported]", "" and the like."""
     text = str(text).strip()
     try:
@@ -204,13 +109,13 @@ def _number(text):
         return None
 
 
-def _upstream(version):
+def _upstream(version: str) -> str:
     """The upstream part of a Debian version: "1:10.3.0.30-1+cuda12.5" -> "10.3.0.30"."""
     version = version.split(":", 1)[1] if re.match(r"\d+:", version) else version
     return version.rsplit("-", 1)[0] if "-" in version else version
 
 
-def _scrub(text):
+def _scrub(text: str) -> str:
     """Tool messages go out without this machine's host name or user name (whole words)."""
     secrets = {os.uname().nodename, os.environ.get("USER", ""), os.environ.get("LOGNAME", "")}
     with contextlib.suppress(Exception):
@@ -221,14 +126,14 @@ def _scrub(text):
     return text
 
 
-def _first_line(data):
+def _first_line(data: bytes) -> str:
     for line in data.decode("utf-8", "replace").splitlines():
         if line.strip():
             return _scrub(line.strip()[:200])
     return ""
 
 
-def _run_tool(name, args, timeout=TOOL_TIMEOUT_S):
+def _run_tool(name: str, args: Sequence[str], timeout: float = TOOL_TIMEOUT_S) -> tuple[str | None, str | None]:
     """(stdout text, None) or (None, why): the tool ``name`` from PATH, run with ``args``."""
     path = shutil.which(name)
     if path is None:
@@ -258,51 +163,10 @@ def _run_tool(name, args, timeout=TOOL_TIMEOUT_S):
     return stdout.decode("utf-8", "replace"), None
 
 
-class SysRoot:
-    """Reads the board's files under a root directory; names in messages are relative to the root."""
-
-    def __init__(self, root):
-        self.root = root
-
-    def path(self, rel):
-        return os.path.join(self.root, rel.lstrip("/"))
-
-    def read(self, rel, limit=1 << 20):
-        """(text, None) or (None, why)."""
-        try:
-            with open(self.path(rel), "rb") as f:
-                data = f.read(limit)
-        except FileNotFoundError:
-            return None, f"{rel} not found"
-        except OSError as exc:
-            return None, f"{rel}: {exc.strerror or exc}"
-        return data.decode("utf-8", "replace"), None
-
-    def listdir(self, rel):
-        try:
-            return sorted(os.listdir(self.path(rel)))
-        except OSError:
-            return []
-
-
-class Report:
-    def __init__(self):
-        self.data = {}
-        self.unavailable = []
-
-    def put(self, field, value, why=None):
-        self.data[field] = value
-        if value is None:
-            self.missing(field, why or "unknown")
-
-    def missing(self, field, why):
-        self.unavailable.append({"field": field, "why": why})
-
-
 # -------------------------------------------------------------------------------------------------------- parsers
 
 
-def parse_tegra_release(text):
+def parse_tegra_release(text: str) -> dict[str, Any] | None:
     """/etc/nv_tegra_release -> {"release": "36.4.3", "board", "eabi", "gcid", "date", "kernel_variant"} or None."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
@@ -326,12 +190,12 @@ def parse_tegra_release(text):
             "gcid": fields.get("GCID"), "date": fields.get("DATE"), "kernel_variant": fields.get("KERNEL_VARIANT")}
 
 
-def parse_dpkg_status(lines, wanted=DPKG_PACKAGES.match):
+def parse_dpkg_status(lines: Iterable[str], wanted: Callable[[str], object] = DPKG_PACKAGES.match) -> dict[str, str]:
     """{package: version} of the installed packages for whose name ``wanted(name)`` is true."""
-    found = {}
+    found: dict[str, str] = {}
     name = version = status = None
 
-    def flush():
+    def flush() -> None:
         if name and version and status and status.split()[-1] == "installed" and wanted(name):
             found.setdefault(name, version)
 
@@ -349,7 +213,7 @@ def parse_dpkg_status(lines, wanted=DPKG_PACKAGES.match):
     return found
 
 
-def parse_meminfo(text):
+def parse_meminfo(text: str) -> dict[str, int]:
     values = {}
     for line in text.splitlines():
         match = re.match(r"(\w+):\s+(\d+)\s*kB", line)
@@ -358,7 +222,7 @@ def parse_meminfo(text):
     return values
 
 
-def parse_cuda_version(text, json_file):
+def parse_cuda_version(text: str, json_file: bool) -> str | None:
     if json_file:
         try:
             version = json.loads(text).get("cuda", {}).get("version")
@@ -369,13 +233,13 @@ def parse_cuda_version(text, json_file):
     return match.group(1) if match else None
 
 
-def parse_driver_version(text):
+def parse_driver_version(text: str) -> str | None:
     """/proc/driver/nvidia/version: the first dotted number after "NVRM version:"."""
     match = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)(?:\s|\Z)", text)
     return match.group(1) if match else None
 
 
-def parse_nvpmodel(text):
+def parse_nvpmodel(text: str) -> dict[str, Any] | None:
     """``nvpmodel -q``: "NV Power Mode: MAXN" then the mode number on the next line (warnings may come first)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for i, line in enumerate(lines):
@@ -386,13 +250,13 @@ def parse_nvpmodel(text):
     return None
 
 
-def _freqs(words):
+def _freqs(words: str) -> dict[str, Any]:
     kv = dict(re.findall(r"(\w+)=(\S+)", words))
     return {"cur_hz": _int(kv.get("CurrentFreq", "")), "min_hz": _int(kv.get("MinFreq", "")),
             "max_hz": _int(kv.get("MaxFreq", "")), "online": kv.get("Online", "1") == "1"}
 
 
-def parse_jetson_clocks(text):
+def parse_jetson_clocks(text: str) -> dict[str, Any]:
     """``jetson_clocks --show`` -> {"cpus": [{cur_hz, min_hz, max_hz, online}] (kHz there), "gpu", "emc"}."""
     cpus, units = [], {}
     for line in text.splitlines():
@@ -411,7 +275,8 @@ def parse_jetson_clocks(text):
     return {"cpus": cpus, "gpu": units.get("gpu"), "emc": units.get("emc")}
 
 
-def decide_locked(cpus, gpu, emc):
+def decide_locked(cpus: Sequence[dict[str, Any]], gpu: dict[str, Any] | None,
+                  emc: dict[str, Any] | None) -> tuple[bool | None, str | None]:
     """(True/False/None, why): locked when every online CPU, the GPU and the EMC run at their max."""
     below, unknown = [], []
     online = [c for c in cpus if c.get("online", True)]
@@ -434,13 +299,13 @@ def decide_locked(cpus, gpu, emc):
     return True, None
 
 
-def parse_nvidia_smi(text, fields):
+def parse_nvidia_smi(text: str, fields: Sequence[str]) -> list[dict[str, Any]]:
     gpus = []
     for row in csv.reader(text.splitlines(), skipinitialspace=True):
         if not row:
             continue
         values = dict(zip(fields, (v.strip() for v in row)))  # noqa: B905 (zip's strict= is Python 3.10+)
-        gpu = {}
+        gpu: dict[str, Any] = {}
         for field, key in zip(NVIDIA_SMI_FIELDS, NVIDIA_SMI_KEYS):  # noqa: B905
             raw = values.get(field)
             if raw is None or raw.startswith("[") or raw in ("", "N/A"):
@@ -453,64 +318,206 @@ def parse_nvidia_smi(text, fields):
     return gpus
 
 
-# ------------------------------------------------------------------------------------------------------------ env
+# -------------------------------------------------------------------------------------------------- env: the board
 
 
-def _env_host(report, sysroot, work_dir):
-    uname = os.uname()
-    report.put("python", platform.python_version())
-    report.put("python_implementation", platform.python_implementation())
-    report.put("system", uname.sysname)
+class Board:
+    """What the facts read: files and directories under the root (``--root``; named relative to it in every
+    message), the board's tools on PATH, this interpreter, and the facts gathered before. While a fact is gathered it
+    may read only what its table entry declares (``reads``, ``needs``): anything else is a bug in this agent."""
+
+    def __init__(self, root: str, work_dir: str = ".", dpkg_globs: Sequence[str] = ()) -> None:
+        self.root = root
+        self.work_dir = work_dir
+        self.dpkg_globs = tuple(dpkg_globs)
+        self.known: dict[str, Any] = {}
+        self.whys: dict[str, str] = {}
+        self.unavailable: list[dict[str, str]] = []
+        self.current: Fact | None = None
+        self._once: dict[str, Any] = {}
+
+    def _declared(self, what: str, listing: bool = False) -> None:
+        fact = self.current
+        if fact is None:
+            return
+        if listing:
+            ok = any(p.startswith(what.rstrip("/") + "/") for p in fact.reads)
+        else:
+            ok = any(fnmatch.fnmatchcase(what, p) for p in fact.reads)
+        if not ok:
+            raise AgentError(f"fact {fact.name} reads {what}, which its table entry does not declare")
+
+    def path(self, rel: str) -> str:
+        self._declared(rel)
+        return os.path.join(self.root, rel.lstrip("/"))
+
+    def read(self, rel: str, limit: int = 1 << 20) -> tuple[str | None, str | None]:
+        """(text, None) or (None, why)."""
+        try:
+            with open(self.path(rel), "rb") as f:
+                data = f.read(limit)
+        except FileNotFoundError:
+            return None, f"{rel} not found"
+        except OSError as exc:
+            return None, f"{rel}: {exc.strerror or exc}"
+        return data.decode("utf-8", "replace"), None
+
+    def listdir(self, rel: str) -> list[str]:
+        self._declared(rel, listing=True)
+        try:
+            return sorted(os.listdir(os.path.join(self.root, rel.lstrip("/"))))
+        except OSError:
+            return []
+
+    def tool(self, name: str, *args: str, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """(stdout, None) or (None, why) of a board tool (module doc)."""
+        self._declared("$ " + " ".join((name, *args)))
+        return _run_tool(name, args, TOOL_TIMEOUT_S if timeout is None else timeout)
+
+    def fact(self, name: str) -> Any:
+        """A fact gathered before (its value; None when missing)."""
+        if self.current is not None and name not in self.current.needs:
+            raise AgentError(f"fact {self.current.name} reads fact {name}, which its table entry does not need")
+        return self.known[name]
+
+    def why(self, name: str) -> str | None:
+        """Why a fact gathered before is missing (None when it is not)."""
+        self.fact(name)
+        return self.whys.get(name)
+
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """What ``compute`` returns, computed once however many facts share it."""
+        if key not in self._once:
+            self._once[key] = compute()
+        return self._once[key]
+
+    def missing(self, field: str, why: str) -> None:
+        """A null inside a fact's value (``unavailable`` names it as ``fact.key``)."""
+        self.unavailable.append({"field": field, "why": why})
+
+
+class Fact(NamedTuple):
+    """One key of ``env``: what it reads, the parser that turns that into its value (or None and why), and its value
+    when what it reads is missing or fails (then ``unavailable`` says why)."""
+
+    name: str
+    reads: tuple[str, ...]  # files under the root (globs allowed), "$ tool args" (PATH), "python: ..." (this process)
+    parse: Callable[[Board], tuple[Any, str | None]]
+    default: Any = None
+    needs: tuple[str, ...] = ()  # facts gathered before that it reads
+
+
+def gather(board: Board, facts: Sequence[Fact] | None = None) -> dict[str, Any]:
+    """The facts (FACTS by default, in their order) read from ``board``, plus ``unavailable``."""
+    for fact in FACTS if facts is None else facts:
+        board.current = fact
+        try:
+            value, why = fact.parse(board)
+        finally:
+            board.current = None
+        if value is None:
+            value = fact.default
+            board.whys[fact.name] = why or "unknown"
+            board.missing(fact.name, why or "unknown")
+        board.known[fact.name] = value
+    return {**board.known, "unavailable": board.unavailable}
+
+
+# ------------------------------------------------------------------------------------------------ env: the parsers
+
+
+def _value(compute: Callable[[], Any], why: str | None = None) -> Callable[[Board], tuple[Any, str | None]]:
+    """A fact this interpreter knows (``why``: said when it answers None)."""
+    return lambda board: (compute(), why)
+
+
+def _machine(board: Board) -> tuple[str, None]:
     # the kernel's own answer (sysctl kernel.arch, Linux 5.x+) read through the root, so a fake board's root says
     # what its board is; uname's where the file is absent
-    arch, _ = sysroot.read("/proc/sys/kernel/arch")
-    report.put("machine", arch.strip() if arch and arch.strip() else uname.machine)
-    report.put("kernel", uname.release)
-    report.put("kernel_build", uname.version)
+    arch, _ = board.read("/proc/sys/kernel/arch")
+    return (arch.strip() if arch and arch.strip() else os.uname().machine), None
+
+
+def _libc(board: Board) -> tuple[str | None, str]:
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION")
     except (ValueError, OSError):
         libc = None
-    report.put("libc", libc or None, "confstr CS_GNU_LIBC_VERSION unknown (not glibc)")
-    report.put("cpu_count", os.cpu_count(), "os.cpu_count() unknown")
+    return libc or None, "confstr CS_GNU_LIBC_VERSION unknown (not glibc)"
+
+
+def _cpus_usable(board: Board) -> tuple[int | None, str]:
     try:
-        usable = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0)), "sched_getaffinity unavailable"
     except (AttributeError, OSError):
-        usable = None
-    report.put("cpus_usable", usable, "sched_getaffinity unavailable")
+        return None, "sched_getaffinity unavailable"
 
-    text, why = sysroot.read("/proc/cpuinfo")
-    model = None
-    if text is not None:
-        match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-        model = match.group(1).strip() if match else None
-        why = "no 'model name' in /proc/cpuinfo (aarch64 kernels print none)"
-    report.put("cpu_model", model, why)
 
-    board, whys = None, []
+def _cpu_model(board: Board) -> tuple[str | None, str | None]:
+    text, why = board.read("/proc/cpuinfo")
+    if text is None:
+        return None, why
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return (match.group(1).strip() if match else None), "no 'model name' in /proc/cpuinfo (aarch64 kernels print none)"
+
+
+def _board_model(board: Board) -> tuple[str | None, str]:
+    found, whys = None, []
     for rel in ("/proc/device-tree/model", "/sys/devices/virtual/dmi/id/product_name"):
-        text, why = sysroot.read(rel)
-        board = text.replace("\x00", "").strip() if text is not None else None
-        if board:
+        text, why = board.read(rel)
+        found = text.replace("\x00", "").strip() if text is not None else None
+        if found:
             break
         whys.append(why or f"{rel} is empty")
-    report.put("board_model", board or None, "; ".join(whys))
+    return found or None, "; ".join(whys)
 
-    text, why = sysroot.read("/proc/meminfo")
-    mem = parse_meminfo(text) if text is not None else {}
-    for field, key in (("memory_total_bytes", "MemTotal"), ("memory_available_bytes", "MemAvailable")):
-        report.put(field, mem.get(key), why or f"no {key} in /proc/meminfo")
+
+def _meminfo(key: str) -> Callable[[Board], tuple[int | None, str]]:
+    def parse(board: Board) -> tuple[int | None, str]:
+        text, why = board.read("/proc/meminfo")
+        mem = parse_meminfo(text) if text is not None else {}
+        return mem.get(key), why or f"no {key} in /proc/meminfo"
+    return parse
+
+
+def _disk(index: int) -> Callable[[Board], tuple[int | None, str | None]]:
+    """The file system holding the work dir: (total, free)[index]."""
+    def measure(board: Board) -> tuple[int | None, int | None, str | None]:
+        try:
+            usage = shutil.disk_usage(board.work_dir)
+        except OSError as exc:
+            return None, None, f"work dir: {exc.strerror or exc}"
+        return usage.total, usage.free, None
+
+    def parse(board: Board) -> tuple[int | None, str | None]:
+        found = board.once("disk", lambda: measure(board))
+        return found[index], found[2]
+    return parse
+
+
+def _packages(board: Board) -> tuple[dict[str, str] | None, str | None]:
+    def wanted(name: str) -> bool:
+        return bool(DPKG_PACKAGES.match(name)) or any(fnmatch.fnmatchcase(name, g) for g in board.dpkg_globs)
 
     try:
-        usage = shutil.disk_usage(work_dir)
-        total, free, why = usage.total, usage.free, None
+        with open(board.path(DPKG_STATUS), encoding="utf-8", errors="replace") as f:
+            return dict(sorted(parse_dpkg_status(f, wanted).items())), None
+    except FileNotFoundError:
+        return None, f"{DPKG_STATUS} not found"
     except OSError as exc:
-        total, free, why = None, None, f"work dir: {exc.strerror or exc}"
-    report.put("disk_total_bytes", total, why)
-    report.put("disk_free_bytes", free, why)
+        return None, f"{DPKG_STATUS}: {exc.strerror or exc}"
 
 
-def _pick_highest(packages, pattern):
+def _from_dpkg(board: Board, name: str) -> str | None:
+    """The installed version of the dpkg package ``name`` (None when not installed or dpkg unread)."""
+    return (board.fact("packages") or {}).get(name)
+
+
+def _no_package(board: Board, what: str) -> str:
+    return board.why("packages") or f"no {what} package installed in dpkg"
+
+
+def _pick_highest(packages: dict[str, str], pattern: str) -> tuple[str | None, str | None]:
     """(name, version) of the package matching ``pattern`` (groups = numbers) with the highest numbers."""
     best = None
     for name, version in packages.items():
@@ -522,203 +529,237 @@ def _pick_highest(packages, pattern):
     return (best[1], best[2]) if best else (None, None)
 
 
-def _env_versions(report, sysroot, globs):
-    packages, dpkg_why = None, None
-    path = sysroot.path("/var/lib/dpkg/status")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            packages = dict(sorted(parse_dpkg_status(f, lambda name: bool(DPKG_PACKAGES.match(name)) or any(
-                fnmatch.fnmatchcase(name, g) for g in globs)).items()))
-    except FileNotFoundError:
-        dpkg_why = "/var/lib/dpkg/status not found"
-    except OSError as exc:
-        dpkg_why = f"/var/lib/dpkg/status: {exc.strerror or exc}"
-    report.put("packages", packages, dpkg_why)
-    pkgs = packages or {}
-
-    def from_dpkg(*names):
-        for name in names:
-            if name in pkgs:
-                return name, pkgs[name]
-        return None, None
-
-    def no_pkg(what):
-        return dpkg_why or f"no {what} package installed in dpkg"
-
-    text, why = sysroot.read("/etc/nv_tegra_release")
+def _l4t(board: Board) -> tuple[dict[str, Any] | None, str | None]:
+    text, why = board.read("/etc/nv_tegra_release")
     l4t = parse_tegra_release(text) if text is not None else None
     if l4t:
         l4t["source"] = "/etc/nv_tegra_release"
-    else:
-        whys = [why or "/etc/nv_tegra_release: no '# R<n> (...), REVISION: x.y' line"]
-        name, version = from_dpkg("nvidia-l4t-core")
-        if name:
-            l4t = {"release": _upstream(version), "source": "dpkg nvidia-l4t-core", "board": None, "eabi": None,
-                   "gcid": None, "date": None, "kernel_variant": None}
-        whys.append(no_pkg("nvidia-l4t-core"))
-        why = "; ".join(whys)
-    report.put("l4t", l4t, why)
+        return l4t, None
+    whys = [why or "/etc/nv_tegra_release: no '# R<n> (...), REVISION: x.y' line"]
+    version = _from_dpkg(board, "nvidia-l4t-core")
+    if version:
+        l4t = {"release": _upstream(version), "source": "dpkg nvidia-l4t-core", "board": None, "eabi": None,
+               "gcid": None, "date": None, "kernel_variant": None}
+    whys.append(_no_package(board, "nvidia-l4t-core"))
+    return l4t, "; ".join(whys)
 
-    name, version = from_dpkg("nvidia-jetpack")
-    jetpack, why = None, None
-    if name:
-        jetpack = {"version": re.split(r"[+~-]", _upstream(version))[0], "source": "dpkg nvidia-jetpack"}
-    elif l4t:
-        release = l4t["release"]
-        mapped = JETPACK_OF_L4T.get(release) or JETPACK_OF_L4T.get(".".join(release.split(".")[:2]))
-        jetpack = {"version": mapped, "source": "l4t table"} if mapped else None
-        why = f"{no_pkg('nvidia-jetpack')}; L4T {release} is not in the agent's table"
-    else:
-        why = f"{no_pkg('nvidia-jetpack')}; L4T unknown"
-    report.put("jetpack", jetpack, why)
 
-    cuda, whys = None, []
+def _jetpack(board: Board) -> tuple[dict[str, Any] | None, str | None]:
+    version = _from_dpkg(board, "nvidia-jetpack")
+    if version:
+        return {"version": re.split(r"[+~-]", _upstream(version))[0], "source": "dpkg nvidia-jetpack"}, None
+    l4t = board.fact("l4t")
+    if not l4t:
+        return None, f"{_no_package(board, 'nvidia-jetpack')}; L4T unknown"
+    release = l4t["release"]
+    mapped = JETPACK_OF_L4T.get(release) or JETPACK_OF_L4T.get(".".join(release.split(".")[:2]))
+    return ({"version": mapped, "source": "l4t table"} if mapped else None,
+            f"{_no_package(board, 'nvidia-jetpack')}; L4T {release} is not in the agent's table")
+
+
+def _cuda(board: Board) -> tuple[dict[str, Any] | None, str]:
+    whys = []
     for rel, is_json in (("/usr/local/cuda/version.json", True), ("/usr/local/cuda/version.txt", False)):
-        text, why = sysroot.read(rel)
+        text, why = board.read(rel)
         found = parse_cuda_version(text, is_json) if text is not None else None
         if found:
-            cuda = {"version": found, "source": rel}
-            break
+            return {"version": found, "source": rel}, ""
         whys.append(why or f"{rel}: no CUDA version in it")
-    if cuda is None:
-        for prefix in ("cuda-toolkit", "cuda-runtime", "cuda-cudart"):
-            name, version = _pick_highest(pkgs, re.escape(prefix) + r"-(\d+)-(\d+)\Z")
-            if name:
-                cuda = {"version": _upstream(version), "source": f"dpkg {name}"}
-                break
-        whys.append(no_pkg("cuda-toolkit-X-Y, cuda-runtime-X-Y or cuda-cudart-X-Y"))
-    report.put("cuda", cuda, "; ".join(whys))
+    cuda = None
+    for prefix in ("cuda-toolkit", "cuda-runtime", "cuda-cudart"):
+        name, version = _pick_highest(board.fact("packages") or {}, re.escape(prefix) + r"-(\d+)-(\d+)\Z")
+        if name and version:
+            cuda = {"version": _upstream(version), "source": f"dpkg {name}"}
+            break
+    whys.append(_no_package(board, "cuda-toolkit-X-Y, cuda-runtime-X-Y or cuda-cudart-X-Y"))
+    return cuda, "; ".join(whys)
 
 
-def _env_gpu(report, sysroot):
-    text, proc_why = sysroot.read("/proc/driver/nvidia/version")
+def _gpus(board: Board) -> tuple[list[dict[str, Any]] | None, str | None]:
+    fields = NVIDIA_SMI_FIELDS
+    for attempt in range(2):
+        out, why = board.tool("nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                              timeout=NVIDIA_SMI_TIMEOUT_S)
+        if out is not None:
+            gpus = parse_nvidia_smi(out, fields) or None
+            return gpus, None if gpus else "nvidia-smi listed no GPU"
+        if attempt == 1 or "valid field" not in (why or ""):
+            return None, why
+        fields = tuple(f for f in NVIDIA_SMI_FIELDS if f != "compute_cap")  # older drivers lack compute_cap
+    return None, None  # not reached
+
+
+def _gpu_driver(board: Board) -> tuple[dict[str, Any] | None, str]:
+    text, proc_why = board.read("/proc/driver/nvidia/version")
     driver = None
     if text is not None:
         found = parse_driver_version(text)
         driver = {"version": found, "source": "/proc/driver/nvidia/version"} if found else None
         proc_why = "/proc/driver/nvidia/version: no 'NVRM version: ... <n.n.n>'"
-
-    gpus, smi_why = None, None
-    fields = NVIDIA_SMI_FIELDS
-    for attempt in range(2):
-        out, smi_why = _run_tool("nvidia-smi", [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                                 NVIDIA_SMI_TIMEOUT_S)
-        if out is not None:
-            gpus = parse_nvidia_smi(out, fields) or None
-            smi_why = None if gpus else "nvidia-smi listed no GPU"
-            break
-        if attempt == 1 or "valid field" not in (smi_why or ""):
-            break
-        fields = tuple(f for f in NVIDIA_SMI_FIELDS if f != "compute_cap")  # older drivers lack compute_cap
-    report.put("gpus", gpus, smi_why)
+    gpus = board.fact("gpus")
     if driver is None and gpus and gpus[0].get("driver_version"):
         driver = {"version": gpus[0]["driver_version"], "source": "nvidia-smi"}
-    report.put("gpu_driver", driver, f"{proc_why}; {smi_why or 'nvidia-smi gave no driver version'}")
+    return driver, f"{proc_why}; {board.why('gpus') or 'nvidia-smi gave no driver version'}"
 
 
-def _devfreq(sysroot, name):
+def _power_mode(board: Board) -> tuple[dict[str, Any] | None, str]:
+    out, why = board.tool("nvpmodel", "-q")
+    mode = parse_nvpmodel(out) if out is not None else None
+    if mode:
+        mode["source"] = "nvpmodel -q"
+    return mode, why or "nvpmodel -q printed no 'NV Power Mode: <name>' line"
+
+
+def _devfreq(board: Board, name: str) -> dict[str, Any]:
     base = f"/sys/class/devfreq/{name}"
-    values = {}
+    values: dict[str, Any] = {}
     for key, leaf in (("cur_hz", "cur_freq"), ("min_hz", "min_freq"), ("max_hz", "max_freq")):
-        text, _ = sysroot.read(f"{base}/{leaf}")
+        text, _ = board.read(f"{base}/{leaf}")
         values[key] = _int(text) if text is not None else None
-    text, _ = sysroot.read(f"{base}/governor")
+    text, _ = board.read(f"{base}/governor")
     values["governor"] = text.strip() if text else None
     values["source"] = base
     return values
 
 
-def _env_clocks(report, sysroot):
-    out, why = _run_tool("nvpmodel", ["-q"])
-    mode = parse_nvpmodel(out) if out is not None else None
-    if mode:
-        mode["source"] = "nvpmodel -q"
-    report.put("power_mode", mode, why or "nvpmodel -q printed no 'NV Power Mode: <name>' line")
-
-    names = [n for n in sysroot.listdir("/sys/class/devfreq") if any(h in n.lower() for h in GPU_DEVFREQ_HINTS)]
+def _gpu_clock(board: Board) -> tuple[dict[str, Any] | None, str]:
+    names = [n for n in board.listdir("/sys/class/devfreq") if any(h in n.lower() for h in GPU_DEVFREQ_HINTS)]
     gpu_clock = None
     if names:
-        gpu_clock = _devfreq(sysroot, names[0])
+        gpu_clock = _devfreq(board, names[0])
         gpu_clock.update(device=names[0], devices=names)
         for key in ("cur_hz", "min_hz", "max_hz", "governor"):
             if gpu_clock[key] is None:
-                report.missing(f"gpu_clock.{key}", f"{gpu_clock['source']}: not readable")
-    hints = ", ".join(GPU_DEVFREQ_HINTS)
-    report.put("gpu_clock", gpu_clock, f"no GPU node in /sys/class/devfreq (a name holding {hints})")
+                board.missing(f"gpu_clock.{key}", f"{gpu_clock['source']}: not readable")
+    return gpu_clock, f"no GPU node in /sys/class/devfreq (a name holding {', '.join(GPU_DEVFREQ_HINTS)})"
 
+
+def _emc_clock(board: Board) -> tuple[dict[str, Any] | None, str]:
     emc_clock, whys = None, []
-    bwmgr = _devfreq(sysroot, "bwmgr")
+    bwmgr = _devfreq(board, "bwmgr")
     if bwmgr["cur_hz"] is not None:
         del bwmgr["governor"]
         emc_clock = bwmgr
     else:
         whys.append("/sys/class/devfreq/bwmgr/cur_freq not readable")
-        base = "/sys/kernel/debug/bpmp/debug/clk/emc"
-        rate, why = sysroot.read(f"{base}/rate")
+        rate, why = board.read(f"{EMC_DEBUGFS}/rate")
         if rate is not None and _int(rate) is not None:
-            emc_clock = {"cur_hz": _int(rate), "source": base}
+            emc_clock = {"cur_hz": _int(rate), "source": EMC_DEBUGFS}
             for key, leaf in (("min_hz", "min_rate"), ("max_hz", "max_rate")):
-                text, _ = sysroot.read(f"{base}/{leaf}")
+                text, _ = board.read(f"{EMC_DEBUGFS}/{leaf}")
                 emc_clock[key] = _int(text) if text is not None else None
         else:
-            whys.append(f"{why} (debugfs, root only)" if why else f"{base}/rate is not a number")
+            whys.append(f"{why} (debugfs, root only)" if why else f"{EMC_DEBUGFS}/rate is not a number")
     if emc_clock:
         for key in ("min_hz", "max_hz"):
             if emc_clock[key] is None:
-                report.missing(f"emc_clock.{key}", f"{emc_clock['source']}: not readable")
-    report.put("emc_clock", emc_clock, "; ".join(whys))
+                board.missing(f"emc_clock.{key}", f"{emc_clock['source']}: not readable")
+    return emc_clock, "; ".join(whys)
 
-    out, jc_why = _run_tool("jetson_clocks", ["--show"])
-    clocks, locked, why = None, None, None
+
+def _unit(values: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if values is None else {k: values.get(k) for k in ("cur_hz", "min_hz", "max_hz")}
+
+
+def _at_max(cpus: Sequence[dict[str, Any]]) -> int:
+    return sum(1 for c in cpus if c["cur_hz"] is not None and c["cur_hz"] == c["max_hz"])
+
+
+def _read_clocks(board: Board) -> tuple[bool | None, str | None, dict[str, Any] | None, str | None]:
+    """(clocks_locked, why, clocks, why): from ``jetson_clocks --show``, else sysfs when a GPU devfreq node exists."""
+    out, jc_why = board.tool("jetson_clocks", "--show")
+    gpu_clock, emc_clock = board.fact("gpu_clock"), board.fact("emc_clock")
     if out is not None:
         shown = parse_jetson_clocks(out)
         locked, why = decide_locked(shown["cpus"], shown["gpu"], shown["emc"])
         online = [c for c in shown["cpus"] if c["online"]]
-        clocks = {"source": "jetson_clocks --show", "cpu_online": len(online),
-                  "cpu_at_max": sum(1 for c in online if c["cur_hz"] is not None and c["cur_hz"] == c["max_hz"]),
+        clocks = {"source": "jetson_clocks --show", "cpu_online": len(online), "cpu_at_max": _at_max(online),
                   "gpu": shown["gpu"], "emc": shown["emc"]}
-        why = f"jetson_clocks --show: {why}" if why else None
-    elif gpu_clock is not None:
-        cpus = []
-        for policy in sysroot.listdir("/sys/devices/system/cpu/cpufreq"):
-            if re.match(r"policy\d+\Z", policy):
-                cur, _ = sysroot.read(f"/sys/devices/system/cpu/cpufreq/{policy}/scaling_cur_freq")
-                top, _ = sysroot.read(f"/sys/devices/system/cpu/cpufreq/{policy}/scaling_max_freq")
-                cur, top = _int(cur) if cur else None, _int(top) if top else None
-                cpus.append({"cur_hz": cur * 1000 if cur is not None else None,
-                             "max_hz": top * 1000 if top is not None else None, "min_hz": None, "online": True})
-
-        def unit(values):
-            return None if values is None else {k: values.get(k) for k in ("cur_hz", "min_hz", "max_hz")}
-
-        locked, why = decide_locked(cpus, unit(gpu_clock), unit(emc_clock))
-        clocks = {"source": "sysfs", "cpu_online": len(cpus),
-                  "cpu_at_max": sum(1 for c in cpus if c["cur_hz"] is not None and c["cur_hz"] == c["max_hz"]),
-                  "gpu": unit(gpu_clock), "emc": unit(emc_clock)}
-        why = f"{jc_why}; sysfs: {why}" if why else None
-    else:
+        return locked, (f"jetson_clocks --show: {why}" if why else None), clocks, jc_why
+    if gpu_clock is None:
         why = f"{jc_why}; no GPU devfreq node to read the clocks from instead"
-        jc_why = why
-    report.put("clocks_locked", locked, why)
-    report.put("clocks", clocks, jc_why)
+        return None, why, None, why
+    cpus = []
+    for policy in board.listdir(CPUFREQ):
+        if re.match(r"policy\d+\Z", policy):
+            cur, _ = board.read(f"{CPUFREQ}/{policy}/scaling_cur_freq")
+            top, _ = board.read(f"{CPUFREQ}/{policy}/scaling_max_freq")
+            cur_khz, top_khz = _int(cur) if cur else None, _int(top) if top else None
+            cpus.append({"cur_hz": cur_khz * 1000 if cur_khz is not None else None,
+                         "max_hz": top_khz * 1000 if top_khz is not None else None, "min_hz": None, "online": True})
+    locked, why = decide_locked(cpus, _unit(gpu_clock), _unit(emc_clock))
+    clocks = {"source": "sysfs", "cpu_online": len(cpus), "cpu_at_max": _at_max(cpus), "gpu": _unit(gpu_clock),
+              "emc": _unit(emc_clock)}
+    return locked, (f"{jc_why}; sysfs: {why}" if why else None), clocks, jc_why
 
 
-def _env_thermal(report, sysroot):
-    zones = [n for n in sysroot.listdir("/sys/class/thermal") if re.match(r"thermal_zone\d+\Z", n)]
+def _clocks_locked(board: Board) -> tuple[bool | None, str | None]:
+    locked, why, _, _ = board.once("clocks", lambda: _read_clocks(board))
+    return locked, why
+
+
+def _clocks(board: Board) -> tuple[dict[str, Any] | None, str | None]:
+    _, _, clocks, why = board.once("clocks", lambda: _read_clocks(board))
+    return clocks, why
+
+
+def _thermal(board: Board) -> tuple[list[dict[str, Any]] | None, str]:
+    zones = [n for n in board.listdir("/sys/class/thermal") if re.match(r"thermal_zone\d+\Z", n)]
     zones.sort(key=lambda n: int(n[len("thermal_zone"):]))
     thermal = []
     for zone in zones:
-        kind, _ = sysroot.read(f"/sys/class/thermal/{zone}/type")
-        temp, why = sysroot.read(f"/sys/class/thermal/{zone}/temp")
+        kind, _ = board.read(f"/sys/class/thermal/{zone}/type")
+        temp, why = board.read(f"/sys/class/thermal/{zone}/temp")
         milli = _int(temp) if temp is not None else None
         if milli is None:
-            report.missing(f"thermal.{zone}", why or f"/sys/class/thermal/{zone}/temp is not a number")
+            board.missing(f"thermal.{zone}", why or f"/sys/class/thermal/{zone}/temp is not a number")
         thermal.append({"zone": zone, "type": kind.strip() if kind else None,
                         "temp_c": None if milli is None else milli / 1000.0})
-    report.put("thermal", thermal or None, "no /sys/class/thermal/thermal_zone*")
+    return thermal or None, "no /sys/class/thermal/thermal_zone*"
 
 
-def cmd_env(args):
+_DEVFREQ = tuple(f"/sys/class/devfreq/*/{leaf}" for leaf in ("cur_freq", "min_freq", "max_freq", "governor"))
+_BWMGR = tuple(f"/sys/class/devfreq/bwmgr/{leaf}" for leaf in ("cur_freq", "min_freq", "max_freq", "governor"))
+_EMC = (*_BWMGR, *(f"{EMC_DEBUGFS}/{leaf}" for leaf in ("rate", "min_rate", "max_rate")))
+_CLOCKS = ("$ jetson_clocks --show", f"{CPUFREQ}/policy*/scaling_cur_freq", f"{CPUFREQ}/policy*/scaling_max_freq")
+_NVIDIA_SMI = "$ nvidia-smi --query-gpu=* --format=csv,noheader,nounits"
+
+# The keys of ``env``, in the order they are gathered (and ``unavailable`` lists them); docs/board-agent.md gives the
+# shape of each value.
+FACTS = (
+    Fact("schema", (), _value(lambda: SCHEMA)),
+    Fact("python", ("python: platform.python_version()",), _value(platform.python_version)),
+    Fact("python_implementation", ("python: platform.python_implementation()",),
+         _value(platform.python_implementation)),
+    Fact("system", ("python: os.uname().sysname",), _value(lambda: os.uname().sysname)),
+    Fact("machine", ("/proc/sys/kernel/arch", "python: os.uname().machine"), _machine),
+    Fact("kernel", ("python: os.uname().release",), _value(lambda: os.uname().release)),
+    Fact("kernel_build", ("python: os.uname().version",), _value(lambda: os.uname().version)),
+    Fact("libc", ("python: os.confstr('CS_GNU_LIBC_VERSION')",), _libc),
+    Fact("cpu_count", ("python: os.cpu_count()",), _value(os.cpu_count, "os.cpu_count() unknown")),
+    Fact("cpus_usable", ("python: os.sched_getaffinity(0)",), _cpus_usable),
+    Fact("cpu_model", ("/proc/cpuinfo",), _cpu_model),
+    Fact("board_model", ("/proc/device-tree/model", "/sys/devices/virtual/dmi/id/product_name"), _board_model),
+    Fact("memory_total_bytes", ("/proc/meminfo",), _meminfo("MemTotal")),
+    Fact("memory_available_bytes", ("/proc/meminfo",), _meminfo("MemAvailable")),
+    Fact("disk_total_bytes", ("python: shutil.disk_usage(--work-dir)",), _disk(0)),
+    Fact("disk_free_bytes", ("python: shutil.disk_usage(--work-dir)",), _disk(1)),
+    Fact("packages", (DPKG_STATUS,), _packages),
+    Fact("l4t", ("/etc/nv_tegra_release",), _l4t, needs=("packages",)),
+    Fact("jetpack", (), _jetpack, needs=("packages", "l4t")),
+    Fact("cuda", ("/usr/local/cuda/version.json", "/usr/local/cuda/version.txt"), _cuda, needs=("packages",)),
+    Fact("gpus", (_NVIDIA_SMI,), _gpus),
+    Fact("gpu_driver", ("/proc/driver/nvidia/version",), _gpu_driver, needs=("gpus",)),
+    Fact("power_mode", ("$ nvpmodel -q",), _power_mode),
+    Fact("gpu_clock", _DEVFREQ, _gpu_clock),
+    Fact("emc_clock", _EMC, _emc_clock),
+    Fact("clocks_locked", _CLOCKS, _clocks_locked, needs=("gpu_clock", "emc_clock")),
+    Fact("clocks", _CLOCKS, _clocks, needs=("gpu_clock", "emc_clock")),
+    Fact("thermal", ("/sys/class/thermal/thermal_zone*/type", "/sys/class/thermal/thermal_zone*/temp"), _thermal),
+)
+
+
+def cmd_env(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     root = args.root or os.environ.get("AGENT_SYSROOT") or "/"
     if not os.path.isdir(root):
         raise BadInput(f"--root {root}: not a directory")
@@ -729,56 +770,63 @@ def cmd_env(args):
     for glob in globs:
         if not re.match(r"[a-z0-9.+*?\[\]-]+\Z", glob):
             raise BadInput(f"--dpkg {glob!r}: expected a package name or glob such as cuda-cudart-*")
-    sysroot, report = SysRoot(root), Report()
-    report.put("schema", SCHEMA)
-    _env_host(report, sysroot, work_dir)
-    _env_versions(report, sysroot, globs)
-    _env_gpu(report, sysroot)
-    _env_clocks(report, sysroot)
-    _env_thermal(report, sysroot)
-    report.data["unavailable"] = report.unavailable
-    return report.data, 0, None
+    return gather(Board(root, work_dir, globs)), 0, None
 
 
 # ---------------------------------------------------------------------------------------------------------- check
 
 
-def cmd_check(args):
-    problems, tools, libs = [], {}, {}
-    for spec in args.tool or []:
+def _check_tool(name: str, path: str, problems: list[str]) -> str | None:
+    """The tool's resolved path (a PATH without "/" is looked up on PATH), or None with its problem noted."""
+    if "/" not in path:
+        found = shutil.which(path)
+        if found is None:
+            problems.append(f"tool {name}: {path} not found on PATH")
+            return None
+        path = found
+    if not os.path.lexists(path):
+        problems.append(f"tool {name}: {path} does not exist")
+    elif not os.path.exists(path):
+        problems.append(f"tool {name}: {path} is a dangling symlink")
+    elif os.path.isdir(path):
+        problems.append(f"tool {name}: {path} is a directory")
+    elif not os.access(path, os.X_OK):
+        problems.append(f"tool {name}: {path} is not executable")
+    else:
+        return path
+    return None
+
+
+def _check_tools(specs: Sequence[str], problems: list[str]) -> dict[str, str | None]:
+    tools: dict[str, str | None] = {}
+    for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise BadInput(f"--tool {spec!r}: expected NAME=PATH")
         if name in tools:
             raise BadInput(f"--tool {name}: given twice")
-        tools[name] = None
-        if "/" not in path:
-            found = shutil.which(path)
-            if found is None:
-                problems.append(f"tool {name}: {path} not found on PATH")
-                continue
-            path = found
-        if not os.path.lexists(path):
-            problems.append(f"tool {name}: {path} does not exist")
-        elif not os.path.exists(path):
-            problems.append(f"tool {name}: {path} is a dangling symlink")
-        elif os.path.isdir(path):
-            problems.append(f"tool {name}: {path} is a directory")
-        elif not os.access(path, os.X_OK):
-            problems.append(f"tool {name}: {path} is not executable")
-        else:
-            tools[name] = path
-    lib_dirs = []
-    for lib in args.lib or []:
+        tools[name] = _check_tool(name, path, problems)
+    return tools
+
+
+def _check_lib_dirs(dirs: Sequence[str], problems: list[str]) -> list[str]:
+    """The library dirs that are directories."""
+    found = []
+    for lib in dirs:
         if not os.path.exists(lib):
             problems.append(f"lib dir {lib} does not exist")
         elif not os.path.isdir(lib):
             problems.append(f"lib dir {lib} is not a directory")
         else:
-            lib_dirs.append(lib)
-    if args.needs_lib and not args.lib:
-        raise BadInput("--needs-lib needs at least one --lib DIR to search")
-    for pattern in args.needs_lib or []:
+            found.append(lib)
+    return found
+
+
+def _check_libs(patterns: Sequence[str], lib_dirs: Sequence[str], given: Sequence[str],
+                problems: list[str]) -> dict[str, str | None]:
+    """{GLOB: the first file matching it in the first lib dir that holds one, or None}."""
+    libs: dict[str, str | None] = {}
+    for pattern in patterns:
         if "/" in pattern or not pattern:
             raise BadInput(f"--needs-lib {pattern!r}: expected a file name pattern such as libcudart.so*")
         libs[pattern] = None
@@ -789,17 +837,29 @@ def cmd_check(args):
                 libs[pattern] = os.path.join(lib, matches[0])
                 break
         if libs[pattern] is None:
-            problems.append(f"library {pattern}: no such file in {', '.join(args.lib)}")
-    for path in args.file or []:
+            problems.append(f"library {pattern}: no such file in {', '.join(given)}")
+    return libs
+
+
+def _check_files(paths: Sequence[str], problems: list[str]) -> None:
+    for path in paths:
         if not os.path.lexists(path):
             problems.append(f"file {path} does not exist")
         elif not os.path.exists(path):
             problems.append(f"file {path} is a dangling symlink")
         elif not os.path.isfile(path):
             problems.append(f"file {path} is not a regular file")
-    builds = {}
-    for build in args.build_dir or []:
-        builds[build] = _cmake_build(build, args.cmake_key or [], problems)
+
+
+def cmd_check(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
+    problems: list[str] = []
+    tools = _check_tools(args.tool or [], problems)
+    lib_dirs = _check_lib_dirs(args.lib or [], problems)
+    if args.needs_lib and not args.lib:
+        raise BadInput("--needs-lib needs at least one --lib DIR to search")
+    libs = _check_libs(args.needs_lib or [], lib_dirs, args.lib or [], problems)
+    _check_files(args.file or [], problems)
+    builds = {build: _cmake_build(build, args.cmake_key or [], problems) for build in args.build_dir or []}
     note = f"check: {len(problems)} problem(s), the first: {problems[0]}" if problems else None
     return ({"ok": not problems, "problems": problems, "tools": tools, "libs": libs, "builds": builds},
             (1 if problems else 0), note)
@@ -808,7 +868,7 @@ def cmd_check(args):
 CMAKE_ENTRY = re.compile(r"([A-Za-z_][A-Za-z0-9_.+-]*):[A-Z]+=(.*)\Z")
 
 
-def _cmake_build(build, keys, problems):
+def _cmake_build(build: str, keys: Sequence[str], problems: list[str]) -> dict[str, Any]:
     """What a CMake build dir's CMakeCache.txt and its source's git say about it (module doc: check)."""
     out = {"project": None, "version": None, "build_type": None, "source_dir": None, "revision": None,
            "cache": {k: None for k in keys}}
@@ -834,7 +894,7 @@ def _cmake_build(build, keys, problems):
     return out
 
 
-def _git_revision(source):
+def _git_revision(source: str) -> str | None:
     """The commit the source tree's HEAD names (a 40-hex sha), or None (no .git, unreadable, unborn)."""
     git = os.path.join(source, ".git")
     try:
@@ -874,7 +934,7 @@ def _git_revision(source):
     return None
 
 
-def _common_dir(git):
+def _common_dir(git: str) -> str:
     try:
         with open(os.path.join(git, "commondir"), encoding="utf-8") as f:
             return os.path.join(git, f.read(4096).strip())
@@ -885,11 +945,11 @@ def _common_dir(git):
 # ----------------------------------------------------------------------------------------------------------- hash
 
 
-def _show(path):
+def _show(path: str | bytes) -> str:
     return os.fsdecode(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _sha256_open(path):
+def _sha256_open(path: str | bytes) -> tuple[str, int]:
     """(sha256, bytes) of a regular file, opened without following a symlink."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -907,7 +967,7 @@ def _sha256_open(path):
     return digest.hexdigest(), size
 
 
-def tree_files(top):
+def tree_files(top: str | bytes) -> list[bytes]:
     """Relative paths (bytes, "a/b") of the regular files under ``top``; symlinks and special files refused."""
     top = os.fsencode(top)
     found, pending = [], [b""]
@@ -931,7 +991,8 @@ def tree_files(top):
     return sorted(found, key=lambda rel: b"./" + rel)
 
 
-def tree_digest(top, listing=None, seal=None):
+def tree_digest(top: str, listing: list[dict[str, Any]] | None = None,
+                seal: IO[bytes] | None = None) -> tuple[str, int, int]:
     """(sha256 of the sha256sum lines, file count, total bytes) of the directory ``top``; each file's
     {"path", "sha256", "bytes"} appended to ``listing`` and each line written to ``seal`` (a binary file) when given."""
     digest, total = hashlib.sha256(), 0
@@ -953,13 +1014,13 @@ def tree_digest(top, listing=None, seal=None):
     return digest.hexdigest(), len(files), total
 
 
-def _inside(path, within):
+def _inside(path: str, within: str) -> bool:
     base = os.path.realpath(within)
     real = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     return real != base and os.path.commonpath([real, base]) == base
 
 
-def cmd_hash(args):
+def cmd_hash(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     path = args.path.rstrip("/") or "/"
     if args.within is not None and not _inside(path, args.within):
         raise BadInput(f"{path}: outside {args.within}")
@@ -1004,13 +1065,13 @@ OOM_LINE = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)"
 OOM_LOGS = ("var/log/kern.log", "var/log/syslog")
 
 
-def cmd_oom(args):
+def cmd_oom(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     root = args.root or os.environ.get("AGENT_SYSROOT") or "/"
     if args.last < 1:
         raise BadInput(f"--last {args.last}: must be at least 1")
-    sysroot, kills, sources = SysRoot(root), [], []
+    board, kills, sources = Board(root), [], []
     for rel in OOM_LOGS:
-        text, _ = sysroot.read(rel, limit=1 << 24)
+        text, _ = board.read(rel, limit=1 << 24)
         if text is None:
             continue
         sources.append(rel)
@@ -1020,7 +1081,7 @@ def cmd_oom(args):
                 pid, comm, vm, rss = found.groups()
                 kills.append({"pid": int(pid), "comm": comm, "total_vm_kb": int(vm) if vm else None,
                               "anon_rss_kb": int(rss) if rss else None, "line": line.strip()[:500]})
-    mem_text, _ = sysroot.read("/proc/meminfo")
+    mem_text, _ = board.read("/proc/meminfo")
     mem = parse_meminfo(mem_text) if mem_text is not None else {}
     return {"kills": kills[-args.last:], "sources": sources, "memory_total_bytes": mem.get("MemTotal"),
             "memory_available_bytes": mem.get("MemAvailable")}, 0, None
@@ -1029,13 +1090,13 @@ def cmd_oom(args):
 # ---------------------------------------------------------------------------------------------------------- cache
 
 
-def _sha_arg(text, what):
+def _sha_arg(text: str, what: str) -> str:
     if not SHA_RE.match(text):
         raise BadInput(f"{what} {text!r}: not a sha256 (64 lowercase hex digits)")
     return text
 
 
-def _cache_dir(path):
+def _cache_dir(path: str) -> str | None:
     """The cache dir, or None when it does not exist (an empty cache)."""
     if not os.path.lexists(path):
         return None
@@ -1044,7 +1105,7 @@ def _cache_dir(path):
     return path
 
 
-def _usage_of(path):
+def _usage_of(path: str) -> tuple[int, int]:
     """(bytes, files) of the regular files at or under ``path``; symlinks are not followed and count nothing."""
     try:
         st = os.lstat(path)
@@ -1065,7 +1126,7 @@ def _usage_of(path):
     return size, files
 
 
-def _boot_id():
+def _boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -1073,7 +1134,7 @@ def _boot_id():
         return None
 
 
-def _pid_alive(pid):
+def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -1087,7 +1148,7 @@ def _pid_alive(pid):
     return True
 
 
-def _read_marker(path):
+def _read_marker(path: str) -> dict[str, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -1097,7 +1158,7 @@ def _read_marker(path):
     return dict(re.findall(r"(\w+)=(\S+)", text))
 
 
-def markers(cache, ttl_s, now, boot):
+def markers(cache: str, ttl_s: float, now: float, boot: str | None) -> dict[str, list[dict[str, Any]]]:
     """{sha: [marker]} for the files in <cache>/.inuse; a marker is {"tag", "pid", "pid_alive", "age_s", "active",
     "path"}."""
     found = {}
@@ -1127,7 +1188,7 @@ def markers(cache, ttl_s, now, boot):
     return found
 
 
-def scan_cache(cache, ttl_s):
+def scan_cache(cache: str | None, ttl_s: float) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     now, boot = time.time(), _boot_id()
     result = {"exists": cache is not None, "entries": [], "partials": [], "other": [], "ttl_s": ttl_s,
               "total_bytes": 0, "partial_bytes": 0, "entry_count": 0}
@@ -1184,7 +1245,7 @@ def scan_cache(cache, ttl_s):
     return result, marks
 
 
-def _remove(path):
+def _remove(path: str) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -1196,7 +1257,7 @@ def _remove(path):
 
 
 @contextlib.contextmanager
-def _cache_lock(cache):
+def _cache_lock(cache: str) -> Iterator[None]:
     fd = os.open(os.path.join(cache, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -1213,7 +1274,7 @@ def _cache_lock(cache):
         os.close(fd)
 
 
-def _evict_one(cache, sha, ttl_s):
+def _evict_one(cache: str, sha: str, ttl_s: float) -> bool:
     """Remove the entry, its seal and its markers unless it got marked in use meanwhile; True when removed."""
     src = os.path.join(cache, sha)
     trash = os.path.join(cache, f".{sha}.evicting-{os.getpid()}")
@@ -1235,12 +1296,12 @@ def _evict_one(cache, sha, ttl_s):
     return True
 
 
-def cmd_cache_usage(args):
+def cmd_cache_usage(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     result, _ = scan_cache(_cache_dir(args.cache), args.ttl_s)
     return result, 0, None
 
 
-def cmd_cache_evict(args):
+def cmd_cache_evict(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     if args.max_bytes < 0:
         raise BadInput(f"--max-bytes {args.max_bytes}: must be >= 0")
     keep = {_sha_arg(k, "--keep") for k in args.keep or []}
@@ -1290,7 +1351,7 @@ def cmd_cache_evict(args):
                     f"{len(out['blocked'])} entr(ies) in use or kept")
 
 
-def cmd_cache_touch(args):
+def cmd_cache_touch(args: argparse.Namespace) -> tuple[dict[str, Any], int, str | None]:
     sha = _sha_arg(args.sha, "SHA")
     cache = _cache_dir(args.cache)
     if cache is None:
@@ -1311,11 +1372,11 @@ def cmd_cache_touch(args):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         raise BadInput(f"{self.prog}: {message}")
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent", description="The farm's agent on a device (one JSON object on stdout).")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -1364,11 +1425,11 @@ def build_parser():
     return parser
 
 
-def _fail(kind, message):
+def _fail(kind: str, message: object) -> None:
     sys.stderr.write(f"agent: {kind}: {' '.join(str(message).split())}\n")
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result, code, note = args.handler(args)

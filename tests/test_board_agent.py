@@ -23,25 +23,37 @@ import pytest
 from devices import agent
 
 AGENT = Path(agent.__file__).resolve()
+CONTRACT = AGENT.parents[1] / "docs" / "board-agent.md"  # the agent's protocol contract
 DAY = 86400.0
 
 
-def _pythons() -> list[str]:
-    found = []
-    system = "/usr/bin/python3"
-    if os.access(system, os.X_OK):
-        probe = subprocess.run([system, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 8))"],
-                               capture_output=True, text=True, check=False)
-        if probe.stdout.strip() == "True":
-            found.append(system)
-    found.append(sys.executable)
+def _runs_the_agent(python: str) -> bool:
+    """Whether ``python`` starts isolated and is 3.8+ (a pyenv shim without a chosen version does not start)."""
+    try:
+        probe = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 8))"],
+                               capture_output=True, text=True, check=False, timeout=60)
+    except OSError:
+        return False
+    return probe.stdout.strip() == "True"
+
+
+def _pythons() -> dict[str, str]:
+    """{test id: interpreter}: the system's python3, the venv's, and the oldest the agent supports (3.8, from PATH or
+    EDGEFARM_PYTHON38) where this machine has one."""
+    found = {}
+    if os.access("/usr/bin/python3", os.X_OK) and _runs_the_agent("/usr/bin/python3"):
+        found["system-python3"] = "/usr/bin/python3"
+    found["venv-python"] = sys.executable
+    old = os.environ.get("EDGEFARM_PYTHON38") or shutil.which("python3.8")
+    if old and _runs_the_agent(old):
+        found["python3.8"] = old
     return found
 
 
 PYTHONS = _pythons()
 
 
-@pytest.fixture(params=PYTHONS, ids=["system-python3" if p == "/usr/bin/python3" else "venv-python" for p in PYTHONS])
+@pytest.fixture(params=list(PYTHONS.values()), ids=list(PYTHONS))
 def python(request) -> str:
     return request.param
 
@@ -352,8 +364,8 @@ def test_env_reads_every_field_of_a_jetson(python: str, tmp_path: Path) -> None:
     assert out["thermal"] == [{"zone": f"thermal_zone{i}", "type": kind, "temp_c": milli / 1000}
                               for i, (kind, milli) in enumerate(THERMAL.items())]
     assert "buildbrain" not in result.stdout and str(tmp_path) not in result.stdout
-    undocumented = [key for key in out if not re.search(rf"\b{key}\b", agent.__doc__)]
-    assert undocumented == [], "every env key is documented in the module docstring"
+    undocumented = [key for key in out if not re.search(rf"`{key}`", CONTRACT.read_text())]
+    assert undocumented == [], "every env key is documented in docs/board-agent.md"
 
 
 def test_env_on_an_empty_root_with_no_tools_is_all_null_and_exit_0(python: str, tmp_path: Path) -> None:
@@ -490,6 +502,111 @@ def test_parsers_of_the_documented_formats() -> None:
     assert agent.decide_locked(offline["cpus"], offline["gpu"], offline["emc"]) == (True, None)
     assert agent.decide_locked([], None, {"cur_hz": 1, "max_hz": 2}) == (False, None)  # known below max wins
     assert agent._upstream("1:10.3.0.30-1+cuda12.5") == "10.3.0.30"
+
+
+# ------------------------------------------------------------------------------------------- the facts table
+
+
+def _names_read_from_env(path: Path, calls: set[tuple[str, str]]) -> set[str]:
+    """The env keys a farm module reads: string constants given first to a call ``receiver.method(...)`` of
+    ``calls`` (or the constants of the tuple a comprehension feeds such a call)."""
+    tree = ast.parse(path.read_text())
+    loops = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, ast.Tuple):
+            loops[node.target.id] = [e.value for e in node.iter.elts if isinstance(e, ast.Constant)]
+    names = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            continue
+        receiver = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+        if (receiver, node.func.attr) not in calls:
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            names.add(first.value)
+        elif isinstance(first, ast.Name):
+            names.update(loops.get(first.id, []))
+    return names
+
+
+def test_every_env_key_the_farm_reads_is_one_entry_of_the_facts_table() -> None:
+    from tasks import environment
+
+    names = [fact.name for fact in agent.FACTS]
+    assert len(names) == len(set(names)), "a fact named twice"
+    repo = AGENT.parents[1]
+    answers = {("answers", m) for m in ("text", "count", "flag", "block")} | {("self", "items")}  # temperatures()
+    health = _names_read_from_env(repo / "devices" / "health.py", answers)
+    recorded = _names_read_from_env(repo / "tasks" / "environment.py", {("env", "get"), ("before", "get")})
+    probe = _names_read_from_env(repo / "devices" / "probe.py", {("packaged", "get")})
+    assert {"python", "machine", "disk_free_bytes", "thermal", "jetpack", "gpu_driver"} <= health  # the walk works
+    assert {"gpus", "power_mode", "clocks_locked"} <= recorded and probe == {"packages"}
+    farm = set(environment.STABLE) | set(environment.VOLATILE) | health | probe | (recorded - {"toolchains"})
+    assert sorted(farm - set(names)) == [], "read by the farm but made by no fact"
+    # every table entry is documented, names only facts gathered before it, and env prints exactly the table
+    contract = CONTRACT.read_text()
+    for i, fact in enumerate(agent.FACTS):
+        assert f"`{fact.name}`" in contract, fact.name
+        assert set(fact.needs) <= set(names[:i]), f"{fact.name} needs a fact gathered after it"
+    for name in ("FACTS", "Fact", "gather", "Board", "reads", "parse", "default", "needs"):
+        assert f"`{name}`" in contract and name in AGENT.read_text(), name
+
+
+def test_env_prints_exactly_the_facts_of_the_table(monkeypatch, tmp_path: Path) -> None:
+    root = make_board(tmp_path / "board")
+    monkeypatch.setenv("PATH", str(make_tools(tmp_path / "bin")))
+    out = agent.gather(agent.Board(str(root), str(tmp_path)))
+    assert sorted(out) == sorted([fact.name for fact in agent.FACTS] + ["unavailable"])
+    assert [u["field"] for u in out["unavailable"]] == ["cpu_model"]
+
+
+def _failing_board(root: Path) -> None:
+    """Every file a fact declares exists as a directory (so reading it fails)."""
+    for fact in agent.FACTS:
+        for read in fact.reads:
+            if read.startswith("/") and "*" not in read and read != "/proc/sys/kernel/arch":
+                (root / read.lstrip("/")).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.mark.parametrize("tools", ["absent", "exit 1", "hang"])
+def test_a_fact_whose_reads_fail_takes_its_default(monkeypatch, tmp_path: Path, tools: str) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    if tools != "absent":
+        _failing_board(root)
+    for name in ("nvpmodel", "jetson_clocks", "nvidia-smi"):
+        _tool(tmp_path / "bin", name, {"absent": "exit 0\n", "exit 1": "exit 1\n", "hang": "sleep 30\n"}[tools])
+    monkeypatch.setenv("PATH", str(tmp_path / ("empty" if tools == "absent" else "bin")))
+    monkeypatch.setattr(agent, "TOOL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(agent, "NVIDIA_SMI_TIMEOUT_S", 0.2)
+    start = time.monotonic()
+    out = agent.gather(agent.Board(str(root), str(tmp_path)))
+    assert time.monotonic() - start < 30
+    why = {u["field"]: u["why"] for u in out["unavailable"]}
+    of_the_board = [f for f in agent.FACTS
+                    if (f.reads or f.needs) and not any(r.startswith("python:") for r in f.reads)]
+    assert len(of_the_board) >= 16
+    for fact in of_the_board:
+        assert out[fact.name] == fact.default, fact.name
+        assert why[fact.name], fact.name
+    for fact in agent.FACTS:  # what this interpreter answers is still there
+        if fact not in of_the_board and fact.name not in ("libc", "cpus_usable"):
+            assert out[fact.name] is not None, fact.name
+    if tools == "hang":
+        assert why["power_mode"] == "nvpmodel -q timed out after 0.2 s"
+
+
+def test_a_fact_reads_only_what_its_entry_declares(tmp_path: Path) -> None:
+    _write(tmp_path / "a", "1\n")
+    _write(tmp_path / "b", "2\n")
+    declared = agent.Fact("x", ("/a",), lambda board: (board.read("/a")[0], None))
+    assert agent.gather(agent.Board(str(tmp_path)), [declared])["x"] == "1\n"
+    for parse in (lambda board: (board.read("/b")[0], None), lambda board: (board.tool("nvpmodel", "-q"), None),
+                  lambda board: (board.listdir("/etc"), None), lambda board: (board.fact("x"), None)):
+        with pytest.raises(agent.AgentError, match=r"fact y reads .*which its table entry does not"):
+            agent.gather(agent.Board(str(tmp_path)), [declared, agent.Fact("y", ("/a",), parse)])
 
 
 # ---------------------------------------------------------------------------------------------------- check
