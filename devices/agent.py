@@ -869,7 +869,7 @@ CMAKE_ENTRY = re.compile(r"([A-Za-z_][A-Za-z0-9_.+-]*):[A-Z]+=(.*)\Z")
 
 
 def _cmake_build(build: str, keys: Sequence[str], problems: list[str]) -> dict[str, Any]:
-    """What a CMake build dir's CMakeCache.txt and its source's git say about it (module doc: check)."""
+    """What a CMake build dir's CMakeCache.txt and its source's git say about it (docs/board-agent.md: check)."""
     out = {"project": None, "version": None, "build_type": None, "source_dir": None, "revision": None,
            "cache": {k: None for k in keys}}
     path = os.path.join(build, "CMakeCache.txt")
