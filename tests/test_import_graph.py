@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -55,7 +56,7 @@ def _cycle(edges: Edges) -> list[str] | None:
         path.append(node)
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt):], nxt]
             if nxt not in state and (found := visit(nxt)) is not None:
                 return found
         path.pop()
@@ -70,7 +71,7 @@ def _cycle(edges: Edges) -> list[str] | None:
 
 def _shown(edges: Edges, cycle: list[str]) -> str:
     lines = []
-    for src, dst in zip(cycle, cycle[1:], strict=False):
+    for src, dst in itertools.pairwise(cycle):
         lines.append(f"{src} -> {dst}:")
         lines += [f"    {line}" for line in edges[src][dst]]
     return "\n".join(lines)
