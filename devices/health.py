@@ -6,7 +6,8 @@ the architecture against the device type's; free disk in the work dir; the platf
 driver, board); power mode, whether clocks are locked and the hottest thermal zone, against the device type's
 benchmark conditions (a difference is a note: tests run, benchmarks are recorded as off-conditions); per toolchain
 the device type runs and the device can drive (each of its builds), whether its files are there and its version
-(``devices.probe``); and the device cache's use against its bound. Problems make a device unhealthy (and a passing
+(what the caller's ``toolchains`` check answers: ``toolchains.health``, since this package asks no toolchain); and
+the device cache's use against its bound. Problems make a device unhealthy (and a passing
 check releases a quarantine); notes do not.
 """
 
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -23,10 +25,8 @@ from typing import Any
 
 from devices import agent_client
 from devices.inventory import Device, Inventory
-from devices.probe import probe_toolchain
 from devices.transport import Transport, open_transport
 from edgellm.errors import DeviceConfigurationError, EdgeLLMError, ErrorKind
-from toolchains import base as toolchains
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class _Answers:
+class Answers:
     """Reads a device's JSON answers field by field: a value of the wrong type or form becomes a problem that
     names the field, the value and what is valid (the device is unhealthy), never an exception."""
 
@@ -165,36 +165,17 @@ class _Answers:
         return temps
 
 
-def _toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
-    """Each toolchain of the device's type that the device can drive, once per build it lists."""
-    out = []
-    for name in device.device_type.toolchains:
-        for build in toolchains.driver_class(name)().device_builds(device):
-            driver = toolchains.driver(name, pins={name: build} if build is not None else None)
-            if not driver.drives(device):
-                continue
-            try:
-                facts = probe_toolchain(device, transport, driver)
-                env = {"toolchains": {name: facts}}
-                try:
-                    version = driver.device_version(device, env)
-                except (AttributeError, TypeError, ValueError, KeyError) as exc:  # facts of the wrong shape
-                    out.append(ToolchainHealth(name, build, None, False, (
-                        f"its probe's answer has the wrong shape ({type(exc).__name__}: {exc}); valid: the JSON "
-                        f"its probe prints on a working device",)))
-                    continue
-                problems: list[str] = []
-                version = _Answers("its probe", {}, problems).text("version", version)
-                out.append(ToolchainHealth(name, build, version, not problems, tuple(problems)))
-            except DeviceConfigurationError as exc:
-                out.append(ToolchainHealth(name, build, None, False, (str(exc).removeprefix(f"{device.id}: "),)))
-    return out
+# each toolchain of the device's type that the device can drive, once per build it lists, checked over the open
+# transport (``toolchains.health.device_toolchains``)
+ToolchainCheck = Callable[[Device, Transport], list[ToolchainHealth]]
 
 
 def check_device(
-    device: Device, *, min_free_gb: float = 1.0, timeout: float = 60.0, transport: Transport | None = None
+    device: Device, *, toolchains: ToolchainCheck, min_free_gb: float = 1.0, timeout: float = 60.0,
+    transport: Transport | None = None
 ) -> HealthReport:
-    """Probe one device. Never raises for a device problem: it is in the report (unreachable, problems)."""
+    """Probe one device, its toolchains with ``toolchains``. Never raises for a device problem: it is in the report
+    (unreachable, problems)."""
     start = time.monotonic()
     base = {
         "device_id": device.id,
@@ -216,7 +197,7 @@ def check_device(
         except DeviceConfigurationError as err:  # the device answers, its python3 does not run the agent
             return HealthReport(**base, reachable=True, healthy=False, problems=(str(err),),
                                 error_kind=err.kind, duration=time.monotonic() - start)
-        health = _toolchains(device, link)
+        health = toolchains(device, link)
         cache = agent_client.run(device, link, "cache", "usage", "--cache", "cache", timeout=timeout)
     except EdgeLLMError as err:
         log.warning("%s: unreachable: %s", device.id, err)
@@ -225,7 +206,7 @@ def check_device(
     finally:
         if own:
             link.close()
-    answers = _Answers("its agent (env)", env, problems)
+    answers = Answers("its agent (env)", env, problems)
     python = answers.text("python", pattern=_VERSION, rule="a Python version like '3.10.12'")
     parts = tuple(int(p) for p in str(python or "").split(".")[:2] if p.isdigit())
     if python is not None and parts < MIN_PYTHON:
@@ -254,7 +235,7 @@ def check_device(
     temps = answers.temperatures()
     l4t = answers.block("l4t", "release")
     jetpack, cuda, gpu_driver = (answers.block(key, "version") for key in ("jetpack", "cuda", "gpu_driver"))
-    usage = _Answers("its agent (cache usage)", cache, problems)
+    usage = Answers("its agent (cache usage)", cache, problems)
     used = usage.count("total_bytes")
     if used is not None and used > device.cache_max_bytes:
         notes.append(f"cache holds {used / 2**30:.2f} GiB, over its {device.cache_max_gb:g} GiB bound (the next "
@@ -288,9 +269,11 @@ def check_device(
 
 
 def check_inventory(
-    inventory: Inventory, *, min_free_gb: float = 1.0, timeout: float = 60.0, parallel: int = 8
+    inventory: Inventory, *, toolchains: ToolchainCheck, min_free_gb: float = 1.0, timeout: float = 60.0,
+    parallel: int = 8
 ) -> list[HealthReport]:
     """Every device's report, probed in parallel, in inventory order."""
     devices = list(inventory)
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(devices)))) as pool:
-        return list(pool.map(lambda d: check_device(d, min_free_gb=min_free_gb, timeout=timeout), devices))
+        return list(pool.map(lambda d: check_device(d, toolchains=toolchains, min_free_gb=min_free_gb,
+                                                    timeout=timeout), devices))

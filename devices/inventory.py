@@ -5,7 +5,8 @@ The farm's settings choose the directory (``--inventory DIR``, else ``$EDGEFARM_
 ConfigurationError, one line each), before anything connects to a device.
 
 What a device holds of a toolchain is its block in ``toolchains: {name: {...}}``, validated by that toolchain's
-driver when the file loads (``ToolchainDriver.device_config``; e.g. where a vendor's tools are installed on the
+driver when the file loads (``ToolchainDriver.device_config``, asked through the toolchain registry's answers in
+``devices.toolchain_names``: this package asks no toolchain; e.g. where a vendor's tools are installed on the
 device). A toolchain whose driver needs such a block runs only on devices that have it.
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
@@ -31,10 +32,10 @@ import paramiko
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from devices import toolchain_names
 from devices._yaml import read_yaml_mapping, validation_problems
 from devices.types import DEVICE_TYPES, DeviceType, platform_enum
-from edgellm.errors import ConfigurationError
-from toolchains import base as toolchains
+from edgellm.errors import BugError, ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
@@ -87,7 +88,10 @@ class Device(BaseModel):
         """What toolchain ``name``'s driver read of its block in this device's file (None: no block)."""
         if name not in self.toolchains:
             return None
-        return toolchains.driver_class(name)().device_config(self.toolchains[name], self.id)
+        registry = toolchain_names.current()
+        if registry is None:
+            raise BugError(f"{self.id}: toolchain {name}'s block read before the toolchain registry was loaded")
+        return registry.device_config(name, self.toolchains[name], self.id)
 
     @property
     def platform(self) -> str:
@@ -136,9 +140,11 @@ def _check_device(device: Device, path: Path) -> list[str]:
     bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
     if bad_env:
         problems.append(f"{path}: env: invalid variable names {bad_env}; use letters, digits and _")
+    registry = toolchain_names.current()
     for name, block in device.toolchains.items():
         try:
-            toolchains.driver_class(name)().device_config(block, device.id)
+            if registry is not None:
+                registry.device_config(name, block, device.id)
         except ConfigurationError as err:
             problems.append(f"{path}: toolchains.{name}: {err}")
     if device.transport is TransportKind.LOCAL:
@@ -299,7 +305,8 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
             problems.append(f"{path}: id: {data['id']!r} must equal the file name {device_id!r}")
             continue
         data["id"] = device_id
-        misplaced = [k for k in data if k.replace("_", "-") in toolchains.names()]
+        registry = toolchain_names.current()
+        misplaced = [k for k in data if registry is not None and k.replace("_", "-") in registry.names()]
         if misplaced:
             problems += [f"{path}: {k}: a toolchain's block goes under toolchains: "
                          f"{{{k.replace('_', '-')}: {{...}}}}" for k in misplaced]

@@ -3,8 +3,10 @@ enum is built from them on first use.
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
-``toolchains`` names what turns a checkpoint into evidence there, in order of preference (registered toolchains:
-``toolchains.base``). What a platform can run with a toolchain at a variant is one function, ``devices.capability``.
+``toolchains`` names what turns a checkpoint into evidence there, in order of preference: registered toolchain names,
+checked (and whether each needs a GPU) by the toolchains' registry as the types load (``devices.toolchain_names``;
+this package asks no toolchain). What a platform can run with a toolchain at a variant is one function,
+``test_lists.capability``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from devices import site
+from devices import site, toolchain_names
 from devices._yaml import read_yaml_mapping, validation_problems
 from devices.site import overlay
+from devices.toolchain_names import ToolchainNames
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
-from toolchains import base as toolchains
 
 DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
 
@@ -80,11 +82,14 @@ class DeviceType(BaseModel):
 
     @field_validator("toolchains", mode="before")
     @classmethod
-    def _toolchains(cls, value: Any) -> list[str]:
+    def _toolchains(cls, value: Any, info: ValidationInfo) -> list[str]:
         if not isinstance(value, list | tuple):
             raise ValueError(f"expected a list of toolchain names, got {value!r}")
+        registry = _registry(info)
+        if registry is None:
+            return [str(item).strip().lower() for item in value]
         try:
-            return [toolchains.parse(item) for item in value]
+            return [registry.parse(item) for item in value]
         except ConfigurationError as err:
             raise ValueError(str(err)) from None
 
@@ -115,10 +120,11 @@ class DeviceType(BaseModel):
         return _parse_list(LMHeadPrecision, "LM-head precision", value)
 
     @model_validator(mode="after")
-    def _consistent(self) -> DeviceType:
+    def _consistent(self, info: ValidationInfo) -> DeviceType:
         problems = []
+        registry = _registry(info)
         for name in self.toolchains:
-            if self.sm is None and toolchains.driver_class(name).needs_gpu:
+            if self.sm is None and registry is not None and registry.needs_gpu(name):
                 problems.append(f"toolchain {name} needs a GPU: set sm")
         both = [p.value for p in self.precisions if p in self.refuses]
         if both:
@@ -149,7 +155,7 @@ class DeviceType(BaseModel):
 
     def supports(self, precision: Precision | str) -> tuple[bool, str]:
         """``(True, why)`` if this type's hardware runs weights at ``precision``, else ``(False, reason)``. What a
-        toolchain makes of it, and the LM head and KV cache, are ``devices.capability``'s to add."""
+        toolchain makes of it, and the LM head and KV cache, are ``test_lists.capability``'s to add."""
         wanted = Precision.parse(precision, what="precision")
         if wanted in self.refuses:
             return False, self.refuses[wanted]
@@ -176,13 +182,21 @@ class DeviceType(BaseModel):
                        f"({self._why_not(lm_head.value, self.lm_head_precisions)})")
 
 
+def _registry(info: ValidationInfo) -> ToolchainNames | None:
+    """The toolchain registry a load checks names with (``load_device_types``), else the process's."""
+    given = (info.context or {}).get("toolchains") if isinstance(info.context, dict) else None
+    return given if given is not None else toolchain_names.current()
+
+
 _TYPE_KEYS = list(DeviceType.model_fields)
 
 
-def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, DeviceType]:
+def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None,
+                      toolchains: ToolchainNames | None = None) -> dict[str, DeviceType]:
     """Every ``*.yaml`` in ``directory``, with a site directory's ``device_types/`` over them (``devices.site``: a
     site file adds a type or replaces the packaged one of its name), validated; every problem of every file in one
-    ConfigurationError. Where each came from: ``device_type_files``."""
+    ConfigurationError. Where each came from: ``device_type_files``. Toolchain names are checked by ``toolchains``
+    (default: the toolchain registry loaded in this process, ``devices.toolchain_names``)."""
     problems: list[str] = []
     types: dict[str, DeviceType] = {}
     if not directory.is_dir():
@@ -194,7 +208,7 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | No
     for path in device_type_files(directory, site_dir=site_dir).values():
         try:
             data = read_yaml_mapping(path)
-            device_type = DeviceType.model_validate(data)
+            device_type = DeviceType.model_validate(data, context={"toolchains": toolchains})
         except ConfigurationError as err:
             problems.append(str(err))
             continue
@@ -223,10 +237,13 @@ class _DeviceTypes(MutableMapping[str, DeviceType]):
 
     def __init__(self) -> None:
         self._types: dict[str, DeviceType] | None = None
+        self._checked_by: ToolchainNames | None = None
 
     def _loaded(self) -> dict[str, DeviceType]:
-        if self._types is None:
-            self._types = load_device_types(site_dir=site.current())
+        registry = toolchain_names.current()
+        if self._types is None or (registry is not None and registry is not self._checked_by):
+            self._types = load_device_types(site_dir=site.current(), toolchains=registry)
+            self._checked_by = registry
         return self._types
 
     def __getitem__(self, name: str) -> DeviceType:

@@ -21,7 +21,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 import stages
-from devices.capability import Capability, capability, hardware
 from devices.inventory import Inventory
 from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
@@ -33,6 +32,7 @@ from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
 from stages.job import job_key
 from stages.variant import FEATURE_NAMES, PLAIN, Features
+from test_lists.capability import Capability, capability, hardware
 from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
 from test_lists.schema import EntryDefaults, TestSpec
 from test_lists.testlist import TestEntry, TestList
@@ -245,7 +245,7 @@ class _Decided:
 
 def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Catalog, data_dir: Path,
             prequantized: QuantConfig | None = None) -> _Decided:
-    """Hardware first (not applicable: ``devices.capability``), then the waiver, then who could run it here: a
+    """Hardware first (not applicable: ``test_lists.capability``), then the waiver, then who could run it here: a
     toolchain (the entry's, else the platform's in order of preference) that can run the variant there and is
     available with its quantizer, and, when a stage runs on a device, a device of the platform that the toolchain can
     drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device. A ``prequantized``

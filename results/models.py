@@ -46,7 +46,8 @@ from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind
 from edgellm.types import Precision
 from toolchains import base as toolchains
-from toolchains.base import Route
+from vocabulary.route import Route
+from vocabulary.status import ResultStatus as ResultStatus  # its home is the vocabulary; imported from here too
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -76,15 +77,6 @@ class RunStatus(enum.StrEnum):
 class RegressionSeverity(enum.StrEnum):
     FAIL = "fail"  # accuracy got worse: the row fails
     WARN = "warn"  # performance got worse: shown, the row still passes
-
-
-class ResultStatus(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    ERROR = "error"
-    WAIVED = "waived"  # failed, but a known issue accepted by policy: not a failure, not a proof
-    SKIPPED = "skipped"  # not run (an earlier stage failed, no device...)
-    NOT_APPLICABLE = "not_applicable"  # the test does not apply to this model/precision/platform
 
 
 def db_enum(cls: type[enum.StrEnum], name: str) -> SAEnum:
@@ -283,7 +275,7 @@ class Result(Base):
     toolchain_version: Mapped[str | None] = mapped_column(String(200))  # None: it never ran (plan decisions)
     # the toolchain the job ran with: part of the row's key (a platform may run two toolchains side by side)
     job_toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"))
-    # the row's variant (stages.variant.variant_key: KV cache, LM head, draft, LoRA, vocabulary...; '' default):
+    # the row's variant (vocabulary.variant.variant_key: KV cache, LM head, draft, LoRA, vocabulary...; '' default):
     # part of the row's key, a plain string (a new variant feature needs no migration)
     variant: Mapped[str] = mapped_column(String(300), default="", server_default="")
     device: Mapped[str | None] = mapped_column(String(200))

@@ -83,7 +83,7 @@ def _version(value: str | None) -> str | None:
 
 
 def _variant(value: str) -> str:
-    """A row's variant key (stages.variant.variant_key): '' or printable text of at most 300 characters."""
+    """A row's variant key (vocabulary.variant.variant_key): '' or printable text of at most 300 characters."""
     if not isinstance(value, str) or len(value) > 300 or not value.isprintable():
         raise ConfigurationError(f"bad variant {value!r}: need a variant key (stages.variant.variant_key) of at most "
                                  "300 printable characters, or '' for the default")

@@ -4,16 +4,11 @@ one reference by which a checkpoint is known in a run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import stages
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from stages import Shared
-from stages.variant import PLAIN, Features, variant_key
-
-if TYPE_CHECKING:
-    from toolchains.base import ToolchainDriver
+from vocabulary.variant import PLAIN, Features, variant_key
 
 
 def chosen_versions(versions: tuple[tuple[str, str], ...]) -> str | None:
@@ -78,7 +73,7 @@ class JobSpec:
     # the float checkpoint the accuracy reference is computed from, when it is not the source (a pre-quantized
     # checkpoint's base in the catalog); None: the source
     reference_checkpoint: CheckpointRef | None = None
-    features: Features = PLAIN  # the variant beyond KV cache and LM head (stages.variant)
+    features: Features = PLAIN  # the variant beyond KV cache and LM head (vocabulary.variant)
     # the job key of the job this one runs after (an EAGLE3 draft's base): each stage runs once that one's passed
     after: str | None = None
     # the checkpoints its variant reads besides its own, by role (Features.part_models: draft, lora, vocab)
@@ -115,18 +110,6 @@ class JobSpec:
     def pins(self) -> dict[str, str]:
         """The versions chosen for the toolchains it uses (what drivers take to drive them)."""
         return dict(self.toolchain_versions)
-
-    def driver(self, data_dir: str | Path) -> ToolchainDriver:
-        """The driver of the toolchain the plan chose, at the chosen versions (one instance per farm and pins)."""
-        from toolchains.base import driver
-
-        return driver(self.toolchain, Path(data_dir), self.pins)
-
-    def quantizer_driver(self, data_dir: str | Path) -> ToolchainDriver | None:
-        """The driver the plan chose to quantize the checkpoint (None: export reads the source checkpoint)."""
-        from toolchains.base import driver
-
-        return None if self.quantizer is None else driver(self.quantizer, Path(data_dir), self.pins)
 
     @property
     def quantize_variant(self) -> tuple[str, Precision, LMHeadPrecision | None, KVCachePrecision | None, str | None]:

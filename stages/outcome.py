@@ -13,7 +13,7 @@ from typing import Any
 from artifacts.store import ArtifactRef
 from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
-from results.models import ResultStatus
+from vocabulary.status import ResultStatus
 
 REASON_CHARS = 2000  # a stage's reason as recorded: its first line, this long at most (an ellipsis where cut)
 

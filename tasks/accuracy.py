@@ -24,7 +24,7 @@ from tasks.build import with_engine
 from tasks.common import attempt_recorder, from_device_run
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep
+from toolchains.base import DeviceStep, job_driver
 
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
@@ -35,7 +35,7 @@ def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: 
 def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:
     farm = Farm.get(ctx)
     engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
-    toolchain = job.driver(ctx.data_dir)
+    toolchain = job_driver(job, ctx.data_dir)
     with held_dir(farm.ctx.scratch_dir, "accuracy-") as tmp:
         local_ref = None
         if toolchain.accuracy_reads_reference():  # the host judges what the device made against it

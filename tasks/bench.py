@@ -24,7 +24,7 @@ from tasks.common import (
 )
 from tasks.device_exec import DeviceRun, run_stage
 from tasks.farm import Farm, FarmContext
-from toolchains.base import BenchRun, DeviceStep
+from toolchains.base import BenchRun, DeviceStep, job_driver
 
 WARMUP, ITERATIONS = 2, 10
 
@@ -43,7 +43,7 @@ def bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
 def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     farm = Farm.get(ctx)
     engine = built.outputs["engine"]
-    toolchain = job.driver(ctx.data_dir)
+    toolchain = job_driver(job, ctx.data_dir)
     prompt, past = bench_lengths(job)
     on_device = engines.load(farm, engine)
     probe = bench_probe.probe_ref(farm)

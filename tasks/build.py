@@ -43,7 +43,7 @@ from tasks import engines
 from tasks.common import attempt_recorder, from_device_run, work_again
 from tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
 from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep, Route, ToolchainDriver
+from toolchains.base import DeviceStep, Route, ToolchainDriver, job_driver
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     """The table's cache key function: the export's ONNX, built by the toolchain as a device of the platform has it
     (probed, not leased)."""
     farm = Farm.get(ctx)
-    toolchain = job.driver(ctx.data_dir)
+    toolchain = job_driver(job, ctx.data_dir)
     probe, env = platform_env(farm, job.platform, toolchain, attempt_recorder(farm, job, Stage.BUILD, toolchain))
     version = toolchain.device_version(probe, env)
     facts = (env.get("toolchains") or {}).get(toolchain.name) or {}
@@ -134,7 +134,7 @@ def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
 def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: build the export's ONNX into an engine on a leased device of the platform; it stays there."""
     farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
-    toolchain = job.driver(ctx.data_dir)
+    toolchain = job_driver(job, ctx.data_dir)
     route = Route(keyed.route) if keyed.route is not None else None
     checkpoint = None
     source = onnx  # what the build reads: the export, or the checkpoint it was made from

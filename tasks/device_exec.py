@@ -33,7 +33,6 @@ from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef, StoreError
 from devices import agent_client
 from devices.inventory import Device
-from devices.probe import probe_toolchain
 from devices.transport import CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import (
     ConfigurationError,
@@ -50,6 +49,7 @@ from tasks import device_cache, engines
 from tasks.farm import Farm
 from tasks.host_gate import HostGate, HostGateTimeout, gate_dir, shares_host
 from toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
+from toolchains.probe import probe_toolchain
 
 log = logging.getLogger(__name__)
 

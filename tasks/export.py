@@ -17,12 +17,13 @@ from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
 from tasks.farm import FarmContext
 from tasks.host import FarmHostWork
+from toolchains.base import job_driver
 
 
 def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed:
     """The table's cache key function: the checkpoint quantize handed on, exported by the job's toolchain here."""
     ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
-    toolchain = job.driver(ctx.data_dir)
+    toolchain = job_driver(job, ctx.data_dir)
     version = job.toolchain_version or toolchain.host_version()  # the plan resolved it; a job made by hand may not
 
     def on_hit(ref: ArtifactRef) -> StageOutcome:  # the stored export, and the checkpoint it was made from
@@ -39,7 +40,7 @@ def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome, *, keyed: Ke
     """A cache miss: export the checkpoint with the job's toolchain. A pre-quantized checkpoint's export records
     where its precision was read (its row runs no quantize stage that would)."""
     ckpt: CheckpointRef = quantized.outputs["checkpoint"]
-    out = job.driver(ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, ckpt,
+    out = job_driver(job, ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, ckpt,
                                           int(quantized.outputs.get("quantized_linears", 0)), keyed)
     carried = quantized.outputs.get("prequantized")
     if carried is not None:

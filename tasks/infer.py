@@ -23,7 +23,7 @@ from tasks.common import (
 )
 from tasks.device_exec import run_stage
 from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep
+from toolchains.base import DeviceStep, job_driver
 
 PROMPTS = (
     "Once upon a time",
@@ -50,7 +50,7 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     def body() -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
-        toolchain = job.driver(ctx.data_dir)
+        toolchain = job_driver(job, ctx.data_dir)
         ours = requests_for(job)["requests"]
         request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 

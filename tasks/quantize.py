@@ -27,11 +27,12 @@ from stages.job import JobSpec
 from stages.outcome import Keyed, StageOutcome
 from tasks.farm import FarmContext
 from tasks.host import FarmHostWork
+from toolchains.base import job_quantizer
 
 
 def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
     """The table's cache key function; the outcome itself where no quantizer runs (identity, none available)."""
-    maker = job.quantizer_driver(ctx.data_dir)
+    maker = job_quantizer(job, ctx.data_dir)
     if maker is None:
         return identity(job)
     already = QuantConfig.load(Path(job.checkpoint.path))
@@ -62,7 +63,7 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
 
 def quantize(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: the quantizer's work (as the key found it)."""
-    maker = job.quantizer_driver(ctx.data_dir)
+    maker = job_quantizer(job, ctx.data_dir)
     assert maker is not None
     return maker.quantize(FarmHostWork(ctx, job, Stage.QUANTIZE), job, keyed)
 

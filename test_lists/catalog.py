@@ -21,7 +21,7 @@ from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.thresholds import FIELDS, Thresholds
 from edgellm.types import Precision, QuantMethod
 from edgellm.yamlio import read_yaml
-from toolchains.base import ModelShape
+from vocabulary.model import ModelShape
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
@@ -98,7 +98,7 @@ class _Entry(BaseModel):
 
 
 SOURCE_KINDS = ("bundled", "synthetic", "path", "synth_quant", "synth_variant")
-# what a catalog entry is to a row: a checkpoint rows run, or a part a variant names (stages.variant)
+# what a catalog entry is to a row: a checkpoint rows run, or a part a variant names (vocabulary.variant)
 ROLES = ("checkpoint", "eagle3_draft", "lora_adapter", "reduced_vocab")
 
 

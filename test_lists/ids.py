@@ -1,7 +1,7 @@
 """Compact test ids: ``Model-precision-[lmPREC-]mxslN-mxbsN-mxilN[-extras]``.
 
-Variant features (``stages.variant.Features.id_tokens``: ``eagle3base``, ``lora.inserted.r4.NAME``, ``vocab256.NAME``,
-``fp8emb``, ``comp.llm.visual``) follow the KV-cache token.
+Variant features (``vocabulary.variant.Features.id_tokens``: ``eagle3base``, ``lora.inserted.r4.NAME``,
+``vocab256.NAME``, ``fp8emb``, ``comp.llm.visual``) follow the KV-cache token.
 
 Model names contain '-' (``Qwen2.5-0.5B-Instruct``, ``Mistral-7B-v0.3``), so two different tests could share an id
 if the parts were free text. Extras: ``<prec>kv`` (KV-cache precision, e.g. ``fp8kv``) first, then the toolchain a
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from stages.variant import ID_TOKEN_PREFIXES
+from vocabulary.variant import ID_TOKEN_PREFIXES
 
 
 def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCachePrecision]) -> str:
@@ -84,7 +84,7 @@ class TestId:
     case: str | None = None
     toolchain_versions: tuple[str, ...] = ()  # "toolchain==version" of each version chosen other than the pinned
     toolchain: str | None = None  # the toolchain a matrix block asked for
-    features: list[str] | tuple[str, ...] = ()  # the variant's tokens (stages.variant.Features.id_tokens)
+    features: list[str] | tuple[str, ...] = ()  # the variant's tokens (vocabulary.variant.Features.id_tokens)
 
     def __post_init__(self) -> None:
         problem = model_name_problem(self.model)

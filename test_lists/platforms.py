@@ -1,5 +1,5 @@
 """Which platforms a test list may name: the device types of the devices package (one YAML file each), or, in tests,
-plain names. What a platform can run is not kept here: ``devices.capability`` answers it for the plan and for list
+plain names. What a platform can run is not kept here: ``test_lists.capability`` answers it for the plan and for list
 validation alike (a plain name is checked against nothing).
 """
 

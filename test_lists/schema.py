@@ -17,8 +17,8 @@ from edgellm.backends.base import MAX_BATCH_SIZE, MAX_SEQ_LEN
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
 from stages import Stage
-from stages.variant import Component, LoraMode, SpecMethod
 from test_lists.ids import case_name_problem, model_name_problem, short_model_name
+from vocabulary.variant import Component, LoraMode, SpecMethod
 
 
 class ListStage(enum.StrEnum):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from stages import Stage
-from stages.variant import PLAIN, Features, variant_json, variant_key
 from test_lists.ids import TestId, short_model_name
 from test_lists.schema import ListStage, Selector
 from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
 from toolchains.base import pinned_versions
+from vocabulary.variant import PLAIN, Features, variant_json, variant_key
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,14 @@ class TestEntry:
     toolchain_versions: tuple[tuple[str, str], ...] = ()
     # the toolchain a matrix block asked for (None: the platform's, in its order of preference); the id names it
     toolchain: str | None = None
-    features: Features = PLAIN  # the variant beyond KV cache and LM head (stages.variant); the id names it
+    features: Features = PLAIN  # the variant beyond KV cache and LM head (vocabulary.variant); the id names it
     # the test id of the row this one runs after (an EAGLE3 draft's base): planned only when that one runs, each
     # stage only once that one's passed
     after: str | None = None
 
     @property
     def variant(self) -> str:
-        """The row's variant key (``stages.variant.variant_key``): part of the row's key in the database."""
+        """The row's variant key (``vocabulary.variant.variant_key``): part of the row's key in the database."""
         return variant_key(self.lm_head_precision, self.kv_cache_precision, self.features)
 
     def variant_json(self) -> dict[str, object]:

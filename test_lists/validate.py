@@ -19,7 +19,6 @@ from pydantic import BaseModel, ValidationError
 
 from edgellm.errors import ConfigurationError
 from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
-from stages.variant import PLAIN, Features
 from test_lists.catalog import Catalog, row_precision
 from test_lists.ids import short_model_name
 from test_lists.platforms import PlatformCatalog
@@ -27,6 +26,7 @@ from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selecto
 from test_lists.testlist import TestEntry, TestList
 from test_lists.variants import features, rows
 from test_lists.waivers import SourcedWaiver, Waiver
+from vocabulary.variant import PLAIN, Features
 
 WAIVERS_STEM = "waivers"
 CATALOG_STEM = "models"  # the model catalog lives beside the lists; neither it nor waivers.yml is a list
@@ -138,15 +138,15 @@ class Validator:
 
     def _capability_problems(self, spec: TestSpec, platforms: Iterable[str],
                              feats: Features = PLAIN) -> list[tuple[str, str]]:
-        """(field, reason) for each selected platform that cannot run the test (``devices.capability``: the one
+        """(field, reason) for each selected platform that cannot run the test (``test_lists.capability``: the one
         answer the plan gives too), naming the first field that fails there. The model's own limits (its shape
         against the toolchains' kernels) are asked as the plan asks them: when a stage runs on the device and the
         catalog can read the model's shape here."""
         if not self.catalog.device_types:
             return []
         import stages
-        from devices.capability import capability
-        from toolchains.base import Variant
+        from test_lists.capability import capability
+        from vocabulary.variant import Variant
 
         shape = None
         if spec.model in self.models and not set(spec.stages) <= stages.host_stages():

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from edgellm.errors import ConfigurationError
-from stages.variant import (
+from test_lists.catalog import Catalog, ModelSource
+from test_lists.schema import TestSpec
+from test_lists.testlist import TestEntry
+from vocabulary.variant import (
     DEFAULT_COMPONENTS,
     PLAIN,
     Features,
@@ -21,9 +24,6 @@ from stages.variant import (
     SpecRole,
     Speculative,
 )
-from test_lists.catalog import Catalog, ModelSource
-from test_lists.schema import TestSpec
-from test_lists.testlist import TestEntry
 
 
 def features(spec: TestSpec, catalog: Catalog) -> tuple[Features, list[tuple[str, str]]]:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from devices.capability import capability
 from edgellm.backends.base import registered_backends
 from edgellm.backends.ort import OrtBackend
 from edgellm.capabilities import capabilities
 from edgellm.cli import main
 from edgellm.types import Precision
+from test_lists.capability import capability
 from toolchains.base import Variant, driver
 
 STORIES = Path(__file__).resolve().parents[1] / "edgellm" / "assets" / "stories260K"

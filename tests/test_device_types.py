@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from devices.capability import capability
 from devices.types import DEVICE_TYPES, DEVICE_TYPES_DIR, Platform, device_type, load_device_types
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from test_lists.capability import capability
 from toolchains import base as toolchains
 from toolchains.base import Variant
 

@@ -12,12 +12,12 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from devices.health import check_device
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError, ErrorKind
 from flows.cli import app
 from results.models import DeviceHealth
 from tests.fixtures.sshd import SshHosts, free_port
+from toolchains.health import check_device
 
 WIDE = {"COLUMNS": "250"}
 

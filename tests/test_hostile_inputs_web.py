@@ -415,8 +415,8 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
                                                                            tmp_path: Path) -> None:
     import json
 
-    from devices.health import check_device
     from flows.cli.devices import _health_table
+    from toolchains.health import check_device
 
     device = _local_device(tmp_path)
     report = check_device(device, transport=_Answering(env, {"total_bytes": "x", "entries": 3}))
@@ -427,7 +427,7 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
 
 
 def test_a_toolchain_probe_answering_markup_or_the_wrong_shape_is_a_problem(tmp_path: Path) -> None:
-    from devices.health import check_device
+    from toolchains.health import check_device
 
     device = _local_device(tmp_path)
     env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
@@ -453,8 +453,8 @@ def test_no_health_answer_crashes_the_check(env: dict[str, object], cache: dict[
                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     import json
 
-    from devices.health import check_device
     from flows.cli.devices import _health_table
+    from toolchains.health import check_device
 
     device = _local_device(tmp_path_factory.mktemp("dev"))
     report = check_device(device, transport=_Answering(env, cache))

@@ -24,7 +24,6 @@ import flows.execute as execute
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef, ArtifactStore
 from devices import agent_client
-from devices.health import check_device
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from flows.cli import app
 from flows.cli.show import TAIL_MAX_BYTES, _tail
@@ -43,6 +42,7 @@ from tasks import device_exec
 from tests.helpers.docs_db import PIPELINE, build_docs_db
 from tests.test_hostile_inputs_web import _Answering, _local_device
 from tests.test_hostile_publish import ROW
+from toolchains.health import check_device
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 import stages
-from devices.capability import capability
 from devices.inventory import load_inventory
 from edgellm.types import KVCachePrecision, Precision
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
 from test_lists import load_list, validate_paths
+from test_lists.capability import capability
 from test_lists.catalog import Catalog, ModelSource
 from toolchains.base import ModelShape, Variant, driver
 from toolchains.tensorrt_edgellm import kernels

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from devices.health import check_device
 from devices.inventory import load_inventory
 from edgellm.errors import InfrastructureError
 from flows.cli import app
@@ -21,6 +20,7 @@ from results.db import make_engine
 from results.migrate import upgrade
 from results.recorder import Recorder
 from results.regressions import flag_regressions
+from toolchains.health import check_device
 
 TC = "edgellm-ort"
 WIDE = {"COLUMNS": "400"}

@@ -23,11 +23,11 @@ from results.db import make_engine
 from results.migrate import head_revision, schema_diff, upgrade
 from results.queries import latest_status, passing_rows, row_history
 from results.recorder import Recorder
-from stages.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 from tests.helpers.toolchain_env import driver_replaced
 from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 
 T0 = "2026-12-01 00:00:00"
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}

@@ -172,7 +172,7 @@ BROKEN_REASONS = [
     # stage order, and a stage whose input is not produced
     "tests[5] (Qwen3-0.6B): stages build, export, infer are not in pipeline order",
     "tests[6] (Qwen3-0.6B): stage infer needs build, which is not in stages",
-    # platform capability (devices.capability: the plan's answer too)
+    # platform capability (test_lists.capability: the plan's answer too)
     "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: orin (SM87) does not support fp8 (needs SM89+)",
     "tests[7] Mistral-7B-v0.3-fp8-mxsl4096-mxbs4-mxil2048: precision: x86-a30 (SM80) does not support fp8 "
     "(needs SM89+)",

@@ -15,7 +15,6 @@ from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.types import Precision
 from flows.cli import app
-from stages.variant import PLAIN
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
 from toolchains.tensorrt_edgellm.env import (
     _relocate,
@@ -25,6 +24,7 @@ from toolchains.tensorrt_edgellm.env import (
     install,
     installed_version,
 )
+from vocabulary.variant import PLAIN
 
 VERSION = "0.11.0"
 

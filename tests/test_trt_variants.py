@@ -28,18 +28,6 @@ from edgellm.synth_variants import (
     make_reduced_vocab,
     special_token_ids,
 )
-from stages.variant import (
-    FEATURE_NAMES,
-    PLAIN,
-    Component,
-    Features,
-    Lora,
-    LoraMode,
-    ReducedVocab,
-    SpecMethod,
-    SpecRole,
-    Speculative,
-)
 from test_lists.catalog import Catalog
 from toolchains.tensorrt_edgellm.export import export
 from toolchains.tensorrt_edgellm.variants import (
@@ -55,6 +43,18 @@ from toolchains.tensorrt_edgellm.variants import (
     lora_binding_problems,
     prepare_checkpoint,
     safetensors_header,
+)
+from vocabulary.variant import (
+    FEATURE_NAMES,
+    PLAIN,
+    Component,
+    Features,
+    Lora,
+    LoraMode,
+    ReducedVocab,
+    SpecMethod,
+    SpecRole,
+    Speculative,
 )
 
 RANK = 4

@@ -11,8 +11,9 @@ needs a GPU, the validation of its own block in a device's inventory (``toolchai
 stages (quantize, export: key inputs and work) and its device stages (the command of each, what it fetches back and
 how that is read). The generic stage bodies in ``tasks/`` only ask it.
 
-This module imports only the library; the driver modules it discovers must stay as light (device types validate
-their toolchain names against this registry when they load). Host-stage work that needs the farm's store lives in a
+This module imports only the library, the vocabulary and ``devices.toolchain_names`` (it answers there for this
+registry: device types and inventories check their toolchain names and blocks with it when they load); the driver
+modules it discovers must stay as light. Host-stage work that needs the farm's store lives in a
 module of the toolchain that the driver imports when the stage runs.
 """
 
@@ -28,16 +29,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from devices import toolchain_names
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import UNQUANTIZED, BenchMode, KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
-from stages.variant import PLAIN, Features
+from edgellm.types import UNQUANTIZED, BenchMode, Precision, _ChoiceEnum
 
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
 from toolchains.mirror import Index as Index
 from toolchains.mirror import WheelSource as WheelSource
+from vocabulary.model import ModelShape as ModelShape
+from vocabulary.route import Route as Route
+from vocabulary.variant import Features
+from vocabulary.variant import Variant as Variant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -52,48 +58,6 @@ if TYPE_CHECKING:
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
-
-
-class Route(_ChoiceEnum):
-    """How a toolchain with more than one way to make an engine made it (recorded per result; None: one way)."""
-
-    ONNX = "onnx"  # exported ONNX -> the device's engine builder
-    DIRECT = "direct"  # the checkpoint itself -> the device's direct (ONNX-less) engine builder
-
-    @property
-    def from_checkpoint(self) -> bool:
-        """Whether an engine made this way is built from the checkpoint (not the export) and reads its weights
-        from that checkpoint at run time (the checkpoint is staged wherever the engine runs)."""
-        return self is Route.DIRECT
-
-
-@dataclass(frozen=True)
-class Variant:
-    """What a row asks of a toolchain besides the model: the weight precision and, when a test names them, the LM
-    head's and the KV cache's."""
-
-    precision: Precision
-    lm_head: LMHeadPrecision | None = None
-    kv_cache: KVCachePrecision | None = None
-    features: Features = PLAIN  # speculative decoding, LoRA, reduced vocabulary... (stages.variant)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a toolchain's kernels care about of a model, read from its config without its weights (the plan asks a
-    driver's :meth:`ToolchainDriver.model_problem` with it, so a model its kernels cannot take is never planned)."""
-
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    num_hidden_layers: int
-    vocab_size: int
-
-    @property
-    def q_per_kv(self) -> int:
-        """Query heads per KV head (grouped-query attention's group size)."""
-        return self.num_attention_heads // max(1, self.num_key_value_heads)
 
 
 @dataclass(frozen=True)
@@ -366,7 +330,7 @@ class ToolchainDriver(ABC):
         """Its own documentation pages' layout, when the farm writes them (None: only the farm's own pages)."""
         return None
 
-    # The variant features (stages.variant.FEATURE_NAMES) this toolchain's stages carry out, each reaching its real
+    # The variant features (vocabulary.variant.FEATURE_NAMES) this toolchain's stages carry out, each reaching its real
     # flags; any other is refused with FEATURE_REASONS' reason (or a generic one). The plan records it not applicable.
     FEATURES: ClassVar[frozenset[str]] = frozenset()
     FEATURE_REASONS: ClassVar[Mapping[str, str]] = {}
@@ -797,6 +761,17 @@ def driver_class(name: str) -> type[ToolchainDriver]:
     return _DRIVERS.get(parse(name))
 
 
+def needs_gpu(name: str) -> bool:
+    """Whether toolchain ``name`` runs only where there is a GPU (a device type naming it must set ``sm``)."""
+    return driver_class(name).needs_gpu
+
+
+def device_config(name: str, block: Any, device_id: str) -> Any:
+    """What toolchain ``name``'s driver reads of its block in device ``device_id``'s inventory file
+    (:meth:`ToolchainDriver.device_config`)."""
+    return driver_class(name)().device_config(block, device_id)
+
+
 @functools.cache
 def _instances(name: str, data_dir: Path | None, pins: tuple[tuple[str, str], ...]) -> ToolchainDriver:
     return driver_class(name)(data_dir, dict(pins))
@@ -806,6 +781,17 @@ def driver(name: str, data_dir: Path | None = None, pins: Mapping[str, str] | No
     """Toolchain ``name``'s driver for the farm at ``data_dir``, at the versions ``pins`` chose (each toolchain's
     pinned one otherwise). One instance per arguments: stages ask it as often as they like."""
     return _instances(parse(name), None if data_dir is None else Path(data_dir), tuple(sorted((pins or {}).items())))
+
+
+def job_driver(job: JobSpec, data_dir: str | Path) -> ToolchainDriver:
+    """The driver of the toolchain the plan chose for ``job``, at the chosen versions (one instance per farm and
+    pins)."""
+    return driver(job.toolchain, Path(data_dir), job.pins)
+
+
+def job_quantizer(job: JobSpec, data_dir: str | Path) -> ToolchainDriver | None:
+    """The driver the plan chose to quantize ``job``'s checkpoint (None: export reads the source checkpoint)."""
+    return None if job.quantizer is None else driver(job.quantizer, Path(data_dir), job.pins)
 
 
 def version_probing() -> list[str]:
@@ -866,3 +852,8 @@ def runnable_problem(found: ToolchainDriver, precision: Precision,
     if maker.name != found.name and not (made := availability(maker)).ok:
         return f"{precision} is quantized by toolchain {maker.name}, which is not available: {made.reason}", maker
     return None, maker
+
+
+# the device types and the inventory check toolchain names and blocks with this registry (devices asks no toolchain)
+toolchain_names.answer_with(SimpleNamespace(parse=parse, names=names, needs_gpu=needs_gpu,  # type: ignore[arg-type]
+                                            device_config=device_config))

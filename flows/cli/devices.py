@@ -15,12 +15,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from devices.health import HealthReport, check_inventory
+from devices.health import HealthReport
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from flows.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
 from flows.cli.text import cell, visible
 from flows.settings import Settings
+from toolchains.health import check_inventory
 
 app = typer.Typer(
     name="devices",

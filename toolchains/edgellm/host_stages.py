@@ -14,11 +14,11 @@ from artifacts.kinds import ArtifactKind
 from devices.transport.local import LocalTransport
 from edgellm.compiler.export import EXPORT_MANIFEST
 from edgellm.errors import ConfigurationError
-from results.models import ResultStatus
 from stages import Stage
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome, classify
 from toolchains.base import HostWork
+from vocabulary.status import ResultStatus
 
 if TYPE_CHECKING:
     from toolchains.edgellm.driver import EdgellmToolchain

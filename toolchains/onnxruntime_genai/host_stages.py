@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from artifacts.kinds import ArtifactKind
 from edgellm.errors import ErrorKind
-from results.models import ResultStatus
 from stages import Stage
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
@@ -19,6 +18,7 @@ from toolchains.base import HostWork
 from toolchains.onnxruntime_genai.check import check_export
 from toolchains.onnxruntime_genai.export import BuilderFailed, applicability
 from toolchains.onnxruntime_genai.export import export as build
+from vocabulary.status import ResultStatus
 
 if TYPE_CHECKING:
     from toolchains.onnxruntime_genai.driver import OnnxruntimeGenai

@@ -24,11 +24,9 @@ from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from edgellm.errors import ErrorKind, TestFailure
 from edgellm.reference import checkpoint_digest
-from results.models import ResultStatus
 from stages import Stage
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
-from stages.variant import LoraMode
 from toolchains.base import QUANTIZE_RECORD, HostWork, NotApplicable
 from toolchains.tensorrt_edgellm import variants
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
@@ -37,6 +35,8 @@ from toolchains.tensorrt_edgellm.export import export as trt_export
 from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 from toolchains.tensorrt_edgellm.quantize import QuantReport, quant_report, quantize_options
 from toolchains.tensorrt_edgellm.quantize import quantize as run_quantizer
+from vocabulary.status import ResultStatus
+from vocabulary.variant import LoraMode
 
 if TYPE_CHECKING:
     from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm

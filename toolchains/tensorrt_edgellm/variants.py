@@ -1,5 +1,5 @@
-"""The row variants TensorRT Edge-LLM 0.11.0 runs (``stages.variant``), each reaching its real tool and flags, and the
-structural checks of what its exporter wrote for them.
+"""The row variants TensorRT Edge-LLM 0.11.0 runs (``vocabulary.variant``), each reaching its real tool and flags, and
+the structural checks of what its exporter wrote for them.
 
 - EAGLE3 base: ``--eagle-base`` (plus ``--eagle-draft-dir DRAFT``, which only fills ``eagle_hidden_state_layers`` in
   config.json for the default model); the graph gains output ``hidden_states`` ``[tokens, 3*hidden]`` (layers
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError, TestFailure
-from stages.variant import FEATURE_NAMES, Component, Features, LoraMode, SpecMethod, SpecRole
 from toolchains.tensorrt_edgellm.calibration import offline_env
 from toolchains.tensorrt_edgellm.env import script
 from toolchains.tensorrt_edgellm.process import run_tool
+from vocabulary.variant import FEATURE_NAMES, Component, Features, LoraMode, SpecMethod, SpecRole
 
 TOOL_TIMEOUT_S = 1200  # as the export stage's
 CHECK_VERSION = 1  # part of a variant export's cache key: bumped when the structural checks below change

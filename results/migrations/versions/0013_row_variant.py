@@ -1,6 +1,6 @@
 """row variant: a row is (model, precision, platform, job toolchain, variant)
 
-``results.variant`` is the row's variant as ``stages.variant.variant_key`` writes it: the KV-cache and LM-head
+``results.variant`` is the row's variant as ``vocabulary.variant.variant_key`` writes it: the KV-cache and LM-head
 precisions, speculative decoding (an EAGLE3 draft and its base), a LoRA adapter, a reduced vocabulary, an FP8
 embedding, the components of a multimodal checkpoint. A plain string with no CHECK (a new feature needs no
 migration); '' is the default variant. Two rows that differ only in a variant never share a cell again.

@@ -12,6 +12,10 @@ In order, the first refusal wins:
      kernel of the toolchain has). A model whose shape cannot be read is decided by 1 and 2 alone.
 Whether the toolchain is installed here, or a device of the platform exists, is not a capability (the plan records
 those rows as skipped, not as not applicable).
+
+It sits above the device types and the toolchains, since it asks both (``devices`` asks no toolchain), and beside the
+plan's other inputs: the plan (``flows.plan``) and the list validator (``test_lists.validate``) import it from here,
+and ``flows`` imports ``test_lists``, so it could not live in ``flows`` without a cycle.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 
 from devices.types import device_type
 from toolchains import base as toolchains
-from toolchains.base import ModelShape, Variant
+from vocabulary.model import ModelShape
+from vocabulary.variant import Variant
 
 
 @dataclass(frozen=True)

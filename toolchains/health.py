@@ -1,0 +1,55 @@
+"""A device's toolchains, as ``edgefarm devices check`` reports them: each toolchain of its type that it can drive,
+once per build it lists, probed (``toolchains.probe``) and its version read back. The rest of a device's health
+(reachable, its Python, disk, platform, power, cache) is the device's own (``devices.health``), which asks this
+check for the toolchains' part.
+"""
+
+from __future__ import annotations
+
+from devices import health
+from devices.health import Answers, HealthReport, ToolchainHealth
+from devices.inventory import Device, Inventory
+from devices.transport import Transport
+from edgellm.errors import DeviceConfigurationError
+from toolchains import base as toolchains
+from toolchains.probe import probe_toolchain
+
+
+def device_toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
+    """Each toolchain of the device's type that the device can drive, once per build it lists."""
+    out = []
+    for name in device.device_type.toolchains:
+        for build in toolchains.driver_class(name)().device_builds(device):
+            driver = toolchains.driver(name, pins={name: build} if build is not None else None)
+            if not driver.drives(device):
+                continue
+            try:
+                facts = probe_toolchain(device, transport, driver)
+                env = {"toolchains": {name: facts}}
+                try:
+                    version = driver.device_version(device, env)
+                except (AttributeError, TypeError, ValueError, KeyError) as exc:  # facts of the wrong shape
+                    out.append(ToolchainHealth(name, build, None, False, (
+                        f"its probe's answer has the wrong shape ({type(exc).__name__}: {exc}); valid: the JSON "
+                        f"its probe prints on a working device",)))
+                    continue
+                problems: list[str] = []
+                version = Answers("its probe", {}, problems).text("version", version)
+                out.append(ToolchainHealth(name, build, version, not problems, tuple(problems)))
+            except DeviceConfigurationError as exc:
+                out.append(ToolchainHealth(name, build, None, False, (str(exc).removeprefix(f"{device.id}: "),)))
+    return out
+
+
+def check_device(device: Device, *, min_free_gb: float = 1.0, timeout: float = 60.0,
+                 transport: Transport | None = None) -> HealthReport:
+    """``devices.health.check_device`` with the toolchains' part checked here."""
+    return health.check_device(device, toolchains=device_toolchains, min_free_gb=min_free_gb, timeout=timeout,
+                               transport=transport)
+
+
+def check_inventory(inventory: Inventory, *, min_free_gb: float = 1.0, timeout: float = 60.0,
+                    parallel: int = 8) -> list[HealthReport]:
+    """``devices.health.check_inventory`` with the toolchains' part checked here."""
+    return health.check_inventory(inventory, toolchains=device_toolchains, min_free_gb=min_free_gb, timeout=timeout,
+                                  parallel=parallel)
