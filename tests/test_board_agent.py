@@ -540,7 +540,7 @@ def test_every_env_key_the_farm_reads_is_one_entry_of_the_facts_table() -> None:
     answers = {("answers", m) for m in ("text", "count", "flag", "block")} | {("self", "items")}  # temperatures()
     health = _names_read_from_env(repo / "devices" / "health.py", answers)
     recorded = _names_read_from_env(repo / "tasks" / "environment.py", {("env", "get"), ("before", "get")})
-    probe = _names_read_from_env(repo / "devices" / "probe.py", {("packaged", "get")})
+    probe = _names_read_from_env(repo / "toolchains" / "probe.py", {("packaged", "get")})
     assert {"python", "machine", "disk_free_bytes", "thermal", "jetpack", "gpu_driver"} <= health  # the walk works
     assert {"gpus", "power_mode", "clocks_locked"} <= recorded and probe == {"packages"}
     farm = set(environment.STABLE) | set(environment.VOLATILE) | health | probe | (recorded - {"toolchains"})
