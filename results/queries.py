@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, String, and_, case, cast, func, select, type_coerce
+from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
@@ -418,3 +418,33 @@ def result_evidence(db: Engine | Session, run_ids: Iterable[int]) -> dict[int, R
             artifacts[rid].append((str(getattr(kind, "value", kind)), sha))
     return {rid: ResultEvidence(tuple(metrics.get(rid, ())), tuple(artifacts.get(rid, ())))
             for rid in sorted(metrics.keys() | artifacts.keys())}
+
+
+def row_names(db: Engine | Session, what: str) -> set[str]:
+    """Every model (``what="model"``) or platform (``"platform"``) the database has rows of."""
+    column = {"model": RowLatest.model, "platform": RowLatest.platform}[what]
+    with _session(db) as s:
+        return {str(n) for (n,) in s.execute(select(column).distinct())}
+
+
+@dataclass(frozen=True)
+class RunStart:
+    id: int
+    kind: str
+    started_at: datetime
+
+
+def run_starts(db: Engine | Session, run_ids: Iterable[int]) -> dict[int, RunStart]:
+    """The kind and start of each run of ``run_ids`` that exists, by id."""
+    with _session(db) as s:
+        return {r.id: RunStart(r.id, r.kind.value, r.started_at)
+                for r in s.query(Run).filter(Run.id.in_(set(run_ids)))}
+
+
+def nightly_run_counts(db: Engine | Session) -> list[int]:
+    """How many published nightly runs each row (model, precision, platform, job toolchain) has results in."""
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
+    with _session(db) as s:
+        return [n for *_, n in s.execute(
+            select(*row, func.count(distinct(Result.run_id))).join(Run, Run.id == Result.run_id)
+            .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None)).group_by(*row))]
