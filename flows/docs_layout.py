@@ -34,7 +34,7 @@ from flows.escape import markdown_text, safe_link
 from results.db import Db, reading
 from results.models import RunKind
 from results.pages import device_environments
-from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, row_supports
+from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
 from stages.variant import describe
 from toolchains.base import DocsLayout
 
@@ -308,19 +308,19 @@ def coverage(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence]) ->
     """Per platform, the number of rows per status. A (model, precision, variant) with evidence on some platform
     but no row on this one counts as never tested there, or as not applicable where the platform's device type
     lists no such precision."""
-    counts: dict[str, dict[SupportStatus, int]] = {p.name: dict.fromkeys(SupportStatus, 0) for p in platforms}
+    statuses: dict[str, list[SupportStatus]] = {p.name: [] for p in platforms}
     tested: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
     for ev in evidence:
-        counts.setdefault(ev.platform, dict.fromkeys(SupportStatus, 0))[ev.support.status] += 1
+        statuses.setdefault(ev.platform, []).append(ev.support.status)
         tested[ev.platform].add((ev.model, ev.precision, ev.variant))
     universe = set().union(*tested.values()) if tested else set()
     known = {p.name: p for p in platforms}
-    for name in counts:
+    for name, found in statuses.items():
         info = known.get(name)
         for _, precision, _ in universe - tested[name]:
             fits = info is None or not info.precisions or precision in info.precisions
-            counts[name][SupportStatus.NEVER_TESTED if fits else SupportStatus.NOT_APPLICABLE] += 1
-    return counts
+            found.append(SupportStatus.NEVER_TESTED if fits else SupportStatus.NOT_APPLICABLE)
+    return {name: count_statuses(found) for name, found in statuses.items()}
 
 
 def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence], *, generated_at: str,

@@ -22,7 +22,7 @@ import datetime as dt
 import enum
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +128,16 @@ class Support:
     until: dt.date | None = None
     link: str | None = None
     run_id: int | None = None
+
+
+def count_statuses(statuses: Iterable[SupportStatus]) -> dict[SupportStatus, int]:
+    """Rows per status, every status of the vocabulary in its order (0 where none). The one count of every page:
+    supported-models.md and the HTML matrix (overall and per platform), a toolchain's support-matrix.md coverage and a
+    run page's summary all count through it, so no two pages count a row differently."""
+    counts = dict.fromkeys(SupportStatus, 0)
+    for status in statuses:
+        counts[status] += 1
+    return counts
 
 
 def stage_order(stage: Any) -> int:
