@@ -28,11 +28,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import select  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
 
 from results.db import make_engine  # noqa: E402
-from results.models import Result, Run  # noqa: E402
+from results.pages import run_results  # noqa: E402
+from results.runs import recent_runs  # noqa: E402
 from tests.fixtures.lab import running_lab  # noqa: E402
 from tests.fixtures.moto import start_moto  # noqa: E402
 from tests.fixtures.postgres import start_postgres  # noqa: E402
@@ -68,14 +67,18 @@ def _one(mode: str, root: Path, postgres: Any, moto: Any, matrix: Path, toolchai
         wall = lab.finish(lab.deployment_run("nightly-support-matrix/nightly", {"matrix": str(matrix)}), mode)
         load_after = os.getloadavg()
         engine = make_engine(lab.db_url)
-        with Session(engine) as s:
-            run = s.scalars(select(Run).where(Run.kind == "nightly")).one()  # type: ignore[arg-type]
-            results = s.scalars(select(Result).where(Result.run_id == run.id)).all()
-            statuses = sorted({r.status.value for r in results})
-            quantize_s = sum(r.duration_s or 0.0 for r in results if r.stage == "quantize")
-            remote = sum("on pool x86-h200" in (r.reason or "") for r in results if r.stage == "quantize")
-        engine.dispose()
-    return {"mode": mode, "wall_s": round(wall, 1), "run_status": run.status.value, "statuses": statuses,
+        try:
+            nightly = [r for r in recent_runs(engine, 100) if r.kind == "nightly"]
+            if len(nightly) != 1:
+                raise RuntimeError(f"expected one nightly run, found {len(nightly)}")
+            run = nightly[0]
+            results = run_results(engine, run.id)
+        finally:
+            engine.dispose()
+        statuses = sorted({r.status for r in results})
+        quantize_s = sum(r.duration_s or 0.0 for r in results if r.stage == "quantize")
+        remote = sum("on pool x86-h200" in (r.reason or "") for r in results if r.stage == "quantize")
+    return {"mode": mode, "wall_s": round(wall, 1), "run_status": run.status, "statuses": statuses,
             "stage_results": len(results), "quantize_s": round(quantize_s, 1), "quantized_remotely": remote,
             "load_before": load_before, "load_after": load_after}
 

@@ -47,20 +47,26 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import Engine, or_, select
-from sqlalchemy.orm import Session
 
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.files import write_text_atomic
 from flows.docs_render import scrub
 from flows.escape import markdown_text
 from results.bisections import latest_bisection_lines
-from results.models import Metric, Result, ResultStatus, Run, RunKind
+from results.comparisons import (
+    latest_nightly_of_commit,
+    published_results,
+    published_run_ids,
+    recent_nightly_commits,
+    run_info,
+    runs_with_version,
+)
+from results.comparisons import recorded_versions as _versions_recorded
+from results.db import Db, reading
+from results.models import ResultStatus
 from results.queries import RowKey, RowStatus, row_history
 from results.regressions import K_MAD, MAD_TO_SIGMA
 from results.support import SupportStatus, classify
@@ -406,77 +412,55 @@ def _row_id(side: Side, group: _Group) -> RowId:
     return RowId(group.key, group.chosen)
 
 
-def _load_groups(s: Session, *where: Any, data_dir: Path | None = None,
-                 facts_only: bool = False) -> dict[tuple[RowKey, int, str], _Group]:
-    """The published groups of results matching ``where``; ``facts_only``: their makers, no metrics or reasons."""
-    row_cols = [Result.run_id, Result.model, Result.precision, Result.platform, Result.job_toolchain,
-                Result.variant, Result.chosen_versions, Result.toolchain, Result.toolchain_version]
-    if facts_only:
-        stmt = select(*row_cols).distinct()
-    else:
-        stmt = (select(*row_cols, Result.test_id, Result.status, Result.reason, Result.stage, Metric.name,
-                       Metric.value, Metric.unit).outerjoin(Metric, Metric.result_id == Result.id))
-    stmt = stmt.join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None), *where)
+def _load_groups(s: Db, *, data_dir: Path | None = None, facts_only: bool = False,
+                 **where: Any) -> dict[tuple[RowKey, int, str], _Group]:
+    """The published groups of results matching ``where`` (``results.comparisons.published_results``' filters);
+    ``facts_only``: their makers, no metrics or reasons."""
     groups: dict[tuple[RowKey, int, str], _Group] = {}
-    n = len(row_cols)
-    for row in s.execute(stmt):
-        values = list(row)
-        run_id, model, precision, platform, job_tc, variant, chosen, tc, version = values[:n]
-        key = RowKey(model, precision, platform, job_tc, variant or "")
-        g = groups.get((key, run_id, chosen or ""))
+    for r in published_results(s, facts_only=facts_only, **where):
+        key = RowKey(r.model, r.precision, r.platform, r.job_toolchain, r.variant or "")
+        chosen = r.chosen_versions or ""
+        g = groups.get((key, r.run_id, chosen))
         if g is None:
-            g = groups[(key, run_id, chosen or "")] = _Group(key, run_id, chosen or "")
-        g.makers.add((str(tc), version))
+            g = groups[(key, r.run_id, chosen)] = _Group(key, r.run_id, chosen)
+        g.makers.add((str(r.toolchain), r.toolchain_version))
         if facts_only:
             continue
-        test_id, status, reason, stage, name, value, unit = values[n:]
-        if reason and status != ResultStatus.PASS:
-            g.reasons.setdefault(str(stage), scrub(reason, data_dir) or "")
-        if name is not None:
-            g.add_metric((str(stage), name), float(value), unit or "", status == ResultStatus.PASS, test_id)
+        if r.reason and r.status != ResultStatus.PASS:
+            g.reasons.setdefault(str(r.stage), scrub(r.reason, data_dir) or "")
+        if r.metric is not None:  # a metric has a value and its result a test id
+            g.add_metric((str(r.stage), r.metric), float(r.value), r.unit or "",  # type: ignore[arg-type]
+                         r.status == ResultStatus.PASS, r.test_id)  # type: ignore[arg-type]
     return groups
 
 
-def _published_run_ids(s: Session, limit: int = 20) -> str:
-    ids = list(s.scalars(select(Run.id).where(Run.published_at.is_not(None)).order_by(Run.id.desc()).limit(limit)))
+def _published_run_ids(s: Db, limit: int = 20) -> str:
+    ids = published_run_ids(s, limit)
     return ", ".join(map(str, sorted(ids))) or "none (no run is published yet)"
 
 
-def recorded_versions(s: Session, toolchain: str) -> list[str]:
+def recorded_versions(s: Db, toolchain: str) -> list[str]:
     """The versions of ``toolchain`` that published results were made with or chose."""
-    made = s.scalars(select(Result.toolchain_version).distinct().join(Run, Run.id == Result.run_id)
-                     .where(Run.published_at.is_not(None), Result.toolchain == toolchain,
-                            Result.toolchain_version.is_not(None)))
-    chosen = s.scalars(select(Result.chosen_versions).distinct().join(Run, Run.id == Result.run_id)
-                       .where(Run.published_at.is_not(None), Result.chosen_versions.contains(f"{toolchain}==")))
-    versions = {v for v in made if v} | {v for c in chosen if c for n, v in _parse_chosen(c) if n == toolchain}
+    found = _versions_recorded(s, toolchain)
+    versions = {v for v in found.made if v} | {v for c in found.chosen if c for n, v in _parse_chosen(c)
+                                               if n == toolchain}
     return sorted(versions)
 
 
-def _side_runs(s: Session, side: Side) -> list[int]:
+def _side_runs(s: Db, side: Side) -> list[int]:
     """The published runs a side's rows may come from; a ConfigurationError naming what exists when none."""
     if isinstance(side, ToolchainVersionSide):
-        stmt = (select(Result.run_id).distinct().join(Run, Run.id == Result.run_id)
-                .where(Run.published_at.is_not(None),
-                       or_((Result.toolchain == side.toolchain) & (Result.toolchain_version == side.version),
-                           Result.chosen_versions.contains(f"{side.toolchain}=={side.version}"))))
-        return sorted(s.scalars(stmt))  # a superset (LIKE): _resolve picks and says when none is left
+        return runs_with_version(s, side.toolchain, side.version)  # a superset: _resolve picks, says when none left
     if isinstance(side, RunSide):
-        run = s.get(Run, side.run_id)
-        if run is None or run.published_at is None:
-            why = "no such run" if run is None else f"run {side.run_id} is not published (status {run.status.value})"
+        run = run_info(s, side.run_id)
+        if run is None or not run.published:
+            why = "no such run" if run is None else f"run {side.run_id} is not published (status {run.status})"
             raise ConfigurationError(f"bad run {side.run_id}: {why}; published runs: {_published_run_ids(s)}")
         return [side.run_id]
-    stmt = (select(Run.id).where(Run.published_at.is_not(None), Run.kind == RunKind.NIGHTLY,
-                                 Run.code_version.startswith(side.prefix, autoescape=True))
-            .order_by(Run.id.desc()).limit(1))
-    found = s.scalars(stmt).first()
+    found = latest_nightly_of_commit(s, side.prefix)
     if found is None:
-        recent = s.execute(select(Run.code_version, Run.id).where(Run.published_at.is_not(None),
-                                                                 Run.kind == RunKind.NIGHTLY)
-                          .order_by(Run.id.desc()).limit(200)).all()
         latest: dict[str, int] = {}
-        for code_version, run_id in recent:
+        for code_version, run_id in recent_nightly_commits(s, 200):
             latest.setdefault(code_version, run_id)
         shown = ", ".join(f"{cv} (run {rid})" for cv, rid in list(latest.items())[:20]) or "none"
         raise ConfigurationError(f"no published nightly run of commit {side.prefix!r}; recent nightlies: {shown}")
@@ -491,10 +475,10 @@ class _Resolved:
     runs: list[int]  # the published runs it may take rows from (a run or commit side: one)
 
 
-def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
+def _resolve(s: Db, side: Side, data_dir: Path | None) -> _Resolved:
     runs = _side_runs(s, side)
     picked: dict[RowId, tuple[RowKey, int, str]] = {}
-    for g in sorted(_load_groups(s, Result.run_id.in_(runs), facts_only=True).values(),
+    for g in sorted(_load_groups(s, run_ids=runs, facts_only=True).values(),
                     key=lambda g: (g.run_id, g.chosen)):
         if _accepts(side, g):
             picked[_row_id(side, g)] = (g.key, g.run_id, g.chosen)  # the latest run wins
@@ -503,16 +487,16 @@ def _resolve(s: Session, side: Side, data_dir: Path | None) -> _Resolved:
         raise ConfigurationError(f"no published results of {side.toolchain} at version {side.version!r}; "
                                  f"recorded versions: {', '.join(known) or 'none'}")
     # then the metrics and reasons of the picked groups only (a version's side may span many runs)
-    full = _load_groups(s, Result.run_id.in_(sorted({run for _, run, _ in picked.values()})),
-                        Result.model.in_(sorted({key.model for key, _, _ in picked.values()})), data_dir=data_dir)
+    full = _load_groups(s, run_ids=sorted({run for _, run, _ in picked.values()}),
+                        models=sorted({key.model for key, _, _ in picked.values()}), data_dir=data_dir)
     chosen = {row: full[group] for row, group in picked.items()}
     ids = sorted({g.run_id for g in chosen.values()})
     if isinstance(side, CommitSide):
-        run = s.get(Run, runs[0])
+        run = run_info(s, runs[0])
         assert run is not None
         label = f"commit {run.code_version} (run {runs[0]})"
     elif isinstance(side, RunSide):
-        run = s.get(Run, side.run_id)
+        run = run_info(s, side.run_id)
         assert run is not None
         label = f"run {side.run_id} ({run.kind}, {run.code_version})"
     else:
@@ -528,7 +512,7 @@ def _runs_text(ids: Sequence[int]) -> str:
     return f"{len(ids)} runs, {ids[0]}..{ids[-1]}"
 
 
-def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
+def _row_sides(s: Db, resolved: _Resolved) -> dict[RowId, RowSide]:
     """Each row's support status and stages (results/queries.py's row_history, judged by results.support.classify
     with the reasons its run recorded) with its metrics."""
     histories: dict[tuple[str, Any, str, str], list[RowStatus]] = {}
@@ -550,7 +534,7 @@ def _row_sides(s: Session, resolved: _Resolved) -> dict[RowId, RowSide]:
     return rows
 
 
-def _histories(s: Session, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId, MetricKey]],
+def _histories(s: Db, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId, MetricKey]],
                ) -> dict[tuple[RowId, MetricKey], list[float]]:
     """Per (row, metric): its passing values on side A's line in the published runs before the later side's run,
     newest first, the last HISTORY_RUNS (see the module doc)."""
@@ -558,12 +542,11 @@ def _histories(s: Session, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId,
         return {}
     later = {row: max(a.groups[row].run_id, b.groups[row].run_id) for row, _ in wanted}
     models = sorted({row.key.model for row, _ in wanted})
-    where = (Result.model.in_(models), Result.run_id < max(later.values()))
+    where: dict[str, Any] = {"models": models, "before_run": max(later.values())}
     # on the line or not: decided by every result of a group (a quantizer's version is on its quantize stage, which
     # has no metric); the values: its passing results' metrics
-    line = {k for k, g in _load_groups(s, *where, facts_only=True).items() if _accepts(a.side, g)}
-    groups = _load_groups(s, *where, Metric.name.in_(sorted({name for _, (_, name) in wanted})),
-                          Result.status == ResultStatus.PASS)
+    line = {k for k, g in _load_groups(s, facts_only=True, **where).items() if _accepts(a.side, g)}
+    groups = _load_groups(s, metrics=sorted({name for _, (_, name) in wanted}), passed_only=True, **where)
     by_row: dict[RowId, list[_Group]] = defaultdict(list)
     for k, g in groups.items():
         if k in line:
@@ -575,13 +558,13 @@ def _histories(s: Session, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId,
     return out
 
 
-def build_comparison(db: Engine | Session, a: Side, b: Side, *, data_dir: Path | None = None) -> Comparison:
+def build_comparison(db: Db, a: Side, b: Side, *, data_dir: Path | None = None) -> Comparison:
     """Resolve two sides in the results database and compare them (ConfigurationError on a bad side); reasons are
     scrubbed (flows.docs_render.scrub: paths under ``data_dir`` relative, hosts and URLs hidden)."""
     slug = comparison_slug(a, b)
     if a == b:
         raise ConfigurationError(f"both sides are {a.label!r}; valid: two different sides")
-    with _session(db) as s:
+    with reading(db) as s:
         ra, rb = _resolve(s, a, data_dir), _resolve(s, b, data_dir)
         if isinstance(a, CommitSide | RunSide) and ra.runs == rb.runs:
             raise ConfigurationError(f"{a.label!r} and {b.label!r} are one run ({ra.runs[0]}); valid: two "
@@ -597,7 +580,7 @@ def _bisect_key(row: RowId) -> tuple[str, str, str]:
     return (j["model"], j["precision"], j["platform"])
 
 
-def with_bisections(s: Session, c: Comparison) -> Comparison:
+def with_bisections(s: Db, c: Comparison) -> Comparison:
     """Each regression with its row's latest recorded bisection (``results.bisections``: one line per input
     bisected between the same runs), when it has one."""
     found = latest_bisection_lines(s, [_bisect_key(ch.row) for ch in c.regressions])
@@ -606,10 +589,6 @@ def with_bisections(s: Session, c: Comparison) -> Comparison:
     changed = [replace(ch, bisected=found[_bisect_key(ch.row)])
                if ch.regression and _bisect_key(ch.row) in found else ch for ch in c.changed]
     return replace(c, changed=changed)
-
-
-def _session(db: Engine | Session) -> AbstractContextManager[Session]:
-    return nullcontext(db) if isinstance(db, Session) else Session(db)
 
 
 # -- rendering ---------------------------------------------------------------------------------------------------------

@@ -26,10 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
-from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
-
 from devices.types import DEVICE_TYPES
 from flows import docs_runs
 from flows.compare import ensure_index as ensure_compare_index
@@ -50,12 +46,13 @@ from flows.docs_render import (
 )
 from flows.escape import markdown_text, safe_link
 from results.bisections import bisection_lines_of_run
-from results.db import read_only_engine, redact
+from results.db import Db, Engine, backend_name, read_only_engine, reading, redact
 from results.migrate import require_current
-from results.models import ArtifactKind, ArtifactRecord, BringupRung, Metric, Result, Run, RunKind
+from results.models import ArtifactKind, RunKind
+from results.pages import MatrixEvidence, ResultLine, matrix_evidence, run_record, run_results, trend_rows
 from results.queries import RowStatus
 from results.regressions import published_regressions
-from results.support import NIGHTLY_PAGE_KINDS, Support, latest_status_of_runs, stage_order, support_of
+from results.support import NIGHTLY_PAGE_KINDS, Support, row_supports, stage_order
 from toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
@@ -65,7 +62,7 @@ BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
 def db_label(db_url: str) -> str:
     """The database backend only: published pages never carry its path, host or credentials."""
-    backend = make_url(db_url).get_backend_name()
+    backend = backend_name(db_url)
     return BACKEND_NAMES.get(backend, backend)
 
 
@@ -102,34 +99,23 @@ def matrix_rows(engine: Engine, data_dir: Path | None = None, *, kinds: Collecti
     """The latest evidence per row (model, precision, platform, job toolchain), with the key metrics of that run
     and its support status (``results.support``): from each row's latest published run of ``kinds`` (the
     nightly's pages: ``NIGHTLY_PAGE_KINDS``; None: any run), or from the one run ``run_id`` (a test list's page)."""
-    with Session(engine) as s:
-        statuses = latest_status_of_runs(s, kinds=kinds, run_id=run_id)
-        return _matrix_rows(s, statuses, data_dir)
+    with reading(engine) as s:
+        evidence = matrix_evidence(s, kinds=kinds, run_id=run_id)
+        marks = regression_marks(s)
+    return _matrix_rows(evidence, marks, data_dir)
 
 
-def _matrix_rows(s: Session, statuses: list[RowStatus], data_dir: Path | None) -> list[MatrixRow]:
+def _matrix_rows(evidence: list[MatrixEvidence], marks: dict[tuple[str, str, str, str], list[RegressionMark]],
+                 data_dir: Path | None) -> list[MatrixRow]:
     rows = []
-    runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st in statuses})))}
-    marks = regression_marks(s)
-    params = model_parameters({st.key.model for st in statuses}, data_dir)
-    for st in statuses:
-        results = s.scalars(select(Result).where(
-            Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
-            Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
-            Result.variant == st.key.variant,
-            Result.chosen_versions.is_(None) if st.chosen_versions is None
-            else Result.chosen_versions == st.chosen_versions)).all()
-        metrics: dict[str, float] = {}
-        for name, value in s.execute(select(Metric.name, Metric.value).where(
-                Metric.result_id.in_([r.id for r in results]))):
-            metrics[name] = value
-        support = support_of(s, st)
+    params = model_parameters({ev.status.key.model for ev in evidence}, data_dir)
+    for ev in evidence:
+        st, support, results, metrics = ev.status, ev.support, ev.results, dict(ev.metrics)
         reasons = row_reasons(results, support, st, data_dir)
         devices = sorted({r.device for r in results if r.device and r.device != "orchestrator"})
-        run = runs[st.run_id]
         rows.append(MatrixRow(
             model=st.key.model, precision=st.key.precision.value, platform=st.key.platform,
-            status=st.verdict.value, run_id=st.run_id, run_started=run.started_at.isoformat(timespec="seconds"),
+            status=st.verdict.value, run_id=st.run_id, run_started=ev.run_started_at.isoformat(timespec="seconds"),
             device=scrub(", ".join(devices), data_dir) or None,
             reason="; ".join(reasons) or None, reasons=tuple(reasons),
             stages={k.value: v.value for k, v in st.stages.items()}, metrics=metrics,
@@ -143,14 +129,14 @@ def _matrix_rows(s: Session, statuses: list[RowStatus], data_dir: Path | None) -
     return rows
 
 
-def row_reasons(results: Sequence[Result], support: Support, st: RowStatus, data_dir: Path | None) -> list[str]:
+def row_reasons(results: Sequence[ResultLine], support: Support, st: RowStatus, data_dir: Path | None) -> list[str]:
     """A row's reasons, each once, scrubbed: its root cause first (``Support.reason``), then the others in pipeline
     order, each with the stages that gave it unless every stage did."""
     by_reason: dict[str, list[str]] = defaultdict(list)
     for r in sorted(results, key=lambda r: stage_order(r.stage)):
-        if r.reason and r.status.value != "pass" and r.stage.value not in by_reason[r.reason]:
-            by_reason[r.reason].append(r.stage.value)
-    stages = {r.stage.value for r in results}
+        if r.reason and r.status != "pass" and r.stage not in by_reason[r.reason]:
+            by_reason[r.reason].append(r.stage)
+    stages = {r.stage for r in results}
     reasons = []
     if support.reason:
         reasons.append(support.reason)
@@ -164,10 +150,10 @@ def row_reasons(results: Sequence[Result], support: Support, st: RowStatus, data
     return [x for x in dict.fromkeys(scrub(x, data_dir) or "" for x in reasons) if x]
 
 
-def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[RegressionMark]]:
+def regression_marks(db: Db) -> dict[tuple[str, str, str, str], list[RegressionMark]]:
     """Regressions flagged in each row's latest published run, by row (model, precision, platform, job toolchain)."""
     marks: dict[tuple[str, str, str, str], list[RegressionMark]] = defaultdict(list)
-    for f in published_regressions(s):
+    for f in published_regressions(db):
         marks[(f.model, f.precision.value, f.platform, str(f.job_toolchain))].append(RegressionMark(
             f.metric, f.value, f.baseline, f.change, f.severity.value, f.run_id, f.previous_run_id))
     return marks
@@ -176,48 +162,28 @@ def regression_marks(s: Session) -> dict[tuple[str, str, str, str], list[Regress
 def trend_points(engine: Engine) -> list[TrendPoint]:
     """Trend metrics of the published nightly runs; a row of a platform's other toolchain is its own line, named
     by its label."""
-    stmt = (select(Run.id, Run.started_at, Result.model, Result.precision, Result.platform, Result.job_toolchain,
-                   Metric.name, Metric.value)
-            .join(Result, Result.run_id == Run.id).join(Metric, Metric.result_id == Result.id)
-            .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None), Metric.name.in_(TREND_METRICS)))
-    with Session(engine) as s:
-        return [TrendPoint(run_id=r, started=t.isoformat(), model=row_label(m, None, shown_toolchain(pl, tc)),
-                           precision=p.value, platform=pl, metric=n, value=v)
-                for r, t, m, p, pl, tc, n, v in s.execute(stmt)]
+    return [TrendPoint(run_id=t.run_id, started=t.started_at.isoformat(),
+                       model=row_label(t.model, None, shown_toolchain(t.platform, t.job_toolchain)),
+                       precision=t.precision, platform=t.platform, metric=t.metric, value=t.value)
+            for t in trend_rows(engine, TREND_METRICS)]
 
 
 def run_evidence(engine: Engine, run_id: int,
                  data_dir: Path | None = None) -> tuple[dict[str, object], list[dict[str, object]]]:
-    with Session(engine) as s:
-        run = s.get(Run, run_id)
-        assert run is not None
-        info = {"id": run.id, "kind": run.kind.value, "status": run.status.value, "trigger": scrub(run.trigger),
-                "code_version": run.code_version, "started_at": run.started_at.isoformat(timespec="seconds"),
-                "finished_at": run.finished_at.isoformat(timespec="seconds") if run.finished_at else None,
-                "report": scrub(run.report, data_dir), "report_path": run.report,
-                "rungs": [{"position": g.position, "name": g.name, "status": g.status,
-                           "reason": scrub(g.reason, data_dir), "duration_s": g.duration_s}
-                          for g in s.scalars(select(BringupRung).where(BringupRung.run_id == run_id)
-                                             .order_by(BringupRung.position))]}
-        metrics: dict[int, list[tuple[str, float, str]]] = defaultdict(list)
-        for rid, name, value, unit in s.execute(select(Metric.result_id, Metric.name, Metric.value, Metric.unit)
-                                                .join(Result, Result.id == Metric.result_id)
-                                                .where(Result.run_id == run_id)):
-            metrics[rid].append((name, value, unit))
-        arts: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for rid, kind, sha in s.execute(select(ArtifactRecord.result_id, ArtifactRecord.kind, ArtifactRecord.sha256)
-                                        .where(ArtifactRecord.run_id == run_id)):
-            if rid is not None:
-                arts[rid].append((kind.value, sha))
-        results = []
-        for r in s.scalars(select(Result).where(Result.run_id == run_id).order_by(Result.id)):
-            results.append({"model": r.model, "precision": r.precision.value, "platform": r.platform,
-                            "stage": r.stage.value, "status": r.status.value, "device": scrub(r.device, data_dir),
-                            "toolchain": str(r.toolchain), "toolchain_version": r.toolchain_version,
-                            "job_toolchain": str(r.job_toolchain), "chosen_versions": r.chosen_versions,
-                            "variant": r.variant,
-                            "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
-                            "metrics": sorted(metrics[r.id]), "artifacts": arts[r.id]})
+    run = run_record(engine, run_id)
+    info = {"id": run.id, "kind": run.kind, "status": run.status, "trigger": scrub(run.trigger),
+            "code_version": run.code_version, "started_at": run.started_at.isoformat(timespec="seconds"),
+            "finished_at": run.finished_at.isoformat(timespec="seconds") if run.finished_at else None,
+            "report": scrub(run.report, data_dir), "report_path": run.report,
+            "rungs": [{"position": g.position, "name": g.name, "status": g.status,
+                       "reason": scrub(g.reason, data_dir), "duration_s": g.duration_s} for g in run.rungs]}
+    results = [{"model": r.model, "precision": r.precision, "platform": r.platform, "stage": r.stage,
+                "status": r.status, "device": scrub(r.device, data_dir), "toolchain": r.toolchain,
+                "toolchain_version": r.toolchain_version, "job_toolchain": r.job_toolchain,
+                "chosen_versions": r.chosen_versions, "variant": r.variant,
+                "reason": scrub(r.reason, data_dir), "duration_s": r.duration_s,
+                "metrics": sorted(r.evidence.metrics), "artifacts": list(r.evidence.artifacts)}
+               for r in run_results(engine, run_id)]
     return info, results
 
 
@@ -227,13 +193,11 @@ LOG_BYTES = 1_000_000  # a log's copy beside its run page keeps its last MB (its
 def run_states(engine: Engine, run_id: int, data_dir: Path | None = None) -> dict[str, Support]:
     """Each row's support status in one run, by its anchor on the run's pages (reasons scrubbed)."""
     out = {}
-    with Session(engine) as s:
-        for st in latest_status_of_runs(s, run_id=run_id):
-            support = support_of(s, st)
-            key = st.key
-            out[row_anchor(key.model, str(key.precision), key.platform, st.chosen_versions,
-                           shown_toolchain(key.platform, str(key.toolchain)), key.variant)] = replace(
-                support, reason=scrub(support.reason, data_dir))
+    for st, support in row_supports(engine, run_id=run_id):
+        key = st.key
+        out[row_anchor(key.model, str(key.precision), key.platform, st.chosen_versions,
+                       shown_toolchain(key.platform, str(key.toolchain)), key.variant)] = replace(
+            support, reason=scrub(support.reason, data_dir))
     return out
 
 

@@ -23,20 +23,18 @@ import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session
-
 from devices.types import DEVICE_TYPES, Arch, DeviceType
 from flows.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
 from flows.escape import markdown_text, safe_link
-from results.models import Environment, Result, Run, RunKind
-from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, latest_status_of_runs, support_of
+from results.db import Db, reading
+from results.models import RunKind
+from results.pages import device_environments
+from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
 from stages.variant import describe
 from toolchains.base import DocsLayout
 
@@ -310,19 +308,19 @@ def coverage(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence]) ->
     """Per platform, the number of rows per status. A (model, precision, variant) with evidence on some platform
     but no row on this one counts as never tested there, or as not applicable where the platform's device type
     lists no such precision."""
-    counts: dict[str, dict[SupportStatus, int]] = {p.name: dict.fromkeys(SupportStatus, 0) for p in platforms}
+    statuses: dict[str, list[SupportStatus]] = {p.name: [] for p in platforms}
     tested: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
     for ev in evidence:
-        counts.setdefault(ev.platform, dict.fromkeys(SupportStatus, 0))[ev.support.status] += 1
+        statuses.setdefault(ev.platform, []).append(ev.support.status)
         tested[ev.platform].add((ev.model, ev.precision, ev.variant))
     universe = set().union(*tested.values()) if tested else set()
     known = {p.name: p for p in platforms}
-    for name in counts:
+    for name, found in statuses.items():
         info = known.get(name)
         for _, precision, _ in universe - tested[name]:
             fits = info is None or not info.precisions or precision in info.precisions
-            counts[name][SupportStatus.NEVER_TESTED if fits else SupportStatus.NOT_APPLICABLE] += 1
-    return counts
+            found.append(SupportStatus.NEVER_TESTED if fits else SupportStatus.NOT_APPLICABLE)
+    return {name: count_statuses(found) for name, found in statuses.items()}
 
 
 def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[Evidence], *, generated_at: str,
@@ -370,23 +368,13 @@ def render_support_matrix(platforms: Sequence[PlatformInfo], evidence: Sequence[
 
 
 # --- from the database -------------------------------------------------------------------------------------------
-@contextmanager
-def _session(db: Engine | Session) -> Iterator[Session]:
-    if isinstance(db, Session):
-        yield db
-    else:
-        with Session(db) as s:
-            yield s
-
-
-def collect_evidence(s: Session, data_dir: Path | None = None, toolchain: str | None = None,
+def collect_evidence(db: Db, data_dir: Path | None = None, toolchain: str | None = None,
                      kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> list[Evidence]:
     """Every row's support status in its latest nightly-page run (``results.support.NIGHTLY_PAGE_KINDS``; reasons
     scrubbed of hosts and paths); ``toolchain``: only the rows whose jobs ran with it (a toolchain's own pages never
     list what another toolchain proved)."""
     out = []
-    for st in latest_status_of_runs(s, kinds=kinds, toolchain=toolchain):
-        support = support_of(s, st)
+    for st, support in row_supports(db, kinds=kinds, toolchain=toolchain):
         support = replace(support, reason=scrub(support.reason, data_dir))
         made_by = " ".join(x for x in (st.toolchain, st.toolchain_version) if x) or None
         out.append(Evidence(model=st.key.model, precision=str(st.key.precision), platform=st.key.platform,
@@ -481,26 +469,6 @@ def _plain(value: str | None) -> str:
     return value if value and _VERSIONISH.match(value) else NOT_RECORDED
 
 
-def device_environments(s: Session) -> dict[str, tuple[int, dict[str, Any]]]:
-    """Per platform, the latest device environment a published run recorded there, with that run's id."""
-    stmt = (select(Result.platform, Result.environment, func.max(Result.run_id))
-            .join(Run, Run.id == Result.run_id)
-            .where(Result.environment.is_not(None), Run.published_at.is_not(None))
-            .group_by(Result.platform, Result.environment))
-    found: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for platform, digest, run_id in s.execute(stmt):
-        if digest is not None:
-            found[platform].append((int(run_id), digest))
-    out = {}
-    for platform, envs in found.items():
-        for run_id, digest in sorted(envs, reverse=True):
-            env = s.get(Environment, digest)
-            if env is not None and isinstance(env.data, dict) and env.data.get("where") == "device":
-                out[platform] = (run_id, env.data)
-                break
-    return out
-
-
 def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], layout: DocsLayout,
                    device_types: Mapping[str, DeviceType] = DEVICE_TYPES) -> list[PlatformInfo]:
     """One platform per device type (devices/types), in NVIDIA's order: Official ones first, then by name."""
@@ -519,13 +487,13 @@ def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], la
     return sorted(out, key=lambda p: (p.level != "Official", p.name))
 
 
-def write_layout_pages(engine_or_session: Engine | Session, out_dir: Path, layout: DocsLayout, *, generated_at: str,
+def write_layout_pages(engine_or_session: Db, out_dir: Path, layout: DocsLayout, *, generated_at: str,
                        db_label: str, data_dir: Path | None,
                        kinds: Collection[RunKind | str] | None = NIGHTLY_PAGE_KINDS) -> dict[str, Any]:
     """Write ``<out_dir>/<layout.directory>/supported-models.md`` and ``support-matrix.md`` (``out_dir``: the docs
     output dir, whose ``runs/`` pages they link), from each row's latest run of ``kinds`` (the nightly's pages: the
     nightly-page runs; None: any run)."""
-    with _session(engine_or_session) as s:
+    with reading(engine_or_session) as s:
         evidence = collect_evidence(s, data_dir, layout.toolchain, kinds)
         environments = device_environments(s)
     checkpoints = checkpoint_info({ev.model for ev in evidence} | {b for ev in evidence

@@ -26,7 +26,7 @@ from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 from results.regressions import UNDER_LOAD_METRIC
-from results.support import Support, SupportStatus, status_from
+from results.support import Support, SupportStatus, count_statuses, status_from
 from stages.variant import describe as describe_variant
 from toolchains.base import Route
 
@@ -233,11 +233,8 @@ def platform_order(rows: Iterable[MatrixRow]) -> list[str]:
 
 
 def status_counts(rows: Iterable[MatrixRow]) -> dict[SupportStatus, int]:
-    """Rows per status, in the vocabulary's order, those with none left out."""
-    counts = dict.fromkeys(SupportStatus, 0)
-    for r in rows:
-        counts[r.state] += 1
-    return {s: n for s, n in counts.items() if n}
+    """Rows per status, in the vocabulary's order, those with none left out (``results.support.count_statuses``)."""
+    return {s: n for s, n in count_statuses(r.state for r in rows).items() if n}
 
 
 def platform_truth(rows: Sequence[MatrixRow]) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from flows.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
 from flows.escape import markdown_text, safe_link
-from results.support import Support, SupportStatus, stage_order
+from results.support import Support, SupportStatus, count_statuses, stage_order
 
 LOG_DIR = "logs"  # beside the run pages: runs/logs/<sha12>.txt
 COLUMNS = ("Stage", "Status", "Toolchain", "Device", "Duration", "Reason", "Metrics", "Artifacts")
@@ -140,11 +140,8 @@ def log_name(sha256: str) -> str:
 
 
 def summary_counts(secs: Sequence[Section], states: Mapping[str, Support]) -> dict[SupportStatus, int]:
-    counts = dict.fromkeys(SupportStatus, 0)
-    for sec in secs:
-        if sec.anchor in states:
-            counts[states[sec.anchor].status] += 1
-    return {s: n for s, n in counts.items() if n}
+    found = count_statuses(states[sec.anchor].status for sec in secs if sec.anchor in states)
+    return {s: n for s, n in found.items() if n}
 
 
 def bisection_line(run: Mapping[str, object], sec: Section) -> str | None:

@@ -13,21 +13,25 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine as Engine  # re-exported: the type a caller outside results/ passes along
+from sqlalchemy import create_engine, event, inspect, make_url
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
-from edgellm.errors import ConfigurationError
+from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.redact import HIDDEN, unseen
 from edgellm.redact import redact as redact_text
 
+# What every read takes: an engine, or the session of :func:`reading` that a caller holds open across several reads
+# (one transaction). Modules outside results/ name these types only; they never build SQL (tests/test_layers.py).
+Db = Engine | Session
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 _WRITE_OPTION = "edgefarm_write"
@@ -187,3 +191,31 @@ def write_session(engine: Engine) -> Iterator[Session]:
 def read_session(engine: Engine) -> Iterator[Session]:
     with Session(engine, expire_on_commit=False) as session, session.begin():
         yield session
+
+
+def reading(db: Db) -> AbstractContextManager[Session]:
+    """A new session of an engine for several reads in one transaction; a caller's session is used as is (and left
+    open)."""
+    return nullcontext(db) if isinstance(db, Session) else Session(db)
+
+
+def backend_name(url: str | URL) -> str:
+    """The database backend of a URL (``sqlite``, ``postgresql``), nothing of its path, host or credentials."""
+    return make_url(url).get_backend_name()
+
+
+def has_table(engine: Engine, name: str) -> bool:
+    return inspect(engine).has_table(name)
+
+
+@contextmanager
+def database_errors(unreachable: Callable[[str], EdgeLLMError], refused: Callable[[str], EdgeLLMError]
+                    ) -> Iterator[None]:
+    """The driver's errors as the farm's kinds: an operational error (the database cannot be reached or written)
+    as ``unreachable(message)``, any other driver error as ``refused(message)``."""
+    try:
+        yield
+    except OperationalError as exc:
+        raise unreachable(str(exc.orig).strip()) from None
+    except DBAPIError as exc:
+        raise refused(str(exc.orig).strip()) from None

@@ -30,16 +30,17 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, String, and_, case, cast, func, select, type_coerce
+from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
+from results.db import reading
 from results.models import ArtifactRecord, Metric, Result, ResultStatus, RowLatest, Run, RunKind, parse_name
 from stages import Stage
 
@@ -156,7 +157,7 @@ def _required(required: Iterable[Stage | str]) -> tuple[Stage, ...]:
 
 def _session(db: Engine | Session) -> AbstractContextManager[Session]:
     """A new session for an engine; a caller's session is used as is (and left open)."""
-    return nullcontext(db) if isinstance(db, Session) else Session(db)
+    return reading(db)
 
 
 def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None,
@@ -368,12 +369,7 @@ def row_details(db: Engine | Session, rows: Sequence[RowStatus]) -> dict[tuple[s
             key = (m, str(p), pl, str(tc), var, chosen or "", run_id)
             if key in wanted:
                 results[rid] = (key, str(stage), ResultStatus(status), kind)
-        metrics = s.execute(select(Metric.result_id, Metric.name, Metric.value, Metric.unit)
-                            .join(Result, Result.id == Metric.result_id).where(Result.run_id.in_(runs))
-                            .order_by(Metric.id)).all()
-        artifacts = s.execute(select(ArtifactRecord.result_id, ArtifactRecord.kind, ArtifactRecord.sha256)
-                              .where(ArtifactRecord.run_id.in_(runs), ArtifactRecord.result_id.is_not(None))
-                              .order_by(ArtifactRecord.id)).all()
+        evidence = result_evidence(s, runs)
 
     def order(rid: int) -> tuple[tuple[int, str], int]:
         return _stage_order(results[rid][1]), rid
@@ -381,14 +377,9 @@ def row_details(db: Engine | Session, rows: Sequence[RowStatus]) -> dict[tuple[s
     per_row: dict[Any, list[int]] = defaultdict(list)
     for rid in sorted(results, key=order):
         per_row[results[rid][0]].append(rid)
-    got_metrics: dict[int, list[tuple[str, float, str]]] = defaultdict(list)
-    for rid, name, value, unit in metrics:
-        if rid in results:
-            got_metrics[rid].append((name, float(value), unit or ""))
-    got_artifacts: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    for rid, kind, sha in artifacts:
-        if rid in results:
-            got_artifacts[rid].append((str(getattr(kind, "value", kind)), sha))
+    got_metrics = {rid: [(name, float(value), unit or "") for name, value, unit in ev.metrics]
+                   for rid, ev in evidence.items() if rid in results}
+    got_artifacts = {rid: ev.artifacts for rid, ev in evidence.items() if rid in results}
     out = {}
     for key, ids in per_row.items():
         kinds = [(results[i][2] in _BLOCKING, results[i][3]) for i in ids
@@ -399,3 +390,61 @@ def row_details(db: Engine | Session, rows: Sequence[RowStatus]) -> dict[tuple[s
             metrics=tuple((results[i][1], n, v, u) for i in ids for n, v, u in got_metrics.get(i, ())),
             artifacts=tuple((results[i][1], k, sha) for i in ids for k, sha in got_artifacts.get(i, ())))
     return out
+
+
+@dataclass(frozen=True)
+class ResultEvidence:
+    """What one result recorded beside its status: its metrics ``(name, value, unit)`` and its artifacts
+    ``(kind, sha256)``, each in the order recorded."""
+
+    metrics: tuple[tuple[str, float, str | None], ...] = ()
+    artifacts: tuple[tuple[str, str], ...] = ()
+
+
+def result_evidence(db: Engine | Session, run_ids: Iterable[int]) -> dict[int, ResultEvidence]:
+    """The :class:`ResultEvidence` of every result of the runs ``run_ids`` that recorded a metric or an artifact, by
+    result id (two queries, whatever the result count)."""
+    runs = sorted(set(run_ids))
+    metrics: dict[int, list[tuple[str, float, str | None]]] = defaultdict(list)
+    artifacts: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    with _session(db) as s:
+        for rid, name, value, unit in s.execute(select(Metric.result_id, Metric.name, Metric.value, Metric.unit)
+                                                .join(Result, Result.id == Metric.result_id)
+                                                .where(Result.run_id.in_(runs)).order_by(Metric.id)):
+            metrics[rid].append((name, value, unit))
+        for rid, kind, sha in s.execute(select(ArtifactRecord.result_id, ArtifactRecord.kind, ArtifactRecord.sha256)
+                                        .where(ArtifactRecord.run_id.in_(runs), ArtifactRecord.result_id.is_not(None))
+                                        .order_by(ArtifactRecord.id)):
+            artifacts[rid].append((str(getattr(kind, "value", kind)), sha))
+    return {rid: ResultEvidence(tuple(metrics.get(rid, ())), tuple(artifacts.get(rid, ())))
+            for rid in sorted(metrics.keys() | artifacts.keys())}
+
+
+def row_names(db: Engine | Session, what: str) -> set[str]:
+    """Every model (``what="model"``) or platform (``"platform"``) the database has rows of."""
+    column = {"model": RowLatest.model, "platform": RowLatest.platform}[what]
+    with _session(db) as s:
+        return {str(n) for (n,) in s.execute(select(column).distinct())}
+
+
+@dataclass(frozen=True)
+class RunStart:
+    id: int
+    kind: str
+    started_at: datetime
+
+
+def run_starts(db: Engine | Session, run_ids: Iterable[int]) -> dict[int, RunStart]:
+    """The kind and start of each run of ``run_ids`` that exists, by id."""
+    with _session(db) as s:
+        return {r.id: RunStart(r.id, r.kind.value, r.started_at)
+                for r in s.query(Run).filter(Run.id.in_(set(run_ids)))}
+
+
+def nightly_run_counts(db: Engine | Session) -> list[int]:
+    """How many published nightly runs each row (model, precision, platform, job toolchain) has results in."""
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
+    with _session(db) as s:
+        return [n for *_, n in s.execute(
+            select(*row, func.count(distinct(Result.run_id))).join(Run, Run.id == Result.run_id)
+            .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None)).group_by(*row))]

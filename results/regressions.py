@@ -42,6 +42,7 @@ from results.models import (
     RunKind,
     parse_name,
 )
+from stages import Stage
 
 log = logging.getLogger(__name__)
 BASELINE_RUNS = 7
@@ -266,3 +267,17 @@ def published_regressions(db: Engine | Session, *, model: str | None = None, pla
     stmt = stmt.order_by(r.model, r.precision, r.platform, Result.job_toolchain, r.stage, r.test_id, r.metric)
     with _session(db) as s:
         return [Flag(**{k: getattr(row, k) for k in _STORED}, job_toolchain=tc) for row, tc in s.execute(stmt)]
+
+
+def recent_lowest(engine: Engine, device_id: str, metrics: Sequence[str], last: int) -> list[float]:
+    """For each of the device's last ``last`` passing bench results not taken under load that recorded one of
+    ``metrics``, the lowest of them (in no particular order)."""
+    recent = (select(Result.id).where(Result.device == device_id, Result.stage == Stage.BENCH,
+                                      Result.status == ResultStatus.PASS, Result.id.not_in(_under_load()))
+              .order_by(Result.id.desc()).limit(last).subquery())
+    lowest: dict[int, float] = {}
+    with engine.connect() as conn:
+        for rid, value in conn.execute(select(Metric.result_id, Metric.value)
+                                       .where(Metric.result_id.in_(select(recent.c.id)), Metric.name.in_(metrics))):
+            lowest[rid] = min(value, lowest.get(rid, value))
+    return list(lowest.values())

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -75,3 +76,22 @@ def orchestrator_flow_run(engine: Engine, run_id: int) -> str | None:
     with Session(engine) as s:
         return s.scalar(select(func.max(RunWorker.flow_run_id)).where(RunWorker.run_id == run_id,
                                                                       RunWorker.role == "orchestrator"))
+
+
+@dataclass(frozen=True)
+class DispatchedOutcome:
+    """What a worker recorded of a stage dispatched to it: where it ran and the stage's outcome (plain JSON)."""
+
+    host: str
+    revision: str
+    outcome: dict[str, Any]
+
+
+def dispatched_outcome(engine: Engine, run_id: int, flow_run_id: str) -> DispatchedOutcome | None:
+    """The outcome the worker of Prefect flow run ``flow_run_id`` recorded for ``run_id`` (None: none yet)."""
+    with Session(engine) as s:
+        row = s.scalars(select(RunWorker).where(RunWorker.run_id == run_id,
+                                                RunWorker.flow_run_id == flow_run_id)).first()
+        if row is None or row.outcome is None:
+            return None
+        return DispatchedOutcome(row.host, row.revision, dict(row.outcome))

@@ -22,13 +22,14 @@ import datetime as dt
 import enum
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
+from results.db import Db, reading
 from results.models import Result, ResultStatus, Run, RunKind
 from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Verdict, _Tally, row_history, supported
 from stages import Stage
@@ -127,6 +128,16 @@ class Support:
     until: dt.date | None = None
     link: str | None = None
     run_id: int | None = None
+
+
+def count_statuses(statuses: Iterable[SupportStatus]) -> dict[SupportStatus, int]:
+    """Rows per status, every status of the vocabulary in its order (0 where none). The one count of every page:
+    supported-models.md and the HTML matrix (overall and per platform), a toolchain's support-matrix.md coverage and a
+    run page's summary all count through it, so no two pages count a row differently."""
+    counts = dict.fromkeys(SupportStatus, 0)
+    for status in statuses:
+        counts[status] += 1
+    return counts
 
 
 def stage_order(stage: Any) -> int:
@@ -284,3 +295,12 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
     return [RowStatus(RowKey(m, p, pl, jt, var), rid, t.verdict(SUPPORT_REQUIRED), t.worst(), None, None,
                       *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
             for (m, _, pl, _, var, rid, chosen, p, jt), t in sorted(tallies.items(), key=lambda kv: kv[0][:7])]
+
+
+def row_supports(db: Db, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
+                 toolchain: str | None = None) -> list[tuple[RowStatus, Support]]:
+    """Each row of :func:`latest_status_of_runs` with its :func:`support_of`: what every page, the query command
+    and the counts show (reasons as recorded, not yet scrubbed)."""
+    with reading(db) as s:
+        return [(st, support_of(s, st)) for st in latest_status_of_runs(s, kinds=kinds, run_id=run_id,
+                                                                        toolchain=toolchain)]

@@ -9,17 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
-
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactRef
 from devices import agent_client, load_probe
 from devices.inventory import Device, TransportKind
 from devices.transport import Transport
 from edgellm.errors import InfrastructureError
-from results.models import Metric, Result, ResultStatus
-from results.regressions import UNDER_LOAD_METRIC
-from stages import Stage
+from results.db import Engine
+from results.regressions import recent_lowest
 from tasks import device_cache
 from tasks.bench_load import BANDWIDTH_HISTORY, COPY_METRICS, MIN_BANDWIDTH_HISTORY
 from tasks.farm import Farm
@@ -74,14 +71,6 @@ class LoadRound:
 def recent_copy_median(engine: Engine, device_id: str) -> float | None:
     """The median of the lowest copy bandwidth of the device's last ``BANDWIDTH_HISTORY`` passing benchmarks not
     under load (None with fewer than ``MIN_BANDWIDTH_HISTORY``)."""
-    loaded = select(Metric.result_id).where(Metric.name == UNDER_LOAD_METRIC, Metric.value >= 0.5)
-    recent = (select(Result.id).where(Result.device == device_id, Result.stage == Stage.BENCH,
-                                      Result.status == ResultStatus.PASS, Result.id.not_in(loaded))
-              .order_by(Result.id.desc()).limit(BANDWIDTH_HISTORY).subquery())
     names = [f"{m}_{c}" for m in ("prefill", "decode") for c in COPY_METRICS]
-    lowest: dict[int, float] = {}
-    with engine.connect() as conn:
-        for rid, value in conn.execute(select(Metric.result_id, Metric.value)
-                                       .where(Metric.result_id.in_(select(recent.c.id)), Metric.name.in_(names))):
-            lowest[rid] = min(value, lowest.get(rid, value))
-    return statistics.median(lowest.values()) if len(lowest) >= MIN_BANDWIDTH_HISTORY else None
+    lowest = recent_lowest(engine, device_id, names, BANDWIDTH_HISTORY)
+    return statistics.median(lowest) if len(lowest) >= MIN_BANDWIDTH_HISTORY else None

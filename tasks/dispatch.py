@@ -14,13 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 import stages
 from devices.pools import quantize_deployment
 from edgellm.errors import ConfigurationError, InfrastructureError
-from results.models import RunWorker
+from results.runs import dispatched_outcome
 from stages import Stage
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
@@ -60,25 +57,14 @@ def quantize_remotely(ctx: FarmContext, job: JobSpec) -> StageOutcome:
         _cancel(flow_run.id)  # type: ignore[union-attr]
         raise InfrastructureError(f"quantize {job.model} {job.precision}: no worker of pool {pool} finished it "
                                   f"within {timeout} s (flow run {flow_run.id} {state_name})")  # type: ignore[union-attr]
-    found = _recorded(ctx, str(flow_run.id))  # type: ignore[union-attr]
+    found = dispatched_outcome(Farm.get(ctx).engine, ctx.run_id, str(flow_run.id))  # type: ignore[union-attr]
     if not state.is_completed() or found is None:
         why = (state.message or "").splitlines()[0][:500] if state.message else "no outcome recorded"
         raise InfrastructureError(f"quantize {job.model} {job.precision} on pool {pool} ended {state_name}: {why}")
-    row, data = found
-    out = outcome_from_json(data)
-    out.reason = f"on pool {pool} (host {row.host}, revision {row.revision}): {out.reason or 'done'}"[:2000]
-    log.info("quantize %s: %s on pool %s (%s)", job.key, out.status.value, pool, row.host)
+    out = outcome_from_json(found.outcome)
+    out.reason = f"on pool {pool} (host {found.host}, revision {found.revision}): {out.reason or 'done'}"[:2000]
+    log.info("quantize %s: %s on pool %s (%s)", job.key, out.status.value, pool, found.host)
     return out
-
-
-def _recorded(ctx: FarmContext, flow_run_id: str) -> tuple[RunWorker, dict[str, Any]] | None:
-    with Session(Farm.get(ctx).engine) as s:
-        row = s.scalars(select(RunWorker).where(RunWorker.run_id == ctx.run_id,
-                                                RunWorker.flow_run_id == flow_run_id)).first()
-        if row is None or row.outcome is None:
-            return None
-        s.expunge(row)
-        return row, dict(row.outcome)
 
 
 def _cancel(flow_run_id: Any) -> None:

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from sqlalchemy import Engine
-
 from artifacts.location import DEFAULT_CACHE_GB, open_store
 from artifacts.store import Store
 from devices.inventory import Inventory, load_inventory
-from results.db import from_parameter, make_engine
+from results.db import Engine, from_parameter, make_engine
 from results.recorder import Recorder
 
 

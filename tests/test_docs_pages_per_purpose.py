@@ -15,7 +15,7 @@ from results.db import make_engine
 from results.migrate import upgrade
 from results.recorder import Recorder
 from results.support import Support, SupportStatus
-from tests.helpers.docs_db import ORT, PIPELINE, TRT, _row
+from tests.helpers.docs_db import ORT, PIPELINE, TRT, _row, build_docs_db
 
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
 _PNG = re.compile(r"data:image/png;base64,[A-Za-z0-9+/=]+")
@@ -186,3 +186,68 @@ def test_hostile_names_and_reasons_stay_text_on_the_html_run_page_and_every_cell
     assert len(links) == len(names)
     assert {link.split("#", 1)[1] for link in links} == set(ids)
     assert all(link.split("#", 1)[0] == f"runs/run-{run}.html" for link in links)
+
+
+# -- the pages count rows through one function, so they agree (issue 41 item 5) --------------------------------------
+def _md_counts(text: str) -> dict[str, int]:
+    """``N <label>`` pieces of a counts line (each status's label, as the pages write it), by status value."""
+    found = {}
+    for s in SupportStatus:
+        hit = re.search(rf"(?:^|, |\()(\d+) {re.escape(s.label)}(?= \(|,|\.|$)", text)
+        if hit:
+            found[s.value] = int(hit.group(1))
+    return found
+
+
+def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: Path, monkeypatch) -> None:
+    """supported-models.md (overall and per platform), the HTML matrix, the toolchain's support-matrix.md and the run
+    pages count through ``results.support.count_statuses``; rendered from one database, their counts agree: the HTML
+    matrix's with supported-models.md's, and on a platform whose rows one toolchain ran (orin: tensorrt-edgellm), the
+    layout page's coverage with supported-models.md's (the layout counts only its own toolchain's rows)."""
+    import flows.docs_layout
+    import flows.docs_render
+    import flows.docs_runs
+    import results.support
+
+    called: set[str] = set()
+
+    def spy(module: str) -> object:
+        def count(statuses: object) -> dict[SupportStatus, int]:
+            called.add(module)
+            return results.support.count_statuses(statuses)  # type: ignore[arg-type]
+        return count
+
+    for module in (flows.docs_layout, flows.docs_render, flows.docs_runs):
+        monkeypatch.setattr(module, "count_statuses", spy(module.__name__))
+    url = build_docs_db(tmp_path / "edgefarm.db", tmp_path / "data")
+    engine = make_engine(url)
+    rec = Recorder(engine)
+    run = rec.start_run("nightly", "schedule", "abd")  # a third nightly: a skipped orin row, a waived x86-cpu row
+    _row(rec, run, "tiny-llama", "fp32", "orin", dict.fromkeys(("export", "build", "infer"), "skipped"),
+         reason="no orin device in the inventory", toolchain=TRT)
+    _row(rec, run, "tiny-llama", "fp16", "x86-cpu", dict.fromkeys(("export", "build", "infer", "accuracy"), "waived"),
+         reason="waived until 2099-01-01 (https://bugs.example/42)")
+    rec.finish_run(run, "failed")
+    engine.dispose()
+    out = tmp_path / "docs"
+    write_docs(url, out, tmp_path / "data")
+    assert called == {"flows.docs_layout", "flows.docs_render", "flows.docs_runs"}
+    models = (out / "supported-models.md").read_text()
+    overall = _md_counts(re.search(r"^Rows: \d+ \((.*)\)\.$", models, re.M).group(1))  # type: ignore[union-attr]
+    html = (out / "support-matrix.html").read_text()
+    in_html = {v: int(n) for v, n in re.findall(r"<span data-status='(\w+)'>(\d+) ", html)}
+    assert in_html == overall and sum(overall.values()) == 7
+    per_platform = {p: _md_counts(line) for p, line in re.findall(r"^## (\S+)\n\n.*\n\nRows: (.*)\.$", models, re.M)}
+    assert set(per_platform) == {"x86-cpu", "orin"}
+    matrix = (out / "edge-llm" / "support-matrix.md").read_text()
+    header = re.findall(r"^\| Platform \| (.*) \|$", matrix, re.M)[-1].split(" | ")  # the coverage table's
+    assert header == [s.display for s in SupportStatus]
+    coverage = {name: {s.value: int(n) for s, n in zip(SupportStatus, cells.split(" | "), strict=True) if int(n)}
+                for name, cells in re.findall(r"^\| `([^`]+)` \| ([\d |]+) \|$", matrix, re.M)}
+    assert coverage["orin"] == per_platform["orin"] == {"implemented": 1, "not_applicable": 1, "skipped": 1}
+    # a platform tensorrt-edgellm never ran: its rows (another toolchain's) are none of the layout's counts
+    assert set(coverage["x86-cpu"]) <= {"never_tested", "not_applicable"}
+    assert per_platform["x86-cpu"] == {"l0_covered": 2, "failing": 1, "waived": 1}
+    # one way to count: no page module keeps a tally of its own
+    for page in sorted(Path(flows.docs_render.__file__).parent.glob("docs*.py")):
+        assert "dict.fromkeys(SupportStatus" not in page.read_text(), page.name

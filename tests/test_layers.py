@@ -103,3 +103,53 @@ def test_edgellm_backends_never_import_the_runtime() -> None:
              "    from edgellm.runtime.engine import Engine\ndef f():\n    import edgellm.runtime.requests\n")
     seen = _imported_names("edgellm/backends/probe.py", ast.parse(probe))
     assert {"edgellm.runtime", "edgellm.runtime.engine", "edgellm.runtime.requests"} <= seen
+
+
+# -- every read and write of the results database is results/'s (it returns typed rows; nothing else builds SQL) --
+PRODUCT = ("devices", "artifacts", "stages", "toolchains", "tasks", "flows", "test_lists", "edgellm")
+DB_LIBRARIES = ("sqlalchemy", "alembic", "sqlite3", "psycopg", "psycopg2")
+
+
+def _tables() -> set[str]:
+    """The mapped classes of results/models.py (a subclass of ``Base``, at any depth): what a query is built from."""
+    classes = [n for n in ast.parse((REPO / "results" / "models.py").read_text()).body if isinstance(n, ast.ClassDef)]
+    mapped = {"Base"}
+    while True:
+        more = {c.name for c in classes if any(isinstance(b, ast.Name) and b.id in mapped for b in c.bases)}
+        if more <= mapped:
+            return mapped
+        mapped |= more
+
+
+def _sql_builders(path: str, tree: ast.Module, tables: set[str]) -> list[str]:
+    """Where a module imports a database library (sqlalchemy, a driver) or a mapped class of results.models, in any
+    form: at the top, inside a function, under TYPE_CHECKING, or the module ``results.models`` itself."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{path}:{node.lineno} imports {a.name}" for a in node.names
+                      if a.name.split(".")[0] in DB_LIBRARIES or a.name == "results.models"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module.split(".")[0] in DB_LIBRARIES:
+                found.append(f"{path}:{node.lineno} imports {node.module}")
+            elif node.module == "results.models":
+                found += [f"{path}:{node.lineno} imports the table {a.name}" for a in node.names if a.name in tables]
+            elif node.module == "results":
+                found += [f"{path}:{node.lineno} imports results.models" for a in node.names if a.name == "models"]
+    return found
+
+
+def test_only_results_builds_sql() -> None:
+    """results/ owns every read and write of the database: no product module outside it imports SQLAlchemy (an
+    Engine passed along is ``results.db.Engine``; a session held across reads is ``results.db.reading``'s), a
+    database driver, or a table of results.models (its enums and vocabularies are free to use)."""
+    tables = _tables()
+    assert {"Run", "Result", "Metric", "RowLatest", "RunWorker", "ArtifactRecord"} <= tables
+    broken = [line for path, tree in _modules(*PRODUCT).items() for line in _sql_builders(path, tree, tables)]
+    assert broken == []
+    # the walk sees every form (so the rule above cannot pass by missing one)
+    probe = ("from sqlalchemy import select\nif TYPE_CHECKING:\n    from sqlalchemy.orm import Session\n"
+             "def f():\n    import sqlalchemy\n    from results.models import Result, ResultStatus\n"
+             "import results.models\nfrom results import models\nimport sqlite3\n")
+    seen = _sql_builders("flows/probe.py", ast.parse(probe), tables)
+    assert len(seen) == 7 and not any("ResultStatus" in s for s in seen), seen

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from edgellm.errors import EdgeLLMError, InfrastructureError
 
@@ -29,7 +28,7 @@ def _fail(command: str, exc: EdgeLLMError) -> typer.Exit:
 def upgrade(db: DbOption = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
     """Create or migrate the schema to the latest revision."""
     from flows.settings import Settings
-    from results.db import default_url, make_engine, redact
+    from results.db import database_errors, default_url, make_engine, redact
     from results.migrate import upgrade as run_upgrade
 
     try:
@@ -39,11 +38,10 @@ def upgrade(db: DbOption = None, revision: str = typer.Option("head", help="Targ
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = make_engine(url)
         try:
-            at = run_upgrade(engine, revision)
-        except OperationalError as exc:
-            raise InfrastructureError(f"cannot reach database {redact(url)!r}: {str(exc.orig).strip()}") from None
-        except DBAPIError as exc:
-            raise InfrastructureError(f"database {redact(url)!r} failed: {str(exc.orig).strip()}") from None
+            with database_errors(
+                    unreachable=lambda why: InfrastructureError(f"cannot reach database {redact(url)!r}: {why}"),
+                    refused=lambda why: InfrastructureError(f"database {redact(url)!r} failed: {why}")):
+                at = run_upgrade(engine, revision)
         finally:
             engine.dispose()
     except EdgeLLMError as exc:

@@ -62,39 +62,34 @@ def _load(inventory: Path | None, db: str | None = None) -> tuple[Inventory, Set
 
 def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
     """Record each report in the results database (``device_health``); the schema must be at head."""
-    from sqlalchemy import inspect
-    from sqlalchemy.exc import DBAPIError, OperationalError
-
     from results import quarantine
-    from results.db import redact
+    from results.db import database_errors, has_table, redact
     from results.recorder import Recorder
 
     recorder = Recorder(db_url)
+    errors = database_errors(
+        unreachable=lambda why: InfrastructureError(f"cannot write to database {redact(db_url)!r}: {why}"),
+        refused=lambda why: ConfigurationError(f"database {redact(db_url)!r} refused the health record: {why}"))
     try:
-        if not inspect(recorder.engine).has_table("device_health"):
-            raise ConfigurationError(
-                f"database {redact(db_url)!r} has no device_health table; run: edgefarm db upgrade --db URL"
-            )
-        ids = []
-        for r in reports:
-            ids.append(recorder.record_health(
-                r.device_id,
-                reachable=r.reachable,
-                disk_free_bytes=r.disk_free_bytes,
-                python_version=r.python_version,
-                edgellm_version=r.edgellm_version,
-                checked_at=r.checked_at,
-                details={k: v for k, v in r.to_dict().items() if k not in _STORED_AS_COLUMNS},
-            ))
-            if r.healthy:  # a passing health check ends a quarantine (results/quarantine.py)
-                quarantine.release(recorder.engine, [r.device_id], ids[-1])
-        return ids
-    except OperationalError as exc:
-        raise InfrastructureError(f"cannot write to database {redact(db_url)!r}: {str(exc.orig).strip()}") from None
-    except DBAPIError as exc:
-        raise ConfigurationError(
-            f"database {redact(db_url)!r} refused the health record: {str(exc.orig).strip()}"
-        ) from None
+        with errors:
+            if not has_table(recorder.engine, "device_health"):
+                raise ConfigurationError(
+                    f"database {redact(db_url)!r} has no device_health table; run: edgefarm db upgrade --db URL"
+                )
+            ids = []
+            for r in reports:
+                ids.append(recorder.record_health(
+                    r.device_id,
+                    reachable=r.reachable,
+                    disk_free_bytes=r.disk_free_bytes,
+                    python_version=r.python_version,
+                    edgellm_version=r.edgellm_version,
+                    checked_at=r.checked_at,
+                    details={k: v for k, v in r.to_dict().items() if k not in _STORED_AS_COLUMNS},
+                ))
+                if r.healthy:  # a passing health check ends a quarantine (results/quarantine.py)
+                    quarantine.release(recorder.engine, [r.device_id], ids[-1])
+            return ids
     finally:
         recorder.engine.dispose()
 

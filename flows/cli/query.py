@@ -71,21 +71,17 @@ def log_id(sha256: str) -> str:
 def known_names(s: Any, what: str) -> set[str]:
     """The names a --model or --platform filter may take: the catalog's models or the known platforms (device
     types), and every one the database has rows of (a model only in the database is still a model)."""
-    from sqlalchemy import select
-
-    from results.models import RowLatest
+    from results.queries import row_names
 
     if what == "model":
         from test_lists.catalog import Catalog
 
         names = set(Catalog.load().sources)
-        column = RowLatest.model
     else:
         from test_lists.platforms import known_platforms
 
         names = known_platforms()
-        column = RowLatest.platform
-    return names | {str(n) for (n,) in s.execute(select(column).distinct())}
+    return names | row_names(s, "model" if what == "model" else "platform")
 
 
 def check_filters(s: Any, model: str | None, platform: str | None) -> None:
@@ -97,23 +93,20 @@ def check_filters(s: Any, model: str | None, platform: str | None) -> None:
 
 def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
                status: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
-    from sqlalchemy.orm import Session
-
-    from results.db import read_only_engine, redact
+    from results.db import read_only_engine, reading, redact
     from results.migrate import require_current
-    from results.models import Run
-    from results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details
+    from results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details, run_starts
     from results.support import support_of
 
     wanted = parse_status(status) if status is not None else None
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
-        with Session(engine) as s:
+        with reading(engine) as s:
             check_filters(s, model, platform)
             rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain,
                                  required=SUPPORT_REQUIRED)
-            runs = {r.id: r for r in s.query(Run).filter(Run.id.in_({r.run_id for r in rows}))}
+            runs = run_starts(s, {r.run_id for r in rows})
             support = [support_of(s, r) for r in rows]  # as the pages decide it (flows/docs_layout.py)
             details = row_details(s, rows)
     finally:
@@ -131,7 +124,7 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
             "status": sup.status.value, "reason": sup.reason,
             "error_kind": detail.error_kind if detail else None, "failing_since_run": sup.since_run,
             "toolchain": r.toolchain, "toolchain_version": r.toolchain_version, "route": r.route,
-            "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind.value,
+            "standin": r.standin, "run_id": r.run_id, "run_kind": runs[r.run_id].kind,
             "run_started_at": runs[r.run_id].started_at.isoformat(timespec="seconds"),
             "stages": {k.value: v.value for k, v in r.stages.items()},
             "metrics": [{"stage": st, "name": n, "value": v, "unit": u} for st, n, v, u in
@@ -245,16 +238,14 @@ REGRESSION_FIELDS = ("model", "precision", "platform", "job_toolchain", "stage",
 
 def regression_rows(db_url: str, *, model: str | None, precision: str | None,
                     platform: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
-    from sqlalchemy.orm import Session
-
-    from results.db import read_only_engine, redact
+    from results.db import read_only_engine, reading, redact
     from results.migrate import require_current
     from results.regressions import published_regressions
 
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
-        with Session(engine) as s:
+        with reading(engine) as s:
             check_filters(s, model, platform)
             flags = published_regressions(s, model=model, platform=platform, toolchain=toolchain)
     finally:
@@ -266,19 +257,12 @@ def regression_rows(db_url: str, *, model: str | None, precision: str | None,
 
 def nightly_run_counts(db_url: str) -> list[int]:
     """How many published nightly runs each row (model, precision, platform, job toolchain) has results in."""
-    from sqlalchemy import distinct, func, select
-    from sqlalchemy.orm import Session
-
     from results.db import read_only_engine
-    from results.models import Result, Run, RunKind
+    from results.queries import nightly_run_counts as counts
 
-    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain)
     engine = read_only_engine(db_url)
     try:
-        with Session(engine) as s:
-            return [n for *_, n in s.execute(
-                select(*row, func.count(distinct(Result.run_id))).join(Run, Run.id == Result.run_id)
-                .where(Run.kind == RunKind.NIGHTLY, Run.published_at.is_not(None)).group_by(*row))]
+        return counts(engine)
     finally:
         engine.dispose()
 

@@ -73,23 +73,9 @@ def parse_id(text: str) -> tuple[str | None, str]:
 
 def references(s: Any, prefix: str) -> dict[str, list[Reference]]:
     """Every recorded artifact whose sha256 starts with ``prefix``, by sha256, with the results that refer to it."""
-    from sqlalchemy import select
+    from results.references import artifact_references
 
-    from results.models import ArtifactRecord, Result
-
-    a = ArtifactRecord
-    stmt = (select(a.sha256, a.run_id, a.kind, a.packing, a.size, a.path_hint, Result.model, Result.precision,
-                   Result.platform, Result.stage, Result.test_id)
-            .outerjoin(Result, Result.id == a.result_id)
-            .where(a.sha256 == prefix if len(prefix) == 64 else a.sha256.startswith(prefix, autoescape=True))
-            .order_by(a.run_id, a.id))
-    found: dict[str, list[Reference]] = {}
-    for sha, run_id, kind, packing, size, hint, model, precision, platform, stage, test_id in s.execute(stmt):
-        found.setdefault(sha, []).append(Reference(
-            run_id, str(getattr(kind, "value", kind)), str(getattr(packing, "value", packing)), int(size), hint,
-            model, None if precision is None else str(precision), platform, None if stage is None else str(stage),
-            test_id))
-    return found
+    return {sha: [Reference(*r) for r in refs] for sha, refs in artifact_references(s, prefix).items()}
 
 
 def _size(n: int) -> str:
@@ -219,10 +205,8 @@ def show(
 ) -> None:
     """Print a log, or extract or describe any artifact, by the id the run pages cite (e.g. log:2ff83abb115e)."""
     with farm_errors("show"):
-        from sqlalchemy.orm import Session
-
         from flows.settings import Settings
-        from results.db import read_only_engine, redact
+        from results.db import read_only_engine, reading, redact
         from results.migrate import require_current
 
         _, prefix = parse_id(ident)  # refused before anything is opened
@@ -231,7 +215,7 @@ def show(
         engine = read_only_engine(db_url)
         try:
             require_current(engine, redact(db_url))
-            with Session(engine) as s:
+            with reading(engine) as s:
                 found = references(s, prefix)
         finally:
             engine.dispose()
