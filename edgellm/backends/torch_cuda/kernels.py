@@ -130,9 +130,9 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, acc_ptr, scale, s_kv, s_b, s_h,
-                                   s_c, s_valid, N_Q: tl.constexpr, REP: tl.constexpr, D: tl.constexpr,
-                                   BLOCK_T: tl.constexpr, SPLITS: tl.constexpr):
+def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, scale, s_kv, s_b,
+                             s_h, s_c, s_valid, N_Q: tl.constexpr, REP: tl.constexpr, D: tl.constexpr,
+                             BLOCK_T: tl.constexpr, SPLITS: tl.constexpr):
     """Program (row b, query head h, slice s): q [B, N_Q, D] against the s-th of SPLITS equal slices of the cache's
     columns 0 .. col (those ``valid`` marks; a slice a multiple of BLOCK_T; the length is read on the device, so a
     CUDA graph replays it for any length) with an online softmax, one pass over the keys and values -> the slice's
@@ -165,11 +165,14 @@ def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, ac
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
         start += BLOCK_T
-    slot = (b * N_Q + h) * SPLITS + sp
-    one = tl.arange(0, 1)
-    tl.store(m_ptr + slot + one, m_i)
-    tl.store(l_ptr + slot + one, l_i)
-    tl.store(acc_ptr + slot * D + d, acc)
+    if SPLITS == 1:  # the whole length in one program: the output itself, no merge
+        tl.store(out_ptr + (b * N_Q + h) * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        slot = (b * N_Q + h) * SPLITS + sp
+        one = tl.arange(0, 1)
+        tl.store(m_ptr + slot + one, m_i)
+        tl.store(l_ptr + slot + one, l_i)
+        tl.store(acc_ptr + slot * D + d, acc)
 
 
 @triton.jit
@@ -205,15 +208,19 @@ def decode_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, col
     b = q.shape[0]
     default_splits, default_block = attention_split(b)
     splits, block_t = splits or default_splits, block_t or default_block
-    m = torch.empty((b * n_q * splits,), dtype=torch.float32, device=q.device)
-    l_s = torch.empty_like(m)
-    acc = torch.empty((b * n_q * splits, d), dtype=torch.float32, device=q.device)
     out = torch.empty((b, n_q * d), dtype=q.dtype, device=q.device)
     flags = valid.view(torch.uint8)
+    m = l_s = acc = out  # one slice: the kernel writes the output itself
+    if splits > 1:
+        m = torch.empty((b * n_q * splits,), dtype=torch.float32, device=q.device)
+        l_s = torch.empty_like(m)
+        acc = torch.empty((b * n_q * splits, d), dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(b, n_q, splits)](
-        q, kv, flags, col, m, l_s, acc, scale, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
-        flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d, BLOCK_T=block_t, SPLITS=splits, num_warps=4)
-    _merge_splits_kernel[(b * n_q,)](m, l_s, acc, out, D=d, SPLITS=splits, num_warps=1)
+        q, kv, flags, col, m, l_s, acc, out, scale, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
+        flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d, BLOCK_T=block_t, SPLITS=splits,
+        num_warps=8 if splits == 1 else 4)
+    if splits > 1:
+        _merge_splits_kernel[(b * n_q,)](m, l_s, acc, out, D=d, SPLITS=splits, num_warps=1)
     return out
 
 
@@ -294,14 +301,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dt), mask=out_ok)
 
 
-def gemv_tiles(k: int, silu: bool, partial: bool) -> tuple[int, int]:
-    """(BN, BK) of a decode GEMV. Measured per shape on an H100 (``benchmarks/gpu_sweep.py``, Qwen2.5-0.5B's four
-    GEMVs at 1 and 16 rows; benchmarks/results/gpu_sweep_issue39_call1.json): split-K outputs gain from short K
-    steps and twice as many programs as SMs (qkv 3.25 -> 2.83 us, o_proj 3.39 -> 2.62, down 5.90 -> 5.27 at one
-    row), wide column blocks where K is long; gate|up (no split) is at 64% of the copy rate already."""
+def gemv_tiles(k: int, silu: bool, partial: bool) -> tuple[int, int, int]:
+    """(BN, BK, programs a split-K output aims at) of a decode GEMV. Measured per shape on an H100
+    (``benchmarks/gpu_sweep.py``, Qwen2.5-0.5B's four GEMVs at 1 and 16 rows;
+    benchmarks/results/gpu_sweep_issue39_call1.json): split-K outputs gain from short K steps and twice as many
+    programs as SMs (qkv 3.25 -> 2.83 us, o_proj 3.39 -> 2.62, down 5.90 -> 5.27 at one row), wide column blocks
+    where K is long; gate|up (no split) is at 64% of the copy rate already."""
     if not partial:
-        return 32, 128
-    return (128 if k >= 4096 else 64), 64
+        return 32, 128, TARGET_PROGRAMS
+    return (128 if k >= 4096 else 64), 64, 2 * TARGET_PROGRAMS
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, silu: bool = False,
@@ -312,11 +320,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, 
     m, k = x.shape
     n = w.shape[1] // 2 if silu else w.shape[1]
     bm = 16  # tl.dot's smallest tile; padded rows are masked (read as 0, never stored)
-    bn, bk = gemv_tiles(k, silu, partial)
+    bn, bk, target = gemv_tiles(k, silu, partial)
     n_blocks, m_blocks = triton.cdiv(n, bn), triton.cdiv(m, bm)
     split = 1
-    if partial:  # enough programs to pull HBM bandwidth: split K until about twice TARGET_PROGRAMS
-        split = max(1, min(triton.cdiv(k, bk), 2 * TARGET_PROGRAMS // max(1, n_blocks * m_blocks)))
+    if partial:  # enough programs to pull HBM bandwidth: split K until about ``target`` programs
+        split = max(1, min(triton.cdiv(k, bk), target // max(1, n_blocks * m_blocks)))
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)
     out = (torch.empty((split, m, n), dtype=torch.float32, device=x.device) if partial

@@ -1,0 +1,63 @@
+"""One generic registry: duplicate names fail, unknown names get "did you mean" plus every choice."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from edgellm.errors import BugError, UnsupportedError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._items: dict[str, T] = {}
+
+    def add(self, name: str, item: T) -> None:
+        if name in self._items:
+            raise BugError(f"{self.what} {name!r} registered twice ({self._items[name]!r} and {item!r})")
+        self._items[name] = item
+
+    def register(self, *names: str) -> Callable[[T], T]:
+        """Decorator registering the decorated object under each of ``names``."""
+        if not names:
+            raise BugError(f"register() for {self.what} needs at least one name")
+
+        def deco(item: T) -> T:
+            for name in names:
+                self.add(name, item)
+            return item
+
+        return deco
+
+    def remove(self, name: str) -> None:
+        """Drop a name (tests that register a throwaway item clean up with it); an unknown name is a bug."""
+        if self._items.pop(name, None) is None:
+            raise BugError(f"{self.what} {name!r} is not registered")
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnsupportedError(self.unknown_message(name)) from None
+
+    def unknown_message(self, name: str) -> str:
+        choices = sorted(self._items)
+        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        return f"unknown {self.what} {name!r}{hint}; registered: {', '.join(choices) or '(none)'}"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
+
+    def __len__(self) -> int:
+        return len(self._items)
