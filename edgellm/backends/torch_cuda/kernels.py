@@ -195,7 +195,7 @@ def attention_split(batch: int) -> tuple[int, int]:
     (few query heads alone leave most SMs idle), many rows -> a few. Measured on an H100 over 128..2048 columns
     (``benchmarks/gpu_sweep.py``; benchmarks/results/gpu_sweep_issue39_call1.json): one pass per head took 3.6, 5.7,
     18.5, 38.7 us at batch 1, 32 slices of 32-column steps 4.4, 4.6, 5.5, 7.6 us."""
-    return (32, 32) if batch < 4 else (4, 64)
+    return (32, 32) if batch < 4 else (4, 64)  # end to end on an H100: batch 1 965 -> 1,011 tok/s, 16 14,553 -> 14,838
 
 
 def decode_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, col: torch.Tensor,
@@ -302,14 +302,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
 
 
 def gemv_tiles(k: int, silu: bool, partial: bool) -> tuple[int, int, int]:
-    """(BN, BK, programs a split-K output aims at) of a decode GEMV. Measured per shape on an H100
-    (``benchmarks/gpu_sweep.py``, Qwen2.5-0.5B's four GEMVs at 1 and 16 rows;
-    benchmarks/results/gpu_sweep_issue39_call1.json): split-K outputs gain from short K steps and twice as many
-    programs as SMs (qkv 3.25 -> 2.83 us, o_proj 3.39 -> 2.62, down 5.90 -> 5.27 at one row), wide column blocks
-    where K is long; gate|up (no split) is at 64% of the copy rate already."""
-    if not partial:
+    """(BN, BK, programs a split-K output aims at) of a decode GEMV. Shorter K steps and twice the programs looked
+    faster alone (``benchmarks/gpu_sweep.py``: qkv 3.25 -> 2.83 us, o_proj 3.39 -> 2.62, down 5.90 -> 5.27 at one row
+    on an H100) but lost end to end (batch 1 1,011 -> 940 tok/s, batch 16 14,838 -> 13,195: twice the partial sums
+    for the kernel after to add; benchmarks/results/gpu_ab_issue39.json), so these stay."""
+    if silu or not partial:
         return 32, 128, TARGET_PROGRAMS
-    return (128 if k >= 4096 else 64), 64, 2 * TARGET_PROGRAMS
+    return 64, 128, TARGET_PROGRAMS
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, silu: bool = False,
