@@ -130,28 +130,34 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, out_ptr, scale, s_kv, s_b, s_h, s_c, s_valid,
-                             N_Q: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Program (row b, query head h): q [B, N_Q, D] against the cache's columns 0 .. col (those ``valid`` marks)
-    with an online softmax, one pass over the keys and values -> out [B, N_Q * D]."""
+def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, scale, s_kv, s_b,
+                             s_h, s_c, s_valid, N_Q: tl.constexpr, REP: tl.constexpr, D: tl.constexpr,
+                             BLOCK_T: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (row b, query head h, slice s): q [B, N_Q, D] against the s-th of SPLITS equal slices of the cache's
+    columns 0 .. col (those ``valid`` marks; a slice a multiple of BLOCK_T; the length is read on the device, so a
+    CUDA graph replays it for any length) with an online softmax, one pass over the keys and values -> the slice's
+    running max, sum and unnormalised output (float32), merged by ``_merge_splits_kernel``."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    sp = tl.program_id(2)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (b * N_Q + h) * D + d).to(tl.float32)
-    n = tl.load(col_ptr) + 1  # the columns written so far, this step's included
+    n = tl.load(col_ptr) + 1
+    per = (n + SPLITS * BLOCK_T - 1) // (SPLITS * BLOCK_T) * BLOCK_T
+    start = sp * per
+    end = tl.minimum(n, start + per)
     k_base = kv_ptr + b * s_b + (h // REP) * s_h
     v_base = k_base + s_kv
     m_i = tl.zeros([1], dtype=tl.float32) + MASKED
     l_i = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
-    start = n * 0  # a tensor from the start (a loop-carried value keeps its type)
-    while start < n:  # a bound read on the device: a CUDA graph replays it for any length
+    while start < end:
         cols = start + tl.arange(0, BLOCK_T)
-        inside = cols < n
+        inside = cols < end
         ok = tl.load(valid_ptr + b * s_valid + cols, mask=inside, other=0) != 0
         k = tl.load(k_base + cols[:, None] * s_c + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_base + cols[:, None] * s_c + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
-        s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, MASKED)  # [BLOCK_T]
+        s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, MASKED)
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.where(inside, tl.exp(s - m_new), 0.0)
         alpha = tl.exp(m_i - m_new)
@@ -159,20 +165,62 @@ def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, out_ptr, scale, 
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
         start += BLOCK_T
-    out = acc / l_i
-    tl.store(out_ptr + (b * N_Q + h) * D + d, out.to(out_ptr.dtype.element_ty))
+    if SPLITS == 1:  # the whole length in one program: the output itself, no merge
+        tl.store(out_ptr + (b * N_Q + h) * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        slot = (b * N_Q + h) * SPLITS + sp
+        one = tl.arange(0, 1)
+        tl.store(m_ptr + slot + one, m_i)
+        tl.store(l_ptr + slot + one, l_i)
+        tl.store(acc_ptr + slot * D + d, acc)
+
+
+@triton.jit
+def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (row b * N_Q + h): the SPLITS slices' (max, sum, output) -> the normalised output [D]."""
+    r = tl.program_id(0)
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    m = tl.load(m_ptr + r * SPLITS + sp)
+    l_s = tl.load(l_ptr + r * SPLITS + sp)
+    acc = tl.load(acc_ptr + (r * SPLITS + sp)[:, None] * D + d[None, :])
+    m_all = tl.max(m, axis=0)
+    w = tl.where(l_s > 0, tl.exp(m - m_all), 0.0)  # an empty slice (l = 0) adds nothing
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
+    tl.store(out_ptr + r * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def attention_split(batch: int) -> tuple[int, int]:
+    """(slices of the columns, columns a loop step) for decode attention at ``batch`` rows: few rows -> many slices
+    (few query heads alone leave most SMs idle), many rows -> a few. Measured on an H100 over 128..2048 columns
+    (``benchmarks/gpu_sweep.py``; benchmarks/results/gpu_sweep_issue39_call1.json): one pass per head took 3.6, 5.7,
+    18.5, 38.7 us at batch 1, 32 slices of 32-column steps 4.4, 4.6, 5.5, 7.6 us."""
+    return (32, 32) if batch < 4 else (4, 64)  # end to end on an H100: batch 1 965 -> 1,011 tok/s, 16 14,553 -> 14,838
 
 
 def decode_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, col: torch.Tensor,
-                     heads: tuple[int, int, int], scale: float) -> torch.Tensor:
-    """One query per row: q [B, N_Q, D] against kv [2, B_max, KV, C, D] columns 0..col -> [B, N_Q * D]."""
+                     heads: tuple[int, int, int], scale: float, splits: int | None = None,
+                     block_t: int | None = None) -> torch.Tensor:
+    """One query per row: q [B, N_Q, D] against kv [2, B_max, KV, C, D] columns 0..col -> [B, N_Q * D]: the columns
+    split into ``splits`` slices (the flash-decoding split; ``attention_split`` by default), merged by a second
+    kernel."""
     n_q, n_kv, d = heads
     b = q.shape[0]
+    default_splits, default_block = attention_split(b)
+    splits, block_t = splits or default_splits, block_t or default_block
     out = torch.empty((b, n_q * d), dtype=q.dtype, device=q.device)
     flags = valid.view(torch.uint8)
-    _decode_attention_kernel[(b, n_q)](q, kv, flags, col, out, scale, kv.stride(0), kv.stride(1), kv.stride(2),
-                                       kv.stride(3), flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d,
-                                       BLOCK_T=max(16, min(256, 8192 // d)), num_warps=8)
+    m = l_s = acc = out  # one slice: the kernel writes the output itself
+    if splits > 1:
+        m = torch.empty((b * n_q * splits,), dtype=torch.float32, device=q.device)
+        l_s = torch.empty_like(m)
+        acc = torch.empty((b * n_q * splits, d), dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(b, n_q, splits)](
+        q, kv, flags, col, m, l_s, acc, out, scale, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
+        flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d, BLOCK_T=block_t, SPLITS=splits,
+        num_warps=8 if splits == 1 else 4)
+    if splits > 1:
+        _merge_splits_kernel[(b * n_q,)](m, l_s, acc, out, D=d, SPLITS=splits, num_warps=1)
     return out
 
 
@@ -253,6 +301,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dt), mask=out_ok)
 
 
+def gemv_tiles(k: int, silu: bool, partial: bool) -> tuple[int, int, int]:
+    """(BN, BK, programs a split-K output aims at) of a decode GEMV. Shorter K steps and twice the programs looked
+    faster alone (``benchmarks/gpu_sweep.py``: qkv 3.25 -> 2.83 us, o_proj 3.39 -> 2.62, down 5.90 -> 5.27 at one row
+    on an H100) but lost end to end (batch 1 1,011 -> 940 tok/s, batch 16 14,838 -> 13,195: twice the partial sums
+    for the kernel after to add; benchmarks/results/gpu_ab_issue39.json), so these stay."""
+    if silu or not partial:
+        return 32, 128, TARGET_PROGRAMS
+    return 64, 128, TARGET_PROGRAMS
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, silu: bool = False,
          partial: bool = False) -> torch.Tensor:
     """x [M, K] @ w [K, N'] for a few rows M (decode). ``partial``: split along K, float32 partial sums
@@ -261,11 +319,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, 
     m, k = x.shape
     n = w.shape[1] // 2 if silu else w.shape[1]
     bm = 16  # tl.dot's smallest tile; padded rows are masked (read as 0, never stored)
-    bn, bk = (32, 128) if silu or not partial else (64, 128)
+    bn, bk, target = gemv_tiles(k, silu, partial)
     n_blocks, m_blocks = triton.cdiv(n, bn), triton.cdiv(m, bm)
     split = 1
-    if partial:  # enough programs to pull HBM bandwidth: split K until about TARGET_PROGRAMS
-        split = max(1, min(triton.cdiv(k, bk), TARGET_PROGRAMS // max(1, n_blocks * m_blocks)))
+    if partial:  # enough programs to pull HBM bandwidth: split K until about ``target`` programs
+        split = max(1, min(triton.cdiv(k, bk), target // max(1, n_blocks * m_blocks)))
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per)
     out = (torch.empty((split, m, n), dtype=torch.float32, device=x.device) if partial
