@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import quote_plus
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -539,6 +539,7 @@ def test_local_transport_keeps_head_and_tail_of_a_flood_and_counts_the_rest(tmp_
 
 @FEW
 @given(chunks=st.lists(st.binary(max_size=300), max_size=30), limit=st.integers(min_value=2, max_value=400))
+@example(chunks=["é".encode()], limit=2)  # a character split between head and tail, nothing dropped
 def test_an_output_buffer_keeps_exactly_its_head_and_tail(chunks: list[bytes], limit: int) -> None:
     from devices.transport.base import OutputBuffer
 

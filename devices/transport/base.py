@@ -171,9 +171,9 @@ class OutputBuffer:
 
     def text(self) -> str:
         """What was kept, decoded; where bytes were dropped a line says how many."""
+        if not self.dropped:  # one stream: a character split between head and tail decodes whole
+            return (bytes(self.head) + self._tail_kept()).decode(errors="replace")
         head = self.head.decode(errors="replace")
-        if not self.dropped:
-            return head + self._tail_kept().decode(errors="replace")
         return (f"{head}\n<<< {self.dropped} bytes dropped here: only the first and the last {self.half} bytes of "
                 f"this output are kept >>>\n{self._tail_kept().decode(errors='replace')}")
 
