@@ -401,6 +401,26 @@ class RowLatest(Base):
     toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"), primary_key=True)  # Result.job_toolchain
     variant: Mapped[str] = mapped_column(String(300), primary_key=True, default="", server_default="")
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    # the row's verdict in that run judged with queries.DEFAULT_REQUIRED, every chosen version together (what
+    # passing_rows asks); kept with its tallies when the run is published (results.summaries)
+    verdict: Mapped[str | None] = mapped_column(String(16))
+
+
+class RowTally(Base):
+    """A row's results in its latest run, one per chosen toolchain versions ('' none chosen), counted by (stage,
+    status, toolchain, version, stand-in, route) and packed into one string (results.summaries): the pages read
+    these, one per row, instead of the row's results. Kept when a run is published."""
+
+    __tablename__ = "row_tallies"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(64), primary_key=True)
+    toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"), primary_key=True)  # Result.job_toolchain
+    variant: Mapped[str] = mapped_column(String(300), primary_key=True)
+    chosen_versions: Mapped[str] = mapped_column(String(300), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    packed: Mapped[str] = mapped_column(Text)
 
 
 class Metric(Base):

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
 from results.db import reading
-from results.models import ArtifactRecord, Metric, Result, ResultStatus, RowLatest, Run, RunKind, parse_name
+from results.models import ArtifactRecord, Metric, Result, ResultStatus, RowLatest, RowTally, Run, RunKind, parse_name
 from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
@@ -102,7 +102,9 @@ class RowStatus:
 
 
 @dataclass
-class _Tally:
+class Tally:
+    """A row's results counted by stage and status (and who made them): what its verdict is judged from."""
+
     counts: dict[Stage, dict[ResultStatus, int]] = field(default_factory=lambda: defaultdict(dict))
     made_by: dict[Stage, tuple[str, str | None]] = field(default_factory=dict)  # stage -> (toolchain, version)
     standin: bool = False
@@ -161,18 +163,19 @@ def _session(db: Engine | Session) -> AbstractContextManager[Session]:
 
 
 def _row_filter(model: str | None, precision: Precision | str | None, platform: str | None,
-                toolchain: str | None, variant: str | None = None) -> list[Any]:
+                toolchain: str | None, variant: str | None = None, *, table: Any = RowLatest) -> list[Any]:
+    """Conditions on a row-keyed table (``row_latest`` or ``row_tallies``) for the given key parts."""
     where: list[Any] = []
     if variant is not None:
-        where.append(RowLatest.variant == variant)
+        where.append(table.variant == variant)
     if model is not None:
-        where.append(RowLatest.model == model)
+        where.append(table.model == model)
     if precision is not None:
-        where.append(RowLatest.precision == parse_name("precision", precision))
+        where.append(table.precision == parse_name("precision", precision))
     if platform is not None:
-        where.append(RowLatest.platform == platform)
+        where.append(table.platform == platform)
     if toolchain is not None:
-        where.append(RowLatest.toolchain == parse_name("toolchain", toolchain))
+        where.append(table.toolchain == parse_name("toolchain", toolchain))
     return where
 
 
@@ -195,7 +198,7 @@ def latest_status(
     """Every row's stage statuses and verdict in its latest run, sorted by row (``toolchain``: rows whose jobs ran
     with it)."""
     req = _required(required)
-    read = {name: _reader(col) for name, col in (("precision", RowLatest.precision), ("toolchain", Result.toolchain),
+    read = {name: _reader(col) for name, col in (("precision", RowTally.precision), ("toolchain", Result.toolchain),
                                                    ("stage", Result.stage))}
     judged: dict[str, tuple[Any, ...]] = {}  # packed results -> (verdict, worst, toolchain, version, standin, route)
     out = []
@@ -204,11 +207,7 @@ def latest_status(
         for m, p, pl, job_tc, var, run_id, chosen, packed in s.connection().execute(stmt):  # Core rows: no ORM
             j = judged.get(packed)
             if j is None:
-                t = _Tally()
-                for entry in sorted(packed.split(_ENTRY)):
-                    stage, status, tc, version, standin, route, n = entry.split(_FIELD)
-                    t.add(read["stage"](stage), ResultStatus(status), int(n), read["toolchain"](tc), version or None,
-                          standin == "1", route or None)
+                t = unpack(packed, read["stage"], read["toolchain"])
                 j = judged[packed] = (t.verdict(req), t.worst(), *t.toolchain(), *t.marks())
             key = RowKey(m, read["precision"](p), pl, read["toolchain"](job_tc), var)
             out.append(((m, str(key.precision), pl, str(key.toolchain), var, run_id, chosen or ""),
@@ -231,13 +230,33 @@ def _reader(col: Any) -> Any:
     return read
 
 
+def unpack(packed: str | Sequence[str], read_stage: Any = str, read_toolchain: Any = str) -> Tally:
+    """The tally of a packed string of :func:`packed_results_stmt`, or of several together (a row's chosen versions
+    judged as one), names read with the given readers."""
+    t = Tally()
+    for entry in sorted(_ENTRY.join([packed] if isinstance(packed, str) else packed).split(_ENTRY)):
+        stage, status, tc, version, standin, route, n = entry.split(_FIELD)
+        t.add(read_stage(stage), ResultStatus(status), int(n), read_toolchain(tc), version or None, standin == "1",
+              route or None)
+    return t
+
+
 def latest_status_stmt(model: str | None = None, precision: Precision | str | None = None,
                        platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
-    """The SQL of :func:`latest_status`: one row per (row, its latest run, chosen versions), its results counted by
-    (stage, status, toolchain, version, stand-in, route) and packed into one string (``_FIELD`` between fields,
-    ``_ENTRY`` between groups), so that the rows' tallies are judged once per distinct pattern; names come raw."""
-    row = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
-           type_coerce(RowLatest.toolchain, String), RowLatest.variant, RowLatest.run_id, Result.chosen_versions)
+    """The SQL of :func:`latest_status`: the rows' tallies kept when their latest run was published
+    (``row_tallies``, one per row and chosen versions), names raw; no result is read."""
+    t = RowTally
+    return (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String), t.variant,
+                   t.run_id, t.chosen_versions, t.packed)
+            .where(*_row_filter(model, precision, platform, toolchain, table=t)))
+
+
+def packed_results_stmt(*where: Any) -> Select[Any]:
+    """One row per (row, its latest run, chosen versions) of the rows ``where`` selects (on ``row_latest``), its
+    results counted by (stage, status, toolchain, version, stand-in, route) and packed into one string (``_FIELD``
+    between fields, ``_ENTRY`` between groups; :func:`unpack` reads it), names raw. results.summaries keeps these."""
+    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant,
+           RowLatest.run_id, func.coalesce(Result.chosen_versions, ""))
     made = (type_coerce(Result.stage, String), cast(Result.status, String), type_coerce(Result.toolchain, String),
             func.coalesce(Result.toolchain_version, ""), case((Result.standin.is_(True), "1"), else_="0"),
             func.coalesce(type_coerce(Result.route, String), ""))
@@ -245,7 +264,7 @@ def latest_status_stmt(model: str | None = None, precision: Precision | str | No
         select(*(c.label(f"r{i}") for i, c in enumerate(row)), *(c.label(f"m{i}") for i, c in enumerate(made)),
                func.count().label("n"))
         .join(Result, _latest_results())
-        .where(*_row_filter(model, precision, platform, toolchain))
+        .where(*where)
         .group_by(*row, *made)
         .subquery()
     )
@@ -264,38 +283,32 @@ def passing_rows(
     platform: str | None = None,
     toolchain: str | None = None,
 ) -> list[RowKey]:
-    """The rows whose verdict in their latest run is ``pass`` (computed in SQL; see the module doc)."""
-    stmt = passing_rows_stmt(_required(required), platform, toolchain)
+    """The rows whose verdict in their latest run is ``pass`` (see the module doc): with the default required
+    stages the verdict kept when that run was published; with others, judged from the rows' kept tallies."""
+    req = _required(required)
     prec, tool = _reader(RowLatest.precision), _reader(RowLatest.toolchain)
     with _session(db) as s:  # Core rows, names read once each (20,000 rows: see latest_status)
-        return [RowKey(m, prec(p), pl, tool(tc), var) for m, p, pl, tc, var in s.connection().execute(stmt)]
+        if req == DEFAULT_REQUIRED:
+            rows = s.connection().execute(passing_rows_stmt(platform, toolchain))
+            return [RowKey(m, prec(p), pl, tool(tc), var) for m, p, pl, tc, var in rows]
+        t = RowTally
+        stmt = (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String),
+                       t.variant, t.packed).where(*_row_filter(None, None, platform, toolchain, table=t)))
+        stage = _reader(Result.stage)
+        merged: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
+        for m, p, pl, tc, var, packed in s.connection().execute(stmt):  # a row judged over all its chosen versions
+            merged[(m, p, pl, tc, var)].append(packed)
+    keys = [RowKey(m, prec(p), pl, tool(tc), var) for (m, p, pl, tc, var), packs in merged.items()
+            if unpack(packs, stage, tool).verdict(req) is Verdict.PASS]
+    return sorted(keys, key=lambda k: (k.model, str(k.precision), k.platform, str(k.toolchain), k.variant))
 
 
-def passing_rows_stmt(req: Sequence[Stage], platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
-    """The SQL of :func:`passing_rows` (one index range scan per row's latest run; see benchmarks/bench_db.py)."""
-
-    def n(cond: Any) -> Any:
-        return func.count().filter(cond)
-
-    having = [
-        n(Result.status.in_(_BLOCKING)) == 0,
-        n(Result.status != ResultStatus.NOT_APPLICABLE) > 0,
-        n(Result.standin.is_(True)) == 0,  # a stand-in is never evidence
-    ]
-    for stage in req:
-        having.append(n(and_(Result.stage == stage, Result.status == ResultStatus.PASS)) > 0)
-        having.append(n(and_(Result.stage == stage, Result.status.not_in(_ACCEPTABLE))) == 0)
-    row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant)
+def passing_rows_stmt(platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
+    """The SQL of :func:`passing_rows` with the default required stages: the verdicts kept in ``row_latest``."""
     raw = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
            type_coerce(RowLatest.toolchain, String), RowLatest.variant)
-    return (
-        select(*raw)
-        .join(Result, _latest_results())
-        .where(*_row_filter(None, None, platform, toolchain))
-        .group_by(*row)
-        .having(and_(*having))
-        .order_by(*row)
-    )
+    return (select(*raw).where(RowLatest.verdict == Verdict.PASS.value, *_row_filter(None, None, platform, toolchain))
+            .order_by(*raw))
 
 
 def row_history(
@@ -322,7 +335,7 @@ def row_history(
     cols = (Result.run_id, Result.job_toolchain, Result.variant, Result.chosen_versions, Run.kind, Run.started_at,
             Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
     stmt = select(*cols, func.count()).join(Run, Run.id == Result.run_id).where(*where).group_by(*cols)
-    tallies: dict[tuple[int, str, str, str], _Tally] = defaultdict(_Tally)
+    tallies: dict[tuple[int, str, str, str], Tally] = defaultdict(Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
         for (run_id, job_tc, var, chosen, kind, started, stage, status, tc, version, standin, route,

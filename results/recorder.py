@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, ErrorKind
 from edgellm.types import Precision
+from results import summaries
 from results.db import make_engine, write_session
 from results.errors import RunReaped
 from results.machine import this_host
@@ -201,6 +202,7 @@ class Recorder:
                                         Result.variant).distinct().where(Result.run_id == run_id)).all()
                 for model, precision, platform, toolchain, variant in rows:
                     self._bump_latest(s, model, precision, platform, toolchain, variant, run_id)
+                summaries.refresh(s, run_id)
 
     # bring-up ---------------------------------------------------------------------------------------------------
     def record_rung(self, run_id: int, position: int, name: str, status: ResultStatus | str, *,
@@ -252,7 +254,9 @@ class Recorder:
         rows = [self._result_rows(run_id, **r) for r in results]
         with write_session(self.engine) as s:
             self._run(s, run_id)
-            return [self._write_result(s, *row) for row in rows]
+            ids = [self._write_result(s, *row) for row in rows]
+            summaries.refresh_if_published(s, run_id)  # a late write into a published run: its rows' summaries
+            return ids
 
     def _result_rows(
         self,
@@ -463,8 +467,8 @@ class Recorder:
 
 
 def rebuild_row_latest(engine: Engine) -> int:
-    """Recompute the latest-run-per-row table from the published runs' results (after bulk loads or deletes);
-    returns its size."""
+    """Recompute the latest-run-per-row table and its summaries from the published runs' results (after bulk loads
+    or deletes); returns its size."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
         row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
@@ -474,4 +478,5 @@ def rebuild_row_latest(engine: Engine) -> int:
         s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "variant",
                                                             "run_id"],
                                                            agg))
+        summaries.refresh(s)
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

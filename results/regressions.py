@@ -30,6 +30,7 @@ from sqlalchemy import Engine, Select, and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from edgellm.errors import ConfigurationError, ErrorKind
+from results import summaries
 from results.db import write_session
 from results.models import (
     Metric,
@@ -237,6 +238,7 @@ def flag_regressions(engine: Engine, run_id: int) -> list[Flag]:
                     Result.platform == f.platform, Result.stage == f.stage, Result.test_id == f.test_id,
                 ).values(status=ResultStatus.FAIL, error_kind=ErrorKind.TEST_FAILURE,
                          reason=f"accuracy regression: {f.describe()}"))
+        summaries.refresh_if_published(s, run_id)
     return flags
 
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from results.db import Db, reading
 from results.models import Result, ResultStatus, Run, RunKind
-from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Verdict, _Tally, row_history, supported
+from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Tally, Verdict, row_history, supported
 from stages import Stage
 
 # Evidence of these stages alone proves an export, never support (as flows/docs_render.py's EXPORT_STAGES).
@@ -287,7 +287,7 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
     on = and_(Result.model == latest.c.model, Result.precision == latest.c.precision,
               Result.platform == latest.c.platform, Result.job_toolchain == latest.c.job_toolchain,
               Result.variant == latest.c.variant, Result.run_id == latest.c.run_id)
-    tallies: dict[tuple[Any, ...], _Tally] = defaultdict(_Tally)
+    tallies: dict[tuple[Any, ...], Tally] = defaultdict(Tally)
     for m, p, pl, jt, var, rid, chosen, stage, status, tc, version, standin, route, n in s.execute(
             select(*cols, func.count()).join(latest, on).group_by(*cols)):
         tallies[(m, str(p), pl, str(jt), var, rid, chosen or "", p, jt)].add(stage, status, n, tc, version, standin,

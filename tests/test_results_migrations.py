@@ -14,7 +14,7 @@ from results.db import make_engine
 from results.migrate import current_revision, head_revision, schema_diff, upgrade
 
 TABLES = {"runs", "results", "metrics", "metric_baselines", "artifact_refs", "device_health", "toolchain_versions",
-          "lease_devices", "device_leases", "row_latest", "attempts", "cache_entries", "alembic_version",
+          "lease_devices", "device_leases", "row_latest", "row_tallies", "attempts", "cache_entries", "alembic_version",
           "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers", "bisections"}
 
 

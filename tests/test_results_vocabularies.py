@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from artifacts.kinds import ArtifactKind
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.types import Precision
-from results import cache, models
+from results import cache, models, summaries
 from results.db import make_engine
 from results.errors import classify
 from results.migrate import alembic_config, current_revision, head_revision, schema_diff, upgrade
@@ -60,6 +60,8 @@ OPEN_COLUMNS = {
     ("results", "route"): "route",
     ("row_latest", "precision"): "precision",
     ("row_latest", "toolchain"): "toolchain",
+    ("row_tallies", "precision"): "precision",
+    ("row_tallies", "toolchain"): "toolchain",
     ("metric_baselines", "precision"): "precision",
     ("metric_baselines", "stage"): "stage",
     ("attempts", "precision"): "precision",
@@ -69,7 +71,9 @@ OPEN_COLUMNS = {
     ("regressions", "precision"): "precision",
     ("regressions", "stage"): "stage",
 }
-NEWER_COLUMNS = {("results", "job_toolchain"), ("row_latest", "toolchain")}  # made by 0009, never with a CHECK
+# made by 0009 and 0017, never with a CHECK
+NEWER_COLUMNS = {("results", "job_toolchain"), ("row_latest", "toolchain"), ("row_tallies", "precision"),
+                 ("row_tallies", "toolchain")}
 KNOWN = {"precision": "fp16", "stage": "infer", "toolchain": "edgellm-ort", "route": "onnx", "run_kind": "l0"}
 T0 = "2026-11-01 02:00:00"
 SHA = "ab" * 32
@@ -473,6 +477,7 @@ def test_names_a_newer_farm_wrote_are_read_back(engine: Engine, tmp_path: Path) 
         conn.execute(text("INSERT INTO cache_entries (key, kind, sha256, inputs, created_at, last_used_at, hits, "
                           "toolchain) VALUES (:k, 'engine', :sha, '{}', :t, :t, 0, 'acme-npu')"),
                      {"k": "4" * 64, "sha": SHA, "t": T0})
+        summaries.refresh(Session(bind=conn), 50)  # as the newer farm's publishing keeps them
     with Session(engine) as s:
         new = s.scalars(select(Result).where(Result.run_id == 50).order_by(Result.id)).all()
         first, run = new[0], s.get(Run, 50)

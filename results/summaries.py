@@ -1,0 +1,55 @@
+"""What the pages read, kept when a run is published: each row's tallies in its latest run (``row_tallies``) and
+its verdict there (``row_latest.verdict``, judged with the default required stages).
+
+"Which rows pass" and the pages' query read these, one row each, instead of the rows' results (10M at 20,000 rows
+x 500 runs: benchmarks/bench_db.py). They are derived data, kept by the one function :func:`refresh`, which the
+recorder calls wherever a row's latest-run results can change: a run published, a result written into a run that
+is already published (a late write), the latest-run table rebuilt; results.regressions when it turns a published
+result into a failure. Anything else that changes results must call it too (tests/test_row_summaries.py checks the
+kept summaries against the results after each of those).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import and_, delete, exists, select, update
+from sqlalchemy.orm import Session
+
+from results.models import RowLatest, RowTally, Run
+from results.queries import DEFAULT_REQUIRED, packed_results_stmt, unpack
+
+_KEY = ("model", "precision", "platform", "toolchain", "variant")
+
+
+def refresh(s: Session, run_id: int | None = None) -> None:
+    """Recompute the tallies and verdicts of the rows whose latest run is ``run_id`` (None: of every row)."""
+    mine = [] if run_id is None else [RowLatest.run_id == run_id]
+    if run_id is None:
+        s.execute(delete(RowTally))
+    else:  # a row that moved to this run drops the tallies of its older run
+        same_row = and_(*(getattr(RowLatest, k) == getattr(RowTally, k) for k in _KEY))
+        s.execute(delete(RowTally).where(exists().where(same_row, *mine)))
+    stmt = packed_results_stmt(*mine)
+    cols = [*_KEY, "run_id", "chosen_versions", "packed"]
+    s.execute(RowTally.__table__.insert().from_select(cols, stmt))
+    packs: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    tallies = select(*(getattr(RowTally, k) for k in _KEY), RowTally.packed)
+    if run_id is not None:
+        tallies = tallies.where(RowTally.run_id == run_id)
+    for *key, packed in s.execute(tallies):
+        packs[tuple(key)].append(packed)
+    if run_id is None:
+        s.execute(update(RowLatest).values(verdict=None))
+    for key, packed_list in packs.items():  # a row is judged over all its chosen versions (see queries)
+        verdict = unpack(packed_list).verdict(DEFAULT_REQUIRED)
+        s.execute(update(RowLatest).where(*(getattr(RowLatest, k) == v for k, v in zip(_KEY, key, strict=True)))
+                  .values(verdict=verdict.value))
+
+
+def refresh_if_published(s: Session, run_id: int) -> None:
+    """:func:`refresh` for a run whose results were just changed, when it is already published."""
+    if s.scalar(select(Run.published_at).where(Run.id == run_id)) is not None:
+        s.flush()
+        refresh(s, run_id)
+
