@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import and_, delete, exists, select, update
+from sqlalchemy import String, and_, bindparam, delete, exists, select, type_coerce, update
 from sqlalchemy.orm import Session
 
 from results.models import RowLatest, RowTally, Run
@@ -34,17 +34,21 @@ def refresh(s: Session, run_id: int | None = None) -> None:
     cols = [*_KEY, "run_id", "chosen_versions", "packed"]
     s.execute(RowTally.__table__.insert().from_select(cols, stmt))
     packs: dict[tuple[str, ...], list[str]] = defaultdict(list)
-    tallies = select(*(getattr(RowTally, k) for k in _KEY), RowTally.packed)
+    tallies = select(*(type_coerce(getattr(RowTally, k), String) for k in _KEY), RowTally.packed)  # names raw
     if run_id is not None:
         tallies = tallies.where(RowTally.run_id == run_id)
-    for *key, packed in s.execute(tallies):
+    conn = s.connection()
+    for *key, packed in conn.execute(tallies):
         packs[tuple(key)].append(packed)
     if run_id is None:
-        s.execute(update(RowLatest).values(verdict=None))
-    for key, packed_list in packs.items():  # a row is judged over all its chosen versions (see queries)
-        verdict = unpack(packed_list).verdict(DEFAULT_REQUIRED)
-        s.execute(update(RowLatest).where(*(getattr(RowLatest, k) == v for k, v in zip(_KEY, key, strict=True)))
-                  .values(verdict=verdict.value))
+        conn.execute(update(RowLatest).values(verdict=None))
+    verdicts = [{**{f"k_{k}": v for k, v in zip(_KEY, key, strict=True)},
+                 "verdict": unpack(packed_list).verdict(DEFAULT_REQUIRED).value}
+                for key, packed_list in packs.items()]  # a row is judged over all its chosen versions (see queries)
+    if verdicts:  # one executemany, names bound raw (a newer farm's names too)
+        t = RowLatest.__table__
+        same = (type_coerce(t.c[k], String) == bindparam(f"k_{k}", type_=String) for k in _KEY)
+        conn.execute(update(t).where(*same).values(verdict=bindparam("verdict")), verdicts)
 
 
 def refresh_if_published(s: Session, run_id: int) -> None:
