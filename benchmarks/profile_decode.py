@@ -1,6 +1,6 @@
 """Where does an engine's decode time go? Python step overhead vs ONNX Runtime, and ORT time per op type.
 
-    /work/main/.venv/bin/python benchmarks/profile_decode.py ENGINE_DIR [--past-len 128] [--steps 16] [--threads 2]
+    python benchmarks/profile_decode.py ENGINE_DIR [--past-len 128] [--steps 16] [--threads 2]
 
 Prints: step time through ``Engine.step`` vs the bare ONNX Runtime run on identical feeds; ORT's own profile
 aggregated by op type (and the slowest nodes); the weight bytes read per token and the bandwidth that implies.

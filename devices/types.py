@@ -24,7 +24,7 @@ from devices._yaml import read_yaml_mapping, validation_problems
 from devices.site import overlay
 from devices.toolchain_names import ToolchainNames
 from edgellm.errors import ConfigurationError
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, _ChoiceEnum
+from edgellm.types import ChoiceEnum, KVCachePrecision, LMHeadPrecision, Precision
 
 DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
 
@@ -33,12 +33,12 @@ DEVICE_TYPES_DIR = Path(__file__).resolve().parent / "types"
 MIN_SM: dict[str, int] = {"bf16": 80, "fp8": 89, "nvfp4": 100, "mxfp8": 100}
 
 
-class Arch(_ChoiceEnum):
+class Arch(ChoiceEnum):
     X86_64 = "x86_64"
     AARCH64 = "aarch64"
 
 
-def _parse_list(enum_cls: type[_ChoiceEnum], what: str, value: Any) -> list[Any]:
+def _parse_list(enum_cls: type[ChoiceEnum], what: str, value: Any) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list of {what} names, got {value!r}")
     try:
@@ -146,7 +146,7 @@ class DeviceType(BaseModel):
         return round(self.memory_gb - self.os_reserve_gb, 3)
 
     @property
-    def platform(self) -> _ChoiceEnum:
+    def platform(self) -> ChoiceEnum:
         return platform_enum()(self.name)
 
     @property
@@ -163,7 +163,7 @@ class DeviceType(BaseModel):
             return False, f"{self.label} does not support {wanted} ({self._why_not(wanted.value, self.precisions)})"
         return True, f"{self.label} supports {wanted}"
 
-    def _why_not(self, name: str, listed: tuple[_ChoiceEnum, ...]) -> str:
+    def _why_not(self, name: str, listed: tuple[ChoiceEnum, ...]) -> str:
         need = MIN_SM.get(name)
         if need is not None and self.sm is not None and self.sm < need:
             return f"needs SM{need}+"
@@ -266,9 +266,9 @@ DEVICE_TYPES: MutableMapping[str, DeviceType] = _DeviceTypes()
 
 
 @functools.cache
-def platform_enum() -> type[_ChoiceEnum]:
+def platform_enum() -> type[ChoiceEnum]:
     # Platform = device type name; members are the types found (X86_CPU = "x86-cpu", ORIN = "orin"...)
-    return _ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
+    return ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
 
 
 def __getattr__(name: str) -> Any:

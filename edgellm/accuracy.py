@@ -51,8 +51,9 @@ from edgellm.runtime.engine import threads_problem
 from edgellm.thresholds import Thresholds, resolve_thresholds
 from edgellm.types import Precision
 
-__all__ = ["DEFAULT_GREEDY_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_WINDOW", "EvalOptions", "checkpoint_eos_ids",
-           "cosine_rows", "greedy_compare", "make_windows", "run_eval", "window_nll"]
+__all__ = ["DEFAULT_GREEDY_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_WINDOW", "Check", "EvalOptions",
+           "WindowReductions", "checkpoint_eos_ids", "cosine_rows", "greedy_compare", "make_windows",
+           "perplexity_from_reductions", "run_eval", "score", "window_nll"]
 
 log = logging.getLogger(__name__)
 
@@ -290,57 +291,10 @@ def run_eval(opts: EvalOptions) -> dict[str, Any]:
     ref, differences = _reference_for(engine, opts, timings)
     timings.update({f"reference_{k}": v for k, v in ref.timings.items()})  # computed here (--checkpoint)
 
-    t0 = time.perf_counter()
-    engine_prompt_ids = [engine.encode(p) for p in ref.prompts]
-    engine_text_ids = engine.encode(ref.text)
-    timings["tokenize_engine_s"] = time.perf_counter() - t0
-    tok_mismatch = [p for p, ids, r in zip(ref.prompts, engine_prompt_ids, ref.prompt_ids, strict=True) if ids != r]
-    text_match = engine_text_ids == ref.text_ids
-    auto_tokenizer = {"class": ref.header["auto_tokenizer_class"],
-                      "matches_engine": all(a == e for a, e in zip(ref.prompt_auto_ids, engine_prompt_ids,
-                                                                   strict=True))
-                      and ref.text_auto_ids == engine_text_ids}
-
-    logits = _compare_logits(engine, ref, timings)
-    greedy = _compare_greedy(engine, ref, timings)
-    windows = ref.windows()
-    ppl = _compare_perplexity(engine, ref, windows, timings)
-    tokenizer_ok = not tok_mismatch and text_match
-    tok_detail = "" if tokenizer_ok else (f"differs on {len(tok_mismatch)} prompt(s)"
-                                          + ("" if text_match else " and on the text file"))
-    checks = _make_checks(thresholds, logits=logits, greedy=greedy, ppl=ppl, tokenizer_ok=tokenizer_ok,
-                          tok_detail=tok_detail)
-    s = ref.settings
-    report = {
-        "passed": all(c.passed for c in checks),
-        "precision": precision.value,
-        "engine_dir": str(opts.engine_dir),
-        "checkpoint": str(opts.checkpoint) if opts.checkpoint is not None else ref.header["checkpoint"]["path"],
-        "checkpoint_sha256": ref.checkpoint_sha256,
-        "reference_file": str(opts.reference) if opts.reference is not None else None,
-        "reference_versions": ref.header["versions"],
-        "reference_device": ref.device,
-        "engine_backend": engine.manifest["backend"],
-        "text_file": s["text_file"],
-        "checks": {c.name: c.to_json() for c in checks},
-        "failed_checks": [c.name for c in checks if not c.passed],
-        "thresholds": thresholds.enabled(),
-        "reference_perplexity": ppl["reference"],
-        "perplexity_ratio": ppl["engine"] / ppl["reference"],
-        "engine_perplexity": ppl["engine"],
-        "perplexity_tokens": ppl["tokens"],
-        "perplexity_windows": len(windows),
-        "window_tokens": s["window"],
-        "max_tokens": s["max_tokens"],
-        "greedy_tokens": s["greedy_tokens"],
-        "greedy": [{k: v for k, v in g.items() if k not in ("reference_ids", "engine_ids")}
-                   | {"reference_text": engine.decode(g["reference_ids"]),
-                      "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
-        "logits": logits["per_prompt"],
-        "config_differences": differences,
-        "auto_tokenizer": auto_tokenizer,
-        "timings": {k: round(v, 4) for k, v in timings.items()},
-    }
+    report = score(engine, ref, thresholds, precision, engine_dir=str(opts.engine_dir),
+                   checkpoint=str(opts.checkpoint) if opts.checkpoint is not None else ref.header["checkpoint"]["path"],
+                   reference_file=str(opts.reference) if opts.reference is not None else None,
+                   engine_backend=engine.manifest["backend"], config_differences=differences, timings=timings)
     if opts.layers or not report["passed"]:
         _add_layers(report, engine, ref, opts, precision)
     return report
@@ -386,6 +340,106 @@ def _add_layers(report: dict[str, Any], engine: Any, ref: ReferenceData, opts: E
         report["layers_unavailable"] = why
     quantized = precision.value in {m.name for m in methods()}
     report["diagnosis"] = diagnose(report, result, quantized=quantized, limit=limit)
+
+
+@dataclass(frozen=True)
+class WindowReductions:
+    """What an engine may give instead of the text windows' full logits (a device shipping them back for a large
+    vocabulary): per window, the summed next-token NLL (``window_nll``'s sum) and the argmax at every position but
+    the last."""
+
+    nll: np.ndarray
+    argmax: list[np.ndarray]
+
+
+def perplexity_from_reductions(ref: ReferenceData, windows: list[list[int]],
+                               reductions: WindowReductions) -> dict[str, Any]:
+    """The perplexity comparison (engine and reference perplexity, tokens, teacher-forced top-1 agreement, relative
+    difference) from the engine's per-window reductions: the same sums as from the windows' full logits. Raises
+    ConfigurationError when the reductions do not fit ``windows``."""
+    if len(reductions.nll) != len(windows) or len(reductions.argmax) != len(windows):
+        raise ConfigurationError(f"the engine's reductions have {len(reductions.nll)} window NLLs and "
+                                 f"{len(reductions.argmax)} argmax rows for {len(windows)} windows")
+    count = agree = 0
+    for w, top1, ours in zip(windows, ref.window_top1, reductions.argmax, strict=True):
+        if len(ours) != len(w) - 1:
+            raise ConfigurationError(f"the engine's argmax has {len(ours)} positions for a window of {len(w)}")
+        count += len(w) - 1
+        agree += int(np.sum(ours == top1))
+    nll_e, nll_r = float(np.sum(reductions.nll)), float(np.sum(ref.window_nll))
+    ppl_e = math.exp(nll_e / count) if math.isfinite(nll_e) else math.nan
+    ppl_r = math.exp(nll_r / count)
+    return {"engine": ppl_e, "reference": ppl_r, "tokens": count, "top1_agreement": agree / count,
+            "rel_diff": abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan}
+
+
+def score(engine: Any, ref: ReferenceData, thresholds: Thresholds, precision: Precision, *, engine_dir: str | None,
+          checkpoint: str, reference_file: str | None, engine_backend: str,
+          config_differences: dict[str, list[Any]], reductions: WindowReductions | None = None,
+          timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """``edgellm eval``'s report of ``engine`` against ``ref`` under ``thresholds`` (``passed`` is the AND of every
+    check): the one scoring of every engine, this library's and a toolchain's alike.
+
+    ``engine`` answers ``encode``, ``decode``, ``logits(ids)``, ``generate(requests)`` and ``max_batch_size`` (an
+    engine of this library, or a read-only one answering from a device's file). With ``reductions``, perplexity and
+    top-1 agreement come from them instead of the windows' logits. ``engine_dir`` ... ``config_differences`` are
+    copied into the report as given; ``timings`` (seconds by name) gains the engine's and is the report's, rounded.
+    """
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
+    engine_prompt_ids = [engine.encode(p) for p in ref.prompts]
+    engine_text_ids = engine.encode(ref.text)
+    timings["tokenize_engine_s"] = time.perf_counter() - t0
+    tok_mismatch = [p for p, ids, r in zip(ref.prompts, engine_prompt_ids, ref.prompt_ids, strict=True) if ids != r]
+    text_match = engine_text_ids == ref.text_ids
+    auto_tokenizer = {"class": ref.header["auto_tokenizer_class"],
+                      "matches_engine": all(a == e for a, e in zip(ref.prompt_auto_ids, engine_prompt_ids,
+                                                                   strict=True))
+                      and ref.text_auto_ids == engine_text_ids}
+
+    logits = _compare_logits(engine, ref, timings)
+    greedy = _compare_greedy(engine, ref, timings)
+    windows = ref.windows()
+    if reductions is None:
+        ppl = _compare_perplexity(engine, ref, windows, timings)
+    else:
+        ppl = perplexity_from_reductions(ref, windows, reductions)
+    tokenizer_ok = not tok_mismatch and text_match
+    tok_detail = "" if tokenizer_ok else (f"differs on {len(tok_mismatch)} prompt(s)"
+                                          + ("" if text_match else " and on the text file"))
+    checks = _make_checks(thresholds, logits=logits, greedy=greedy, ppl=ppl, tokenizer_ok=tokenizer_ok,
+                          tok_detail=tok_detail)
+    s = ref.settings
+    return {
+        "passed": all(c.passed for c in checks),
+        "precision": precision.value,
+        "engine_dir": engine_dir,
+        "checkpoint": checkpoint,
+        "checkpoint_sha256": ref.checkpoint_sha256,
+        "reference_file": reference_file,
+        "reference_versions": ref.header["versions"],
+        "reference_device": ref.device,
+        "engine_backend": engine_backend,
+        "text_file": s["text_file"],
+        "checks": {c.name: c.to_json() for c in checks},
+        "failed_checks": [c.name for c in checks if not c.passed],
+        "thresholds": thresholds.enabled(),
+        "reference_perplexity": ppl["reference"],
+        "perplexity_ratio": ppl["engine"] / ppl["reference"],
+        "engine_perplexity": ppl["engine"],
+        "perplexity_tokens": ppl["tokens"],
+        "perplexity_windows": len(windows),
+        "window_tokens": s["window"],
+        "max_tokens": s["max_tokens"],
+        "greedy_tokens": s["greedy_tokens"],
+        "greedy": [{k: v for k, v in g.items() if k not in ("reference_ids", "engine_ids")}
+                   | {"reference_text": engine.decode(g["reference_ids"]),
+                      "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
+        "logits": logits["per_prompt"],
+        "config_differences": config_differences,
+        "auto_tokenizer": auto_tokenizer,
+        "timings": {k: round(v, 4) for k, v in timings.items()},
+    }
 
 
 def _compare_logits(engine: Any, ref: ReferenceData, timings: dict[str, float]) -> dict[str, Any]:

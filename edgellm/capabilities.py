@@ -1,6 +1,6 @@
 """What this edgellm can produce and build, asked of the parts themselves (export and each backend class).
 
-``edgellm capabilities`` prints it as JSON; the farm's plan (toolchains/edgellm.py), ``edgefarm lists validate``
+``edgellm capabilities`` prints it as JSON; the farm's plan (toolchains/edgellm/driver.py), ``edgefarm lists validate``
 and ``edgellm env`` read it. The shape is a contract between the two halves::
 
     {"edgellm": "0.1.0",

@@ -286,7 +286,7 @@ def test_a_stage_command_on_a_local_device_gets_no_credentials(tmp_path: Path, m
 
 def test_a_host_tool_of_a_toolchain_gets_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from toolchains.onnxruntime_genai.export import offline_env
-    from toolchains.tensorrt_edgellm.process import run_tool
+    from toolchains.process import run_tool
 
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)

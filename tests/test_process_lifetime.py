@@ -1,5 +1,6 @@
 """Every process the farm starts on its host dies with it (issue 24 item 5): kill -9 of the process that ran a host
-tool (the quantizer's ``run_tool``, onnxruntime-genai's builder, a toolchain install step, a local device command)
+tool (``toolchains.process``: the quantizer's and onnxruntime-genai's builder's ``run_tool``, a probe's
+``run_captured``; a toolchain install step, a local device command)
 takes the tool and what the tool started with it, within seconds, never leaving them to init."""
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 # a tool that starts a grandchild (as python -m venv starts ensurepip) and waits: sleeps with a marker duration
 TOOL = "['/bin/sh', '-c', 'sleep 3141 & sleep 3142; wait']"
 CALLERS = {
-    "run_tool": "from toolchains.tensorrt_edgellm.process import run_tool\n"
+    "run_tool": "from toolchains.process import run_tool\n"
                 f"run_tool({TOOL}, env={{}}, log=Path(sys.argv[1]) / 'tool.log', timeout=600)",
-    "genai-builder": "from toolchains.onnxruntime_genai.export import _run\n"
-                     f"_run({TOOL}, env=dict(os.environ), cwd=Path(sys.argv[1]), log=Path(sys.argv[1]) / 'b.log', "
-                     "timeout=600)",
+    # a toolchain's probe (stdin in, output captured), the runner's other shape
+    "run_captured": "from toolchains.process import run_captured\n"
+                    f"run_captured({TOOL}, env={{}}, timeout=600, stdin='{{}}')",
     # an environment's interpreter (the install's import probe) that is the tool
     "install-step": "from toolchains.tensorrt_edgellm.env import health\n"
                     "python = Path(sys.argv[1]) / 'env' / 'bin' / 'python'\n"

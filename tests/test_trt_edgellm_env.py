@@ -158,7 +158,7 @@ def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_p
 
 
 def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> None:
-    from toolchains.tensorrt_edgellm.process import run_tool
+    from toolchains.process import run_tool
 
     marker = tmp_path / "child-survived"
     script = f"sleep 3; touch {marker}"

@@ -467,7 +467,7 @@ def test_last_errors_keep_three_lines_and_500_characters() -> None:
 def test_a_host_tool_failure_names_the_root_cause_of_a_chained_traceback(tmp_path: Path) -> None:
     """NVIDIA's exporter on an fp32 Qwen2 checkpoint (0.11.0): torch.export wraps the model's TypeError in a generic
     TorchExportError whose message says nothing of the model. The reason leads with the cause."""
-    from toolchains.tensorrt_edgellm.process import ToolRun
+    from toolchains.process import ToolRun
 
     log = tmp_path / "export.log"
     log.write_text(

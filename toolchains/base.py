@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from devices import toolchain_names
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.registry import Registry
-from edgellm.types import UNQUANTIZED, BenchMode, Precision, _ChoiceEnum
+from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
 
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
 from toolchains.mirror import Index as Index
@@ -150,7 +150,7 @@ class HostWork(Protocol):
 
 # --- bring-up checks (a toolchain that offers them): does it know the model, and do the weights fit its model ---
 
-class RegistryStatus(_ChoiceEnum):
+class RegistryStatus(ChoiceEnum):
     """What a toolchain's own model registry makes of a checkpoint's model_type."""
 
     REGISTERED = "registered"  # a model class of its own for it

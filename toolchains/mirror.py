@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgellm.errors import ConfigurationError, InfrastructureError
-from edgellm.types import _ChoiceEnum
+from edgellm.types import ChoiceEnum
 
 if TYPE_CHECKING:
     from artifacts.store import Store
@@ -46,7 +46,7 @@ PIP_UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection",
                    "Network is unreachable", "ProxyError", "Connection refused", "ReadTimeoutError", "SSLError")
 
 
-class Index(_ChoiceEnum):
+class Index(ChoiceEnum):
     """Where a toolchain install gets its wheels (the setting ``flows.settings`` reads)."""
 
     AUTO = "auto"  # the store's mirror of that version when there is one, else the package registry

@@ -28,6 +28,7 @@ from artifacts.inuse import held_dir, remove_stale
 from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
 from toolchains import mirror
+from toolchains.process import run_captured
 
 STEP_TIMEOUT_S = 1800
 LIST_TIMEOUT_S = 300
@@ -136,8 +137,8 @@ def distribution_version(env: Path, distribution: str, *, timeout: float = 120) 
         return None
     probe = f"import importlib.metadata as m, json; print(json.dumps(m.version({distribution!r})))"
     try:
-        done = lifetime.run([str(python), "-c", probe], timeout=timeout)
-    except subprocess.TimeoutExpired:
+        done = run_captured([str(python), "-c", probe], env={}, timeout=timeout)
+    except InfrastructureError:  # past its limit
         return None
     if done.returncode != 0:
         return None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from edgellm.types import _ChoiceEnum
+from edgellm.types import ChoiceEnum
 
 
-class Route(_ChoiceEnum):
+class Route(ChoiceEnum):
     """How a toolchain with more than one way to make an engine made it (recorded per result; None: one way)."""
 
     ONNX = "onnx"  # exported ONNX -> the device's engine builder

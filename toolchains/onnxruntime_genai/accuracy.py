@@ -7,19 +7,16 @@ and teacher-forced top-1, tokenizer parity) and its per-precision thresholds (``
 :class:`FetchedEngine`, a read-only engine whose answers come from the fetched file. So both toolchains are judged
 by one implementation.
 
-Until edgellm.accuracy exposes that comparison as a public function taking an engine-like object (see
-``run_eval``: everything from tokenizing with the engine to the report dict), this module calls its private helpers
-``_compare_logits``, ``_compare_greedy``, ``_compare_perplexity`` and ``_make_checks`` and assembles the report as
-``run_eval`` does. One piece is not edgellm's: when the device shipped per-window reductions instead of the
-windows' full logits (large vocabularies), perplexity and top-1 agreement are summed here from them
-(:func:`perplexity_from_reductions`, the same sums as ``_compare_perplexity``).
+The report is ``edgellm.accuracy.score``'s, the one ``run_eval`` returns; when the device shipped per-window
+reductions instead of the windows' full logits (large vocabularies), ``score`` sums perplexity and top-1 agreement
+from them (``edgellm.accuracy.WindowReductions``). This module adds only what is the device's: the versions it ran,
+where perplexity came from, its tokenizer setting and its timings.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import accuracy as edgellm_accuracy
+from edgellm.accuracy import WindowReductions, score
 from edgellm.errors import ConfigurationError
 from edgellm.reference import ReferenceData, load_reference
 from edgellm.thresholds import resolve_thresholds
@@ -82,9 +79,9 @@ class FetchedEngine:
                 raise ConfigurationError(f"the logits file fed window {j} other ids than the reference's windows")
             if self.full_windows:
                 self._logits[tuple(w)] = _logits(arrays, f"window{j}_logits", len(w), vocab)
-        self.window_nll = None if self.full_windows else _array(arrays, "window_nll", "f", 1)
-        self.window_argmax = [] if self.full_windows else [_array(arrays, f"window{j}_argmax", "i", 1)
-                                                          for j in range(len(self.windows))]
+        self.reductions = None if self.full_windows else WindowReductions(
+            _array(arrays, "window_nll", "f", 1),
+            [_array(arrays, f"window{j}_argmax", "i", 1) for j in range(len(self.windows))])
         self.max_batch_size = max(1, len(ref.prompt_ids))
 
     def logits(self, ids: list[int]) -> np.ndarray:
@@ -169,25 +166,6 @@ def config_differences(model: Mapping[str, Any], ref: ReferenceData) -> dict[str
     return out
 
 
-def perplexity_from_reductions(engine: FetchedEngine, ref: ReferenceData) -> dict[str, Any]:
-    """``_compare_perplexity``'s result from the device's per-window NLL sums and argmax (no full logits)."""
-    assert engine.window_nll is not None
-    if len(engine.window_nll) != len(engine.windows):
-        raise ConfigurationError(f"the logits file has {len(engine.window_nll)} window NLLs for "
-                                 f"{len(engine.windows)} windows")
-    count = agree = 0
-    for w, top1, ours in zip(engine.windows, ref.window_top1, engine.window_argmax, strict=True):
-        if len(ours) != len(w) - 1:
-            raise ConfigurationError(f"the logits file's argmax has {len(ours)} positions for a window of {len(w)}")
-        count += len(w) - 1
-        agree += int(np.sum(ours == top1))
-    nll_e, nll_r = float(np.sum(engine.window_nll)), float(np.sum(ref.window_nll))
-    ppl_e = math.exp(nll_e / count) if math.isfinite(nll_e) else math.nan
-    ppl_r = math.exp(nll_r / count)
-    return {"engine": ppl_e, "reference": ppl_r, "tokens": count, "top1_agreement": agree / count,
-            "rel_diff": abs(ppl_e - ppl_r) / ppl_r if math.isfinite(ppl_e) else math.nan}
-
-
 def report(fetched_file: Path, reference: Path, precision: str, thresholds: Mapping[str, float]) -> dict[str, Any]:
     """The accuracy report of the runner's logits file against the float reference (``edgellm eval``'s shape:
     ``passed``, ``checks``, ``failed_checks``, perplexities, per-prompt details). ``thresholds``: the catalog's
@@ -207,57 +185,10 @@ def report(fetched_file: Path, reference: Path, precision: str, thresholds: Mapp
                                  + ", ".join(f"{k} {e} (engine) vs {r} (reference)"
                                              for k, (e, r) in differences.items()))
     engine = FetchedEngine(arrays, header, ref)
-    timings: dict[str, float] = {}
-    engine_prompt_ids = [engine.encode(p) for p in ref.prompts]
-    engine_text_ids = engine.encode(ref.text)
-    tok_mismatch = [p for p, ids, r in zip(ref.prompts, engine_prompt_ids, ref.prompt_ids, strict=True) if ids != r]
-    text_match = engine_text_ids == ref.text_ids
-    auto_tokenizer = {"class": ref.header["auto_tokenizer_class"],
-                      "matches_engine": all(a == e for a, e in zip(ref.prompt_auto_ids, engine_prompt_ids,
-                                                                   strict=True))
-                      and ref.text_auto_ids == engine_text_ids}
-    logits = edgellm_accuracy._compare_logits(engine, ref, timings)
-    greedy = edgellm_accuracy._compare_greedy(engine, ref, timings)
-    if engine.full_windows:
-        ppl = edgellm_accuracy._compare_perplexity(engine, ref, engine.windows, timings)
-    else:
-        ppl = perplexity_from_reductions(engine, ref)
-    tokenizer_ok = not tok_mismatch and text_match
-    tok_detail = "" if tokenizer_ok else (f"differs on {len(tok_mismatch)} prompt(s)"
-                                          + ("" if text_match else " and on the text file"))
-    checks = edgellm_accuracy._make_checks(limits, logits=logits, greedy=greedy, ppl=ppl, tokenizer_ok=tokenizer_ok,
-                                           tok_detail=tok_detail)
-    s = ref.settings
-    return {
-        "passed": all(c.passed for c in checks),
-        "precision": parsed.value,
-        "engine_dir": header.get("model_dir"),
-        "checkpoint": ref.header["checkpoint"]["path"],
-        "checkpoint_sha256": ref.checkpoint_sha256,
-        "reference_file": str(reference),
-        "reference_versions": ref.header["versions"],
-        "reference_device": ref.device,
-        "engine_backend": DISTRIBUTION,
-        "engine_versions": header.get("versions"),
-        "text_file": s["text_file"],
-        "checks": {c.name: c.to_json() for c in checks},
-        "failed_checks": [c.name for c in checks if not c.passed],
-        "thresholds": limits.enabled(),
-        "reference_perplexity": ppl["reference"],
-        "perplexity_ratio": ppl["engine"] / ppl["reference"],
-        "engine_perplexity": ppl["engine"],
-        "perplexity_tokens": ppl["tokens"],
-        "perplexity_windows": len(engine.windows),
-        "perplexity_from": "logits" if engine.full_windows else "device reductions",
-        "window_tokens": s["window"],
-        "max_tokens": s["max_tokens"],
-        "greedy_tokens": s["greedy_tokens"],
-        "greedy": [{k: v for k, v in g.items() if k not in ("reference_ids", "engine_ids")}
-                   | {"reference_text": engine.decode(g["reference_ids"]),
-                      "engine_text": engine.decode(g["engine_ids"])} for g in greedy],
-        "logits": logits["per_prompt"],
-        "config_differences": differences,
-        "auto_tokenizer": auto_tokenizer,
-        "add_special_tokens": header.get("add_special_tokens"),
-        "timings": dict(header.get("timings") or {}),
-    }
+    out = score(engine, ref, limits, parsed, engine_dir=header.get("model_dir"),
+                checkpoint=ref.header["checkpoint"]["path"], reference_file=str(reference),
+                engine_backend=DISTRIBUTION, config_differences=differences, reductions=engine.reductions)
+    return {**out, "engine_versions": header.get("versions"),
+            "perplexity_from": "logits" if engine.reductions is None else "device reductions",
+            "add_special_tokens": header.get("add_special_tokens"),
+            "timings": dict(header.get("timings") or {})}  # the device's: the host only read a file

@@ -1,5 +1,5 @@
 """The runner's benchmark JSON (``runner.py bench --output F``) as the farm's metrics, named as edgellm's are
-(``toolchains/edgellm.py`` ``bench_metrics``): ``{mode}_tokens_per_s``, ``{mode}_ms_per_token`` (median),
+(``toolchains/edgellm/driver.py`` ``bench_metrics``): ``{mode}_tokens_per_s``, ``{mode}_ms_per_token`` (median),
 ``{mode}_ms_per_token_p90`` and ``{mode}_peak_rss_mb`` (MiB), so the two toolchains' rows compare column by column.
 The runner writes the fields of ``edgellm bench``'s report (tokens_per_s at the median step, ms_per_token
 {median, p90}, peak_rss_bytes), measured the same way: a fixed shape per iteration, the cache rewound to the past

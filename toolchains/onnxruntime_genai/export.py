@@ -26,19 +26,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from devices.environment import stage_environ
-from devices.lifetime import kill_group, spawn
 from edgellm.errors import ConfigurationError, InfrastructureError, TestFailure, UnsupportedError
 from toolchains.onnxruntime_genai import DISTRIBUTION
+from toolchains.process import run_tool, tree_bytes
 
 BUILDER_MODULE = "onnxruntime_genai.models.builder"
 MODEL_SUBDIR = "model"  # <out_dir>/model holds what the builder wrote (genai_config.json, model.onnx, ...)
@@ -219,38 +217,10 @@ def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join([ln for ln in text if ln.strip()][-lines:]) or "(empty log)"
 
 
-def _run(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path,
-         timeout: float) -> tuple[int, float, int | None]:
-    """Run ``argv`` in its own process group (dying with the orchestrator), output to ``log``; (exit code, wall s,
-    peak RSS of the builder). Past ``timeout`` the group is killed and InfrastructureError raised."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
-        try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid == proc.pid:
-                    break
-                if time.monotonic() - start > timeout:
-                    raise InfrastructureError(f"the onnxruntime-genai builder ran past its {timeout:.0f} s limit and "
-                                              f"was killed (log: {log})")
-                time.sleep(0.1)
-        except BaseException:  # timeout, Ctrl-C, cancellation: never leave the builder running
-            kill_group(proc.pid)
-            os.wait4(proc.pid, 0)
-            raise
-    return os.waitstatus_to_exitcode(status), time.monotonic() - start, usage.ru_maxrss * 1024 or None
-
-
-def _tree_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = TIMEOUT_S, log: Path,
            python: Path | None = None) -> ExportResult:
     """Build ``checkpoint`` at ``precision`` into ``out_dir`` (made atomically; must not exist): the builder's files
-    in ``out_dir/model``, this result in ``out_dir/export.json``, the builder's output in ``log``. ``python``: the
+    in ``<out_dir>/model``, this result in ``<out_dir>/export.json``, the builder's output in ``log``. ``python``: the
     builder of that interpreter's environment runs (an environment of one version; default: this interpreter's).
 
     Raises UnsupportedError for what :func:`applicability` refuses, ConfigurationError for bad arguments,
@@ -280,7 +250,9 @@ def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = 
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
         argv = builder_argv(checkpoint.resolve(), work / MODEL_SUBDIR, work / "cache", precision, python)
-        code, wall, peak = _run(argv, env=offline_env(work), cwd=work, log=log, timeout=timeout)
+        run = run_tool(argv, env=offline_env(work), cwd=work, log=log, timeout=timeout,
+                       what="the onnxruntime-genai builder")
+        code = run.returncode
         if code != 0:
             raise BuilderFailed(f"the onnxruntime-genai builder failed (exit {code}) on {checkpoint}", log_tail(log))
         missing = [n for n in ("genai_config.json", "model.onnx") if not (work / MODEL_SUBDIR / n).is_file()]
@@ -294,7 +266,7 @@ def export(checkpoint: Path, out_dir: Path, precision: str, *, timeout: float = 
         shutil.rmtree(work, ignore_errors=True)
         raise
     result = ExportResult(out_dir, out_dir / MODEL_SUBDIR, precision, RECIPES[precision].quantization, version,
-                          [a.replace(str(work), str(out_dir)) for a in argv], wall, peak,
-                          _tree_bytes(out_dir / MODEL_SUBDIR), log)
+                          [a.replace(str(work), str(out_dir)) for a in argv], run.wall_s,
+                          run.peak_rss_bytes or None, tree_bytes(out_dir / MODEL_SUBDIR), log)
     (out_dir / EXPORT_RECORD).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from edgellm.checkpoint.header import TensorInfo, scan_header
 from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, check_index, merge_shards, read_index
 from edgellm.config import ModelConfig, read_json_object
-from edgellm.errors import BugError, CheckpointError, ConfigurationError, InfrastructureError, UnsupportedError
+from edgellm.errors import BugError, CheckpointError, ConfigurationError, UnsupportedError
 from toolchains.base import LayerExport, RegistryCheck, RegistryStatus, ShapeMismatch, WeightReconciliation
+from toolchains.process import run_captured
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, export
 from toolchains.tensorrt_edgellm.layouts import declared_family
@@ -82,14 +81,10 @@ def _probe(env: Path, checkpoint: Path, mode: str, tensors: dict[str, TensorInfo
     request = {"checkpoint": str(Path(checkpoint).resolve()), "mode": mode,
                "tensors": {n: {"dtype": t.dtype, "shape": list(t.shape), "file": t.file.name}
                            for n, t in sorted(tensors.items())}}
-    try:
-        # -I: neither the probe's own directory (a module of ours there would shadow the toolchain's imports) nor
-        # PYTHONPATH (the farm's packages) reaches its sys.path
-        done = subprocess.run([str(python), "-I", str(PROBE)], input=json.dumps(request), capture_output=True,
-                              text=True, timeout=PROBE_TIMEOUT_S, check=False,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    except subprocess.TimeoutExpired:
-        raise InfrastructureError(f"{TOOLCHAIN} model probe ran past {PROBE_TIMEOUT_S} s on {checkpoint}") from None
+    # -I: neither the probe's own directory (a module of ours there would shadow the toolchain's imports) nor
+    # PYTHONPATH (the farm's packages) reaches its sys.path; our credentials do not reach it either (the runner's)
+    done = run_captured([str(python), "-I", str(PROBE)], env={"HF_HUB_OFFLINE": "1"}, timeout=PROBE_TIMEOUT_S,
+                        stdin=json.dumps(request), what=f"{TOOLCHAIN} model probe on {checkpoint}")
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}, no output"])[-1]

@@ -10,8 +10,8 @@ runtime config plus a ``builder_config`` block with the limits it built for, sna
 (within its batch), "finish_reason", ...}]}``, also when some requests failed (then it exits 1); ``llm_bench
 --outputDir D`` writes only ``D/e2e_prefill_inputlen<N>.csv`` / ``D/e2e_decode_pastkvlen<N>.csv`` (header ``mode,
 batch_size,osl,e2e_time_ms,per_token_ms,throughput_tps,<input_len|past_kv_len>``, one data row of aggregates; no
-per-iteration file). research/trt_edgellm_tools.md sections 1-2 hold the tools' exact behaviour; how their exits are
-read: ``exits``. Paths are device paths (POSIX strings).
+per-iteration file). That is the tools' behaviour as read in their source (0.10.0) and run (0.11.0); how their exits
+are read: ``exits``. Paths are device paths (POSIX strings).
 
 The checkpoint-direct (ONNX-less) route: where a build's inventory entry names ``direct_builder`` (the
 ``tensorrt-edgellm-build`` console script of the Edge-LLM Python package installed on the board against its TensorRT,

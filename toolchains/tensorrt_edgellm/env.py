@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devices import lifetime
 from edgellm.errors import ConfigurationError, InfrastructureError
 from toolchains import mirror, venvs
+from toolchains.process import run_captured
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 
 CPU_TORCH = "torch==2.13.0"
@@ -98,8 +97,8 @@ def health(env: Path, *, timeout: float = 300) -> EnvHealth:
              f"for name in {IMPORTS!r}: importlib.import_module(name)\n"
              f"print(json.dumps({{'version': m.version({TOOLCHAIN!r})}}))")
     try:
-        done = lifetime.run([str(python), "-c", probe], timeout=timeout)
-    except subprocess.TimeoutExpired:
+        done = run_captured([str(python), "-c", probe], env={}, timeout=timeout)
+    except InfrastructureError:  # past its limit
         return EnvHealth(env, None, False, [*problems, f"import probe timed out after {timeout:.0f} s"])
     version = None
     if done.returncode != 0:

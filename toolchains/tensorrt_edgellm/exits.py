@@ -1,5 +1,5 @@
 """How a run of TensorRT Edge-LLM's C++ tools (``llm_build``, ``llm_inference``, ``llm_bench``) ended, by their own
-conventions (research/trt_edgellm_tools.md sections 1, 3 and 4): :func:`classify` turns a device command's
+conventions (read in their source, 0.10.0, and below): :func:`classify` turns a device command's
 ``CommandResult`` into None (it passed) or the error it stands for.
 
 What the tools do: they exit 0 on success and 1 on any failure they catch, after ``[HH:MM:SS.mmm] [ERROR]

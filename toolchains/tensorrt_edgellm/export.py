@@ -19,10 +19,10 @@ from pathlib import Path
 
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import QuantMethod
+from toolchains.process import run_tool, tree_bytes
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import offline_env
 from toolchains.tensorrt_edgellm.env import installed_version, script
-from toolchains.tensorrt_edgellm.process import run_tool, tree_bytes
 from toolchains.tensorrt_edgellm.quantize import has_chat_template
 
 DEFAULT_CHAT_TEMPLATE = Path(__file__).resolve().parent / "plain_chat_template.jinja"

@@ -3,8 +3,8 @@ decode kernels exist for, and the SMs its FP8 KV cache runs on. A row needs both
 prompt, then decodes), so a model either kernel refuses never builds on the platform: the plan records it as not
 applicable with :func:`problem`'s reason (``TensorrtEdgellm.model_problem``).
 
-Source: NVIDIA TensorRT-Edge-LLM 0.10.0 (read at commit bb291453bc10 of its ``main``; no 0.11.0 source was public,
-see /work/research/trt_edgellm_tools.md sections 0 and 4). Paths below are that repository's. All kernels take FP16
+Source: NVIDIA TensorRT-Edge-LLM 0.10.0 (read at commit bb291453bc10 of its ``main``; no 0.11.0 source was
+public). Paths below are that repository's. All kernels take FP16
 activations; the weight precision does not change these limits.
 """
 

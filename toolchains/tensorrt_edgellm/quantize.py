@@ -20,10 +20,10 @@ from edgellm.checkpoint.modelopt import read_quant_layout
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import QuantMethod
 from toolchains.base import NotApplicable  # raised before the tool runs when a precondition fails
+from toolchains.process import run_tool, tree_bytes
 from toolchains.tensorrt_edgellm import TOOLCHAIN
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, offline_env
 from toolchains.tensorrt_edgellm.env import installed_version, script
-from toolchains.tensorrt_edgellm.process import run_tool, tree_bytes
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.errors import ConfigurationError, TestFailure
+from toolchains.process import run_tool
 from toolchains.tensorrt_edgellm.calibration import offline_env
 from toolchains.tensorrt_edgellm.env import script
-from toolchains.tensorrt_edgellm.process import run_tool
 from vocabulary.variant import FEATURE_NAMES, Component, Features, LoraMode, SpecMethod, SpecRole
 
 TOOL_TIMEOUT_S = 1200  # as the export stage's

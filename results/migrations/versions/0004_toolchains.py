@@ -28,7 +28,7 @@ TOOLCHAINS = ("edgellm-ort", "edgellm-torch-cuda", "tensorrt-edgellm")
 
 
 def _version(edgellm: Any, onnxruntime: Any) -> str | None:
-    """edgellm-ort's version string (toolchains/edgellm.py: ``<edgellm>+onnxruntime-<ort>``)."""
+    """edgellm-ort's version string (toolchains/edgellm/driver.py's ``version``: ``<edgellm>+onnxruntime-<ort>``)."""
     if not edgellm or not onnxruntime:
         return None
     return f"{edgellm}+onnxruntime-{onnxruntime}"

@@ -1,4 +1,11 @@
-"""Run one toolchain command: its own process group, output to a log file, wall time and peak RSS of the child."""
+"""The one way a toolchain runs a command on this host (an exporter, a quantizer, a model builder, a probe).
+
+Every command gets this process's environment less its credentials (``devices.environment.stage_environ``) plus
+what the caller adds; runs in a process group of its own that dies with the orchestrator (``devices.lifetime``);
+and past its limit is killed with the whole group, which raises InfrastructureError naming the command. Two shapes:
+:func:`run_tool` (output to a log file; wall time and the child's peak RSS) and :func:`run_captured` (stdin given,
+stdout and stderr captured as text: a short probe).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,23 +61,34 @@ def _is_error_line(line: str) -> bool:
     return line.split(":", 1)[0].endswith(("Error", "Exception")) or line.startswith("ERROR")
 
 
-def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float, cwd: Path | None = None) -> ToolRun:
-    """Run ``argv`` with ``env`` added to ours less our credentials (``devices.environment``); stdout and stderr go
-    to ``log``. A run past ``timeout`` is killed with its whole process group and raises InfrastructureError."""
+def _environ(env: Mapping[str, str]) -> dict[str, str]:
+    return {**stage_environ(), **env}
+
+
+def _past_limit(argv: list[str], what: str | None, timeout: float, log: Path | None) -> InfrastructureError:
+    where = f" (log: {log})" if log is not None else ""
+    return InfrastructureError(f"{what or Path(argv[0]).name} ran past its {timeout:.0f} s limit and was "
+                               f"killed{where}")
+
+
+def run_tool(argv: list[str], *, env: Mapping[str, str], log: Path, timeout: float, cwd: Path | None = None,
+             what: str | None = None) -> ToolRun:
+    """Run ``argv`` with ``env`` added to ours less our credentials; stdout and stderr go to ``log``. A run past
+    ``timeout`` is killed with its whole process group and raises InfrastructureError naming ``what`` (default:
+    the program's name)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log, "wb") as out:
         # its own process group, dying with the orchestrator (kill -9 included) and taking what it started along
         proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     env={**stage_environ(), **env}, cwd=cwd)
+                     env=_environ(env), cwd=cwd)
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid == proc.pid:
                     break
                 if time.monotonic() - start > timeout:
-                    raise InfrastructureError(f"{Path(argv[0]).name} ran past its {timeout:.0f} s limit and was "
-                                              f"killed (log: {log})")
+                    raise _past_limit(argv, what, timeout, log)
                 time.sleep(0.1)
         except BaseException:  # timeout, Ctrl-C, cancellation: never leave the tool running
             kill_group(proc.pid)
@@ -78,6 +97,26 @@ def run_tool(argv: list[str], *, env: dict[str, str], log: Path, timeout: float,
             raise
     proc.returncode = os.waitstatus_to_exitcode(status)
     return ToolRun(list(argv), proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024, log)
+
+
+def run_captured(argv: list[str], *, env: Mapping[str, str], timeout: float, stdin: str | None = None,
+                 what: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with ``env`` added to ours less our credentials, ``stdin`` as its input (none: empty); its
+    stdout and stderr come back as text. Past ``timeout`` (or interrupted) its whole process group is killed; past
+    ``timeout`` that raises InfrastructureError naming ``what`` (default: the program's name)."""
+    proc = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env=_environ(env))
+    try:
+        out, err = proc.communicate(stdin or "", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        proc.communicate()
+        raise _past_limit(argv, what, timeout, None) from None
+    except BaseException:  # Ctrl-C, cancellation: never leave the probe running
+        kill_group(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 def tree_bytes(path: Path) -> int:
