@@ -14,10 +14,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
-from flows.cli.listing import OutputOption, check_file_option, check_format, to_output
-from flows.cli.text import cell
-from flows.escape import spreadsheet_cell
+from cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
+from cli.listing import OutputOption, check_file_option, check_format, to_output
+from cli.text import cell
+from pages.escape import spreadsheet_cell
 from results.support import SupportStatus
 
 QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "chosen_versions", "status", "reason",
@@ -107,7 +107,7 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
             rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain,
                                  required=SUPPORT_REQUIRED)
             runs = run_starts(s, {r.run_id for r in rows})
-            support = [support_of(s, r) for r in rows]  # as the pages decide it (flows/docs_layout.py)
+            support = [support_of(s, r) for r in rows]  # as the pages decide it (pages/docs_layout.py)
             details = row_details(s, rows)
     finally:
         engine.dispose()
@@ -212,7 +212,7 @@ def _print_query(rows: list[dict[str, Any]], fmt: str) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"latest status ({len(rows)} rows)")
     compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
@@ -295,7 +295,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
         writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
         sys.stdout.write(buf.getvalue())
         return
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"regressions in the latest runs ({len(rows)})")
     for col in ("model", "precision", "platform", "metric", "severity", "value", "baseline (median)", "change",
@@ -315,7 +315,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
 def print_matrix(db_url: str) -> None:
     """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision, each
     cell the row's support status (as the pages show it)."""
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
     platforms = sorted({r["platform"] for r in rows})
