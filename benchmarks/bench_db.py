@@ -1,5 +1,5 @@
 """Results database at production size, on PostgreSQL (and SQLite): "which rows pass" (results/queries.py
-``passing_rows``, also filtered by platform) and the docs' query (``latest_status``, what flows/docs.py
+``passing_rows``, also filtered by platform) and the docs' query (``latest_status``, what pages/docs.py
 ``matrix_rows`` reads the matrix with) over 20,000 rows x 500 runs (10M results), target <= 100 ms each (median of
 warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 5 ms. Prints tables
 and EXPLAIN plans; writes benchmarks/results/db.json. The data: benchmarks/db_data.py; the leases: db_leases.py.
@@ -119,13 +119,13 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
         print(f"[{name}] {q}: median {info['queries'][q]['median_ms']} ms", flush=True)
     info["plans"] = {"passing_rows": plan(engine, passing_rows_stmt()),
                      "docs_latest_status": plan(engine, latest_status_stmt())}
-    if args.docs_matrix:  # the whole docs read (flows/docs.py), once: it also reads each row's results one by one
-        from flows.docs import matrix_rows
+    if args.docs_matrix:  # the whole docs read (pages/docs.py), once: it also reads each row's results one by one
+        from pages.docs import matrix_rows
 
         t0 = time.perf_counter()
         n = len(matrix_rows(engine))
         info["docs_matrix_rows_once_s"] = round(time.perf_counter() - t0, 2)
-        print(f"[{name}] flows.docs.matrix_rows: {n} rows in {info['docs_matrix_rows_once_s']} s", flush=True)
+        print(f"[{name}] pages.docs.matrix_rows: {n} rows in {info['docs_matrix_rows_once_s']} s", flush=True)
     info["lease_single"] = single(engine, args.lease_n)
     info["lease_contended"] = contended(url, args.workers, args.devices, args.max_jobs, args.cycles,
                                         args.hold_ms, args.think_ms)
@@ -165,7 +165,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--lease-n", type=int, default=200, help="acquire+release cycles of the single caller")
     ap.add_argument("--backends", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
     ap.add_argument("--no-docs-matrix", dest="docs_matrix", action="store_false",
-                    help="skip timing flows/docs.py matrix_rows once")
+                    help="skip timing pages/docs.py matrix_rows once")
     ap.add_argument("--postgres", help="a PostgreSQL URL of an empty database (default: a throwaway cluster)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "db.json")
     args = ap.parse_args(argv)

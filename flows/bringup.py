@@ -37,7 +37,6 @@ from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
 from flows.bringup_fit import memory_fit, planned_toolchains
 from flows.bringup_report import clear_planted, write_report
-from flows.docs import publish_bringup
 from flows.execute import execute_plan
 from flows.flow_run_names import flow_run_name, flow_run_tags, name_this_flow_run
 from flows.nightly import MAX_WORKERS
@@ -45,6 +44,7 @@ from flows.pipeline import RunReport, toolchain_versions
 from flows.plan import Decision, Plan, installing_toolchains, plan_entries
 from flows.prefect_env import send_logs_to_prefect
 from flows.settings import Settings, code_version
+from pages.docs import publish_bringup
 from results.db import from_parameter, make_engine
 from results.liveness import heartbeat
 from results.migrate import prepare_for_run

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest, checkpoint_revision
-from flows.docs_render import write_atomic
-from flows.escape import markdown_text
+from pages.docs_render import write_atomic
+from pages.escape import markdown_text
 from results.models import ResultStatus
 from tasks.bringup import LAYERS_DIR, RUNG_FILES, RUNGS, Rung
 

@@ -12,13 +12,13 @@ from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
-from flows.docs import publish_matrix_artifacts, write_docs
 from flows.execute import execute_plan
 from flows.plan import DEFAULT_MATRIX, Decision, Plan, installing_toolchains, plan_matrix
 from flows.prefect_env import send_logs_to_prefect
 from flows.revision import deployment_trigger
 from flows.run_state import flow_state, nothing_ran
 from flows.settings import Settings
+from pages.docs import publish_matrix_artifacts, write_docs
 from results.db import from_parameter
 from tasks.states import failures, row_name
 from test_lists.catalog import Catalog

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 # The farm's own loggers (every package of this project): their INFO records reach the flow run's logs in Prefect.
-FARM_LOGGERS = ("artifacts", "devices", "edgellm", "flows", "results", "stages", "tasks", "test_lists", "toolchains")
+FARM_LOGGERS = ("artifacts", "cli", "devices", "edgellm", "flows", "pages", "results", "stages", "tasks", "test_lists",
+                "toolchains", "vocabulary")
 QUIET_OFFLINE = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -69,20 +70,6 @@ def _in_a_run(record: logging.LogRecord) -> bool:
     from prefect.context import FlowRunContext, TaskRunContext
 
     return bool(getattr(record, "flow_run_id", None) or FlowRunContext.get() or TaskRunContext.get())
-
-
-def reporting_server() -> str | None:
-    """The API URL of the server runs are reported to, or None when a command starts its own temporary one."""
-    return os.environ.get("PREFECT_API_URL") or None
-
-
-def flow_run_ui_url(flow_run_id: object) -> str | None:
-    """Where a person watches a flow run in the UI of the reporting server (None without one)."""
-    api = reporting_server()
-    if api is None:
-        return None
-    ui = os.environ.get("PREFECT_UI_URL") or api.rstrip("/").removesuffix("/api")
-    return f"{ui}/runs/flow-run/{flow_run_id}"
 
 
 def free_port() -> int:

@@ -11,13 +11,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.docs import publish_test_list
 from flows.execute import execute_plan
 from flows.nightly import MAX_WORKERS, summary
 from flows.plan import Plan, installing_toolchains, plan_test_list
 from flows.prefect_env import send_logs_to_prefect
 from flows.run_state import flow_state
 from flows.settings import Settings
+from pages.docs import publish_test_list
 from results.db import from_parameter
 from test_lists.catalog import Catalog
 from test_lists.loader import LISTS_DIR, list_names, load_list

@@ -1,4 +1,4 @@
-"""What ``edgefarm compare`` reads (``flows/compare.py`` resolves two sides and compares them): published results with
+"""What ``edgefarm compare`` reads (``pages/compare.py`` resolves two sides and compares them): published results with
 their makers, statuses, reasons and metrics, the runs of a toolchain version or a commit, and the published runs to
 name when a side names nothing; typed rows only."""
 

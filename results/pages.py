@@ -1,4 +1,4 @@
-"""What the published pages read (``flows/docs*.py``): each row's latest evidence with its results and key metrics,
+"""What the published pages read (``pages/docs*.py``): each row's latest evidence with its results and key metrics,
 the trend points, a run's record with its rungs and results, and the device environments of the platforms; typed
 rows only (the pages receive rows and write files; they build no SQL).
 

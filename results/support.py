@@ -34,7 +34,7 @@ from results.models import Result, ResultStatus, Run, RunKind
 from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Tally, Verdict, row_history, supported
 from stages import Stage
 
-# Evidence of these stages alone proves an export, never support (as flows/docs_render.py's EXPORT_STAGES).
+# Evidence of these stages alone proves an export, never support (as pages/docs_render.py's EXPORT_STAGES).
 EXPORT_STAGES = frozenset({Stage.QUANTIZE.value, Stage.EXPORT.value})
 _NOT_RUN = frozenset({ResultStatus.SKIPPED.value, ResultStatus.NOT_APPLICABLE.value, ResultStatus.WAIVED.value})
 _FAILED = frozenset({ResultStatus.FAIL.value, ResultStatus.ERROR.value})

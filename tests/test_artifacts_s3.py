@@ -347,7 +347,7 @@ def test_the_store_is_chosen_by_edgefarm_artifacts(moto_s3: MotoServer, s3_bucke
 
 def test_a_farm_run_keeps_its_artifacts_in_the_bucket(prefect_harness: Path, moto_s3: MotoServer, s3_bucket: str,
                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.cli import app
+    from cli import app
     from results.db import make_engine
     from results.models import ArtifactRecord
 

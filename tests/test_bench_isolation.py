@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 import stages
+from cli import app
 from devices.transport.local import LocalTransport
-from flows.cli import app
 from results.db import make_engine
 from results.models import Environment, Metric, Result
 from results.regressions import UNDER_LOAD_METRIC

@@ -72,7 +72,7 @@ def test_round_figures_from_two_probes() -> None:
 
 
 def test_the_run_page_shows_a_benchmarks_load_where_its_conditions_are() -> None:
-    from flows.docs_render import render_run_page
+    from pages.docs_render import render_run_page
     from results.regressions import UNDER_LOAD_METRIC
 
     metrics = [("decode_copy_gb_per_s_after", 9.0, "GB/s"), ("decode_copy_gb_per_s_before", 10.0, "GB/s"),

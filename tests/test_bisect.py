@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -263,8 +263,8 @@ def test_row_form_bisects_the_farm_revisions_of_two_runs(synthetic: dict[str, An
 def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer: dict[str, Any]) -> None:
     """The answer is a typed row of ``bisections`` (bad run 2), and run 2's pages and a compare page of runs 1 and
     2 say ``first bad: <sha12> <subject>`` for the row."""
-    from flows.compare import RunSide, build_comparison, render_html, render_markdown
-    from flows.docs import write_run_pages
+    from pages.compare import RunSide, build_comparison, render_html, render_markdown
+    from pages.docs import write_run_pages
     from results.bisections import bisections_of_run, latest_bisections
     from results.db import make_engine
 
@@ -296,7 +296,7 @@ def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer:
 
 
 def test_a_subject_is_escaped_on_the_pages() -> None:
-    from flows.docs_runs import render_html, render_markdown
+    from pages.docs_runs import render_html, render_markdown
 
     run = {"id": 2, "kind": "nightly", "status": "failed", "trigger": "t", "code_version": "v", "started_at": "s",
            "bisections": {("tiny", "fp32", "x86-cpu"): "first bad: 0123456789ab <script>x</script> *bold*"}}

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm.errors import TestFailure
 from edgellm.types import Precision
-from flows.cli import app
 from tests.helpers.toy_toolchain import ToyEcho
 from toolchains import base as toolchains
 from toolchains import venvs
@@ -261,7 +261,7 @@ def test_row_form_bisects_a_changed_toolchain_version(fake_chain: str, small_ckp
     """Two runs of one farm revision whose row ran fake-chain 0.1.0, then 0.10.0: only the versions are bisected,
     the answer recorded for the row and said on the bad run's page."""
     from edgellm.reference import checkpoint_digest
-    from flows.docs import write_run_pages
+    from pages.docs import write_run_pages
     from results.bisections import bisections_of_run
     from results.db import make_engine
     from results.migrate import upgrade
@@ -475,7 +475,7 @@ def test_row_form_bisects_each_input_that_changed(fake_chain: str, stand_in: dic
     from safetensors.numpy import save_file
 
     from edgellm.reference import checkpoint_digest
-    from flows.docs import write_run_pages
+    from pages.docs import write_run_pages
     from results.bisections import bisection_lines_of_run
     from results.db import make_engine
     from results.migrate import upgrade

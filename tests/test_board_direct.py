@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.models import CacheEntry, Result
 from tests.fixtures.board import JetsonBoard

@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from devices import agent_client
 from devices.transport import open_transport
-from flows.cli import app
 from results import quarantine
 from results.db import make_engine
 from results.models import Result

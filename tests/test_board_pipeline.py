@@ -27,11 +27,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from devices import agent_client
 from devices.transport import open_transport
 from edgellm.reference import checkpoint_digest, load_reference
 from edgellm.runtime.tokenizer import TextCodec
-from flows.cli import app
 from results.db import make_engine
 from results.models import Environment, Result
 from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW

@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm import ASSETS_DIR
-from flows.cli import app
-from flows.docs import publish_bringup, write_docs
+from pages.docs import publish_bringup, write_docs
 from results.models import BringupRung, Run
 from tests.helpers.foreign import make_granite
 from tests.helpers.toolchain_env import link_real_toolchain
@@ -246,7 +246,7 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     env.pop("EDGEFARM_DB_URL", None)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "bring-up", str(ckpt), "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "cli", "bring-up", str(ckpt), "--data-dir",
                            str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--report",
                            str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr

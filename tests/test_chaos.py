@@ -42,10 +42,10 @@ from typer.testing import CliRunner
 
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactStore
+from cli import app
+from cli.query import query_rows
 from edgellm.errors import ErrorKind
 from edgellm.types import Precision
-from flows.cli import app
-from flows.cli.query import query_rows
 from results.db import make_engine
 from results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
 from results.quarantine import active as quarantined
@@ -383,7 +383,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
         env.pop("EDGEFARM_DB_URL", None)
-        orchestrator = subprocess.Popen([sys.executable, "-m", "flows.cli", "nightly", "--json", *args], env=env,
+        orchestrator = subprocess.Popen([sys.executable, "-m", "cli", "nightly", "--json", *args], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
         me = psutil.Process(orchestrator.pid)
         tree: list[psutil.Process] = []

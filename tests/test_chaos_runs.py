@@ -65,7 +65,7 @@ def _env(data: Path) -> dict[str, str]:
 
 
 def _nightly(matrix: Path, inventory: Path, data: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "nightly", *extra, "--matrix", str(matrix), "--inventory",
+    return [sys.executable, "-m", "cli", "nightly", *extra, "--matrix", str(matrix), "--inventory",
             str(inventory), "--data-dir", str(data)]
 
 
@@ -191,7 +191,7 @@ def test_a_twin_machines_live_run_with_this_host_name_is_not_reaped(
     data = tmp_path / "data"
     migrated_prefect_home(data / "prefect")
     db = data / "edgefarm.db"
-    made = subprocess.run([sys.executable, "-m", "flows.cli", "db", "upgrade"], env=_env(data), cwd=REPO,
+    made = subprocess.run([sys.executable, "-m", "cli", "db", "upgrade"], env=_env(data), cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     base = _free_pid_base()

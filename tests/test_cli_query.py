@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from artifacts.kinds import ArtifactKind
 from artifacts.store import ArtifactStore
-from flows.cli import app
-from flows.cli.query import QUERY_FIELDS, print_matrix
+from cli import app
+from cli.query import QUERY_FIELDS, print_matrix
 from results.db import make_engine
 from results.recorder import Recorder
 from results.support import SupportStatus

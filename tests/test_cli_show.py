@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from artifacts.kinds import ArtifactKind
 from artifacts.location import open_store
 from artifacts.store import ArtifactRef, ArtifactStore
-from flows.cli import app
-from flows.cli.show import parse_id
+from cli import app
+from cli.show import parse_id
 from results.db import make_engine
 from results.migrate import upgrade
 from results.recorder import Recorder

@@ -1,4 +1,4 @@
-"""``edgefarm compare`` (flows/compare.py, flows/cli/compare.py) on a fixed SQLite database recorded through the real
+"""``edgefarm compare`` (pages/compare.py, cli/compare.py) on a fixed SQLite database recorded through the real
 Recorder: three nightly runs of tensorrt-edgellm 0.11.0 (the history), a nightly running 0.11.0 and 0.12.0 side by
 side, a later nightly of another farm commit and a run still running (never compared).
 
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm.types import Precision
-from flows.cli import app
-from flows.compare import (
+from pages.compare import (
     Band,
     CommitSide,
     RowId,

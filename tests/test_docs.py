@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.docs import db_label, write_docs
-from flows.docs_render import (
+from pages.docs import db_label, write_docs
+from pages.docs_render import (
     MatrixRow,
     TrendPoint,
     cell_kind,

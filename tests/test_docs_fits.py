@@ -7,9 +7,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from flows.docs import usable_memory
-from flows.docs_html import fits_filter, render_html
-from flows.docs_render import MatrixRow
+from pages.docs import usable_memory
+from pages.docs_html import fits_filter, render_html
+from pages.docs_render import MatrixRow
 from stages.job import MEMORY_ESTIMATE_METRIC, estimate_metric
 from tests.fixtures.browser import Tab
 
@@ -84,9 +84,9 @@ def test_the_record_task_and_the_plan_s_decisions_carry_the_estimate_to_the_matr
     from sqlalchemy import create_engine
 
     from edgellm.types import Precision
-    from flows.docs import matrix_rows
     from flows.pipeline import RunReport, record_plan_decisions
     from flows.plan import Decision, Job, Plan
+    from pages.docs import matrix_rows
     from results.models import ResultStatus
     from results.recorder import Recorder
     from stages.job import CheckpointRef, JobSpec

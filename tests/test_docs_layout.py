@@ -1,4 +1,4 @@
-"""A toolchain's own page layout from evidence (flows/docs_layout.py), here TensorRT Edge-LLM's (its driver's
+"""A toolchain's own page layout from evidence (pages/docs_layout.py), here TensorRT Edge-LLM's (its driver's
 docs_layout): golden pages of a fixed database and
 of fixed evidence rows, hostile names that keep the Markdown structure, and a checkpoint with only failing evidence
 that is never listed. Regenerate the golden files after an intended change with
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.docs_layout import (
+from pages.docs_layout import (
     CheckpointInfo,
     Evidence,
     PlatformInfo,

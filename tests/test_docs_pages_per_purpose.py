@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from flows.docs import matrix_rows, publish_test_list, write_docs
-from flows.docs_html import render_html
-from flows.docs_render import MatrixRow
+from pages.docs import matrix_rows, publish_test_list, write_docs
+from pages.docs_html import render_html
+from pages.docs_render import MatrixRow
 from results.db import make_engine
 from results.migrate import upgrade
 from results.recorder import Recorder
@@ -87,7 +87,7 @@ def test_a_waivers_bug_link_stays_a_link_in_the_html_and_the_markdown() -> None:
                     stages={"export": "waived"}, reason="waived until 2099-01-01 (<url>)", support=support, bug=link)
     html = render_html([row], generated_at="now", db_label="SQLite")
     assert f"<a class='bug' href='{link}'>bug</a>" in html and "data-status='waived'" in html
-    from flows.docs_render import render_markdown
+    from pages.docs_render import render_markdown
 
     md = render_markdown([row], generated_at="now", db_label="SQLite", links=False)
     assert f"[bug]({link})" in md
@@ -96,7 +96,7 @@ def test_a_waivers_bug_link_stays_a_link_in_the_html_and_the_markdown() -> None:
 def test_the_prefect_table_keeps_the_bug_link_and_leads_with_the_root_cause(tmp_path: Path, monkeypatch) -> None:
     import prefect.artifacts
 
-    from flows.docs import publish_matrix_artifacts
+    from pages.docs import publish_matrix_artifacts
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     engine = make_engine(url)
@@ -204,9 +204,9 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
     pages count through ``results.support.count_statuses``; rendered from one database, their counts agree: the HTML
     matrix's with supported-models.md's, and on a platform whose rows one toolchain ran (orin: tensorrt-edgellm), the
     layout page's coverage with supported-models.md's (the layout counts only its own toolchain's rows)."""
-    import flows.docs_layout
-    import flows.docs_render
-    import flows.docs_runs
+    import pages.docs_layout
+    import pages.docs_render
+    import pages.docs_runs
     import results.support
 
     called: set[str] = set()
@@ -217,7 +217,7 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
             return results.support.count_statuses(statuses)  # type: ignore[arg-type]
         return count
 
-    for module in (flows.docs_layout, flows.docs_render, flows.docs_runs):
+    for module in (pages.docs_layout, pages.docs_render, pages.docs_runs):
         monkeypatch.setattr(module, "count_statuses", spy(module.__name__))
     url = build_docs_db(tmp_path / "edgefarm.db", tmp_path / "data")
     engine = make_engine(url)
@@ -231,7 +231,7 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
     engine.dispose()
     out = tmp_path / "docs"
     write_docs(url, out, tmp_path / "data")
-    assert called == {"flows.docs_layout", "flows.docs_render", "flows.docs_runs"}
+    assert called == {"pages.docs_layout", "pages.docs_render", "pages.docs_runs"}
     models = (out / "supported-models.md").read_text()
     overall = _md_counts(re.search(r"^Rows: \d+ \((.*)\)\.$", models, re.M).group(1))  # type: ignore[union-attr]
     html = (out / "support-matrix.html").read_text()
@@ -249,5 +249,5 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
     assert set(coverage["x86-cpu"]) <= {"never_tested", "not_applicable"}
     assert per_platform["x86-cpu"] == {"l0_covered": 2, "failing": 1, "waived": 1}
     # one way to count: no page module keeps a tally of its own
-    for page in sorted(Path(flows.docs_render.__file__).parent.glob("docs*.py")):
+    for page in sorted(Path(pages.docs_render.__file__).parent.glob("docs*.py")):
         assert "dict.fromkeys(SupportStatus" not in page.read_text(), page.name

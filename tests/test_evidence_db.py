@@ -16,8 +16,8 @@ import yaml
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm.errors import ErrorKind
-from flows.cli import app
 from results.db import for_parameters, from_parameter, make_engine, redact
 from results.errors import classify
 from results.migrate import current_revision, head_revision, upgrade

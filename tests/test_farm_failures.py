@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.models import Attempt, Result, Run
 from tests.fixtures.farm import FAILING

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.models import ArtifactRecord, CacheEntry, Metric, Result
 from tests.helpers.toolchain_env import link_real_toolchain

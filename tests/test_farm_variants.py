@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.models import Result, ResultStatus
 from stages.job import CheckpointRef, JobSpec
@@ -71,7 +71,7 @@ def test_the_eagle3_pair_and_a_reduced_vocabulary_export_through_the_farm(trt_en
     assert "tiny-llama-4l-eagle3" not in nightly
     assert "tiny-llama-4l-eagle3" in (data / "docs" / "lists" / "variants.md").read_text()
     # its rows in Edge-LLM's layout: the draft in its table with its base, the vocabulary as an extension
-    from flows.docs_layout import write_layout_pages
+    from pages.docs_layout import write_layout_pages
     from toolchains.base import docs_layouts
 
     engine = make_engine(f"sqlite:///{data / 'edgefarm.db'}")

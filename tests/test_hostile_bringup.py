@@ -14,10 +14,10 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm import ASSETS_DIR
 from edgellm.config import MAX_TOKENIZER_BYTES
 from edgellm.errors import ConfigurationError
-from flows.cli import app
 from results.models import Run
 from tests.helpers.foreign import make_granite
 

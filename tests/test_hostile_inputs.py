@@ -11,9 +11,9 @@ import yaml
 from typer.testing import CliRunner
 
 from artifacts.store import ArtifactStore
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.cli import app
 from toolchains.tensorrt_edgellm.env import check_version
 
 

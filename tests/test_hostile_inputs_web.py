@@ -13,9 +13,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from cli import app
 from devices.inventory import Device
 from devices.transport.base import CommandResult, Transport
-from flows.cli import app
 from results.db import for_parameters, from_parameter, redact
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHosts
@@ -101,7 +101,7 @@ def _rendered(*renderables: object, width: int = 400) -> str:
 @FEW
 @given(value=hostile_text)
 def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
-    from flows.cli.text import cell, visible
+    from cli.text import cell, visible
 
     shown = visible(value)
     assert "\n" not in shown and "\x1b" not in shown
@@ -113,8 +113,8 @@ def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
 def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str, status: str) -> None:
     from types import SimpleNamespace
 
-    from flows.cli.progress import Progress
-    from flows.cli.text import visible
+    from cli.progress import Progress
+    from cli.text import visible
 
     planned = SimpleNamespace(key=job, model=job, precision=SimpleNamespace(value="fp32"), platform="x86-cpu",
                               toolchain="edgellm-ort", entry=SimpleNamespace(variant="", stages=("export",)))
@@ -126,7 +126,7 @@ def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str,
 
 
 def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import running as commands
+    from cli import running as commands
 
     failures = [{"row": name, "stage": "build", "status": "fail", "error_kind": "test_failure", "device": name,
                  "reason": name, "logs": [f"log:{name}"]} for name in HOSTILE_NAMES]
@@ -158,7 +158,7 @@ def _hostile_db(path: Path, names: list[str]) -> str:
 
 
 def test_query_table_prints_hostile_model_names_as_written(tmp_path: Path) -> None:
-    from flows.cli.text import visible
+    from cli.text import visible
 
     url = _hostile_db(tmp_path / "x.db", HOSTILE_NAMES)
     code, output = _invoke("query", "--db", url)
@@ -236,7 +236,7 @@ def _words(value: str) -> list[str]:
 @settings(max_examples=60, deadline=None)
 @given(value=hostile_text)
 def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str) -> None:
-    from flows.escape import markdown_text
+    from pages.escape import markdown_text
 
     cell_html = _Tags(_markdown_html(f"| a | b |\n|---|---|\n| {markdown_text(value)} | x |\n"))
     assert cell_html.names() == ["table", "thead", "tr", "th", "th", "tbody", "tr", "td", "td"], cell_html.tags
@@ -247,7 +247,7 @@ def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str)
 
 
 def _rows(model: str, platform: str, toolchain: str) -> list[object]:
-    from flows.docs_render import MatrixRow
+    from pages.docs_render import MatrixRow
 
     passed = dict.fromkeys(("export", "build", "infer", "accuracy", "bench"), "pass")
     return [MatrixRow(model=model, precision=precision, platform=platform, status="pass", run_id=1,
@@ -259,8 +259,8 @@ def _rows(model: str, platform: str, toolchain: str) -> list[object]:
 @settings(max_examples=40, deadline=None)
 @given(model=hostile_text, platform=hostile_text, toolchain=hostile_text)
 def test_rendered_pages_keep_their_structure_whatever_the_names(model: str, platform: str, toolchain: str) -> None:
-    from flows.docs_html import render_html
-    from flows.docs_render import render_markdown
+    from pages.docs_html import render_html
+    from pages.docs_render import render_markdown
 
     rows = _rows(model, platform, toolchain)
     markdown = render_markdown(rows, generated_at="now", db_label="SQLite")  # type: ignore[arg-type]
@@ -302,7 +302,7 @@ COLLIDING = ["[ ]", "[[]]", "<b>", "a b", "a/b", "a-b"]  # slugs: nothing, nothi
 def test_docs_pages_show_hostile_names_as_text_with_unique_anchors(tmp_path: Path) -> None:
     import re
 
-    from flows.docs import write_docs
+    from pages.docs import write_docs
 
     names = [*HOSTILE_NAMES, *COLLIDING]
     write_docs(_supported_db(tmp_path / "x.db", names), tmp_path / "docs", tmp_path / "data")
@@ -344,7 +344,7 @@ def test_query_csv_neutralises_spreadsheet_formulas(tmp_path: Path) -> None:
 @FEW
 @given(value=st.one_of(hostile_text, st.sampled_from(["=1+1", "+x", "-x", "@x", "\t=x", "\uff1d1"])))
 def test_a_spreadsheet_cell_never_starts_a_formula(value: str) -> None:
-    from flows.escape import spreadsheet_cell
+    from pages.escape import spreadsheet_cell
 
     shown = spreadsheet_cell(value)
     assert isinstance(shown, str) and not shown.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d"))
@@ -415,7 +415,7 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
                                                                            tmp_path: Path) -> None:
     import json
 
-    from flows.cli.devices import _health_table
+    from cli.devices import _health_table
     from toolchains.health import check_device
 
     device = _local_device(tmp_path)
@@ -453,7 +453,7 @@ def test_no_health_answer_crashes_the_check(env: dict[str, object], cache: dict[
                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     import json
 
-    from flows.cli.devices import _health_table
+    from cli.devices import _health_table
     from toolchains.health import check_device
 
     device = _local_device(tmp_path_factory.mktemp("dev"))

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import flows.execute as execute
-from flows.docs import trend_points, write_docs
 from flows.settings import Settings
+from pages.docs import trend_points, write_docs
 from results.db import make_engine
 from results.models import Run, RunStatus
 from results.queries import latest_status, passing_rows, row_history

@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 import flows.execute as execute
 from artifacts.kinds import ArtifactKind, Packing
 from artifacts.store import ArtifactRef, ArtifactStore
+from cli import app
+from cli.show import TAIL_MAX_BYTES, _tail
 from devices import agent_client
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from flows.cli import app
-from flows.cli.show import TAIL_MAX_BYTES, _tail
 from flows.settings import Settings
 from results import liveness
 from results.db import make_engine, write_session
@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _edgefarm(args: list[str], env: dict[str, str], timeout: float = 60,
               prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO,
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "cli", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -335,7 +335,7 @@ def test_show_tail_of_a_large_log_reads_its_end_in_bounded_memory(tmp_path: Path
     measured = ("import re, runpy, sys\n"
                 "sys.argv = ['edgefarm', *sys.argv[1:]]\n"
                 "try:\n"
-                "    runpy.run_module('flows.cli', run_name='__main__')\n"
+                "    runpy.run_module('cli', run_name='__main__')\n"
                 "finally:\n"
                 "    hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
                 "    print('maxrss_kib', hwm, file=sys.stderr)\n")

@@ -25,10 +25,10 @@ from artifacts.kinds import ArtifactKind
 from artifacts.location import S3Location, open_store
 from artifacts.s3 import Retry, S3ArtifactStore
 from artifacts.store import ArtifactStore, CorruptArtifactError, StoreError
+from cli import app
 from devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import HIDDEN, redact
-from flows.cli import app
 from tests.fixtures.moto import Link, MotoServer
 from tests.test_cli_show import _farm
 

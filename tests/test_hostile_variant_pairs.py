@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from test_lists.catalog import CATALOG_FILE, Catalog
 
 HEADER = """name: pairs

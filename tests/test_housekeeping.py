@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from artifacts.inuse import held_dir, in_use, remove_stale
 from artifacts.store import ArtifactStore
-from flows.cli import app
+from cli import app
 from tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
 from tasks.farm import Farm, FarmContext
 from tasks.host import FarmHostWork, sweep_dead_work

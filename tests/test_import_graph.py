@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "tasks", "flows",
-            "test_lists")
+PACKAGES = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "tasks", "pages",
+            "flows", "cli", "test_lists")
 Edges = dict[str, dict[str, list[str]]]  # package -> package it imports -> "file:line: import ..." lines
 
 
@@ -118,3 +118,16 @@ def test_the_graph_sees_function_level_and_type_checking_imports(tmp_path: Path)
     cycle = _cycle(edges)
     assert cycle == ["devices", "toolchains", "devices"]
     assert "toolchains/b.py:2: import devices.a" in _shown(edges, cycle)
+
+
+def test_every_package_is_read_here_counted_in_the_code_revision_and_logged_to_prefect() -> None:
+    """A top-level package of the repository is one of PACKAGES (so its imports are checked), part of the source
+    digest a worker must match (``flows.revision.SOURCE_PACKAGES``) and a farm logger whose records reach the flow
+    run (``flows.prefect_env.FARM_LOGGERS``): a package added or split off is none of these by default."""
+    from flows.prefect_env import FARM_LOGGERS
+    from flows.revision import SOURCE_PACKAGES
+
+    found = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert found == set(PACKAGES)
+    assert set(PACKAGES) - set(SOURCE_PACKAGES) == set()
+    assert set(PACKAGES) - set(FARM_LOGGERS) == set()

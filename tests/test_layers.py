@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FARM = ("tasks", "flows", "devices", "test_lists", "artifacts", "results", "toolchains")
+FARM = ("tasks", "flows", "pages", "cli", "devices", "test_lists", "artifacts", "results", "toolchains")
 PREFECT_SETTINGS = {"flows/prefect_env.py", "flows/serve.py"}  # Prefect reads its settings from the environment
 
 
@@ -32,16 +32,17 @@ def _is_environ(node: ast.AST) -> bool:
 
 def test_cli_code_lives_in_one_package() -> None:
     outside = {path for path, tree in _modules(*FARM).items()
-               if not path.startswith("flows/cli/") and any(m.split(".")[0] == "typer" for m in _imports(tree))}
-    assert outside == set(), f"typer (edgefarm CLI code) outside flows/cli/: {sorted(outside)}"
+               if not path.startswith("cli/") and any(m.split(".")[0] == "typer" for m in _imports(tree))}
+    assert outside == set(), f"typer (edgefarm CLI code) outside cli/: {sorted(outside)}"
     users = {path for path, tree in _modules(*FARM).items()
-             if not path.startswith("flows/cli/") and any(m.startswith("flows.cli") for m in _imports(tree))}
+             if not path.startswith("cli/") and any(m.split(".")[0] == "cli" for m in _imports(tree))}
     assert users == set(), f"the CLI is the top layer; imported by {sorted(users)}"
 
 
 def test_lower_layers_import_no_higher_one() -> None:
-    rules = {"devices": ("tasks", "flows", "results"), "artifacts": ("tasks", "flows"),
-             "results": ("tasks", "flows"), "toolchains": ("tasks", "flows"), "tasks": ("flows",)}
+    rules = {"devices": ("tasks", "flows", "pages", "cli", "results"), "artifacts": ("tasks", "flows", "pages", "cli"),
+             "results": ("tasks", "flows", "pages", "cli"), "toolchains": ("tasks", "flows", "pages", "cli"),
+             "tasks": ("flows", "pages", "cli"), "pages": ("tasks", "flows", "cli"), "flows": ("cli",)}
     broken = [f"{path} imports {module}" for package, banned in rules.items()
               for path, tree in _modules(package).items() for module in sorted(_imports(tree))
               if module.split(".")[0] in banned]
@@ -106,7 +107,7 @@ def test_edgellm_backends_never_import_the_runtime() -> None:
 
 
 # -- every read and write of the results database is results/'s (it returns typed rows; nothing else builds SQL) --
-PRODUCT = ("devices", "artifacts", "stages", "toolchains", "tasks", "flows", "test_lists", "edgellm")
+PRODUCT = ("devices", "artifacts", "stages", "toolchains", "tasks", "flows", "pages", "cli", "test_lists", "edgellm")
 DB_LIBRARIES = ("sqlalchemy", "alembic", "sqlite3", "psycopg", "psycopg2")
 
 

@@ -209,7 +209,7 @@ def test_bench_peak_memory_is_a_judged_metric() -> None:
 
 
 def test_a_supported_rows_cell_shows_the_measured_peak_memory() -> None:
-    from flows.docs_render import metrics_text
+    from pages.docs_render import metrics_text
 
     assert metrics_text({"decode_tokens_per_s": 12.34, "decode_peak_memory_mb": 160.3}, "; ") == (
         "decode tok/s 12.3; peak memory MiB 160")

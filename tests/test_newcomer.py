@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from flows.docs import publish_bringup, write_docs
+from pages.docs import publish_bringup, write_docs
 from results.db import make_engine
 from results.migrate import upgrade
 from results.recorder import Recorder
@@ -61,7 +61,7 @@ def test_item3_runs_lists_the_runs_newest_first_in_every_format(tmp_path: Path) 
 
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     url, nightly, bringup = _nightly_and_bringup(tmp_path)
     args = ["runs", "--db", url, "--data-dir", str(tmp_path / "data")]
@@ -102,7 +102,7 @@ def test_item3_flow_runs_are_named_and_tagged_after_the_farm_run() -> None:
 
 def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_path: Path,
                                                                           monkeypatch) -> None:
-    from flows.docs import write_run_pages
+    from pages.docs import write_run_pages
     from results.db import make_engine as engine_of
 
     url, nightly, _ = _nightly_and_bringup(tmp_path)
@@ -125,8 +125,8 @@ def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_
 def test_item6_names_version_completion_aliases_and_bad_input(tmp_path: Path, farm_dirs: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
-    from flows.cli.query import parse_status
+    from cli import app
+    from cli.query import parse_status
     from results.support import SupportStatus
 
     version = CliRunner().invoke(app, ["--version"])
@@ -157,7 +157,7 @@ def test_item6_names_version_completion_aliases_and_bad_input(tmp_path: Path, fa
 def test_item9_junit_xml_has_a_case_per_row_and_stage_with_the_root_cause() -> None:
     from xml.etree import ElementTree as ET
 
-    from flows.cli.junit import junit_xml
+    from cli.junit import junit_xml
 
     row = "stories260K fp32 @x86-cpu"
     result = {"run_id": 3, "results": [
@@ -226,7 +226,7 @@ def broken_links(out: Path) -> list[str]:
 def test_item4_compare_answers_first_prints_only_and_the_pages_links_resolve(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     url, nightly, _ = _nightly_and_bringup(tmp_path)
     engine = make_engine(url)
@@ -327,7 +327,7 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
     from rich.cells import cell_len
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
     from test_lists.catalog import Catalog
 
     db, docs = f"sqlite:///{tmp_path / 'edgefarm.db'}", tmp_path / "docs"
@@ -339,7 +339,7 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
                PREFECT_API_URL=str(PREFECT_API_URL.value()))  # the session's Prefect server: runs are kept there
 
     # 1. the nightly, on an 80-column terminal: the live table fits, names rows whole, says elapsed time and counts
-    code, screen = run_in_pty([sys.executable, "-m", "flows.cli", "nightly", "--matrix", str(matrix), *common,
+    code, screen = run_in_pty([sys.executable, "-m", "cli", "nightly", "--matrix", str(matrix), *common,
                                "--docs-dir", str(docs)], env)
     assert code == 0, screen[-4000:]
     frame = last_frame(screen, "small progress", "pending")
@@ -423,7 +423,7 @@ def test_item7_a_dry_run_from_a_subdirectory_touches_nothing_and_says_its_data_d
                                                                                   monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     sub = tmp_path / "flows"
     sub.mkdir()
@@ -459,7 +459,7 @@ def test_item7_ctrl_c_is_said_in_the_farms_words(capsys) -> None:
     import pytest
     import typer
 
-    from flows.cli.common import farm_errors
+    from cli.common import farm_errors
 
     with pytest.raises(typer.Exit) as ended, farm_errors("nightly"):
         raise KeyboardInterrupt
@@ -475,7 +475,7 @@ def test_item6_every_listing_command_takes_format_and_output(tmp_path: Path, far
 
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     url, _, _ = _nightly_and_bringup(tmp_path)
     listings = {"query": ["query", "--db", url], "runs": ["runs", "--db", url],
@@ -507,7 +507,7 @@ def test_item7_bring_up_prints_its_rungs_not_prefects_info(farm_dirs: dict[str, 
     migrated_prefect_home(tmp_path / "data" / "prefect")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "EDGEFARM_DB_URL"}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "bring-up", str(ckpt), "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "cli", "bring-up", str(ckpt), "--data-dir",
                            str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--platforms",
                            "x86-cpu"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -531,8 +531,8 @@ def test_item7_a_long_install_says_it_is_still_working(caplog) -> None:
 
 
 def test_item11_a_cut_reason_says_it_was_cut() -> None:
+    from cli.progress import cut
     from edgellm.errors import InfrastructureError
-    from flows.cli.progress import cut
     from stages.outcome import REASON_CHARS, StageOutcome
 
     long = "word " * 1000
@@ -547,7 +547,7 @@ def test_item2_the_live_table_fits_80_columns_with_every_stage_and_two_toolchain
     from rich.cells import cell_len
     from rich.console import Console
 
-    from flows.cli.progress import Progress, ProgressLines
+    from cli.progress import Progress, ProgressLines
 
     stages = ["reference", "quantize", "export", "build", "infer", "accuracy", "bench"]
 
@@ -622,7 +622,7 @@ def test_item11_a_failure_cites_the_checks_evidence_before_the_tools_log() -> No
 
 
 def test_item5_a_cells_perplexity_ratio_says_the_limit_it_was_judged_by() -> None:
-    from flows.docs_render import metrics_text
+    from pages.docs_render import metrics_text
     from stages.job import PPL_LIMIT_METRIC
 
     shown = metrics_text({"perplexity_ratio": 1.00042, PPL_LIMIT_METRIC: 0.01}, "; ")

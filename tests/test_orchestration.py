@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.models import ArtifactRecord, Attempt, CacheEntry, Result, Run
 from results.queries import passing_rows

@@ -95,7 +95,7 @@ def test_serve_registers_the_nightly_schedule_and_stops_on_sigterm(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--port", str(port), "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port), "--data-dir",
                              str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as under `&`

@@ -27,7 +27,7 @@ MATRIX = {"name": "kill", "models": ["stories260K"], "precisions": ["fp32", "fp1
 
 
 def _edgefarm(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1])
 
 
@@ -102,7 +102,7 @@ def test_kill_9_of_the_orchestrator_takes_its_children_and_the_next_run_reaps_it
         assert dead.published_at is None  # its partial results are no evidence
         assert s.scalar(select(RowLatest.run_id).where(RowLatest.run_id == run_id)) is None
     engine.dispose()
-    query = subprocess.run([sys.executable, "-m", "flows.cli", "query", "--format", "json"], env=env,
+    query = subprocess.run([sys.executable, "-m", "cli", "query", "--format", "json"], env=env,
                            capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
     assert query.returncode == 0, query.stderr
     assert all(r["run_id"] != run_id for r in json.loads(query.stdout))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flows.cli.junit import write_junit
+from cli.junit import write_junit
 from tasks.bisect import ProbeResult, write_cached
 
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.cli import app
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
 from stages import Stage
 from test_lists.catalog import Catalog

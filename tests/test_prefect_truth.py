@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from tests.fixtures.farm import FAILING
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -20,11 +20,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, QuantMethod
-from flows.cli import app
 from flows.plan import Decision, plan_matrix
 from stages.job import CheckpointRef, JobSpec
 from test_lists.catalog import Catalog

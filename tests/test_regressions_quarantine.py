@@ -12,9 +12,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import InfrastructureError
-from flows.cli import app
 from results import quarantine
 from results.db import make_engine
 from results.migrate import upgrade
@@ -100,7 +100,7 @@ def _inventory(tmp_path: Path, ids: list[str]) -> Path:
 
 def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.cli.devices import store_reports
+    from cli.devices import store_reports
     from tasks.device_exec import run_stage
     from tasks.farm import Farm, FarmContext
 

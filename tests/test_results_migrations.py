@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from results.db import make_engine
 from results.migrate import current_revision, head_revision, schema_diff, upgrade
 

@@ -505,7 +505,7 @@ def test_names_a_newer_farm_wrote_are_read_back(engine: Engine, tmp_path: Path) 
     [flag] = published_regressions(engine)
     assert (flag.precision, flag.stage) == ("fp6_e3m2", "lint")
     # the evidence pages read them too (they show names through .value)
-    from flows.docs import matrix_rows, run_evidence
+    from pages.docs import matrix_rows, run_evidence
 
     assert {(r.precision, r.status) for r in matrix_rows(engine, kinds=None)} == {("fp16", "pass"),
                                                                                 ("fp6_e3m2", "pass")}

@@ -24,10 +24,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm.types import Precision
-from flows.cli import app
-from flows.docs import matrix_rows, write_docs
-from flows.docs_render import MatrixRow, cell_kind, render_markdown
+from pages.docs import matrix_rows, write_docs
+from pages.docs_render import MatrixRow, cell_kind, render_markdown
 from results.db import make_engine
 from results.migrate import (
     alembic_config,

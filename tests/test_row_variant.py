@@ -14,11 +14,11 @@ from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 import toolchains.base as base
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.types import KVCachePrecision
-from flows.cli import app
-from flows.docs import matrix_rows
 from flows.plan import Decision, plan_test_list
+from pages.docs import matrix_rows
 from results.db import make_engine
 from results.migrate import head_revision, schema_diff, upgrade
 from results.queries import latest_status, passing_rows, row_history

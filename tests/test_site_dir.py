@@ -82,7 +82,7 @@ def _edgefarm(*args: str, site: Path | None, data: Path) -> subprocess.Completed
     env.pop("EDGEFARM_INVENTORY", None)
     if site is not None:
         env["EDGEFARM_SITE_DIR"] = str(site)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
 
 

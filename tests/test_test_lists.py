@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
-from flows.cli import app
 from stages import Stage
 from test_lists import (
     PlatformCatalog,

@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 from artifacts.location import S3Location
 from artifacts.s3 import Retry, S3ArtifactStore
 from artifacts.store import ArtifactStore, MissingArtifactError, Store, StoreError
+from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.cli import app
 from flows.plan import Decision, Plan, installing_toolchains, plan_test_list
 from flows.settings import Settings
 from test_lists.catalog import Catalog

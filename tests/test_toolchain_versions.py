@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+from cli import app
 from devices.inventory import load_inventory
-from flows.cli import app
 from flows.plan import Decision, plan_matrix
 from results.db import make_engine
 from results.models import CacheEntry, Result

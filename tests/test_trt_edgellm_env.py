@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli import app
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.types import Precision
-from flows.cli import app
 from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
 from toolchains.tensorrt_edgellm.env import (
     _relocate,

@@ -273,7 +273,7 @@ class NotApplicable(UnsupportedError):
 @dataclass(frozen=True)
 class DocsLayout:
     """A toolchain's own documentation pages, which ``edgefarm docs`` writes from the farm's evidence in that
-    toolchain's layout (``flows/docs_layout.py``): checkpoints by family with original and pre-quantized lists and
+    toolchain's layout (``pages/docs_layout.py``): checkpoints by family with original and pre-quantized lists and
     draft tables, and a platform table. What is the toolchain's is named here; the renderer names no toolchain."""
 
     toolchain: str  # the toolchain whose rows its pages show (a row another toolchain proved is not its evidence)

@@ -1,6 +1,6 @@
 """TensorRT Edge-LLM's own documentation layout (its 0.11.0 pages, docs/source/user_guide/getting_started/
 supported-models.md and support-matrix.md, read in the public fork guswns531/TensorRT-Edge-LLM at 83f5f76), which
-``edgefarm docs`` fills from the farm's evidence (``flows/docs_layout.py``), and how the TensorRT version of a board
+``edgefarm docs`` fills from the farm's evidence (``pages/docs_layout.py``), and how the TensorRT version of a board
 is read from its recorded environment for the platform table."""
 
 from __future__ import annotations

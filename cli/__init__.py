@@ -13,16 +13,16 @@ from typing import Annotated
 
 import typer
 
-import flows.cli._site  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
-from flows.cli import commands, query, show
-from flows.cli.bisect import bisect
-from flows.cli.bringup import bring_up
-from flows.cli.compare import compare
-from flows.cli.db import app as db_app
-from flows.cli.devices import app as devices_app
-from flows.cli.lists import app as lists_app
-from flows.cli.runs import runs
-from flows.cli.toolchains import app as toolchains_app
+import cli.site_dir  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
+from cli import commands, query, show
+from cli.bisect import bisect
+from cli.bringup import bring_up
+from cli.compare import compare
+from cli.db import app as db_app
+from cli.devices import app as devices_app
+from cli.lists import app as lists_app
+from cli.runs import runs
+from cli.toolchains import app as toolchains_app
 
 app = typer.Typer(
     name="edgefarm",

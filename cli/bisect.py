@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli.common import DataDirOption, DbOption, _prefect, err, farm_errors, out
+from cli.common import DataDirOption, DbOption, configure_prefect, err, farm_errors, out
 
 STEPS = ("export", "build", "eval")
 RowKey = tuple[str, str, str]
@@ -266,7 +266,7 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
 
 def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
     """The catalog's checkpoint of ``model``, located as a run locates it (a synthetic one made)."""
-    from flows.cli.common import check_name
+    from cli.common import check_name
     from flows.settings import Settings
     from test_lists.catalog import Catalog
 
@@ -278,16 +278,16 @@ def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
 # --- running and recording --------------------------------------------------------------------------------------------
 
 def _run_flow(job: Job, facts: dict[str, object]) -> dict[str, Any]:
+    from cli.running import announce_flow_run
     from flows.bisect import bisect, bisect_versions
-    from flows.cli.running import _announce_flow_run
 
     req = job.req
     head: dict[str, Any] = {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest,
                             "precision": req.precision, "platform": req.platform}
     if job.input == "toolchain":
-        result = _announce_flow_run(bisect_versions)(req)
+        result = announce_flow_run(bisect_versions)(req)
     else:
-        result = _announce_flow_run(bisect)(req)
+        result = announce_flow_run(bisect)(req)
         head["repo"] = req.repo
         if req.code:
             head["code"] = req.code
@@ -361,8 +361,8 @@ def _regressions(run: int | None, output: Path, max_probes: int, steps: str, rep
     """--bisect-regressions: each newly failing row of a nightly bisected in turn (each input that changed), the
     probes shared out of --max-probes; a row that cannot be bisected (nothing bisectable changed, no checkpoint)
     says why in its entry."""
+    from cli.running import temporary_server
     from edgellm.errors import ConfigurationError
-    from flows.cli.running import _temporary_server
     from flows.settings import Settings
     from results.db import read_only_engine
     from results.row_inputs import newly_failing
@@ -371,8 +371,8 @@ def _regressions(run: int | None, output: Path, max_probes: int, steps: str, rep
     before, now, rows = newly_failing(read_only_engine(settings.db_url), run)
     answers: list[dict[str, Any]] = []
     left = max_probes
-    _prefect(settings.data_dir)
-    with _temporary_server(settings.data_dir):
+    configure_prefect(settings.data_dir)
+    with temporary_server(settings.data_dir):
         for row in rows:
             entry: dict[str, Any] = {"row": list(row)}
             try:
@@ -480,8 +480,8 @@ def bisect(
     (--checkpoint-good-rev/--checkpoint-bad-rev REV). With --row, --good and --bad are two runs of that row in the
     results database, and every input that changed between them is bisected."""
     with farm_errors("bisect"):
+        from cli.running import temporary_server
         from edgellm.errors import ConfigurationError
-        from flows.cli.running import _temporary_server
         from flows.settings import Settings
 
         if regressions:
@@ -515,8 +515,8 @@ def bisect(
             jobs, facts = _row_jobs(row, good, bad, ask, db, ckpt_good, ckpt_bad)
         else:
             jobs = _explicit_jobs(ask, good, bad, toolchain, good_version, bad_version, ckpt_good, ckpt_bad)
-        _prefect(settings.data_dir)
-        with _temporary_server(settings.data_dir):
+        configure_prefect(settings.data_dir)
+        with temporary_server(settings.data_dir):
             answers = _run_jobs(jobs, facts, max_probes)
         for a in answers:
             job = a.get("_job")

@@ -8,7 +8,7 @@ Pages per purpose: the nightly's pages (:func:`write_docs`: supported-models.md,
 layouts, trends; and :func:`publish_matrix_artifacts`, the Prefect artifacts) show the nightly-page runs only
 (``results.support.NIGHTLY_PAGE_KINDS``); a test-list run publishes its own page, ``lists/<list>.md`` and ``.html``
 (:func:`publish_test_list`, called at the end of ``flows.test_list.run_test_list``); neither rewrites the other.
-Each run a page links has ``runs/run-N.md`` and ``runs/run-N.html`` (``flows.docs_runs``), with its logs beside
+Each run a page links has ``runs/run-N.md`` and ``runs/run-N.html`` (``pages.docs_runs``), with its logs beside
 them (``runs/logs/``).
 
 Published pages name the database backend only and carry no orchestrator paths, hosts or URLs (see ``scrub``).
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from devices.types import DEVICE_TYPES
-from flows import docs_runs
-from flows.compare import ensure_index as ensure_compare_index
-from flows.docs_html import html_status, render_html
-from flows.docs_layout import write_layout_pages
-from flows.docs_regressions import RegressionMark
-from flows.docs_render import (
+from pages import docs_runs
+from pages.compare import ensure_index as ensure_compare_index
+from pages.docs_html import html_status, render_html
+from pages.docs_layout import write_layout_pages
+from pages.docs_regressions import RegressionMark
+from pages.docs_render import (
     MatrixRow,
     TrendPoint,
     render_markdown,
@@ -44,7 +44,7 @@ from flows.docs_render import (
     supported,
     write_atomic,
 )
-from flows.escape import markdown_text, safe_link
+from pages.escape import markdown_text, safe_link
 from results.bisections import bisection_lines_of_run
 from results.db import Db, Engine, backend_name, read_only_engine, reading, redact
 from results.migrate import require_current
@@ -234,7 +234,7 @@ def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Pa
 def prefect_link(engine: Engine, run_id: int) -> dict[str, str]:
     """The Prefect flow run that orchestrated ``run_id`` and its page in the UI, when a server that keeps it is
     known (``PREFECT_API_URL``: ``edgefarm serve`` or production; a command's temporary server is gone after it)."""
-    from flows.prefect_env import flow_run_ui_url
+    from pages.prefect_ui import flow_run_ui_url
     from results.runs import orchestrator_flow_run
 
     flow_run_id = orchestrator_flow_run(engine, run_id)
@@ -314,7 +314,7 @@ LISTS_DIR = "lists"  # a test list's own page: <docs>/lists/<list name>.md and .
 def list_page_name(list_name: str) -> str:
     """The file name (without suffix) of a test list's page: the list's name, or its slug where it has other
     characters (a list's name is its file's stem)."""
-    from flows.docs_render import slug
+    from pages.docs_render import slug
 
     return list_name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", list_name) else (slug(list_name) or "list")
 

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from cli import common
 from edgellm.files import write_text_atomic
-from flows.cli import common
 
 FORMATS = ("table", "json", "csv")
 FormatOption = Annotated[str, typer.Option("--format", help="table | json | csv")]
@@ -69,7 +69,7 @@ def to_output(path: Path | None) -> Iterator[None]:
 
 
 def _csv_value(value: Any) -> Any:
-    from flows.escape import spreadsheet_cell
+    from pages.escape import spreadsheet_cell
 
     if isinstance(value, Mapping):
         value = ";".join(f"{k}={v}" for k, v in value.items())

@@ -1,6 +1,6 @@
 """Render the support matrix from evidence rows: supported-models.md in the field's layout (one table per platform,
 one row per model, one column per precision) and perf-trend PNGs. Pure functions of their inputs (rows read from
-the results database by flows/docs.py); the HTML page is flows/docs_html.py, the run pages flows/docs_runs.py.
+the results database by pages/docs.py); the HTML page is pages/docs_html.py, the run pages pages/docs_runs.py.
 Every cell shows its row's status in the one vocabulary (``results.support.SupportStatus``: its mark and label,
 never blank); whether a row is supported is results/queries.py's to say (:func:`results.queries.supported`, which
 ``results.support`` classifies as L0 covered or checkpoint-direct), never re-derived here.
@@ -33,8 +33,8 @@ from toolchains.base import Route
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-from flows.docs_regressions import RegressionMark, mark_markdown
-from flows.escape import markdown_text
+from pages.docs_regressions import RegressionMark, mark_markdown
+from pages.escape import markdown_text
 from stages.job import PPL_LIMIT_METRIC
 
 # Metrics shown in cells, in order: (metric name, label, format)
@@ -87,7 +87,7 @@ class MatrixRow:
     route: str | None = None  # how its engines were made in that run ("onnx", "direct", both joined); None: one way
     variant: str = ""  # its variant key (stages.variant.variant_key): part of the row's key, '' the default
     support: Support | None = None  # its support status (results.support.classify); None: from status and stages
-    bug: str | None = None  # a waiver's bug link (http/https only, flows.escape.safe_link)
+    bug: str | None = None  # a waiver's bug link (http/https only, pages.escape.safe_link)
     reasons: tuple[str, ...] = ()  # its reasons, each once, the root cause first (``reason`` is them joined)
     link_base: str = ""  # the docs dir from the page that shows it ("../" for a test list's page in lists/)
 
@@ -344,13 +344,13 @@ def markdown_cell(r: MatrixRow | None, *, several_toolchains: bool, links: bool 
     return f"{shown} ({_run_ref(r, links)})"
 
 
-# pages beside this one (flows/compare.py writes them), relative to the docs dir
+# pages beside this one (pages/compare.py writes them), relative to the docs dir
 COMPARE_INDEX = "compare/index.md"
 
 
 def layout_links() -> list[tuple[str, str, str]]:
     """(product, supported-models page, support-matrix page) of each toolchain's own page layout
-    (``toolchains.base.docs_layouts``; flows/docs_layout.py writes them), relative to the docs dir."""
+    (``toolchains.base.docs_layouts``; pages/docs_layout.py writes them), relative to the docs dir."""
     from toolchains.base import docs_layouts
 
     return [(d.product, f"{d.directory}/supported-models.md", f"{d.directory}/support-matrix.md")
@@ -423,7 +423,7 @@ def render_markdown(rows: Sequence[MatrixRow], *, generated_at: str, db_label: s
     return "\n".join(lines)
 
 
-# --- per-run evidence pages (flows/docs_runs.py renders them) ----------------------------------------------
+# --- per-run evidence pages (pages/docs_runs.py renders them) ----------------------------------------------
 def bench_load_text(metrics: object) -> str:
     """A benchmark's load conditions from its metrics (``tasks/bench_load.py``), per mode: the host's one-minute
     load before -> after, the copy bandwidth before -> after and the cores other processes took; "" for a result
@@ -448,8 +448,8 @@ def bench_load_text(metrics: object) -> str:
 
 
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
-    """A run's Markdown evidence page (``flows.docs_runs.render_markdown``, without support statuses or logs)."""
-    from flows.docs_runs import render_markdown as render_run_markdown
+    """A run's Markdown evidence page (``pages.docs_runs.render_markdown``, without support statuses or logs)."""
+    from pages.docs_runs import render_markdown as render_run_markdown
 
     return render_run_markdown(run, results)
 

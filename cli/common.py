@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperOption
 
+from cli.text import visible
 from edgellm.errors import EdgeLLMError, ErrorKind
 from edgellm.redact import redact
-from flows.cli.text import visible
 
 
 def _plain_flags() -> None:
@@ -114,7 +114,8 @@ def farm_errors(command: str) -> Iterator[None]:
         raise typer.Exit(known.kind.exit_code) from None
 
 
-def _prefect(data_dir: Path, *, create: bool = True) -> None:
-    from flows.prefect_env import configure_prefect
+def configure_prefect(data_dir: Path, *, create: bool = True) -> None:
+    """Prefect's settings for a command that runs a flow (``flows.prefect_env``), before Prefect is imported."""
+    from flows import prefect_env
 
-    configure_prefect(data_dir, create=create)
+    prefect_env.configure_prefect(data_dir, create=create)

@@ -15,9 +15,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, farm_errors, out
-from flows.cli.running import JsonOption, _announce_flow_run, _temporary_server
-from flows.cli.text import cell
+from cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, farm_errors, out
+from cli.running import JsonOption, announce_flow_run, temporary_server
+from cli.text import cell
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "error": "red", "not_applicable": "yellow", "skipped": "dim"}
 
@@ -43,7 +43,7 @@ def bring_up(
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
-        _prefect(settings.data_dir)  # before Prefect is imported (flows.bringup): its console then says warnings only
+        configure_prefect(settings.data_dir)  # before flows.bringup imports Prefect: its console says warnings only
         wanted = [p.strip() for p in platforms.split(",") if p.strip()] if platforms is not None else None
         from flows.bringup import bring_up as flow
         from flows.bringup import resolve
@@ -52,8 +52,8 @@ def bring_up(
         req = resolve(checkpoint, wanted, layers, str(report) if report else None, name, settings)  # bad input: 2
         from results.db import for_parameters
 
-        with _temporary_server(settings.data_dir):
-            result = flow_summary(_announce_flow_run(flow)(
+        with temporary_server(settings.data_dir):
+            result = flow_summary(announce_flow_run(flow)(
                 checkpoint=str(req.checkpoint) if req.source.kind == "path" else req.source.name,
                 platforms=list(req.platforms), layers=layers, report_dir=str(req.report_dir), name=name,
                 db_url=for_parameters(settings.db_url), data_dir=str(settings.data_dir),

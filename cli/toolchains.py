@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.common import DataDirOption, farm_errors, out
+from cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
+from cli.text import cell
 from edgellm.errors import ConfigurationError, ErrorKind
-from flows.cli.common import DataDirOption, farm_errors, out
-from flows.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
-from flows.cli.text import cell
 from toolchains import base as toolchains
 from toolchains.base import Environment, ToolchainDriver
 

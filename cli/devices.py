@@ -15,11 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
+from cli.text import cell, visible
 from devices.health import HealthReport
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from flows.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
-from flows.cli.text import cell, visible
 from flows.settings import Settings
 from toolchains.health import check_inventory
 

@@ -20,8 +20,8 @@ from typing import Annotated, Any, BinaryIO
 import typer
 
 from artifacts.kinds import ArtifactKind, Packing
-from flows.cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
-from flows.cli.text import visible
+from cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
+from cli.text import visible
 
 MIN_PREFIX = 8
 _CHUNK = 1 << 20

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import DataDirOption, DbOption, farm_errors, print_table
-from flows.cli.listing import FormatOption, OutputOption, check_format, emit, to_output
-from flows.cli.text import cell
+from cli.common import DataDirOption, DbOption, farm_errors, print_table
+from cli.listing import FormatOption, OutputOption, check_format, emit, to_output
+from cli.text import cell
 
 FIELDS = ("id", "kind", "status", "started_at", "duration_s", "rows", "published", "trigger", "flow_run_id")
 STYLE = {"passed": "green", "failed": "red", "error": "yellow", "running": "cyan"}

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from cli.text import visible
 from edgellm.files import write_text_atomic
-from flows.cli.text import visible
 
 FAILED = ("fail",)
 ERRORED = ("error",)

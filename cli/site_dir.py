@@ -35,11 +35,11 @@ def configure_or_exit(argv: list[str]) -> None:
 
         len(DEVICE_TYPES)
     except ConfigurationError as exc:
-        from flows.cli.text import visible  # not flows.cli.common: it would build the registries this decides first
+        from cli.text import visible  # not cli.common: it would build the registries this decides first
 
         print(f"edgefarm: error (configuration): {visible(exc)}", file=sys.stderr)
         sys.exit(ErrorKind.CONFIGURATION.exit_code)
 
 
-if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py", "-m"):  # "-m": python -m flows.cli, at import
+if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py", "-m"):  # "-m": python -m cli, at import
     configure_or_exit(sys.argv[1:])

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from flows.docs_regressions import mark_html
-from flows.docs_render import (
+from pages.docs_regressions import mark_html
+from pages.docs_render import (
     LISTED,
     PASSING,
     MatrixRow,
@@ -224,7 +224,7 @@ def _inline_png(docs_dir: Path | None, name: str) -> str:
 
 def _see_also(docs_dir: Path | None) -> str:
     """Links to each toolchain's own page layout and to the published comparisons (the newest few by name)."""
-    from flows.compare import published_comparisons
+    from pages.compare import published_comparisons
 
     e = html.escape
     found = published_comparisons(docs_dir) if docs_dir is not None else []

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flows.cli.text import cell, visible
+from cli.text import cell, visible
 
 # one marker per status, in the live table and in the plain lines alike: (word for lines, glyph for cells, style)
 SYMBOL: dict[str, tuple[str, str, str]] = {

@@ -1,6 +1,6 @@
 """The regression mark of a support-matrix cell: what got worse, by how much, with links to both runs.
 
-Kept apart from the page layout (flows/docs_render.py) so a renderer only appends ``mark_html`` /
+Kept apart from the page layout (pages/docs_render.py) so a renderer only appends ``mark_html`` /
 ``mark_markdown`` to a cell; the marks come from the ``regressions`` table (results/regressions.py).
 """
 
@@ -10,7 +10,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flows.escape import markdown_text
+from pages.escape import markdown_text
 
 
 @dataclass(frozen=True)

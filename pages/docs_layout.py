@@ -12,8 +12,8 @@ pages do not have is marked as an extension: the evidence lines and status colum
 reduced-vocabulary, FP8-embedding and multimodal-component rows, and the coverage table.
 
 :func:`write_layout_pages` reads the database; :func:`render_supported_models` and :func:`render_support_matrix`
-are pure functions of plain dataclasses. Every name and reason is escaped (``flows.escape``) and scrubbed of hosts
-and paths (``flows.docs_render.scrub``).
+are pure functions of plain dataclasses. Every name and reason is escaped (``pages.escape``) and scrubbed of hosts
+and paths (``pages.docs_render.scrub``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.types import DEVICE_TYPES, Arch, DeviceType
-from flows.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
-from flows.escape import markdown_text, safe_link
+from pages.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
+from pages.escape import markdown_text, safe_link
 from results.db import Db, reading
 from results.models import RunKind
 from results.pages import device_environments

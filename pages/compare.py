@@ -1,4 +1,4 @@
-"""What changed between two sides of the evidence: ``edgefarm compare`` (flows/cli/compare.py) and its pages.
+"""What changed between two sides of the evidence: ``edgefarm compare`` (cli/compare.py) and its pages.
 
 A *side* is one of:
   - a toolchain version (:class:`ToolchainVersionSide`, ``some-toolchain==1.2.0``): per row, its latest published
@@ -33,8 +33,8 @@ checkpoint_direct) and is anything else on side B; a row lost altogether is list
 
 Published pages: ``<docs dir>/compare/<slug>.md`` and ``.html`` per comparison, ``index.md`` and ``index.html``
 listing them (from ``index.json``, which :func:`published_comparisons` reads). Every name from the database is
-escaped (Markdown: flows.escape.markdown_text; HTML: html.escape, control characters dropped); the terminal escapes
-with flows.cli.text.cell; reasons are scrubbed like the docs' (flows.docs_render.scrub).
+escaped (Markdown: pages.escape.markdown_text; HTML: html.escape, control characters dropped); the terminal escapes
+with cli.text.cell; reasons are scrubbed like the docs' (pages.docs_render.scrub).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from typing import Any
 
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.files import write_text_atomic
-from flows.docs_render import scrub
-from flows.escape import markdown_text
+from pages.docs_render import scrub
+from pages.escape import markdown_text
 from results.bisections import latest_bisection_lines
 from results.comparisons import (
     latest_nightly_of_commit,
@@ -560,7 +560,7 @@ def _histories(s: Db, a: _Resolved, b: _Resolved, wanted: list[tuple[RowId, Metr
 
 def build_comparison(db: Db, a: Side, b: Side, *, data_dir: Path | None = None) -> Comparison:
     """Resolve two sides in the results database and compare them (ConfigurationError on a bad side); reasons are
-    scrubbed (flows.docs_render.scrub: paths under ``data_dir`` relative, hosts and URLs hidden)."""
+    scrubbed (pages.docs_render.scrub: paths under ``data_dir`` relative, hosts and URLs hidden)."""
     slug = comparison_slug(a, b)
     if a == b:
         raise ConfigurationError(f"both sides are {a.label!r}; valid: two different sides")

@@ -1,7 +1,7 @@
 """Values written into published text: Markdown pages and artifacts, and CSV that people open in a spreadsheet.
 Model names, reasons, hosts and versions come from files, databases and devices (anyone may have written them):
 none may add HTML, links or emphasis to a page, break a table row, or become a formula in a spreadsheet. The HTML
-page escapes with ``html.escape`` (flows/docs_html.py) and the terminal with ``flows.cli.text.cell``."""
+page escapes with ``html.escape`` (pages/docs_html.py) and the terminal with ``cli.text.cell``."""
 
 from __future__ import annotations
 

@@ -9,16 +9,19 @@ import io
 import json
 import sys
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from flows.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
-from flows.cli.listing import OutputOption, check_file_option, check_format, to_output
-from flows.cli.text import cell
-from flows.escape import spreadsheet_cell
+from cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
+from cli.listing import OutputOption, check_file_option, check_format, to_output
+from cli.text import cell
+from pages.escape import spreadsheet_cell
 from results.support import SupportStatus
+
+if TYPE_CHECKING:
+    from edgellm.types import Precision
 
 QUERY_FIELDS = ("model", "precision", "platform", "job_toolchain", "variant", "chosen_versions", "status", "reason",
                 "error_kind", "failing_since_run", "toolchain", "toolchain_version", "route", "standin", "run_id",
@@ -50,10 +53,20 @@ def parse_status(value: str) -> SupportStatus:
         from edgellm.errors import ConfigurationError
 
         close = difflib.get_close_matches(norm, [*valid, *STATUS_ALIASES], n=3, cutoff=0.6)
-        hint = f" (did you mean {', '.join(repr(STATUS_ALIASES.get(c, c)) for c in close)}?)" if close else ""
+        meant = dict.fromkeys(STATUS_ALIASES.get(c, c) for c in close)  # an alias and its status: said once
+        hint = f" (did you mean {', '.join(map(repr, meant))}?)" if close else ""
         raise ConfigurationError(f"unknown --status {value!r}{hint}; valid statuses: {', '.join(valid)} "
                                  f"(also pass, fail, untested, export_verified; '-' or '_')")
     return SupportStatus(norm)
+
+
+def parse_precision(value: str) -> Precision:
+    """A --precision someone gave: a precision's name in any case, else a ConfigurationError naming it, a near match
+    and the valid names. Parsed here once: what the query passes on is the ``Precision`` itself."""
+    from edgellm.types import Precision
+
+    name = check_name("precision", value.strip().lower(), [p.value for p in Precision])
+    return Precision(name)
 
 
 def colour(status: str) -> str:
@@ -91,14 +104,13 @@ def check_filters(s: Any, model: str | None, platform: str | None) -> None:
             check_name(what, value, known_names(s, what))
 
 
-def query_rows(db_url: str, *, model: str | None, precision: str | None, platform: str | None,
-               status: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
+def query_rows(db_url: str, *, model: str | None, precision: Precision | None, platform: str | None,
+               status: SupportStatus | None, toolchain: str | None = None) -> list[dict[str, Any]]:
     from results.db import read_only_engine, reading, redact
     from results.migrate import require_current
     from results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details, run_starts
     from results.support import support_of
 
-    wanted = parse_status(status) if status is not None else None
     engine = read_only_engine(db_url)
     try:
         require_current(engine, redact(db_url))
@@ -107,13 +119,13 @@ def query_rows(db_url: str, *, model: str | None, precision: str | None, platfor
             rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain,
                                  required=SUPPORT_REQUIRED)
             runs = run_starts(s, {r.run_id for r in rows})
-            support = [support_of(s, r) for r in rows]  # as the pages decide it (flows/docs_layout.py)
+            support = [support_of(s, r) for r in rows]  # as the pages decide it (pages/docs_layout.py)
             details = row_details(s, rows)
     finally:
         engine.dispose()
     rows_out = []
     for r, sup in zip(rows, support, strict=True):
-        if wanted is not None and sup.status is not wanted:
+        if status is not None and sup.status is not status:
             continue
         detail = details.get(detail_key(r))
         rows_out.append({
@@ -171,27 +183,24 @@ def query(
     """Which rows are supported? The latest support status of every (model, precision, platform, toolchain its jobs
     ran with), with its root-cause reason, from the results database."""
     with farm_errors("query"):
-        from edgellm.types import Precision
         from flows.settings import Settings
         from toolchains.base import parse as parse_toolchain
 
         fmt = check_format(fmt)
         check_file_option("--output", output)
-        if precision is not None:
-            name = precision.strip().lower()
-            precision = check_name("precision", name, [p.value for p in Precision])
-            precision = Precision.parse(precision, what="precision").value
+        # each filter parsed once, here, before the database is opened: what goes on is typed
+        wanted_precision = parse_precision(precision) if precision is not None else None
+        wanted_status = parse_status(status) if status is not None else None
         if toolchain is not None:
             toolchain = parse_toolchain(toolchain)
-        if status is not None:
-            parse_status(status)  # refused before the database is opened
         db_url = Settings.resolve(db=db, data_dir=data_dir, create=False).existing_db_url()
         if show_regressions:
-            found = regression_rows(db_url, model=model, precision=precision, platform=platform, toolchain=toolchain)
+            found = regression_rows(db_url, model=model, precision=wanted_precision, platform=platform,
+                                    toolchain=toolchain)
             with to_output(output):
                 _print_regressions(found, fmt, db_url)
             return
-        rows = query_rows(db_url, model=model, precision=precision, platform=platform, status=status,
+        rows = query_rows(db_url, model=model, precision=wanted_precision, platform=platform, status=wanted_status,
                           toolchain=toolchain)
     with to_output(output):
         _print_query(rows, fmt)
@@ -212,7 +221,7 @@ def _print_query(rows: list[dict[str, Any]], fmt: str) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"latest status ({len(rows)} rows)")
     compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
@@ -236,7 +245,7 @@ REGRESSION_FIELDS = ("model", "precision", "platform", "job_toolchain", "stage",
                      "value", "baseline", "spread", "change", "baseline_runs", "run_id", "previous_run_id")
 
 
-def regression_rows(db_url: str, *, model: str | None, precision: str | None,
+def regression_rows(db_url: str, *, model: str | None, precision: Precision | None,
                     platform: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
     from results.db import read_only_engine, reading, redact
     from results.migrate import require_current
@@ -252,7 +261,7 @@ def regression_rows(db_url: str, *, model: str | None, precision: str | None,
         engine.dispose()
     return [{k: (v.value if hasattr(v, "value") else v) for k, v in
              ((k, getattr(f, k)) for k in REGRESSION_FIELDS)}
-            for f in flags if precision is None or f.precision.value == precision]
+            for f in flags if precision is None or f.precision is precision]
 
 
 def nightly_run_counts(db_url: str) -> list[int]:
@@ -295,7 +304,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
         writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
         sys.stdout.write(buf.getvalue())
         return
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"regressions in the latest runs ({len(rows)})")
     for col in ("model", "precision", "platform", "metric", "severity", "value", "baseline (median)", "change",
@@ -315,7 +324,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
 def print_matrix(db_url: str) -> None:
     """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision, each
     cell the row's support status (as the pages show it)."""
-    from flows.docs_render import row_label, shown_toolchain
+    from pages.docs_render import row_label, shown_toolchain
 
     rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
     platforms = sorted({r["platform"] for r in rows})

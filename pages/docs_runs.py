@@ -5,8 +5,8 @@ in human units, each reason once (a reason several stages share is written on th
 log artifacts linked to a copy of their text beside the page (``runs/logs/<sha12>.txt``), so the evidence opens from
 a file, offline.
 
-Pure functions of the run's info and results (read by ``flows.docs.run_evidence``) and each row's support status;
-every name, reason and value is escaped (``flows.escape.markdown_text``, ``html.escape``).
+Pure functions of the run's info and results (read by ``pages.docs.run_evidence``) and each row's support status;
+every name, reason and value is escaped (``pages.escape.markdown_text``, ``html.escape``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from flows.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
-from flows.escape import markdown_text, safe_link
+from pages.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
+from pages.escape import markdown_text, safe_link
 from results.support import Support, SupportStatus, count_statuses, stage_order
 
 LOG_DIR = "logs"  # beside the run pages: runs/logs/<sha12>.txt

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from flows.cli.common import err, out
-from flows.cli.progress import Progress, ProgressLines
-from flows.cli.text import visible
+from cli.common import err, out
+from cli.progress import Progress, ProgressLines
+from cli.text import visible
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
 NOTHING_RAN = 5  # the exit code when no stage ran (pytest's "no tests collected")
@@ -32,7 +32,7 @@ def _say(console: Console, text: str) -> None:
 
 
 @contextmanager
-def _temporary_server(data_dir: Path, console: Console | None = None) -> Iterator[None]:
+def temporary_server(data_dir: Path, console: Console | None = None) -> Iterator[None]:
     """With no Prefect API configured, run the command's flow against a temporary server started here (Prefect's
     own ephemeral one would outlive a killed orchestrator): it dies with this process, or when the block ends."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
@@ -73,9 +73,9 @@ def _flush_logs() -> None:
         err.print(f"edgefarm: could not send the run's logs to Prefect: {visible(exc)}", markup=False)
 
 
-def _announce_flow_run(flow: Any, console: Console | None = None) -> Any:
+def announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
-    from flows.prefect_env import flow_run_ui_url, reporting_server
+    from pages.prefect_ui import flow_run_ui_url, reporting_server
 
     if reporting_server() is None:
         return flow
@@ -218,8 +218,8 @@ def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, d
                 "failures": [], "results": [], "nothing_ran": True, "why_nothing_ran": why_nothing_ran(plan, {}),
                 "timing": {}, "transfers": {}, "docs": None}
     db_param = for_parameters(settings.db_url)  # the flow, run in this process, gets the real URL back
-    with _temporary_server(settings.data_dir, say):
-        return _run_with_progress(plan, lambda: flow_summary(_announce_flow_run(flow, say)(
+    with temporary_server(settings.data_dir, say):
+        return _run_with_progress(plan, lambda: flow_summary(announce_flow_run(flow, say)(
             db_url=db_param, data_dir=str(settings.data_dir), inventory=str(settings.inventory_dir),
             trigger="cli", plan=plan, return_state=True, **params)), say)
 
@@ -236,14 +236,14 @@ def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = N
     """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary), and its JUnit XML
     in ``junit``; the exit code of :func:`exit_code`."""
     if junit is not None:
-        from flows.cli.junit import write_junit
+        from cli.junit import write_junit
 
         write_junit(result, junit, suite)
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(exit_code(result))
     if matrix_of is not None and result.get("run_id") is not None:
-        from flows.cli.query import print_matrix
+        from cli.query import print_matrix
 
         print_matrix(matrix_of)
     raise typer.Exit(_print_summary(result))

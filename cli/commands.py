@@ -1,5 +1,5 @@
 """``edgefarm nightly | run | docs | serve | gc``: what release and QA engineers type every day (``query``:
-flows/cli/query.py; running a plan: flows/cli/running.py).
+cli/query.py; running a plan: cli/running.py).
 
 Exit codes: 0 all passed, 1 some failed, 2 bad input (every problem listed), 3 infrastructure failure, 5 nothing ran.
 Prefect is imported only inside the commands that run flows, after its settings point at the data dir.
@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import DataDirOption, DbOption, InventoryOption, _prefect, err, farm_errors, out
-from flows.cli.listing import check_file_option
-from flows.cli.running import (
+from cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, err, farm_errors, out
+from cli.listing import check_file_option
+from cli.running import (
     DryRunOption,
     JsonAliasOption,
     JunitOption,
@@ -52,7 +52,7 @@ def nightly(
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir,
                                     create=not dry_run)  # a dry run touches nothing, the data dir included
-        _prefect(settings.data_dir, create=not dry_run)
+        configure_prefect(settings.data_dir, create=not dry_run)
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or default_matrix()
@@ -82,7 +82,7 @@ def run(
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, create=not dry_run)
-        _prefect(settings.data_dir, create=not dry_run)
+        configure_prefect(settings.data_dir, create=not dry_run)
         from flows.test_list import make_plan, run_test_list
 
         result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),
@@ -104,8 +104,8 @@ def docs(
 ) -> None:
     """Regenerate supported-models.md, the HTML support matrix and the perf trends from the database."""
     with farm_errors("docs"):
-        from flows.docs import write_docs
         from flows.settings import Settings
+        from pages.docs import write_docs
 
         settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir, create=False)
         result = write_docs(settings.existing_db_url(), settings.docs_dir, settings.data_dir)
@@ -130,7 +130,7 @@ def serve(
         from flows.settings import Settings
 
         settings = Settings.resolve(data_dir=data_dir)
-        _prefect(settings.data_dir)
+        configure_prefect(settings.data_dir)
         from flows.serve import serve as run_serve
 
         raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui,

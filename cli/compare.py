@@ -1,5 +1,5 @@
 """``edgefarm compare``: what changed between two toolchain versions, two runs or two commits of the farm (the logic
-and the pages: flows/compare.py). Exit codes: 0 compared, 1 a row regressed (only with --fail-on-regression),
+and the pages: pages/compare.py). Exit codes: 0 compared, 1 a row regressed (only with --fail-on-regression),
 2 bad input (the message names the bad value and the valid ones), 3 infrastructure failure."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import DataDirOption, DbOption, err, farm_errors, out, print_table
-from flows.cli.query import colour
-from flows.cli.text import cell
+from cli.common import DataDirOption, DbOption, err, farm_errors, out, print_table
+from cli.query import colour
+from cli.text import cell
 
 FORMATS = ("table", "json")
 
@@ -22,7 +22,7 @@ FORMATS = ("table", "json")
 def _side_args(toolchain: str | None, against: str | None, runs: tuple[int, int] | None,
                commits: tuple[str, str] | None) -> tuple[Any, Any]:
     from edgellm.errors import ConfigurationError
-    from flows.compare import RunSide, parse_commit, parse_toolchain_sides
+    from pages.compare import RunSide, parse_commit, parse_toolchain_sides
 
     given = [name for name, v in (("--toolchain/--against", toolchain or against), ("--runs", runs),
                                   ("--commits", commits)) if v]
@@ -73,10 +73,10 @@ def compare(
     """What changed between two sides: rows gained and lost, status changes, metric deltas against their noise band."""
     with farm_errors("compare"):
         from edgellm.errors import ConfigurationError
-        from flows.compare import build_comparison
-        from flows.compare import publish as publish_pages
-        from flows.docs import db_label
         from flows.settings import Settings
+        from pages.compare import build_comparison
+        from pages.compare import publish as publish_pages
+        from pages.docs import db_label
         from results.db import read_only_engine, redact
         from results.migrate import require_current
 
@@ -125,7 +125,7 @@ def _only_metrics(c: Any, patterns: list[str]) -> Any:
 
 
 def _print(c: Any) -> None:
-    from flows.compare import stage_text
+    from pages.compare import stage_text
 
     out.print(cell(c.summary()))  # the answer first
     out.print(cell(f"A: {c.a}"))
@@ -149,7 +149,7 @@ def _print(c: Any) -> None:
     if c.changed or c.gained or c.lost:  # never an empty bordered table
         print_table(rows)
     if c.deltas:
-        from flows.compare import fmt_delta, fmt_num, fmt_rel
+        from pages.compare import fmt_delta, fmt_num, fmt_rel
 
         t = Table(title=f"metric deltas ({len(c.deltas)}; B - A, band: side A's history)")
         for col in ("row", "metric", "A", "B", "B - A", "rel", "band", "noise"):

@@ -1,0 +1,5 @@
+"""``python -m cli``: the ``edgefarm`` command."""
+
+from cli import main
+
+main()
