@@ -14,8 +14,9 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("edgellm", "vocabulary", "stages", "tasks", "flows", "devices", "test_lists", "artifacts", "results",
-            "toolchains", "docs", "infra", "scripts")
+# every top-level package of the repository (a new one is scanned without being listed), and the folders of docs
+PACKAGES = (*sorted(p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name != "tests"),
+            "docs", "infra", "scripts")
 SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".sql", ".jinja", ".txt", ".cfg")
 EXTENSIONS = "py|md|yaml|yml|json|toml|sh|sql|jinja|txt|html|png|cfg|csv|npz|safetensors"
 # a relative path: directories then a file with a known extension, not inside a longer path or a word
