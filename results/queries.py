@@ -216,6 +216,7 @@ def latest_status(
     return [st for _, st in out]
 
 
+_STATUS = {s.value: s for s in ResultStatus}  # a dict lookup, not an enum call, per packed entry
 _FIELD, _ENTRY = "\x1f", "\x1e"  # separators of the packed results of a row (see latest_status_stmt)
 
 
@@ -236,7 +237,7 @@ def unpack(packed: str | Sequence[str], read_stage: Any = str, read_toolchain: A
     t = Tally()
     for entry in sorted(_ENTRY.join([packed] if isinstance(packed, str) else packed).split(_ENTRY)):
         stage, status, tc, version, standin, route, n = entry.split(_FIELD)
-        t.add(read_stage(stage), ResultStatus(status), int(n), read_toolchain(tc), version or None, standin == "1",
+        t.add(read_stage(stage), _STATUS[status], int(n), read_toolchain(tc), version or None, standin == "1",
               route or None)
     return t
 
