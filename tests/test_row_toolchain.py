@@ -293,7 +293,7 @@ def test_a_metric_is_compared_with_its_own_toolchains_runs_only(engine: Engine) 
     assert find_regressions(engine, run(ORT, 99.0, finish=False)) == []  # ort's baseline is still ort's
 
 
-def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
+def test_the_record_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
     from flows.pipeline import RunReport, record_plan_decisions
     from flows.plan import Decision, Job, Plan
     from stages.job import CheckpointRef, JobSpec
@@ -310,9 +310,9 @@ def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine:
         job = JobSpec(model="m", precision=INT4, platform=CPU, toolchain=ORT, test_id="m-int4", max_seq_len=64,
                       checkpoint=CheckpointRef("m", str(tmp_path), SHA), max_batch_size=1, max_input_len=32,
                       stages=("quantize", "export"))
-        record.fn(ctx, job, "quantize", StageOutcome("quantize", ResultStatus.PASS, toolchain=TRT,
-                                                     toolchain_version=TRT_V))
-        record.fn(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version=ORT_V))
+        record(ctx, job, "quantize", StageOutcome("quantize", ResultStatus.PASS, toolchain=TRT,
+                                                  toolchain_version=TRT_V))
+        record(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version=ORT_V))
         entry = TestEntry(list_name="l", model="m", precision=FP16, max_seq_len=64, max_batch_size=1,
                           max_input_len=32, stages=(Stage.INFER, Stage.ACCURACY), timeouts={}, toolchain=GENAI)
         skipped = Job(entry=entry, platform=CPU, decision=Decision.SKIPPED, toolchain=GENAI, reason="no device")
