@@ -131,7 +131,7 @@ class _Node:
     is called with what it ended with (``ended_with``) once it has, after the runs waiting for it were submitted."""
 
     key: object  # the stage run: (stage, what it serves)
-    submit: Callable[[list[Needed]], PrefectFuture[Any]]  # given what the needed runs ended with, in ``needs`` order
+    submit: Callable[[list[Needed]], PrefectFuture[Any]]  # given the needed runs (ended), in ``needs`` order
     needs: tuple[object, ...]
     lane: str  # "host" or "device:<platform>": what bounds how many run at once
     ended: Callable[[StageOutcome | BaseException], None]

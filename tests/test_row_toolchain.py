@@ -195,7 +195,7 @@ def test_upgrade_from_0008_backfills_the_job_toolchain_and_rebuilds_row_latest(e
 def _job(rec: Recorder, run: int, model: str, precision: Precision, toolchain: str, stages: dict[str, str], *,
          platform: str = CPU, version: str | None = None, metrics: dict[str, tuple[float, str]] | None = None,
          chosen: str | None = None, test_id: str | None = None) -> None:
-    """One job's results, as the record task writes them (its quantize stage made by tensorrt-edgellm)."""
+    """One job's results, as the record writes them (its quantize stage made by tensorrt-edgellm)."""
     tid = test_id or f"{model}-{precision.value}" + ("" if toolchain == ORT else f"-by.{toolchain}")
     for stage, status in stages.items():
         maker = TRT if stage == "quantize" else toolchain
