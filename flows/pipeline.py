@@ -1,11 +1,13 @@
 """Submit a plan's jobs as a DAG of stage tasks, derived from the stage table (``stages.STAGES``): each job runs
 its listed stages and what they need, in pipeline order; a stage shared wider than one job runs once for all the
 jobs that share it (the transformers reference once per model, quantize once per checkpoint to make, export once per
-(model, precision, toolchain) whatever the platforms); each listed stage is recorded as it finishes.
+(model, precision, toolchain) whatever the platforms). Each stage is one Prefect task run; the scheduler records it
+for every job that lists it as it ends, whatever its end (an outcome, an exception, a crash: ``tasks.record``).
 
 Tasks return outcomes for test failures and configuration errors (one broken model never stops the run); only
 infrastructure failures raise, and those are retried by Prefect. ``allow_failure`` lets a stage see why its
-upstream broke so it is recorded as skipped with that reason instead of vanishing.
+upstream broke so it is recorded as skipped with that reason instead of vanishing (a crashed upstream, which
+``allow_failure`` does not let through, is handed on as the exception it crashed with).
 """
 
 from __future__ import annotations
@@ -120,39 +122,58 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
     farm.recorder.record_results(ctx.run_id, rows)
 
 
+Needed = PrefectFuture[Any] | BaseException  # a needed run's future, or the exception it crashed with
+
+
 @dataclass
 class _Node:
-    """A task to submit once every run it reads has ended (``needs``: keys of ``Scheduler.futures``)."""
+    """A stage run to submit once every run it reads has ended (``needs``: keys of ``Scheduler.futures``); ``ended``
+    is called with what it ended with (``ended_with``) once it has, after the runs waiting for it were submitted."""
 
-    key: object  # a stage run (stage, what it serves) or a record (job key, stage, "record")
-    submit: Callable[[list[Any]], PrefectFuture[Any]]  # given the needed futures (done), in ``needs`` order
+    key: object  # the stage run: (stage, what it serves)
+    submit: Callable[[list[Needed]], PrefectFuture[Any]]  # given the needed runs (ended), in ``needs`` order
     needs: tuple[object, ...]
-    lane: str  # "host", "device:<platform>" or "record": what bounds how many run at once
+    lane: str  # "host" or "device:<platform>": what bounds how many run at once
+    ended: Callable[[StageOutcome | BaseException], None]
     waiting: int = 0
+
+
+def ended_with(future: PrefectFuture[Any]) -> StageOutcome | BaseException:
+    """What a stage's ended task run ended with: its outcome, the exception it failed with, or the one it crashed
+    with (Prefect marks the run Crashed and re-raises a ``BaseException`` that is not an ``Exception``, such as
+    ``SystemExit``, in its thread: its future raises it)."""
+    try:
+        return future.result(raise_on_failure=False)  # type: ignore[no-any-return]
+    except BaseException as exc:  # the future is done: nothing but the run's own crash can come from here
+        return exc
 
 
 class Scheduler:
     """Submits each task only when the runs it reads have ended, at most ``lanes[lane]`` running per lane: a task
     never holds one of the task runner's threads while it waits for its inputs (Prefect's thread pool resolves a
     task's upstream futures inside the worker thread), and a platform gets about as many tasks at once as it has
-    device slots, however many rows wait (a 200-device lab had at most 16 stages moving, most of them waiting)."""
+    device slots, however many rows wait (a 200-device lab had at most 16 stages moving, most of them waiting).
+    When a run ends, the runs it unblocks are submitted first, then its node's ``ended`` (the record) is called here,
+    in the flow's thread: a stage is one task run, never a second one for its record."""
 
     def __init__(self, lanes: Mapping[str, int]) -> None:
         self.lanes = dict(lanes)
         self.futures: dict[object, PrefectFuture[Any]] = {}
+        self.results: dict[object, StageOutcome | BaseException] = {}  # what each ended run ended with
         self._nodes: list[_Node] = []
 
     def add(self, node: _Node) -> None:
         self._nodes.append(node)
 
     def run(self) -> None:
+        """Run every node; an exception of a node's ``ended`` is raised once every run has ended (the first one)."""
         dependents: dict[object, list[_Node]] = defaultdict(list)
         ready: dict[str, deque[_Node]] = defaultdict(deque)
-        keys = {n.key for n in self._nodes}
+        nodes = {n.key: n for n in self._nodes}
         for node in self._nodes:
             node.waiting = len(node.needs)
             for need in node.needs:
-                if need not in keys:
+                if need not in nodes:
                     raise ValueError(f"{node.key} needs {need}, which nothing submits")
                 dependents[need].append(node)
             if not node.needs:
@@ -160,28 +181,55 @@ class Scheduler:
         ended: queue.SimpleQueue[tuple[object, str]] = queue.SimpleQueue()
         running: dict[str, int] = defaultdict(int)
         left = len(self._nodes)
-        while left:
-            for lane, nodes in ready.items():
+        just_ended: list[_Node] = []
+        failure: BaseException | None = None
+        while True:
+            for lane, waiting in ready.items():
                 limit = self.lanes.get(lane)
-                while nodes and (limit is None or running[lane] < limit):
-                    node = nodes.popleft()
-                    future = node.submit([self.futures[n] for n in node.needs])
+                while waiting and (limit is None or running[lane] < limit):
+                    node = waiting.popleft()
+                    future = node.submit([self._upstream(n) for n in node.needs])
                     self.futures[node.key] = future
                     running[lane] += 1
                     future.add_done_callback(lambda _, k=node.key, lane=lane: ended.put((k, lane)))
-            key, lane = ended.get()
-            running[lane] -= 1
-            left -= 1
-            for node in dependents.pop(key, ()):
-                node.waiting -= 1
-                if node.waiting == 0:
-                    ready[node.lane].append(node)
+            for node in just_ended:  # after what they unblocked was submitted
+                try:
+                    node.ended(self.results[node.key])
+                except Exception as exc:  # one failed record never stops the others
+                    log.exception("recording %s failed", node.key)
+                    failure = failure or exc
+            just_ended = []
+            if not left:
+                break
+            finished = [ended.get()]
+            while True:  # every run that ended meanwhile, in one round
+                try:
+                    finished.append(ended.get_nowait())
+                except queue.Empty:
+                    break
+            for key, lane in finished:
+                running[lane] -= 1
+                left -= 1
+                self.results[key] = ended_with(self.futures[key])
+                just_ended.append(nodes[key])
+                for node in dependents.pop(key, ()):
+                    node.waiting -= 1
+                    if node.waiting == 0:
+                        ready[node.lane].append(node)
+        if failure is not None:
+            raise failure
+
+    def _upstream(self, key: object) -> Needed:
+        """A needed run for the task that reads it: its future (so Prefect draws the edge), or the exception it
+        crashed with (``allow_failure`` lets a Failed run through, never a Crashed one)."""
+        result = self.results[key]
+        return result if isinstance(result, BaseException) and not isinstance(result, Exception) \
+            else self.futures[key]
 
 
 def lanes_of(ctx: FarmContext, platforms: set[str]) -> dict[str, int]:
     """How many tasks of each lane run at once: the host stages' slots, and per platform its device slots and half
-    as many again (a stage waiting for the one device that holds its engine leaves the others work); records
-    unbounded (they only write to the database)."""
+    as many again (a stage waiting for the one device that holds its engine leaves the others work)."""
     farm = Farm.get(ctx)
     lanes = {"host": max(1, ctx.host_slots)}
     for platform in platforms:
@@ -197,10 +245,11 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
     ``checkpoints``: every located checkpoint by model (a pre-quantized model's base among them)."""
     submitted_at = time.time()
     scheduler = Scheduler(lanes_of(ctx, {job.platform for job, _ in jobs}))
-    runs: dict[tuple[str, tuple[object, ...]], str] = {}  # (stage, what it serves) -> its one run
+    runs: dict[tuple[str, tuple[object, ...]], _Node] = {}  # (stage, what it serves) -> its one run
     sharers: dict[tuple[str, tuple[object, ...]], list[JobSpec]] = defaultdict(list)  # the jobs a run serves
     stage_runs: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = {}  # job key -> its stages' runs
-    records: list[tuple[str, str, tuple[str, str, str]]] = []
+    records: list[tuple[str, str]] = []  # (job key, stage) in the order the report lists them
+    recorded: dict[tuple[str, str], StageOutcome] = {}
     # a job that runs after another (JobSpec.after) is added after it, so it can wait for its stages
     for job, checkpoint in sorted(jobs, key=lambda pair: pair[0].entry.after is not None):
         source = (sources or {}).get(job.model)
@@ -215,21 +264,19 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
                 # a job that runs after another (an EAGLE3 draft after its base) waits for that one's same stage
                 needs = tuple(mine[need] for need in stage.needs) + ((gates[name],) if name in gates else ())
                 lane = "host" if stage.where is Where.HOST else f"device:{spec.platform}"
-                scheduler.add(_Node(run, _stage_submitter(ctx, name, spec, sharers[run]), needs, lane))
-                runs[run] = name
+                runs[run] = _Node(run, _stage_submitter(ctx, name, spec, sharers[run]), needs, lane,
+                                  _recorder(ctx, name, sharers[run], recorded))
+                scheduler.add(runs[run])
             sharers[run].append(spec)
             mine[name] = run
             report.ran[spec.key][name] = run
         stage_runs[spec.key] = mine
-        for name in spec.stages:
-            key = (spec.key, name, "record")
-            scheduler.add(_Node(key, _record_submitter(ctx, spec, name), (mine[name],), "record"))
-            records.append((spec.key, name, key))
+        records += [(spec.key, name) for name in spec.stages]
     scheduler.run()
-    for job_key_, name, key in records:
-        report.outcomes[job_key_][name] = scheduler.futures[key].result()
+    for job_key_, name in records:
+        report.outcomes[job_key_][name] = recorded[job_key_, name]
     for run in runs:
-        outcome = scheduler.futures[run].result(raise_on_failure=False)
+        outcome = scheduler.results[run]
         if isinstance(outcome, StageOutcome):
             report.runs[run] = outcome
     report.wall_s = time.time() - submitted_at
@@ -237,19 +284,27 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
 
 
 def _stage_submitter(ctx: FarmContext, name: str, spec: JobSpec,
-                     sharers: list[JobSpec]) -> Callable[[list[Any]], PrefectFuture[Any]]:
+                     sharers: list[JobSpec]) -> Callable[[list[Needed]], PrefectFuture[Any]]:
     """Submits the stage's task, named after what it serves (``sharers``: every job that shares the run, complete
     by the time the scheduler submits it)."""
-    def submit(upstream: list[Any]) -> PrefectFuture[Any]:
+    def submit(upstream: list[Needed]) -> PrefectFuture[Any]:
         named = stage_task(name).with_options(task_run_name=task_run_name(name, spec, sharers))
-        return named.submit(ctx, name, spec, tuple(allow_failure(f) for f in upstream))
+        return named.submit(ctx, name, spec, tuple(u if isinstance(u, BaseException) else allow_failure(u)
+                                                   for u in upstream))
 
     return submit
 
 
-def _record_submitter(ctx: FarmContext, spec: JobSpec, name: str) -> Callable[[list[Any]], PrefectFuture[Any]]:
-    named = record.with_options(task_run_name=f"record {task_run_name(name, spec)}")
-    return lambda upstream: named.submit(ctx, spec, name, allow_failure(upstream[0]))
+def _recorder(ctx: FarmContext, name: str, sharers: list[JobSpec],
+              recorded: dict[tuple[str, str], StageOutcome]) -> Callable[[StageOutcome | BaseException], None]:
+    """Records what the stage's run ended with for each job it serves that lists it (``sharers``: complete by the
+    time the run ends)."""
+    def ended(outcome: StageOutcome | BaseException) -> None:
+        for spec in sharers:
+            if name in spec.stages:
+                recorded[spec.key, name] = record(ctx, spec, name, outcome)
+
+    return ended
 
 
 def engine_overheads(report: RunReport) -> list[float]:

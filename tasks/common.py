@@ -84,7 +84,7 @@ def run_stage(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstre
     emit(StageEvent(job=job.key, stage=stage, status="start", device=None, cached=False,
                     name=prefect_task_run.name or task_run_name(stage, job)))
     outcome = guarded(stage, lambda: _work(ctx, spec, job, ready))
-    if stage not in job.stages:  # no record task says its end (a model's reference, an identity quantize): said here
+    if stage not in job.stages:  # no record says its end (a model's reference, an identity quantize): said here
         emit(StageEvent(job=job.key, stage=stage, status=outcome.status.value, device=outcome.device,
                         cached=outcome.cached, name=prefect_task_run.name or task_run_name(stage, job),
                         duration_s=outcome.duration_s, reason=outcome.reason))
@@ -169,7 +169,7 @@ def _slotted(ctx: FarmContext, spec: stages.StageSpec, work: Callable[[], StageO
       cache_policy=NO_CACHE)
 def _stage_task(ctx: FarmContext, stage: str, job: JobSpec, upstream: tuple[Upstream, ...]) -> State[StageOutcome]:
     """The stage's outcome as the task run's final state (Failed when the stage failed: ``flows.run_state``); its
-    data, the outcome, is what the stages after it and its record read."""
+    data, the outcome, is what the stages after it read and what the scheduler records (``flows.pipeline``)."""
     return stage_state(run_stage(ctx, stage, job, upstream))
 
 

@@ -49,7 +49,7 @@ def first_line(text: str | None, limit: int = 300) -> str:
 
 def stage_state(outcome: StageOutcome) -> State[StageOutcome]:
     """The task run's final state for a stage that ended with ``outcome`` (its data: the outcome, which the stages
-    after it and its record read whatever the state)."""
+    after it read and the scheduler records, whatever the state)."""
     took = f"{outcome.duration_s:.1f} s"
     if outcome.status in FAILED:
         kind = f" ({outcome.error_kind.value})" if outcome.error_kind is not None else ""

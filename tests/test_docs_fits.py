@@ -77,7 +77,7 @@ def test_fits_on_dims_the_cells_that_exceed_the_chosen_type_in_the_browser(tab: 
     assert tab.js(dimmed) == [] and tab.js(shown) == ["big", "small", "unsized"]
 
 
-def test_the_record_task_and_the_plan_s_decisions_carry_the_estimate_to_the_matrix_rows(
+def test_the_record_and_the_plan_s_decisions_carry_the_estimate_to_the_matrix_rows(
         migrated_db_url: str, tmp_path: Path) -> None:
     """What a job's stages record (and what the plan records of a job that will not run) carries the plan's
     estimate, and the support matrix's row reads it back beside the measured peak: no migration, one metric."""
@@ -104,8 +104,8 @@ def test_the_record_task_and_the_plan_s_decisions_carry_the_estimate_to_the_matr
         job = JobSpec(model="m", precision=Precision.FP32, platform="x86-cpu", toolchain="edgellm-ort",
                       test_id="m-fp32", max_seq_len=64, checkpoint=CheckpointRef("m", str(tmp_path), "ab" * 32),
                       max_batch_size=1, max_input_len=32, stages=("export",), memory_estimate_gb=1.5)
-        record.fn(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version="1",
-                                                   metrics={"decode_peak_memory_mb": (1400.0, "MiB")}))
+        record(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version="1",
+                                                metrics={"decode_peak_memory_mb": (1400.0, "MiB")}))
         entry = TestEntry(list_name="l", model="big", precision=Precision.FP32, max_seq_len=64, max_batch_size=1,
                           max_input_len=32, stages=("export",), timeouts={})
         refused = Job(entry=entry, platform="x86-cpu", decision=Decision.NOT_APPLICABLE, toolchain="edgellm-ort",

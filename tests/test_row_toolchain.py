@@ -195,7 +195,7 @@ def test_upgrade_from_0008_backfills_the_job_toolchain_and_rebuilds_row_latest(e
 def _job(rec: Recorder, run: int, model: str, precision: Precision, toolchain: str, stages: dict[str, str], *,
          platform: str = CPU, version: str | None = None, metrics: dict[str, tuple[float, str]] | None = None,
          chosen: str | None = None, test_id: str | None = None) -> None:
-    """One job's results, as the record task writes them (its quantize stage made by tensorrt-edgellm)."""
+    """One job's results, as the record writes them (its quantize stage made by tensorrt-edgellm)."""
     tid = test_id or f"{model}-{precision.value}" + ("" if toolchain == ORT else f"-by.{toolchain}")
     for stage, status in stages.items():
         maker = TRT if stage == "quantize" else toolchain
@@ -293,7 +293,7 @@ def test_a_metric_is_compared_with_its_own_toolchains_runs_only(engine: Engine) 
     assert find_regressions(engine, run(ORT, 99.0, finish=False)) == []  # ort's baseline is still ort's
 
 
-def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
+def test_the_record_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
     from flows.pipeline import RunReport, record_plan_decisions
     from flows.plan import Decision, Job, Plan
     from stages.job import CheckpointRef, JobSpec
@@ -310,9 +310,9 @@ def test_the_record_task_files_a_quantize_stage_under_its_jobs_toolchain(engine:
         job = JobSpec(model="m", precision=INT4, platform=CPU, toolchain=ORT, test_id="m-int4", max_seq_len=64,
                       checkpoint=CheckpointRef("m", str(tmp_path), SHA), max_batch_size=1, max_input_len=32,
                       stages=("quantize", "export"))
-        record.fn(ctx, job, "quantize", StageOutcome("quantize", ResultStatus.PASS, toolchain=TRT,
-                                                     toolchain_version=TRT_V))
-        record.fn(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version=ORT_V))
+        record(ctx, job, "quantize", StageOutcome("quantize", ResultStatus.PASS, toolchain=TRT,
+                                                  toolchain_version=TRT_V))
+        record(ctx, job, "export", StageOutcome("export", ResultStatus.PASS, toolchain_version=ORT_V))
         entry = TestEntry(list_name="l", model="m", precision=FP16, max_seq_len=64, max_batch_size=1,
                           max_input_len=32, stages=(Stage.INFER, Stage.ACCURACY), timeouts={}, toolchain=GENAI)
         skipped = Job(entry=entry, platform=CPU, decision=Decision.SKIPPED, toolchain=GENAI, reason="no device")
