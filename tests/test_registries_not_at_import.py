@@ -12,8 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "tasks", "flows", "test_lists")
-SKIP = {"devices.agent"}
-LIBRARY_VOCABULARY = str(ROOT / "edgellm" / "quant")  # edgellm.types.Precision: the methods, walked at import  # the board agent: a stdlib script pushed to devices, run there as __main__
+SKIP = {"devices.agent"}  # the board agent: a stdlib script pushed to devices, run there as __main__
+LIBRARY_VOCABULARY = str(ROOT / "edgellm" / "quant")  # edgellm.types.Precision: the methods, walked at import
 
 PROBE = r"""
 import importlib, json, pkgutil, sys
