@@ -99,13 +99,13 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
                                  f"{did_you_mean(checkpoint, catalog.sources)}; give a checkpoint directory or one "
                                  f"of: {', '.join(sorted(catalog.sources))}")
     _check_files(path, checkpoint)
-    chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({d.platform
-                                                                           for d in inventory}))
-    unknown = [p for p in chosen if p not in current().device_types]
+    chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({d.platform for d in inventory}))
+    types = settings.registries().device_types
+    unknown = [p for p in chosen if p not in types]
     if unknown or not chosen:
-        hints = "".join(did_you_mean(p, current().device_types) for p in unknown)
+        hints = "".join(did_you_mean(p, types) for p in unknown)
         raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown{hints}; valid: "
-                                 f"{', '.join(sorted(current().device_types))}")
+                                 f"{', '.join(sorted(types))}")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
                                  f"few-layer test)")
