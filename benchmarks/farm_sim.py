@@ -339,14 +339,15 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     devices reached through SimTransport; undone on exit."""
     global LAB
     import devices.transport.ssh as ssh
-    from devices.types import DEVICE_TYPES
+    from devices.site import current as site_dir
     from test_lists import catalog
     from toolchains import base as toolchains
+    from toolchains import registries
 
     toolchains.register_toolchain(SimLab)
-    types = {p: DEVICE_TYPES[p] for p in PLATFORMS}
-    for platform, dtype in types.items():
-        DEVICE_TYPES[platform] = dtype.model_copy(update={"toolchains": (*dtype.toolchains, NAME)})
+    built = registries.build(site_dir())
+    lab_registries = built.with_device_types(*(built.device_types[p].model_copy(
+        update={"toolchains": (*built.device_types[p].toolchains, NAME)}) for p in PLATFORMS))
     original_load, original_ssh = catalog.Catalog.load, ssh.SSHTransport
     catalog.Catalog.load = classmethod(lambda cls, path=catalog_file: original_load.__func__(cls, catalog_file))
     ssh.SSHTransport = SimTransport  # type: ignore[misc,assignment]
@@ -354,13 +355,13 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     sys.stdout, sys.stderr = _Stream(_OUTPUT, 0), _Stream(_OUTPUT, 1)  # type: ignore[assignment]
     LAB = lab
     try:
-        yield lab
+        with registries.using(lab_registries):
+            yield lab
     finally:
         LAB = None
         sys.stdout, sys.stderr = _OUTPUT.real
         ssh.SSHTransport = original_ssh  # type: ignore[misc]
         catalog.Catalog.load = original_load  # type: ignore[method-assign]
-        DEVICE_TYPES.update(types)
         toolchains.unregister_toolchain(NAME)
 
 

@@ -55,7 +55,8 @@ def _fail(err: EdgeLLMError) -> typer.Exit:
 def _load(inventory: Path | None, db: str | None = None) -> tuple[Inventory, Settings]:
     try:
         settings = Settings.resolve(db=db, inventory=inventory, create=False)
-        return load_inventory(settings.inventory_dir, data_dir=settings.data_dir), settings
+        return load_inventory(settings.inventory_dir, data_dir=settings.data_dir,
+                              registries=settings.registries()), settings
     except ConfigurationError as err:
         raise _fail(err) from None
 
@@ -223,14 +224,17 @@ def device_types(
 ) -> None:
     """Every device type: SM, memory (and what is usable after the OS's share), bandwidth, toolchains, and the file
     it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
-    from devices.site import current, origin
-    from devices.types import DEVICE_TYPES, device_type_files
+    from devices.site import origin
+    from devices.types import device_type_files
+    from toolchains.registries import current
 
-    site = current()
+    registries = current()
+    site = registries.site_dir
     files = device_type_files(site_dir=site)
     rows = [{"name": t.name, "sm": t.sm, "memory_gb": t.memory_gb, "usable_memory_gb": t.usable_memory_gb,
              "memory_bandwidth_gbps": t.memory_bandwidth_gbps, "toolchains": list(t.toolchains),
-             "origin": origin(files[t.name], site), "file": str(files[t.name])} for t in DEVICE_TYPES.values()]
+             "origin": origin(files[t.name], site), "file": str(files[t.name])}
+            for t in registries.device_types.values()]
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return

@@ -31,9 +31,9 @@ def configure_or_exit(argv: list[str]) -> None:
         from flows.settings import configure_site
 
         configure_site(given(argv))
-        from devices.types import DEVICE_TYPES
+        from toolchains.registries import current
 
-        len(DEVICE_TYPES)
+        current()
     except ConfigurationError as exc:
         from cli.text import visible  # not cli.common: it would build the registries this decides first
 

@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +26,7 @@ from typing import Any
 from devices import agent_client
 from devices.inventory import Device, Inventory
 from devices.transport import Transport, open_transport
+from devices.types import DeviceType
 from edgellm.errors import DeviceConfigurationError, EdgeLLMError, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -171,11 +172,11 @@ ToolchainCheck = Callable[[Device, Transport], list[ToolchainHealth]]
 
 
 def check_device(
-    device: Device, *, toolchains: ToolchainCheck, min_free_gb: float = 1.0, timeout: float = 60.0,
-    transport: Transport | None = None
+    device: Device, device_type: DeviceType, *, toolchains: ToolchainCheck, min_free_gb: float = 1.0,
+    timeout: float = 60.0, transport: Transport | None = None
 ) -> HealthReport:
-    """Probe one device, its toolchains with ``toolchains``. Never raises for a device problem: it is in the report
-    (unreachable, problems)."""
+    """Probe one device (of ``device_type``), its toolchains with ``toolchains``. Never raises for a device
+    problem: it is in the report (unreachable, problems)."""
     start = time.monotonic()
     base = {
         "device_id": device.id,
@@ -217,15 +218,15 @@ def check_device(
     arch = answers.text("machine")
     if arch is not None:
         arch = _ARCH_ALIASES.get(arch, arch)
-        if arch != device.device_type.arch:
-            problems.append(f"reports architecture {arch} but type {device.type} is {device.device_type.arch}")
+        if arch != device_type.arch:
+            problems.append(f"reports architecture {arch} but type {device.type} is {device_type.arch}")
     for t in health:
         problems.extend(f"{t.name}{f' {t.build}' if t.build else ''}: {p}" for p in t.problems)
     if not health:
-        problems.append(f"no toolchain of type {device.type} ({', '.join(device.device_type.toolchains)}) can run "
+        problems.append(f"no toolchain of type {device.type} ({', '.join(device_type.toolchains)}) can run "
                         f"on it: add the toolchain's block to its inventory file (toolchains: {{name: {{...}}}})")
     power_mode = answers.block("power_mode", "name")
-    dtype = device.device_type
+    dtype = device_type
     if dtype.bench_power_mode is not None and power_mode != dtype.bench_power_mode:
         notes.append(f"power mode {power_mode or 'unknown'}: {dtype.name} benchmarks at "
                      f"{dtype.bench_power_mode} (benchmarks here are recorded as off-conditions)")
@@ -269,11 +270,11 @@ def check_device(
 
 
 def check_inventory(
-    inventory: Inventory, *, toolchains: ToolchainCheck, min_free_gb: float = 1.0, timeout: float = 60.0,
-    parallel: int = 8
+    inventory: Inventory, device_types: Mapping[str, DeviceType], *, toolchains: ToolchainCheck,
+    min_free_gb: float = 1.0, timeout: float = 60.0, parallel: int = 8
 ) -> list[HealthReport]:
-    """Every device's report, probed in parallel, in inventory order."""
+    """Every device's report (each of its type in ``device_types``), probed in parallel, in inventory order."""
     devices = list(inventory)
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(devices)))) as pool:
-        return list(pool.map(lambda d: check_device(d, toolchains=toolchains, min_free_gb=min_free_gb,
-                                                    timeout=timeout), devices))
+        return list(pool.map(lambda d: check_device(d, device_types[d.type], toolchains=toolchains,
+                                                    min_free_gb=min_free_gb, timeout=timeout), devices))

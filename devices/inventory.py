@@ -5,9 +5,9 @@ The farm's settings choose the directory (``--inventory DIR``, else ``$EDGEFARM_
 ConfigurationError, one line each), before anything connects to a device.
 
 What a device holds of a toolchain is its block in ``toolchains: {name: {...}}``, validated by that toolchain's
-driver when the file loads (``ToolchainDriver.device_config``, asked through the toolchain registry's answers in
-``devices.toolchain_names``: this package asks no toolchain; e.g. where a vendor's tools are installed on the
-device). A toolchain whose driver needs such a block runs only on devices that have it.
+driver when the file loads (``ToolchainDriver.device_config``, asked through the registries' toolchain answers
+:func:`load_inventory` is handed, ``devices.toolchain_names``: this package asks no toolchain; e.g. where a vendor's
+tools are installed on the device). A toolchain whose driver needs such a block runs only on devices that have it.
 
 Paths: ``key_file`` and ``known_hosts`` relative to the inventory directory; ``work_dir`` of a local device
 relative to the farm's data dir (given to :func:`load_inventory`); ``work_dir`` of an ssh device absolute or
@@ -23,19 +23,19 @@ import binascii
 import enum
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 import paramiko
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from devices import toolchain_names
 from devices._yaml import read_yaml_mapping, validation_problems
-from devices.types import DEVICE_TYPES, DeviceType, platform_enum
-from edgellm.errors import BugError, ConfigurationError
+from devices.toolchain_names import ToolchainNames
+from devices.types import DeviceType, load_device_types
+from edgellm.errors import ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 INVENTORY_ENV = "EDGEFARM_INVENTORY"  # read by the farm's settings; named in messages
@@ -84,23 +84,10 @@ class Device(BaseModel):
     def cache_max_bytes(self) -> int:
         return int(self.cache_max_gb * 2**30)
 
-    def toolchain_config(self, name: str) -> Any:
-        """What toolchain ``name``'s driver read of its block in this device's file (None: no block)."""
-        if name not in self.toolchains:
-            return None
-        registry = toolchain_names.current()
-        if registry is None:
-            raise BugError(f"{self.id}: toolchain {name}'s block read before the toolchain registry was loaded")
-        return registry.device_config(name, self.toolchains[name], self.id)
-
     @property
     def platform(self) -> str:
-        """The device type's name, as a ``Platform`` member."""
-        return platform_enum()(self.type)
-
-    @property
-    def device_type(self) -> DeviceType:
-        return DEVICE_TYPES[self.type]
+        """The device type's name (= the platform)."""
+        return self.type
 
     @property
     def interpreter(self) -> str:
@@ -135,12 +122,11 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _check_device(device: Device, path: Path) -> list[str]:
+def _check_device(device: Device, path: Path, registry: ToolchainNames | None) -> list[str]:
     problems: list[str] = []
     bad_env = [k for k in device.env if not (k.isidentifier() and k.isascii())]
     if bad_env:
         problems.append(f"{path}: env: invalid variable names {bad_env}; use letters, digits and _")
-    registry = toolchain_names.current()
     for name, block in device.toolchains.items():
         try:
             if registry is not None:
@@ -211,18 +197,19 @@ def _resolve_paths(data: dict[str, Any], directory: Path, data_dir: Path) -> dic
     return data
 
 
-def _validate(data: dict[str, Any], root: Path, path: Path, data_dir: Path) -> tuple[Device | None, list[str]]:
+def _validate(data: dict[str, Any], root: Path, path: Path, data_dir: Path,
+              registry: ToolchainNames | None) -> tuple[Device | None, list[str]]:
     """The device and every problem of its file (cross-field checks too, on the fields that did parse)."""
     raw = data.get("work_dir")
     work_dir = _work_dir_problem(raw, data.get("transport") == TransportKind.LOCAL) if isinstance(raw, str) else None
-    device, problems = _validate_fields(data, root, path, data_dir)
+    device, problems = _validate_fields(data, root, path, data_dir, registry)
     if work_dir is not None:
         return None, [f"{path}: work_dir: {work_dir}", *problems]
     return device, problems
 
 
-def _validate_fields(data: dict[str, Any], root: Path, path: Path,
-                     data_dir: Path) -> tuple[Device | None, list[str]]:
+def _validate_fields(data: dict[str, Any], root: Path, path: Path, data_dir: Path,
+                     registry: ToolchainNames | None) -> tuple[Device | None, list[str]]:
     resolved = _resolve_paths(data, root, data_dir)
     try:
         device = Device.model_validate(resolved)
@@ -233,15 +220,30 @@ def _validate_fields(data: dict[str, Any], root: Path, path: Path,
             partial = Device.model_validate({k: v for k, v in resolved.items() if k not in bad})
         except pydantic.ValidationError:
             return None, problems
-        more = [p for p in _check_device(partial, path) if p.removeprefix(f"{path}: ").split(":")[0] not in bad]
+        more = [p for p in _check_device(partial, path, registry)
+                if p.removeprefix(f"{path}: ").split(":")[0] not in bad]
         return None, problems + more
-    return device, _check_device(device, path)
+    return device, _check_device(device, path, registry)
+
+
+class DeviceRegistries(Protocol):
+    """What an inventory is checked against (``toolchains.registries.Registries``)."""
+
+    @property
+    def site_dir(self) -> Path | None: ...
+
+    @property
+    def toolchains(self) -> ToolchainNames: ...
+
+    @property
+    def device_types(self) -> Mapping[str, DeviceType]: ...
 
 
 @dataclass(frozen=True)
 class Inventory:
     directory: Path
     devices: dict[str, Device]  # by id, sorted
+    platforms: tuple[str, ...] = ()  # the device types it was checked against (empty: any name)
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices.values())
@@ -257,19 +259,18 @@ class Inventory:
             raise ConfigurationError(f"unknown device {device_id!r} in {self.directory}; valid: {valid}") from None
 
     def select(self, *, platform: str | None = None, labels: set[str] | None = None) -> list[Device]:
-        wanted = platform_enum().parse(platform, what="platform") if platform is not None else None
+        wanted = None if platform is None else str(platform).strip().lower()
+        if wanted is not None and self.platforms and wanted not in self.platforms:
+            raise ConfigurationError(f"unknown platform {platform!r}; valid: {', '.join(self.platforms)}")
         return [
-            d for d in self if (wanted is None or d.platform is wanted) and (labels is None or d.has_labels(labels))
+            d for d in self if (wanted is None or d.type == wanted) and (labels is None or d.has_labels(labels))
         ]
 
 
-def _device_files(root: Path) -> list[Path]:
+def _device_files(root: Path, site_dir: Path | None) -> list[Path]:
     """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
     (``devices.site``) added, a site file replacing the packaged one of its device id."""
     files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
-    from devices.site import current
-
-    site_dir = current()
     site = None if site_dir is None or root.resolve() != PACKAGED_INVENTORY_DIR else site_dir / "inventory"
     if site is None or not site.is_dir():
         return files
@@ -278,16 +279,26 @@ def _device_files(root: Path) -> list[Path]:
     return [p for p in files if p.stem.lower() not in replaced] + added
 
 
-def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: Path | str) -> Inventory:
-    """Every device file in ``directory``, validated; all problems in one error. A local device's relative
+def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: Path | str,
+                   registries: DeviceRegistries | None = None) -> Inventory:
+    """Every device file in ``directory``, validated against ``registries`` (the farm's: its device types, its
+    toolchains' checks of their blocks, its site directory); all problems in one error. None: the packaged device
+    types with the configured site directory's, toolchain blocks kept as written. A local device's relative
     ``work_dir`` is under ``data_dir``."""
     root = Path(directory)
     if not root.is_dir():
         raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
+    if registries is None:
+        from devices.site import current
+
+        site_dir, registry = current(), None
+        types: Mapping[str, DeviceType] = load_device_types(site_dir=site_dir)
+    else:
+        site_dir, registry, types = registries.site_dir, registries.toolchains, registries.device_types
     problems: list[str] = []
     devices: dict[str, Device] = {}
     seen: dict[str, Path] = {}
-    for path in _device_files(root):
+    for path in _device_files(root, site_dir):
         device_id = path.stem
         if not _ID.match(device_id):
             problems.append(f"{path}: device id {device_id!r} (the file name) must match {_ID.pattern}")
@@ -305,16 +316,15 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
             problems.append(f"{path}: id: {data['id']!r} must equal the file name {device_id!r}")
             continue
         data["id"] = device_id
-        registry = toolchain_names.current()
         misplaced = [k for k in data if registry is not None and k.replace("_", "-") in registry.names()]
         if misplaced:
             problems += [f"{path}: {k}: a toolchain's block goes under toolchains: "
                          f"{{{k.replace('_', '-')}: {{...}}}}" for k in misplaced]
             continue
-        type_problem = isinstance(data.get("type"), str) and data["type"] not in DEVICE_TYPES
+        type_problem = isinstance(data.get("type"), str) and data["type"] not in types
         if type_problem:
-            problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(DEVICE_TYPES)}")
-        device, found = _validate(data, root, path, Path(data_dir))
+            problems.append(f"{path}: type: unknown device type {data['type']!r}; valid: {', '.join(types)}")
+        device, found = _validate(data, root, path, Path(data_dir), registry)
         problems.extend(found)
         if device is not None and not found and not type_problem:
             devices[device_id] = device
@@ -322,4 +332,4 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
         raise ConfigurationError(f"invalid inventory {root}:\n" + "\n".join(problems))
     if not devices:
         raise ConfigurationError(f"no devices (*.yaml) in inventory directory {root}")
-    return Inventory(directory=root, devices=dict(sorted(devices.items())))
+    return Inventory(directory=root, devices=dict(sorted(devices.items())), platforms=tuple(types))

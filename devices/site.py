@@ -5,8 +5,8 @@ ones, or replaces the packaged file of the same name; either way it is validated
 listings say where each came from. Nothing of the installed package is edited, so an upgrade keeps the lab's files.
 
 The settings (``flows.settings``, the one reader of the farm's environment) and the command line ``configure`` the
-site directory; registries ask ``current()`` when they are first built and pass it to their loaders (issue 38 moves
-this into a context built from the settings). Once a registry has read it, it cannot change in this process.
+site directory; the farm's registries (``toolchains.registries``) are built from ``current()`` when first asked, and
+hand it to their loaders. Once they have read it, it cannot change in this process.
 """
 
 from __future__ import annotations

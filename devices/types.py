@@ -1,25 +1,22 @@
-"""Device types: one YAML file each in ``devices/types/`` and a site directory's ``device_types/``; the ``Platform``
-enum is built from them on first use.
+"""Device types: one YAML file each in ``devices/types/`` and a site directory's ``device_types/``, read when the
+farm's registries are built (``toolchains.registries``), never at import.
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.
 ``toolchains`` names what turns a checkpoint into evidence there, in order of preference: registered toolchain names,
-checked (and whether each needs a GPU) by the toolchains' registry as the types load (``devices.toolchain_names``;
+checked (and whether each needs a GPU) by the toolchains' registry the loader is handed (``devices.toolchain_names``;
 this package asks no toolchain). What a platform can run with a toolchain at a variant is one function,
 ``test_lists.capability``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from devices import site, toolchain_names
 from devices._yaml import read_yaml_mapping, validation_problems
 from devices.site import overlay
 from devices.toolchain_names import ToolchainNames
@@ -146,10 +143,6 @@ class DeviceType(BaseModel):
         return round(self.memory_gb - self.os_reserve_gb, 3)
 
     @property
-    def platform(self) -> ChoiceEnum:
-        return platform_enum()(self.name)
-
-    @property
     def label(self) -> str:
         return f"{self.name} (SM{self.sm})" if self.sm is not None else f"{self.name} (CPU)"
 
@@ -183,9 +176,8 @@ class DeviceType(BaseModel):
 
 
 def _registry(info: ValidationInfo) -> ToolchainNames | None:
-    """The toolchain registry a load checks names with (``load_device_types``), else the process's."""
-    given = (info.context or {}).get("toolchains") if isinstance(info.context, dict) else None
-    return given if given is not None else toolchain_names.current()
+    """The toolchain registry a load checks names with (``load_device_types``; None: names unchecked)."""
+    return (info.context or {}).get("toolchains") if isinstance(info.context, dict) else None
 
 
 _TYPE_KEYS = list(DeviceType.model_fields)
@@ -196,7 +188,7 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | No
     """Every ``*.yaml`` in ``directory``, with a site directory's ``device_types/`` over them (``devices.site``: a
     site file adds a type or replaces the packaged one of its name), validated; every problem of every file in one
     ConfigurationError. Where each came from: ``device_type_files``. Toolchain names are checked by ``toolchains``
-    (default: the toolchain registry loaded in this process, ``devices.toolchain_names``)."""
+    (None: read as lower-case names, unchecked)."""
     problems: list[str] = []
     types: dict[str, DeviceType] = {}
     if not directory.is_dir():
@@ -229,54 +221,3 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | No
 def device_type_files(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, Path]:
     """Device type name -> the file it is read from (a site file over the packaged one of its name)."""
     return overlay(directory, "device_types", site_dir, ("*.yaml",))
-
-
-class _DeviceTypes(MutableMapping[str, DeviceType]):
-    """The device types of this process, read on first use from the packaged files and the configured site
-    directory (``devices.site.current()``), so the settings and the command line can name the site first."""
-
-    def __init__(self) -> None:
-        self._types: dict[str, DeviceType] | None = None
-        self._checked_by: ToolchainNames | None = None
-
-    def _loaded(self) -> dict[str, DeviceType]:
-        registry = toolchain_names.current()
-        if self._types is None or (registry is not None and registry is not self._checked_by):
-            self._types = load_device_types(site_dir=site.current(), toolchains=registry)
-            self._checked_by = registry
-        return self._types
-
-    def __getitem__(self, name: str) -> DeviceType:
-        return self._loaded()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-    def __setitem__(self, name: str, value: DeviceType) -> None:  # tests stand a type in
-        self._loaded()[name] = value
-
-    def __delitem__(self, name: str) -> None:
-        del self._loaded()[name]
-
-
-DEVICE_TYPES: MutableMapping[str, DeviceType] = _DeviceTypes()
-
-
-@functools.cache
-def platform_enum() -> type[ChoiceEnum]:
-    # Platform = device type name; members are the types found (X86_CPU = "x86-cpu", ORIN = "orin"...)
-    return ChoiceEnum("Platform", {name.upper().replace("-", "_"): name for name in DEVICE_TYPES})
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Platform":  # built with the device types, on first use
-        return platform_enum()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def device_type(name: str) -> DeviceType:
-    """The device type called ``name``; an unknown name is a ConfigurationError listing the valid ones."""
-    return DEVICE_TYPES[platform_enum().parse(name, what="device type")]

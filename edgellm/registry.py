@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+import importlib
+import pkgutil
+from collections.abc import Callable, Collection, Iterator
 from typing import Generic, TypeVar
 
 from edgellm.errors import BugError, UnsupportedError
@@ -61,3 +63,16 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def import_submodules(package: str, *, skip: Collection[str] = (), private: bool = True) -> list[str]:
+    """Import every module and subpackage of ``package`` but those named in ``skip`` (and, unless ``private``, those
+    whose name starts with ``_``), sorted by name (a stable registration order): their decorators fill the
+    registries; returns their names. The one place the farm and the library walk a package: called when a registry
+    is first asked, never at import."""
+    module = importlib.import_module(package)
+    names = [info.name for info in sorted(pkgutil.iter_modules(module.__path__), key=lambda m: m.name)
+             if info.name not in skip and (private or not info.name.startswith("_"))]
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names

@@ -31,7 +31,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 import stages
 from devices.inventory import Inventory, load_inventory
-from devices.types import DEVICE_TYPES
 from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
@@ -57,6 +56,7 @@ from test_lists.ids import model_name_problem
 from test_lists.testlist import TestEntry
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver
+from toolchains.registries import current
 
 DEFAULT_LAYERS = 1
 ENGINE_LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}  # as the L0 lists
@@ -80,7 +80,8 @@ class Request:
 def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_dir: str | None, name: str | None,
             settings: Settings) -> Request:
     catalog = Catalog.load()
-    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir)
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir,
+                               registries=settings.registries())
     path = Path(checkpoint).expanduser()
     if path.is_dir():
         path = path.resolve()
@@ -98,13 +99,13 @@ def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_di
                                  f"{did_you_mean(checkpoint, catalog.sources)}; give a checkpoint directory or one "
                                  f"of: {', '.join(sorted(catalog.sources))}")
     _check_files(path, checkpoint)
-    chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({str(d.platform.value)
-                                                                           for d in inventory}))
-    unknown = [p for p in chosen if p not in DEVICE_TYPES]
+    chosen = tuple(dict.fromkeys(platforms)) if platforms else tuple(sorted({d.platform for d in inventory}))
+    types = settings.registries().device_types
+    unknown = [p for p in chosen if p not in types]
     if unknown or not chosen:
-        hints = "".join(did_you_mean(p, DEVICE_TYPES) for p in unknown)
+        hints = "".join(did_you_mean(p, types) for p in unknown)
         raise ConfigurationError(f"--platforms {', '.join(unknown) or '(none)'}: unknown{hints}; valid: "
-                                 f"{', '.join(sorted(DEVICE_TYPES))}")
+                                 f"{', '.join(sorted(types))}")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigurationError(f"--layers {layers!r}: must be an integer >= 1 (decoder layers kept in the "
                                  f"few-layer test)")
@@ -170,7 +171,7 @@ def _check_layers(path: Path, layers: int) -> None:
 
 def drivers_for(platforms: tuple[str, ...], data_dir: Path) -> list[ToolchainDriver]:
     """Every toolchain a requested platform's device type runs, in the platforms' order of preference."""
-    names = dict.fromkeys(t for p in platforms for t in DEVICE_TYPES[p].toolchains)
+    names = dict.fromkeys(t for p in platforms for t in current().device_types[p].toolchains)
     return [toolchains.driver(n, data_dir) for n in names]
 
 
@@ -187,7 +188,7 @@ def pipeline_rows(req: Request) -> list[tuple[TestEntry, str]]:
     carried = req.source.checkpoint_precision()
     pairs: list[tuple[TestEntry, str]] = []
     for platform in req.platforms:
-        kind = DEVICE_TYPES[platform]
+        kind = current().device_types[platform]
         precision = carried or kind.precisions[0]
         wanted = DEVICE_STAGES if req.inventory.select(platform=platform) else (Stage.EXPORT,)
         entry = TestEntry(list_name="bring-up", model=req.source.name, precision=precision,

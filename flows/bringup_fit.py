@@ -9,11 +9,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from devices.memory_fit import Sizer, fit_problem, source_group
-from devices.types import DEVICE_TYPES
 from edgellm.errors import ConfigurationError
 from tasks.bringup import Rung
 from test_lists.catalog import ModelSource
 from test_lists.testlist import TestEntry
+from toolchains.registries import current
 
 
 def planned_toolchains(climbed: Iterable[Rung]) -> dict[str, str]:
@@ -34,7 +34,7 @@ def memory_fit(pairs: Sequence[tuple[TestEntry, str]], source: ModelSource,
     sizer = Sizer()
     out = []
     for entry, platform in pairs:
-        kind = DEVICE_TYPES[platform]
+        kind = current().device_types[platform]
         toolchain = chosen.get(platform) or kind.toolchains[0]
         found = sizer.size(entry, config, toolchain, platform, source_group(source))
         problem = fit_problem(found, kind)

@@ -24,8 +24,7 @@ import stages
 from devices.inventory import Inventory
 from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
-from devices.site import current, overlay
-from devices.types import DEVICE_TYPES
+from devices.site import overlay
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
@@ -40,6 +39,7 @@ from test_lists.variants import features as variant_features
 from test_lists.variants import rows as variant_rows
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
+from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
 def default_matrix() -> Path:
     """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (devices.site), else the
     shipped one."""
-    return overlay(MATRICES_DIR, "matrices", current(), ("*.yml",))["nightly"]
+    return overlay(MATRICES_DIR, "matrices", current().site_dir, ("*.yml",))["nightly"]
 
 
 class Decision(enum.StrEnum):
@@ -251,7 +251,7 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
     drive (skipped, naming every missing part). Host-only jobs (quantize, export) need no device. A ``prequantized``
     checkpoint (its quantization, read from it) is exported as it is: a toolchain whose export cannot read it is not
     applicable (``ToolchainDriver.prequantized_problem``), and none quantizes it."""
-    dtype = DEVICE_TYPES[platform]
+    dtype = current().device_types[platform]
     candidates = (entry.toolchain,) if entry.toolchain is not None else dtype.toolchains
     variant = Variant(entry.precision, entry.lm_head_precision, entry.kv_cache_precision, entry.features)
     if not (fits := hardware(platform, variant)):
@@ -399,7 +399,7 @@ def with_versions(entry: TestEntry, platform: str, versions: Mapping[str, tuple[
     if not versions:
         return [entry]
     uses: set[str] = set()
-    for name in (entry.toolchain,) if entry.toolchain is not None else DEVICE_TYPES[platform].toolchains:
+    for name in (entry.toolchain,) if entry.toolchain is not None else current().device_types[platform].toolchains:
         found = toolchains.driver(name, data_dir)
         if entry.precision in found.precisions():
             uses.add(name)
@@ -428,8 +428,8 @@ def _block_pairs(path: Path, name: str, block: _Block, base: dict[str, Any], whe
         except ConfigurationError as exc:
             problems.append(f"{path}: {where}precisions: {exc}")
     for value in block.platforms:
-        if value not in DEVICE_TYPES:
-            problems.append(f"{path}: {where}platforms: unknown platform {value!r}; valid: {', '.join(DEVICE_TYPES)}")
+        if value not in (types := current().device_types):
+            problems.append(f"{path}: {where}platforms: unknown platform {value!r}; valid: {', '.join(types)}")
     chains: list[str | None] = []
     for value in block.toolchains:
         try:
@@ -608,7 +608,7 @@ def _plan(name: str, kind: str, pairs: Iterable[tuple[TestEntry, str]], inventor
         decided = _decide(entry, platform, inventory, catalog, data_dir, carried[entry.model])
         sized = sizer.size(entry, source.config(), decided.toolchain, platform, source_group(source))
         if decided.decision in (Decision.RUN, Decision.SKIPPED) and not set(entry.stages) <= stages.host_stages() \
-                and (too_big := fit_problem(sized, DEVICE_TYPES[platform])) is not None:
+                and (too_big := fit_problem(sized, current().device_types[platform])) is not None:
             decided = _Decided(Decision.NOT_APPLICABLE, decided.toolchain, too_big)
         job = Job(entry=entry, platform=platform, decision=decided.decision, toolchain=decided.toolchain,
                   reason=decided.reason, devices=decided.devices, **_resolved(decided),

@@ -18,6 +18,7 @@ from edgellm import __version__
 from edgellm.errors import ConfigurationError
 from results.db import default_url, from_parameter
 from toolchains.base import Index, WheelSource
+from toolchains.registries import Registries
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"
@@ -110,6 +111,13 @@ class Settings:
             f"{missing}: looked there because it is {where}\n"
             f"cd to the checkout that ran the farm (where `make nightly` made .data), or pass --data-dir DIR or set "
             f"{ENV_DATA_DIR}=DIR, or name the database with --db URL or {ENV_DB_URL}")
+
+    def registries(self) -> Registries:
+        """The farm's registries (device types, toolchains, site directory: ``toolchains.registries``), built once
+        per process from the site directory these settings configured."""
+        from toolchains.registries import current
+
+        return current()
 
     def artifact_store(self) -> Store:
         """The store these settings name, opened with this process's AWS_* (endpoint, region, credentials)."""

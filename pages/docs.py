@@ -26,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from devices.types import DEVICE_TYPES
 from pages import docs_runs
 from pages.compare import ensure_index as ensure_compare_index
 from pages.docs_html import html_status, render_html
@@ -54,6 +53,7 @@ from results.queries import RowStatus
 from results.regressions import published_regressions
 from results.support import NIGHTLY_PAGE_KINDS, Support, row_supports, stage_order
 from toolchains.base import docs_layouts
+from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
@@ -262,7 +262,7 @@ def write_run_pages(engine: Engine, out_dir: Path, run_ids: Iterable[int], data_
 def usable_memory() -> dict[str, float]:
     """Each device type's usable memory (GiB: ``memory_gb`` less its OS share), what the matrix's "fits on" filter
     offers: the packaged types and the site directory's."""
-    return {name: t.usable_memory_gb for name, t in DEVICE_TYPES.items()}
+    return {name: t.usable_memory_gb for name, t in current().device_types.items()}
 
 
 def write_docs(db_url: str, out_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:

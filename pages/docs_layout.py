@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from devices.types import DEVICE_TYPES, Arch, DeviceType
+from devices.types import Arch, DeviceType
 from pages.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
 from pages.escape import markdown_text, safe_link
 from results.db import Db, reading
@@ -37,6 +37,7 @@ from results.pages import device_environments
 from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
 from stages.variant import describe
 from toolchains.base import DocsLayout
+from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 RUN_PAGE = "../runs/run-{}.md"  # a run's evidence page, from the layout's directory (beside runs/)
@@ -470,9 +471,12 @@ def _plain(value: str | None) -> str:
 
 
 def platform_infos(environments: Mapping[str, tuple[int, Mapping[str, Any]]], layout: DocsLayout,
-                   device_types: Mapping[str, DeviceType] = DEVICE_TYPES) -> list[PlatformInfo]:
-    """One platform per device type (devices/types), in NVIDIA's order: Official ones first, then by name."""
+                   device_types: Mapping[str, DeviceType] | None = None) -> list[PlatformInfo]:
+    """One platform per device type (the registries' by default), in NVIDIA's order: Official ones first, then by
+    name."""
     out = []
+    if device_types is None:
+        device_types = current().device_types
     for name, dtype in device_types.items():
         precisions = tuple(str(p) for p in dtype.precisions)
         run, cells = None, (NOT_RECORDED, NOT_RECORDED, NOT_RECORDED)

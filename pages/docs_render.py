@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devices.types import DEVICE_TYPES
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
 from results.regressions import UNDER_LOAD_METRIC
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
 from pages.docs_regressions import RegressionMark, mark_markdown
 from pages.escape import markdown_text
 from stages.job import PPL_LIMIT_METRIC
+from toolchains.registries import current
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -165,7 +165,7 @@ def shown_toolchain(platform: str, job_toolchain: str | None) -> str | None:
     every toolchain is named."""
     if job_toolchain is None:
         return None
-    device_type = DEVICE_TYPES.get(platform)
+    device_type = current().device_types.get(platform)
     if device_type is not None and str(job_toolchain) == str(device_type.toolchains[0]):
         return None
     return str(job_toolchain)

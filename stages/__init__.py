@@ -3,21 +3,23 @@ its default timeout, what one run of it serves and whether the results database 
 
 Pipeline order, the DAG ``flows.pipeline`` submits, the timing summary's critical path, default timeouts, the
 stages a test list may name and the CLI's progress columns all derive from ``STAGES``. This module imports nothing
-else from the farm but the artifact kinds (results/, devices/ and test_lists/ import it); the module a stage names
-is imported only where stages run (``tasks.common``).
+else from the farm but the artifact kinds (results/, devices/ and test_lists/ import it); the functions that run a
+stage are named where stages run (``tasks.stage_work``).
 
-Adding a stage: one ``register(StageSpec(...))`` here and one module with its work,
-``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order). The results database
+Adding a stage: one ``register(StageSpec(...))`` here, one module with its work,
+``def <name>(ctx, job, *upstream) -> StageOutcome`` (the outcomes of ``needs``, in order), and its entry in
+``tasks.stage_work.WORK``. The results database
 stores stage names as strings checked against this table (``recorded``): no migration. What the stage runs on a
 device, and how its outputs are read, is each toolchain driver's (``toolchains.base.ToolchainDriver``).
 
-Adding a cached stage: the same, plus ``cache=StageCache(...)`` in its entry and a key function in its module; the
+Adding a cached stage: the same, plus ``cache=StageCache(...)`` in its entry and a key function in its module (named
+by its ``tasks.stage_work`` entry, with the ``verify`` function if it has one); the
 generic body (``tasks.common.run_stage``) does the rest, so the module holds no cache code:
   - ``def <name>_key(ctx, job, *upstream) -> Keyed | StageOutcome`` (``stages.outcome.Keyed``): the inputs the key is
     the digest of, whose product the cached artifact is (toolchain and version), and what a hit's outcome records
     (device, route, stand-in). An outcome instead decides the stage without the cache (quantize's identity).
   - the body looks the key up; a hit counts only when it is of the declared kind, once the store has re-hashed its
-    blob (a corrupt one is evicted: a miss) and, where the entry declares ``verify``, that says the product is
+    blob (a corrupt one is evicted: a miss) and, where its work entry names ``verify``, that says the product is
     still usable (an engine still on its device). A hit's outcome passes, cached, with ``hit_reason``,
     ``hit_metric`` = 1, the entry's toolchain version and the stored artifact as ``outputs[output]`` (and as
     evidence, for a recorded stage); ``Keyed.on_hit`` builds it instead where the artifact is not what the next
@@ -78,15 +80,11 @@ class Shared(enum.StrEnum):
 class StageCache:
     """A stage's content cache, looked up and filled by the generic body (see the module doc)."""
 
-    key: str  # "module:function": (ctx, job, *upstream) -> stages.outcome.Keyed | StageOutcome
     kind: ArtifactKind  # the cached artifact's kind and packing in the store
     packing: Packing
     output: str  # the key of StageOutcome.outputs that hands the product on
     hit_reason: str = "cache hit"
     hit_metric: str = "cache_hit"  # 1 on a hit, 0 when the work handed a new product on
-    # "module:function": (ctx, job, ref) -> bool, whether a stored hit is still usable beyond its blob (e.g. the
-    # device holding an engine still has it); None: the blob is the product
-    verify: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,6 @@ class StageSpec:
     name: str
     needs: tuple[str, ...]  # stages whose outcomes it reads, in the order its work function takes them
     where: Where
-    runs: str  # "module:function": the stage's own work, called by the one generic task body
     cache_key: tuple[str, ...]  # the names of its content cache key's inputs (empty: not cached)
     timeout_s: int  # default; a test list may set its own per listed stage
     shared: Shared = Shared.JOB
@@ -117,15 +114,12 @@ def register(spec: StageSpec) -> StageSpec:
     if missing:
         raise ConfigurationError(f"stage {spec.name!r} needs unregistered stage(s) {', '.join(missing)}; "
                                  f"registered: {', '.join(STAGES)}")
-    if ":" not in spec.runs:
-        raise ConfigurationError(f"stage {spec.name!r}: runs must be 'module:function', got {spec.runs!r}")
     if bool(spec.cache_key) != (spec.cache is not None):
         raise ConfigurationError(f"stage {spec.name!r}: a cached stage (and only one) names its key inputs "
                                  f"(cache_key) and its key function and product (cache=StageCache(...))")
-    if spec.cache is not None and (":" not in spec.cache.key or not spec.cache.output):
-        raise ConfigurationError(f"stage {spec.name!r}: cache.key must be 'module:function' (got "
-                                 f"{spec.cache.key!r}) and cache.output the output that hands the product on (got "
-                                 f"{spec.cache.output!r})")
+    if spec.cache is not None and not spec.cache.output:
+        raise ConfigurationError(f"stage {spec.name!r}: cache.output must name the output that hands the product on "
+                                 f"(got {spec.cache.output!r})")
     if spec.timeout_s < 1:
         raise ConfigurationError(f"stage {spec.name!r}: timeout_s must be >= 1, got {spec.timeout_s}")
     STAGES[spec.name] = spec
@@ -234,36 +228,36 @@ def finish_times(durations: Mapping[str, float]) -> Iterator[tuple[str, float]]:
 
 # Reference CI practice: quantize/export/build 1200 s, inference and scoring up to 6000 s, benchmark 1200 s.
 register(StageSpec(
-    name=REFERENCE, needs=(), where=Where.HOST, runs="tasks.reference:reference",
+    name=REFERENCE, needs=(), where=Where.HOST,
     cache_key=("format", "checkpoint_sha256", "settings", "edgellm", "edgellm_build", "transformers"),
-    cache=StageCache(key="tasks.reference:reference_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+    cache=StageCache(kind=ArtifactKind.OTHER, packing=Packing.FILE,
                      output="reference", hit_reason="reference cache hit", hit_metric="reference_cache_hit"),
     timeout_s=6000, shared=Shared.MODEL, implied=True, recorded=False))
 register(StageSpec(
-    name=Stage.QUANTIZE, needs=(), where=Where.HOST, runs="tasks.quantize:quantize",
+    name=Stage.QUANTIZE, needs=(), where=Where.HOST,
     cache_key=("checkpoint_sha256", "toolchain", "toolchain_version", TOOLCHAIN_INPUTS),
-    cache=StageCache(key="tasks.quantize:quantize_key", kind=ArtifactKind.CHECKPOINT, packing=Packing.TAR,
+    cache=StageCache(kind=ArtifactKind.CHECKPOINT, packing=Packing.TAR,
                      output="checkpoint"),
     timeout_s=1200, shared=Shared.CHECKPOINT, implied=True))
 register(StageSpec(
-    name=Stage.EXPORT, needs=(Stage.QUANTIZE,), where=Where.HOST, runs="tasks.export:export",
+    name=Stage.EXPORT, needs=(Stage.QUANTIZE,), where=Where.HOST,
     cache_key=("checkpoint_sha256", "precision", "lm_head_precision", "kv_cache_precision", "toolchain",
                "toolchain_version", TOOLCHAIN_INPUTS),
-    cache=StageCache(key="tasks.export:export_key", kind=ArtifactKind.ONNX, packing=Packing.TAR, output="onnx"),
+    cache=StageCache(kind=ArtifactKind.ONNX, packing=Packing.TAR, output="onnx"),
     timeout_s=1200, shared=Shared.EXPORT))
 register(StageSpec(
-    name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE, runs="tasks.build:build",
+    name=Stage.BUILD, needs=(Stage.EXPORT,), where=Where.DEVICE,
     cache_key=("onnx_sha256", "platform", "toolchain", "toolchain_version", "max_batch_size", "max_input_len",
                "max_seq_len", TOOLCHAIN_INPUTS),
-    cache=StageCache(key="tasks.build:build_key", kind=ArtifactKind.ENGINE_MANIFEST, packing=Packing.FILE,
-                     output="engine", verify="tasks.build:engine_present"),
+    cache=StageCache(kind=ArtifactKind.ENGINE_MANIFEST, packing=Packing.FILE,
+                     output="engine"),
     timeout_s=1200))
 register(StageSpec(
-    name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.infer:infer", cache_key=(),
+    name=Stage.INFER, needs=(Stage.BUILD,), where=Where.DEVICE, cache_key=(),
     timeout_s=6000))
 register(StageSpec(
-    name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE, runs="tasks.accuracy:accuracy",
+    name=Stage.ACCURACY, needs=(Stage.INFER, REFERENCE), where=Where.DEVICE,
     cache_key=(), timeout_s=6000))
 register(StageSpec(
-    name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, runs="tasks.bench:bench", cache_key=(),
+    name=Stage.BENCH, needs=(Stage.BUILD,), where=Where.DEVICE, cache_key=(),
     timeout_s=1200))

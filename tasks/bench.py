@@ -76,7 +76,7 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     out = from_device_run(Stage.BENCH, runs[-1][1], toolchain)
     out.standin = any(toolchain.standin(r.device) for _, r in runs)
     out.duration_s = sum(r.duration_s for _, r in runs)
-    _conditions(out, runs)
+    _conditions(farm, out, runs)
     _load(farm, out, runs, rounds)
     for bench_run, run in runs:
         for path in run.fetched.values():
@@ -85,7 +85,7 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     return out
 
 
-def _conditions(out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]]) -> None:
+def _conditions(farm: Farm, out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]]) -> None:
     """Record the board around each benchmark command (clocks, temperatures, power mode before and after) and how
     it differed from its device type's declared benchmark conditions (then the result says so, and regressions never
     compare it with runs in the declared conditions)."""
@@ -97,7 +97,7 @@ def _conditions(out: StageOutcome, runs: list[tuple[BenchRun, DeviceRun]]) -> No
         before, after = run.snapshots
         around.append({"mode": bench_run.mode.value, "before": environment.snapshot(before),
                        "after": environment.snapshot(after)})
-        found = environment.bench_conditions(run.device.device_type, before)
+        found = environment.bench_conditions(farm.registries.device_type(run.device.type), before)
         if found is not None and found not in problems:
             problems.append(found)
         for when, env in (("before", before), ("after", after)):

@@ -7,7 +7,6 @@ and only they are retried), log the outcome and note the Prefect task run."""
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -105,11 +104,17 @@ def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[St
     declared = spec.cache
     if declared is None:
         return _slotted(ctx, spec, lambda: stage_work(spec.name)(ctx, job, *ready))
-    keyed = stage_function(spec.name, declared.key)(ctx, job, *ready)
+    from tasks.stage_work import work_of  # its modules import this one
+
+    functions = work_of(spec.name)
+    if functions.key is None:
+        raise ConfigurationError(f"stage {spec.name} is cached but tasks.stage_work names no key function for it")
+    keyed = functions.key(ctx, job, *ready)
     if isinstance(keyed, StageOutcome):  # decided without the cache (an identity precision, no toolchain)
         return keyed
     if not isinstance(keyed, Keyed):
-        raise TypeError(f"stage {spec.name}: {declared.key} returned {type(keyed).__name__}, not Keyed or an outcome")
+        raise TypeError(f"stage {spec.name}: {functions.key.__qualname__} returned {type(keyed).__name__}, not Keyed "
+                        f"or an outcome")
     farm = Farm.get(ctx)
     key = cache.cache_key(keyed.inputs)
     hit = cache.lookup(farm.engine, key)
@@ -118,7 +123,7 @@ def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[St
     # product changed) or one its verify refuses is a miss too, and the new product replaces it
     if hit is not None and hit.kind == declared.kind and farm.store.has(hit.sha256):
         ref = farm.store.ref(hit.sha256, declared.kind, declared.packing)
-        if declared.verify is not None and not stage_function(spec.name, declared.verify)(ctx, job, ref):
+        if functions.verify is not None and not functions.verify(ctx, job, ref):
             ref = None
     if hit is not None and ref is not None:
         cache.touch(farm.engine, key)
@@ -181,18 +186,10 @@ def stage_task(stage: str) -> Task[..., State[StageOutcome]]:
 
 
 def stage_work(stage: str) -> StageWork:
-    """The work the table names for a stage (``module:function``), imported when first run."""
-    return stage_function(stage, stages.spec(stage).runs)
+    """The work that runs a stage (``tasks.stage_work``)."""
+    from tasks.stage_work import work_of  # its modules import this one
 
-
-@functools.cache
-def stage_function(stage: str, named: str) -> Callable[..., Any]:
-    """A function the table names for a stage (``module:function``: its work, its cache key), imported once."""
-    module, _, name = named.partition(":")
-    found = getattr(importlib.import_module(module), name, None)
-    if not callable(found):
-        raise ConfigurationError(f"stage {stage}: {named} is not a function")
-    return found  # type: ignore[no-any-return]
+    return work_of(stage).runs
 
 
 def guarded(stage: str, body: Callable[[], StageOutcome]) -> StageOutcome:

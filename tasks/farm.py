@@ -1,4 +1,5 @@
-"""What every task needs, opened once per process: the results database, the artifact store, the inventory.
+"""What every task needs, opened once per process: the results database, the artifact store, the registries
+(``toolchains.registries``: device types, toolchains, site directory) and the inventory checked against them.
 
 A ``FarmContext`` is the small, serializable value flows pass to tasks; ``Farm.get(ctx)`` turns it into handles.
 """
@@ -16,6 +17,7 @@ from artifacts.store import Store
 from devices.inventory import Inventory, load_inventory
 from results.db import Engine, from_parameter, make_engine
 from results.recorder import Recorder
+from toolchains.registries import Registries, current
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Farm:
     engine: Engine
     store: Store
     recorder: Recorder
+    registries: Registries
     inventory: Inventory
     host_slots: threading.BoundedSemaphore
     bad_devices: set[str] = field(default_factory=set)  # devices that failed (infrastructure) in this run
@@ -85,8 +88,9 @@ class Farm:
                 # the bucket's endpoint and credentials: this process's AWS_* (never a parameter)
                 store = open_store(ctx.artifacts or None, ctx.data_dir, cache_gb=ctx.artifact_cache_gb,
                                    environ=os.environ)
-                farm = cls(ctx=ctx, engine=engine, store=store, recorder=Recorder(engine),
-                           inventory=load_inventory(ctx.inventory_dir, data_dir=ctx.data_dir),
+                registries = current()
+                farm = cls(ctx=ctx, engine=engine, store=store, recorder=Recorder(engine), registries=registries,
+                           inventory=load_inventory(ctx.inventory_dir, data_dir=ctx.data_dir, registries=registries),
                            host_slots=threading.BoundedSemaphore(ctx.host_slots))
                 cls._instances[ctx] = farm
             return farm

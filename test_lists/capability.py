@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from devices.types import device_type
 from toolchains import base as toolchains
+from toolchains.registries import current
 from vocabulary.model import ModelShape
 from vocabulary.variant import Variant
 
@@ -39,7 +39,7 @@ class Capability:
 
 def hardware(platform: str, variant: Variant) -> Capability:
     """Whether the platform's hardware runs the variant at all (any toolchain)."""
-    dtype = device_type(platform)
+    dtype = current().device_type(platform)
     ok, why = dtype.supports(variant.precision)
     if not ok:
         return Capability(False, why)
@@ -56,7 +56,7 @@ def capability(platform: str, toolchain: str | None, variant: Variant, shape: Mo
     found = hardware(platform, variant)
     if not found:
         return found
-    dtype = device_type(platform)
+    dtype = current().device_type(platform)
     if toolchain is None:
         reasons = [c for name in dtype.toolchains if not (c := capability(platform, name, variant, shape))]
         return Capability(True) if len(reasons) < len(dtype.toolchains) else reasons[0]

@@ -186,10 +186,10 @@ class Validator:
     def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
         """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
         from devices.memory_fit import fit_problem, source_group
-        from devices.types import DEVICE_TYPES
+        from toolchains.registries import current
 
         source = self.models.get(spec.model)
-        dtype = DEVICE_TYPES[platform]
+        dtype = current().device_types[platform]
         toolchain = getattr(spec, "toolchain", None) or dtype.toolchains[0]
         found = self._sizer.size(spec, source.config(), toolchain, platform, source_group(source))
         return fit_problem(found, dtype)

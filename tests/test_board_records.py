@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from devices.types import device_type
 from results import quarantine
 from results.db import make_engine
 from results.migrate import upgrade
@@ -18,6 +17,7 @@ from results.models import Environment, Result
 from results.recorder import Recorder, environment_digest
 from results.regressions import find_regressions
 from tasks.environment import bench_conditions, device_record, host_record
+from toolchains.registries import current
 
 TC = "tensorrt-edgellm"
 ORIN_ENV = {"python": "3.10.12", "machine": "aarch64", "l4t": {"release": "36.4.3", "source": "/etc/nv_tegra_release"},
@@ -63,11 +63,11 @@ def test_each_environment_is_stored_once_and_named_by_every_result(rec: Recorder
 
 
 def test_bench_conditions_against_the_device_type() -> None:
-    orin = device_type("orin")
+    orin = current().device_type("orin")
     assert bench_conditions(orin, {"power_mode": {"name": "MAXN"}, "clocks_locked": True}) is None
     assert bench_conditions(orin, {"power_mode": {"name": "MODE_15W"}, "clocks_locked": False}) == (
         "power mode MODE_15W (type orin benchmarks at MAXN); clocks not locked (jetson_clocks)")
-    assert bench_conditions(device_type("x86-cpu"), {}) is None  # declares none
+    assert bench_conditions(current().device_type("x86-cpu"), {}) is None  # declares none
 
 
 def _bench(rec: Recorder, tps: float, conditions: str | None, *, finish: bool = True) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.types import DEVICE_TYPES, DeviceType
+from devices.types import DeviceType
 from edgellm.types import Precision
 from flows.bringup_fit import memory_fit, planned_toolchains
 from flows.bringup_report import render_markdown
@@ -18,6 +18,8 @@ from results.models import ResultStatus
 from tasks.bringup import Rung
 from test_lists.catalog import Catalog
 from test_lists.testlist import TestEntry
+from tests.helpers.registries import registries_with
+from toolchains.registries import current
 
 BIG = """\
 models:
@@ -30,10 +32,10 @@ models:
 @pytest.fixture
 def tiny_cpu() -> Iterator[str]:
     """A CPU board with 0.1 GB usable, stood in for the test and removed after it."""
-    base = DEVICE_TYPES["x86-cpu"].model_dump()
-    DEVICE_TYPES["tiny-cpu"] = DeviceType(**{**base, "name": "tiny-cpu", "memory_gb": 0.35, "os_reserve_gb": 0.25})
-    yield "tiny-cpu"
-    del DEVICE_TYPES["tiny-cpu"]
+    base = current().device_types["x86-cpu"].model_dump()
+    with registries_with(device_types=[DeviceType(**{**base, "name": "tiny-cpu", "memory_gb": 0.35,
+                                                     "os_reserve_gb": 0.25})]):
+        yield "tiny-cpu"
 
 
 def _entry(model: str) -> TestEntry:
@@ -50,7 +52,7 @@ def test_each_platform_gets_estimate_usable_memory_and_whether_it_fits(tiny_cpu:
     assert large["fits"] is False and large["estimate_gb"] > 0.5 and large["usable_gb"] == 0.1
     assert large["reason"] == (f"needs {large['estimate_gb']:.1f} GB; tiny-cpu has 0.1 GB usable (0.35 GB less "
                                "0.25 GB for the OS)")
-    assert small["fits"] is True and small["usable_gb"] == DEVICE_TYPES["x86-cpu"].usable_memory_gb
+    assert small["fits"] is True and small["usable_gb"] == current().device_types["x86-cpu"].usable_memory_gb
     assert small["reason"].startswith(f"needs {small['estimate_gb']:.3g} GB; x86-cpu has ")
 
 

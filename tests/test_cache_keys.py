@@ -32,6 +32,7 @@ from results.models import CacheEntry, ResultStatus
 from stages import REFERENCE, StageCache, StageSpec, Where
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import Keyed, StageOutcome
+from tasks import stage_work
 from tasks.build import build_key, engine_key_inputs
 from tasks.common import run_stage
 from tasks.export import export_key
@@ -144,15 +145,15 @@ def test_the_tables_cache_key_names_what_each_key_is_made_of() -> None:
 
 
 def test_the_table_refuses_a_cache_without_key_names_and_key_names_without_a_cache() -> None:
-    base = StageSpec(name="half", needs=(), where=Where.HOST, runs="m:f", cache_key=(), timeout_s=1)
-    declared = StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE, output="x")
+    base = StageSpec(name="half", needs=(), where=Where.HOST, cache_key=(), timeout_s=1)
+    declared = StageCache(kind=ArtifactKind.OTHER, packing=Packing.FILE, output="x")
     with pytest.raises(ConfigurationError, match="cached stage"):
         stages.register(StageSpec(**{**base.__dict__, "cache_key": ("checkpoint_sha256",)}))
     with pytest.raises(ConfigurationError, match="cached stage"):
         stages.register(StageSpec(**{**base.__dict__, "cache": declared}))
     with pytest.raises(ConfigurationError, match="hands the product on"):
         stages.register(StageSpec(**{**base.__dict__, "cache_key": ("a",),
-                                     "cache": StageCache(key="m:k", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+                                     "cache": StageCache(kind=ArtifactKind.OTHER, packing=Packing.FILE,
                                                          output="")}))
     assert "half" not in stages.STAGES
 
@@ -225,9 +226,8 @@ def made(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     return out
 
 
-MADE = StageSpec(name="made", needs=(), where=Where.HOST, runs=f"{__name__}:made",
-                 cache_key=("checkpoint_sha256",), timeout_s=5,
-                 cache=StageCache(key=f"{__name__}:made_key", kind=ArtifactKind.OTHER, packing=Packing.FILE,
+MADE = StageSpec(name="made", needs=(), where=Where.HOST, cache_key=("checkpoint_sha256",), timeout_s=5,
+                 cache=StageCache(kind=ArtifactKind.OTHER, packing=Packing.FILE,
                                   output="product", hit_reason="made cache hit", hit_metric="made_cache_hit"),
                  recorded=False)
 
@@ -235,10 +235,12 @@ MADE = StageSpec(name="made", needs=(), where=Where.HOST, runs=f"{__name__}:made
 @pytest.fixture
 def made_stage() -> Iterator[None]:
     stages.register(MADE)
+    stage_work.register("made", stage_work.StageWork(made, key=made_key))
     CALLS.clear()
     try:
         yield
     finally:
+        stage_work.unregister("made")
         stages.unregister("made")
 
 

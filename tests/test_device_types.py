@@ -1,4 +1,5 @@
-"""Device types: YAML schema, the Platform enum built from the files, and the one capability function's reasons."""
+"""Device types: YAML schema, the registries' device types read from the files, and the one capability function's
+reasons."""
 
 from __future__ import annotations
 
@@ -7,24 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from devices.types import DEVICE_TYPES, DEVICE_TYPES_DIR, Platform, device_type, load_device_types
+from devices.types import DEVICE_TYPES_DIR, load_device_types
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from test_lists.capability import capability
 from toolchains import base as toolchains
 from toolchains.base import Variant
+from toolchains.registries import build, current
 
 
-def test_platform_enum_is_the_yaml_files() -> None:
+def test_the_platforms_are_the_yaml_files() -> None:
+    registries = current()
     stems = sorted(p.stem for p in DEVICE_TYPES_DIR.glob("*.yaml"))
-    assert sorted(p.value for p in Platform) == stems
-    assert Platform.ORIN == "orin" and Platform.X86_CPU == "x86-cpu"
-    assert Platform.parse("Thor") is Platform.THOR
-    assert device_type(Platform.X86_H200).sm == 90
+    assert list(registries.device_types) == stems
+    assert registries.platform("Thor") == "thor" and registries.platform(" x86-CPU") == "x86-cpu"
+    assert registries.device_type("X86-H200").sm == 90
     with pytest.raises(ConfigurationError,
                        match=r"unknown device type 'jetson'; valid: agx-orin-32gb, orin, orin-nano-8gb, orin-nx-16gb, "
                              r"thor"):
-        device_type("jetson")
+        registries.device_type("jetson")
+    with pytest.raises(ConfigurationError, match=r"unknown platform 'jetson'; valid: agx-orin-32gb, orin"):
+        registries.platform("jetson")
 
 
 @pytest.mark.parametrize(
@@ -76,16 +80,16 @@ def test_every_precision_a_device_type_lists_is_produced_by_one_of_its_toolchain
     """No stub precisions: a type lists only what one of its toolchains makes, except x86-cpu's int4_gptq (its
     hardware runs int4 GEMMs; no toolchain there reads a GPTQ checkpoint, and its rows say so: the case above).
     tensorrt-edgellm makes int4_gptq on every NVIDIA type, from a Hugging Face GPTQ checkpoint."""
-    for name, dtype in DEVICE_TYPES.items():
+    for name, dtype in current().device_types.items():
         made = {p for chain in dtype.toolchains for p in toolchains.driver(chain).precisions()}
         unmade = set(dtype.precisions) - made
         assert unmade <= ({Precision.INT4_GPTQ} if name == "x86-cpu" else set()), f"{name}: {sorted(unmade)}"
-    assert all(Precision.INT4_GPTQ in t.precisions for t in DEVICE_TYPES.values())
+    assert all(Precision.INT4_GPTQ in t.precisions for t in current().device_types.values())
 
 
 def test_supports_rejects_unknown_names() -> None:
     with pytest.raises(ConfigurationError, match="unknown precision 'fp9'; valid: fp32"):
-        DEVICE_TYPES["thor"].supports("fp9")
+        current().device_types["thor"].supports("fp9")
 
 
 def _types_dir(tmp_path: Path) -> Path:
@@ -109,7 +113,7 @@ def test_every_problem_of_every_type_file_at_once(tmp_path: Path) -> None:
     )
     (directory / "broken.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ConfigurationError) as caught:
-        load_device_types(directory)
+        build(device_types_dir=directory)  # the registries': names checked by the registered toolchains
     message = str(caught.value)
     lines = message.splitlines()
     valid_precisions = ", ".join(Precision)

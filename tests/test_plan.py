@@ -18,6 +18,7 @@ from stages import Stage
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 from test_lists.schema import DEFAULT_STAGES
+from toolchains.registries import current
 
 DATA = Path(__file__).parent / "data"
 INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"
@@ -302,12 +303,12 @@ def test_a_tensorrt_row_runs_only_where_a_device_of_its_platform_has_an_install(
                                                  r".*unknown "
                                                  r"pluginPath \(valid keys: build_dir, trt_package_dir, plugin_path, "
                                                  r"version, standin, direct_builder, or builds:\)"):
-        load_inventory(directory, data_dir=_own_data_dir)
+        load_inventory(directory, data_dir=_own_data_dir, registries=current())  # the toolchains check their blocks
     (directory / "orin-2.yaml").write_text(yaml.safe_dump({"type": "orin", "transport": "local", "work_dir": "d/y",
                                                            "tensorrt_edgellm": install}))
     with pytest.raises(ConfigurationError, match=r"orin-2.yaml: tensorrt_edgellm: a toolchain's block goes under "
                                                  r"toolchains: \{tensorrt-edgellm: \{...\}\}"):
-        load_inventory(directory, data_dir=_own_data_dir)
+        load_inventory(directory, data_dir=_own_data_dir, registries=current())
 
 
 def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) -> None:

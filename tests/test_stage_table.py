@@ -5,7 +5,6 @@ failed and not applicable when it was, in a real run under the Prefect harness."
 
 from __future__ import annotations
 
-import importlib
 import random
 import time
 import uuid
@@ -31,6 +30,7 @@ from results.models import Result, ResultStatus
 from stages import REFERENCE, Shared, Stage, StageSpec, Where
 from stages.job import CheckpointRef, JobSpec
 from stages.outcome import StageOutcome
+from tasks import stage_work
 from tasks.farm import FarmContext
 from tasks.progress import StageEvent, subscribe
 from test_lists.catalog import Catalog
@@ -92,12 +92,15 @@ def test_the_critical_path_is_todays_chain_formula() -> None:
 
 
 def test_every_stage_names_a_function_and_its_cache_key() -> None:
+    assert set(stage_work.WORK) == set(stages.STAGES)
     for spec in stages.STAGES.values():
-        module, _, name = spec.runs.partition(":")
-        assert callable(getattr(importlib.import_module(module), name)), spec.runs
-        if spec.cache is not None:
-            module, _, name = spec.cache.key.partition(":")
-            assert callable(getattr(importlib.import_module(module), name)), spec.cache.key
+        work = stage_work.work_of(spec.name)
+        assert callable(work.runs), spec.name
+        assert (work.key is not None) == (spec.cache is not None), f"{spec.name}: a key function iff cached"
+        assert callable(work.key) or work.key is None, spec.name
+    assert stage_work.work_of("build").verify is not None  # an engine still on its device
+    with pytest.raises(ConfigurationError, match="names no work"):
+        stage_work.work_of("nope")
     from tasks.reference import reference_key_inputs
 
     assert set(stages.spec(REFERENCE).cache_key) <= set(reference_key_inputs("a" * 64))
@@ -107,8 +110,7 @@ def test_the_table_refuses_a_duplicate_an_unknown_need_and_names_the_choices() -
     with pytest.raises(ConfigurationError, match="registered twice"):
         stages.register(stages.spec("build"))
     with pytest.raises(ConfigurationError, match="needs unregistered stage"):
-        stages.register(StageSpec(name="x", needs=("nope",), where=Where.HOST, runs="m:f",
-                                  cache_key=(), timeout_s=1))
+        stages.register(StageSpec(name="x", needs=("nope",), where=Where.HOST, cache_key=(), timeout_s=1))
     with pytest.raises(ConfigurationError, match="did you mean 'bench'"):
         stages.spec("bnech")
     with pytest.raises(ConfigurationError, match="needed by build"):
@@ -143,24 +145,25 @@ def never(ctx: FarmContext, job: JobSpec, upstream: StageOutcome) -> StageOutcom
     raise AssertionError("a stage ran although what it needs did not pass")
 
 
-def _throwaway(name: str, needs: str, runs: str, timeout_s: int = 77) -> StageSpec:
-    return StageSpec(name=name, needs=(needs,), where=Where.HOST, runs=f"{__name__}:{runs}",
-                     cache_key=(), timeout_s=timeout_s)
+def _throwaway(name: str, needs: str, timeout_s: int = 77) -> StageSpec:
+    return StageSpec(name=name, needs=(needs,), where=Where.HOST, cache_key=(), timeout_s=timeout_s)
 
 
-THROWAWAY = [_throwaway("probe", "export", "probe"), _throwaway("lint", "probe", "never"),
-             _throwaway("echo", "export", "echo"), _throwaway("na", "export", "na"),
-             _throwaway("after_na", "na", "never")]
+THROWAWAY = [(_throwaway("probe", "export"), probe), (_throwaway("lint", "probe"), never),
+             (_throwaway("echo", "export"), echo), (_throwaway("na", "export"), na),
+             (_throwaway("after_na", "na"), never)]
 
 
 @pytest.fixture
 def throwaway_stages() -> Iterator[list[str]]:
-    for spec in THROWAWAY:
+    for spec, runs in THROWAWAY:
         stages.register(spec)
+        stage_work.register(spec.name, stage_work.StageWork(runs))
     try:
-        yield [s.name for s in THROWAWAY]
+        yield [s.name for s, _ in THROWAWAY]
     finally:
-        for spec in reversed(THROWAWAY):
+        for spec, _ in reversed(THROWAWAY):
+            stage_work.unregister(spec.name)
             stages.unregister(spec.name)
 
 

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from cli import app
-from devices.types import DEVICE_TYPES
 from results.db import make_engine
 from results.models import CacheEntry, Result
 from tests.helpers import toy_toolchain
+from tests.helpers.registries import registries_with
 from toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,15 +28,10 @@ GENERIC = ("tasks", "flows", "pages", "cli", "devices", "stages", "results", "ar
 
 
 @pytest.fixture
-def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def toy() -> Iterator[str]:
     """The toy registered (its module's one class) and named by x86-cpu's device type (what its YAML would say)."""
-    toolchains.register_toolchain(toy_toolchain.ToyEcho)
-    cpu = DEVICE_TYPES["x86-cpu"]
-    monkeypatch.setitem(DEVICE_TYPES, "x86-cpu", cpu.model_copy(update={"toolchains": (*cpu.toolchains, "toy-echo")}))
-    try:
+    with registries_with(toolchains=[toy_toolchain.ToyEcho], toolchains_on={"x86-cpu": [toy_toolchain.NAME]}):
         yield toy_toolchain.NAME
-    finally:
-        toolchains.unregister_toolchain(toy_toolchain.NAME)
 
 
 @pytest.mark.usefixtures("prefect_harness")

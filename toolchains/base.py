@@ -11,17 +11,15 @@ needs a GPU, the validation of its own block in a device's inventory (``toolchai
 stages (quantize, export: key inputs and work) and its device stages (the command of each, what it fetches back and
 how that is read). The generic stage bodies in ``tasks/`` only ask it.
 
-This module imports only the library, the vocabulary and ``devices.toolchain_names`` (it answers there for this
-registry: device types and inventories check their toolchain names and blocks with it when they load); the driver
-modules it discovers must stay as light. Host-stage work that needs the farm's store lives in a
+This module imports only the library and the vocabulary (``toolchains.registries`` hands its answers to the device
+types and inventories, which check their toolchain names and blocks with them when they load); the driver modules it
+discovers must stay as light. Host-stage work that needs the farm's store lives in a
 module of the toolchain that the driver imports when the stage runs.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -29,12 +27,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from devices import toolchain_names
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
-from edgellm.registry import Registry
+from edgellm.registry import Registry, import_submodules
 from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
 
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
@@ -726,11 +722,7 @@ def _discover() -> None:
     with _loaded:
         if _discovered:
             return
-        import toolchains
-
-        for info in sorted(pkgutil.iter_modules(toolchains.__path__), key=lambda m: m.name):
-            if info.name not in ("base",):
-                importlib.import_module(f"toolchains.{info.name}")
+        import_submodules("toolchains", skip={"base", "registries"})
         _discovered = True
 
 
@@ -853,7 +845,3 @@ def runnable_problem(found: ToolchainDriver, precision: Precision,
         return f"{precision} is quantized by toolchain {maker.name}, which is not available: {made.reason}", maker
     return None, maker
 
-
-# the device types and the inventory check toolchain names and blocks with this registry (devices asks no toolchain)
-toolchain_names.answer_with(SimpleNamespace(parse=parse, names=names, needs_gpu=needs_gpu,  # type: ignore[arg-type]
-                                            device_config=device_config))

@@ -13,12 +13,13 @@ from devices.transport import Transport
 from edgellm.errors import DeviceConfigurationError
 from toolchains import base as toolchains
 from toolchains.probe import probe_toolchain
+from toolchains.registries import current
 
 
 def device_toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
     """Each toolchain of the device's type that the device can drive, once per build it lists."""
     out = []
-    for name in device.device_type.toolchains:
+    for name in current().device_type(device.type).toolchains:
         for build in toolchains.driver_class(name)().device_builds(device):
             driver = toolchains.driver(name, pins={name: build} if build is not None else None)
             if not driver.drives(device):
@@ -44,12 +45,12 @@ def device_toolchains(device: Device, transport: Transport) -> list[ToolchainHea
 def check_device(device: Device, *, min_free_gb: float = 1.0, timeout: float = 60.0,
                  transport: Transport | None = None) -> HealthReport:
     """``devices.health.check_device`` with the toolchains' part checked here."""
-    return health.check_device(device, toolchains=device_toolchains, min_free_gb=min_free_gb, timeout=timeout,
-                               transport=transport)
+    return health.check_device(device, current().device_type(device.type), toolchains=device_toolchains,
+                               min_free_gb=min_free_gb, timeout=timeout, transport=transport)
 
 
 def check_inventory(inventory: Inventory, *, min_free_gb: float = 1.0, timeout: float = 60.0,
                     parallel: int = 8) -> list[HealthReport]:
     """``devices.health.check_inventory`` with the toolchains' part checked here."""
-    return health.check_inventory(inventory, toolchains=device_toolchains, min_free_gb=min_free_gb, timeout=timeout,
-                                  parallel=parallel)
+    return health.check_inventory(inventory, current().device_types, toolchains=device_toolchains,
+                                  min_free_gb=min_free_gb, timeout=timeout, parallel=parallel)

@@ -235,11 +235,6 @@ def registered_backends() -> dict[str, type[EngineBackend]]:
 
 def _load_builtin_backends() -> None:
     """Import every module of this package once: their ``@register_backend`` classes fill the registry."""
-    import importlib
-    import pkgutil
+    from edgellm.registry import import_submodules
 
-    import edgellm.backends as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name != "base":
-            importlib.import_module(f"edgellm.backends.{info.name}")
+    import_submodules("edgellm.backends", skip={"base"})

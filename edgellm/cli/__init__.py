@@ -11,13 +11,13 @@ import argparse
 import errno
 import importlib
 import os
-import pkgutil
 import sys
 import traceback
 from collections.abc import Sequence
 
 from edgellm import __version__
 from edgellm.errors import EXIT_CODES_HELP, EXIT_OK, EdgeLLMError, ErrorKind
+from edgellm.registry import import_submodules
 
 EXIT_TEST_FAILURE = ErrorKind.TEST_FAILURE.exit_code
 EXIT_BAD_INPUT = ErrorKind.CONFIGURATION.exit_code
@@ -35,10 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgellm {__version__}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of unexpected errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
+    for name in import_submodules(__name__, private=False):
+        mod = importlib.import_module(f"{__name__}.{name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

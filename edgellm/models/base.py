@@ -306,14 +306,9 @@ SUPPORT_MODULES = frozenset({"base", "contract", "decoder", "ops", "rope"})
 def _load_builtin_families() -> None:
     """Import every module of this package once (sorted: a stable registration order); their decorators fill
     the registries. A family is one module: nothing here lists them."""
-    import importlib
-    import pkgutil
+    from edgellm.registry import import_submodules
 
-    import edgellm.models as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name not in SUPPORT_MODULES:
-            importlib.import_module(f"edgellm.models.{info.name}")
+    import_submodules("edgellm.models", skip=SUPPORT_MODULES)
 
 
 def registered_families() -> list[type[ModelFamily]]:

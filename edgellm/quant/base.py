@@ -231,12 +231,7 @@ def discover() -> None:
     the registry. A method is one module: nothing lists them."""
     if _discovered:
         return
-    import importlib
-    import pkgutil
+    from edgellm.registry import import_submodules
 
-    import edgellm.quant as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name != "base":
-            importlib.import_module(f"edgellm.quant.{info.name}")
+    import_submodules("edgellm.quant", skip={"base"})
     _discovered.append(True)

@@ -340,8 +340,9 @@ class TensorrtEdgellm(ToolchainDriver):
 
     @staticmethod
     def _config(device: Device) -> trt.DeviceBuilds | None:
-        found = device.toolchain_config(TOOLCHAIN)
-        return found if isinstance(found, trt.DeviceBuilds) else None
+        if TOOLCHAIN not in device.toolchains:
+            return None
+        return trt.DeviceBuilds.from_inventory(device.toolchains[TOOLCHAIN], device=device.id)
 
     def _install_of(self, device: Device) -> trt.DeviceInstall:
         """The device's build of the version this driver exports (a job never runs on a build of another)."""
