@@ -30,6 +30,7 @@ from results.models import Result, ResultStatus
 from stages import StageSpec, Where
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
+from tasks import stage_work
 from tasks.farm import FarmContext
 from test_lists.catalog import Catalog
 
@@ -48,20 +49,21 @@ def after(ctx: FarmContext, job: JobSpec, crashed: StageOutcome) -> StageOutcome
     raise AssertionError("a stage ran although what it needs crashed")
 
 
-STAGES = [StageSpec(name="fine", needs=(), where=Where.HOST, runs=f"{__name__}:fine", cache_key=(), timeout_s=60),
-          StageSpec(name="crash", needs=(), where=Where.HOST, runs=f"{__name__}:crash", cache_key=(), timeout_s=60),
-          StageSpec(name="after_crash", needs=("crash",), where=Where.HOST, runs=f"{__name__}:after", cache_key=(),
-                    timeout_s=60)]
+STAGES = [(StageSpec(name="fine", needs=(), where=Where.HOST, cache_key=(), timeout_s=60), fine),
+          (StageSpec(name="crash", needs=(), where=Where.HOST, cache_key=(), timeout_s=60), crash),
+          (StageSpec(name="after_crash", needs=("crash",), where=Where.HOST, cache_key=(), timeout_s=60), after)]
 
 
 @pytest.fixture
 def throwaway_stages() -> Iterator[list[str]]:
-    for spec in STAGES:
+    for spec, runs in STAGES:
         stages.register(spec)
+        stage_work.register(spec.name, stage_work.StageWork(runs))
     try:
-        yield [s.name for s in STAGES]
+        yield [s.name for s, _ in STAGES]
     finally:
-        for spec in reversed(STAGES):
+        for spec, _ in reversed(STAGES):
+            stage_work.unregister(spec.name)
             stages.unregister(spec.name)
 
 
