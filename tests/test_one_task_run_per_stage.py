@@ -18,7 +18,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import stages
 from devices.inventory import load_inventory
 from edgellm.errors import ErrorKind
 from flows.execute import execute_plan
@@ -30,9 +29,9 @@ from results.models import Result, ResultStatus
 from stages import StageSpec, Where
 from stages.job import JobSpec
 from stages.outcome import StageOutcome
-from tasks import stage_work
 from tasks.farm import FarmContext
 from test_lists.catalog import Catalog
+from tests.helpers.stages import throwaway
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -56,15 +55,8 @@ STAGES = [(StageSpec(name="fine", needs=(), where=Where.HOST, cache_key=(), time
 
 @pytest.fixture
 def throwaway_stages() -> Iterator[list[str]]:
-    for spec, runs in STAGES:
-        stages.register(spec)
-        stage_work.register(spec.name, stage_work.StageWork(runs))
-    try:
-        yield [s.name for s, _ in STAGES]
-    finally:
-        for spec, _ in reversed(STAGES):
-            stage_work.unregister(spec.name)
-            stages.unregister(spec.name)
+    with throwaway(STAGES) as names:
+        yield names
 
 
 @flow(name="one-task-run-per-stage-test", task_runner=ThreadPoolTaskRunner(max_workers=4))

@@ -35,6 +35,7 @@ from tasks.farm import FarmContext
 from tasks.progress import StageEvent, subscribe
 from test_lists.catalog import Catalog
 from test_lists.loader import LISTS_DIR, list_names, load_list
+from tests.helpers.stages import throwaway
 
 # -- today's behaviour, written out (what the table must reproduce) ---------------------------------------------
 TODAY_ORDER = ["quantize", "export", "build", "infer", "accuracy", "bench"]
@@ -156,15 +157,8 @@ THROWAWAY = [(_throwaway("probe", "export"), probe), (_throwaway("lint", "probe"
 
 @pytest.fixture
 def throwaway_stages() -> Iterator[list[str]]:
-    for spec, runs in THROWAWAY:
-        stages.register(spec)
-        stage_work.register(spec.name, stage_work.StageWork(runs))
-    try:
-        yield [s.name for s, _ in THROWAWAY]
-    finally:
-        for spec, _ in reversed(THROWAWAY):
-            stage_work.unregister(spec.name)
-            stages.unregister(spec.name)
+    with throwaway(THROWAWAY) as names:
+        yield names
 
 
 @flow(name="stage-table-test", task_runner=ThreadPoolTaskRunner(max_workers=8))
