@@ -47,7 +47,7 @@ def nightly(
         fmt = _plan_format(fmt)
         check_file_option("--junit", junit)
         from flows.plan import default_matrix
-        from flows.select import select
+        from flows.select import subset
         from flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir,
@@ -56,7 +56,7 @@ def nightly(
         from flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or default_matrix()
-        result = _plan_and_run(settings, lambda install: select(make_plan(matrix_path, settings, install=install),
+        result = _plan_and_run(settings, lambda install: subset(make_plan(matrix_path, settings, install=install),
                                                                 keyword),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),
                                docs_dir=str(settings.docs_dir), console=err if json_out or fmt == "json" else out)

@@ -75,7 +75,7 @@ def matches(expr: str, job: Job) -> bool:
     return value
 
 
-def select(plan: Plan, expr: str | None) -> Plan:
+def subset(plan: Plan, expr: str | None) -> Plan:
     """The plan with the jobs ``expr`` selects (the plan itself with no ``expr``)."""
     if expr is None:
         return plan
