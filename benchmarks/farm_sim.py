@@ -339,10 +339,10 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     devices reached through SimTransport; undone on exit."""
     global LAB
     import devices.transport.ssh as ssh
+    import registries
     from devices.site import current as site_dir
     from test_lists import catalog
     from toolchains import base as toolchains
-    from toolchains import registries
 
     toolchains.register_toolchain(SimLab)
     built = registries.build(site_dir())

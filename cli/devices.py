@@ -21,6 +21,7 @@ from devices.health import HealthReport
 from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from flows.settings import Settings
+from registries import current
 from toolchains.health import check_inventory
 
 app = typer.Typer(
@@ -204,7 +205,7 @@ def check(
             parse_url(db)  # a bad URL fails before any device is touched
         except ConfigurationError as err:
             raise _fail(err) from None
-    reports = check_inventory(devices, min_free_gb=min_free_gb, timeout=timeout)
+    reports = check_inventory(devices, current().device_types, min_free_gb=min_free_gb, timeout=timeout)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
@@ -226,7 +227,6 @@ def device_types(
     it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
     from devices.site import origin
     from devices.types import device_type_files
-    from toolchains.registries import current
 
     registries = current()
     site = registries.site_dir

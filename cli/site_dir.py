@@ -31,7 +31,7 @@ def configure_or_exit(argv: list[str]) -> None:
         from flows.settings import configure_site
 
         configure_site(given(argv))
-        from toolchains.registries import current
+        from registries import current
 
         current()
     except ConfigurationError as exc:

@@ -168,7 +168,7 @@ class Answers:
 
 # each toolchain of the device's type that the device can drive, once per build it lists, checked over the open
 # transport (``toolchains.health.device_toolchains``)
-ToolchainCheck = Callable[[Device, Transport], list[ToolchainHealth]]
+ToolchainCheck = Callable[[Device, DeviceType, Transport], list[ToolchainHealth]]
 
 
 def check_device(
@@ -198,7 +198,7 @@ def check_device(
         except DeviceConfigurationError as err:  # the device answers, its python3 does not run the agent
             return HealthReport(**base, reachable=True, healthy=False, problems=(str(err),),
                                 error_kind=err.kind, duration=time.monotonic() - start)
-        health = toolchains(device, link)
+        health = toolchains(device, device_type, link)
         cache = agent_client.run(device, link, "cache", "usage", "--cache", "cache", timeout=timeout)
     except EdgeLLMError as err:
         log.warning("%s: unreachable: %s", device.id, err)

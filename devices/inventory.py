@@ -227,7 +227,7 @@ def _validate_fields(data: dict[str, Any], root: Path, path: Path, data_dir: Pat
 
 
 class DeviceRegistries(Protocol):
-    """What an inventory is checked against (``toolchains.registries.Registries``)."""
+    """What an inventory is checked against (``registries.Registries``)."""
 
     @property
     def site_dir(self) -> Path | None: ...

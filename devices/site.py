@@ -5,7 +5,7 @@ ones, or replaces the packaged file of the same name; either way it is validated
 listings say where each came from. Nothing of the installed package is edited, so an upgrade keeps the lab's files.
 
 The settings (``flows.settings``, the one reader of the farm's environment) and the command line ``configure`` the
-site directory; the farm's registries (``toolchains.registries``) are built from ``current()`` when first asked, and
+site directory; the farm's registries (``registries``) are built from ``current()`` when first asked, and
 hand it to their loaders. Once they have read it, it cannot change in this process.
 """
 

@@ -1,7 +1,7 @@
 """What the device types and the inventory ask of the toolchain registry, without importing a toolchain.
 
 A device type names its toolchains and an inventory file holds a block per toolchain (``toolchains: {name: {...}}``):
-both are checked by the toolchains' own registry, whose answers the loaders are handed (``toolchains.registries``
+both are checked by the toolchains' own registry, whose answers the loaders are handed (``registries``
 builds them). ``devices`` imports nothing of ``toolchains``; a loader handed none reads names as plain lower-case
 strings and keeps blocks as written.
 """

@@ -1,5 +1,5 @@
 """Device types: one YAML file each in ``devices/types/`` and a site directory's ``device_types/``, read when the
-farm's registries are built (``toolchains.registries``), never at import.
+farm's registries are built (``registries``), never at import.
 
 A new device type is exactly one YAML file (its ``name`` equals the file stem). ``DeviceType.supports()``
 answers like LAVA's ``accepts()``: ``(ok, reason)``, the reason naming the device, its SM and what is missing.

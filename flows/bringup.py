@@ -44,6 +44,7 @@ from flows.plan import Decision, Plan, installing_toolchains, plan_entries
 from flows.prefect_env import send_logs_to_prefect
 from flows.settings import Settings, code_version
 from pages.docs import publish_bringup
+from registries import current
 from results.db import from_parameter, make_engine
 from results.liveness import heartbeat
 from results.migrate import prepare_for_run
@@ -56,7 +57,6 @@ from test_lists.ids import model_name_problem
 from test_lists.testlist import TestEntry
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver
-from toolchains.registries import current
 
 DEFAULT_LAYERS = 1
 ENGINE_LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}  # as the L0 lists

@@ -10,10 +10,10 @@ from typing import Any
 
 from devices.memory_fit import Sizer, fit_problem, source_group
 from edgellm.errors import ConfigurationError
+from registries import current
 from tasks.bringup import Rung
 from test_lists.catalog import ModelSource
 from test_lists.testlist import TestEntry
-from toolchains.registries import current
 
 
 def planned_toolchains(climbed: Iterable[Rung]) -> dict[str, str]:

@@ -29,6 +29,7 @@ from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
+from registries import current
 from stages.job import job_key
 from stages.variant import FEATURE_NAMES, PLAIN, Features
 from test_lists.capability import Capability, capability, hardware
@@ -39,7 +40,6 @@ from test_lists.variants import features as variant_features
 from test_lists.variants import rows as variant_rows
 from toolchains import base as toolchains
 from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
-from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 # the farm's code and the data it plans from (catalog, test lists, matrices, device types): what a stage's work
 # depends on. Tests, docs and benchmarks are not part of it.
-SOURCE_PACKAGES = ("artifacts", "cli", "devices", "edgellm", "flows", "pages", "results", "stages", "tasks",
-                   "test_lists", "toolchains", "vocabulary")
+SOURCE_PACKAGES = ("artifacts", "cli", "devices", "edgellm", "flows", "pages", "registries", "results", "stages",
+                   "tasks", "test_lists", "toolchains", "vocabulary")
 SOURCE_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt", ".sql", ".ini", ".mako")
 
 

@@ -16,9 +16,9 @@ from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
 from devices.pools import check_pool_name
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
+from registries import Registries
 from results.db import default_url, from_parameter
 from toolchains.base import Index, WheelSource
-from toolchains.registries import Registries
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"
@@ -113,9 +113,9 @@ class Settings:
             f"{ENV_DATA_DIR}=DIR, or name the database with --db URL or {ENV_DB_URL}")
 
     def registries(self) -> Registries:
-        """The farm's registries (device types, toolchains, site directory: ``toolchains.registries``), built once
+        """The farm's registries (device types, toolchains, site directory: ``registries``), built once
         per process from the site directory these settings configured."""
-        from toolchains.registries import current
+        from registries import current
 
         return current()
 

@@ -44,6 +44,7 @@ from pages.docs_render import (
     write_atomic,
 )
 from pages.escape import markdown_text, safe_link
+from registries import current
 from results.bisections import bisection_lines_of_run
 from results.db import Db, Engine, backend_name, read_only_engine, reading, redact
 from results.migrate import require_current
@@ -53,7 +54,6 @@ from results.queries import RowStatus
 from results.regressions import published_regressions
 from results.support import NIGHTLY_PAGE_KINDS, Support, row_supports, stage_order
 from toolchains.base import docs_layouts
-from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")

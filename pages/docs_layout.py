@@ -31,13 +31,13 @@ from typing import Any
 from devices.types import Arch, DeviceType
 from pages.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
 from pages.escape import markdown_text, safe_link
+from registries import current
 from results.db import Db, reading
 from results.models import RunKind
 from results.pages import device_environments
 from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
 from stages.variant import describe
 from toolchains.base import DocsLayout
-from toolchains.registries import current
 
 log = logging.getLogger(__name__)
 RUN_PAGE = "../runs/run-{}.md"  # a run's evidence page, from the layout's directory (beside runs/)

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 from pages.docs_regressions import RegressionMark, mark_markdown
 from pages.escape import markdown_text
+from registries import current
 from stages.job import PPL_LIMIT_METRIC
-from toolchains.registries import current
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (

@@ -1,5 +1,5 @@
 """What every task needs, opened once per process: the results database, the artifact store, the registries
-(``toolchains.registries``: device types, toolchains, site directory) and the inventory checked against them.
+(``registries``: device types, toolchains, site directory) and the inventory checked against them.
 
 A ``FarmContext`` is the small, serializable value flows pass to tasks; ``Farm.get(ctx)`` turns it into handles.
 """
@@ -15,9 +15,9 @@ from typing import ClassVar
 from artifacts.location import DEFAULT_CACHE_GB, open_store
 from artifacts.store import Store
 from devices.inventory import Inventory, load_inventory
+from registries import Registries, current
 from results.db import Engine, from_parameter, make_engine
 from results.recorder import Recorder
-from toolchains.registries import Registries, current
 
 
 @dataclass(frozen=True)

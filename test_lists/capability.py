@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from registries import current
 from toolchains import base as toolchains
-from toolchains.registries import current
 from vocabulary.model import ModelShape
 from vocabulary.variant import Variant
 

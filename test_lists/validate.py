@@ -186,7 +186,7 @@ class Validator:
     def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
         """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
         from devices.memory_fit import fit_problem, source_group
-        from toolchains.registries import current
+        from registries import current
 
         source = self.models.get(spec.model)
         dtype = current().device_types[platform]

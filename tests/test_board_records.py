@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from registries import current
 from results import quarantine
 from results.db import make_engine
 from results.migrate import upgrade
@@ -17,7 +18,6 @@ from results.models import Environment, Result
 from results.recorder import Recorder, environment_digest
 from results.regressions import find_regressions
 from tasks.environment import bench_conditions, device_record, host_record
-from toolchains.registries import current
 
 TC = "tensorrt-edgellm"
 ORIN_ENV = {"python": "3.10.12", "machine": "aarch64", "l4t": {"release": "36.4.3", "source": "/etc/nv_tegra_release"},

@@ -14,12 +14,12 @@ from devices.types import DeviceType
 from edgellm.types import Precision
 from flows.bringup_fit import memory_fit, planned_toolchains
 from flows.bringup_report import render_markdown
+from registries import current
 from results.models import ResultStatus
 from tasks.bringup import Rung
 from test_lists.catalog import Catalog
 from test_lists.testlist import TestEntry
 from tests.helpers.registries import registries_with
-from toolchains.registries import current
 
 BIG = """\
 models:

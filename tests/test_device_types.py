@@ -11,10 +11,10 @@ import pytest
 from devices.types import DEVICE_TYPES_DIR, load_device_types
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from registries import build, current
 from test_lists.capability import capability
 from toolchains import base as toolchains
 from toolchains.base import Variant
-from toolchains.registries import build, current
 
 
 def test_the_platforms_are_the_yaml_files() -> None:

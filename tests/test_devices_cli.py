@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError, ErrorKind
+from registries import current
 from results.models import DeviceHealth
 from tests.fixtures.sshd import SshHosts, free_port
 from toolchains.health import check_device
@@ -136,13 +137,14 @@ def test_health_problems_are_named(live_ssh_hosts: SshHosts, tmp_path: Path) -> 
     host = live_ssh_hosts[0]
     directory = live_ssh_hosts.write_inventory(tmp_path / "inv", device_type="orin")
     device = load_inventory(directory, data_dir=tmp_path / "data").get(host.id)
-    report = check_device(device, min_free_gb=1e9)  # no TensorRT Edge-LLM block, wrong arch, disk "full"
+    # no TensorRT Edge-LLM block, wrong arch, disk "full"
+    report = check_device(device, current().device_type(device.type), min_free_gb=1e9)
     assert report.reachable and not report.healthy and report.error_kind is None
     assert any("no toolchain of type orin (tensorrt-edgellm) can run on it" in p for p in report.problems)
     assert any("architecture x86_64 but type orin is aarch64" in p for p in report.problems)
     assert any("GiB free in" in p for p in report.problems)
     live_ssh_hosts[0].kill()
-    down = check_device(device)
+    down = check_device(device, current().device_type(device.type))
     assert not down.reachable and down.error_kind is ErrorKind.INFRASTRUCTURE
     assert "unreachable" in down.problems[0]
 

@@ -416,10 +416,12 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
     import json
 
     from cli.devices import _health_table
+    from registries import current
     from toolchains.health import check_device
 
     device = _local_device(tmp_path)
-    report = check_device(device, transport=_Answering(env, {"total_bytes": "x", "entries": 3}))
+    report = check_device(device, current().device_type(device.type),
+                          transport=_Answering(env, {"total_bytes": "x", "entries": 3}))
     assert report.reachable and not report.healthy, report
     assert any("answered" in p and "valid:" in p for p in report.problems), report.problems
     json.dumps(report.to_dict())  # storable
@@ -427,16 +429,17 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
 
 
 def test_a_toolchain_probe_answering_markup_or_the_wrong_shape_is_a_problem(tmp_path: Path) -> None:
+    from registries import current
     from toolchains.health import check_device
 
     device = _local_device(tmp_path)
     env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
     probe = {"edgellm": "edgellm [/]", "packages": {"onnxruntime": "1.22.0"}, "onnxruntime_genai": "0.6.0"}
-    report = check_device(device, transport=_Answering(env, probe=probe))
+    report = check_device(device, current().device_type(device.type), transport=_Answering(env, probe=probe))
     assert not report.healthy and report.edgellm_version is None
     assert any("edgellm-ort: its probe answered version = 'edgellm [/]+onnxruntime-1.22.0'" in p
                for p in report.problems), report.problems
-    shaped = check_device(device, transport=_Answering(env, check={"problems": 7}))
+    shaped = check_device(device, current().device_type(device.type), transport=_Answering(env, check={"problems": 7}))
     assert shaped.reachable
 
 
@@ -454,10 +457,11 @@ def test_no_health_answer_crashes_the_check(env: dict[str, object], cache: dict[
     import json
 
     from cli.devices import _health_table
+    from registries import current
     from toolchains.health import check_device
 
     device = _local_device(tmp_path_factory.mktemp("dev"))
-    report = check_device(device, transport=_Answering(env, cache))
+    report = check_device(device, current().device_type(device.type), transport=_Answering(env, cache))
     assert report.reachable
     json.dumps(report.to_dict())
     _rendered(_health_table([report]))

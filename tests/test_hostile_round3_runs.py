@@ -28,6 +28,7 @@ from cli.show import TAIL_MAX_BYTES, _tail
 from devices import agent_client
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from flows.settings import Settings
+from registries import current
 from results import liveness
 from results.db import make_engine, write_session
 from results.errors import RunReaped
@@ -261,11 +262,11 @@ def test_a_board_agent_answering_300000_deep_json_is_the_devices_fault(tmp_path:
     device = _local_device(tmp_path)
     with pytest.raises(InfrastructureError, match="printed JSON nested too deeply to read"):
         agent_client.run(device, _Answering(DEEP), "env")
-    report = check_device(device, transport=_Answering(DEEP))
+    report = check_device(device, current().device_type(device.type), transport=_Answering(DEEP))
     assert not report.healthy and report.error_kind is ErrorKind.INFRASTRUCTURE, report
     assert any("hostile: agent env printed JSON nested too deeply" in p for p in report.problems), report.problems
     env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
-    probed = check_device(device, transport=_Answering(env, probe=DEEP))
+    probed = check_device(device, current().device_type(device.type), transport=_Answering(env, probe=DEEP))
     assert not probed.healthy, probed
     assert any("its probe printed JSON nested too deeply" in p for p in probed.problems), probed.problems
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "tasks", "pages",
-            "flows", "cli", "test_lists")
+PACKAGES = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "registries", "tasks",
+            "pages", "flows", "cli", "test_lists")
 Edges = dict[str, dict[str, list[str]]]  # package -> package it imports -> "file:line: import ..." lines
 
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FARM = ("tasks", "flows", "pages", "cli", "devices", "test_lists", "artifacts", "results", "toolchains")
+FARM = ("tasks", "flows", "pages", "cli", "registries", "devices", "test_lists", "artifacts", "results", "toolchains")
 PREFECT_SETTINGS = {"flows/prefect_env.py", "flows/serve.py"}  # Prefect reads its settings from the environment
 
 
@@ -40,8 +40,10 @@ def test_cli_code_lives_in_one_package() -> None:
 
 
 def test_lower_layers_import_no_higher_one() -> None:
-    rules = {"devices": ("tasks", "flows", "pages", "cli", "results"), "artifacts": ("tasks", "flows", "pages", "cli"),
-             "results": ("tasks", "flows", "pages", "cli"), "toolchains": ("tasks", "flows", "pages", "cli"),
+    rules = {"devices": ("tasks", "flows", "pages", "cli", "results", "registries"),
+             "artifacts": ("tasks", "flows", "pages", "cli", "registries"),
+             "results": ("tasks", "flows", "pages", "cli", "registries"),
+             "toolchains": ("tasks", "flows", "pages", "cli", "registries"),
              "tasks": ("flows", "pages", "cli"), "pages": ("tasks", "flows", "cli"), "flows": ("cli",)}
     broken = [f"{path} imports {module}" for package, banned in rules.items()
               for path, tree in _modules(package).items() for module in sorted(_imports(tree))
@@ -107,7 +109,8 @@ def test_edgellm_backends_never_import_the_runtime() -> None:
 
 
 # -- every read and write of the results database is results/'s (it returns typed rows; nothing else builds SQL) --
-PRODUCT = ("devices", "artifacts", "stages", "toolchains", "tasks", "flows", "pages", "cli", "test_lists", "edgellm")
+PRODUCT = ("devices", "artifacts", "stages", "toolchains", "registries", "tasks", "flows", "pages", "cli", "test_lists",
+           "edgellm")
 DB_LIBRARIES = ("sqlalchemy", "alembic", "sqlite3", "psycopg", "psycopg2")
 
 

@@ -14,11 +14,11 @@ from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
 from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from registries import current
 from stages import Stage
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 from test_lists.schema import DEFAULT_STAGES
-from toolchains.registries import current
 
 DATA = Path(__file__).parent / "data"
 INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"

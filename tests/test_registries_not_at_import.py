@@ -1,5 +1,5 @@
 """Importing the farm discovers nothing: no package is walked (``pkgutil``), no device type or inventory file is
-read and no registry is filled until the registries are built (``toolchains.registries``) — and building them does
+read and no registry is filled until the registries are built (``registries``) — and building them does
 all of it, in one place. The one walk at import is the library's own precision vocabulary (``edgellm.types`` builds
 ``Precision`` from the quantization methods, ``edgellm/quant``), which the farm's registries do not hold."""
 
@@ -29,13 +29,13 @@ yaml_files.read_yaml_mapping = lambda path, *a, **k: (read.append(str(path)), re
 modules = json.loads(sys.argv[1])
 for name in modules:
     importlib.import_module(name)
-import devices.toolchain_names, devices.types, toolchains.base, toolchains.registries
+import devices.toolchain_names, devices.types, toolchains.base, registries
 found = {"walked": walked, "read": read, "discovered": toolchains.base._discovered,
-         "built": bool(toolchains.registries._built),
+         "built": bool(registries._built),
          "globals": sorted(n for n in ("DEVICE_TYPES", "Platform") if hasattr(devices.types, n))
                     + sorted(n for n in ("_answers",) if hasattr(devices.toolchain_names, n))}
 if "--build" in sys.argv:
-    toolchains.registries.current()
+    registries.current()
     found["after_build"] = {"walked": len(walked), "read": len(read), "discovered": toolchains.base._discovered}
 print(json.dumps(found))
 """

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from cli import app
 from devices.inventory import load_inventory
 from edgellm.errors import InfrastructureError
+from registries import current
 from results import quarantine
 from results.db import make_engine
 from results.migrate import upgrade
@@ -152,7 +153,7 @@ def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder,
         Farm.close(ctx)
 
     devices = {d.id: d for d in load_inventory(inv, data_dir=tmp_path / "data")}
-    report = check_device(devices["flaky"], min_free_gb=0.0)
+    report = check_device(devices["flaky"], current().device_type(devices["flaky"].type), min_free_gb=0.0)
     assert report.healthy, report
     store_reports(url, [report])  # a passing health check releases it
     assert set(quarantine.active(rec.engine)) == {"steady"}

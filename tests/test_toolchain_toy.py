@@ -24,7 +24,7 @@ from tests.helpers.registries import registries_with
 from toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
-GENERIC = ("tasks", "flows", "pages", "cli", "devices", "stages", "results", "artifacts", "test_lists")
+GENERIC = ("tasks", "flows", "pages", "cli", "registries", "devices", "stages", "results", "artifacts", "test_lists")
 
 
 @pytest.fixture
@@ -80,8 +80,8 @@ def test_a_toolchain_defined_in_one_file_runs_every_stage(toy: str, tmp_path: Pa
 
 
 def test_no_generic_layer_names_a_registered_toolchain() -> None:
-    """tasks/, flows/, pages/, cli/, devices/ (code), stages/, results/, artifacts/ and test_lists/ ask drivers;
-    only a toolchain's package, the device types that place it, matrices and docs name it."""
+    """tasks/, flows/, pages/, cli/, registries/, devices/ (code), stages/, results/, artifacts/ and test_lists/ ask
+    drivers; only a toolchain's package, the device types that place it, matrices and docs name it."""
     names = [n for n in toolchains.names() if not n.startswith("edgellm-")]  # the library's own are generic words
     patterns = {n: re.compile(re.escape(n).replace("\\-", "[-_]"), re.IGNORECASE) for n in names}
     patterns["tensorrt"] = re.compile(r"tensorrt|\bllm_(?:build|inference|bench)\b", re.IGNORECASE)

@@ -11,7 +11,7 @@ needs a GPU, the validation of its own block in a device's inventory (``toolchai
 stages (quantize, export: key inputs and work) and its device stages (the command of each, what it fetches back and
 how that is read). The generic stage bodies in ``tasks/`` only ask it.
 
-This module imports only the library and the vocabulary (``toolchains.registries`` hands its answers to the device
+This module imports only the library and the vocabulary (``registries`` hands its answers to the device
 types and inventories, which check their toolchain names and blocks with them when they load); the driver modules it
 discovers must stay as light. Host-stage work that needs the farm's store lives in a
 module of the toolchain that the driver imports when the stage runs.

@@ -6,20 +6,22 @@ check for the toolchains' part.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from devices import health
 from devices.health import Answers, HealthReport, ToolchainHealth
 from devices.inventory import Device, Inventory
 from devices.transport import Transport
+from devices.types import DeviceType
 from edgellm.errors import DeviceConfigurationError
 from toolchains import base as toolchains
 from toolchains.probe import probe_toolchain
-from toolchains.registries import current
 
 
-def device_toolchains(device: Device, transport: Transport) -> list[ToolchainHealth]:
+def device_toolchains(device: Device, device_type: DeviceType, transport: Transport) -> list[ToolchainHealth]:
     """Each toolchain of the device's type that the device can drive, once per build it lists."""
     out = []
-    for name in current().device_type(device.type).toolchains:
+    for name in device_type.toolchains:
         for build in toolchains.driver_class(name)().device_builds(device):
             driver = toolchains.driver(name, pins={name: build} if build is not None else None)
             if not driver.drives(device):
@@ -42,15 +44,15 @@ def device_toolchains(device: Device, transport: Transport) -> list[ToolchainHea
     return out
 
 
-def check_device(device: Device, *, min_free_gb: float = 1.0, timeout: float = 60.0,
+def check_device(device: Device, device_type: DeviceType, *, min_free_gb: float = 1.0, timeout: float = 60.0,
                  transport: Transport | None = None) -> HealthReport:
-    """``devices.health.check_device`` with the toolchains' part checked here."""
-    return health.check_device(device, current().device_type(device.type), toolchains=device_toolchains,
+    """``devices.health.check_device`` (of a device of ``device_type``) with the toolchains' part checked here."""
+    return health.check_device(device, device_type, toolchains=device_toolchains,
                                min_free_gb=min_free_gb, timeout=timeout, transport=transport)
 
 
-def check_inventory(inventory: Inventory, *, min_free_gb: float = 1.0, timeout: float = 60.0,
-                    parallel: int = 8) -> list[HealthReport]:
-    """``devices.health.check_inventory`` with the toolchains' part checked here."""
-    return health.check_inventory(inventory, current().device_types, toolchains=device_toolchains,
+def check_inventory(inventory: Inventory, device_types: Mapping[str, DeviceType], *, min_free_gb: float = 1.0,
+                    timeout: float = 60.0, parallel: int = 8) -> list[HealthReport]:
+    """``devices.health.check_inventory`` (its devices' types in ``device_types``) with the toolchains' part."""
+    return health.check_inventory(inventory, device_types, toolchains=device_toolchains,
                                   min_free_gb=min_free_gb, timeout=timeout, parallel=parallel)

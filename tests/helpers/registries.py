@@ -1,5 +1,5 @@
 """The farm's registries with a test's additions: extra toolchains registered, extra or changed device types, built
-and installed (``toolchains.registries.using``) for the block, and everything taken back after it."""
+and installed (``registries.using``) for the block, and everything taken back after it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from contextlib import ExitStack, contextmanager
 
 from devices import site
 from devices.types import DeviceType
+from registries import Registries, build, using
 from toolchains import base
-from toolchains.registries import Registries, build, using
 
 
 @contextmanager
