@@ -13,15 +13,17 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
 
 import typer
 
 from artifacts.kinds import ArtifactKind, Packing
 from cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
 from cli.text import visible
+
+if TYPE_CHECKING:
+    from results.references import ArtifactReference
 
 MIN_PREFIX = 8
 _CHUNK = 1 << 20
@@ -32,28 +34,13 @@ VALID_IDS = ("log:<12 hex digits> as the run pages cite it (or KIND:<hex> for an
              f"of at least {MIN_PREFIX} hex digits, optionally sha256:-prefixed")
 
 
-@dataclass(frozen=True)
-class Reference:
-    """One record of the artifact in the results database: the run and, for a stage's artifact, its result."""
-
-    run_id: int
-    kind: str
-    packing: str
-    size: int
-    path_hint: str | None = None
-    model: str | None = None
-    precision: str | None = None
-    platform: str | None = None
-    stage: str | None = None
-    test_id: str | None = None
-
-    def text(self) -> str:
-        if self.model is None:
-            where = f"run {self.run_id} (the run's own {self.kind})"
-        else:
-            where = (f"run {self.run_id}: {self.model} {self.precision} @{self.platform}, stage {self.stage} "
-                     f"(test {self.test_id})")
-        return where + (f", file {self.path_hint}" if self.path_hint else "")
+def place_of(ref: ArtifactReference) -> str:
+    """Where an artifact was recorded: its run and, for a stage's artifact, the row, stage and test."""
+    if ref.model is None:
+        place = f"run {ref.run_id} (the run's own {ref.kind})"
+    else:
+        place = f"run {ref.run_id}: {ref.model} {ref.precision} @{ref.platform}, stage {ref.stage} (test {ref.test_id})"
+    return place + (f", file {ref.path_hint}" if ref.path_hint else "")
 
 
 def parse_id(text: str) -> tuple[str | None, str]:
@@ -71,11 +58,11 @@ def parse_id(text: str) -> tuple[str | None, str]:
     return kind, found.group("hex")
 
 
-def references(s: Any, prefix: str) -> dict[str, list[Reference]]:
+def references(s: Any, prefix: str) -> dict[str, list[ArtifactReference]]:
     """Every recorded artifact whose sha256 starts with ``prefix``, by sha256, with the results that refer to it."""
     from results.references import artifact_references
 
-    return {sha: [Reference(*r) for r in refs] for sha, refs in artifact_references(s, prefix).items()}
+    return artifact_references(s, prefix)
 
 
 def _size(n: int) -> str:
@@ -94,7 +81,8 @@ def _store_where(store: Any) -> str:
     return str(getattr(location, "url", None) or getattr(store, "root", "the artifact store"))
 
 
-def resolve(ident: str, found: dict[str, list[Reference]], store: Any) -> tuple[str, list[Reference]]:
+def resolve(ident: str, found: dict[str, list[ArtifactReference]],
+            store: Any) -> tuple[str, list[ArtifactReference]]:
     """The one artifact ``ident`` names: recorded ones first (of its kind, when it names one), else a blob only the
     store holds (a full sha256 or a prefix of one). Unknown or ambiguous: a ConfigurationError naming candidates."""
     from edgellm.errors import ConfigurationError
@@ -108,7 +96,7 @@ def resolve(ident: str, found: dict[str, list[Reference]], store: Any) -> tuple[
         lines = [f"artifact id {ident!r} is ambiguous: {len(of_kind)} artifacts start with {prefix}; give more hex "
                  "digits. Candidates:"]
         for sha, refs in sorted(of_kind.items()):
-            lines.append(f"{refs[0].kind}:{sha[:12]}  sha256:{sha}  ({refs[0].text()})")
+            lines.append(f"{refs[0].kind}:{sha[:12]}  sha256:{sha}  ({place_of(refs[0])})")
         raise ConfigurationError("\n".join(lines))
     if found:  # recorded, but as another kind than the id names
         others = ", ".join(f"{refs[0].kind}:{sha[:12]}" for sha, refs in sorted(found.items()))
@@ -169,7 +157,7 @@ def _print_text(path: Path, tail: int | None, label: str) -> None:
     sys.stdout.flush()
 
 
-def _describe(sha: str, refs: list[Reference], store: Any) -> None:
+def _describe(sha: str, refs: list[ArtifactReference], store: Any) -> None:
     from artifacts.store import MissingArtifactError
 
     kind = refs[0].kind if refs else "unrecorded"
@@ -186,7 +174,7 @@ def _describe(sha: str, refs: list[Reference], store: Any) -> None:
     out.print(f"  stored: {stored}", markup=False)
     out.print("  referenced by:" + ("" if refs else " nothing in the results database"), markup=False)
     for r in refs:
-        out.print(f"    {visible(r.text())}", markup=False)
+        out.print(f"    {visible(place_of(r))}", markup=False)
     short = f"{kind}:{sha[:12]}" if refs else sha[:16]
     out.print(f"  extract it: edgefarm show {short} --output PATH", markup=False)
 
@@ -227,7 +215,8 @@ def show(
             store.close()
 
 
-def _open(store: Any, sha: str, refs: list[Reference], *, output: Path | None, tail: int | None, info: bool) -> None:
+def _open(store: Any, sha: str, refs: list[ArtifactReference], *, output: Path | None, tail: int | None,
+          info: bool) -> None:
     from artifacts.store import MissingArtifactError
     from edgellm.errors import ConfigurationError
 
@@ -246,11 +235,11 @@ def _open(store: Any, sha: str, refs: list[Reference], *, output: Path | None, t
         elif not info and kind in TEXT_KINDS and packing == Packing.FILE.value:
             with tempfile.TemporaryDirectory(prefix="edgefarm-show-") as tmp:
                 copy = store.get_file(sha, Path(tmp) / "text")  # verified while copied, in chunks
-                _print_text(copy, tail, f"{kind}:{sha[:12]} ({refs[0].text()})")
+                _print_text(copy, tail, f"{kind}:{sha[:12]} ({place_of(refs[0])})")
         else:
             _describe(sha, refs, store)
     except MissingArtifactError:
-        where = "; ".join(r.text() for r in refs[:3]) or "nothing recorded"
+        where = "; ".join(place_of(r) for r in refs[:3]) or "nothing recorded"
         raise ConfigurationError(f"artifact sha256:{sha} ({where}) is not in the artifact store "
                                  f"{_store_where(store)}: removed by `edgefarm gc`, or kept by another store "
                                  f"(--data-dir, $EDGEFARM_ARTIFACTS)?") from None
