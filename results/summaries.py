@@ -53,7 +53,8 @@ def refresh(s: Session, run_id: int | None = None) -> None:
 
 def refresh_if_published(s: Session, run_id: int) -> None:
     """:func:`refresh` for a run whose results were just changed, when it is already published."""
-    if s.scalar(select(Run.published_at).where(Run.id == run_id)) is not None:
+    run = s.get(Run, run_id)  # the recorder's session has it already: no query there
+    if run is not None and run.published_at is not None:
         s.flush()
         refresh(s, run_id)
 
