@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from artifacts.inuse import remove_if_free
-from artifacts.store import ArtifactStore
+from edgefarm.artifacts.inuse import remove_if_free
+from edgefarm.artifacts.store import ArtifactStore
 from edgellm.errors import ConfigurationError
 
 log = logging.getLogger(__name__)

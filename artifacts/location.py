@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from artifacts.store import ArtifactStore, Store
+from edgefarm.artifacts.store import ArtifactStore, Store
 from edgellm.errors import ConfigurationError
 from edgellm.redact import redact, unseen
 
@@ -103,7 +103,7 @@ def open_store(url: str | None, data_dir: Path | str, *, environ: Mapping[str, s
     if isinstance(where, Path):
         return ArtifactStore(where)
     try:
-        from artifacts.s3 import S3ArtifactStore  # boto3 is imported only when a bucket is used
+        from edgefarm.artifacts.s3 import S3ArtifactStore  # boto3 is imported only when a bucket is used
     except ImportError as exc:
         raise ConfigurationError(f"{SETTING} names the bucket {where.url!r} but the S3 client is not "
                                  f"installed ({exc}): pip install 'edgellm-farm[s3]'") from None

@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from artifacts.inuse import new_file, release
+from edgefarm.artifacts.inuse import new_file, release
 
 
 class Pins:

@@ -67,12 +67,12 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ParamValidationError
 from urllib3.exceptions import HTTPError
 
-from artifacts.cache import ContentMismatch, ReadThroughCache
-from artifacts.inuse import remove_stale
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.location import S3Location
-from artifacts.s3_quarantine import quarantine
-from artifacts.store import (
+from edgefarm.artifacts.cache import ContentMismatch, ReadThroughCache
+from edgefarm.artifacts.inuse import remove_stale
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.location import S3Location
+from edgefarm.artifacts.s3_quarantine import quarantine
+from edgefarm.artifacts.store import (
     SHA256_RE,
     ArtifactRef,
     CorruptArtifactError,

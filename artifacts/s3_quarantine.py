@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from boto3.s3.transfer import TransferConfig
 
-from artifacts.cache import ContentMismatch
+from edgefarm.artifacts.cache import ContentMismatch
 from edgellm.errors import EdgeLLMError
 
 if TYPE_CHECKING:
-    from artifacts.s3 import S3ArtifactStore
+    from edgefarm.artifacts.s3 import S3ArtifactStore
 
 log = logging.getLogger(__name__)
 

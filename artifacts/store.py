@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from artifacts import pins
-from artifacts.inuse import new_file, release, remove_stale
-from artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts import pins
+from edgefarm.artifacts.inuse import new_file, release, remove_stale
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.files import atomic_output
 

@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from results.db import make_engine  # noqa: E402
-from results.pages import run_results  # noqa: E402
-from results.runs import recent_runs  # noqa: E402
+from edgefarm.results.db import make_engine  # noqa: E402
+from edgefarm.results.pages import run_results  # noqa: E402
+from edgefarm.results.runs import recent_runs  # noqa: E402
+from edgefarm.toolchains.tensorrt_edgellm.env import install  # noqa: E402
 from tests.fixtures.lab import running_lab  # noqa: E402
 from tests.fixtures.moto import start_moto  # noqa: E402
 from tests.fixtures.postgres import start_postgres  # noqa: E402
 from tests.fixtures.toolchain import TRT_EDGELLM_VERSION, toolchains_home  # noqa: E402
-from toolchains.tensorrt_edgellm.env import install  # noqa: E402
 
 MATRIX = {
     "name": "bench-across-hosts",

@@ -37,8 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from artifacts.kinds import ArtifactKind  # noqa: E402
-from artifacts.store import ArtifactStore  # noqa: E402
+from edgefarm.artifacts.kinds import ArtifactKind  # noqa: E402
+from edgefarm.artifacts.store import ArtifactStore  # noqa: E402
 from tests.fixtures.moto import MotoServer, start_moto  # noqa: E402
 
 MB = 1 << 20
@@ -232,8 +232,8 @@ def _raw_rows(name: str, server: MotoServer, src: Path, size: int, part: int, co
 
 def _s3_store_rows(server: MotoServer, src: Path, size: int, part: int, concurrency: int,
                    work: Path) -> list[dict[str, Any]]:
-    from artifacts.location import S3Location
-    from artifacts.s3 import S3ArtifactStore
+    from edgefarm.artifacts.location import S3Location
+    from edgefarm.artifacts.s3 import S3ArtifactStore
 
     bucket = server.create_bucket("store")
     store = S3ArtifactStore(S3Location(bucket, "bench"), cache_dir=work / "cache", cache_bytes=4 * size,

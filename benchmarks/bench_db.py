@@ -34,9 +34,9 @@ from sqlalchemy import Engine, Select  # noqa: E402
 
 from benchmarks.db_data import Shape, check_consistent, expected_passing, load  # noqa: E402
 from benchmarks.db_leases import contended, pct, single  # noqa: E402
-from results.db import make_engine, redact  # noqa: E402
-from results.migrate import upgrade  # noqa: E402
-from results.queries import (  # noqa: E402
+from edgefarm.results.db import make_engine, redact  # noqa: E402
+from edgefarm.results.migrate import upgrade  # noqa: E402
+from edgefarm.results.queries import (  # noqa: E402
     SUPPORT_REQUIRED,
     latest_status,
     latest_status_stmt,
@@ -120,7 +120,7 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
     info["plans"] = {"passing_rows": plan(engine, passing_rows_stmt()),
                      "docs_latest_status": plan(engine, latest_status_stmt())}
     if args.docs_matrix:  # the whole docs read (pages/docs.py), once: it also reads each row's results one by one
-        from pages.docs import matrix_rows
+        from edgefarm.pages.docs import matrix_rows
 
         t0 = time.perf_counter()
         n = len(matrix_rows(engine))

@@ -100,7 +100,7 @@ def lower_bound(work: list[tuple[str, str, float, str]], devices: int, host_slot
 def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any]:
     """One configuration, in this process (its files under ``root``, default a new temporary directory)."""
     from benchmarks import farm_sim
-    from flows.prefect_env import configure_prefect
+    from edgefarm.flows.prefect_env import configure_prefect
 
     root = root or Path(tempfile.mkdtemp(prefix="farm-scale-"))
     os.environ["EDGEFARM_HOST_SLOTS"] = str(args.host_slots)  # the host stages sleep: a lab's orchestrator (and its
@@ -121,8 +121,8 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
                        test_failure_rate=args.test_failure_rate, seed=args.seed, stage_times=times)
     clock = SqlClock()
     clock.install()
-    from flows.nightly import nightly_support_matrix
-    from flows.run_state import flow_summary
+    from edgefarm.flows.nightly import nightly_support_matrix
+    from edgefarm.flows.run_state import flow_summary
 
     common = {"data_dir": str(data), "inventory": str(inventory), "docs_dir": str(root / "docs")}
     with farm_sim.install(lab, root / "models.yml"):

@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks import bench_load  # noqa: E402  (standard library only: this runs where the farm is not installed)
+from edgefarm.tasks import bench_load  # noqa: E402  (standard library only: this runs where the farm is not installed)
 
 PROBE = ROOT / "devices" / "load_probe.py"
 SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\nprint(time.process_time())\n"

@@ -24,7 +24,7 @@ OUT = ROOT / "benchmarks" / "results" / "nightly.json"
 
 
 def run_nightly(data_dir: Path, matrix: Path | None) -> tuple[float, dict[str, object]]:
-    argv = [sys.executable, "-m", "cli", "nightly", "--json", "--data-dir", str(data_dir)]
+    argv = [sys.executable, "-m", "edgefarm.cli", "nightly", "--json", "--data-dir", str(data_dir)]
     if matrix is not None:
         argv += ["--matrix", str(matrix)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

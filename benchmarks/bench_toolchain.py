@@ -25,19 +25,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from edgefarm.toolchains.tensorrt_edgellm import DEFAULT_VERSION  # noqa: E402
+from edgefarm.toolchains.tensorrt_edgellm.env import install  # noqa: E402
+from edgefarm.toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, export  # noqa: E402
+from edgefarm.toolchains.tensorrt_edgellm.onnx_check import check_onnx  # noqa: E402
+from edgefarm.toolchains.tensorrt_edgellm.quantize import METHODS, quantize  # noqa: E402
 from edgellm.errors import EdgeLLMError  # noqa: E402
-from toolchains.tensorrt_edgellm import DEFAULT_VERSION  # noqa: E402
-from toolchains.tensorrt_edgellm.env import install  # noqa: E402
-from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, export  # noqa: E402
-from toolchains.tensorrt_edgellm.onnx_check import check_onnx  # noqa: E402
-from toolchains.tensorrt_edgellm.quantize import METHODS, quantize  # noqa: E402
 
 MB = 2**20
 
 
 def make_model(name: str, root: Path) -> Path:
+    from edgefarm.test_lists.catalog import Catalog
     from edgellm.synth import QWEN25_05B, make_checkpoint
-    from test_lists.catalog import Catalog
 
     if name == "tiny":
         return Catalog.load().get("tiny-qwen3-128").locate(root)

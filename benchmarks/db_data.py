@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
 
+from edgefarm.results.recorder import rebuild_row_latest
+from edgefarm.stages import Stage
 from edgellm.types import Precision
-from results.recorder import rebuild_row_latest
-from stages import Stage
 
 PRECISIONS = [p.value for p in list(Precision)[:10]]
 PLATFORMS = ["x86-cpu", "x86-h200", "orin", "thor"]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from results.db import make_engine
-from results.leases import release, try_acquire
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import release, try_acquire
 
 ROOT = Path(__file__).resolve().parents[1]
 

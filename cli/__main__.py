@@ -1,5 +1,5 @@
-"""``python -m cli``: the ``edgefarm`` command."""
+"""``python -m edgefarm.cli``: the ``edgefarm`` command."""
 
-from cli import main
+from edgefarm.cli import main
 
 main()

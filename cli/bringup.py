@@ -15,9 +15,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, farm_errors, out
-from cli.running import JsonOption, announce_flow_run, temporary_server
-from cli.text import cell
+from edgefarm.cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, farm_errors, out
+from edgefarm.cli.running import JsonOption, announce_flow_run, temporary_server
+from edgefarm.cli.text import cell
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "error": "red", "not_applicable": "yellow", "skipped": "dim"}
 
@@ -40,17 +40,17 @@ def bring_up(
     """Bring a checkpoint up the add-model ladder: inventory, closest family, toolchain registries, weight
     reconciliation, provider reference, few-layer test, then export -> build -> infer -> accuracy -> bench."""
     with farm_errors("bring-up"):
-        from flows.settings import Settings
+        from edgefarm.flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory)
         configure_prefect(settings.data_dir)  # before flows.bringup imports Prefect: its console says warnings only
         wanted = [p.strip() for p in platforms.split(",") if p.strip()] if platforms is not None else None
-        from flows.bringup import bring_up as flow
-        from flows.bringup import resolve
-        from flows.run_state import flow_summary
+        from edgefarm.flows.bringup import bring_up as flow
+        from edgefarm.flows.bringup import resolve
+        from edgefarm.flows.run_state import flow_summary
 
         req = resolve(checkpoint, wanted, layers, str(report) if report else None, name, settings)  # bad input: 2
-        from results.db import for_parameters
+        from edgefarm.results.db import for_parameters
 
         with temporary_server(settings.data_dir):
             result = flow_summary(announce_flow_run(flow)(

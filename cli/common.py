@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperOption
 
-from cli.text import visible
+from edgefarm.cli.text import visible
 from edgellm.errors import EdgeLLMError, ErrorKind
 from edgellm.redact import redact
 
@@ -107,7 +107,7 @@ def farm_errors(command: str) -> Iterator[None]:
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # database, migration, disk, memory...: its kind decides the exit code
-        from results.errors import classify
+        from edgefarm.results.errors import classify
 
         known = classify(exc)
         err.print(f"edgefarm {command}: error ({kind_label(known.kind)}): {redact(known)}", markup=False)
@@ -116,6 +116,6 @@ def farm_errors(command: str) -> Iterator[None]:
 
 def configure_prefect(data_dir: Path, *, create: bool = True) -> None:
     """Prefect's settings for a command that runs a flow (``flows.prefect_env``), before Prefect is imported."""
-    from flows import prefect_env
+    from edgefarm.flows import prefect_env
 
     prefect_env.configure_prefect(data_dir, create=create)

@@ -12,17 +12,17 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from cli.common import DataDirOption, DbOption, err, farm_errors, out, print_table
-from cli.query import colour
-from cli.text import cell
+from edgefarm.cli.common import DataDirOption, DbOption, err, farm_errors, out, print_table
+from edgefarm.cli.query import colour
+from edgefarm.cli.text import cell
 
 FORMATS = ("table", "json")
 
 
 def _side_args(toolchain: str | None, against: str | None, runs: tuple[int, int] | None,
                commits: tuple[str, str] | None) -> tuple[Any, Any]:
+    from edgefarm.pages.compare import RunSide, parse_commit, parse_toolchain_sides
     from edgellm.errors import ConfigurationError
-    from pages.compare import RunSide, parse_commit, parse_toolchain_sides
 
     given = [name for name, v in (("--toolchain/--against", toolchain or against), ("--runs", runs),
                                   ("--commits", commits)) if v]
@@ -72,13 +72,13 @@ def compare(
 ) -> None:
     """What changed between two sides: rows gained and lost, status changes, metric deltas against their noise band."""
     with farm_errors("compare"):
+        from edgefarm.flows.settings import Settings
+        from edgefarm.pages.compare import build_comparison
+        from edgefarm.pages.compare import publish as publish_pages
+        from edgefarm.pages.docs import db_label
+        from edgefarm.results.db import read_only_engine, redact
+        from edgefarm.results.migrate import require_current
         from edgellm.errors import ConfigurationError
-        from flows.settings import Settings
-        from pages.compare import build_comparison
-        from pages.compare import publish as publish_pages
-        from pages.docs import db_label
-        from results.db import read_only_engine, redact
-        from results.migrate import require_current
 
         if fmt not in FORMATS:
             raise ConfigurationError(f"unknown --format {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -125,7 +125,7 @@ def _only_metrics(c: Any, patterns: list[str]) -> Any:
 
 
 def _print(c: Any) -> None:
-    from pages.compare import stage_text
+    from edgefarm.pages.compare import stage_text
 
     out.print(cell(c.summary()))  # the answer first
     out.print(cell(f"A: {c.a}"))
@@ -149,7 +149,7 @@ def _print(c: Any) -> None:
     if c.changed or c.gained or c.lost:  # never an empty bordered table
         print_table(rows)
     if c.deltas:
-        from pages.compare import fmt_delta, fmt_num, fmt_rel
+        from edgefarm.pages.compare import fmt_delta, fmt_num, fmt_rel
 
         t = Table(title=f"metric deltas ({len(c.deltas)}; B - A, band: side A's history)")
         for col in ("row", "metric", "A", "B", "B - A", "rel", "band", "noise"):

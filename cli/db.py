@@ -27,9 +27,9 @@ def _fail(command: str, exc: EdgeLLMError) -> typer.Exit:
 @app.command()
 def upgrade(db: DbOption = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
     """Create or migrate the schema to the latest revision."""
-    from flows.settings import Settings
-    from results.db import database_errors, default_url, make_engine, redact
-    from results.migrate import upgrade as run_upgrade
+    from edgefarm.flows.settings import Settings
+    from edgefarm.results.db import database_errors, default_url, make_engine, redact
+    from edgefarm.results.migrate import upgrade as run_upgrade
 
     try:
         settings = Settings.resolve(db=db, create=False)

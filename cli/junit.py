@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from cli.text import visible
+from edgefarm.cli.text import visible
 from edgellm.files import write_text_atomic
 
 FAILED = ("fail",)

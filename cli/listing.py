@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import common
+from edgefarm.cli import common
 from edgellm.files import write_text_atomic
 
 FORMATS = ("table", "json", "csv")
@@ -69,7 +69,7 @@ def to_output(path: Path | None) -> Iterator[None]:
 
 
 def _csv_value(value: Any) -> Any:
-    from pages.escape import spreadsheet_cell
+    from edgefarm.pages.escape import spreadsheet_cell
 
     if isinstance(value, Mapping):
         value = ";".join(f"{k}={v}" for k, v in value.items())

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from test_lists.loader import validate_paths
-from test_lists.validate import Report
+from edgefarm.test_lists.loader import validate_paths
+from edgefarm.test_lists.validate import Report
 
 app = typer.Typer(name="lists", help="Test lists: which tests run on which platform.", no_args_is_help=True)
 
@@ -27,8 +27,8 @@ def _summary(report: Report) -> str:
 def _origins(report: Report) -> None:
     """Which files came from the site directory (``$EDGEFARM_SITE_DIR`` / ``--site-dir``), and which of them replace a
     shipped file of the same name."""
-    from devices.site import current, origin
-    from test_lists.loader import LISTS_DIR
+    from edgefarm.devices.site import current, origin
+    from edgefarm.test_lists.loader import LISTS_DIR
 
     site = current()
     for f in report.files:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.text import cell, visible
+from edgefarm.cli.text import cell, visible
 
 # one marker per status, in the live table and in the plain lines alike: (word for lines, glyph for cells, style)
 SYMBOL: dict[str, tuple[str, str, str]] = {
@@ -46,7 +46,7 @@ def cut(text: str, limit: int = REASON_CHARS) -> str:
 def row_labels(jobs: Iterable[Any]) -> dict[str, str]:
     """Job key -> ``<model> <precision> [<variant>] @<platform>``, with `` (<toolchain>)`` where two jobs of the
     plan would otherwise read the same (two toolchains on one platform)."""
-    from tasks.states import row_name
+    from edgefarm.tasks.states import row_name
 
     named = {j.key: (row_name(j.model, j.precision.value, j.entry.variant, [j.platform]), j.toolchain) for j in jobs}
     seen = Counter(name for name, _ in named.values())

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
-from cli.listing import OutputOption, check_file_option, check_format, to_output
-from cli.text import cell
-from pages.escape import spreadsheet_cell
-from results.support import SupportStatus
+from edgefarm.cli.common import DataDirOption, DbOption, check_name, farm_errors, out, print_table
+from edgefarm.cli.listing import OutputOption, check_file_option, check_format, to_output
+from edgefarm.cli.text import cell
+from edgefarm.pages.escape import spreadsheet_cell
+from edgefarm.results.support import SupportStatus
 
 if TYPE_CHECKING:
     from edgellm.types import Precision
@@ -84,14 +84,14 @@ def log_id(sha256: str) -> str:
 def known_names(s: Any, what: str) -> set[str]:
     """The names a --model or --platform filter may take: the catalog's models or the known platforms (device
     types), and every one the database has rows of (a model only in the database is still a model)."""
-    from results.queries import row_names
+    from edgefarm.results.queries import row_names
 
     if what == "model":
-        from test_lists.catalog import Catalog
+        from edgefarm.test_lists.catalog import Catalog
 
         names = set(Catalog.load().sources)
     else:
-        from test_lists.platforms import known_platforms
+        from edgefarm.test_lists.platforms import known_platforms
 
         names = known_platforms()
     return names | row_names(s, "model" if what == "model" else "platform")
@@ -106,10 +106,10 @@ def check_filters(s: Any, model: str | None, platform: str | None) -> None:
 
 def query_rows(db_url: str, *, model: str | None, precision: Precision | None, platform: str | None,
                status: SupportStatus | None, toolchain: str | None = None) -> list[dict[str, Any]]:
-    from results.db import read_only_engine, reading, redact
-    from results.migrate import require_current
-    from results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details, run_starts
-    from results.support import support_of
+    from edgefarm.results.db import read_only_engine, reading, redact
+    from edgefarm.results.migrate import require_current
+    from edgefarm.results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details, run_starts
+    from edgefarm.results.support import support_of
 
     engine = read_only_engine(db_url)
     try:
@@ -183,8 +183,8 @@ def query(
     """Which rows are supported? The latest support status of every (model, precision, platform, toolchain its jobs
     ran with), with its root-cause reason, from the results database."""
     with farm_errors("query"):
-        from flows.settings import Settings
-        from toolchains.base import parse as parse_toolchain
+        from edgefarm.flows.settings import Settings
+        from edgefarm.toolchains.base import parse as parse_toolchain
 
         fmt = check_format(fmt)
         check_file_option("--output", output)
@@ -221,7 +221,7 @@ def _print_query(rows: list[dict[str, Any]], fmt: str) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-    from pages.docs_render import row_label, shown_toolchain
+    from edgefarm.pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"latest status ({len(rows)} rows)")
     compared = any(r["chosen_versions"] for r in rows)  # a column only when some run compared versions
@@ -247,9 +247,9 @@ REGRESSION_FIELDS = ("model", "precision", "platform", "job_toolchain", "stage",
 
 def regression_rows(db_url: str, *, model: str | None, precision: Precision | None,
                     platform: str | None, toolchain: str | None = None) -> list[dict[str, Any]]:
-    from results.db import read_only_engine, reading, redact
-    from results.migrate import require_current
-    from results.regressions import published_regressions
+    from edgefarm.results.db import read_only_engine, reading, redact
+    from edgefarm.results.migrate import require_current
+    from edgefarm.results.regressions import published_regressions
 
     engine = read_only_engine(db_url)
     try:
@@ -266,8 +266,8 @@ def regression_rows(db_url: str, *, model: str | None, precision: Precision | No
 
 def nightly_run_counts(db_url: str) -> list[int]:
     """How many published nightly runs each row (model, precision, platform, job toolchain) has results in."""
-    from results.db import read_only_engine
-    from results.queries import nightly_run_counts as counts
+    from edgefarm.results.db import read_only_engine
+    from edgefarm.results.queries import nightly_run_counts as counts
 
     engine = read_only_engine(db_url)
     try:
@@ -278,7 +278,7 @@ def nightly_run_counts(db_url: str) -> list[int]:
 
 def empty_regressions_note(counts: Iterable[int]) -> str:
     """Why ``query --regressions`` found nothing: a metric is judged only against a baseline of earlier runs."""
-    from results.regressions import MIN_BASELINE_RUNS
+    from edgefarm.results.regressions import MIN_BASELINE_RUNS
 
     counts = sorted(counts)
     have = ("no row has a published nightly run yet" if not counts else
@@ -304,7 +304,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
         writer.writerows({k: spreadsheet_cell(v) for k, v in r.items()} for r in rows)
         sys.stdout.write(buf.getvalue())
         return
-    from pages.docs_render import row_label, shown_toolchain
+    from edgefarm.pages.docs_render import row_label, shown_toolchain
 
     t = Table(title=f"regressions in the latest runs ({len(rows)})")
     for col in ("model", "precision", "platform", "metric", "severity", "value", "baseline (median)", "change",
@@ -324,7 +324,7 @@ def _print_regressions(rows: list[dict[str, Any]], fmt: str, db_url: str) -> Non
 def print_matrix(db_url: str) -> None:
     """The nightly's end table: one line per model (and toolchain, where a platform runs several) x precision, each
     cell the row's support status (as the pages show it)."""
-    from pages.docs_render import row_label, shown_toolchain
+    from edgefarm.pages.docs_render import row_label, shown_toolchain
 
     rows = query_rows(db_url, model=None, precision=None, platform=None, status=None)
     platforms = sorted({r["platform"] for r in rows})

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from cli.common import err, out
-from cli.progress import Progress, ProgressLines
-from cli.text import visible
+from edgefarm.cli.common import err, out
+from edgefarm.cli.progress import Progress, ProgressLines
+from edgefarm.cli.text import visible
 
 TEMPORARY_SERVER_STARTUP_S = 300.0  # its first start migrates a new database; shared machines are slow
 NOTHING_RAN = 5  # the exit code when no stage ran (pytest's "no tests collected")
@@ -43,8 +43,8 @@ def temporary_server(data_dir: Path, console: Console | None = None) -> Iterator
         finally:
             _flush_logs()
         return
-    from flows.prefect_env import free_port
-    from flows.serve import start_server, stop_server
+    from edgefarm.flows.prefect_env import free_port
+    from edgefarm.flows.serve import start_server, stop_server
 
     say = console or err
     server_log = data_dir / "prefect" / "temporary-server.log"
@@ -75,7 +75,7 @@ def _flush_logs() -> None:
 
 def announce_flow_run(flow: Any, console: Console | None = None) -> Any:
     """The flow, printing its run's URL when it starts if runs are reported to a server (not a temporary one)."""
-    from pages.prefect_ui import flow_run_ui_url, reporting_server
+    from edgefarm.pages.prefect_ui import flow_run_ui_url, reporting_server
 
     if reporting_server() is None:
         return flow
@@ -109,8 +109,8 @@ def _plan_format(fmt: str) -> str:
 def _run_with_progress(plan: Any, fn: Callable[[], dict[str, Any]], console: Console) -> dict[str, Any]:
     """``fn()`` with its stages' progress on ``console``: a live table on a terminal, else one line per stage start
     and end."""
-    from stages import progress_columns
-    from tasks.progress import subscribe
+    from edgefarm.stages import progress_columns
+    from edgefarm.tasks.progress import subscribe
 
     jobs = plan.runnable()
     stages = progress_columns(j.entry.stages for j in jobs)
@@ -195,8 +195,8 @@ def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, d
     """Plan once; a dry run prints the plan (None), otherwise the flow runs with that plan on a temporary Prefect
     server (unless one is configured) with its progress on ``console`` (stdout; stderr when stdout carries JSON).
     ``plan_of(install)`` makes the plan, installing pinned toolchains only for a real run."""
-    from flows.run_state import flow_summary
-    from results.db import for_parameters
+    from edgefarm.flows.run_state import flow_summary
+    from edgefarm.results.db import for_parameters
 
     say = console or out
     if not dry_run:
@@ -212,7 +212,7 @@ def _plan_and_run(settings: Any, plan_of: Callable[[bool], Any], flow: Any, *, d
         return None
     _say(say, f"plan {plan.name}: {_jobs(plan.counts())} (planned in {time.monotonic() - t0:.1f} s)")
     if not plan.runnable():  # nothing to do: no server started, no run id taken
-        from flows.nightly import why_nothing_ran
+        from edgefarm.flows.nightly import why_nothing_ran
 
         return {"run_id": None, "plan": plan.counts(), "stages": {}, "cache_hits": {}, "failed": [],
                 "failures": [], "results": [], "nothing_ran": True, "why_nothing_ran": why_nothing_ran(plan, {}),
@@ -236,14 +236,14 @@ def _finish(result: dict[str, Any], *, json_out: bool, matrix_of: str | None = N
     """The run's summary (JSON, or the support matrix of ``matrix_of``'s database and a summary), and its JUnit XML
     in ``junit``; the exit code of :func:`exit_code`."""
     if junit is not None:
-        from cli.junit import write_junit
+        from edgefarm.cli.junit import write_junit
 
         write_junit(result, junit, suite)
     if json_out:
         out.print_json(json.dumps(result, default=str))
         raise typer.Exit(exit_code(result))
     if matrix_of is not None and result.get("run_id") is not None:
-        from cli.query import print_matrix
+        from edgefarm.cli.query import print_matrix
 
         print_matrix(matrix_of)
     raise typer.Exit(_print_summary(result))

@@ -9,18 +9,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from cli.common import DataDirOption, DbOption, farm_errors, print_table
-from cli.listing import FormatOption, OutputOption, check_format, emit, to_output
-from cli.text import cell
+from edgefarm.cli.common import DataDirOption, DbOption, farm_errors, print_table
+from edgefarm.cli.listing import FormatOption, OutputOption, check_format, emit, to_output
+from edgefarm.cli.text import cell
 
 FIELDS = ("id", "kind", "status", "started_at", "duration_s", "rows", "published", "trigger", "flow_run_id")
 STYLE = {"passed": "green", "failed": "red", "error": "yellow", "running": "cyan"}
 
 
 def runs_rows(db_url: str, last: int) -> list[dict[str, Any]]:
-    from results.db import read_only_engine, redact
-    from results.migrate import require_current
-    from results.runs import recent_runs
+    from edgefarm.results.db import read_only_engine, redact
+    from edgefarm.results.migrate import require_current
+    from edgefarm.results.runs import recent_runs
 
     engine = read_only_engine(db_url)
     try:
@@ -62,7 +62,7 @@ def runs(
     """The latest runs: id, kind, status, started, duration and rows per status (a row counted under its worst
     stage)."""
     with farm_errors("runs"):
-        from flows.settings import Settings
+        from edgefarm.flows.settings import Settings
 
         fmt = check_format(fmt)
         db_url = Settings.resolve(db=db, data_dir=data_dir, create=False).existing_db_url()

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
 
 import typer
 
-from artifacts.kinds import ArtifactKind, Packing
-from cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
-from cli.text import visible
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.cli.common import DataDirOption, DbOption, check_name, err, farm_errors, out
+from edgefarm.cli.text import visible
 
 if TYPE_CHECKING:
-    from results.references import ArtifactReference
+    from edgefarm.results.references import ArtifactReference
 
 MIN_PREFIX = 8
 _CHUNK = 1 << 20
@@ -60,7 +60,7 @@ def parse_id(text: str) -> tuple[str | None, str]:
 
 def references(s: Any, prefix: str) -> dict[str, list[ArtifactReference]]:
     """Every recorded artifact whose sha256 starts with ``prefix``, by sha256, with the results that refer to it."""
-    from results.references import artifact_references
+    from edgefarm.results.references import artifact_references
 
     return artifact_references(s, prefix)
 
@@ -158,7 +158,7 @@ def _print_text(path: Path, tail: int | None, label: str) -> None:
 
 
 def _describe(sha: str, refs: list[ArtifactReference], store: Any) -> None:
-    from artifacts.store import MissingArtifactError
+    from edgefarm.artifacts.store import MissingArtifactError
 
     kind = refs[0].kind if refs else "unrecorded"
     packing = refs[0].packing if refs else Packing.FILE.value
@@ -193,9 +193,9 @@ def show(
 ) -> None:
     """Print a log, or extract or describe any artifact, by the id the run pages cite (e.g. log:2ff83abb115e)."""
     with farm_errors("show"):
-        from flows.settings import Settings
-        from results.db import read_only_engine, reading, redact
-        from results.migrate import require_current
+        from edgefarm.flows.settings import Settings
+        from edgefarm.results.db import read_only_engine, reading, redact
+        from edgefarm.results.migrate import require_current
 
         _, prefix = parse_id(ident)  # refused before anything is opened
         settings = Settings.resolve(db=db, data_dir=data_dir, create=False)
@@ -217,7 +217,7 @@ def show(
 
 def _open(store: Any, sha: str, refs: list[ArtifactReference], *, output: Path | None, tail: int | None,
           info: bool) -> None:
-    from artifacts.store import MissingArtifactError
+    from edgefarm.artifacts.store import MissingArtifactError
     from edgellm.errors import ConfigurationError
 
     try:

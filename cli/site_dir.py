@@ -28,18 +28,18 @@ def configure_or_exit(argv: list[str]) -> None:
     """Set the site directory (the option, else the settings' environment) and build the device types from it now,
     so that a bad one is a configuration error naming it, not a traceback."""
     try:
-        from flows.settings import configure_site
+        from edgefarm.flows.settings import configure_site
 
         configure_site(given(argv))
-        from registries import current
+        from edgefarm.registries import current
 
         current()
     except ConfigurationError as exc:
-        from cli.text import visible  # not cli.common: it would build the registries this decides first
+        from edgefarm.cli.text import visible  # not cli.common: it would build the registries this decides first
 
         print(f"edgefarm: error (configuration): {visible(exc)}", file=sys.stderr)
         sys.exit(ErrorKind.CONFIGURATION.exit_code)
 
 
-if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py", "-m"):  # "-m": python -m cli, at import
+if os.path.basename(sys.argv[0]) in ("edgefarm", "__main__.py", "-m"):  # "-m": python -m edgefarm.cli, at import
     configure_or_exit(sys.argv[1:])

@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from devices import agent as agent_module
-from devices.inventory import Device
-from devices.transport import Transport
+from edgefarm.devices import agent as agent_module
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport
 from edgellm.errors import BugError, DeviceConfigurationError, InfrastructureError
 
 AGENT_FILE = Path(agent_module.__file__).resolve()

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from devices import agent_client
-from devices.inventory import Device, Inventory
-from devices.transport import Transport, open_transport
-from devices.types import DeviceType
+from edgefarm.devices import agent_client
+from edgefarm.devices.inventory import Device, Inventory
+from edgefarm.devices.transport import Transport, open_transport
+from edgefarm.devices.types import DeviceType
 from edgellm.errors import DeviceConfigurationError, EdgeLLMError, ErrorKind
 
 log = logging.getLogger(__name__)

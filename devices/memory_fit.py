@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from devices.types import DeviceType
+from edgefarm.devices.types import DeviceType
 from edgellm.config import ModelConfig
 from edgellm.errors import ConfigurationError
 from edgellm.memory import (

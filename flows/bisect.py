@@ -26,7 +26,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.states import Completed, Failed, State
 
-from tasks.bisect import ProbeResult, Revision, candidates, midpoints, revision, run_probe, run_version_probe
+from edgefarm.tasks.bisect import ProbeResult, Revision, candidates, midpoints, revision, run_probe, run_version_probe
 
 STATE_NAMES = {"good": "Good", "bad": "Bad", "skip": "Skipped"}
 
@@ -84,7 +84,7 @@ def probe_revision(req: BisectRequest, rev: Revision) -> State:
 
 @task(cache_policy=NONE, retries=0)
 def probe_version(req: VersionBisectRequest, version: str) -> State:
-    from flows.settings import Settings
+    from edgefarm.flows.settings import Settings
 
     wheels = Settings.resolve(data_dir=req.data_dir, create=False).toolchain_wheels()  # as `toolchains install`
     return _state(run_version_probe(req.toolchain, version, Path(req.data_dir), Path(req.checkpoint), req.precision,
@@ -127,7 +127,7 @@ class _Search:
 def bisect(req: BisectRequest) -> dict[str, Any]:
     """Returns ``{first_bad, last_good, found, reason, probes, commits}`` (``found`` False: no answer, why in
     ``reason``)."""
-    from tasks.bisect import git, resolve
+    from edgefarm.tasks.bisect import git, resolve
 
     log = get_run_logger()
     repo = Path(req.repo)

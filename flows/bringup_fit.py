@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from devices.memory_fit import Sizer, fit_problem, source_group
+from edgefarm.devices.memory_fit import Sizer, fit_problem, source_group
+from edgefarm.registries import current
+from edgefarm.tasks.bringup import Rung
+from edgefarm.test_lists.catalog import ModelSource
+from edgefarm.test_lists.testlist import TestEntry
 from edgellm.errors import ConfigurationError
-from registries import current
-from tasks.bringup import Rung
-from test_lists.catalog import ModelSource
-from test_lists.testlist import TestEntry
 
 
 def planned_toolchains(climbed: Iterable[Rung]) -> dict[str, str]:

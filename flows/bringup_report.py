@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefarm.pages.docs_render import write_atomic
+from edgefarm.pages.escape import markdown_text
+from edgefarm.results.models import ResultStatus
+from edgefarm.tasks.bringup import LAYERS_DIR, RUNG_FILES, RUNGS, Rung
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest, checkpoint_revision
-from pages.docs_render import write_atomic
-from pages.escape import markdown_text
-from results.models import ResultStatus
-from tasks.bringup import LAYERS_DIR, RUNG_FILES, RUNGS, Rung
 
 if TYPE_CHECKING:
-    from flows.bringup import Request
+    from edgefarm.flows.bringup import Request
 
 SCHEMA = "edgefarm.bringup/1"
 # every name the ladder writes in its report directory (rungs 1-6, then the report)

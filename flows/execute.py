@@ -9,29 +9,29 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from artifacts.location import S3Location, parse_artifacts_url
-from devices.pools import quantize_deployment, quantize_deployment_name
-from devices.transport import open_transport
-from devices.transport.base import transfer_counts, transfers_since
+from edgefarm.artifacts.location import S3Location, parse_artifacts_url
+from edgefarm.devices.pools import quantize_deployment, quantize_deployment_name
+from edgefarm.devices.transport import open_transport
+from edgefarm.devices.transport.base import transfer_counts, transfers_since
+from edgefarm.flows import revision
+from edgefarm.flows.flow_run_names import current_flow_run_id, flow_run_name, flow_run_tags, name_this_flow_run
+from edgefarm.flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
+from edgefarm.flows.plan import Plan
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import for_parameters, make_engine
+from edgefarm.results.liveness import heartbeat, reap_stale_runs
+from edgefarm.results.migrate import prepare_for_run
+from edgefarm.results.models import RegressionSeverity, ResultStatus, RunKind, RunStatus
+from edgefarm.results.quarantine import update_quarantine
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.regressions import Flag, flag_regressions
+from edgefarm.stages.job import CheckpointRef, job_key
+from edgefarm.tasks import engines
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.host import sweep_dead_work
+from edgefarm.test_lists.catalog import ModelSource
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.reference import checkpoint_digest
-from flows import revision
-from flows.flow_run_names import current_flow_run_id, flow_run_name, flow_run_tags, name_this_flow_run
-from flows.pipeline import RunReport, record_plan_decisions, submit_jobs, timing_summary, toolchain_versions
-from flows.plan import Plan
-from flows.settings import Settings
-from results.db import for_parameters, make_engine
-from results.liveness import heartbeat, reap_stale_runs
-from results.migrate import prepare_for_run
-from results.models import RegressionSeverity, ResultStatus, RunKind, RunStatus
-from results.quarantine import update_quarantine
-from results.recorder import Recorder
-from results.regressions import Flag, flag_regressions
-from stages.job import CheckpointRef, job_key
-from tasks import engines
-from tasks.farm import Farm, FarmContext
-from tasks.host import sweep_dead_work
-from test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
 

@@ -25,18 +25,18 @@ from typing import Any
 from prefect import allow_failure
 from prefect.futures import PrefectFuture
 
-import stages
-from flows.plan import Decision, Job, Plan
-from results.models import ResultStatus
-from stages import Where
-from stages.job import CheckpointRef, JobSpec, chosen_versions, estimate_metric, job_key
-from stages.outcome import StageOutcome
-from tasks.common import stage_task
-from tasks.environment import host_record
-from tasks.farm import Farm, FarmContext
-from tasks.record import record
-from tasks.states import task_run_name
-from test_lists.catalog import ModelSource
+from edgefarm import stages
+from edgefarm.flows.plan import Decision, Job, Plan
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Where
+from edgefarm.stages.job import CheckpointRef, JobSpec, chosen_versions, estimate_metric, job_key
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.common import stage_task
+from edgefarm.tasks.environment import host_record
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.record import record
+from edgefarm.tasks.states import task_run_name
+from edgefarm.test_lists.catalog import ModelSource
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-# The farm's own loggers (every package of this project): their INFO records reach the flow run's logs in Prefect.
-FARM_LOGGERS = ("artifacts", "cli", "devices", "edgellm", "flows", "pages", "registries", "results", "stages", "tasks",
-                "test_lists", "toolchains", "vocabulary")
+# The farm's own loggers (the farm, installed as edgefarm.*, and the edgellm library it drives): their INFO records
+# reach the flow run's logs in Prefect.
+FARM_LOGGERS = ("edgefarm", "edgellm")
 QUIET_OFFLINE = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

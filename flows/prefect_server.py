@@ -2,7 +2,7 @@
 services in-process), behind a Host header check. A web page that points its own DNS name at 127.0.0.1 (DNS
 rebinding) is, to the browser, the server's own origin: CORS and CSRF tokens do not stop it, but its requests name
 its host, and only the loopback names are answered. Prefect offers no setting for that; Starlette's
-TrustedHostMiddleware does it. Run as ``python -m flows.prefect_server --host H --port P`` (flows/serve.py)."""
+TrustedHostMiddleware does it. Run as ``python -m edgefarm.flows.prefect_server --host H --port P`` (flows/serve.py)."""
 
 from __future__ import annotations
 

@@ -17,22 +17,22 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run as prefect_flow_run
 
-from devices.pools import QUANTIZE_FLOW
+from edgefarm.devices.pools import QUANTIZE_FLOW
+from edgefarm.flows import revision as code_revision
+from edgefarm.flows.pipeline import toolchain_versions
+from edgefarm.flows.prefect_env import send_logs_to_prefect
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import for_parameters, make_engine
+from edgefarm.results.recorder import Recorder
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.stages.wire import job_from_json, outcome_to_json
+from edgefarm.tasks.common import run_stage
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
-from flows import revision as code_revision
-from flows.pipeline import toolchain_versions
-from flows.prefect_env import send_logs_to_prefect
-from flows.settings import Settings
-from results.db import for_parameters, make_engine
-from results.recorder import Recorder
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import StageOutcome
-from stages.wire import job_from_json, outcome_to_json
-from tasks.common import run_stage
-from tasks.farm import Farm, FarmContext
-from test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ def source_digest(root: Path = ROOT) -> str:
 @functools.cache
 def current() -> Revision:
     """This process's revision (computed once: the code does not change under a running process)."""
-    from flows.settings import code_version
+    from edgefarm.flows.settings import code_version
 
     return Revision(git=code_version(), source=source_digest(ROOT))
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from prefect.states import Completed, Failed, State
 
-from stages.outcome import StageOutcome
-from tasks.states import MESSAGE_CHARS, RAN, first_line
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.states import MESSAGE_CHARS, RAN, first_line
 
 
 def nothing_ran(outcomes: Mapping[str, Mapping[str, StageOutcome]]) -> bool:

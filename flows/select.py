@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from edgefarm.flows.plan import Job, Plan
 from edgellm.errors import ConfigurationError
-from flows.plan import Job, Plan
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
 _WORDS = ("and", "or", "not")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devices.lifetime import die_with_parent
+from edgefarm.devices.lifetime import die_with_parent
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.yamlio import read_yaml
 
@@ -88,7 +88,7 @@ def start_server(host: str, port: int, log_file: Path, *, ui: bool = False, guar
     if guard:  # Prefect's app behind a Host header check (flows/prefect_server.py)
         env["PREFECT_SERVER_UI_ENABLED"] = "true" if ui else "false"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PREFECT_YAML.parent.parent), env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", "flows.prefect_server", "--host", host, "--port", str(port)]
+        command = [sys.executable, "-m", "edgefarm.flows.prefect_server", "--host", host, "--port", str(port)]
     else:
         command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
                    "--ui" if ui else "--no-ui"]

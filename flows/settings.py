@@ -10,15 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts.location import DEFAULT_CACHE_GB, S3Location, open_store, parse_artifacts_url
-from artifacts.store import Store
-from devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
-from devices.pools import check_pool_name
+from edgefarm.artifacts.location import DEFAULT_CACHE_GB, S3Location, open_store, parse_artifacts_url
+from edgefarm.artifacts.store import Store
+from edgefarm.devices.inventory import INVENTORY_ENV, PACKAGED_INVENTORY_DIR
+from edgefarm.devices.pools import check_pool_name
+from edgefarm.registries import Registries
+from edgefarm.results.db import default_url, from_parameter
+from edgefarm.toolchains.base import Index, WheelSource
 from edgellm import __version__
 from edgellm.errors import ConfigurationError
-from registries import Registries
-from results.db import default_url, from_parameter
-from toolchains.base import Index, WheelSource
 
 ENV_DATA_DIR = "EDGEFARM_DATA_DIR"
 ENV_DB_URL = "EDGEFARM_DB_URL"
@@ -74,10 +74,10 @@ class Settings:
         data dir (commands that only read leave the disk as it is)."""
         env = os.environ if environ is None else environ
         if environ is None:  # this process's settings: its site directory, unless the command line set one
-            from devices.site import configure_default
+            from edgefarm.devices.site import configure_default
 
             configure_default(env.get(ENV_SITE_DIR) or None)
-            from results.liveness import ENV_HEARTBEAT_S, configure_heartbeat
+            from edgefarm.results.liveness import ENV_HEARTBEAT_S, configure_heartbeat
 
             configure_heartbeat(env.get(ENV_HEARTBEAT_S))
         root = Path(data_dir or env.get(ENV_DATA_DIR) or Path.cwd() / ".data").resolve()
@@ -115,7 +115,7 @@ class Settings:
     def registries(self) -> Registries:
         """The farm's registries (device types, toolchains, site directory: ``registries``), built once
         per process from the site directory these settings configured."""
-        from registries import current
+        from edgefarm.registries import current
 
         return current()
 
@@ -216,7 +216,7 @@ def code_version() -> str:
 def configure_site(value: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path | None:
     """The site directory of this process (``devices.site``): ``value`` (``edgefarm --site-dir``), else
     ``$EDGEFARM_SITE_DIR``, else none; checked, and set before any registry is built from it."""
-    from devices.site import configure
+    from edgefarm.devices.site import configure
 
     env = os.environ if environ is None else environ
     return configure(value if value is not None else env.get(ENV_SITE_DIR) or None)

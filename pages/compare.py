@@ -51,12 +51,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgellm.errors import BugError, ConfigurationError
-from edgellm.files import write_text_atomic
-from pages.docs_render import scrub
-from pages.escape import markdown_text
-from results.bisections import latest_bisection_lines
-from results.comparisons import (
+from edgefarm.pages.docs_render import scrub
+from edgefarm.pages.escape import markdown_text
+from edgefarm.results.bisections import latest_bisection_lines
+from edgefarm.results.comparisons import (
     latest_nightly_of_commit,
     published_results,
     published_run_ids,
@@ -64,13 +62,15 @@ from results.comparisons import (
     run_info,
     runs_with_version,
 )
-from results.comparisons import recorded_versions as _versions_recorded
-from results.db import Db, reading
-from results.models import ResultStatus
-from results.queries import RowKey, RowStatus, row_history
-from results.regressions import K_MAD, MAD_TO_SIGMA
-from results.support import SupportStatus, classify
-from toolchains import base as toolchains
+from edgefarm.results.comparisons import recorded_versions as _versions_recorded
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import ResultStatus
+from edgefarm.results.queries import RowKey, RowStatus, row_history
+from edgefarm.results.regressions import K_MAD, MAD_TO_SIGMA
+from edgefarm.results.support import SupportStatus, classify
+from edgefarm.toolchains import base as toolchains
+from edgellm.errors import BugError, ConfigurationError
+from edgellm.files import write_text_atomic
 
 HISTORY_RUNS = 10  # the last this many history points make a band
 MIN_HISTORY = 3  # fewer: no band
@@ -332,7 +332,7 @@ class Comparison:
 def common_metrics(a: Mapping[RowId, RowSide], b: Mapping[RowId, RowSide]) -> list[tuple[RowId, MetricKey]]:
     """The (row, metric) pairs present on both sides among the judged metrics (``results.regressions.RULES``:
     accuracy and speed; never sizes, cache hits, lease waits or host load): those get a delta (and need a history)."""
-    from results.regressions import RULES
+    from edgefarm.results.regressions import RULES
 
     return [(row, m) for row in sorted(a.keys() & b.keys()) for m in sorted(a[row].metrics.keys()
                                                                           & b[row].metrics.keys()) if m[1] in RULES]

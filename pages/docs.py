@@ -26,12 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pages import docs_runs
-from pages.compare import ensure_index as ensure_compare_index
-from pages.docs_html import html_status, render_html
-from pages.docs_layout import write_layout_pages
-from pages.docs_regressions import RegressionMark
-from pages.docs_render import (
+from edgefarm.pages import docs_runs
+from edgefarm.pages.compare import ensure_index as ensure_compare_index
+from edgefarm.pages.docs_html import html_status, render_html
+from edgefarm.pages.docs_layout import write_layout_pages
+from edgefarm.pages.docs_regressions import RegressionMark
+from edgefarm.pages.docs_render import (
     MatrixRow,
     TrendPoint,
     render_markdown,
@@ -43,17 +43,17 @@ from pages.docs_render import (
     supported,
     write_atomic,
 )
-from pages.escape import markdown_text, safe_link
-from registries import current
-from results.bisections import bisection_lines_of_run
-from results.db import Db, Engine, backend_name, read_only_engine, reading, redact
-from results.migrate import require_current
-from results.models import ArtifactKind, RunKind
-from results.pages import MatrixEvidence, ResultLine, matrix_evidence, run_record, run_results, trend_rows
-from results.queries import RowStatus
-from results.regressions import published_regressions
-from results.support import NIGHTLY_PAGE_KINDS, Support, row_supports, stage_order
-from toolchains.base import docs_layouts
+from edgefarm.pages.escape import markdown_text, safe_link
+from edgefarm.registries import current
+from edgefarm.results.bisections import bisection_lines_of_run
+from edgefarm.results.db import Db, Engine, backend_name, read_only_engine, reading, redact
+from edgefarm.results.migrate import require_current
+from edgefarm.results.models import ArtifactKind, RunKind
+from edgefarm.results.pages import MatrixEvidence, ResultLine, matrix_evidence, run_record, run_results, trend_rows
+from edgefarm.results.queries import RowStatus
+from edgefarm.results.regressions import published_regressions
+from edgefarm.results.support import NIGHTLY_PAGE_KINDS, Support, row_supports, stage_order
+from edgefarm.toolchains.base import docs_layouts
 
 log = logging.getLogger(__name__)
 TREND_METRICS = ("decode_tokens_per_s", "prefill_tokens_per_s", "perplexity_ratio")
@@ -69,9 +69,9 @@ def db_label(db_url: str) -> str:
 def model_parameters(models: set[str], data_dir: Path | None) -> dict[str, int]:
     """Parameter counts (headers only) of the catalog models whose checkpoint is already here; nothing is
     materialized or downloaded for the docs, so a model whose checkpoint is absent has no count."""
+    from edgefarm.test_lists.catalog import Catalog
     from edgellm.checkpoint.checkpoint import Checkpoint
     from edgellm.errors import EdgeLLMError
-    from test_lists.catalog import Catalog
 
     catalog = Catalog.load()
     counts = {}
@@ -206,7 +206,7 @@ def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Pa
     last ``LOG_BYTES``, scrubbed like every published text); returns sha256 -> the copy, relative to ``runs_dir``."""
     if data_dir is None:
         return {}
-    from artifacts.store import ArtifactStore
+    from edgefarm.artifacts.store import ArtifactStore
     from edgellm.errors import EdgeLLMError
 
     store = ArtifactStore(data_dir / "artifacts")
@@ -234,8 +234,8 @@ def copy_logs(results: Sequence[dict[str, object]], runs_dir: Path, data_dir: Pa
 def prefect_link(engine: Engine, run_id: int) -> dict[str, str]:
     """The Prefect flow run that orchestrated ``run_id`` and its page in the UI, when a server that keeps it is
     known (``PREFECT_API_URL``: ``edgefarm serve`` or production; a command's temporary server is gone after it)."""
-    from pages.prefect_ui import flow_run_ui_url
-    from results.runs import orchestrator_flow_run
+    from edgefarm.pages.prefect_ui import flow_run_ui_url
+    from edgefarm.results.runs import orchestrator_flow_run
 
     flow_run_id = orchestrator_flow_run(engine, run_id)
     url = flow_run_ui_url(flow_run_id) if flow_run_id else None
@@ -314,7 +314,7 @@ LISTS_DIR = "lists"  # a test list's own page: <docs>/lists/<list name>.md and .
 def list_page_name(list_name: str) -> str:
     """The file name (without suffix) of a test list's page: the list's name, or its slug where it has other
     characters (a list's name is its file's stem)."""
-    from pages.docs_render import slug
+    from edgefarm.pages.docs_render import slug
 
     return list_name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", list_name) else (slug(list_name) or "list")
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pages.docs_regressions import mark_html
-from pages.docs_render import (
+from edgefarm.pages.docs_regressions import mark_html
+from edgefarm.pages.docs_render import (
     LISTED,
     PASSING,
     MatrixRow,
@@ -28,8 +28,8 @@ from pages.docs_render import (
     precision_order,
     status_counts,
 )
-from results.support import SupportStatus
-from stages.job import MEMORY_ESTIMATE_METRIC
+from edgefarm.results.support import SupportStatus
+from edgefarm.stages.job import MEMORY_ESTIMATE_METRIC
 
 # one colour per status of the one vocabulary (results.support.SupportStatus), in its order
 STATUS_COLOURS = {
@@ -224,7 +224,7 @@ def _inline_png(docs_dir: Path | None, name: str) -> str:
 
 def _see_also(docs_dir: Path | None) -> str:
     """Links to each toolchain's own page layout and to the published comparisons (the newest few by name)."""
-    from pages.compare import published_comparisons
+    from edgefarm.pages.compare import published_comparisons
 
     e = html.escape
     found = published_comparisons(docs_dir) if docs_dir is not None else []

@@ -28,16 +28,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from devices.types import Arch, DeviceType
-from pages.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
-from pages.escape import markdown_text, safe_link
-from registries import current
-from results.db import Db, reading
-from results.models import RunKind
-from results.pages import device_environments
-from results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
-from stages.variant import describe
-from toolchains.base import DocsLayout
+from edgefarm.devices.types import Arch, DeviceType
+from edgefarm.pages.docs_render import precision_order, row_anchor, scrub, shown_toolchain, write_atomic
+from edgefarm.pages.escape import markdown_text, safe_link
+from edgefarm.registries import current
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import RunKind
+from edgefarm.results.pages import device_environments
+from edgefarm.results.support import NIGHTLY_PAGE_KINDS, Support, SupportStatus, count_statuses, row_supports
+from edgefarm.stages.variant import describe
+from edgefarm.toolchains.base import DocsLayout
 
 log = logging.getLogger(__name__)
 RUN_PAGE = "../runs/run-{}.md"  # a run's evidence page, from the layout's directory (beside runs/)
@@ -399,9 +399,9 @@ def checkpoint_info(names: Iterable[str], data_dir: Path | None = None) -> dict[
     """What the catalog knows of each model without materializing a checkpoint: its model_type (a synthetic model's
     family's, a bundled or path checkpoint's config.json where it is here, a pre-quantized one's base's) and whether
     its checkpoint is already quantized. A model outside the catalog: name only."""
+    from edgefarm.test_lists.catalog import Catalog, ModelSource
     from edgellm.errors import EdgeLLMError
     from edgellm.models.base import family_named
-    from test_lists.catalog import Catalog, ModelSource
 
     catalog = Catalog.load()
 

@@ -10,7 +10,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pages.escape import markdown_text
+from edgefarm.pages.escape import markdown_text
 
 
 @dataclass(frozen=True)

@@ -22,20 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefarm.results.regressions import UNDER_LOAD_METRIC
+from edgefarm.results.support import Support, SupportStatus, count_statuses, status_from
+from edgefarm.stages.variant import describe as describe_variant
+from edgefarm.toolchains.base import Route
 from edgellm.files import atomic_output, write_text_atomic
 from edgellm.types import Precision
-from results.regressions import UNDER_LOAD_METRIC
-from results.support import Support, SupportStatus, count_statuses, status_from
-from stages.variant import describe as describe_variant
-from toolchains.base import Route
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-from pages.docs_regressions import RegressionMark, mark_markdown
-from pages.escape import markdown_text
-from registries import current
-from stages.job import PPL_LIMIT_METRIC
+from edgefarm.pages.docs_regressions import RegressionMark, mark_markdown
+from edgefarm.pages.escape import markdown_text
+from edgefarm.registries import current
+from edgefarm.stages.job import PPL_LIMIT_METRIC
 
 # Metrics shown in cells, in order: (metric name, label, format)
 CELL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -351,7 +351,7 @@ COMPARE_INDEX = "compare/index.md"
 def layout_links() -> list[tuple[str, str, str]]:
     """(product, supported-models page, support-matrix page) of each toolchain's own page layout
     (``toolchains.base.docs_layouts``; pages/docs_layout.py writes them), relative to the docs dir."""
-    from toolchains.base import docs_layouts
+    from edgefarm.toolchains.base import docs_layouts
 
     return [(d.product, f"{d.directory}/supported-models.md", f"{d.directory}/support-matrix.md")
             for d in docs_layouts()]
@@ -449,7 +449,7 @@ def bench_load_text(metrics: object) -> str:
 
 def render_run_page(run: dict[str, object], results: Sequence[dict[str, object]]) -> str:
     """A run's Markdown evidence page (``pages.docs_runs.render_markdown``, without support statuses or logs)."""
-    from pages.docs_runs import render_markdown as render_run_markdown
+    from edgefarm.pages.docs_runs import render_markdown as render_run_markdown
 
     return render_run_markdown(run, results)
 
@@ -491,7 +491,7 @@ def baseline_band(metric: str, values: Sequence[float]) -> tuple[float, float] |
     ``MIN_BASELINE_RUNS`` previous runs or for a metric it does not judge."""
     import statistics
 
-    from results.regressions import BASELINE_RUNS, K_MAD, MAD_TO_SIGMA, MIN_BASELINE_RUNS, RULES
+    from edgefarm.results.regressions import BASELINE_RUNS, K_MAD, MAD_TO_SIGMA, MIN_BASELINE_RUNS, RULES
 
     rule = RULES.get(metric)
     history = list(values[:-1])[-BASELINE_RUNS:]

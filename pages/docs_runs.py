@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from pages.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
-from pages.escape import markdown_text, safe_link
-from results.support import Support, SupportStatus, count_statuses, stage_order
+from edgefarm.pages.docs_render import anchor, bench_load_text, row_label, row_name, shown_toolchain
+from edgefarm.pages.escape import markdown_text, safe_link
+from edgefarm.results.support import Support, SupportStatus, count_statuses, stage_order
 
 LOG_DIR = "logs"  # beside the run pages: runs/logs/<sha12>.txt
 COLUMNS = ("Stage", "Status", "Toolchain", "Device", "Duration", "Reason", "Metrics", "Artifacts")

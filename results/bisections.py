@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from edgefarm.results.models import Bisection
 from edgellm.errors import ConfigurationError
-from results.models import Bisection
 
 RowKey = tuple[str, str, str]  # (model, precision, platform)
 # What a bisection bisects: this repository's commits, the checkpoint's commits, a toolchain's versions.

@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from artifacts.kinds import ArtifactKind
-from results.db import write_session
-from results.models import CacheEntry, parse_name, utcnow
-from results.recorder import _upsert
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.results.db import write_session
+from edgefarm.results.models import CacheEntry, parse_name, utcnow
+from edgefarm.results.recorder import _upsert
 
 
 def cache_key(inputs: Mapping[str, Any]) -> str:

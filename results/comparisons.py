@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import or_, select
 
-from results.db import Db, reading
-from results.models import Metric, Result, ResultStatus, Run, RunKind
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import Metric, Result, ResultStatus, Run, RunKind
 
 
 class PublishedResult(NamedTuple):

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from edgefarm.results.db import writer
+from edgefarm.results.machine import process_gone, this_host
+from edgefarm.results.models import DeviceLease, LeaseDevice
 from edgellm.errors import ConfigurationError, InfrastructureError
-from results.db import writer
-from results.machine import process_gone, this_host
-from results.models import DeviceLease, LeaseDevice
 
 log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 60.0

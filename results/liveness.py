@@ -18,12 +18,12 @@ from datetime import datetime
 
 from sqlalchemy import Engine, select, update
 
+from edgefarm.results.db import write_session
+from edgefarm.results.errors import RunReaped
+from edgefarm.results.machine import pid_alive, process_gone
+from edgefarm.results.models import Run, RunStatus, utcnow
+from edgefarm.results.recorder import Recorder
 from edgellm.errors import ConfigurationError
-from results.db import write_session
-from results.errors import RunReaped
-from results.machine import pid_alive, process_gone
-from results.models import Run, RunStatus, utcnow
-from results.recorder import Recorder
 
 log = logging.getLogger(__name__)
 __all__ = ["heartbeat", "is_dead", "pid_alive", "process_gone", "reap_stale_runs"]

@@ -19,11 +19,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
+from edgefarm.results.db import redact
+from edgefarm.results.models import Base
 from edgellm.errors import BugError, InfrastructureError
-from results.db import redact
-from results.models import Base
 
-SCRIPT_LOCATION = "results:migrations"
+SCRIPT_LOCATION = "edgefarm.results:migrations"
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

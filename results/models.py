@@ -41,13 +41,15 @@ from sqlalchemy import (
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-import stages
-from artifacts.kinds import ArtifactKind, Packing
+from edgefarm import stages
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.toolchains import base as toolchains
+from edgefarm.vocabulary.route import Route
+from edgefarm.vocabulary.status import (
+    ResultStatus as ResultStatus,  # its home is the vocabulary; imported from here too
+)
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind
 from edgellm.types import Precision
-from toolchains import base as toolchains
-from vocabulary.route import Route
-from vocabulary.status import ResultStatus as ResultStatus  # its home is the vocabulary; imported from here too
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

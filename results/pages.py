@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 
-from results.db import Db, reading
-from results.models import BringupRung, Environment, Metric, Result, Run, RunKind
-from results.queries import ResultEvidence, RowStatus, result_evidence
-from results.support import Support, row_supports
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import BringupRung, Environment, Metric, Result, Run, RunKind
+from edgefarm.results.queries import ResultEvidence, RowStatus, result_evidence
+from edgefarm.results.support import Support, row_supports
 
 
 @dataclass(frozen=True)

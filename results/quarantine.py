@@ -19,9 +19,9 @@ from datetime import datetime
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 
+from edgefarm.results.db import write_session
+from edgefarm.results.models import Attempt, DeviceQuarantine, Result, Run, utcnow
 from edgellm.errors import ErrorKind
-from results.db import write_session
-from results.models import Attempt, DeviceQuarantine, Result, Run, utcnow
 
 RECENT_RUNS = 10
 THRESHOLD = 0.5  # more than half of its recent tries failed for infrastructure reasons

@@ -38,11 +38,21 @@ from typing import Any
 from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
 
+from edgefarm.results.db import reading
+from edgefarm.results.models import (
+    ArtifactRecord,
+    Metric,
+    Result,
+    ResultStatus,
+    RowLatest,
+    RowTally,
+    Run,
+    RunKind,
+    parse_name,
+)
+from edgefarm.stages import Stage
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision
-from results.db import reading
-from results.models import ArtifactRecord, Metric, Result, ResultStatus, RowLatest, RowTally, Run, RunKind, parse_name
-from stages import Stage
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
 SUPPORT_REQUIRED: tuple[Stage, ...] = DEFAULT_REQUIRED  # the stages a supported row passed (see supported)

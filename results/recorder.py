@@ -23,14 +23,12 @@ from sqlalchemy import Engine, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from artifacts.kinds import ArtifactKind, Packing
-from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision
-from results import summaries
-from results.db import make_engine, write_session
-from results.errors import RunReaped
-from results.machine import this_host
-from results.models import (
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.results import summaries
+from edgefarm.results.db import make_engine, write_session
+from edgefarm.results.errors import RunReaped
+from edgefarm.results.machine import this_host
+from edgefarm.results.models import (
     ArtifactRecord,
     Attempt,
     BringupRung,
@@ -50,7 +48,9 @@ from results.models import (
     parse_name,
     utcnow,
 )
-from stages import Stage
+from edgefarm.stages import Stage
+from edgellm.errors import ConfigurationError, ErrorKind
+from edgellm.types import Precision
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 from sqlalchemy import select
 
-from results.db import Db, reading
-from results.models import ArtifactRecord, Result
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import ArtifactRecord, Result
 
 
 class ArtifactReference(NamedTuple):

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, Select, and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from edgellm.errors import ConfigurationError, ErrorKind
-from results import summaries
-from results.db import write_session
-from results.models import (
+from edgefarm.results import summaries
+from edgefarm.results.db import write_session
+from edgefarm.results.models import (
     Metric,
     Regression,
     RegressionSeverity,
@@ -43,7 +42,8 @@ from results.models import (
     RunKind,
     parse_name,
 )
-from stages import Stage
+from edgefarm.stages import Stage
+from edgellm.errors import ConfigurationError, ErrorKind
 
 log = logging.getLogger(__name__)
 BASELINE_RUNS = 7

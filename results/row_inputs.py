@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from edgefarm.results.models import Result, ResultStatus, Run, RunStatus, RunWorker
 from edgellm.errors import ConfigurationError
-from results.models import Result, ResultStatus, Run, RunStatus, RunWorker
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from edgefarm.results.models import BringupRung, Result, ResultStatus, Run, RunWorker
 from edgellm.errors import ConfigurationError
-from results.models import BringupRung, Result, ResultStatus, Run, RunWorker
 
 # worst first: a row is counted under the worst status any of its stages had
 STATUS_ORDER = (ResultStatus.FAIL, ResultStatus.ERROR, ResultStatus.WAIVED, ResultStatus.SKIPPED,

@@ -16,8 +16,8 @@ from collections import defaultdict
 from sqlalchemy import String, and_, bindparam, delete, exists, select, type_coerce, update
 from sqlalchemy.orm import Session
 
-from results.models import RowLatest, RowTally, Run
-from results.queries import DEFAULT_REQUIRED, packed_results_stmt, unpack
+from edgefarm.results.models import RowLatest, RowTally, Run
+from edgefarm.results.queries import DEFAULT_REQUIRED, packed_results_stmt, unpack
 
 _KEY = ("model", "precision", "platform", "toolchain", "variant")
 

@@ -29,10 +29,10 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
-from results.db import Db, reading
-from results.models import Result, ResultStatus, Run, RunKind
-from results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Tally, Verdict, row_history, supported
-from stages import Stage
+from edgefarm.results.db import Db, reading
+from edgefarm.results.models import Result, ResultStatus, Run, RunKind
+from edgefarm.results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Tally, Verdict, row_history, supported
+from edgefarm.stages import Stage
 
 # Evidence of these stages alone proves an export, never support (as pages/docs_render.py's EXPORT_STAGES).
 EXPORT_STAGES = frozenset({Stage.QUANTIZE.value, Stage.EXPORT.value})

@@ -41,7 +41,7 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
 from edgellm.errors import ConfigurationError
 
 

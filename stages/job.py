@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import stages
+from edgefarm import stages
+from edgefarm.stages import Shared
+from edgefarm.vocabulary.variant import PLAIN, Features, variant_key
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from stages import Shared
-from vocabulary.variant import PLAIN, Features, variant_key
 
 
 def chosen_versions(versions: tuple[tuple[str, str], ...]) -> str | None:

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from artifacts.store import ArtifactRef
-from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult
+from edgefarm.vocabulary.status import ResultStatus
 from edgellm.errors import EdgeLLMError, ErrorKind, InfrastructureError
-from vocabulary.status import ResultStatus
 
 REASON_CHARS = 2000  # a stage's reason as recorded: its first line, this long at most (an ellipsis where cut)
 

@@ -1,6 +1,6 @@
 """The variant's vocabulary lives in ``vocabulary.variant``; these names stay importable from here."""
 
-from vocabulary.variant import (  # noqa: F401
+from edgefarm.vocabulary.variant import (  # noqa: F401
     DEFAULT_COMPONENTS,
     FEATURE_NAMES,
     ID_TOKEN_PREFIXES,

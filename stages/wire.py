@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import StageOutcome
 from edgellm.errors import ConfigurationError
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import StageOutcome
 
 _REF = "__artifact__"
 _CHECKPOINT = "__checkpoint__"

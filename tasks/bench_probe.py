@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactRef
-from devices import agent_client, load_probe
-from devices.inventory import Device, TransportKind
-from devices.transport import Transport
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.devices import agent_client, load_probe
+from edgefarm.devices.inventory import Device, TransportKind
+from edgefarm.devices.transport import Transport
+from edgefarm.results.db import Engine
+from edgefarm.results.regressions import recent_lowest
+from edgefarm.tasks import device_cache
+from edgefarm.tasks.bench_load import BANDWIDTH_HISTORY, COPY_METRICS, MIN_BANDWIDTH_HISTORY
+from edgefarm.tasks.farm import Farm
 from edgellm.errors import InfrastructureError
-from results.db import Engine
-from results.regressions import recent_lowest
-from tasks import device_cache
-from tasks.bench_load import BANDWIDTH_HISTORY, COPY_METRICS, MIN_BANDWIDTH_HISTORY
-from tasks.farm import Farm
 
 PROBE_FILE = Path(load_probe.__file__).resolve()
 PROBE_TIMEOUT_S = 120.0

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from artifacts.kinds import Packing
-from devices.transport import Transport
+from edgefarm.artifacts.kinds import Packing
+from edgefarm.devices.transport import Transport
 from edgellm.errors import InfrastructureError
 
 log = logging.getLogger(__name__)

@@ -14,15 +14,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import stages
-from devices.pools import quantize_deployment
+from edgefarm import stages
+from edgefarm.devices.pools import quantize_deployment
+from edgefarm.results.runs import dispatched_outcome
+from edgefarm.stages import Stage
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.stages.wire import job_to_json, outcome_from_json
+from edgefarm.tasks.farm import Farm, FarmContext
 from edgellm.errors import ConfigurationError, InfrastructureError
-from results.runs import dispatched_outcome
-from stages import Stage
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
-from stages.wire import job_to_json, outcome_from_json
-from tasks.farm import Farm, FarmContext
 
 log = logging.getLogger(__name__)
 QUEUE_WAIT_S = 300  # how long a sent stage may wait for a worker of its pool, beyond its own timeout

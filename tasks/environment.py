@@ -15,8 +15,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from devices import agent as agent_module
-from devices.types import DeviceType
+from edgefarm.devices import agent as agent_module
+from edgefarm.devices.types import DeviceType
 
 # the agent's env keys that stay put while a run lasts (the others are read around a benchmark)
 STABLE = ("schema", "python", "python_implementation", "system", "machine", "kernel", "libc", "cpu_model",

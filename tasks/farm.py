@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from artifacts.location import DEFAULT_CACHE_GB, open_store
-from artifacts.store import Store
-from devices.inventory import Inventory, load_inventory
-from registries import Registries, current
-from results.db import Engine, from_parameter, make_engine
-from results.recorder import Recorder
+from edgefarm.artifacts.location import DEFAULT_CACHE_GB, open_store
+from edgefarm.artifacts.store import Store
+from edgefarm.devices.inventory import Inventory, load_inventory
+from edgefarm.registries import Registries, current
+from edgefarm.results.db import Engine, from_parameter, make_engine
+from edgefarm.results.recorder import Recorder
 
 
 @dataclass(frozen=True)

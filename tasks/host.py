@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from artifacts.inuse import held_dir, remove_stale
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.inuse import held_dir, remove_stale
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.stages.job import JobSpec
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.toolchains.base import QUANTIZE_RECORD
 from edgellm.errors import TestFailure
 from edgellm.reference import checkpoint_digest
-from stages.job import JobSpec
-from tasks.farm import Farm, FarmContext
-from toolchains.base import QUANTIZE_RECORD
 
 log = logging.getLogger(__name__)
 STAGING_PREFIX = "."  # entries of host/checkpoints/ being extracted or dropped (swept when their owner died)

@@ -36,9 +36,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from devices.inventory import Device, TransportKind
+from edgefarm.devices.inventory import Device, TransportKind
+from edgefarm.results.liveness import pid_alive
 from edgellm.errors import BugError, InfrastructureError
-from results.liveness import pid_alive
 
 GATE_WAIT_S = 6 * 3600.0  # as long as a device lease may wait: a busy host queues work, it is not an error
 POLL_S = (0.01, 0.25)  # first and longest pause between attempts

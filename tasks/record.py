@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 
-import stages
+from edgefarm import stages
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.environment import host_record
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.progress import StageEvent, emit
+from edgefarm.tasks.states import task_run_name
 from edgellm.errors import EdgeLLMError, InfrastructureError
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
-from tasks.environment import host_record
-from tasks.farm import Farm, FarmContext
-from tasks.progress import StageEvent, emit
-from tasks.states import task_run_name
 
 RECORD_TRIES = 3  # an infrastructure error (the database briefly unreachable) is tried again, a second apart
 RETRY_DELAY_S = 1.0

@@ -14,19 +14,19 @@ import sys
 from pathlib import Path
 
 import edgellm
-from artifacts.inuse import held_dir
-from artifacts.kinds import ArtifactKind
-from devices.transport.local import LocalTransport
+from edgefarm.artifacts.inuse import held_dir
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.devices.transport.local import LocalTransport
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import REFERENCE
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome, classify
+from edgefarm.tasks.farm import Farm, FarmContext
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm import __version__ as edgellm_version
 from edgellm.build_id import build_id
 from edgellm.errors import ConfigurationError
 from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, FORMAT, PROMPTS
-from results.models import ResultStatus
-from stages import REFERENCE
-from stages.job import JobSpec
-from stages.outcome import Keyed, StageOutcome, classify
-from tasks.farm import Farm, FarmContext
 
 EVAL_MAX_TOKENS = 1024  # perplexity tokens: enough to separate a broken engine, cheap on tiny models
 REFERENCE_WINDOW = DEFAULT_WINDOW  # perplexity window; every farm engine has max_input_len >= this

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from artifacts.location import redact_url
-from artifacts.store import ArtifactKind
+from edgefarm.artifacts.location import redact_url
+from edgefarm.artifacts.store import ArtifactKind
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.farm import Farm, FarmContext
 from edgellm.errors import EdgeLLMError
-from stages.outcome import StageOutcome
-from tasks.farm import Farm, FarmContext
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.stages import REFERENCE, Stage
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks import accuracy, bench, build, export, infer, quantize, reference
+from edgefarm.tasks.farm import FarmContext
 from edgellm.errors import ConfigurationError
-from stages import REFERENCE, Stage
-from stages.job import JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks import accuracy, bench, build, export, infer, quantize, reference
-from tasks.farm import FarmContext
 
 # a stage's own work: (ctx, job, *outcomes of its needs[, keyed=Keyed for a cached stage]) -> outcome
 Work = Callable[..., StageOutcome]

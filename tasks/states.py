@@ -10,12 +10,12 @@ from typing import Any
 
 from prefect.states import Completed, Failed, State
 
-import stages
-from artifacts.kinds import ArtifactKind
-from artifacts.location import redact_url
-from results.models import ResultStatus
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
+from edgefarm import stages
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.location import redact_url
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
 
 FAILED = (ResultStatus.FAIL, ResultStatus.ERROR)
 RAN = (ResultStatus.PASS, ResultStatus.FAIL, ResultStatus.ERROR)

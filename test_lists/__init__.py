@@ -4,13 +4,13 @@ One YAML file per list in this directory (``<name>.yml``), shared fragments unde
 directory-wide waivers in ``waivers.yml``. ``edgefarm lists validate`` checks them all.
 """
 
-from test_lists.ids import TestId
-from test_lists.loader import TestListError, list_names, load_list, validate_paths
-from test_lists.platforms import PlatformCatalog, known_platforms
-from test_lists.schema import ListStage
-from test_lists.testlist import TestEntry, TestList
-from test_lists.validate import Problem, Report
-from test_lists.waivers import Waiver, expired_waivers
+from edgefarm.test_lists.ids import TestId
+from edgefarm.test_lists.loader import TestListError, list_names, load_list, validate_paths
+from edgefarm.test_lists.platforms import PlatformCatalog, known_platforms
+from edgefarm.test_lists.schema import ListStage
+from edgefarm.test_lists.testlist import TestEntry, TestList
+from edgefarm.test_lists.validate import Problem, Report
+from edgefarm.test_lists.waivers import Waiver, expired_waivers
 
 __all__ = [
     "ListStage",

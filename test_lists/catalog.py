@@ -15,13 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from edgefarm.vocabulary.model import ModelShape
 from edgellm import ASSETS_DIR
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.thresholds import FIELDS, Thresholds
 from edgellm.types import Precision, QuantMethod
 from edgellm.yamlio import read_yaml
-from vocabulary.model import ModelShape
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
@@ -519,7 +519,7 @@ class Catalog:
 def _site_catalogs() -> list[tuple[Path, dict[str, Any]]]:
     """The site directory's ``catalog/*.yml`` files (``devices.site``) and the models each gives, in name order: a
     model there adds to the shipped catalog or replaces the shipped model of its name."""
-    from devices.site import current, overlay
+    from edgefarm.devices.site import current, overlay
 
     site = current()
     if site is None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from edgefarm.vocabulary.variant import ID_TOKEN_PREFIXES
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from vocabulary.variant import ID_TOKEN_PREFIXES
 
 
 def _alternatives(enum_cls: type[Precision] | type[LMHeadPrecision] | type[KVCachePrecision]) -> str:

@@ -8,12 +8,12 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.platforms import PlatformCatalog
+from edgefarm.test_lists.testlist import TestList
+from edgefarm.test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
+from edgefarm.test_lists.waivers import utc_today
 from edgellm.errors import ConfigurationError
-from test_lists.catalog import Catalog
-from test_lists.platforms import PlatformCatalog
-from test_lists.testlist import TestList
-from test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
-from test_lists.waivers import utc_today
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def list_files(lists_dir: Path | None = None) -> dict[str, Path]:
     if lists_dir is not None:
         found = {p.stem: p for p in sorted(Path(lists_dir).glob("*.yml"))}
     else:
-        from devices.site import current, overlay
+        from edgefarm.devices.site import current, overlay
 
         found = overlay(LISTS_DIR, "lists", current(), ("*.yml",))
     return {name: path for name, path in sorted(found.items()) if name not in NOT_LISTS}
@@ -109,7 +109,7 @@ def validate_paths(
     if paths:
         files, missing = _expand([Path(p) for p in paths])
     else:  # the shipped lists, and the site directory's over them (a site file replaces the shipped one of its name)
-        from devices.site import current, overlay
+        from edgefarm.devices.site import current, overlay
 
         files, missing = list(overlay(LISTS_DIR, "lists", current(), ("*.yml",)).values()), []
     catalog, catalog_problems = None, []

@@ -20,8 +20,8 @@ class PlatformCatalog:
     def from_dir(cls, types_dir: Path | None = None) -> PlatformCatalog:
         """The device types of ``types_dir`` (default: devices/types), validated by the devices package; only the
         packaged types' capabilities can be checked (another directory gives names)."""
-        from devices.types import DEVICE_TYPES_DIR, load_device_types
-        from registries import current
+        from edgefarm.devices.types import DEVICE_TYPES_DIR, load_device_types
+        from edgefarm.registries import current
 
         if types_dir is None or Path(types_dir) == DEVICE_TYPES_DIR:
             return cls(frozenset(current().device_types), device_types=True)

@@ -12,13 +12,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
-import stages
+from edgefarm import stages
+from edgefarm.stages import Stage
+from edgefarm.test_lists.ids import case_name_problem, model_name_problem, short_model_name
+from edgefarm.vocabulary.variant import Component, LoraMode, SpecMethod
 from edgellm.backends.base import MAX_BATCH_SIZE, MAX_SEQ_LEN
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED, KVCachePrecision, LMHeadPrecision, Precision
-from stages import Stage
-from test_lists.ids import case_name_problem, model_name_problem, short_model_name
-from vocabulary.variant import Component, LoraMode, SpecMethod
 
 
 class ListStage(enum.StrEnum):

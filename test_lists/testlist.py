@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgefarm.stages import Stage
+from edgefarm.test_lists.ids import TestId, short_model_name
+from edgefarm.test_lists.schema import ListStage, Selector
+from edgefarm.test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
+from edgefarm.toolchains.base import pinned_versions
+from edgefarm.vocabulary.variant import PLAIN, Features, variant_json, variant_key
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from stages import Stage
-from test_lists.ids import TestId, short_model_name
-from test_lists.schema import ListStage, Selector
-from test_lists.waivers import SourcedWaiver, Waiver, active_waiver, expired_waivers, utc_today
-from toolchains.base import pinned_versions
-from vocabulary.variant import PLAIN, Features, variant_json, variant_key
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from edgellm.errors import ConfigurationError
-from test_lists.catalog import Catalog, ModelSource
-from test_lists.schema import TestSpec
-from test_lists.testlist import TestEntry
-from vocabulary.variant import (
+from edgefarm.test_lists.catalog import Catalog, ModelSource
+from edgefarm.test_lists.schema import TestSpec
+from edgefarm.test_lists.testlist import TestEntry
+from edgefarm.vocabulary.variant import (
     DEFAULT_COMPONENTS,
     PLAIN,
     Features,
@@ -24,6 +23,7 @@ from vocabulary.variant import (
     SpecRole,
     Speculative,
 )
+from edgellm.errors import ConfigurationError
 
 
 def features(spec: TestSpec, catalog: Catalog) -> tuple[Features, list[tuple[str, str]]]:

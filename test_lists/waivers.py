@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from test_lists.schema import NonEmptyStr, _Strict
+from edgefarm.test_lists.schema import NonEmptyStr, _Strict
 
 _URL_RE = re.compile(r"^https?://[^\s/]+\.[^\s/]+(?:/\S*)?\Z")
 # A link that cannot be a filed bug: reserved example and test domains (RFC 2606/6761), a placeholder owner on a

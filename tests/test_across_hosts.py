@@ -26,9 +26,9 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from flows.revision import current
-from results.db import make_engine
-from results.models import ArtifactRecord, Result, Run, RunWorker
+from edgefarm.flows.revision import current
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import ArtifactRecord, Result, Run, RunWorker
 from tests.fixtures.lab import CACHE_GB, RUN_TIMEOUT_S, Lab, running_lab
 from tests.helpers.toolchain_env import link_real_toolchain
 
@@ -151,7 +151,7 @@ def test_two_workers_and_a_quantization_pool_run_one_correct_nightly(lab: Lab, t
         "type": "x86-cpu", "transport": "local", "work_dir": str(embedded / "devices" / "local-cpu"),
         "labels": ["cpu"], "max_jobs": 2, "python": sys.executable, "env": {"PYTHONPATH": str(REPO)}}))
     env = {k: v for k, v in lab.env.items() if not k.startswith(("PREFECT_API_URL", "EDGEFARM_", "AWS_"))}
-    proc = subprocess.run([sys.executable, "-m", "cli", "nightly", "--matrix", str(matrix), "--data-dir",
+    proc = subprocess.run([sys.executable, "-m", "edgefarm.cli", "nightly", "--matrix", str(matrix), "--data-dir",
                            str(embedded), "--inventory", str(inventory), "--json"], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactStore, CorruptArtifactError, MissingArtifactError
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactStore, CorruptArtifactError, MissingArtifactError
 from edgellm.errors import ConfigurationError
 
 

@@ -19,12 +19,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.location import S3Location, open_store, parse_artifacts_url
-from artifacts.s3 import Retry, S3ArtifactStore
-from artifacts.store import ArtifactStore, CorruptArtifactError, MissingArtifactError, StoreError
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.location import S3Location, open_store, parse_artifacts_url
+from edgefarm.artifacts.s3 import Retry, S3ArtifactStore
+from edgefarm.artifacts.store import ArtifactStore, CorruptArtifactError, MissingArtifactError, StoreError
+from edgefarm.flows.settings import Settings
 from edgellm.errors import ConfigurationError, InfrastructureError
-from flows.settings import Settings
 from tests.fixtures.moto import Link, MotoServer, free_port
 
 PART = 128 * 1024  # over moto's minimum part in these tests (tests.fixtures.moto.TEST_MIN_PART)
@@ -127,7 +127,7 @@ def test_a_dropped_connection_is_retried_with_backoff(moto_s3: MotoServer, s3_bu
     store = _store(moto_s3, s3_bucket, tmp_path / "cache", endpoint=link.endpoint)
     data = os.urandom(6 * PART)
     link.cut_after(2 * PART, stay_down=False)  # the connections drop once; the server lives on
-    with caplog.at_level(logging.WARNING, logger="artifacts.s3"):
+    with caplog.at_level(logging.WARNING, logger="edgefarm.artifacts.s3"):
         ref = store.put(data)
     link.close()
     assert link.cuts == 1 and any("try 2 of 3" in r.getMessage() for r in caplog.records)
@@ -272,10 +272,10 @@ def test_gc_keeps_referenced_young_and_reput_blobs_and_aborts_dead_uploads(moto_
 
 def test_a_store_outage_while_staging_inputs_blames_no_device(moto_s3: MotoServer, s3_bucket: str,
                                                               s3_env: dict[str, str], tmp_path: Path) -> None:
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from tasks.device_exec import run_stage
-    from tasks.farm import Farm, FarmContext
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.tasks.device_exec import run_stage
+    from edgefarm.tasks.farm import Farm, FarmContext
 
     inventory, db = tmp_path / "inventory", f"sqlite:///{tmp_path / 'farm.db'}"
     inventory.mkdir()
@@ -347,9 +347,9 @@ def test_the_store_is_chosen_by_edgefarm_artifacts(moto_s3: MotoServer, s3_bucke
 
 def test_a_farm_run_keeps_its_artifacts_in_the_bucket(prefect_harness: Path, moto_s3: MotoServer, s3_bucket: str,
                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli import app
-    from results.db import make_engine
-    from results.models import ArtifactRecord
+    from edgefarm.cli import app
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.models import ArtifactRecord
 
     data, inventory = tmp_path / "data", tmp_path / "inventory"
     inventory.mkdir()

@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks import bench_db
 from benchmarks.db_data import Shape, expected_passing
-from results.db import make_engine
-from results.queries import latest_status, passing_rows
+from edgefarm.results.db import make_engine
+from edgefarm.results.queries import latest_status, passing_rows
 from tests.fixtures.postgres import PostgresServer
 
 

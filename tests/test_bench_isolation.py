@@ -21,14 +21,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-import stages
-from cli import app
-from devices.transport.local import LocalTransport
-from results.db import make_engine
-from results.models import Environment, Metric, Result
-from results.regressions import UNDER_LOAD_METRIC
-from stages import Where
-from tasks import common
+from edgefarm import stages
+from edgefarm.cli import app
+from edgefarm.devices.transport.local import LocalTransport
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Environment, Metric, Result
+from edgefarm.results.regressions import UNDER_LOAD_METRIC
+from edgefarm.stages import Where
+from edgefarm.tasks import common
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICES = ("local-cpu", "local-cpu-2")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tasks import bench_load, bench_probe
+from edgefarm.tasks import bench_load, bench_probe
 
 PROBE = bench_probe.PROBE_FILE
 
@@ -72,8 +72,8 @@ def test_round_figures_from_two_probes() -> None:
 
 
 def test_the_run_page_shows_a_benchmarks_load_where_its_conditions_are() -> None:
-    from pages.docs_render import render_run_page
-    from results.regressions import UNDER_LOAD_METRIC
+    from edgefarm.pages.docs_render import render_run_page
+    from edgefarm.results.regressions import UNDER_LOAD_METRIC
 
     metrics = [("decode_copy_gb_per_s_after", 9.0, "GB/s"), ("decode_copy_gb_per_s_before", 10.0, "GB/s"),
                ("decode_host_load1_after", 1.25, ""), ("decode_host_load1_before", 1.5, ""),

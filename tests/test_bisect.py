@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -133,10 +133,10 @@ def test_no_probe_changes_the_outcome_is_exit_1(synthetic: dict[str, Any], tmp_p
 def test_a_checkpoint_bisection_with_db_records_its_digest_and_no_answer(synthetic: dict[str, Any],
                                                                           tmp_path: Path) -> None:
     """--checkpoint with --db: the answer (here none) is recorded by the checkpoint's digest, with no row."""
+    from edgefarm.results.bisections import bisections_of_checkpoint
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
     from edgellm.reference import checkpoint_digest
-    from results.bisections import bisections_of_checkpoint
-    from results.db import make_engine
-    from results.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = make_engine(url)
@@ -221,9 +221,9 @@ def test_a_regression_from_a_merged_branch_names_the_branch_commit(synthetic: di
 
 
 def _runs_db(tmp_path: Path, revisions: list[str], statuses: list[str], digest: str, model: str = "tiny") -> str:
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = make_engine(url)
@@ -263,10 +263,10 @@ def test_row_form_bisects_the_farm_revisions_of_two_runs(synthetic: dict[str, An
 def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer: dict[str, Any]) -> None:
     """The answer is a typed row of ``bisections`` (bad run 2), and run 2's pages and a compare page of runs 1 and
     2 say ``first bad: <sha12> <subject>`` for the row."""
-    from pages.compare import RunSide, build_comparison, render_html, render_markdown
-    from pages.docs import write_run_pages
-    from results.bisections import bisections_of_run, latest_bisections
-    from results.db import make_engine
+    from edgefarm.pages.compare import RunSide, build_comparison, render_html, render_markdown
+    from edgefarm.pages.docs import write_run_pages
+    from edgefarm.results.bisections import bisections_of_run, latest_bisections
+    from edgefarm.results.db import make_engine
 
     engine = make_engine(url)
     try:
@@ -296,7 +296,7 @@ def _check_recorded_and_shown(url: str, tmp_path: Path, shas: list[str], answer:
 
 
 def test_a_subject_is_escaped_on_the_pages() -> None:
-    from pages.docs_runs import render_html, render_markdown
+    from edgefarm.pages.docs_runs import render_html, render_markdown
 
     run = {"id": 2, "kind": "nightly", "status": "failed", "trigger": "t", "code_version": "v", "started_at": "s",
            "bisections": {("tiny", "fp32", "x86-cpu"): "first bad: 0123456789ab <script>x</script> *bold*"}}
@@ -347,8 +347,8 @@ def test_bisect_regressions_after_a_nightly_bisects_each_newly_failing_row(synth
     assert [r["row"] for r in answer["rows"]] == [["stories260K", "fp32", "x86-cpu"]]
     assert answer["rows"][0]["first_bad"] == shas[PLANTED]
     assert f"stories260K fp32 x86-cpu: first bad {shas[PLANTED][:7]}" in result.output
-    from results.bisections import bisections_of_run
-    from results.db import make_engine
+    from edgefarm.results.bisections import bisections_of_run
+    from edgefarm.results.db import make_engine
 
     engine = make_engine(url)
     rec = bisections_of_run(engine, 2)[("stories260K", "fp32", "x86-cpu")]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devices import agent
+from edgefarm.devices import agent
 
 AGENT = Path(agent.__file__).resolve()
 CONTRACT = AGENT.parents[1] / "docs" / "board-agent.md"  # the agent's protocol contract
@@ -532,7 +532,7 @@ def _names_read_from_env(path: Path, calls: set[tuple[str, str]]) -> set[str]:
 
 
 def test_every_env_key_the_farm_reads_is_one_entry_of_the_facts_table() -> None:
-    from tasks import environment
+    from edgefarm.tasks import environment
 
     names = [fact.name for fact in agent.FACTS]
     assert len(names) == len(set(names)), "a fact named twice"

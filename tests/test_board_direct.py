@@ -18,9 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import CacheEntry, Result
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import CacheEntry, Result
 from tests.fixtures.board import JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 

@@ -21,12 +21,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from devices import agent_client
-from devices.transport import open_transport
-from results import quarantine
-from results.db import make_engine
-from results.models import Result
+from edgefarm.cli import app
+from edgefarm.devices import agent_client
+from edgefarm.devices.transport import open_transport
+from edgefarm.results import quarantine
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Result
 from tests.fixtures.board import JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 
@@ -217,9 +217,9 @@ def test_the_fetch_engines_policy_brings_the_engine_bytes_back(make_board: Calla
                                                                 tmp_path: Path, trt_env: Path) -> None:
     """By default no engine byte crosses back (tests/test_board_pipeline.py); EDGEFARM_FETCH_ENGINES=1 asks for them:
     the sealed engine is fetched whole and stored, its manifest names the stored copy."""
-    from artifacts.kinds import ArtifactKind
-    from artifacts.store import ArtifactStore
-    from results.models import ArtifactRecord
+    from edgefarm.artifacts.kinds import ArtifactKind
+    from edgefarm.artifacts.store import ArtifactStore
+    from edgefarm.results.models import ArtifactRecord
 
     link_real_toolchain(tmp_path / "data", trt_env)
     board = make_board("orin")

@@ -27,15 +27,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from devices import agent_client
-from devices.transport import open_transport
+from edgefarm.cli import app
+from edgefarm.devices import agent_client
+from edgefarm.devices.transport import open_transport
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Environment, Result
+from edgefarm.tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.reference import checkpoint_digest, load_reference
 from edgellm.runtime.tokenizer import TextCodec
-from results.db import make_engine
-from results.models import Environment, Result
-from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW
-from test_lists.catalog import Catalog
 from tests.fixtures.board import STANDIN_REVISION, JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
 

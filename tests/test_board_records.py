@@ -10,14 +10,14 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from registries import current
-from results import quarantine
-from results.db import make_engine
-from results.migrate import upgrade
-from results.models import Environment, Result
-from results.recorder import Recorder, environment_digest
-from results.regressions import find_regressions
-from tasks.environment import bench_conditions, device_record, host_record
+from edgefarm.registries import current
+from edgefarm.results import quarantine
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.models import Environment, Result
+from edgefarm.results.recorder import Recorder, environment_digest
+from edgefarm.results.regressions import find_regressions
+from edgefarm.tasks.environment import bench_conditions, device_record, host_record
 
 TC = "tensorrt-edgellm"
 ORIN_ENV = {"python": "3.10.12", "machine": "aarch64", "l4t": {"release": "36.4.3", "source": "/etc/nv_tegra_release"},

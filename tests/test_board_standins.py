@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
+from edgefarm.toolchains.tensorrt_edgellm import device as trt
 from edgellm.runtime.requests import GenerationRequest
 from edgellm.types import BenchMode
 from tests.fixtures.board import BOARD_FILES, JetsonBoard
-from toolchains.tensorrt_edgellm import device as trt
 
 REPO = BOARD_FILES.parents[2]
 

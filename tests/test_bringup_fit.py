@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from devices.types import DeviceType
+from edgefarm.devices.types import DeviceType
+from edgefarm.flows.bringup_fit import memory_fit, planned_toolchains
+from edgefarm.flows.bringup_report import render_markdown
+from edgefarm.registries import current
+from edgefarm.results.models import ResultStatus
+from edgefarm.tasks.bringup import Rung
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.testlist import TestEntry
 from edgellm.types import Precision
-from flows.bringup_fit import memory_fit, planned_toolchains
-from flows.bringup_report import render_markdown
-from registries import current
-from results.models import ResultStatus
-from tasks.bringup import Rung
-from test_lists.catalog import Catalog
-from test_lists.testlist import TestEntry
 from tests.helpers.registries import registries_with
 
 BIG = """\

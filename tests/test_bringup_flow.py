@@ -17,10 +17,10 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
+from edgefarm.pages.docs import publish_bringup, write_docs
+from edgefarm.results.models import BringupRung, Run
 from edgellm import ASSETS_DIR
-from pages.docs import publish_bringup, write_docs
-from results.models import BringupRung, Run
 from tests.helpers.foreign import make_granite
 from tests.helpers.toolchain_env import link_real_toolchain
 
@@ -215,8 +215,8 @@ def test_bad_input_is_exit_2_before_any_run(data_dir: Path, farm_dirs: dict[str,
 
 def test_a_deployment_writes_its_report_under_the_data_dir_only(data_dir: Path, farm_dirs: dict[str, Path],
                                                                tmp_path: Path) -> None:
+    from edgefarm.flows.bringup import bring_up
     from edgellm.errors import ConfigurationError
-    from flows.bringup import bring_up
 
     with pytest.raises(ConfigurationError, match="a deployment writes reports under"):
         bring_up.fn("stories260K", report_dir=str(tmp_path / "elsewhere"), data_dir=str(data_dir),
@@ -225,7 +225,7 @@ def test_a_deployment_writes_its_report_under_the_data_dir_only(data_dir: Path, 
 
 
 def test_the_bring_up_deployment_loads_from_prefect_yaml() -> None:
-    from flows.serve import _to_deployment, load_deployment_specs
+    from edgefarm.flows.serve import _to_deployment, load_deployment_specs
 
     spec = {d["name"]: d for d in load_deployment_specs()}["bring-up"]
     deployment = _to_deployment(spec)
@@ -246,7 +246,7 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     env.pop("EDGEFARM_DB_URL", None)
-    done = subprocess.run([sys.executable, "-m", "cli", "bring-up", str(ckpt), "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "edgefarm.cli", "bring-up", str(ckpt), "--data-dir",
                            str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--report",
                            str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -258,11 +258,11 @@ def test_on_a_temporary_server_the_flow_s_logs_reach_it_before_it_stops(
 def test_a_row_that_ran_on_stand_in_tools_is_a_gap_never_a_passed_row() -> None:
     from types import SimpleNamespace
 
+    from edgefarm.flows.bringup import judge_pipeline
+    from edgefarm.flows.plan import Decision
+    from edgefarm.results.models import ResultStatus
+    from edgefarm.stages.outcome import StageOutcome
     from edgellm.types import Precision
-    from flows.bringup import judge_pipeline
-    from flows.plan import Decision
-    from results.models import ResultStatus
-    from stages.outcome import StageOutcome
 
     job = SimpleNamespace(decision=Decision.RUN, key="k", platform="orin", precision=Precision.FP16,
                           toolchain="tensorrt-edgellm", reason="")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactStore, CorruptArtifactError
-from devices.transport import open_transport
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactStore, CorruptArtifactError
+from edgefarm.devices.transport import open_transport
+from edgefarm.tasks import device_cache
+from edgefarm.tasks.device_exec import device_env_info, ensure_on_device, promote_to_cache
+from edgefarm.tasks.farm import Farm, FarmContext
 from edgellm.errors import ErrorKind, InfrastructureError
-from tasks import device_cache
-from tasks.device_exec import device_env_info, ensure_on_device, promote_to_cache
-from tasks.farm import Farm, FarmContext
 
 
 def _corrupt(path: Path) -> None:
@@ -176,8 +176,8 @@ def test_a_reused_engine_must_match_the_farm_s_digest_else_it_is_evicted_and_bui
     import json
     from types import SimpleNamespace
 
-    from tasks import engines
-    from tasks.build import engine_present
+    from edgefarm.tasks import engines
+    from edgefarm.tasks.build import engine_present
 
     farm, device, work = local_farm
     built = work / "jobs" / "j1" / "engine"

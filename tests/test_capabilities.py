@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from edgefarm.test_lists.capability import capability
+from edgefarm.toolchains.base import Variant, driver
 from edgellm.backends.base import registered_backends
 from edgellm.backends.ort import OrtBackend
 from edgellm.capabilities import capabilities
 from edgellm.cli import main
 from edgellm.types import Precision
-from test_lists.capability import capability
-from toolchains.base import Variant, driver
 
 STORIES = Path(__file__).resolve().parents[1] / "edgellm" / "assets" / "stories260K"
 

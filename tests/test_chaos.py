@@ -40,19 +40,19 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactStore
-from cli import app
-from cli.query import query_rows
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactStore
+from edgefarm.cli import app
+from edgefarm.cli.query import query_rows
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
+from edgefarm.results.quarantine import active as quarantined
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.tasks.device_cache import STALE_PARTIAL_MIN
+from edgefarm.tasks.infer import requests_for
 from edgellm.errors import ErrorKind
 from edgellm.types import Precision
-from results.db import make_engine
-from results.models import ArtifactRecord, Attempt, DeviceLease, Result, RowLatest, Run, RunStatus
-from results.quarantine import active as quarantined
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from tasks.device_cache import STALE_PARTIAL_MIN
-from tasks.infer import requests_for
 from tests.fixtures.farm import DevicePython
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHost, SshHosts
@@ -386,7 +386,7 @@ def test_chaos_nightly(ssh_hosts: SshHosts, device_python: DevicePython, postgre
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
         env.pop("EDGEFARM_DB_URL", None)
-        orchestrator = subprocess.Popen([sys.executable, "-m", "cli", "nightly", "--json", *args], env=env,
+        orchestrator = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "nightly", "--json", *args], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
         me = psutil.Process(orchestrator.pid)
         tree: list[psutil.Process] = []

@@ -33,7 +33,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 from tests.helpers.toolchain_env import link_release
 
 pytestmark = pytest.mark.slow
@@ -188,7 +188,7 @@ def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_r
         data, inventory, tests = _farm(tmp_path / "quantize")
         link_release(data, trt_env)
         migrated_prefect_home(data / "prefect")  # the run's temporary Prefect server: a database already migrated
-        run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--priority", str(tests), "--inventory",
+        run = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "run", "--priority", str(tests), "--inventory",
                                 str(inventory), "--data-dir", str(data)], cwd=REPO, env=_env(silent_registry),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seen, tree = _kill_when(run, _quantizing)
@@ -207,7 +207,7 @@ def test_orchestrator_killed_on_the_host(trt_env: Path, tmp_path: Path, silent_r
         t0 = time.monotonic()
         data, inventory, tests = _farm(tmp_path / "install")
         migrated_prefect_home(data / "prefect")
-        run = subprocess.Popen([sys.executable, "-m", "cli", "run", "--priority", str(tests), "--inventory",
+        run = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "run", "--priority", str(tests), "--inventory",
                                 str(inventory), "--data-dir", str(data)], cwd=REPO, env=_env(silent_registry),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seen, tree = _kill_when(run, _installing)

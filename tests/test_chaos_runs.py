@@ -30,10 +30,10 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from results.db import make_engine
-from results.leases import live_leases, release, try_acquire
-from results.machine import pid_alive
-from results.models import RowLatest, Run, RunStatus
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import live_leases, release, try_acquire
+from edgefarm.results.machine import pid_alive
+from edgefarm.results.models import RowLatest, Run, RunStatus
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def _env(data: Path) -> dict[str, str]:
 
 
 def _nightly(matrix: Path, inventory: Path, data: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cli", "nightly", *extra, "--matrix", str(matrix), "--inventory",
+    return [sys.executable, "-m", "edgefarm.cli", "nightly", *extra, "--matrix", str(matrix), "--inventory",
             str(inventory), "--data-dir", str(data)]
 
 
@@ -84,9 +84,9 @@ def _running(db: Path) -> list[int]:
 
 _REAPER = """
 import json, sys
-from flows.settings import Settings
-from results.db import make_engine
-from results.liveness import reap_stale_runs
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import make_engine
+from edgefarm.results.liveness import reap_stale_runs
 settings = Settings.resolve(data_dir=sys.argv[1])  # $EDGEFARM_HEARTBEAT_S: the stale limit, as a run's start reads it
 print(json.dumps(reap_stale_runs(make_engine(settings.db_url))))
 """
@@ -165,10 +165,10 @@ def test_a_suspended_orchestrator_reaped_meanwhile_is_not_passed_when_it_resumes
 
 _TWIN = """
 import sys, time
-from results.db import make_engine
-from results.leases import hold
-from results.liveness import heartbeat
-from results.recorder import Recorder
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import hold
+from edgefarm.results.liveness import heartbeat
+from edgefarm.results.recorder import Recorder
 engine = make_engine(sys.argv[1])
 rec = Recorder(engine)
 run_id = rec.start_run("nightly", "schedule", "abc123")
@@ -191,7 +191,7 @@ def test_a_twin_machines_live_run_with_this_host_name_is_not_reaped(
     data = tmp_path / "data"
     migrated_prefect_home(data / "prefect")
     db = data / "edgefarm.db"
-    made = subprocess.run([sys.executable, "-m", "cli", "db", "upgrade"], env=_env(data), cwd=REPO,
+    made = subprocess.run([sys.executable, "-m", "edgefarm.cli", "db", "upgrade"], env=_env(data), cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     base = _free_pid_base()

@@ -55,7 +55,7 @@ def _objects(server: MotoServer, bucket: str) -> dict[str, str]:
 def test_a_nightly_over_a_damaging_link_passes_and_destroys_no_evidence(
         prefect_harness: Path, moto_s3: MotoServer, s3_bucket: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, table: list[dict[str, Any]]) -> None:
-    from cli import app
+    from edgefarm.cli import app
 
     t0 = time.monotonic()
     data, inventory = tmp_path / "data", tmp_path / "inventory"

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactStore
-from cli import app
-from cli.query import QUERY_FIELDS, print_matrix
-from results.db import make_engine
-from results.recorder import Recorder
-from results.support import SupportStatus
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactStore
+from edgefarm.cli import app
+from edgefarm.cli.query import QUERY_FIELDS, print_matrix
+from edgefarm.results.db import make_engine
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.support import SupportStatus
 from tests.helpers.docs_db import _row, build_docs_db
 
 ORT = ("edgellm-ort", "0.1.0+onnxruntime-1.22.0")

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import cli.query
-import results.queries
-from cli import app
+from edgefarm import cli, results
+from edgefarm.cli import app, query  # noqa: F401  (cli.query: patched below)
+from edgefarm.results import queries  # noqa: F401  (results.queries)
+from edgefarm.results.support import SupportStatus
 from edgellm.types import Precision
-from results.support import SupportStatus
 from tests.helpers.docs_db import build_docs_db
 
 

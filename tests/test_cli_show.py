@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.kinds import ArtifactKind
-from artifacts.location import open_store
-from artifacts.store import ArtifactRef, ArtifactStore
-from cli import app
-from cli.show import parse_id
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.location import open_store
+from edgefarm.artifacts.store import ArtifactRef, ArtifactStore
+from edgefarm.cli import app
+from edgefarm.cli.show import parse_id
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
 
 LOG = "step 1 ok\n\tindented\nred \x1b[31mALERT\x1b[0m\x07 done\r\n10%\r100%\nlast line\n"
 TC = "edgellm-ort"

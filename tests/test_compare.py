@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from edgellm.types import Precision
-from pages.compare import (
+from edgefarm.cli import app
+from edgefarm.pages.compare import (
     Band,
     CommitSide,
     RowId,
@@ -38,10 +37,11 @@ from pages.compare import (
     noise_verdict,
     published_comparisons,
 )
-from results.db import make_engine
-from results.migrate import upgrade
-from results.queries import RowKey
-from results.recorder import Recorder
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.queries import RowKey
+from edgefarm.results.recorder import Recorder
+from edgellm.types import Precision
 
 TRT, ORT = "tensorrt-edgellm", "edgellm-ort"
 ORT_V = "0.1.0+onnxruntime-1.22.0"

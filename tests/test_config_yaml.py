@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import load_inventory
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.plan import load_matrix
+from edgefarm.test_lists import validate_paths
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.errors import ConfigurationError
 from edgellm.yamlio import MAX_EXPANDED_NODES, MAX_YAML_BYTES, YamlSyntaxError, read_yaml
-from flows.plan import load_matrix
-from test_lists import validate_paths
-from test_lists.catalog import Catalog
 from tests.test_test_lists import TODAY, make_list, write
 
 EDGEFARM = Path(sys.executable).with_name("edgefarm")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from devices.types import DEVICE_TYPES_DIR, load_device_types
+from edgefarm.devices.types import DEVICE_TYPES_DIR, load_device_types
+from edgefarm.registries import build, current
+from edgefarm.test_lists.capability import capability
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.base import Variant
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from registries import build, current
-from test_lists.capability import capability
-from toolchains import base as toolchains
-from toolchains.base import Variant
 
 
 def test_the_platforms_are_the_yaml_files() -> None:

@@ -12,13 +12,13 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.registries import current
+from edgefarm.results.models import DeviceHealth
+from edgefarm.toolchains.health import check_device
 from edgellm.errors import ConfigurationError, ErrorKind
-from registries import current
-from results.models import DeviceHealth
 from tests.fixtures.sshd import SshHosts, free_port
-from toolchains.health import check_device
 
 WIDE = {"COLUMNS": "250"}
 
@@ -195,7 +195,7 @@ def test_check_db_errors(tmp_path: Path, db_url: str) -> None:
 def test_a_bug_behind_devices_list_exits_4_like_every_command(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Exit codes follow the error kind (edgellm.errors): a bug is 4 here too, never 2 (bad input)."""
-    import cli.devices as devices_cli
+    import edgefarm.cli.devices as devices_cli
     from edgellm.errors import BugError
 
     def broken(*args: object, **kwargs: object) -> object:

@@ -12,23 +12,23 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.flows.execute import quantization_pool
+from edgefarm.flows.plan import Plan, load_matrix
+from edgefarm.flows.quantize_remote import quantize_checkpoint
+from edgefarm.flows.revision import current, require_same, source_digest
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import ResultStatus, RunKind, RunWorker
+from edgefarm.results.recorder import Recorder
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.stages.wire import job_from_json, job_to_json, outcome_from_json, outcome_to_json
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.errors import ConfigurationError, ErrorKind
 from edgellm.reference import checkpoint_digest
 from edgellm.types import Precision
-from flows.execute import quantization_pool
-from flows.plan import Plan, load_matrix
-from flows.quantize_remote import quantize_checkpoint
-from flows.revision import current, require_same, source_digest
-from flows.settings import Settings
-from results.db import make_engine
-from results.models import ResultStatus, RunKind, RunWorker
-from results.recorder import Recorder
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import StageOutcome
-from stages.wire import job_from_json, job_to_json, outcome_from_json, outcome_to_json
-from test_lists.catalog import Catalog
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pages.docs import db_label, write_docs
-from pages.docs_render import (
+from edgefarm.pages.docs import db_label, write_docs
+from edgefarm.pages.docs_render import (
     MatrixRow,
     TrendPoint,
     cell_kind,
@@ -19,7 +19,7 @@ from pages.docs_render import (
     scrub,
     trend_figure,
 )
-from results.support import SupportStatus
+from edgefarm.results.support import SupportStatus
 from tests.helpers.docs_db import build_docs_db
 
 SUPPORTED_MARK = SupportStatus.L0_COVERED.mark
@@ -226,9 +226,9 @@ def test_rows_proven_only_on_the_direct_route_are_marked(tmp_path: Path) -> None
     """A row whose latest evidence made its engine straight from the checkpoint (route ``direct``: TensorRT
     Edge-LLM's direct builder) says "checkpoint-direct only" in both pages, with a legend line; an ONNX-route row and
     a direct row that did not pass do not."""
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
     from tests.helpers.docs_db import PIPELINE
 
     url = f"sqlite:///{tmp_path / 'edgefarm.db'}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pages.docs import write_docs
+from edgefarm.pages.docs import write_docs
 from tests.fixtures.browser import Tab
 from tests.helpers.docs_db import build_docs_db
 
@@ -129,8 +129,8 @@ def test_missing_chromium_fails_and_says_how_to_install(monkeypatch: pytest.Monk
 def test_comparison_and_edge_llm_pages_are_linked_from_the_matrix_and_render(tab: Tab, tmp_path: Path) -> None:
     """Issue 23: the matrix links the Edge-LLM-layout pages and the published comparisons; a comparison's HTML page
     renders offline in Chromium with its tables, its metric delta and a link back."""
-    from pages.compare import RunSide, build_comparison, publish
-    from results.db import make_engine
+    from edgefarm.pages.compare import RunSide, build_comparison, publish
+    from edgefarm.results.db import make_engine
 
     data, out = tmp_path / "data", tmp_path / "published"
     url = build_docs_db(tmp_path / "edgefarm.db", data)

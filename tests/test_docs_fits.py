@@ -7,10 +7,10 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from pages.docs import usable_memory
-from pages.docs_html import fits_filter, render_html
-from pages.docs_render import MatrixRow
-from stages.job import MEMORY_ESTIMATE_METRIC, estimate_metric
+from edgefarm.pages.docs import usable_memory
+from edgefarm.pages.docs_html import fits_filter, render_html
+from edgefarm.pages.docs_render import MatrixRow
+from edgefarm.stages.job import MEMORY_ESTIMATE_METRIC, estimate_metric
 from tests.fixtures.browser import Tab
 
 BASE = dict(platform="orin", run_id=3, run_started="t", toolchain="tc", toolchain_version="1")
@@ -83,17 +83,17 @@ def test_the_record_and_the_plan_s_decisions_carry_the_estimate_to_the_matrix_ro
     estimate, and the support matrix's row reads it back beside the measured peak: no migration, one metric."""
     from sqlalchemy import create_engine
 
+    from edgefarm.flows.pipeline import RunReport, record_plan_decisions
+    from edgefarm.flows.plan import Decision, Job, Plan
+    from edgefarm.pages.docs import matrix_rows
+    from edgefarm.results.models import ResultStatus
+    from edgefarm.results.recorder import Recorder
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import StageOutcome
+    from edgefarm.tasks.farm import Farm, FarmContext
+    from edgefarm.tasks.record import record
+    from edgefarm.test_lists.testlist import TestEntry
     from edgellm.types import Precision
-    from flows.pipeline import RunReport, record_plan_decisions
-    from flows.plan import Decision, Job, Plan
-    from pages.docs import matrix_rows
-    from results.models import ResultStatus
-    from results.recorder import Recorder
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import StageOutcome
-    from tasks.farm import Farm, FarmContext
-    from tasks.record import record
-    from test_lists.testlist import TestEntry
 
     engine = create_engine(migrated_db_url)
     rec = Recorder(engine)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pages.docs_layout import (
+from edgefarm.pages.docs_layout import (
     CheckpointInfo,
     Evidence,
     PlatformInfo,
@@ -23,9 +23,9 @@ from pages.docs_layout import (
     render_supported_models,
     write_layout_pages,
 )
-from results.recorder import Recorder
-from results.support import Support, SupportStatus
-from toolchains.base import driver
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.support import Support, SupportStatus
+from edgefarm.toolchains.base import driver
 
 LAYOUT = driver("tensorrt-edgellm").docs_layout()
 assert LAYOUT is not None
@@ -68,8 +68,8 @@ def _row(rec: Recorder, run: int, model: str, precision: str, platform: str, sta
 
 def build_db(path: Path) -> str:
     """Three published nightly runs on orin, thor and x86-cpu (x86-a30, x86-h200 and x86-rtx5080 never tested)."""
-    from results.db import make_engine
-    from results.migrate import upgrade
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
 
     url = f"sqlite:///{path}"
     engine = make_engine(url)
@@ -117,7 +117,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     models.mkdir(parents=True)
     (models / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}')
     url = build_db(root / "edgefarm.db")
-    from results.db import make_engine
+    from edgefarm.results.db import make_engine
 
     engine = make_engine(url)
     old = os.environ.get("EDGEFARM_MODELS_DIR")

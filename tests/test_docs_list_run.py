@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 BUG = "https://github.com/NVIDIA/TensorRT-Edge-LLM/issues/1"

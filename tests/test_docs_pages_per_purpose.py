@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pages.docs import matrix_rows, publish_test_list, write_docs
-from pages.docs_html import render_html
-from pages.docs_render import MatrixRow
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
-from results.support import Support, SupportStatus
+from edgefarm.pages.docs import matrix_rows, publish_test_list, write_docs
+from edgefarm.pages.docs_html import render_html
+from edgefarm.pages.docs_render import MatrixRow
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.support import Support, SupportStatus
 from tests.helpers.docs_db import ORT, PIPELINE, TRT, _row, build_docs_db
 
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
@@ -87,7 +87,7 @@ def test_a_waivers_bug_link_stays_a_link_in_the_html_and_the_markdown() -> None:
                     stages={"export": "waived"}, reason="waived until 2099-01-01 (<url>)", support=support, bug=link)
     html = render_html([row], generated_at="now", db_label="SQLite")
     assert f"<a class='bug' href='{link}'>bug</a>" in html and "data-status='waived'" in html
-    from pages.docs_render import render_markdown
+    from edgefarm.pages.docs_render import render_markdown
 
     md = render_markdown([row], generated_at="now", db_label="SQLite", links=False)
     assert f"[bug]({link})" in md
@@ -96,7 +96,7 @@ def test_a_waivers_bug_link_stays_a_link_in_the_html_and_the_markdown() -> None:
 def test_the_prefect_table_keeps_the_bug_link_and_leads_with_the_root_cause(tmp_path: Path, monkeypatch) -> None:
     import prefect.artifacts
 
-    from pages.docs import publish_matrix_artifacts
+    from edgefarm.pages.docs import publish_matrix_artifacts
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     engine = make_engine(url)
@@ -122,7 +122,7 @@ def test_the_prefect_table_keeps_the_bug_link_and_leads_with_the_root_cause(tmp_
 def test_a_runs_log_is_copied_beside_its_run_pages_and_linked(tmp_path: Path) -> None:
     """A log artifact in this host's store: its text (scrubbed) sits at runs/logs/<sha12>.txt, linked from both run
     pages, so the evidence opens offline from a file."""
-    from artifacts.store import ArtifactStore
+    from edgefarm.artifacts.store import ArtifactStore
 
     data = tmp_path / "data"
     store = ArtifactStore(data / "artifacts")
@@ -137,7 +137,7 @@ def test_a_runs_log_is_copied_beside_its_run_pages_and_linked(tmp_path: Path) ->
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from results.models import Result
+    from edgefarm.results.models import Result
 
     with Session(engine) as s:
         infer = s.scalars(select(Result.id).where(Result.stage == "infer")).one()
@@ -204,10 +204,10 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
     pages count through ``results.support.count_statuses``; rendered from one database, their counts agree: the HTML
     matrix's with supported-models.md's, and on a platform whose rows one toolchain ran (orin: tensorrt-edgellm), the
     layout page's coverage with supported-models.md's (the layout counts only its own toolchain's rows)."""
-    import pages.docs_layout
-    import pages.docs_render
-    import pages.docs_runs
-    import results.support
+
+    from edgefarm import pages, results
+    from edgefarm.pages import docs_layout, docs_render, docs_runs  # noqa: F401  (pages.docs_*)
+    from edgefarm.results import support  # noqa: F401  (results.support)
 
     called: set[str] = set()
 
@@ -231,7 +231,7 @@ def test_the_pages_count_every_status_through_one_function_and_agree(tmp_path: P
     engine.dispose()
     out = tmp_path / "docs"
     write_docs(url, out, tmp_path / "data")
-    assert called == {"pages.docs_layout", "pages.docs_render", "pages.docs_runs"}
+    assert called == {"edgefarm.pages.docs_layout", "edgefarm.pages.docs_render", "edgefarm.pages.docs_runs"}
     models = (out / "supported-models.md").read_text()
     overall = _md_counts(re.search(r"^Rows: \d+ \((.*)\)\.$", models, re.M).group(1))  # type: ignore[union-attr]
     html = (out / "support-matrix.html").read_text()

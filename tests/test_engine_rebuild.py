@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-import tasks.build as build
+import edgefarm.tasks.build as build
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.engines import DeviceEngine
 from edgellm.errors import ErrorKind, InfrastructureError
-from results.models import ResultStatus
-from stages import Stage
-from stages.outcome import StageOutcome
-from tasks.engines import DeviceEngine
 
 LOST = DeviceEngine(digest="a" * 64, device="dev-a", platform="orin", toolchain="t", toolchain_version="1",
                     bytes=1, files=1, onnx="b" * 64)

@@ -16,11 +16,11 @@ import yaml
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
+from edgefarm.results.db import for_parameters, from_parameter, make_engine, redact
+from edgefarm.results.errors import classify
+from edgefarm.results.migrate import current_revision, head_revision, upgrade
 from edgellm.errors import ErrorKind
-from results.db import for_parameters, from_parameter, make_engine, redact
-from results.errors import classify
-from results.migrate import current_revision, head_revision, upgrade
 
 READ_COMMANDS = {
     "query": lambda db, out: ["query", "--db", db, "--format", "json"],
@@ -111,7 +111,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 
 
 def test_a_read_only_database_serves_reads(read_only_dir: tuple[Path, Path], tmp_path: Path) -> None:
-    from results.recorder import Recorder
+    from edgefarm.results.recorder import Recorder
 
     src, ro = read_only_dir
     url = f"sqlite:///{src / 'edgefarm.db'}"
@@ -178,8 +178,8 @@ def test_database_and_alembic_errors_get_their_kind(tmp_path: Path) -> None:
 
 def test_a_redacted_parameter_needs_the_url_this_process_handed_out_or_the_configured_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgefarm.flows.settings import Settings
     from edgellm.errors import ConfigurationError
-    from flows.settings import Settings
 
     url = "postgresql+psycopg://farm:s3cret@db.example:5432/edgefarm"
     shown = redact(url)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 ASSETS = Path(__file__).resolve().parents[1] / "edgellm" / "assets"

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import Attempt, Result, Run
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Attempt, Result, Run
 from tests.fixtures.farm import FAILING
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -151,7 +151,7 @@ def test_a_bench_never_shares_its_device_with_another_lease(farm_dirs: dict[str,
 
     from sqlalchemy.exc import OperationalError
 
-    from results.models import DeviceLease
+    from edgefarm.results.models import DeviceLease
 
     matrix = tmp_path / "bench.yml"
     matrix.write_text(yaml.safe_dump({"name": "bench", "models": ["stories260K", "tiny-qwen3"],

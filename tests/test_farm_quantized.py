@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import ArtifactRecord, CacheEntry, Metric, Result
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import ArtifactRecord, CacheEntry, Metric, Result
 from tests.helpers.toolchain_env import link_real_toolchain
 
 # NVIDIA's quantizer and exporter runs are shared with the session's other modules (tests/fixtures/toolchain_runs.py)

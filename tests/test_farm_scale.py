@@ -39,8 +39,8 @@ def test_a_simulated_lab_moves_a_stage_on_every_device_at_once(tmp_path: Path) -
 
 
 def test_host_slots_come_from_the_environment_and_bad_values_are_refused(tmp_path: Path) -> None:
+    from edgefarm.flows.settings import ENV_HOST_SLOTS, Settings
     from edgellm.errors import ConfigurationError
-    from flows.settings import ENV_HOST_SLOTS, Settings
 
     assert Settings.resolve(data_dir=tmp_path, environ={}).host_slots == 2
     assert Settings.resolve(data_dir=tmp_path, environ={ENV_HOST_SLOTS: "64"}).host_slots == 64
@@ -56,10 +56,10 @@ def test_a_full_connection_pool_is_infrastructure_and_a_run_s_sqlite_pool_takes_
 
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.errors import classify
+    from edgefarm.tasks.farm import pool_options
     from edgellm.errors import InfrastructureError
-    from results.db import make_engine
-    from results.errors import classify
-    from tasks.farm import pool_options
 
     assert isinstance(classify(PoolTimeout("QueuePool limit of size 5 overflow 10 reached")), InfrastructureError)
     url = f"sqlite:///{tmp_path / 'lab.db'}"

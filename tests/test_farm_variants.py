@@ -20,11 +20,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import Result, ResultStatus
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import StageOutcome
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Result, ResultStatus
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import StageOutcome
 from tests.helpers.toolchain_env import link_real_toolchain
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -71,8 +71,8 @@ def test_the_eagle3_pair_and_a_reduced_vocabulary_export_through_the_farm(trt_en
     assert "tiny-llama-4l-eagle3" not in nightly
     assert "tiny-llama-4l-eagle3" in (data / "docs" / "lists" / "variants.md").read_text()
     # its rows in Edge-LLM's layout: the draft in its table with its base, the vocabulary as an extension
-    from pages.docs_layout import write_layout_pages
-    from toolchains.base import docs_layouts
+    from edgefarm.pages.docs_layout import write_layout_pages
+    from edgefarm.toolchains.base import docs_layouts
 
     engine = make_engine(f"sqlite:///{data / 'edgefarm.db'}")
     try:
@@ -101,7 +101,7 @@ def _job(after: str | None = None) -> JobSpec:
 def test_a_stage_that_runs_after_another_is_skipped_unless_that_one_passed(gate: object) -> None:
     """The gate (``JobSpec.after``): the draft's export runs only once its base's export passed; otherwise it is
     skipped with the base's job and why, before any work (the quantize outcome it needs passed)."""
-    from tasks.common import run_stage
+    from edgefarm.tasks.common import run_stage
 
     quantized = StageOutcome(stage="quantize", status=ResultStatus.PASS)
     out = run_stage(None, "export", _job(after="b-fp16@thor"), (quantized, gate))  # type: ignore[arg-type]

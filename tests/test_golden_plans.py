@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from devices.inventory import PACKAGED_INVENTORY_DIR, load_inventory
-from flows.plan import DEFAULT_MATRIX, plan_matrix, plan_test_list
-from test_lists.catalog import Catalog
-from test_lists.loader import list_names, load_list
+from edgefarm.devices.inventory import PACKAGED_INVENTORY_DIR, load_inventory
+from edgefarm.flows.plan import DEFAULT_MATRIX, plan_matrix, plan_test_list
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import list_names, load_list
 from tests.helpers.toolchain_env import stand_in_toolchain_env
 
 GOLDEN = Path(__file__).parent / "data" / "golden_plans"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 
 
 def test_a_warning_after_a_prefect_command_reaches_the_next_stderr_cleanly(tmp_path: Path,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import Device
+from edgefarm.devices.inventory import Device
+from edgefarm.tasks.host_gate import HostGate, HostGateTimeout, shares_host
 from edgellm.errors import BugError, InfrastructureError
-from tasks.host_gate import HostGate, HostGateTimeout, shares_host
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_nested_holds_of_one_thread(tmp_path: Path) -> None:
 _CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from tasks.host_gate import HostGate, HostGateTimeout
+    from edgefarm.tasks.host_gate import HostGate, HostGateTimeout
     directory, mode, wait, hold = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     try:
         with getattr(HostGate(Path(directory), wait_s=wait), mode)("child " + mode):

@@ -14,11 +14,11 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
+from edgefarm.results.models import Run
 from edgellm import ASSETS_DIR
 from edgellm.config import MAX_TOKENIZER_BYTES
 from edgellm.errors import ConfigurationError
-from results.models import Run
 from tests.helpers.foreign import make_granite
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -131,7 +131,7 @@ def test_layers_past_the_checkpoint_s_are_exit_2_before_any_run(farm: dict[str, 
 
 def test_a_rung_that_raises_never_leaves_its_run_running(farm: dict[str, Path], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks import bringup as rungs
+    from edgefarm.tasks import bringup as rungs
 
     def refuses(*_: object) -> rungs.Rung:
         raise ConfigurationError("a value only a rung can judge")

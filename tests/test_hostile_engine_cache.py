@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 REPO = Path(__file__).resolve().parent.parent

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.accuracy import _check, _make_checks
 from edgellm.thresholds import resolve_thresholds
 from edgellm.types import Precision
-from test_lists.catalog import Catalog
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 
@@ -74,7 +74,7 @@ def test_tensorrt_edgellm_text_check_fails_on_a_non_finite_margin_in_any_prompt(
                                                                                 bad: float) -> None:
     """The worst margin over the prompts was ``max(...)``: a NaN after the first prompt compared false and was
     dropped, so the check passed on it."""
-    from toolchains.tensorrt_edgellm.accuracy import TextLimits, judge
+    from edgefarm.toolchains.tensorrt_edgellm.accuracy import TextLimits, judge
 
     margins = [*margins[:at], bad, *margins[at:]]
     per_prompt = [{"divergence_margin": m, "fraction": 1.0} for m in margins]

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from artifacts.store import ArtifactStore
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.artifacts.store import ArtifactStore
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.toolchains.tensorrt_edgellm.env import check_version
 from edgellm.errors import ConfigurationError
-from toolchains.tensorrt_edgellm.env import check_version
 
 
 @pytest.mark.parametrize(("spec", "named"), [

@@ -13,10 +13,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import Device
-from devices.transport.base import CommandResult, Transport
-from results.db import for_parameters, from_parameter, redact
+from edgefarm.cli import app
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport.base import CommandResult, Transport
+from edgefarm.results.db import for_parameters, from_parameter, redact
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.sshd import SshHosts
 
@@ -65,7 +65,7 @@ def test_a_secret_query_parameter_never_shows(key: str, value: str, other: str) 
 
 
 def test_the_settings_never_show_the_database_password(tmp_path: Path) -> None:
-    from flows.settings import Settings
+    from edgefarm.flows.settings import Settings
 
     url = f"postgresql+psycopg://u@db.example/edgefarm?password={SECRET}"
     settings = Settings.resolve(db=url, data_dir=tmp_path, create=False)
@@ -101,7 +101,7 @@ def _rendered(*renderables: object, width: int = 400) -> str:
 @FEW
 @given(value=hostile_text)
 def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
-    from cli.text import cell, visible
+    from edgefarm.cli.text import cell, visible
 
     shown = visible(value)
     assert "\n" not in shown and "\x1b" not in shown
@@ -113,8 +113,8 @@ def test_a_printed_value_is_shown_as_written_on_one_line(value: str) -> None:
 def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str, status: str) -> None:
     from types import SimpleNamespace
 
-    from cli.progress import Progress
-    from cli.text import visible
+    from edgefarm.cli.progress import Progress
+    from edgefarm.cli.text import visible
 
     planned = SimpleNamespace(key=job, model=job, precision=SimpleNamespace(value="fp32"), platform="x86-cpu",
                               toolchain="edgellm-ort", entry=SimpleNamespace(variant="", stages=("export",)))
@@ -126,7 +126,7 @@ def test_progress_table_and_summary_print_hostile_job_names_as_written(job: str,
 
 
 def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixture[str]) -> None:
-    from cli import running as commands
+    from edgefarm.cli import running as commands
 
     failures = [{"row": name, "stage": "build", "status": "fail", "error_kind": "test_failure", "device": name,
                  "reason": name, "logs": [f"log:{name}"]} for name in HOSTILE_NAMES]
@@ -139,9 +139,9 @@ def test_summary_prints_failed_job_names_as_written(capsys: pytest.CaptureFixtur
 
 
 def _hostile_db(path: Path, names: list[str]) -> str:
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
 
     url = f"sqlite:///{path}"
     engine = make_engine(url)
@@ -158,7 +158,7 @@ def _hostile_db(path: Path, names: list[str]) -> str:
 
 
 def test_query_table_prints_hostile_model_names_as_written(tmp_path: Path) -> None:
-    from cli.text import visible
+    from edgefarm.cli.text import visible
 
     url = _hostile_db(tmp_path / "x.db", HOSTILE_NAMES)
     code, output = _invoke("query", "--db", url)
@@ -236,7 +236,7 @@ def _words(value: str) -> list[str]:
 @settings(max_examples=60, deadline=None)
 @given(value=hostile_text)
 def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str) -> None:
-    from pages.escape import markdown_text
+    from edgefarm.pages.escape import markdown_text
 
     cell_html = _Tags(_markdown_html(f"| a | b |\n|---|---|\n| {markdown_text(value)} | x |\n"))
     assert cell_html.names() == ["table", "thead", "tr", "th", "th", "tbody", "tr", "td", "td"], cell_html.tags
@@ -247,7 +247,7 @@ def test_markdown_text_is_literal_text_in_a_table_cell_and_a_heading(value: str)
 
 
 def _rows(model: str, platform: str, toolchain: str) -> list[object]:
-    from pages.docs_render import MatrixRow
+    from edgefarm.pages.docs_render import MatrixRow
 
     passed = dict.fromkeys(("export", "build", "infer", "accuracy", "bench"), "pass")
     return [MatrixRow(model=model, precision=precision, platform=platform, status="pass", run_id=1,
@@ -259,8 +259,8 @@ def _rows(model: str, platform: str, toolchain: str) -> list[object]:
 @settings(max_examples=40, deadline=None)
 @given(model=hostile_text, platform=hostile_text, toolchain=hostile_text)
 def test_rendered_pages_keep_their_structure_whatever_the_names(model: str, platform: str, toolchain: str) -> None:
-    from pages.docs_html import render_html
-    from pages.docs_render import render_markdown
+    from edgefarm.pages.docs_html import render_html
+    from edgefarm.pages.docs_render import render_markdown
 
     rows = _rows(model, platform, toolchain)
     markdown = render_markdown(rows, generated_at="now", db_label="SQLite")  # type: ignore[arg-type]
@@ -277,9 +277,9 @@ def test_rendered_pages_keep_their_structure_whatever_the_names(model: str, plat
 
 def _supported_db(path: Path, names: list[str]) -> str:
     """A run in which every hostile name passed every stage: each is a supported cell of the matrix."""
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
 
     url = f"sqlite:///{path}"
     engine = make_engine(url)
@@ -302,7 +302,7 @@ COLLIDING = ["[ ]", "[[]]", "<b>", "a b", "a/b", "a-b"]  # slugs: nothing, nothi
 def test_docs_pages_show_hostile_names_as_text_with_unique_anchors(tmp_path: Path) -> None:
     import re
 
-    from pages.docs import write_docs
+    from edgefarm.pages.docs import write_docs
 
     names = [*HOSTILE_NAMES, *COLLIDING]
     write_docs(_supported_db(tmp_path / "x.db", names), tmp_path / "docs", tmp_path / "data")
@@ -344,7 +344,7 @@ def test_query_csv_neutralises_spreadsheet_formulas(tmp_path: Path) -> None:
 @FEW
 @given(value=st.one_of(hostile_text, st.sampled_from(["=1+1", "+x", "-x", "@x", "\t=x", "\uff1d1"])))
 def test_a_spreadsheet_cell_never_starts_a_formula(value: str) -> None:
-    from pages.escape import spreadsheet_cell
+    from edgefarm.pages.escape import spreadsheet_cell
 
     shown = spreadsheet_cell(value)
     assert isinstance(shown, str) and not shown.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d"))
@@ -368,7 +368,7 @@ class _Answering(Transport):
             cwd: str | None = None) -> CommandResult:
         import json
 
-        from devices import agent_client
+        from edgefarm.devices import agent_client
 
         def answer(value: object) -> CommandResult:
             return CommandResult(0, value if isinstance(value, str) else json.dumps(value), "", 0.0)
@@ -392,7 +392,7 @@ class _Answering(Transport):
 def _local_device(tmp_path: Path, python: str | None = None) -> Device:
     import yaml
 
-    from devices.inventory import load_inventory
+    from edgefarm.devices.inventory import load_inventory
 
     inventory = tmp_path / "inv"
     inventory.mkdir(exist_ok=True)
@@ -415,9 +415,9 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
                                                                            tmp_path: Path) -> None:
     import json
 
-    from cli.devices import _health_table
-    from registries import current
-    from toolchains.health import check_device
+    from edgefarm.cli.devices import _health_table
+    from edgefarm.registries import current
+    from edgefarm.toolchains.health import check_device
 
     device = _local_device(tmp_path)
     report = check_device(device, current().device_type(device.type),
@@ -429,8 +429,8 @@ def test_hostile_health_answers_make_the_device_unhealthy_with_the_reason(env: d
 
 
 def test_a_toolchain_probe_answering_markup_or_the_wrong_shape_is_a_problem(tmp_path: Path) -> None:
-    from registries import current
-    from toolchains.health import check_device
+    from edgefarm.registries import current
+    from edgefarm.toolchains.health import check_device
 
     device = _local_device(tmp_path)
     env = {"python": "3.10.1", "machine": "x86_64", "disk_free_bytes": 2**40}
@@ -456,9 +456,9 @@ def test_no_health_answer_crashes_the_check(env: dict[str, object], cache: dict[
                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     import json
 
-    from cli.devices import _health_table
-    from registries import current
-    from toolchains.health import check_device
+    from edgefarm.cli.devices import _health_table
+    from edgefarm.registries import current
+    from edgefarm.toolchains.health import check_device
 
     device = _local_device(tmp_path_factory.mktemp("dev"))
     report = check_device(device, current().device_type(device.type), transport=_Answering(env, cache))
@@ -471,9 +471,9 @@ def test_devices_check_survives_and_stores_a_hostile_device(tmp_path: Path) -> N
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.models import DeviceHealth
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.models import DeviceHealth
 
     fake = tmp_path / "python3"  # the device's interpreter answers every question with hostile JSON
     fake.write_text("#!/bin/sh\n"
@@ -525,7 +525,7 @@ def test_local_transport_keeps_head_and_tail_of_a_flood_and_counts_the_rest(tmp_
     import sys
     import tracemalloc
 
-    from devices.transport.local import LocalTransport
+    from edgefarm.devices.transport.local import LocalTransport
 
     link = LocalTransport("loud", tmp_path / "w")
     link.max_output_bytes = 1 << 20
@@ -545,7 +545,7 @@ def test_local_transport_keeps_head_and_tail_of_a_flood_and_counts_the_rest(tmp_
 @given(chunks=st.lists(st.binary(max_size=300), max_size=30), limit=st.integers(min_value=2, max_value=400))
 @example(chunks=["é".encode()], limit=2)  # a character split between head and tail, nothing dropped
 def test_an_output_buffer_keeps_exactly_its_head_and_tail(chunks: list[bytes], limit: int) -> None:
-    from devices.transport.base import OutputBuffer
+    from edgefarm.devices.transport.base import OutputBuffer
 
     buffer = OutputBuffer(limit)
     for chunk in chunks:
@@ -560,7 +560,7 @@ def test_an_output_buffer_keeps_exactly_its_head_and_tail(chunks: list[bytes], l
 
 
 def test_ssh_transport_keeps_head_and_tail_of_a_flood(live_ssh_hosts: SshHosts) -> None:
-    from devices.transport.ssh import SSHTransport
+    from edgefarm.devices.transport.ssh import SSHTransport
 
     with SSHTransport(live_ssh_hosts[0].device()) as link:
         link.max_output_bytes = 1 << 20
@@ -570,9 +570,9 @@ def test_ssh_transport_keeps_head_and_tail_of_a_flood(live_ssh_hosts: SshHosts) 
 # --- 2. edgefarm serve's API and the priorities it runs ---------------------------------------------------------
 
 def test_a_priority_is_a_test_list_of_the_list_directory_only(tmp_path: Path) -> None:
+    from edgefarm.flows.test_list import list_name
+    from edgefarm.test_lists.loader import LISTS_DIR
     from edgellm.errors import ConfigurationError
-    from flows.test_list import list_name
-    from test_lists.loader import LISTS_DIR
 
     assert list_name("l0_pipeline_x86cpu") == "l0_pipeline_x86cpu"
     assert list_name(str(LISTS_DIR / "l0_pipeline_x86cpu.yml")) == "l0_pipeline_x86cpu"
@@ -583,7 +583,7 @@ def test_a_priority_is_a_test_list_of_the_list_directory_only(tmp_path: Path) ->
                 "/etc/passwd"):
         with pytest.raises(ConfigurationError, match=r"is not a test list of .*; valid: .*l0_pipeline_x86cpu"):
             list_name(bad)
-    from flows.test_list import run_test_list
+    from edgefarm.flows.test_list import run_test_list
 
     with pytest.raises(ConfigurationError, match="is not a test list of"):  # a deployment's run: refused first
         run_test_list.fn(priority=str(elsewhere), data_dir=str(tmp_path / "data"))
@@ -607,8 +607,8 @@ def test_the_served_api_refuses_other_origins_and_hosts_requests_without_csrf_to
     import base64
     import json
 
-    from flows.prefect_env import free_port
-    from flows.serve import guard_env, start_server, stop_server
+    from edgefarm.flows.prefect_env import free_port
+    from edgefarm.flows.serve import guard_env, start_server, stop_server
 
     monkeypatch.setenv("PREFECT_HOME", str(migrated_prefect_home(tmp_path / "prefect")))
     port = free_port()
@@ -639,8 +639,8 @@ def test_the_served_api_refuses_other_origins_and_hosts_requests_without_csrf_to
 
 
 def test_serve_refuses_an_auth_string_without_a_password() -> None:
+    from edgefarm.flows.serve import guard_env
     from edgellm.errors import ConfigurationError
-    from flows.serve import guard_env
 
     with pytest.raises(ConfigurationError, match="USER:PASSWORD"):
         guard_env("127.0.0.1", 4200, "farm")

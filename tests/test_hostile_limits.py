@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgefarm.test_lists import validate_paths
 from edgellm.backends.base import MAX_BATCH_SIZE, MAX_SEQ_LEN, BuildParams
 from edgellm.cli import main
 from edgellm.errors import ConfigurationError
-from test_lists import validate_paths
 from tests.test_test_lists import TODAY, make_list
 
 

@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import flows.execute as execute
-from flows.settings import Settings
-from pages.docs import trend_points, write_docs
-from results.db import make_engine
-from results.models import Run, RunStatus
-from results.queries import latest_status, passing_rows, row_history
-from results.recorder import Recorder
+import edgefarm.flows.execute as execute
+from edgefarm.flows.settings import Settings
+from edgefarm.pages.docs import trend_points, write_docs
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Run, RunStatus
+from edgefarm.results.queries import latest_status, passing_rows, row_history
+from edgefarm.results.recorder import Recorder
 from tests.helpers.docs_db import PIPELINE, build_docs_db
 
 ROW = ("tiny-qwen3", "fp32", "x86-cpu")  # its accuracy failed in both published nightly runs

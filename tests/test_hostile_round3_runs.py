@@ -20,37 +20,37 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-import flows.execute as execute
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef, ArtifactStore
-from cli import app
-from cli.show import TAIL_MAX_BYTES, _tail
-from devices import agent_client
+import edgefarm.flows.execute as execute
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactRef, ArtifactStore
+from edgefarm.cli import app
+from edgefarm.cli.show import TAIL_MAX_BYTES, _tail
+from edgefarm.devices import agent_client
+from edgefarm.flows.settings import Settings
+from edgefarm.registries import current
+from edgefarm.results import liveness
+from edgefarm.results.db import make_engine, write_session
+from edgefarm.results.errors import RunReaped
+from edgefarm.results.leases import acquire, live_leases, try_acquire
+from edgefarm.results.liveness import heartbeat_s, reap_stale_runs, stale_limit_s
+from edgefarm.results.machine import this_host
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.models import Run, RunStatus
+from edgefarm.results.queries import latest_status, row_history
+from edgefarm.results.recorder import Recorder
+from edgefarm.tasks import device_exec
+from edgefarm.toolchains.health import check_device
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from flows.settings import Settings
-from registries import current
-from results import liveness
-from results.db import make_engine, write_session
-from results.errors import RunReaped
-from results.leases import acquire, live_leases, try_acquire
-from results.liveness import heartbeat_s, reap_stale_runs, stale_limit_s
-from results.machine import this_host
-from results.migrate import upgrade
-from results.models import Run, RunStatus
-from results.queries import latest_status, row_history
-from results.recorder import Recorder
-from tasks import device_exec
 from tests.helpers.docs_db import PIPELINE, build_docs_db
 from tests.test_hostile_inputs_web import _Answering, _local_device
 from tests.test_hostile_publish import ROW
-from toolchains.health import check_device
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _edgefarm(args: list[str], env: dict[str, str], timeout: float = 60,
               prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "cli", *args], env=env, cwd=REPO,
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "edgefarm.cli", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -154,8 +154,8 @@ def test_a_run_reaped_while_suspended_is_not_passed_nor_published(tmp_path: Path
 
 _HOLDER = """
 import sys, time
-from results.db import make_engine
-from results.leases import LeaseLost, hold
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import LeaseLost, hold
 engine = make_engine(sys.argv[1])
 try:
     with hold(engine, "dev-s", 1, ttl_s=0.6):
@@ -238,7 +238,7 @@ def test_a_fresh_lease_of_another_machine_with_the_same_host_name_is_not_reclaim
 
 def test_the_heartbeat_period_comes_from_the_environment_and_bad_values_are_named(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from flows.settings import Settings
+    from edgefarm.flows.settings import Settings
 
     monkeypatch.setenv("EDGEFARM_HEARTBEAT_S", "0.5")
     Settings.resolve(data_dir=tmp_path)  # the settings read the farm's environment, and set the period

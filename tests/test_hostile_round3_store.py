@@ -21,12 +21,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from artifacts.kinds import ArtifactKind
-from artifacts.location import S3Location, open_store
-from artifacts.s3 import Retry, S3ArtifactStore
-from artifacts.store import ArtifactStore, CorruptArtifactError, StoreError
-from cli import app
-from devices.transport.local import LocalTransport
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.location import S3Location, open_store
+from edgefarm.artifacts.s3 import Retry, S3ArtifactStore
+from edgefarm.artifacts.store import ArtifactStore, CorruptArtifactError, StoreError
+from edgefarm.cli import app
+from edgefarm.devices.transport.local import LocalTransport
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.redact import HIDDEN, redact
 from tests.fixtures.moto import Link, MotoServer
@@ -100,7 +100,7 @@ def test_retry_warnings_and_the_final_error_hide_a_secret_the_client_names(tmp_p
         raise EndpointConnectionError(endpoint_url=f"http://AKIAX:{AWS_SECRET}@127.0.0.1:9/farm")
 
     store._client.head_bucket = refuse
-    with caplog.at_level(logging.WARNING, logger="artifacts.s3"), pytest.raises(StoreError) as err:
+    with caplog.at_level(logging.WARNING, logger="edgefarm.artifacts.s3"), pytest.raises(StoreError) as err:
         store.check()
     warnings = [r.getMessage() for r in caplog.records if "HeadBucket" in r.getMessage()]
     assert len(warnings) == 4  # five tries, a warning before each of the last four
@@ -177,7 +177,7 @@ def test_a_transfer_damaged_once_is_fetched_again_and_served(moto_s3: MotoServer
     ref = _s3(moto_s3, s3_bucket, tmp_path / "producer").put(data, ArtifactKind.ENGINE)
     before = _objects(moto_s3, s3_bucket, "farm/sha256/")
     Damage(monkeypatch, times=1)
-    with caplog.at_level(logging.WARNING, logger="artifacts.s3"):
+    with caplog.at_level(logging.WARNING, logger="edgefarm.artifacts.s3"):
         assert _s3(moto_s3, s3_bucket, tmp_path / "reader").read_bytes(ref.sha256) == data
     assert _objects(moto_s3, s3_bucket, "farm/sha256/") == before  # nothing removed
     assert _objects(moto_s3, s3_bucket, "farm/quarantine/") == {}  # nothing judged corrupt
@@ -285,8 +285,8 @@ def test_a_stage_command_on_a_local_device_gets_no_credentials(tmp_path: Path, m
 
 
 def test_a_host_tool_of_a_toolchain_gets_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolchains.onnxruntime_genai.export import offline_env
-    from toolchains.process import run_tool
+    from edgefarm.toolchains.onnxruntime_genai.export import offline_env
+    from edgefarm.toolchains.process import run_tool
 
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from results.db import make_engine
-from results.migrate import upgrade
-from results.queries import latest_status, passing_rows
-from results.recorder import Recorder
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.queries import latest_status, passing_rows
+from edgefarm.results.recorder import Recorder
 
 STAGES = ("export", "build", "infer", "accuracy")
 ROWS = [("stories260K", "fp16", "x86-cpu"), ("tiny-qwen3", "fp32", "x86-cpu"), ("stories260K", "fp32", "orin")]

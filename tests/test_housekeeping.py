@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.inuse import held_dir, in_use, remove_stale
-from artifacts.store import ArtifactStore
-from cli import app
-from tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
-from tasks.farm import Farm, FarmContext
-from tasks.host import FarmHostWork, sweep_dead_work
+from edgefarm.artifacts.inuse import held_dir, in_use, remove_stale
+from edgefarm.artifacts.store import ArtifactStore
+from edgefarm.cli import app
+from edgefarm.tasks.device_exec import FETCH_PREFIX, _fetch_dir, fetch_scope
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.host import FarmHostWork, sweep_dead_work
 
 MB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_edgefarm_gc_removes_stale_fetch_dirs(tmp_path: Path) -> None:
 def _held_by_a_killed_run(data: Path) -> Path:
     """A quantize scratch dir (``FarmHostWork.scratch``) whose run was killed with -9 while it held it."""
     code = ("import sys, time\nfrom pathlib import Path\nfrom tasks.farm import FarmContext\n"
-            "from tasks.host import FarmHostWork\n"
+            "from edgefarm.tasks.host import FarmHostWork\n"
             "ctx = FarmContext(run_id=1, db_url='', data_dir=sys.argv[1], inventory_dir='')\n"
             "with FarmHostWork(ctx, None, 'quantize').scratch('quantize-') as tmp:\n"
             "    (tmp / 'quantized').mkdir()\n"

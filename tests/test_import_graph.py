@@ -14,19 +14,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "registries", "tasks",
             "pages", "flows", "cli", "test_lists")
+INSTALLED = "edgefarm"  # the farm's packages are installed as edgefarm.<folder> (edgefarm/ links each folder)
 Edges = dict[str, dict[str, list[str]]]  # package -> package it imports -> "file:line: import ..." lines
 
 
-def _imported(node: ast.AST, module: str) -> list[str]:
-    """The absolute module names one import statement names (a relative one resolved against ``module``)."""
+def _written(node: ast.AST, module: str) -> list[str]:
+    """The absolute module names one import statement names, as written (a relative one resolved against
+    ``module``); ``from edgefarm import flows`` names ``edgefarm.flows``."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
     if isinstance(node, ast.ImportFrom):
         if node.level:
             base = module.split(".")[:-node.level]
             return [".".join([*base, node.module] if node.module else base)]
+        if node.module == INSTALLED:
+            return [f"{INSTALLED}.{alias.name}" for alias in node.names]
         return [node.module] if node.module else []
     return []
+
+
+def _imported(node: ast.AST, module: str) -> list[str]:
+    """The modules one import statement names, a farm module by its folder (``edgefarm.flows.plan``: ``flows.plan``)."""
+    return [name.removeprefix(f"{INSTALLED}.") for name in _written(node, module)]
 
 
 @functools.cache
@@ -111,10 +120,10 @@ def test_the_graph_sees_function_level_and_type_checking_imports(tmp_path: Path)
     for package in PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / "devices" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                               "    from toolchains.base import Route\n")
+                                               "    from edgefarm.toolchains.base import Route\n")
     (tmp_path / "toolchains" / "b.py").write_text("def f():\n    import devices.a\n")
     edges = import_graph(tmp_path)
-    assert edges["devices"]["toolchains"] == ["devices/a.py:3: from toolchains.base import Route"]
+    assert edges["devices"]["toolchains"] == ["devices/a.py:3: from edgefarm.toolchains.base import Route"]
     cycle = _cycle(edges)
     assert cycle == ["devices", "toolchains", "devices"]
     assert "toolchains/b.py:2: import devices.a" in _shown(edges, cycle)
@@ -124,10 +133,39 @@ def test_every_package_is_read_here_counted_in_the_code_revision_and_logged_to_p
     """A top-level package of the repository is one of PACKAGES (so its imports are checked), part of the source
     digest a worker must match (``flows.revision.SOURCE_PACKAGES``) and a farm logger whose records reach the flow
     run (``flows.prefect_env.FARM_LOGGERS``): a package added or split off is none of these by default."""
-    from flows.prefect_env import FARM_LOGGERS
-    from flows.revision import SOURCE_PACKAGES
+    from edgefarm.flows.prefect_env import FARM_LOGGERS
+    from edgefarm.flows.revision import SOURCE_PACKAGES
 
-    found = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    found = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", INSTALLED}
     assert found == set(PACKAGES)
     assert set(PACKAGES) - set(SOURCE_PACKAGES) == set()
-    assert set(PACKAGES) - set(FARM_LOGGERS) == set()
+    assert set(FARM_LOGGERS) == {INSTALLED, "edgellm"}  # edgefarm.* loggers are the farm's, edgellm its library's
+    # every farm folder is installed as edgefarm.<folder>: edgefarm/ links it (else it is neither installed nor
+    # importable by the name every import uses)
+    linked = {p.name for p in (ROOT / INSTALLED).iterdir() if p.is_symlink()}
+    assert linked == set(PACKAGES) - {"edgellm"}
+    assert all((ROOT / INSTALLED / p).resolve() == ROOT / p for p in linked)
+
+
+def test_every_import_of_the_farm_uses_its_installed_name() -> None:
+    """Code, tests, benchmarks and scripts import the farm as ``edgefarm.<folder>``: a bare ``from flows import x``
+    would load a second copy of the module beside ``edgefarm.flows`` (two registries, two settings) in a checkout,
+    and fail in an installed farm, where no top-level ``flows`` exists."""
+    farm = set(PACKAGES) - {"edgellm"}
+    wrong = []
+    folders = (*PACKAGES, "tests", "benchmarks", "scripts")
+    for path in sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        module = ".".join(relative.with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue  # relative: inside its own package
+            wrong += [f"{relative}:{node.lineno}: {ast.unparse(node)}" for name in _written(node, module)
+                      if name.split(".")[0] in farm]
+    assert not wrong, "imports of a farm package by its bare folder name (use edgefarm.<folder>):\n" + "\n".join(wrong)
+
+
+def test_the_bare_import_check_can_fail(tmp_path: Path) -> None:
+    assert _written(ast.parse("from flows.plan import x").body[0], "tests.t") == ["flows.plan"]
+    assert _written(ast.parse("from edgefarm import flows").body[0], "tests.t") == ["edgefarm.flows"]
+    assert _imported(ast.parse("import edgefarm.flows.plan").body[0], "tests.t") == ["flows.plan"]

@@ -19,10 +19,10 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.inuse import held_dir
-from cli import app
+from edgefarm.artifacts.inuse import held_dir
+from edgefarm.cli import app
+from edgefarm.toolchains.tensorrt_edgellm.env import install
 from edgellm.errors import InfrastructureError
-from toolchains.tensorrt_edgellm.env import install
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = "0.11.0"
@@ -67,7 +67,7 @@ def _wait_for_pip(installer: subprocess.Popen[bytes]) -> list[psutil.Process]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stopped_install_kills_its_steps_and_leaves_no_temporary_dir(sig: signal.Signals, tmp_path: Path,
                                                                        silent_registry: str) -> None:
-    installer = subprocess.Popen([sys.executable, "-m", "cli", "toolchains", "install",
+    installer = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "toolchains", "install",
                                   f"tensorrt-edgellm=={VERSION}", "--data-dir", str(tmp_path)], cwd=REPO,
                                  env=_pip_env(silent_registry), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FARM = ("tasks", "flows", "pages", "cli", "registries", "devices", "test_lists", "artifacts", "results", "toolchains")
+INSTALLED = "edgefarm"  # the farm's folders are installed as edgefarm.<folder>
 PREFECT_SETTINGS = {"flows/prefect_env.py", "flows/serve.py"}  # Prefect reads its settings from the environment
 
 
@@ -15,13 +16,20 @@ def _modules(*packages: str) -> dict[str, ast.Module]:
             for package in packages for p in sorted((REPO / package).rglob("*.py"))}
 
 
+def _folder(module: str) -> str:
+    """A farm module by its folder (``edgefarm.flows.plan``: ``flows.plan``), others as they are."""
+    return module.removeprefix(f"{INSTALLED}.")
+
+
 def _imports(tree: ast.Module) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
+            found |= {_folder(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == INSTALLED:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
+            found.add(_folder(node.module))
     return found
 
 
@@ -79,13 +87,13 @@ def _imported_names(path: str, tree: ast.Module) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            found |= {_folder(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join([*package[:len(package) - node.level + 1], *([base] if base else [])])
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}
+            found.add(_folder(base))
+            found |= {_folder(f"{base}.{a.name}") for a in node.names}
     return found
 
 
@@ -132,13 +140,13 @@ def _sql_builders(path: str, tree: ast.Module, tables: set[str]) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [f"{path}:{node.lineno} imports {a.name}" for a in node.names
-                      if a.name.split(".")[0] in DB_LIBRARIES or a.name == "results.models"]
+                      if a.name.split(".")[0] in DB_LIBRARIES or a.name == "edgefarm.results.models"]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             if node.module.split(".")[0] in DB_LIBRARIES:
                 found.append(f"{path}:{node.lineno} imports {node.module}")
-            elif node.module == "results.models":
+            elif node.module == "edgefarm.results.models":
                 found += [f"{path}:{node.lineno} imports the table {a.name}" for a in node.names if a.name in tables]
-            elif node.module == "results":
+            elif node.module == "edgefarm.results":
                 found += [f"{path}:{node.lineno} imports results.models" for a in node.names if a.name == "models"]
     return found
 
@@ -153,7 +161,7 @@ def test_only_results_builds_sql() -> None:
     assert broken == []
     # the walk sees every form (so the rule above cannot pass by missing one)
     probe = ("from sqlalchemy import select\nif TYPE_CHECKING:\n    from sqlalchemy.orm import Session\n"
-             "def f():\n    import sqlalchemy\n    from results.models import Result, ResultStatus\n"
-             "import results.models\nfrom results import models\nimport sqlite3\n")
+             "def f():\n    import sqlalchemy\n    from edgefarm.results.models import Result, ResultStatus\n"
+             "import edgefarm.results.models\nfrom edgefarm.results import models\nimport sqlite3\n")
     seen = _sql_builders("flows/probe.py", ast.parse(probe), tables)
     assert len(seen) == 7 and not any("ResultStatus" in s for s in seen), seen

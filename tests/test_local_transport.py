@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import load_inventory
-from devices.transport import TIMEOUT_EXIT_CODE, open_transport
-from devices.transport.local import LocalTransport
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.devices.transport import TIMEOUT_EXIT_CODE, open_transport
+from edgefarm.devices.transport.local import LocalTransport
+from edgefarm.flows.settings import Settings
 from edgellm.errors import ConfigurationError
-from flows.settings import Settings
 
 
 def _dead(pid: int) -> bool:

@@ -195,9 +195,9 @@ def test_estimate_within_15_percent_of_the_measured_peak_on_the_cpu(
 
 def test_bench_peak_memory_is_a_judged_metric() -> None:
     """The engine's peak memory from ``edgellm bench`` becomes a farm metric, judged like speed (lower is better)."""
+    from edgefarm.results.regressions import RULES, Direction
+    from edgefarm.toolchains.edgellm.driver import bench_metrics
     from edgellm.types import BenchMode
-    from results.regressions import RULES, Direction
-    from toolchains.edgellm.driver import bench_metrics
 
     report = {"tokens_per_s": 10.0, "ms_per_token": {"median": 100.0, "p90": 120.0}, "peak_rss_bytes": 300 * MIB,
               "peak_memory_bytes": 60 * MIB, "cuda_peak_allocated_bytes": 2 * MIB}
@@ -209,7 +209,7 @@ def test_bench_peak_memory_is_a_judged_metric() -> None:
 
 
 def test_a_supported_rows_cell_shows_the_measured_peak_memory() -> None:
-    from pages.docs_render import metrics_text
+    from edgefarm.pages.docs_render import metrics_text
 
     assert metrics_text({"decode_tokens_per_s": 12.34, "decode_peak_memory_mb": 160.3}, "; ") == (
         "decode tok/s 12.3; peak memory MiB 160")
@@ -227,7 +227,7 @@ def test_a_config_the_runtime_refuses_is_still_sized_and_says_how() -> None:
 def test_infer_writes_the_engines_peak_memory_beside_its_responses(stories_engine, tmp_path: Path) -> None:
     """``edgellm infer``'s output file carries the run's peak memory, which the farm's infer stage records as the
     judged metric ``infer_peak_memory_mb``."""
-    from results.regressions import RULES, Direction
+    from edgefarm.results.regressions import RULES, Direction
 
     requests = tmp_path / "req.json"
     requests.write_text(json.dumps({"requests": [{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 8}]}))

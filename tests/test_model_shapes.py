@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-import stages
-from devices.inventory import load_inventory
+from edgefarm import stages
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from edgefarm.test_lists import load_list, validate_paths
+from edgefarm.test_lists.capability import capability
+from edgefarm.test_lists.catalog import Catalog, ModelSource
+from edgefarm.toolchains.base import ModelShape, Variant, driver
+from edgefarm.toolchains.tensorrt_edgellm import kernels
 from edgellm.types import KVCachePrecision, Precision
-from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
-from test_lists import load_list, validate_paths
-from test_lists.capability import capability
-from test_lists.catalog import Catalog, ModelSource
-from toolchains.base import ModelShape, Variant, driver
-from toolchains.tensorrt_edgellm import kernels
 
 HEADS = "TensorRT Edge-LLM's attention kernels take head sizes 64, 128, 256, 512 (prefill and decode); this model's is"
 LAYOUTS = {"qwen2.5-0.5b-layout": ModelShape(896, 14, 2, 64, 2, 512),
@@ -221,8 +221,8 @@ def test_the_qwen2_layout_checkpoint_quantizes_with_nvidias_quantizer(trt_env: P
 
     tests/test_board_pipeline.py's l0_pipeline_orin makes the same run (its int4_awq row, at 2 calibration rows), so
     a session that ran that list shares it (``shared_toolchain_runs``)."""
-    from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
-    from toolchains.tensorrt_edgellm.quantize import quantize
+    from edgefarm.toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
+    from edgefarm.toolchains.tensorrt_edgellm.quantize import quantize
 
     ckpt = Catalog.load().get("qwen2.5-0.5b-layout").locate(tmp_path / "data")
     assert json.loads((ckpt / "tokenizer_config.json").read_text())["pad_token"] == "<unk>"

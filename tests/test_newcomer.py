@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from pages.docs import publish_bringup, write_docs
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
+from edgefarm.pages.docs import publish_bringup, write_docs
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
 from tests.helpers.docs_db import PIPELINE, TRT, _row
 
 
@@ -61,7 +61,7 @@ def test_item3_runs_lists_the_runs_newest_first_in_every_format(tmp_path: Path) 
 
     from typer.testing import CliRunner
 
-    from cli import app
+    from edgefarm.cli import app
 
     url, nightly, bringup = _nightly_and_bringup(tmp_path)
     args = ["runs", "--db", url, "--data-dir", str(tmp_path / "data")]
@@ -85,8 +85,8 @@ def test_item3_runs_lists_the_runs_newest_first_in_every_format(tmp_path: Path) 
 
 
 def test_item3_flow_runs_are_named_and_tagged_after_the_farm_run() -> None:
-    from flows.flow_run_names import flow_run_name, flow_run_tags
-    from flows.run_state import flow_state
+    from edgefarm.flows.flow_run_names import flow_run_name, flow_run_tags
+    from edgefarm.flows.run_state import flow_state
 
     assert flow_run_name("nightly", "small", 7) == "nightly-7"
     assert flow_run_name("l0", "l0_pipeline_x86cpu", 8) == "l0_pipeline_x86cpu-8"
@@ -102,8 +102,8 @@ def test_item3_flow_runs_are_named_and_tagged_after_the_farm_run() -> None:
 
 def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_path: Path,
                                                                           monkeypatch) -> None:
-    from pages.docs import write_run_pages
-    from results.db import make_engine as engine_of
+    from edgefarm.pages.docs import write_run_pages
+    from edgefarm.results.db import make_engine as engine_of
 
     url, nightly, _ = _nightly_and_bringup(tmp_path)
     engine = engine_of(url)
@@ -125,9 +125,9 @@ def test_item3_a_run_page_links_its_prefect_flow_run_when_a_server_is_known(tmp_
 def test_item6_names_version_completion_aliases_and_bad_input(tmp_path: Path, farm_dirs: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from cli import app
-    from cli.query import parse_status
-    from results.support import SupportStatus
+    from edgefarm.cli import app
+    from edgefarm.cli.query import parse_status
+    from edgefarm.results.support import SupportStatus
 
     version = CliRunner().invoke(app, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("edgefarm 0."), version.output
@@ -157,7 +157,7 @@ def test_item6_names_version_completion_aliases_and_bad_input(tmp_path: Path, fa
 def test_item9_junit_xml_has_a_case_per_row_and_stage_with_the_root_cause() -> None:
     from xml.etree import ElementTree as ET
 
-    from cli.junit import junit_xml
+    from edgefarm.cli.junit import junit_xml
 
     row = "stories260K fp32 @x86-cpu"
     result = {"run_id": 3, "results": [
@@ -187,8 +187,8 @@ def test_item9_k_selects_a_subset_of_the_plan_like_pytest() -> None:
 
     import pytest
 
+    from edgefarm.flows.select import matches
     from edgellm.errors import ConfigurationError
-    from flows.select import matches
 
     def job(model: str, precision: str, platform: str) -> object:
         return SimpleNamespace(model=model, precision=SimpleNamespace(value=precision), platform=platform,
@@ -226,7 +226,7 @@ def broken_links(out: Path) -> list[str]:
 def test_item4_compare_answers_first_prints_only_and_the_pages_links_resolve(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli import app
+    from edgefarm.cli import app
 
     url, nightly, _ = _nightly_and_bringup(tmp_path)
     engine = make_engine(url)
@@ -327,8 +327,8 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
     from rich.cells import cell_len
     from typer.testing import CliRunner
 
-    from cli import app
-    from test_lists.catalog import Catalog
+    from edgefarm.cli import app
+    from edgefarm.test_lists.catalog import Catalog
 
     db, docs = f"sqlite:///{tmp_path / 'edgefarm.db'}", tmp_path / "docs"
     matrix = tmp_path / "small.yml"
@@ -339,7 +339,7 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
                PREFECT_API_URL=str(PREFECT_API_URL.value()))  # the session's Prefect server: runs are kept there
 
     # 1. the nightly, on an 80-column terminal: the live table fits, names rows whole, says elapsed time and counts
-    code, screen = run_in_pty([sys.executable, "-m", "cli", "nightly", "--matrix", str(matrix), *common,
+    code, screen = run_in_pty([sys.executable, "-m", "edgefarm.cli", "nightly", "--matrix", str(matrix), *common,
                                "--docs-dir", str(docs)], env)
     assert code == 0, screen[-4000:]
     frame = last_frame(screen, "small progress", "pending")
@@ -405,8 +405,8 @@ def test_a_newcomers_hour(farm_dirs: dict[str, Path], tmp_path: Path, prefect_ha
 
 
 def test_item8_the_l0_and_l1_deployments_carry_their_schedules_in_prefect_yaml() -> None:
-    from flows.serve import _to_deployment, load_deployment_specs
-    from test_lists.loader import list_names
+    from edgefarm.flows.serve import _to_deployment, load_deployment_specs
+    from edgefarm.test_lists.loader import list_names
 
     specs = {d["name"]: d for d in load_deployment_specs()}
     lists = {n for n in specs if n.startswith(("l0-", "l1-"))}
@@ -423,7 +423,7 @@ def test_item7_a_dry_run_from_a_subdirectory_touches_nothing_and_says_its_data_d
                                                                                   monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from cli import app
+    from edgefarm.cli import app
 
     sub = tmp_path / "flows"
     sub.mkdir()
@@ -459,7 +459,7 @@ def test_item7_ctrl_c_is_said_in_the_farms_words(capsys) -> None:
     import pytest
     import typer
 
-    from cli.common import farm_errors
+    from edgefarm.cli.common import farm_errors
 
     with pytest.raises(typer.Exit) as ended, farm_errors("nightly"):
         raise KeyboardInterrupt
@@ -475,7 +475,7 @@ def test_item6_every_listing_command_takes_format_and_output(tmp_path: Path, far
 
     from typer.testing import CliRunner
 
-    from cli import app
+    from edgefarm.cli import app
 
     url, _, _ = _nightly_and_bringup(tmp_path)
     listings = {"query": ["query", "--db", url], "runs": ["runs", "--db", url],
@@ -507,7 +507,7 @@ def test_item7_bring_up_prints_its_rungs_not_prefects_info(farm_dirs: dict[str, 
     migrated_prefect_home(tmp_path / "data" / "prefect")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "EDGEFARM_DB_URL"}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    done = subprocess.run([sys.executable, "-m", "cli", "bring-up", str(ckpt), "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "edgefarm.cli", "bring-up", str(ckpt), "--data-dir",
                            str(tmp_path / "data"), "--inventory", str(farm_dirs["inventory"]), "--platforms",
                            "x86-cpu"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -519,9 +519,9 @@ def test_item7_a_long_install_says_it_is_still_working(caplog) -> None:
     import logging
     import time
 
-    from flows.plan import still_working
+    from edgefarm.flows.plan import still_working
 
-    with caplog.at_level(logging.WARNING, logger="flows.plan"), still_working("installing toolchain x", 0.05):
+    with caplog.at_level(logging.WARNING, logger="edgefarm.flows.plan"), still_working("installing toolchain x", 0.05):
         time.sleep(0.3)
     beats = [r.getMessage() for r in caplog.records if "still working" in r.getMessage()]
     assert beats and all(re.fullmatch(r"installing toolchain x: still working, \d+ s", b) for b in beats), beats
@@ -531,9 +531,9 @@ def test_item7_a_long_install_says_it_is_still_working(caplog) -> None:
 
 
 def test_item11_a_cut_reason_says_it_was_cut() -> None:
-    from cli.progress import cut
+    from edgefarm.cli.progress import cut
+    from edgefarm.stages.outcome import REASON_CHARS, StageOutcome
     from edgellm.errors import InfrastructureError
-    from stages.outcome import REASON_CHARS, StageOutcome
 
     long = "word " * 1000
     recorded = StageOutcome.from_error("build", InfrastructureError(long + "\nsecond line"))
@@ -547,7 +547,7 @@ def test_item2_the_live_table_fits_80_columns_with_every_stage_and_two_toolchain
     from rich.cells import cell_len
     from rich.console import Console
 
-    from cli.progress import Progress, ProgressLines
+    from edgefarm.cli.progress import Progress, ProgressLines
 
     stages = ["reference", "quantize", "export", "build", "infer", "accuracy", "bench"]
 
@@ -608,11 +608,11 @@ def test_item5_a_table_says_each_toolchains_version_once(tmp_path: Path) -> None
 
 
 def test_item11_a_failure_cites_the_checks_evidence_before_the_tools_log() -> None:
-    from artifacts.kinds import ArtifactKind
-    from artifacts.store import ArtifactRef
-    from results.models import ResultStatus
-    from stages.outcome import StageOutcome
-    from tasks.states import log_ids
+    from edgefarm.artifacts.kinds import ArtifactKind
+    from edgefarm.artifacts.store import ArtifactRef
+    from edgefarm.results.models import ResultStatus
+    from edgefarm.stages.outcome import StageOutcome
+    from edgefarm.tasks.states import log_ids
 
     arts = [ArtifactRef("a" * 64, 1, ArtifactKind.LOG), ArtifactRef("b" * 64, 1, ArtifactKind.REPORT)]
     failed = StageOutcome(stage="export", status=ResultStatus.FAIL, reason="export check failed", artifacts=arts)
@@ -622,8 +622,8 @@ def test_item11_a_failure_cites_the_checks_evidence_before_the_tools_log() -> No
 
 
 def test_item5_a_cells_perplexity_ratio_says_the_limit_it_was_judged_by() -> None:
-    from pages.docs_render import metrics_text
-    from stages.job import PPL_LIMIT_METRIC
+    from edgefarm.pages.docs_render import metrics_text
+    from edgefarm.stages.job import PPL_LIMIT_METRIC
 
     shown = metrics_text({"perplexity_ratio": 1.00042, PPL_LIMIT_METRIC: 0.01}, "; ")
     assert shown == "ppl ratio 1.0004 (limit 1±0.01)"

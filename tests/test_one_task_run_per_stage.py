@@ -18,19 +18,19 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from devices.inventory import load_inventory
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.execute import execute_plan
+from edgefarm.flows.pipeline import RunReport
+from edgefarm.flows.plan import Plan, plan_matrix
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Result, ResultStatus
+from edgefarm.stages import StageSpec, Where
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.farm import FarmContext
+from edgefarm.test_lists.catalog import Catalog
 from edgellm.errors import ErrorKind
-from flows.execute import execute_plan
-from flows.pipeline import RunReport
-from flows.plan import Plan, plan_matrix
-from flows.settings import Settings
-from results.db import make_engine
-from results.models import Result, ResultStatus
-from stages import StageSpec, Where
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
-from tasks.farm import FarmContext
-from test_lists.catalog import Catalog
 from tests.helpers.stages import throwaway
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -17,29 +17,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm import BUNDLED_MODEL_DIR
-from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError, TestFailure, UnsupportedError
-from edgellm.models.base import family_named
-from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, load_reference
-from edgellm.synth import make_checkpoint
-from toolchains.onnxruntime_genai import export as export_mod
-from toolchains.onnxruntime_genai.accuracy import report
-from toolchains.onnxruntime_genai.bench import bench_metrics
-from toolchains.onnxruntime_genai.check import check_export
-from toolchains.onnxruntime_genai.device import (
+from edgefarm.toolchains.onnxruntime_genai import export as export_mod
+from edgefarm.toolchains.onnxruntime_genai.accuracy import report
+from edgefarm.toolchains.onnxruntime_genai.bench import bench_metrics
+from edgefarm.toolchains.onnxruntime_genai.check import check_export
+from edgefarm.toolchains.onnxruntime_genai.device import (
     RUNNER,
     bench_argv,
     exit_kind,
     infer_argv,
     logits_argv,
 )
-from toolchains.onnxruntime_genai.export import (
+from edgefarm.toolchains.onnxruntime_genai.export import (
     INT4_BLOCK_SIZE,
     BuilderFailed,
     ExportResult,
     applicability,
     export,
 )
+from edgellm import BUNDLED_MODEL_DIR
+from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError, TestFailure, UnsupportedError
+from edgellm.models.base import family_named
+from edgellm.reference import DEFAULT_GREEDY_TOKENS, DEFAULT_WINDOW, load_reference
+from edgellm.synth import make_checkpoint
 
 EVAL_MAX_TOKENS = 1024  # tasks/reference.py's perplexity tokens: the reference is made as the farm makes it
 LINEARS = 14  # 2 layers x (q, k, v, o, gate, up, down)

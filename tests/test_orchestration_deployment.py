@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from flows.serve import PREFECT_YAML, start_server, stop_server
-from results.db import make_engine
-from results.models import Result, Run
+from edgefarm.flows.serve import PREFECT_YAML, start_server, stop_server
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Result, Run
 from tests.fixtures.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_l0_deployment_from_infra_runs_on_a_process_worker(prefect_server: dict[
         assert run.started_at.timestamp() >= before - 5
         assert run.status.value == "passed"
         results = s.scalars(select(Result).where(Result.run_id == run.id)).all()
-        from test_lists.loader import load_list
+        from edgefarm.test_lists.loader import load_list
 
         assert len({r.test_id for r in results}) == len(load_list("l0_pipeline_x86cpu").entries)
         assert {r.status.value for r in results} == {"pass"}
@@ -95,7 +95,7 @@ def test_serve_registers_the_nightly_schedule_and_stops_on_sigterm(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port), "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "serve", "--port", str(port), "--data-dir",
                              str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as under `&`

@@ -18,8 +18,8 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from results.db import make_engine
-from results.models import RowLatest, Run, RunStatus
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import RowLatest, Run, RunStatus
 
 MATRIX = {"name": "kill", "models": ["stories260K"], "precisions": ["fp32", "fp16"], "platforms": ["x86-cpu"],
           "defaults": {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128,
@@ -27,7 +27,7 @@ MATRIX = {"name": "kill", "models": ["stories260K"], "precisions": ["fp32", "fp1
 
 
 def _edgefarm(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "edgefarm.cli", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1])
 
 
@@ -102,7 +102,7 @@ def test_kill_9_of_the_orchestrator_takes_its_children_and_the_next_run_reaps_it
         assert dead.published_at is None  # its partial results are no evidence
         assert s.scalar(select(RowLatest.run_id).where(RowLatest.run_id == run_id)) is None
     engine.dispose()
-    query = subprocess.run([sys.executable, "-m", "cli", "query", "--format", "json"], env=env,
+    query = subprocess.run([sys.executable, "-m", "edgefarm.cli", "query", "--format", "json"], env=env,
                            capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
     assert query.returncode == 0, query.stderr
     assert all(r["run_id"] != run_id for r in json.loads(query.stdout))
@@ -111,7 +111,7 @@ def test_kill_9_of_the_orchestrator_takes_its_children_and_the_next_run_reaps_it
 @pytest.mark.usefixtures("farm_dirs")
 def test_die_with_parent_kills_a_grandchild_when_its_parent_is_killed(tmp_path: Path) -> None:
     script = ("import subprocess, sys, time\n"
-              "from devices.lifetime import die_with_parent\n"
+              "from edgefarm.devices.lifetime import die_with_parent\n"
               "p = subprocess.Popen(['sleep', '300'], preexec_fn=die_with_parent)\n"
               "print(p.pid, flush=True)\n"
               "time.sleep(300)\n")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cli.junit import write_junit
-from tasks.bisect import ProbeResult, write_cached
+from edgefarm.cli.junit import write_junit
+from edgefarm.tasks.bisect import ProbeResult, write_cached
 
 
 def _plant(link: Path, victim: Path) -> None:

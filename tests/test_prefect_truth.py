@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 from tests.fixtures.farm import FAILING
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -83,7 +83,7 @@ def test_a_failed_nightly_is_failed_in_prefect_with_named_tasks_logs_and_plain_p
     messages = [(entry.name, entry.message) for entry in logs]
     assert any(name.startswith("tasks.") and f"accuracy {FAILING['models'][0]}" in message
                for name, message in messages), messages[:20]
-    tails = [m for n, m in messages if n == "tasks.run_logs"]
+    tails = [m for n, m in messages if n == "edgefarm.tasks.run_logs"]
     assert any(f"log {log_ids[0]}" in m or any(f"log:{i[4:]}" in m for i in log_ids) for m in tails), tails
     assert any(m.startswith("build pass, log log:") for m in tails), tails
     assert any("Finished in state Failed" in m for _, m in messages), messages[-5:]
@@ -117,10 +117,10 @@ def test_nothing_ran_exits_5_with_why(farm_dirs: dict[str, Path], tmp_path: Path
 
 
 def test_prefect_states_say_the_stage_s_status_and_hide_credentials() -> None:
+    from edgefarm.results.models import ResultStatus
+    from edgefarm.stages.outcome import StageOutcome
+    from edgefarm.tasks.states import stage_state
     from edgellm.errors import ErrorKind
-    from results.models import ResultStatus
-    from stages.outcome import StageOutcome
-    from tasks.states import stage_state
 
     failed = stage_state(StageOutcome(stage="build", status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
                                       reason="lost postgresql://farm:hunter2@db:5432/x\nsecond line", duration_s=2.0))
@@ -137,7 +137,7 @@ def test_prefect_states_say_the_stage_s_status_and_hide_credentials() -> None:
 def test_a_shared_run_is_named_after_every_row_it_serves() -> None:
     from types import SimpleNamespace
 
-    from tasks.states import task_run_name
+    from edgefarm.tasks.states import task_run_name
 
     def job(precision: str, platform: str, variant: str = "") -> object:
         return SimpleNamespace(model="tiny-llama", precision=SimpleNamespace(value=precision), variant=variant,

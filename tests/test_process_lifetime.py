@@ -16,25 +16,25 @@ from pathlib import Path
 import psutil
 import pytest
 
-from devices import lifetime
+from edgefarm.devices import lifetime
 
 REPO = Path(__file__).resolve().parents[1]
 # a tool that starts a grandchild (as python -m venv starts ensurepip) and waits: sleeps with a marker duration
 TOOL = "['/bin/sh', '-c', 'sleep 3141 & sleep 3142; wait']"
 CALLERS = {
-    "run_tool": "from toolchains.process import run_tool\n"
+    "run_tool": "from edgefarm.toolchains.process import run_tool\n"
                 f"run_tool({TOOL}, env={{}}, log=Path(sys.argv[1]) / 'tool.log', timeout=600)",
     # a toolchain's probe (stdin in, output captured), the runner's other shape
-    "run_captured": "from toolchains.process import run_captured\n"
+    "run_captured": "from edgefarm.toolchains.process import run_captured\n"
                     f"run_captured({TOOL}, env={{}}, timeout=600, stdin='{{}}')",
     # an environment's interpreter (the install's import probe) that is the tool
-    "install-step": "from toolchains.tensorrt_edgellm.env import health\n"
+    "install-step": "from edgefarm.toolchains.tensorrt_edgellm.env import health\n"
                     "python = Path(sys.argv[1]) / 'env' / 'bin' / 'python'\n"
                     "python.parent.mkdir(parents=True)\n"
                     "python.write_text('#!/bin/sh\\nsleep 3141 & sleep 3142; wait\\n')\n"
                     "python.chmod(0o755)\n"
                     "health(python.parents[1])",
-    "local-transport": "from devices.transport.local import LocalTransport\n"
+    "local-transport": "from edgefarm.devices.transport.local import LocalTransport\n"
                        f"LocalTransport('cpu', Path(sys.argv[1])).run({TOOL}, timeout=600)",
 }
 

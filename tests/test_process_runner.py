@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from edgefarm.toolchains.process import run_captured, run_tool
 from edgellm.errors import ErrorKind, InfrastructureError
-from toolchains.process import run_captured, run_tool
 
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-aws", "HF_TOKEN": "hf_s3cr3t", "EDGEFARM_DB_URL":
@@ -74,7 +74,7 @@ def test_no_credential_reaches_a_command_and_the_callers_env_is_added(tmp_path: 
 def test_the_tensorrt_edgellm_model_probe_gets_no_credentials(tmp_path: Path, secrets: None) -> None:
     """The probe runs with the toolchain environment's interpreter: here a stand-in that records its environment
     and answers as the probe does."""
-    from toolchains.tensorrt_edgellm.bringup import _probe
+    from edgefarm.toolchains.tensorrt_edgellm.bringup import _probe
 
     seen = tmp_path / "seen-env"
     python = tmp_path / "env" / "bin" / "python"
@@ -102,7 +102,7 @@ def test_toolchains_start_host_processes_only_through_the_runner() -> None:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in starters
                     and isinstance(node.func.value, ast.Name) and node.func.value.id in {"subprocess", "os"}):
                 found.setdefault(rel, []).append(node.lineno)
-            if (isinstance(node, ast.ImportFrom) and node.module == "devices.lifetime"
+            if (isinstance(node, ast.ImportFrom) and node.module == "edgefarm.devices.lifetime"
                     and any(a.name in {"spawn", "kill_group"} for a in node.names)):
                 found.setdefault(rel, []).append(node.lineno)
     assert {rel: lines for rel, lines in found.items() if rel not in allowed} == {}
@@ -110,7 +110,7 @@ def test_toolchains_start_host_processes_only_through_the_runner() -> None:
 
 def test_an_environments_version_probe_gets_no_credentials(tmp_path: Path, secrets: None) -> None:
     """The installers ask an environment's interpreter its versions through the runner too."""
-    from toolchains.venvs import distribution_version
+    from edgefarm.toolchains.venvs import distribution_version
 
     seen = tmp_path / "seen-env"
     python = tmp_path / "env" / "bin" / "python"

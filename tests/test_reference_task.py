@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import importlib.metadata
 
-import stages
+from edgefarm import stages
+from edgefarm.results import cache
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import REFERENCE, Stage
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks.common import adopted_problem
+from edgefarm.tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW, reference_key_inputs
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
-from results import cache
-from results.models import ResultStatus
-from stages import REFERENCE, Stage
-from stages.outcome import StageOutcome
-from tasks.common import adopted_problem
-from tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW, reference_key_inputs
 
 
 def test_reference_key_covers_checkpoint_settings_and_versions() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "tasks", "flows", "test_lists")
-SKIP = {"devices.agent"}  # the board agent: a stdlib script pushed to devices, run there as __main__
+SKIP = {"edgefarm.devices.agent"}  # the board agent: a stdlib script pushed to devices, run there as __main__
 LIBRARY_VOCABULARY = str(ROOT / "edgellm" / "quant")  # edgellm.types.Precision: the methods, walked at import
 
 PROBE = r"""
@@ -22,21 +22,23 @@ from pathlib import Path
 walked, read = [], []
 real_walk = pkgutil.iter_modules
 pkgutil.iter_modules = lambda *a, **k: (walked.append(str(a[0] if a else "")), real_walk(*a, **k))[1]
-import devices._yaml as yaml_files
+import edgefarm.devices._yaml as yaml_files
 real_read = yaml_files.read_yaml_mapping
 yaml_files.read_yaml_mapping = lambda path, *a, **k: (read.append(str(path)), real_read(path, *a, **k))[1]
 
 modules = json.loads(sys.argv[1])
 for name in modules:
     importlib.import_module(name)
-import devices.toolchain_names, devices.types, toolchains.base, registries
-found = {"walked": walked, "read": read, "discovered": toolchains.base._discovered,
+from edgefarm import registries
+from edgefarm.devices import toolchain_names, types
+from edgefarm.toolchains import base
+found = {"walked": walked, "read": read, "discovered": base._discovered,
          "built": bool(registries._built),
-         "globals": sorted(n for n in ("DEVICE_TYPES", "Platform") if hasattr(devices.types, n))
-                    + sorted(n for n in ("_answers",) if hasattr(devices.toolchain_names, n))}
+         "globals": sorted(n for n in ("DEVICE_TYPES", "Platform") if hasattr(types, n))
+                    + sorted(n for n in ("_answers",) if hasattr(toolchain_names, n))}
 if "--build" in sys.argv:
     registries.current()
-    found["after_build"] = {"walked": len(walked), "read": len(read), "discovered": toolchains.base._discovered}
+    found["after_build"] = {"walked": len(walked), "read": len(read), "discovered": base._discovered}
 print(json.dumps(found))
 """
 
@@ -46,7 +48,7 @@ def _modules() -> list[str]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            name = ".".join(["edgefarm", *(parts[:-1] if parts[-1] == "__init__" else parts)])
             if "migrations" not in parts and parts[-1] != "__main__" and name not in SKIP:
                 found.append(name)
     return found

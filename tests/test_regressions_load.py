@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
-from results.regressions import UNDER_LOAD_METRIC, find_regressions, flag_regressions, unreliable
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.regressions import UNDER_LOAD_METRIC, find_regressions, flag_regressions, unreliable
 
 TC = "edgellm-ort"
 
@@ -60,7 +60,7 @@ def test_results_under_load_are_kept_out_of_the_baseline(rec: Recorder) -> None:
 
 
 def test_the_devices_recent_copy_bandwidth_leaves_out_benchmarks_under_load(rec: Recorder) -> None:
-    from tasks.bench_probe import recent_copy_median
+    from edgefarm.tasks.bench_probe import recent_copy_median
 
     def bench(copies: tuple[float, float], loaded: bool, device: str = "local-cpu") -> None:
         run = rec.start_run("nightly", "cron", "v")

@@ -12,16 +12,16 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.registries import current
+from edgefarm.results import quarantine
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.regressions import flag_regressions
+from edgefarm.toolchains.health import check_device
 from edgellm.errors import InfrastructureError
-from registries import current
-from results import quarantine
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
-from results.regressions import flag_regressions
-from toolchains.health import check_device
 
 TC = "edgellm-ort"
 WIDE = {"COLUMNS": "400"}
@@ -101,9 +101,9 @@ def _inventory(tmp_path: Path, ids: list[str]) -> Path:
 
 def test_a_flaky_device_is_quarantined_skipped_named_and_released(rec: Recorder, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli.devices import store_reports
-    from tasks.device_exec import run_stage
-    from tasks.farm import Farm, FarmContext
+    from edgefarm.cli.devices import store_reports
+    from edgefarm.tasks.device_exec import run_stage
+    from edgefarm.tasks.farm import Farm, FarmContext
 
     url = str(rec.engine.url)
     inv = _inventory(tmp_path, ["flaky", "steady"])

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from edgellm.errors import ConfigurationError
-from results.db import make_engine
-from results.leases import (
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import (
     Lease,
     LeaseLost,
     LeaseTimeout,
@@ -27,6 +26,7 @@ from results.leases import (
     release,
     try_acquire,
 )
+from edgellm.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.migrate import current_revision, head_revision, schema_diff, upgrade
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import current_revision, head_revision, schema_diff, upgrade
 
 TABLES = {"runs", "results", "metrics", "metric_baselines", "artifact_refs", "device_health", "toolchain_versions",
           "lease_devices", "device_leases", "row_latest", "row_tallies", "attempts", "cache_entries", "alembic_version",
@@ -73,7 +73,7 @@ def test_cli_db_upgrade_broken_url(url: str, code: int, named: str) -> None:
 
 
 def test_unparseable_url_is_named_without_its_password() -> None:
-    from results.db import redact
+    from edgefarm.results.db import redact
 
     assert redact("bad url://user:pw@host") == "bad url://user:***@host"
 
@@ -157,7 +157,7 @@ def test_workers_starting_together_on_a_new_database_migrate_it_once(db_url: str
     (before the migration lock, PostgreSQL refused the second CREATE TABLE alembic_version)."""
     import threading
 
-    from results.migrate import prepare_for_run
+    from edgefarm.results.migrate import prepare_for_run
 
     barrier, errors, done = threading.Barrier(4), [], []
 
@@ -189,10 +189,10 @@ def test_0015_bisections_round_trip_and_downgrade(db_url: str) -> None:
     from sqlalchemy import delete
     from sqlalchemy.orm import Session
 
-    from results.bisections import BisectionRecord, bisections_of_run, latest_bisections, record_bisection
-    from results.migrate import alembic_config
-    from results.models import Run
-    from results.recorder import Recorder
+    from edgefarm.results.bisections import BisectionRecord, bisections_of_run, latest_bisections, record_bisection
+    from edgefarm.results.migrate import alembic_config
+    from edgefarm.results.models import Run
+    from edgefarm.results.recorder import Recorder
 
     engine = make_engine(db_url)
     upgrade(engine)
@@ -231,10 +231,10 @@ def test_0016_a_bisection_names_its_input_and_older_rows_read_as_revision(db_url
     from sqlalchemy import update
     from sqlalchemy.orm import Session
 
+    from edgefarm.results.bisections import BisectionRecord, bisections_of_checkpoint, record_bisection
+    from edgefarm.results.migrate import alembic_config
+    from edgefarm.results.models import Bisection
     from edgellm.errors import ConfigurationError
-    from results.bisections import BisectionRecord, bisections_of_checkpoint, record_bisection
-    from results.migrate import alembic_config
-    from results.models import Bisection
 
     engine = make_engine(db_url)
     upgrade(engine)

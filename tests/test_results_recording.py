@@ -7,11 +7,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import func, select
 
-from artifacts.kinds import ArtifactKind, Packing
-from edgellm.errors import ConfigurationError, ErrorKind
-from edgellm.types import Precision
-from results.db import make_engine, read_session
-from results.models import (
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.results.db import make_engine, read_session
+from edgefarm.results.models import (
     ArtifactRecord,
     DeviceHealth,
     Metric,
@@ -22,16 +20,18 @@ from results.models import (
     RunStatus,
     ToolchainVersion,
 )
-from results.queries import (
+from edgefarm.results.queries import (
     RowKey,
     Verdict,
     latest_status,
     passing_rows,
     row_history,
 )
-from results.recorder import ArtifactLink, Recorder, rebuild_row_latest
-from results.regressions import find_regressions, flag_regressions, published_regressions
-from stages import Stage
+from edgefarm.results.recorder import ArtifactLink, Recorder, rebuild_row_latest
+from edgefarm.results.regressions import find_regressions, flag_regressions, published_regressions
+from edgefarm.stages import Stage
+from edgellm.errors import ConfigurationError, ErrorKind
+from edgellm.types import Precision
 
 SHA = "ab" * 32
 TC = "edgellm-ort"

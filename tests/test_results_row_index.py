@@ -10,9 +10,9 @@ from alembic import command
 from sqlalchemy import inspect
 
 from benchmarks.db_data import Shape, expected_passing, load
-from results.db import make_engine
-from results.migrate import alembic_config, current_revision, head_revision, schema_diff, upgrade
-from results.queries import latest_status, latest_status_stmt, passing_rows, passing_rows_stmt, row_history
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import alembic_config, current_revision, head_revision, schema_diff, upgrade
+from edgefarm.results.queries import latest_status, latest_status_stmt, passing_rows, passing_rows_stmt, row_history
 
 SHAPE = Shape.for_results(rows=800, runs=12, results=8000)
 

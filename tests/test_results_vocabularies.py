@@ -24,14 +24,12 @@ from sqlalchemy import Enum as SAEnum
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlalchemy.orm import Session
 
-from artifacts.kinds import ArtifactKind
-from edgellm.errors import BugError, ConfigurationError
-from edgellm.types import Precision
-from results import cache, models, summaries
-from results.db import make_engine
-from results.errors import classify
-from results.migrate import alembic_config, current_revision, head_revision, schema_diff, upgrade
-from results.models import (
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.results import cache, models, summaries
+from edgefarm.results.db import make_engine
+from edgefarm.results.errors import classify
+from edgefarm.results.migrate import alembic_config, current_revision, head_revision, schema_diff, upgrade
+from edgefarm.results.models import (
     Attempt,
     Base,
     MetricBaseline,
@@ -43,11 +41,13 @@ from results.models import (
     UnknownName,
     VocabularyName,
 )
-from results.queries import RowKey, Verdict, latest_status, passing_rows, row_history
-from results.recorder import Recorder
-from results.regressions import flag_regressions, published_regressions
-from stages import Stage
-from toolchains.base import Route
+from edgefarm.results.queries import RowKey, Verdict, latest_status, passing_rows, row_history
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.regressions import flag_regressions, published_regressions
+from edgefarm.stages import Stage
+from edgefarm.toolchains.base import Route
+from edgellm.errors import BugError, ConfigurationError
+from edgellm.types import Precision
 
 # Every open-vocabulary column: (table, column) -> vocabulary. Written out so a column that silently goes back to
 # a constrained enum (or a new one that forgets the type) fails here.
@@ -505,7 +505,7 @@ def test_names_a_newer_farm_wrote_are_read_back(engine: Engine, tmp_path: Path) 
     [flag] = published_regressions(engine)
     assert (flag.precision, flag.stage) == ("fp6_e3m2", "lint")
     # the evidence pages read them too (they show names through .value)
-    from pages.docs import matrix_rows, run_evidence
+    from edgefarm.pages.docs import matrix_rows, run_evidence
 
     assert {(r.precision, r.status) for r in matrix_rows(engine, kinds=None)} == {("fp16", "pass"),
                                                                                 ("fp6_e3m2", "pass")}

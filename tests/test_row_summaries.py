@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import func, select
 
-from results.db import make_engine, read_session
-from results.models import RowTally
-from results.queries import RowKey, latest_status, passing_rows
-from results.recorder import Recorder, rebuild_row_latest
+from edgefarm.results.db import make_engine, read_session
+from edgefarm.results.models import RowTally
+from edgefarm.results.queries import RowKey, latest_status, passing_rows
+from edgefarm.results.recorder import Recorder, rebuild_row_latest
 
 P, TC = "x86-cpu", "edgellm-ort"
 

@@ -24,12 +24,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from edgellm.types import Precision
-from pages.docs import matrix_rows, write_docs
-from pages.docs_render import MatrixRow, cell_kind, render_markdown
-from results.db import make_engine
-from results.migrate import (
+from edgefarm.cli import app
+from edgefarm.pages.docs import matrix_rows, write_docs
+from edgefarm.pages.docs_render import MatrixRow, cell_kind, render_markdown
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import (
     alembic_config,
     current_revision,
     head_revision,
@@ -37,8 +36,8 @@ from results.migrate import (
     sqlite_foreign_keys_off,
     upgrade,
 )
-from results.models import Result, ResultStatus, RowLatest
-from results.queries import (
+from edgefarm.results.models import Result, ResultStatus, RowLatest
+from edgefarm.results.queries import (
     SUPPORT_REQUIRED,
     RowKey,
     Verdict,
@@ -47,9 +46,10 @@ from results.queries import (
     row_history,
     supported,
 )
-from results.recorder import Recorder, rebuild_row_latest
-from results.regressions import find_regressions, flag_regressions, published_regressions
-from stages import Stage
+from edgefarm.results.recorder import Recorder, rebuild_row_latest
+from edgefarm.results.regressions import find_regressions, flag_regressions, published_regressions
+from edgefarm.stages import Stage
+from edgellm.types import Precision
 
 ORT, GENAI, TRT = "edgellm-ort", "onnxruntime-genai", "tensorrt-edgellm"
 CPU = "x86-cpu"
@@ -294,13 +294,13 @@ def test_a_metric_is_compared_with_its_own_toolchains_runs_only(engine: Engine) 
 
 
 def test_the_record_files_a_quantize_stage_under_its_jobs_toolchain(engine: Engine, tmp_path: Path) -> None:
-    from flows.pipeline import RunReport, record_plan_decisions
-    from flows.plan import Decision, Job, Plan
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import StageOutcome
-    from tasks.farm import Farm, FarmContext
-    from tasks.record import record
-    from test_lists.testlist import TestEntry
+    from edgefarm.flows.pipeline import RunReport, record_plan_decisions
+    from edgefarm.flows.plan import Decision, Job, Plan
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import StageOutcome
+    from edgefarm.tasks.farm import Farm, FarmContext
+    from edgefarm.tasks.record import record
+    from edgefarm.test_lists.testlist import TestEntry
 
     rec = Recorder(engine)
     run = rec.start_run("nightly", "cron", "v1")

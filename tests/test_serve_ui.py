@@ -35,7 +35,7 @@ def served(tmp_path: Path, migrated_prefect_home: Callable[[Path], Path]) -> Ite
     env.update(PYTHONPATH=str(REPO), EDGEFARM_DATA_DIR=str(tmp_path / "serve"))
     log = tmp_path / "serve.out"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(free_port()),
+        proc = subprocess.Popen([sys.executable, "-m", "edgefarm.cli", "serve", "--port", str(free_port()),
                                  "--data-dir", str(tmp_path / "serve")], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -86,7 +86,7 @@ def test_serve_shows_prefect_ui_with_deployments_schedule_and_run_artifacts(serv
                      "stages": ["export", "build", "infer", "accuracy", "bench"]},
         "extra": [{"models": ["stories260K"], "precisions": ["fp32"], "platforms": ["x86-cpu"],
                    "defaults": {"stages": ["export"]}}]}))
-    run = subprocess.run([sys.executable, "-m", "cli", "nightly", "--matrix", str(matrix), "--data-dir",
+    run = subprocess.run([sys.executable, "-m", "edgefarm.cli", "nightly", "--matrix", str(matrix), "--data-dir",
                           str(tmp_path / "nightly")], cwd=REPO, env={**env, "PREFECT_API_URL": f"{ui}/api"},
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -124,7 +124,7 @@ def test_a_failed_nightly_shows_failed_in_prefects_ui_with_named_tasks_and_logs(
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from typer.testing import CliRunner
 
-    from cli import app
+    from edgefarm.cli import app
 
     ui, _ = served
     matrix = tmp_path / "failing.yml"

@@ -82,7 +82,7 @@ def _edgefarm(*args: str, site: Path | None, data: Path) -> subprocess.Completed
     env.pop("EDGEFARM_INVENTORY", None)
     if site is not None:
         env["EDGEFARM_SITE_DIR"] = str(site)
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "edgefarm.cli", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
 
 
@@ -168,7 +168,7 @@ def test_the_settings_of_a_process_without_the_command_line_resolve(tmp_path: Pa
     import subprocess
     import sys
 
-    code = ("import sys; from flows.settings import Settings; from devices.site import current; "
+    code = ("import sys; from edgefarm.flows.settings import Settings; from edgefarm.devices.site import current; "
             "Settings.resolve(data_dir=sys.argv[1]); print(current())")
     env = {k: v for k, v in os.environ.items() if k != "EDGEFARM_SITE_DIR"}
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,

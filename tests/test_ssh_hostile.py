@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from devices.transport import RemoteNameError
-from devices.transport.base import check_remote_name, inside
-from devices.transport.ssh import SSHTransport
+from edgefarm.devices.transport import RemoteNameError
+from edgefarm.devices.transport.base import check_remote_name, inside
+from edgefarm.devices.transport.ssh import SSHTransport
 from edgellm.errors import ConfigurationError, ErrorKind, InfrastructureError
 from tests.fixtures.sshd import SshHost, SshHosts, _descendants, variant_host
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from devices.inventory import load_inventory
-from devices.transport import TIMEOUT_EXIT_CODE, HostKeyError, open_transport
-from devices.transport.base import transfer_counts, transfers_since
-from devices.transport.ssh import SSHTransport
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.devices.transport import TIMEOUT_EXIT_CODE, HostKeyError, open_transport
+from edgefarm.devices.transport.base import transfer_counts, transfers_since
+from edgefarm.devices.transport.ssh import SSHTransport
 from edgellm.errors import ErrorKind, InfrastructureError
 from tests.fixtures.sshd import SshHosts, free_port
 
@@ -147,8 +147,8 @@ def test_a_client_killed_mid_command_takes_the_remote_command_with_it(live_ssh_h
     client = subprocess.Popen(
         [sys.executable, "-c",
          "import sys\n"
-         "from devices.inventory import Device\n"
-         "from devices.transport.ssh import SSHTransport\n"
+         "from edgefarm.devices.inventory import Device\n"
+         "from edgefarm.devices.transport.ssh import SSHTransport\n"
          "link = SSHTransport(Device.model_validate_json(sys.argv[1]))\n"
          "link.run(['sh', '-c', 'echo $$ > \"$0\"; exec sleep 300', sys.argv[2]], timeout=600)\n",
          device, pid_file], cwd=Path(__file__).parents[1])

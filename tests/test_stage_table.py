@@ -18,23 +18,23 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import stages
-from devices.inventory import load_inventory
+from edgefarm import stages
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.execute import execute_plan
+from edgefarm.flows.pipeline import RunReport, job_spec
+from edgefarm.flows.plan import MATRICES_DIR, Plan, plan_matrix
+from edgefarm.flows.settings import Settings
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import Result, ResultStatus
+from edgefarm.stages import REFERENCE, Shared, Stage, StageSpec, Where
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks import stage_work
+from edgefarm.tasks.farm import FarmContext
+from edgefarm.tasks.progress import StageEvent, subscribe
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import LISTS_DIR, list_names, load_list
 from edgellm.errors import ConfigurationError, ErrorKind, TestFailure
-from flows.execute import execute_plan
-from flows.pipeline import RunReport, job_spec
-from flows.plan import MATRICES_DIR, Plan, plan_matrix
-from flows.settings import Settings
-from results.db import make_engine
-from results.models import Result, ResultStatus
-from stages import REFERENCE, Shared, Stage, StageSpec, Where
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import StageOutcome
-from tasks import stage_work
-from tasks.farm import FarmContext
-from tasks.progress import StageEvent, subscribe
-from test_lists.catalog import Catalog
-from test_lists.loader import LISTS_DIR, list_names, load_list
 from tests.helpers.stages import throwaway
 
 # -- today's behaviour, written out (what the table must reproduce) ---------------------------------------------
@@ -102,7 +102,7 @@ def test_every_stage_names_a_function_and_its_cache_key() -> None:
     assert stage_work.work_of("build").verify is not None  # an engine still on its device
     with pytest.raises(ConfigurationError, match="names no work"):
         stage_work.work_of("nope")
-    from tasks.reference import reference_key_inputs
+    from edgefarm.tasks.reference import reference_key_inputs
 
     assert set(stages.spec(REFERENCE).cache_key) <= set(reference_key_inputs("a" * 64))
 

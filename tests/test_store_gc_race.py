@@ -13,14 +13,14 @@ import threading
 import time
 from pathlib import Path
 
-from artifacts.store import ArtifactStore
+from edgefarm.artifacts.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[1]
 # gc in a loop until told to stop; its referenced set: the sha256s "recorded" so far (a file standing for the db)
 GC_LOOP = """
 import sys
 from pathlib import Path
-from artifacts.store import ArtifactStore
+from edgefarm.artifacts.store import ArtifactStore
 store, recorded, stop = ArtifactStore(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 def referenced():
     return set(recorded.read_text().split()) if recorded.exists() else set()

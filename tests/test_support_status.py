@@ -6,11 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from edgefarm.results.models import ResultStatus
+from edgefarm.results.queries import RowKey, RowStatus, Verdict
+from edgefarm.results.support import Support, SupportStatus, classify, failing_since, support_of
+from edgefarm.stages import Stage
 from edgellm.types import Precision
-from results.models import ResultStatus
-from results.queries import RowKey, RowStatus, Verdict
-from results.support import Support, SupportStatus, classify, failing_since, support_of
-from stages import Stage
 
 KEY = RowKey("m", Precision("fp16"), "orin", "tensorrt-edgellm")
 PIPE = (Stage.EXPORT, Stage.BUILD, Stage.INFER, Stage.ACCURACY)
@@ -89,10 +89,10 @@ def test_failing_names_the_root_cause_and_the_start_of_its_streak() -> None:
 def test_support_of_reads_reasons_and_history_from_the_database(tmp_path: Path) -> None:
     from sqlalchemy.orm import Session
 
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.queries import latest_status
-    from results.recorder import Recorder
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.queries import latest_status
+    from edgefarm.results.recorder import Recorder
 
     engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
     upgrade(engine)
@@ -115,7 +115,7 @@ def test_support_of_reads_reasons_and_history_from_the_database(tmp_path: Path) 
 def test_status_from_a_row_status_is_what_classify_says() -> None:
     """The function the CLI and the pages call for a row's status without the database (``status_from``) agrees
     with :func:`classify` for every status, given a ``RowStatus`` or the same fields as plain names."""
-    from results.support import status_from
+    from edgefarm.results.support import status_from
 
     export_only = {Stage.QUANTIZE: ResultStatus.PASS, Stage.EXPORT: ResultStatus.PASS,
                    Stage.BUILD: ResultStatus.SKIPPED}
@@ -138,11 +138,11 @@ def test_latest_status_of_runs_keeps_each_kind_apart(tmp_path: Path) -> None:
     """The nightly's pages read each row's latest nightly run (never a bring-up's); a test list's page its one run."""
     from sqlalchemy.orm import Session
 
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.queries import SUPPORT_REQUIRED, latest_status
-    from results.recorder import Recorder
-    from results.support import NIGHTLY_PAGE_KINDS, latest_status_of_runs
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.queries import SUPPORT_REQUIRED, latest_status
+    from edgefarm.results.recorder import Recorder
+    from edgefarm.results.support import NIGHTLY_PAGE_KINDS, latest_status_of_runs
 
     engine = make_engine(f"sqlite:///{tmp_path / 'k.db'}")
     upgrade(engine)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgefarm.test_lists.ids import TestId, case_name_problem, model_name_problem
 from edgellm.errors import ConfigurationError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from test_lists.ids import TestId, case_name_problem, model_name_problem
 
 EXAMPLES = {
     "Qwen2.5-0.5B-Instruct-fp16-mxsl4096-mxbs4-mxil2048": TestId(

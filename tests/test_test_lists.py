@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from edgellm.errors import ConfigurationError
-from edgellm.types import Precision
-from stages import Stage
-from test_lists import (
+from edgefarm.cli import app
+from edgefarm.stages import Stage
+from edgefarm.test_lists import (
     PlatformCatalog,
     TestListError,
     known_platforms,
@@ -22,8 +20,10 @@ from test_lists import (
     load_list,
     validate_paths,
 )
-from test_lists.catalog import Catalog
-from test_lists.loader import LISTS_DIR
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import LISTS_DIR
+from edgellm.errors import ConfigurationError
+from edgellm.types import Precision
 
 BROKEN = Path(__file__).parent / "data" / "test_lists_broken"
 SHIPPED = ["l0_checkpoint_export", "l0_pipeline_h200", "l0_pipeline_orin", "l0_pipeline_thor", "l0_pipeline_x86cpu",

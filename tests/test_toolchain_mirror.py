@@ -23,18 +23,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from artifacts.location import S3Location
-from artifacts.s3 import Retry, S3ArtifactStore
-from artifacts.store import ArtifactStore, MissingArtifactError, Store, StoreError
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.artifacts.location import S3Location
+from edgefarm.artifacts.s3 import Retry, S3ArtifactStore
+from edgefarm.artifacts.store import ArtifactStore, MissingArtifactError, Store, StoreError
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.plan import Decision, Plan, installing_toolchains, plan_test_list
+from edgefarm.flows.settings import Settings
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import load_list
+from edgefarm.toolchains import mirror
 from edgellm.errors import ConfigurationError
-from flows.plan import Decision, Plan, installing_toolchains, plan_test_list
-from flows.settings import Settings
-from test_lists.catalog import Catalog
-from test_lists.loader import load_list
 from tests.fixtures.moto import MotoServer
-from toolchains import mirror
 
 FAST = Retry(attempts=3, base_s=0.02, max_s=0.1)
 

@@ -16,12 +16,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import CacheEntry, Result
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import CacheEntry, Result
+from edgefarm.toolchains import base as toolchains
 from tests.helpers import toy_toolchain
 from tests.helpers.registries import registries_with
-from toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
 GENERIC = ("tasks", "flows", "pages", "cli", "registries", "devices", "stages", "results", "artifacts", "test_lists")

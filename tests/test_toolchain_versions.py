@@ -21,12 +21,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import load_inventory
-from flows.plan import Decision, plan_matrix
-from results.db import make_engine
-from results.models import CacheEntry, Result
-from test_lists.catalog import Catalog
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.plan import Decision, plan_matrix
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import CacheEntry, Result
+from edgefarm.test_lists.catalog import Catalog
 from tests.helpers.toolchain_env import link_release, relabelled_toolchain_env, stand_in_toolchain_env
 from tests.test_farm_quantized import LIMITS, _farm, _nightly
 

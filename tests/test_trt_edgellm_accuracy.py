@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgefarm.toolchains.tensorrt_edgellm.accuracy import TextLimits, compare_text, judge
 from edgellm.reference import ReferenceSettings, compute_reference, load_reference
 from edgellm.runtime.tokenizer import TextCodec
 from edgellm.synth import make_checkpoint
-from toolchains.tensorrt_edgellm.accuracy import TextLimits, compare_text, judge
 
 
 def test_the_references_own_text_matches_in_full_even_through_byte_tokens(tmp_path: Path) -> None:

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import BUNDLED_MODEL_DIR
-from edgellm.errors import ConfigurationError, TestFailure
-from test_lists.catalog import Catalog
-from tests.fixtures.toolchain_runs import ToolchainRuns
-from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, ExportResult, export
-from toolchains.tensorrt_edgellm.onnx_check import check_onnx
-from toolchains.tensorrt_edgellm.quantize import (
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, ExportResult, export
+from edgefarm.toolchains.tensorrt_edgellm.onnx_check import check_onnx
+from edgefarm.toolchains.tensorrt_edgellm.quantize import (
     METHODS,
     NotApplicable,
     QuantizeResult,
@@ -26,6 +23,9 @@ from toolchains.tensorrt_edgellm.quantize import (
     quant_report,
     quantize,
 )
+from edgellm import BUNDLED_MODEL_DIR
+from edgellm.errors import ConfigurationError, TestFailure
+from tests.fixtures.toolchain_runs import ToolchainRuns
 
 NUM_SAMPLES = 16
 TINY = "tiny-qwen3-128"

@@ -19,18 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.errors import ConfigurationError, TestFailure
-from edgellm.synth import make_checkpoint
-from edgellm.synth_variants import (
-    make_eagle3_draft,
-    make_lora_adapter,
-    make_qwen2_5_vl,
-    make_reduced_vocab,
-    special_token_ids,
-)
-from test_lists.catalog import Catalog
-from toolchains.tensorrt_edgellm.export import export
-from toolchains.tensorrt_edgellm.variants import (
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.toolchains.tensorrt_edgellm.export import export
+from edgefarm.toolchains.tensorrt_edgellm.variants import (
     FEATURE_REASONS,
     FEATURES,
     LORA_DIR,
@@ -44,7 +35,7 @@ from toolchains.tensorrt_edgellm.variants import (
     prepare_checkpoint,
     safetensors_header,
 )
-from vocabulary.variant import (
+from edgefarm.vocabulary.variant import (
     FEATURE_NAMES,
     PLAIN,
     Component,
@@ -55,6 +46,15 @@ from vocabulary.variant import (
     SpecMethod,
     SpecRole,
     Speculative,
+)
+from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.synth import make_checkpoint
+from edgellm.synth_variants import (
+    make_eagle3_draft,
+    make_lora_adapter,
+    make_qwen2_5_vl,
+    make_reduced_vocab,
+    special_token_ids,
 )
 
 RANK = 4

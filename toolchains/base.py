@@ -29,28 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+# where installs get their wheels: the generic layers name these through this module, not the mirror's
+from edgefarm.toolchains.mirror import Index as Index
+from edgefarm.toolchains.mirror import WheelSource as WheelSource
+from edgefarm.vocabulary.model import ModelShape as ModelShape
+from edgefarm.vocabulary.route import Route as Route
+from edgefarm.vocabulary.variant import Features
+from edgefarm.vocabulary.variant import Variant as Variant
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.registry import Registry, import_submodules
 from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
 
-# where installs get their wheels: the generic layers name these through this module, not the mirror's
-from toolchains.mirror import Index as Index
-from toolchains.mirror import WheelSource as WheelSource
-from vocabulary.model import ModelShape as ModelShape
-from vocabulary.route import Route as Route
-from vocabulary.variant import Features
-from vocabulary.variant import Variant as Variant
-
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from artifacts.kinds import ArtifactKind
-    from artifacts.store import ArtifactRef
-    from devices.inventory import Device
-    from devices.transport.base import CommandResult
+    from edgefarm.artifacts.kinds import ArtifactKind
+    from edgefarm.artifacts.store import ArtifactRef
+    from edgefarm.devices.inventory import Device
+    from edgefarm.devices.transport.base import CommandResult
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
     from edgellm.config import QuantConfig
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
@@ -722,7 +721,7 @@ def _discover() -> None:
     with _loaded:
         if _discovered:
             return
-        import_submodules("toolchains", skip={"base", "registries"})
+        import_submodules(__package__ or "edgefarm.toolchains", skip={"base", "registries"})
         _discovered = True
 
 

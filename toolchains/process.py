@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.environment import stage_environ
-from devices.lifetime import kill_group, spawn
+from edgefarm.devices.environment import stage_environ
+from edgefarm.devices.lifetime import kill_group, spawn
 from edgellm.errors import InfrastructureError
 
 LOG_TAIL_LINES = 12

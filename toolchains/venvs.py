@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts.inuse import held_dir, remove_stale
-from devices import lifetime
+from edgefarm.artifacts.inuse import held_dir, remove_stale
+from edgefarm.devices import lifetime
+from edgefarm.toolchains import mirror
+from edgefarm.toolchains.process import run_captured
 from edgellm.errors import ConfigurationError, InfrastructureError
-from toolchains import mirror
-from toolchains.process import run_captured
 
 STEP_TIMEOUT_S = 1800
 LIST_TIMEOUT_S = 300

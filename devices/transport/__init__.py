@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devices.inventory import Device, TransportKind
-from devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult, HostKeyError, RemoteNameError, Transport
-from devices.transport.local import LocalTransport
+from edgefarm.devices.inventory import Device, TransportKind
+from edgefarm.devices.transport.base import TIMEOUT_EXIT_CODE, CommandResult, HostKeyError, RemoteNameError, Transport
+from edgefarm.devices.transport.local import LocalTransport
 
 __all__ = ["TIMEOUT_EXIT_CODE", "CommandResult", "HostKeyError", "RemoteNameError", "Transport", "open_transport"]
 
@@ -15,6 +15,6 @@ def open_transport(device: Device) -> Transport:
     """A transport for ``device``; SSH connects lazily on first use and reconnects after a lost connection."""
     if device.transport is TransportKind.LOCAL:
         return LocalTransport(device.id, Path(device.work_dir), env=device.env)
-    from devices.transport.ssh import SSHTransport
+    from edgefarm.devices.transport.ssh import SSHTransport
 
     return SSHTransport(device)

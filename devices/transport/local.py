@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-from devices.environment import stage_environ
-from devices.lifetime import kill_group, spawn
-from devices.transport.base import (
+from edgefarm.devices.environment import stage_environ
+from edgefarm.devices.lifetime import kill_group, spawn
+from edgefarm.devices.transport.base import (
     MAX_KEPT_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
     CommandResult,

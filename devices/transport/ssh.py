@@ -24,8 +24,8 @@ from typing import IO
 
 import paramiko
 
-from devices.inventory import Device, known_hosts_name, parse_host_key
-from devices.transport.base import (
+from edgefarm.devices.inventory import Device, known_hosts_name, parse_host_key
+from edgefarm.devices.transport.base import (
     MAX_KEPT_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
     CommandResult,

@@ -6,9 +6,9 @@ from typing import Any
 
 from alembic import context
 
-from results.db import make_engine
-from results.migrate import foreign_key_check, sqlite_foreign_keys_off
-from results.models import Base
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import foreign_key_check, sqlite_foreign_keys_off
+from edgefarm.results.models import Base
 
 config = context.config
 target_metadata = Base.metadata

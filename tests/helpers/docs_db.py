@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from results.db import make_engine
-from results.migrate import upgrade
-from results.recorder import Recorder
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.recorder import Recorder
 
 PIPELINE = ("export", "build", "infer", "accuracy", "bench")
 VERSIONS = {"edgellm-farm": "0.1.0", "onnxruntime": "1.22.0"}

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from results.db import make_engine
-from results.leases import acquire, release
+from edgefarm.results.db import make_engine
+from edgefarm.results.leases import acquire, release
 
 
 def main(argv: list[str]) -> int:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
-from devices import site
-from devices.types import DeviceType
-from registries import Registries, build, using
-from toolchains import base
+from edgefarm.devices import site
+from edgefarm.devices.types import DeviceType
+from edgefarm.registries import Registries, build, using
+from edgefarm.toolchains import base
 
 
 @contextmanager

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import stages
-from stages import StageSpec
-from tasks import stage_work
+from edgefarm import stages
+from edgefarm.stages import StageSpec
+from edgefarm.tasks import stage_work
 
 
 @contextmanager

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from toolchains.tensorrt_edgellm.driver import PINNED_VERSION, pinned_env, version_env
-from toolchains.tensorrt_edgellm.env import CONSOLE_SCRIPTS, script
+from edgefarm.toolchains.tensorrt_edgellm.driver import PINNED_VERSION, pinned_env, version_env
+from edgefarm.toolchains.tensorrt_edgellm.env import CONSOLE_SCRIPTS, script
 
 
 def stand_in_toolchain_env(data_dir: Path) -> Path:
@@ -78,7 +78,7 @@ def link_release(data_dir: Path, trt_env: Path) -> Path:
 def driver_replaced(monkeypatch: Any, name: str, cls: type) -> Iterator[None]:
     """``cls`` as toolchain ``name``'s driver (the other toolchains keep theirs) inside the block: planning with a
     stand-in that says it is installed, nothing runs. Driver instances are made afresh inside and after it."""
-    import toolchains.base as toolchains
+    import edgefarm.toolchains.base as toolchains
 
     registry = toolchains.Registry[type[toolchains.ToolchainDriver]]("toolchain")
     for known in toolchains.names():

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgefarm.toolchains.base import RegistryCheck, RegistryStatus, ShapeMismatch, WeightReconciliation
 from edgellm.checkpoint import Checkpoint
 from edgellm.config import ModelConfig
 from edgellm.errors import UnsupportedError
 from edgellm.models.base import ModelFamily, family_for
-from toolchains.base import RegistryCheck, RegistryStatus, ShapeMismatch, WeightReconciliation
 
 
 def _qualname(family: type[ModelFamily]) -> str:

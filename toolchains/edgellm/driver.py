@@ -14,14 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.backends.base import backend_names, registered_backends
-from edgellm.capabilities import buildable
-from edgellm.compiler.build import ENGINE_MANIFEST
-from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
-from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
-from edgellm.thresholds import FIELDS
-from edgellm.types import UNQUANTIZED, BenchMode, Precision
-from toolchains.base import (
+from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
@@ -32,13 +25,20 @@ from toolchains.base import (
     WeightReconciliation,
     register_toolchain,
 )
+from edgellm.backends.base import backend_names, registered_backends
+from edgellm.capabilities import buildable
+from edgellm.compiler.build import ENGINE_MANIFEST
+from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
+from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
+from edgellm.thresholds import FIELDS
+from edgellm.types import UNQUANTIZED, BenchMode, Precision
 
 if TYPE_CHECKING:
-    from devices.inventory import Device
+    from edgefarm.devices.inventory import Device
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.toolchains.base import HostWork
     from edgellm.config import QuantConfig
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
-    from toolchains.base import HostWork
 
 
 @functools.cache
@@ -163,12 +163,12 @@ class EdgellmToolchain(ToolchainDriver):
         return self.version(_host_env())
 
     def registry_check(self, checkpoint: Path) -> RegistryCheck:
-        from toolchains.edgellm import bringup
+        from edgefarm.toolchains.edgellm import bringup
 
         return bringup.registry_check(self.name, self.host_version(), checkpoint)
 
     def reconcile(self, checkpoint: Path) -> WeightReconciliation:
-        from toolchains.edgellm import bringup
+        from edgefarm.toolchains.edgellm import bringup
 
         return bringup.reconcile(self.name, self.host_version(), checkpoint)
 
@@ -195,7 +195,7 @@ class EdgellmToolchain(ToolchainDriver):
 
     def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
                keyed: Keyed) -> StageOutcome:
-        from toolchains.edgellm import host_stages
+        from edgefarm.toolchains.edgellm import host_stages
 
         return host_stages.export(self, work, job, checkpoint, keyed)
 

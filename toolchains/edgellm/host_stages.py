@@ -10,18 +10,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import edgellm
-from artifacts.kinds import ArtifactKind
-from devices.transport.local import LocalTransport
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.devices.transport.local import LocalTransport
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome, classify
+from edgefarm.toolchains.base import HostWork
+from edgefarm.vocabulary.status import ResultStatus
 from edgellm.compiler.export import EXPORT_MANIFEST
 from edgellm.errors import ConfigurationError
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome, classify
-from toolchains.base import HostWork
-from vocabulary.status import ResultStatus
 
 if TYPE_CHECKING:
-    from toolchains.edgellm.driver import EdgellmToolchain
+    from edgefarm.toolchains.edgellm.driver import EdgellmToolchain
 
 
 def variant_flags(job: JobSpec) -> list[str]:

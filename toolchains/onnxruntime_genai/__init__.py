@@ -13,4 +13,4 @@ from __future__ import annotations
 TOOLCHAIN = "onnxruntime-genai"  # the toolchain name
 DISTRIBUTION = "onnxruntime-genai"  # the PyPI distribution whose version is the toolchain's (builder and runtime)
 
-from toolchains.onnxruntime_genai import driver as driver  # noqa: E402  (registers the farm's driver)
+from edgefarm.toolchains.onnxruntime_genai import driver as driver  # noqa: E402  (registers the farm's driver)

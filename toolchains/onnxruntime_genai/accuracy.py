@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from edgefarm.toolchains.onnxruntime_genai import DISTRIBUTION
+from edgefarm.toolchains.onnxruntime_genai.runner import FORMAT
 from edgellm.accuracy import WindowReductions, score
 from edgellm.errors import ConfigurationError
 from edgellm.reference import ReferenceData, load_reference
 from edgellm.thresholds import resolve_thresholds
 from edgellm.types import Precision
-from toolchains.onnxruntime_genai import DISTRIBUTION
-from toolchains.onnxruntime_genai.runner import FORMAT
 
 # genai_config name -> the reference header's checkpoint config name
 _CONFIG_KEYS = {"vocab_size": "vocab_size", "num_hidden_layers": "num_hidden_layers", "hidden_size": "hidden_size",

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgefarm.toolchains.onnxruntime_genai.export import RECIPES, head_dim, model_dir
 from edgellm.errors import ConfigurationError, TestFailure
-from toolchains.onnxruntime_genai.export import RECIPES, head_dim, model_dir
 
 DECODER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                    "mlp.up_proj", "mlp.down_proj")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from edgellm.errors import ConfigurationError, ErrorKind
-from toolchains.onnxruntime_genai.runner import (
+from edgefarm.toolchains.onnxruntime_genai.runner import (
     EXIT_BAD_INPUT,
     EXIT_BUG,
     EXIT_INFRASTRUCTURE,
     EXIT_OK,
     EXIT_TEST_FAILURE,
 )
+from edgellm.errors import ConfigurationError, ErrorKind
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 ENGINE_RECORD = "engine.json"  # what the runner's build writes into the engine dir

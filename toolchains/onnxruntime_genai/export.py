@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices.environment import stage_environ
+from edgefarm.devices.environment import stage_environ
+from edgefarm.toolchains.onnxruntime_genai import DISTRIBUTION
+from edgefarm.toolchains.process import run_tool, tree_bytes
 from edgellm.errors import ConfigurationError, InfrastructureError, TestFailure, UnsupportedError
-from toolchains.onnxruntime_genai import DISTRIBUTION
-from toolchains.process import run_tool, tree_bytes
 
 BUILDER_MODULE = "onnxruntime_genai.models.builder"
 MODEL_SUBDIR = "model"  # <out_dir>/model holds what the builder wrote (genai_config.json, model.onnx, ...)
@@ -106,7 +106,7 @@ def toolchain_version(python: Path | None = None) -> str:
     """The installed distribution's version: in this interpreter's environment, or in ``python``'s (an
     environment of one version, for a version bisection)."""
     if python is not None:
-        from toolchains.venvs import distribution_version
+        from edgefarm.toolchains.venvs import distribution_version
 
         found = distribution_version(Path(python).parent.parent, DISTRIBUTION)
         if found is None:

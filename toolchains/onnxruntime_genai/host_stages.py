@@ -9,19 +9,19 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.toolchains.base import HostWork
+from edgefarm.toolchains.onnxruntime_genai.check import check_export
+from edgefarm.toolchains.onnxruntime_genai.export import BuilderFailed, applicability
+from edgefarm.toolchains.onnxruntime_genai.export import export as build
+from edgefarm.vocabulary.status import ResultStatus
 from edgellm.errors import ErrorKind
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome
-from toolchains.base import HostWork
-from toolchains.onnxruntime_genai.check import check_export
-from toolchains.onnxruntime_genai.export import BuilderFailed, applicability
-from toolchains.onnxruntime_genai.export import export as build
-from vocabulary.status import ResultStatus
 
 if TYPE_CHECKING:
-    from toolchains.onnxruntime_genai.driver import OnnxruntimeGenai
+    from edgefarm.toolchains.onnxruntime_genai.driver import OnnxruntimeGenai
 
 
 def export(driver: OnnxruntimeGenai, work: HostWork, job: JobSpec, ckpt: CheckpointRef,

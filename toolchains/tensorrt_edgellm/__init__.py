@@ -14,4 +14,4 @@ from __future__ import annotations
 TOOLCHAIN = "tensorrt-edgellm"  # the toolchain name (contract: also the PyPI distribution name)
 DEFAULT_VERSION = "0.11.0"
 
-from toolchains.tensorrt_edgellm import driver as driver  # noqa: E402  (registers the farm's driver)
+from edgefarm.toolchains.tensorrt_edgellm import driver as driver  # noqa: E402  (registers the farm's driver)

@@ -15,16 +15,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from edgefarm.toolchains.base import LayerExport, RegistryCheck, RegistryStatus, ShapeMismatch, WeightReconciliation
+from edgefarm.toolchains.process import run_captured
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
+from edgefarm.toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, export
+from edgefarm.toolchains.tensorrt_edgellm.layouts import declared_family
+from edgefarm.toolchains.tensorrt_edgellm.onnx_check import check_onnx
 from edgellm.checkpoint.header import TensorInfo, scan_header
 from edgellm.checkpoint.index import INDEX_FILE, SINGLE_FILE, check_index, merge_shards, read_index
 from edgellm.config import ModelConfig, read_json_object
 from edgellm.errors import BugError, CheckpointError, ConfigurationError, UnsupportedError
-from toolchains.base import LayerExport, RegistryCheck, RegistryStatus, ShapeMismatch, WeightReconciliation
-from toolchains.process import run_captured
-from toolchains.tensorrt_edgellm import TOOLCHAIN
-from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE, export
-from toolchains.tensorrt_edgellm.layouts import declared_family
-from toolchains.tensorrt_edgellm.onnx_check import check_onnx
 
 PROBE = Path(__file__).resolve().with_name("model_probe.py")
 PROBE_TIMEOUT_S = 300

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from edgefarm.toolchains.base import ENGINE_LISTING, engine_listing
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import GenerationRequest
 from edgellm.types import BenchMode
-from toolchains.base import ENGINE_LISTING, engine_listing
 
 TOOLS = ("llm_build", "llm_inference", "llm_bench")
 DIRECT_BUILDER = "tensorrt-edgellm-build"  # the ONNX-less builder (a console script of the Python package)
@@ -548,7 +548,7 @@ def _engine_config(engine_dir: Path, params: Mapping[str, int], tool: str) -> tu
 
 def _declared_algos() -> dict[str, str]:
     """hf_quant_config.json's quant_algo -> the precision (the quantizer's methods: ``quantize.METHODS``)."""
-    from toolchains.tensorrt_edgellm.quantize import METHODS
+    from edgefarm.toolchains.tensorrt_edgellm.quantize import METHODS
 
     return {spec.quant_algo: method.value for method, spec in METHODS.items()}
 

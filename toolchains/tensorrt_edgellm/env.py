@@ -25,10 +25,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from edgefarm.toolchains import mirror, venvs
+from edgefarm.toolchains.process import run_captured
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
 from edgellm.errors import ConfigurationError, InfrastructureError
-from toolchains import mirror, venvs
-from toolchains.process import run_captured
-from toolchains.tensorrt_edgellm import TOOLCHAIN
 
 CPU_TORCH = "torch==2.13.0"
 CONSOLE_SCRIPTS = ("tensorrt-edgellm-quantize", "tensorrt-edgellm-export")

@@ -48,9 +48,9 @@ from __future__ import annotations
 import re
 import signal
 
-from devices.transport.base import CommandResult
+from edgefarm.devices.transport.base import CommandResult
+from edgefarm.toolchains.base import NotApplicable
 from edgellm.errors import BugError, DeviceConfigurationError, EdgeLLMError, ResourceError, TestFailure
-from toolchains.base import NotApplicable
 
 MAX_LINES = 3
 MAX_CHARS = 500

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgefarm.toolchains.process import run_tool, tree_bytes
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
+from edgefarm.toolchains.tensorrt_edgellm.calibration import offline_env
+from edgefarm.toolchains.tensorrt_edgellm.env import installed_version, script
+from edgefarm.toolchains.tensorrt_edgellm.quantize import has_chat_template
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import QuantMethod
-from toolchains.process import run_tool, tree_bytes
-from toolchains.tensorrt_edgellm import TOOLCHAIN
-from toolchains.tensorrt_edgellm.calibration import offline_env
-from toolchains.tensorrt_edgellm.env import installed_version, script
-from toolchains.tensorrt_edgellm.quantize import has_chat_template
 
 DEFAULT_CHAT_TEMPLATE = Path(__file__).resolve().parent / "plain_chat_template.jinja"
 # What the exporter (read in 0.11.0: tensorrt_edgellm/config.py, _parse_quant) takes from a checkpoint that is

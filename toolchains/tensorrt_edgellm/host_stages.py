@@ -20,26 +20,26 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.toolchains.base import QUANTIZE_RECORD, HostWork, NotApplicable
+from edgefarm.toolchains.tensorrt_edgellm import variants
+from edgefarm.toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
+from edgefarm.toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
+from edgefarm.toolchains.tensorrt_edgellm.export import export as trt_export
+from edgefarm.toolchains.tensorrt_edgellm.onnx_check import check_onnx
+from edgefarm.toolchains.tensorrt_edgellm.quantize import QuantReport, quant_report, quantize_options
+from edgefarm.toolchains.tensorrt_edgellm.quantize import quantize as run_quantizer
+from edgefarm.vocabulary.status import ResultStatus
+from edgefarm.vocabulary.variant import LoraMode
 from edgellm.errors import ErrorKind, TestFailure
 from edgellm.reference import checkpoint_digest
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome
-from toolchains.base import QUANTIZE_RECORD, HostWork, NotApplicable
-from toolchains.tensorrt_edgellm import variants
-from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE
-from toolchains.tensorrt_edgellm.export import DEFAULT_CHAT_TEMPLATE
-from toolchains.tensorrt_edgellm.export import export as trt_export
-from toolchains.tensorrt_edgellm.onnx_check import check_onnx
-from toolchains.tensorrt_edgellm.quantize import QuantReport, quant_report, quantize_options
-from toolchains.tensorrt_edgellm.quantize import quantize as run_quantizer
-from vocabulary.status import ResultStatus
-from vocabulary.variant import LoraMode
 
 if TYPE_CHECKING:
-    from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
 NUM_SAMPLES = 32  # calibration rows of the shipped text (of ~60): enough for tiny models, part of the cache key
 LOG = "quantize.log"  # what the quantizer's wrapper writes beside the checkpoint

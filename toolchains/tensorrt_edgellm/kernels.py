@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from edgefarm.toolchains.base import ModelShape
 from edgellm.types import KVCachePrecision
-from toolchains.base import ModelShape
 
 # --- decode: XQA (cpp/kernels/decodeAttentionKernels/decoderXQARunner.cpp:551-586) ---------------------------------
 DECODE_SMS = frozenset({80, 86, 87, 89, 100, 101, 120, 121})

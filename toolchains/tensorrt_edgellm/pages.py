@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from toolchains.base import DocsLayout
-from toolchains.tensorrt_edgellm import TOOLCHAIN
+from edgefarm.toolchains.base import DocsLayout
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
 
 
 def tensorrt_version(data: Mapping[str, Any]) -> str | None:

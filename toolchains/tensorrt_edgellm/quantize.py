@@ -15,15 +15,15 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from edgefarm.toolchains.base import NotApplicable  # raised before the tool runs when a precondition fails
+from edgefarm.toolchains.process import run_tool, tree_bytes
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
+from edgefarm.toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, offline_env
+from edgefarm.toolchains.tensorrt_edgellm.env import installed_version, script
 from edgellm.checkpoint.header import TensorInfo, read_header
 from edgellm.checkpoint.modelopt import read_quant_layout
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import QuantMethod
-from toolchains.base import NotApplicable  # raised before the tool runs when a precondition fails
-from toolchains.process import run_tool, tree_bytes
-from toolchains.tensorrt_edgellm import TOOLCHAIN
-from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, offline_env
-from toolchains.tensorrt_edgellm.env import installed_version, script
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgefarm.toolchains.process import run_tool
+from edgefarm.toolchains.tensorrt_edgellm.calibration import offline_env
+from edgefarm.toolchains.tensorrt_edgellm.env import script
+from edgefarm.vocabulary.variant import FEATURE_NAMES, Component, Features, LoraMode, SpecMethod, SpecRole
 from edgellm.errors import ConfigurationError, TestFailure
-from toolchains.process import run_tool
-from toolchains.tensorrt_edgellm.calibration import offline_env
-from toolchains.tensorrt_edgellm.env import script
-from vocabulary.variant import FEATURE_NAMES, Component, Features, LoraMode, SpecMethod, SpecRole
 
 TOOL_TIMEOUT_S = 1200  # as the export stage's
 CHECK_VERSION = 1  # part of a variant export's cache key: bumped when the structural checks below change

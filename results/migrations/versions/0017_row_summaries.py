@@ -26,7 +26,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    from results import summaries
+    from edgefarm.results import summaries
 
     op.add_column("row_latest", sa.Column("verdict", sa.String(length=16), nullable=True))
     op.create_table(
