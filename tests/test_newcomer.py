@@ -628,3 +628,23 @@ def test_item5_a_cells_perplexity_ratio_says_the_limit_it_was_judged_by() -> Non
     shown = metrics_text({"perplexity_ratio": 1.00042, PPL_LIMIT_METRIC: 0.01}, "; ")
     assert shown == "ppl ratio 1.0004 (limit 1±0.01)"
     assert metrics_text({"perplexity_ratio": 1.00042}, "; ") == "ppl ratio 1.0004"  # a row recorded before the limit
+
+
+def test_item10_installing_the_project_adds_two_names_to_site_packages() -> None:
+    """Item 10: the farm installs under one name. The wheel itself is built, installed and run away from the
+    checkout by tests/test_packaging.py; here, what the newcomer's environment holds: the project declares two
+    top-level packages, and the farm's modules a command loads are all edgefarm.* (none under a generic name)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    found = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert found["include"] == ["edgellm*", "edgefarm*"]
+    code = ("import sys, edgefarm.cli\n"
+            "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    generic = {"flows", "tasks", "results", "artifacts", "devices", "stages", "toolchains", "pages", "cli",
+               "registries", "test_lists", "vocabulary"}
+    assert "edgefarm" in loaded.stdout.split() and not generic & set(loaded.stdout.split())
