@@ -340,12 +340,11 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     global LAB
     import devices.transport.ssh as ssh
     import registries
-    from devices.site import current as site_dir
     from test_lists import catalog
     from toolchains import base as toolchains
 
     toolchains.register_toolchain(SimLab)
-    built = registries.build(site_dir())
+    built = registries.build(registries.current().site_dir)
     lab_registries = built.with_device_types(*(built.device_types[p].model_copy(
         update={"toolchains": (*built.device_types[p].toolchains, NAME)}) for p in PLATFORMS))
     original_load, original_ssh = catalog.Catalog.load, ssh.SSHTransport

@@ -283,16 +283,14 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
                    registries: DeviceRegistries | None = None) -> Inventory:
     """Every device file in ``directory``, validated against ``registries`` (the farm's: its device types, its
     toolchains' checks of their blocks, its site directory); all problems in one error. None: the packaged device
-    types with the configured site directory's, toolchain blocks kept as written. A local device's relative
+    types and devices alone (no site directory), toolchain blocks kept as written. A local device's relative
     ``work_dir`` is under ``data_dir``."""
     root = Path(directory)
     if not root.is_dir():
         raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
     if registries is None:
-        from devices.site import current
-
-        site_dir, registry = current(), None
-        types: Mapping[str, DeviceType] = load_device_types(site_dir=site_dir)
+        site_dir, registry = None, None
+        types: Mapping[str, DeviceType] = load_device_types()
     else:
         site_dir, registry, types = registries.site_dir, registries.toolchains, registries.device_types
     problems: list[str] = []

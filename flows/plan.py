@@ -24,12 +24,11 @@ import stages
 from devices.inventory import Inventory
 from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from devices.pools import check_pool_name
-from devices.site import overlay
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from registries import current
+from registries import Registries, current
 from stages.job import job_key
 from stages.variant import FEATURE_NAMES, PLAIN, Features
 from test_lists.capability import Capability, capability, hardware
@@ -47,10 +46,10 @@ MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
 
 
-def default_matrix() -> Path:
-    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (devices.site), else the
-    shipped one."""
-    return overlay(MATRICES_DIR, "matrices", current().site_dir, ("*.yml",))["nightly"]
+def default_matrix(registries: Registries | None = None) -> Path:
+    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (``registries``'; default:
+    the farm's), else the shipped one."""
+    return (registries or current()).files("matrices", MATRICES_DIR)["nightly"]
 
 
 class Decision(enum.StrEnum):

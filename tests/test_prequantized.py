@@ -29,7 +29,7 @@ from flows.plan import Decision, plan_matrix
 from stages.job import CheckpointRef, JobSpec
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
-from tests.helpers.toolchain_env import driver_replaced
+from tests.helpers.registries import registries_with
 from toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_int4_gptq_is_not_applicable_on_the_cpu_with_the_drivers_reason(tmp_path
 
 
 @pytest.fixture
-def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def standin_trt() -> Iterator[None]:
     """tensorrt-edgellm as installed, driving any device (planning only: nothing runs)."""
     from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
@@ -230,7 +230,7 @@ def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "stand-in"
 
-    with driver_replaced(monkeypatch, "tensorrt-edgellm", StandIn):
+    with registries_with(replaced=[StandIn]):
         yield
 
 

@@ -25,7 +25,7 @@ from results.queries import latest_status, passing_rows, row_history
 from results.recorder import Recorder
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
-from tests.helpers.toolchain_env import driver_replaced
+from tests.helpers.registries import registries_with
 from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 from vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 
@@ -42,7 +42,7 @@ def _list(tmp_path: Path, tests: list[dict[str, Any]], platform: str = "thor", n
 
 
 @pytest.fixture
-def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def trt_available() -> Iterator[None]:
     """TensorRT Edge-LLM's real driver (its real feature declaration), as if installed (planning only)."""
 
     class Installed(TensorrtEdgellm):
@@ -52,7 +52,7 @@ def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "0.11.0"
 
-    with driver_replaced(monkeypatch, "tensorrt-edgellm", Installed):
+    with registries_with(replaced=[Installed]):
         yield
 
 
