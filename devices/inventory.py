@@ -33,6 +33,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from devices._yaml import read_yaml_mapping, validation_problems
+from devices.site import PATTERNS
 from devices.toolchain_names import ToolchainNames
 from devices.types import DeviceType, load_device_types
 from edgellm.errors import ConfigurationError
@@ -270,11 +271,11 @@ class Inventory:
 def _device_files(root: Path, site_dir: Path | None) -> list[Path]:
     """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
     (``devices.site``) added, a site file replacing the packaged one of its device id."""
-    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    files = sorted(p for pattern in PATTERNS["inventory"] for p in root.glob(pattern))
     site = None if site_dir is None or root.resolve() != PACKAGED_INVENTORY_DIR else site_dir / "inventory"
     if site is None or not site.is_dir():
         return files
-    added = sorted([*site.glob("*.yaml"), *site.glob("*.yml")])
+    added = sorted(p for pattern in PATTERNS["inventory"] for p in site.glob(pattern))
     replaced = {p.stem.lower() for p in added}
     return [p for p in files if p.stem.lower() not in replaced] + added
 
