@@ -13,16 +13,16 @@ from typing import Annotated
 
 import typer
 
-import cli.site_dir  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
-from cli import commands, query, show
-from cli.bisect import bisect
-from cli.bringup import bring_up
-from cli.compare import compare
-from cli.db import app as db_app
-from cli.devices import app as devices_app
-from cli.lists import app as lists_app
-from cli.runs import runs
-from cli.toolchains import app as toolchains_app
+import edgefarm.cli.site_dir  # noqa: F401  (edgefarm --site-dir: applied before any registry is built)
+from edgefarm.cli import commands, query, show
+from edgefarm.cli.bisect import bisect
+from edgefarm.cli.bringup import bring_up
+from edgefarm.cli.compare import compare
+from edgefarm.cli.db import app as db_app
+from edgefarm.cli.devices import app as devices_app
+from edgefarm.cli.lists import app as lists_app
+from edgefarm.cli.runs import runs
+from edgefarm.cli.toolchains import app as toolchains_app
 
 app = typer.Typer(
     name="edgefarm",
@@ -61,8 +61,8 @@ def _root(version: Annotated[bool, typer.Option("--version", help="print the ver
                                  "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")] = None) -> None:
     """Build farm proving which LLMs run at which precision on which edge platform."""
     if site_dir is not None:
-        from devices.site import checked
-        from registries import current
+        from edgefarm.devices.site import checked
+        from edgefarm.registries import current
 
         if checked(site_dir) != current().site_dir:
             raise typer.BadParameter(f"{site_dir!r} was not applied: give --site-dir first, before the command "

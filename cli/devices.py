@@ -15,14 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
-from cli.text import cell, visible
-from devices.health import HealthReport
-from devices.inventory import INVENTORY_ENV, Inventory, load_inventory
+from edgefarm.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
+from edgefarm.cli.text import cell, visible
+from edgefarm.devices.health import HealthReport
+from edgefarm.devices.inventory import INVENTORY_ENV, Inventory, load_inventory
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from flows.settings import Settings
-from registries import current
-from toolchains.health import check_inventory
+from edgefarm.flows.settings import Settings
+from edgefarm.registries import current
+from edgefarm.toolchains.health import check_inventory
 
 app = typer.Typer(
     name="devices",
@@ -64,9 +64,9 @@ def _load(inventory: Path | None, db: str | None = None) -> tuple[Inventory, Set
 
 def store_reports(db_url: str, reports: list[HealthReport]) -> list[int]:
     """Record each report in the results database (``device_health``); the schema must be at head."""
-    from results import quarantine
-    from results.db import database_errors, has_table, redact
-    from results.recorder import Recorder
+    from edgefarm.results import quarantine
+    from edgefarm.results.db import database_errors, has_table, redact
+    from edgefarm.results.recorder import Recorder
 
     recorder = Recorder(db_url)
     errors = database_errors(
@@ -102,9 +102,9 @@ _STORED_AS_COLUMNS = {"device_id", "reachable", "disk_free_bytes", "python_versi
 def quarantined(db_url: str, *, given: bool) -> dict[str, str] | None:
     """Device id -> why it is quarantined, from the results database (None when there is none to read and the
     URL was not ``given`` by the user)."""
-    from results import quarantine
-    from results.db import read_only_engine
-    from results.migrate import require_current
+    from edgefarm.results import quarantine
+    from edgefarm.results.db import read_only_engine
+    from edgefarm.results.migrate import require_current
 
     try:
         engine = read_only_engine(db_url)
@@ -199,7 +199,7 @@ def check(
     free disk. A problem makes a device unhealthy; a passing check (with --db) releases its quarantine."""
     devices, _ = _load(inventory)
     if db is not None:
-        from results.db import parse_url
+        from edgefarm.results.db import parse_url
 
         try:
             parse_url(db)  # a bad URL fails before any device is touched
@@ -225,7 +225,7 @@ def device_types(
 ) -> None:
     """Every device type: SM, memory (and what is usable after the OS's share), bandwidth, toolchains, and the file
     it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
-    from devices.types import DEVICE_TYPES_DIR
+    from edgefarm.devices.types import DEVICE_TYPES_DIR
 
     registries = current()
     site = registries.site_dir

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from registries import Registries, current
-from test_lists.loader import validate_paths
-from test_lists.validate import Report
+from edgefarm.registries import Registries, current
+from edgefarm.test_lists.loader import validate_paths
+from edgefarm.test_lists.validate import Report
 
 app = typer.Typer(name="lists", help="Test lists: which tests run on which platform.", no_args_is_help=True)
 
@@ -28,7 +28,7 @@ def _summary(report: Report) -> str:
 def _origins(report: Report, registries: Registries) -> None:
     """Which files came from the site directory (``$EDGEFARM_SITE_DIR`` / ``--site-dir``), and which of them replace a
     shipped file of the same name."""
-    from test_lists.loader import LISTS_DIR
+    from edgefarm.test_lists.loader import LISTS_DIR
 
     for f in report.files:
         if registries.origin(f) == "site":

@@ -32,10 +32,10 @@ import paramiko
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from devices._yaml import read_yaml_mapping, validation_problems
-from devices.site import PATTERNS
-from devices.toolchain_names import ToolchainNames
-from devices.types import DeviceType, load_device_types
+from edgefarm.devices._yaml import read_yaml_mapping, validation_problems
+from edgefarm.devices.site import PATTERNS
+from edgefarm.devices.toolchain_names import ToolchainNames
+from edgefarm.devices.types import DeviceType, load_device_types
 from edgellm.errors import ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"

@@ -17,9 +17,9 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from devices._yaml import read_yaml_mapping, validation_problems
-from devices.site import overlay
-from devices.toolchain_names import ToolchainNames
+from edgefarm.devices._yaml import read_yaml_mapping, validation_problems
+from edgefarm.devices.site import overlay
+from edgefarm.devices.toolchain_names import ToolchainNames
 from edgellm.errors import ConfigurationError
 from edgellm.types import ChoiceEnum, KVCachePrecision, LMHeadPrecision, Precision
 

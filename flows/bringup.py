@@ -29,34 +29,34 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-import stages
-from devices.inventory import Inventory, load_inventory
+from edgefarm import stages
+from edgefarm.devices.inventory import Inventory, load_inventory
 from edgellm.config import read_json_object, tokenizer_size_problem
 from edgellm.errors import ConfigurationError
 from edgellm.reference import checkpoint_digest
-from flows.bringup_fit import memory_fit, planned_toolchains
-from flows.bringup_report import clear_planted, write_report
-from flows.execute import execute_plan
-from flows.flow_run_names import flow_run_name, flow_run_tags, name_this_flow_run
-from flows.nightly import MAX_WORKERS
-from flows.pipeline import RunReport, toolchain_versions
-from flows.plan import Decision, Plan, installing_toolchains, plan_entries
-from flows.prefect_env import send_logs_to_prefect
-from flows.settings import Settings, code_version
-from pages.docs import publish_bringup
-from registries import current
-from results.db import from_parameter, make_engine
-from results.liveness import heartbeat
-from results.migrate import prepare_for_run
-from results.models import ResultStatus, RunKind, RunStatus
-from results.recorder import Recorder
-from stages import Stage
-from tasks import bringup as rungs
-from test_lists.catalog import Catalog, ModelSource
-from test_lists.ids import model_name_problem
-from test_lists.testlist import TestEntry
-from toolchains import base as toolchains
-from toolchains.base import ToolchainDriver
+from edgefarm.flows.bringup_fit import memory_fit, planned_toolchains
+from edgefarm.flows.bringup_report import clear_planted, write_report
+from edgefarm.flows.execute import execute_plan
+from edgefarm.flows.flow_run_names import flow_run_name, flow_run_tags, name_this_flow_run
+from edgefarm.flows.nightly import MAX_WORKERS
+from edgefarm.flows.pipeline import RunReport, toolchain_versions
+from edgefarm.flows.plan import Decision, Plan, installing_toolchains, plan_entries
+from edgefarm.flows.prefect_env import send_logs_to_prefect
+from edgefarm.flows.settings import Settings, code_version
+from edgefarm.pages.docs import publish_bringup
+from edgefarm.registries import current
+from edgefarm.results.db import from_parameter, make_engine
+from edgefarm.results.liveness import heartbeat
+from edgefarm.results.migrate import prepare_for_run
+from edgefarm.results.models import ResultStatus, RunKind, RunStatus
+from edgefarm.results.recorder import Recorder
+from edgefarm.stages import Stage
+from edgefarm.tasks import bringup as rungs
+from edgefarm.test_lists.catalog import Catalog, ModelSource
+from edgefarm.test_lists.ids import model_name_problem
+from edgefarm.test_lists.testlist import TestEntry
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.base import ToolchainDriver
 
 DEFAULT_LAYERS = 1
 ENGINE_LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}  # as the L0 lists

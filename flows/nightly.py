@@ -11,17 +11,17 @@ from prefect import flow
 from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from devices.inventory import load_inventory
-from flows.execute import execute_plan
-from flows.plan import DEFAULT_MATRIX, Decision, Plan, installing_toolchains, plan_matrix
-from flows.prefect_env import send_logs_to_prefect
-from flows.revision import deployment_trigger
-from flows.run_state import flow_state, nothing_ran
-from flows.settings import Settings
-from pages.docs import publish_matrix_artifacts, write_docs
-from results.db import from_parameter
-from tasks.states import failures, row_name
-from test_lists.catalog import Catalog
+from edgefarm.devices.inventory import load_inventory
+from edgefarm.flows.execute import execute_plan
+from edgefarm.flows.plan import DEFAULT_MATRIX, Decision, Plan, installing_toolchains, plan_matrix
+from edgefarm.flows.prefect_env import send_logs_to_prefect
+from edgefarm.flows.revision import deployment_trigger
+from edgefarm.flows.run_state import flow_state, nothing_ran
+from edgefarm.flows.settings import Settings
+from edgefarm.pages.docs import publish_matrix_artifacts, write_docs
+from edgefarm.results.db import from_parameter
+from edgefarm.tasks.states import failures, row_name
+from edgefarm.test_lists.catalog import Catalog
 
 log = logging.getLogger(__name__)
 # The task runner's threads are made as tasks need them; flows.pipeline.Scheduler submits a task only once its inputs

@@ -9,18 +9,18 @@ from prefect import flow
 from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from devices.inventory import load_inventory
+from edgefarm.devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.execute import execute_plan
-from flows.nightly import MAX_WORKERS, summary
-from flows.plan import Plan, installing_toolchains, plan_test_list
-from flows.prefect_env import send_logs_to_prefect
-from flows.run_state import flow_state
-from flows.settings import Settings
-from pages.docs import publish_test_list
-from results.db import from_parameter
-from test_lists.catalog import Catalog
-from test_lists.loader import LISTS_DIR, list_names, load_list
+from edgefarm.flows.execute import execute_plan
+from edgefarm.flows.nightly import MAX_WORKERS, summary
+from edgefarm.flows.plan import Plan, installing_toolchains, plan_test_list
+from edgefarm.flows.prefect_env import send_logs_to_prefect
+from edgefarm.flows.run_state import flow_state
+from edgefarm.flows.settings import Settings
+from edgefarm.pages.docs import publish_test_list
+from edgefarm.results.db import from_parameter
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import LISTS_DIR, list_names, load_list
 
 
 def list_name(priority: str) -> str:

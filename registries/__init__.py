@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices import site
-from devices.toolchain_names import ToolchainNames
-from devices.types import DEVICE_TYPES_DIR, DeviceType, load_device_types
+from edgefarm.devices import site
+from edgefarm.devices.toolchain_names import ToolchainNames
+from edgefarm.devices.types import DEVICE_TYPES_DIR, DeviceType, load_device_types
 from edgellm.errors import ConfigurationError
-from toolchains import base
+from edgefarm.toolchains import base
 
 
 class RegisteredToolchains:

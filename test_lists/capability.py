@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from registries import Registries, current
-from toolchains import base as toolchains
-from vocabulary.model import ModelShape
-from vocabulary.variant import Variant
+from edgefarm.registries import Registries, current
+from edgefarm.toolchains import base as toolchains
+from edgefarm.vocabulary.model import ModelShape
+from edgefarm.vocabulary.variant import Variant
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.thresholds import FIELDS, Thresholds
 from edgellm.types import Precision, QuantMethod
 from edgellm.yamlio import read_yaml
-from vocabulary.model import ModelShape
+from edgefarm.vocabulary.model import ModelShape
 
 if TYPE_CHECKING:
-    from registries import Registries
+    from edgefarm.registries import Registries
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
@@ -525,7 +525,7 @@ def _site_catalogs(registries: Registries | None) -> list[tuple[Path, dict[str, 
     """The site directory's ``catalog/*.yml`` files (``registries``'; None: the farm's) and the models each gives, in
     name order: a model there adds to the shipped catalog or replaces the shipped model of its name."""
     if registries is None:
-        from registries import current
+        from edgefarm.registries import current
 
         registries = current()
     out = []

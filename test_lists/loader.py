@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgellm.errors import ConfigurationError
-from test_lists.catalog import Catalog
-from test_lists.platforms import PlatformCatalog
-from test_lists.testlist import TestList
-from test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
-from test_lists.waivers import utc_today
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.platforms import PlatformCatalog
+from edgefarm.test_lists.testlist import TestList
+from edgefarm.test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
+from edgefarm.test_lists.waivers import utc_today
 
 if TYPE_CHECKING:
-    from registries import Registries
+    from edgefarm.registries import Registries
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _registries(registries: Registries | None) -> Registries:
     """``registries``, else the farm's (``registries.current()``)."""
     if registries is not None:
         return registries
-    from registries import current
+    from edgefarm.registries import current
 
     return current()
 

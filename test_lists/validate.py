@@ -19,17 +19,17 @@ from pydantic import BaseModel, ValidationError
 
 from edgellm.errors import ConfigurationError
 from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
-from test_lists.catalog import Catalog, row_precision
-from test_lists.ids import short_model_name
-from test_lists.platforms import PlatformCatalog
-from test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
-from test_lists.testlist import TestEntry, TestList
-from test_lists.variants import features, rows
-from test_lists.waivers import SourcedWaiver, Waiver
-from vocabulary.variant import PLAIN, Features
+from edgefarm.test_lists.catalog import Catalog, row_precision
+from edgefarm.test_lists.ids import short_model_name
+from edgefarm.test_lists.platforms import PlatformCatalog
+from edgefarm.test_lists.schema import EntryDefaults, FragmentHeader, ListHeader, Selector, TestSpec, WaiversHeader
+from edgefarm.test_lists.testlist import TestEntry, TestList
+from edgefarm.test_lists.variants import features, rows
+from edgefarm.test_lists.waivers import SourcedWaiver, Waiver
+from edgefarm.vocabulary.variant import PLAIN, Features
 
 if TYPE_CHECKING:
-    from registries import Registries
+    from edgefarm.registries import Registries
 
 WAIVERS_STEM = "waivers"
 CATALOG_STEM = "models"  # the model catalog lives beside the lists; neither it nor waivers.yml is a list
@@ -123,7 +123,7 @@ class Validator:
         self.catalog = PlatformCatalog.coerce(platforms)
         self.today = today or dt.date.today()
         self.models = models if models is not None else Catalog.load(registries=registries)
-        from devices.memory_fit import Sizer
+        from edgefarm.devices.memory_fit import Sizer
 
         self._sizer = Sizer()  # each row's memory, sized once (the reserve table read once)
 
@@ -152,9 +152,9 @@ class Validator:
         catalog can read the model's shape here."""
         if not self.catalog.device_types:
             return []
-        import stages
-        from test_lists.capability import capability
-        from vocabulary.variant import Variant
+        from edgefarm import stages
+        from edgefarm.test_lists.capability import capability
+        from edgefarm.vocabulary.variant import Variant
 
         shape = None
         if spec.model in self.models and not set(spec.stages) <= stages.host_stages():
@@ -183,7 +183,7 @@ class Validator:
         """For each platform the row's engine cannot fit (``devices.memory_fit``, as the plan asks it, when a stage
         runs on the device): "not applicable on P: needs ...". The plan marks such rows not applicable; validation
         warns, since a list may name several platforms of which only some are too small."""
-        import stages
+        from edgefarm import stages
 
         if not self.catalog.device_types or spec.model not in self.models or spec.precision is None \
                 or set(spec.stages) <= stages.host_stages():
@@ -193,8 +193,8 @@ class Validator:
 
     def _fit_problem(self, spec: TestSpec, platform: str) -> str | None:
         """Why the row's engine cannot fit ``platform``'s memory (``devices.memory_fit``, as the plan asks it)."""
-        from devices.memory_fit import fit_problem, source_group
-        from registries import current
+        from edgefarm.devices.memory_fit import fit_problem, source_group
+        from edgefarm.registries import current
 
         source = self.models.get(spec.model)
         dtype = (self.registries or current()).device_types[platform]

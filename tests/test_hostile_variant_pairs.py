@@ -10,8 +10,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from test_lists.catalog import CATALOG_FILE, Catalog
+from edgefarm.cli import app
+from edgefarm.test_lists.catalog import CATALOG_FILE, Catalog
 
 HEADER = """name: pairs
 stage: l0

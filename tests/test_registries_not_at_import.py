@@ -21,7 +21,7 @@ from pathlib import Path
 walked, read = [], []
 real_walk = pkgutil.iter_modules
 pkgutil.iter_modules = lambda *a, **k: (walked.append(str(a[0] if a else "")), real_walk(*a, **k))[1]
-import devices._yaml as yaml_files
+import edgefarm.devices._yaml as yaml_files
 real_read = yaml_files.read_yaml_mapping
 yaml_files.read_yaml_mapping = lambda path, *a, **k: (read.append(str(path)), real_read(path, *a, **k))[1]
 

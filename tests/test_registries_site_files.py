@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import registries
-from devices.inventory import PACKAGED_INVENTORY_DIR, load_inventory
-from devices.types import DEVICE_TYPES_DIR
-from flows.plan import DEFAULT_MATRIX, default_matrix
-from test_lists.catalog import Catalog
-from test_lists.loader import LISTS_DIR, list_names, load_list, validate_paths
+from edgefarm import registries
+from edgefarm.devices.inventory import PACKAGED_INVENTORY_DIR, load_inventory
+from edgefarm.devices.types import DEVICE_TYPES_DIR
+from edgefarm.flows.plan import DEFAULT_MATRIX, default_matrix
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import LISTS_DIR, list_names, load_list, validate_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("edgellm", "vocabulary", "devices", "artifacts", "results", "stages", "toolchains", "registries", "tasks",

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
-from devices.types import DeviceType
-from registries import Registries, build, current, using
-from toolchains import base
+from edgefarm.devices.types import DeviceType
+from edgefarm.registries import Registries, build, current, using
+from edgefarm.toolchains import base
 
 
 def _swapped(cls: type[base.ToolchainDriver]) -> type[base.ToolchainDriver]:

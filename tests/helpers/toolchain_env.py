@@ -6,8 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from toolchains.tensorrt_edgellm.driver import PINNED_VERSION, pinned_env, version_env
-from toolchains.tensorrt_edgellm.env import CONSOLE_SCRIPTS, script
+from edgefarm.toolchains.tensorrt_edgellm.driver import PINNED_VERSION, pinned_env, version_env
+from edgefarm.toolchains.tensorrt_edgellm.env import CONSOLE_SCRIPTS, script
 
 
 def stand_in_toolchain_env(data_dir: Path) -> Path:
