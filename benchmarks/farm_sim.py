@@ -340,16 +340,16 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     global LAB
     import edgefarm.devices.transport.ssh as ssh
     from edgefarm import registries
-    from edgefarm.devices.site import current as site_dir
     from edgefarm.test_lists import catalog
     from edgefarm.toolchains import base as toolchains
 
     toolchains.register_toolchain(SimLab)
-    built = registries.build(site_dir())
+    built = registries.build(registries.current().site_dir)
     lab_registries = built.with_device_types(*(built.device_types[p].model_copy(
         update={"toolchains": (*built.device_types[p].toolchains, NAME)}) for p in PLATFORMS))
     original_load, original_ssh = catalog.Catalog.load, ssh.SSHTransport
-    catalog.Catalog.load = classmethod(lambda cls, path=catalog_file: original_load.__func__(cls, catalog_file))
+    catalog.Catalog.load = classmethod(lambda cls, path=catalog_file, *, registries=None: original_load.__func__(
+        cls, catalog_file, registries=registries))
     ssh.SSHTransport = SimTransport  # type: ignore[misc,assignment]
     _OUTPUT.real = (sys.stdout, sys.stderr)
     sys.stdout, sys.stderr = _Stream(_OUTPUT, 0), _Stream(_OUTPUT, 1)  # type: ignore[assignment]

@@ -61,9 +61,10 @@ def _root(version: Annotated[bool, typer.Option("--version", help="print the ver
                                  "packaged ones (default: $EDGEFARM_SITE_DIR); give it first")] = None) -> None:
     """Build farm proving which LLMs run at which precision on which edge platform."""
     if site_dir is not None:
-        from edgefarm.devices.site import checked, current
+        from edgefarm.devices.site import checked
+        from edgefarm.registries import current
 
-        if checked(site_dir) != current():
+        if checked(site_dir) != current().site_dir:
             raise typer.BadParameter(f"{site_dir!r} was not applied: give --site-dir first, before the command "
                                      f"(or set $EDGEFARM_SITE_DIR)", param_hint="--site-dir")
 

@@ -55,7 +55,7 @@ def nightly(
         configure_prefect(settings.data_dir, create=not dry_run)
         from edgefarm.flows.nightly import make_plan, nightly_support_matrix
 
-        matrix_path = matrix or default_matrix()
+        matrix_path = matrix or default_matrix(settings.registries())
         result = _plan_and_run(settings, lambda install: subset(make_plan(matrix_path, settings, install=install),
                                                                 keyword),
                                nightly_support_matrix, dry_run=dry_run, fmt=fmt, matrix=str(matrix_path),

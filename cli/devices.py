@@ -225,15 +225,14 @@ def device_types(
 ) -> None:
     """Every device type: SM, memory (and what is usable after the OS's share), bandwidth, toolchains, and the file
     it came from (packaged, or the site directory: $EDGEFARM_SITE_DIR / --site-dir)."""
-    from edgefarm.devices.site import origin
-    from edgefarm.devices.types import device_type_files
+    from edgefarm.devices.types import DEVICE_TYPES_DIR
 
     registries = current()
     site = registries.site_dir
-    files = device_type_files(site_dir=site)
+    files = registries.files("device_types", DEVICE_TYPES_DIR)
     rows = [{"name": t.name, "sm": t.sm, "memory_gb": t.memory_gb, "usable_memory_gb": t.usable_memory_gb,
              "memory_bandwidth_gbps": t.memory_bandwidth_gbps, "toolchains": list(t.toolchains),
-             "origin": origin(files[t.name], site), "file": str(files[t.name])}
+             "origin": registries.origin(files[t.name]), "file": str(files[t.name])}
             for t in registries.device_types.values()]
     if as_json:
         typer.echo(json.dumps(rows, indent=1))

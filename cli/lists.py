@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from edgefarm.registries import Registries, current
 from edgefarm.test_lists.loader import validate_paths
 from edgefarm.test_lists.validate import Report
 
@@ -24,15 +25,13 @@ def _summary(report: Report) -> str:
     )
 
 
-def _origins(report: Report) -> None:
+def _origins(report: Report, registries: Registries) -> None:
     """Which files came from the site directory (``$EDGEFARM_SITE_DIR`` / ``--site-dir``), and which of them replace a
     shipped file of the same name."""
-    from edgefarm.devices.site import current, origin
     from edgefarm.test_lists.loader import LISTS_DIR
 
-    site = current()
     for f in report.files:
-        if origin(f, site) == "site":
+        if registries.origin(f) == "site":
             replaced = " (replaces the shipped one)" if (LISTS_DIR / f.name).is_file() else ""
             typer.echo(f"site: {f}{replaced}")
 
@@ -55,8 +54,9 @@ def validate(
         except ValueError:
             typer.echo(f"ERROR --today {today!r} is not a date YYYY-MM-DD")
             raise typer.Exit(2) from None
-    report = validate_paths(paths or None, today=when)
-    _origins(report)
+    registries = current()
+    report = validate_paths(paths or None, today=when, registries=registries)
+    _origins(report, registries)
     for problem in report.errors:
         typer.echo(f"ERROR {problem}")
     for problem in report.warnings:

@@ -33,6 +33,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgefarm.devices._yaml import read_yaml_mapping, validation_problems
+from edgefarm.devices.site import PATTERNS
 from edgefarm.devices.toolchain_names import ToolchainNames
 from edgefarm.devices.types import DeviceType, load_device_types
 from edgellm.errors import ConfigurationError
@@ -270,11 +271,11 @@ class Inventory:
 def _device_files(root: Path, site_dir: Path | None) -> list[Path]:
     """The device files of ``root``; for the packaged inventory, with the site directory's ``inventory/`` files
     (``devices.site``) added, a site file replacing the packaged one of its device id."""
-    files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")])
+    files = sorted(p for pattern in PATTERNS["inventory"] for p in root.glob(pattern))
     site = None if site_dir is None or root.resolve() != PACKAGED_INVENTORY_DIR else site_dir / "inventory"
     if site is None or not site.is_dir():
         return files
-    added = sorted([*site.glob("*.yaml"), *site.glob("*.yml")])
+    added = sorted(p for pattern in PATTERNS["inventory"] for p in site.glob(pattern))
     replaced = {p.stem.lower() for p in added}
     return [p for p in files if p.stem.lower() not in replaced] + added
 
@@ -283,16 +284,14 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
                    registries: DeviceRegistries | None = None) -> Inventory:
     """Every device file in ``directory``, validated against ``registries`` (the farm's: its device types, its
     toolchains' checks of their blocks, its site directory); all problems in one error. None: the packaged device
-    types with the configured site directory's, toolchain blocks kept as written. A local device's relative
+    types and devices alone (no site directory), toolchain blocks kept as written. A local device's relative
     ``work_dir`` is under ``data_dir``."""
     root = Path(directory)
     if not root.is_dir():
         raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
     if registries is None:
-        from edgefarm.devices.site import current
-
-        site_dir, registry = current(), None
-        types: Mapping[str, DeviceType] = load_device_types(site_dir=site_dir)
+        site_dir, registry = None, None
+        types: Mapping[str, DeviceType] = load_device_types()
     else:
         site_dir, registry, types = registries.site_dir, registries.toolchains, registries.device_types
     problems: list[str] = []

@@ -5,8 +5,9 @@ ones, or replaces the packaged file of the same name; either way it is validated
 listings say where each came from. Nothing of the installed package is edited, so an upgrade keeps the lab's files.
 
 The settings (``flows.settings``, the one reader of the farm's environment) and the command line ``configure`` the
-site directory; the farm's registries (``registries``) are built from ``current()`` when first asked, and
-hand it to their loaders. Once they have read it, it cannot change in this process.
+site directory; the farm's registries (``registries``) are built from ``current()`` when first asked (its one reader)
+and carry it: every loader takes its files from them (``Registries.files``, ``Registries.origin``). Once they have
+read it, it cannot change in this process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from pathlib import Path
 
 from edgellm.errors import ConfigurationError
 
-KINDS = ("device_types", "lists", "matrices", "inventory", "catalog")
+# each kind's subdirectory and the file patterns it holds (the packaged directory of the kind holds the same)
+PATTERNS: dict[str, tuple[str, ...]] = {"device_types": ("*.yaml",), "lists": ("*.yml",), "matrices": ("*.yml",),
+                                        "inventory": ("*.yaml", "*.yml"), "catalog": ("*.yml", "*.yaml")}
+KINDS = tuple(PATTERNS)
 _state: dict[str, Path | bool | None] = {"site": None, "set": False, "read": False}
 
 
@@ -59,16 +63,16 @@ def current() -> Path | None:
     return site
 
 
-def overlay(packaged: Path, kind: str, site: Path | None, patterns: tuple[str, ...]) -> dict[str, Path]:
-    """File stem -> file: the packaged directory's files matching ``patterns``, then the site directory's
-    ``kind/`` ones, which add or replace by stem. Sorted by stem."""
+def overlay(packaged: Path | None, kind: str, site: Path | None) -> dict[str, Path]:
+    """File stem -> file: the packaged directory's files of ``kind`` (``PATTERNS``; None: none packaged), then the
+    site directory's ``kind/`` ones, which add or replace by stem. Sorted by stem."""
     if kind not in KINDS:
         raise ConfigurationError(f"unknown site kind {kind!r}; valid: {', '.join(KINDS)}")
     found: dict[str, Path] = {}
     for directory in (packaged, None if site is None else site / kind):
         if directory is None or not directory.is_dir():
             continue
-        for pattern in patterns:
+        for pattern in PATTERNS[kind]:
             for path in sorted(directory.glob(pattern)):
                 found[path.stem] = path
     return dict(sorted(found.items()))

@@ -220,4 +220,4 @@ def load_device_types(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | No
 
 def device_type_files(directory: Path = DEVICE_TYPES_DIR, *, site_dir: Path | None = None) -> dict[str, Path]:
     """Device type name -> the file it is read from (a site file over the packaged one of its name)."""
-    return overlay(directory, "device_types", site_dir, ("*.yaml",))
+    return overlay(directory, "device_types", site_dir)

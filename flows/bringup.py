@@ -79,9 +79,9 @@ class Request:
 
 def resolve(checkpoint: str, platforms: list[str] | None, layers: int, report_dir: str | None, name: str | None,
             settings: Settings) -> Request:
-    catalog = Catalog.load()
-    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir,
-                               registries=settings.registries())
+    registries = settings.registries()
+    catalog = Catalog.load(registries=registries)
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir, registries=registries)
     path = Path(checkpoint).expanduser()
     if path.is_dir():
         path = path.resolve()

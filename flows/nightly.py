@@ -32,9 +32,9 @@ MAX_WORKERS = 4096
 
 def make_plan(matrix: str | Path, settings: Settings, *, install: bool = False) -> Plan:
     """The matrix's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
-    catalog = Catalog.load()
-    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir,
-                               registries=settings.registries())
+    registries = settings.registries()
+    catalog = Catalog.load(registries=registries)
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir, registries=registries)
 
     def make() -> Plan:
         return plan_matrix(Path(matrix), inventory, catalog, data_dir=settings.data_dir)

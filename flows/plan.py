@@ -24,8 +24,7 @@ from edgefarm import stages
 from edgefarm.devices.inventory import Inventory
 from edgefarm.devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from edgefarm.devices.pools import check_pool_name
-from edgefarm.devices.site import overlay
-from edgefarm.registries import current
+from edgefarm.registries import Registries, current
 from edgefarm.stages.job import job_key
 from edgefarm.stages.variant import FEATURE_NAMES, PLAIN, Features
 from edgefarm.test_lists.capability import Capability, capability, hardware
@@ -47,10 +46,10 @@ MATRICES_DIR = Path(__file__).resolve().parent / "matrices"
 DEFAULT_MATRIX = MATRICES_DIR / "nightly.yml"
 
 
-def default_matrix() -> Path:
-    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (devices.site), else the
-    shipped one."""
-    return overlay(MATRICES_DIR, "matrices", current().site_dir, ("*.yml",))["nightly"]
+def default_matrix(registries: Registries | None = None) -> Path:
+    """The nightly matrix: the site directory's ``matrices/nightly.yml`` when it has one (``registries``'; default:
+    the farm's), else the shipped one."""
+    return (registries or current()).files("matrices", MATRICES_DIR)["nightly"]
 
 
 class Decision(enum.StrEnum):

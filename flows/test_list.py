@@ -41,9 +41,10 @@ def list_name(priority: str) -> str:
 
 def make_plan(priority: str, settings: Settings, *, install: bool = False) -> Plan:
     """The list's plan; ``install``: first install the pinned toolchains it needs and lacks (not for a dry run)."""
-    catalog = Catalog.load()
-    tlist, inventory = load_list(priority), load_inventory(settings.inventory_dir, data_dir=settings.data_dir,
-                                                                registries=settings.registries())
+    registries = settings.registries()
+    catalog = Catalog.load(registries=registries)
+    tlist = load_list(priority, registries=registries)
+    inventory = load_inventory(settings.inventory_dir, data_dir=settings.data_dir, registries=registries)
 
     def make() -> Plan:
         return plan_test_list(tlist, inventory, catalog, data_dir=settings.data_dir)

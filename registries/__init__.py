@@ -1,5 +1,7 @@
 """The farm's registries as one object, built from the settings: the device types (the packaged files with the site
-directory's over them) checked by the registered toolchains, the toolchains themselves, and the site directory.
+directory's over them) checked by the registered toolchains, the toolchains themselves, and the site directory, whose
+files of every kind (test lists, matrices, catalog, inventory: ``devices.site.KINDS``) every loader takes from here
+(:meth:`Registries.files`, :meth:`Registries.origin`, ``load_inventory(registries=...)``), never from the process.
 
 Nothing is discovered when a module is imported: :func:`build` walks the toolchain package and reads the device type
 files when it is called, and :func:`current` builds the process's registries once, on first use, from the site
@@ -60,6 +62,16 @@ class Registries:
         if name not in self.device_types:
             raise ConfigurationError(f"unknown device type {value!r}; valid: {', '.join(self.device_types)}")
         return self.device_types[name]
+
+    def files(self, kind: str, packaged: Path | None) -> dict[str, Path]:
+        """File stem -> file of one kind (``devices.site.KINDS``): those of ``packaged`` (the package's own
+        directory of that kind; None: none), with this site directory's ``kind/`` files over them (one adds a file
+        or replaces the packaged one of its stem). Sorted by stem; read when asked."""
+        return site.overlay(packaged, kind, self.site_dir)
+
+    def origin(self, path: Path) -> str:
+        """Where one of :meth:`files` came from, as listings show it: ``site`` or ``packaged``."""
+        return site.origin(path, self.site_dir)
 
     def with_device_types(self, *added: DeviceType) -> Registries:
         """These registries with ``added`` device types (one of an existing name replaces it)."""

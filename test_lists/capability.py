@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgefarm.registries import current
+from edgefarm.registries import Registries, current
 from edgefarm.toolchains import base as toolchains
 from edgefarm.vocabulary.model import ModelShape
 from edgefarm.vocabulary.variant import Variant
@@ -37,9 +37,10 @@ class Capability:
         return self.ok
 
 
-def hardware(platform: str, variant: Variant) -> Capability:
-    """Whether the platform's hardware runs the variant at all (any toolchain)."""
-    dtype = current().device_type(platform)
+def hardware(platform: str, variant: Variant, *, registries: Registries | None = None) -> Capability:
+    """Whether the platform's hardware runs the variant at all (any toolchain); the platform is a device type of
+    ``registries`` (default: the farm's)."""
+    dtype = (registries or current()).device_type(platform)
     ok, why = dtype.supports(variant.precision)
     if not ok:
         return Capability(False, why)
@@ -50,15 +51,18 @@ def hardware(platform: str, variant: Variant) -> Capability:
     return Capability(True)
 
 
-def capability(platform: str, toolchain: str | None, variant: Variant, shape: ModelShape | None = None) -> Capability:
+def capability(platform: str, toolchain: str | None, variant: Variant, shape: ModelShape | None = None, *,
+               registries: Registries | None = None) -> Capability:
     """Whether ``platform`` can run ``variant`` with ``toolchain`` (None: with any of the platform's toolchains;
-    the reason is then the preferred toolchain's), for a model of ``shape`` (None: unknown; no model limit asked)."""
-    found = hardware(platform, variant)
+    the reason is then the preferred toolchain's), for a model of ``shape`` (None: unknown; no model limit asked).
+    The platform is a device type of ``registries`` (default: the farm's)."""
+    found = hardware(platform, variant, registries=registries)
     if not found:
         return found
-    dtype = current().device_type(platform)
+    dtype = (registries or current()).device_type(platform)
     if toolchain is None:
-        reasons = [c for name in dtype.toolchains if not (c := capability(platform, name, variant, shape))]
+        reasons = [c for name in dtype.toolchains
+                   if not (c := capability(platform, name, variant, shape, registries=registries))]
         return Capability(True) if len(reasons) < len(dtype.toolchains) else reasons[0]
     name = toolchains.parse(toolchain)
     if name not in dtype.toolchains:

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,6 +22,9 @@ from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.thresholds import FIELDS, Thresholds
 from edgellm.types import Precision, QuantMethod
 from edgellm.yamlio import read_yaml
+
+if TYPE_CHECKING:
+    from edgefarm.registries import Registries
 
 CATALOG_FILE = Path(__file__).resolve().parent / "models.yml"
 OVERRIDABLE = tuple(f for f in FIELDS if f != "tokenizer_match")  # the numeric limits `edgellm eval` takes as flags
@@ -450,7 +453,9 @@ class Catalog:
         self.path = path
 
     @classmethod
-    def load(cls, path: Path = CATALOG_FILE) -> Catalog:
+    def load(cls, path: Path = CATALOG_FILE, *, registries: Registries | None = None) -> Catalog:
+        """The catalog of ``path``; the shipped one with the site directory's ``catalog/`` files over it, those of
+        ``registries`` (default: the farm's, ``registries.current()``)."""
         data = read_yaml(Path(path)) or {}
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):
@@ -458,7 +463,7 @@ class Catalog:
         files = {name: Path(path) for name in models}
         if Path(path) == CATALOG_FILE:  # the shipped catalog, with the site directory's catalog/ files over it
             models = dict(models)
-            for site_file, site_models in _site_catalogs():
+            for site_file, site_models in _site_catalogs(registries):
                 models.update(site_models)
                 files.update(dict.fromkeys(site_models, site_file))
         problems, sources = [], {}
@@ -516,16 +521,15 @@ class Catalog:
         return name in self.sources
 
 
-def _site_catalogs() -> list[tuple[Path, dict[str, Any]]]:
-    """The site directory's ``catalog/*.yml`` files (``devices.site``) and the models each gives, in name order: a
-    model there adds to the shipped catalog or replaces the shipped model of its name."""
-    from edgefarm.devices.site import current, overlay
+def _site_catalogs(registries: Registries | None) -> list[tuple[Path, dict[str, Any]]]:
+    """The site directory's ``catalog/*.yml`` files (``registries``'; None: the farm's) and the models each gives, in
+    name order: a model there adds to the shipped catalog or replaces the shipped model of its name."""
+    if registries is None:
+        from edgefarm.registries import current
 
-    site = current()
-    if site is None:
-        return []
+        registries = current()
     out = []
-    for file in overlay(site / "catalog", "catalog", None, ("*.yml", "*.yaml")).values():
+    for file in registries.files("catalog", None).values():
         data = read_yaml(file) or {}
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, dict):

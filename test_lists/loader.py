@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.platforms import PlatformCatalog
@@ -14,6 +15,9 @@ from edgefarm.test_lists.testlist import TestList
 from edgefarm.test_lists.validate import CATALOG_STEM, NOT_LISTS, WAIVERS_STEM, Problem, Report, Validator
 from edgefarm.test_lists.waivers import utc_today
 from edgellm.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from edgefarm.registries import Registries
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +34,39 @@ class TestListError(ConfigurationError):
         super().__init__(f"{len(problems)} problem(s) in test lists: " + "; ".join(str(p) for p in problems))
 
 
-def list_files(lists_dir: Path | None = None) -> dict[str, Path]:
+def _registries(registries: Registries | None) -> Registries:
+    """``registries``, else the farm's (``registries.current()``)."""
+    if registries is not None:
+        return registries
+    from edgefarm.registries import current
+
+    return current()
+
+
+def list_files(lists_dir: Path | None = None, *, registries: Registries | None = None) -> dict[str, Path]:
     """List name -> file: the ``*.yml`` of ``lists_dir``, or by default the shipped ones with the site directory's
-    ``lists/`` over them (``devices.site``: a site list adds one or replaces the shipped one of its name); waivers.yml
-    and the model catalog are not lists."""
+    ``lists/`` over them (``registries``', default the farm's: a site list adds one or replaces the shipped one of its
+    name); waivers.yml and the model catalog are not lists."""
     if lists_dir is not None:
         found = {p.stem: p for p in sorted(Path(lists_dir).glob("*.yml"))}
     else:
-        from edgefarm.devices.site import current, overlay
-
-        found = overlay(LISTS_DIR, "lists", current(), ("*.yml",))
+        found = _registries(registries).files("lists", LISTS_DIR)
     return {name: path for name, path in sorted(found.items()) if name not in NOT_LISTS}
 
 
-def list_names(lists_dir: Path | None = None) -> list[str]:
+def list_names(lists_dir: Path | None = None, *, registries: Registries | None = None) -> list[str]:
     """Names of the lists in ``lists_dir`` (default: the shipped ones and the site directory's)."""
-    return list(list_files(lists_dir))
+    return list(list_files(lists_dir, registries=registries))
 
 
-def _list_path(name_or_path: str | Path, lists_dir: Path | None) -> Path:
+def _list_path(name_or_path: str | Path, lists_dir: Path | None, registries: Registries | None) -> Path:
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or "/" in text or text.endswith((".yml", ".yaml")):
         path = Path(name_or_path)
         if not path.is_file():
             raise ConfigurationError(f"test list file {text!r} does not exist")
         return path
-    files = list_files(lists_dir)
+    files = list_files(lists_dir, registries=registries)
     if text not in files:
         where = lists_dir if lists_dir is not None else LISTS_DIR
         raise ConfigurationError(f"unknown test list {text!r}; known: {', '.join(files) or '(none)'} in {where}")
@@ -68,10 +79,13 @@ def load_list(
     lists_dir: Path | None = None,
     platforms: PlatformCatalog | Iterable[str] | None = None,
     today: dt.date | None = None,
+    registries: Registries | None = None,
 ) -> TestList:
-    """Load and validate one list plus its directory's waivers.yml; any error raises TestListError listing all."""
-    path = _list_path(name_or_path, lists_dir)
-    validator = Validator(platforms, today or utc_today())
+    """Load and validate one list plus its directory's waivers.yml; any error raises TestListError listing all. A
+    list by name and what it is checked against (the catalog, the platforms) are ``registries``' (default: the
+    farm's)."""
+    path = _list_path(name_or_path, lists_dir, registries)
+    validator = Validator(platforms, today or utc_today(), registries=registries)
     test_list, errors, warnings = validator.list_file(path)
     waivers_path = path.parent / f"{WAIVERS_STEM}.yml"
     shared = []
@@ -103,23 +117,23 @@ def validate_paths(
     *,
     platforms: PlatformCatalog | Iterable[str] | None = None,
     today: dt.date | None = None,
+    registries: Registries | None = None,
 ) -> Report:
     """Validate list files and waivers.yml files (directories expand to their ``*.yml``); collect every problem.
-    Models are checked against the catalog among ``paths`` (a directory's ``models.yml``), else the shipped one."""
+    Models are checked against the catalog among ``paths`` (a directory's ``models.yml``), else the shipped one;
+    the shipped lists, catalog and platforms are ``registries``' (default: the farm's), site files included."""
     if paths:
         files, missing = _expand([Path(p) for p in paths])
     else:  # the shipped lists, and the site directory's over them (a site file replaces the shipped one of its name)
-        from edgefarm.devices.site import current, overlay
-
-        files, missing = list(overlay(LISTS_DIR, "lists", current(), ("*.yml",)).values()), []
+        files, missing = list(_registries(registries).files("lists", LISTS_DIR).values()), []
     catalog, catalog_problems = None, []
     for f in files:
         if f.stem == CATALOG_STEM:
             try:
-                catalog = Catalog.load(f)
+                catalog = Catalog.load(f, registries=registries)
             except ConfigurationError as exc:
                 catalog_problems += [Problem(f, line) for line in str(exc).splitlines()]
-    validator = Validator(platforms, today or utc_today(), models=catalog)
+    validator = Validator(platforms, today or utc_today(), models=catalog, registries=registries)
     report = Report(files=files, errors=missing + catalog_problems, today=validator.today)
     built: dict[Path, TestList | None] = {}
     for f in files:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +27,9 @@ from edgefarm.test_lists.waivers import SourcedWaiver, Waiver
 from edgefarm.vocabulary.variant import PLAIN, Features
 from edgellm.errors import ConfigurationError
 from edgellm.yamlio import LineDict, YamlSyntaxError, line_of, read_yaml
+
+if TYPE_CHECKING:
+    from edgefarm.registries import Registries
 
 WAIVERS_STEM = "waivers"
 CATALOG_STEM = "models"  # the model catalog lives beside the lists; neither it nor waivers.yml is a list
@@ -108,13 +111,18 @@ def _validate(model: type[BaseModel], data: Any, file: Path, raw: Any, where: st
 
 
 class Validator:
-    """Validates list, fragment and waiver files against one platform catalog and one 'today'."""
+    """Validates list, fragment and waiver files against one platform catalog and one 'today'; the platforms (when
+    none are given), the models (when no catalog is) and the device types rows are sized for are ``registries``'
+    (default: the farm's)."""
 
     def __init__(self, platforms: PlatformCatalog | Iterable[str] | None = None, today: dt.date | None = None,
-                 models: Catalog | None = None):
+                 models: Catalog | None = None, *, registries: Registries | None = None):
+        self.registries = registries
+        if platforms is None and registries is not None:
+            platforms = PlatformCatalog(frozenset(registries.device_types), device_types=True)
         self.catalog = PlatformCatalog.coerce(platforms)
         self.today = today or dt.date.today()
-        self.models = models if models is not None else Catalog.load()
+        self.models = models if models is not None else Catalog.load(registries=registries)
         from edgefarm.devices.memory_fit import Sizer
 
         self._sizer = Sizer()  # each row's memory, sized once (the reserve table read once)
@@ -165,7 +173,7 @@ class Validator:
             if shape is not None:
                 steps.append(("model", whole, shape))
             for fname, variant, model in steps:
-                found = capability(name, None, variant, model)
+                found = capability(name, None, variant, model, registries=self.registries)
                 if not found:
                     out.append((fname, found.reason))
                     break
@@ -189,7 +197,7 @@ class Validator:
         from edgefarm.registries import current
 
         source = self.models.get(spec.model)
-        dtype = current().device_types[platform]
+        dtype = (self.registries or current()).device_types[platform]
         toolchain = getattr(spec, "toolchain", None) or dtype.toolchains[0]
         found = self._sizer.size(spec, source.config(), toolchain, platform, source_group(source))
         return fit_problem(found, dtype)

@@ -32,6 +32,7 @@ from edgefarm.toolchains import base as toolchains
 from edgefarm.toolchains import venvs
 from edgellm.errors import TestFailure
 from edgellm.types import Precision
+from tests.helpers.registries import registries_with
 from tests.helpers.toy_toolchain import ToyEcho
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -117,11 +118,8 @@ def fake_chain(wheelhouse: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
-    toolchains.register_toolchain(FakeChain)
-    try:
+    with registries_with(toolchains=[FakeChain]):
         yield FAKE
-    finally:
-        toolchains.unregister_toolchain(FAKE)
 
 
 @pytest.fixture(scope="module")

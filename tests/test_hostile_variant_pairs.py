@@ -79,7 +79,7 @@ def test_a_part_with_no_base_in_the_catalog_cannot_be_paired(tmp_path: Path, mon
     catalog.parent.mkdir()
     catalog.write_text(yaml.safe_dump(raw))
     load = Catalog.load.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(Catalog, "load", classmethod(lambda cls, _=CATALOG_FILE: load(cls, catalog)))
+    monkeypatch.setattr(Catalog, "load", classmethod(lambda cls, _=CATALOG_FILE, **kw: load(cls, catalog, **kw)))
     code, out = _validate(
         tmp_path,
         "{model: tiny-llama-4l, precision: fp16, speculative: {method: eagle3, draft: tiny-llama-4l-eagle3}}")

@@ -19,6 +19,7 @@ from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.loader import load_list
 from edgefarm.test_lists.schema import DEFAULT_STAGES
 from edgellm.errors import ConfigurationError
+from tests.helpers.registries import registries_with
 
 DATA = Path(__file__).parent / "data"
 INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"
@@ -147,8 +148,7 @@ def test_a_precision_the_asked_toolchain_cannot_produce_is_not_applicable_naming
     assert job.test_id.endswith("-by.edgellm.ort")  # a toolchain a block asks for is part of the test's id
 
 
-def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: Path) -> None:
     """The choice is the registry's answer: a stand-in driver (planning only, it never builds anything) makes
     orin fp16 runnable, and still with tensorrt-edgellm, never ONNX Runtime."""
     import edgefarm.toolchains.base as base
@@ -167,20 +167,13 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
         def host_version(self) -> str:
             return "stand-in"
 
-    registry = base.Registry[type[base.ToolchainDriver]]("toolchain")
-    for name, cls in [(n, base.driver_class(n)) for n in base.names()]:  # the real ones, but this stand-in
-        registry.add(name, StandInTensorrtEdgellm if name == "tensorrt-edgellm" else cls)
-    monkeypatch.setattr(base, "_DRIVERS", registry)
-    base._instances.cache_clear()
     matrix = tmp_path / "m.yml"
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K", "qwen2.5-0.5b-layout"],
                                       "precisions": ["fp16", "fp8"], "platforms": ["orin"],
                                       "defaults": {"max_seq_len": 64, "max_batch_size": 1, "max_input_len": 32}}))
-    try:
+    with registries_with(replaced=[StandInTensorrtEdgellm]):  # the real drivers, but this stand-in
         inventory = load_inventory(_inventory_with(tmp_path, "orin"), data_dir=tmp_path)
         plan = plan_matrix(matrix, inventory, Catalog.load(), data_dir=tmp_path)
-    finally:
-        base._instances.cache_clear()
     by = {(j.model, j.precision.value, j.platform): j for j in plan.jobs}
     fp16 = by[("qwen2.5-0.5b-layout", "fp16", "orin")]
     assert (fp16.decision, fp16.toolchain, fp16.devices) == (Decision.RUN, "tensorrt-edgellm", ("orin-1",))

@@ -30,7 +30,7 @@ from edgefarm.toolchains import base as toolchains
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, QuantMethod
-from tests.helpers.toolchain_env import driver_replaced
+from tests.helpers.registries import registries_with
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = Catalog.load()
@@ -213,7 +213,7 @@ def test_int4_gptq_is_not_applicable_on_the_cpu_with_the_drivers_reason(tmp_path
 
 
 @pytest.fixture
-def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def standin_trt() -> Iterator[None]:
     """tensorrt-edgellm as installed, driving any device (planning only: nothing runs)."""
     from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
@@ -230,7 +230,7 @@ def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "stand-in"
 
-    with driver_replaced(monkeypatch, "tensorrt-edgellm", StandIn):
+    with registries_with(replaced=[StandIn]):
         yield
 
 

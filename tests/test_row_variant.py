@@ -27,7 +27,7 @@ from edgefarm.test_lists.loader import load_list
 from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 from edgefarm.vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 from edgellm.types import KVCachePrecision
-from tests.helpers.toolchain_env import driver_replaced
+from tests.helpers.registries import registries_with
 
 T0 = "2026-12-01 00:00:00"
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}
@@ -42,7 +42,7 @@ def _list(tmp_path: Path, tests: list[dict[str, Any]], platform: str = "thor", n
 
 
 @pytest.fixture
-def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def trt_available() -> Iterator[None]:
     """TensorRT Edge-LLM's real driver (its real feature declaration), as if installed (planning only)."""
 
     class Installed(TensorrtEdgellm):
@@ -52,7 +52,7 @@ def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def host_version(self) -> str:
             return "0.11.0"
 
-    with driver_replaced(monkeypatch, "tensorrt-edgellm", Installed):
+    with registries_with(replaced=[Installed]):
         yield
 
 

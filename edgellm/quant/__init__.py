@@ -8,7 +8,8 @@ Everything else asks this registry, none keeps a list of methods: ``edgellm.type
 (stored formats, scale tensor names), export (lowering, opset, refusals, the manifest's GEMM counts), the backends
 (what ONNX Runtime builds and torch-cuda refuses), ``edgellm.thresholds`` (default limits).
 
-Adding a method touches one file, its module here. Two more only when it brings a GEMM kind no method had before:
+Adding a method touches its module here and the one list of the modules, the import in ``base.discover`` (nothing
+walks this package). Two more only when it brings a GEMM kind no method had before:
 ``GemmKind`` in ``base.py`` and how ONNX Runtime's read-back counts it (``quantized_gemms`` in
 ``edgellm/backends/ort.py``). tests/test_quant_methods.py proves it with a toy method registered from the test.
 """

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from edgefarm.toolchains.tensorrt_edgellm.driver import PINNED_VERSION, pinned_env, version_env
 from edgefarm.toolchains.tensorrt_edgellm.env import CONSOLE_SCRIPTS, script
@@ -71,22 +68,3 @@ def link_release(data_dir: Path, trt_env: Path) -> Path:
     env.parent.mkdir(parents=True, exist_ok=True)
     env.symlink_to(trt_env, target_is_directory=True)
     return env
-
-
-
-@contextmanager
-def driver_replaced(monkeypatch: Any, name: str, cls: type) -> Iterator[None]:
-    """``cls`` as toolchain ``name``'s driver (the other toolchains keep theirs) inside the block: planning with a
-    stand-in that says it is installed, nothing runs. Driver instances are made afresh inside and after it."""
-    import edgefarm.toolchains.base as toolchains
-
-    registry = toolchains.Registry[type[toolchains.ToolchainDriver]]("toolchain")
-    for known in toolchains.names():
-        registry.add(known, cls if known == name else toolchains.driver_class(known))
-    monkeypatch.setattr(toolchains, "_DRIVERS", registry)
-    toolchains._instances.cache_clear()
-    try:
-        yield
-    finally:
-        monkeypatch.undo()
-        toolchains._instances.cache_clear()
