@@ -34,9 +34,15 @@ OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 # idle thread keeps polling for work instead of sleeping. On a machine the engine shares, that polling burns the CPU
 # time the decode needs. benchmarks/results/peers-contention.json (2 CPUs, already loaded by other tenants, 2 threads,
 # rounds alternating): the Qwen2.5-0.5B shape at fp32 decoded 1.48x faster with spinning off under a competing
-# 2-process job (1.73x without it), stories260K 2.5x under it (0.88x without: on an idle machine spinning saves the
-# wake-ups; not measured idle here). Off by default; ``OrtBackend.open(intra_op_spinning=True)`` restores ONNX
-# Runtime's default (the benchmark's edgellm-spin stack).
+# 2-process job (1.73x without it), stories260K 2.5x under it; on an idle host spinning saves the wake-ups (issue 39:
+# quiet int4 fell from 1.21x onnxruntime-genai to 0.89x when spinning was turned off). So by default ("auto") each
+# session chooses at open from the host's measured load (edgellm.backends.thread_policy.choose_spinning: spin only
+# with an idle CPU per intra-op thread), once: ONNX Runtime cannot change it on an open session.
+# ``OrtBackend.open(intra_op_spinning=True|False)`` fixes it (the benchmark's edgellm-spin / edgellm-nospin stacks).
+# benchmarks/results/peers_contention_issue39_auto.json (2026-12-06, 0.5B shape fp32, 3 rounds, load average 5-10 on
+# 2 CPUs, other tenants busy 1.3-1.6 CPUs even "quiet"): "auto" found 0.00-0.11 idle CPUs at every open and did not
+# spin; spinning was slower in both cases (edgellm-nospin / edgellm-spin 1.77x quiet, 1.74x contended). An idle host,
+# where "auto" spins, was not available to measure.
 INTRA_OP_SPINNING: bool | str = "auto"
 
 INT8_GEMMS = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul")
