@@ -95,30 +95,40 @@ def _timed_stream(tokens: Callable[[], Any]) -> dict[str, float | int]:
             "decode_cpu_s": c_end - c_first}
 
 
-def _worker_edgellm(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
-    from edgellm.runtime import Engine, GenerationRequest
-
-    engine = Engine.open(model_dir, num_threads=threads)
-
-    def run(n: int) -> Any:
-        req = GenerationRequest(id="bench", input_ids=prompt, max_new_tokens=n, temperature=0.0)
-        return engine.stream(req)
-    return run
-
-
-def _worker_edgellm_spin(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
-    """edgellm with ONNX Runtime's default intra-op spinning (``--contention``'s A/B of edgellm's default)."""
+def _worker_edgellm(model_dir: Path, prompt: list[int], new: int, threads: int,
+                    intra_op_spinning: bool | str | None = None) -> Callable[[int], Any]:
+    """edgellm's engine as it opens by default (ONNX Runtime spinning "auto": chosen from the host's load at open),
+    or with ``intra_op_spinning`` given. ``run.reopen()`` opens its session again (--contention: the "auto" choice
+    made under each case's load) and returns the new session's settings; ``run.settings()`` the current ones."""
     from edgellm.backends.ort import OrtBackend
     from edgellm.runtime import Engine, GenerationRequest
 
     engine = Engine.open(model_dir, num_threads=threads)
-    engine.session = OrtBackend().open(engine.engine_dir, engine.manifest, num_threads=threads,
-                                       intra_op_spinning=True)
+
+    def reopen() -> Any:
+        spin = {} if intra_op_spinning is None else {"intra_op_spinning": intra_op_spinning}
+        engine.session = OrtBackend().open(engine.engine_dir, engine.manifest, num_threads=threads, **spin)
+        return engine.session.settings  # type: ignore[attr-defined]
+
+    if intra_op_spinning is not None:
+        reopen()
 
     def run(n: int) -> Any:
         req = GenerationRequest(id="bench", input_ids=prompt, max_new_tokens=n, temperature=0.0)
         return engine.stream(req)
+    run.reopen = reopen  # type: ignore[attr-defined]
+    run.settings = lambda: getattr(engine.session, "settings", None)  # type: ignore[attr-defined]
     return run
+
+
+def _worker_edgellm_spin(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    """edgellm with ONNX Runtime's default intra-op spinning (``--contention``'s A/B of edgellm's choice)."""
+    return _worker_edgellm(model_dir, prompt, new, threads, intra_op_spinning=True)
+
+
+def _worker_edgellm_nospin(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
+    """edgellm with intra-op spinning off (its default before "auto": ``--contention``'s A/B of edgellm's choice)."""
+    return _worker_edgellm(model_dir, prompt, new, threads, intra_op_spinning=False)
 
 
 def _worker_transformers(model_dir: Path, prompt: list[int], new: int, threads: int) -> Callable[[int], Any]:
@@ -187,7 +197,7 @@ WORKERS = {"edgellm": _worker_edgellm, "transformers": _worker_transformers,
            "onnxruntime-genai": _worker_onnxruntime_genai, "edgellm-int4": _worker_edgellm,
            "edgellm-int8": _worker_edgellm, "onnxruntime-genai-int4": _worker_onnxruntime_genai,
            "edgellm-int4-q4head": _worker_edgellm, "edgellm-int8-q8head": _worker_edgellm,
-           "edgellm-spin": _worker_edgellm_spin}
+           "edgellm-spin": _worker_edgellm_spin, "edgellm-nospin": _worker_edgellm_nospin}
 
 
 def bandwidth_main(args: argparse.Namespace) -> int:

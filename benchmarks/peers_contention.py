@@ -8,6 +8,13 @@ after it. Rounds alternate the stacks and the order of the two cases, so load fr
 all alike; the medians over rounds are compared as ratios edgellm / onnxruntime-genai (decode tokens/s; TTFT as
 theirs / ours), with the median of the per-round (paired) ratios beside them.
 
+edgellm opens its ONNX Runtime session with intra-op spinning "auto" (edgellm.backends.thread_policy: spin only
+with an idle CPU per intra-op thread, measured at open); its worker opens the session again in each case after the
+competing job has started (then one untimed warm-up generation), so the choice is made under that case's load, as by
+a service opened on a host already running its other job. edgellm-nospin and edgellm-spin open the same engine once
+with spinning off / on: the fixed settings the choice picks from (edgellm-spin's contended case is also what "auto"
+costs when the load comes after the session chose to spin: ONNX Runtime cannot change spinning on an open session).
+
 Every timed generation records the load average before it, the machine's busy CPUs during it (from /proc/stat), the
 worker's own CPU time (a stack whose intra-op threads spin burns CPU time while it waits), and the competing job's
 work rate (the share of the CPUs it got). The machine is shared: "quiet" means no competing job of ours, not an idle
@@ -40,9 +47,11 @@ if str(BENCH) not in sys.path:
 
 import peers  # noqa: E402  # the builds, prompts and the worker of the side-by-side benchmark
 
-# edgellm-spin: the same engine with ONNX Runtime's default intra-op spinning (what edgellm opened before), the A/B
-# of edgellm.backends.ort.INTRA_OP_SPINNING in the same rounds
-STACKS = ("edgellm", "edgellm-spin", "onnxruntime-genai")
+# edgellm: its default session (spinning "auto", chosen under each case's load); edgellm-nospin / edgellm-spin: the
+# same engine with spinning off / on whatever the load (the A/B of edgellm.backends.ort.INTRA_OP_SPINNING's choices)
+STACKS = ("edgellm", "edgellm-nospin", "edgellm-spin", "onnxruntime-genai")
+FIXED_SPINNING = ("edgellm-nospin", "edgellm-spin")
+REOPENED = ("edgellm",)  # stacks whose session is opened again under each case's load
 CASES = ("quiet", "contended")
 # edgellm decode / onnxruntime-genai decode, per case
 TARGETS = {"contended": 0.9, "quiet": 1.0}
@@ -68,7 +77,8 @@ def spin_main() -> int:
         n += 1
         if n % 1_000_000 == 0 and os.getppid() != parent:  # orphaned: never outlive the worker
             break
-    print(json.dumps({"rate": n / (time.perf_counter() - t0), "cpu_s": time.process_time() - c0}), flush=True)
+    wall = time.perf_counter() - t0
+    print(json.dumps({"rate": n / wall, "cpu_s": time.process_time() - c0, "wall_s": wall}), flush=True)
     return 0
 
 
@@ -108,8 +118,9 @@ class CompetingLoad:
             if lines:
                 done.append(json.loads(lines[-1]))
         self._p = []
+        # CPUs it got: each process's CPU seconds over its own lifetime (a reopened session's warm-up included)
         self.result = {"procs": self.procs, "rates": [d["rate"] for d in done],
-                       "cpu_s": sum(d["cpu_s"] for d in done)}
+                       "cpus": sum(d["cpu_s"] / d["wall_s"] for d in done if d["wall_s"] > 0)}
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -119,14 +130,19 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def timed_case(run: Any, new_tokens: int, procs: int) -> dict[str, Any]:
+def timed_case(run: Any, new_tokens: int, procs: int, reopen: bool = False) -> dict[str, Any]:
     """One timed generation (``peers._timed_stream``), under ``procs`` competing processes (0: none), with the
-    machine's state around it."""
+    machine's state around it; ``reopen``: the session is opened again (and warmed up) once the competing job runs,
+    its settings recorded."""
     load = os.getloadavg()[0]
     competing = CompetingLoad(procs) if procs else None
     if competing is not None:
         competing.__enter__()
+    session = None
     try:
+        if reopen:
+            session = run.reopen()
+            peers._timed_stream(lambda: run(min(8, new_tokens)))  # warm-up of the new session
         b0, t0 = _cpu_jiffies()
         r = peers._timed_stream(lambda: run(new_tokens))
         b1, t1 = _cpu_jiffies()
@@ -140,9 +156,11 @@ def timed_case(run: Any, new_tokens: int, procs: int) -> dict[str, Any]:
            "decode_cpu_per_wall": r["decode_cpu_s"] / r["decode_s"] if r["decode_s"] else None,
            "loadavg_1m_before": load,
            "machine_busy_cpus": ncpu * (b1 - b0) / (t1 - t0) if t1 > t0 else None}
+    if session is not None:
+        out["session_options"] = session
     if competing is not None:
         res = competing.result
-        out["competing"] = {"procs": res["procs"], "rates": res["rates"], "cpus": res["cpu_s"] / wall}
+        out["competing"] = {"procs": res["procs"], "rates": res["rates"], "cpus": res["cpus"]}
     if out["machine_busy_cpus"] is not None:
         # what neither this worker nor our competing job used: the machine's other tenants
         own = (r["ttft_cpu_s"] + r["decode_cpu_s"]) / wall + out.get("competing", {}).get("cpus", 0.0)
@@ -157,15 +175,13 @@ def worker_main(args: argparse.Namespace) -> int:
     run = peers.WORKERS[args.worker](Path(args.model_dir), prompt, args.new_tokens, args.threads)
     load_s = time.perf_counter() - t0
     peers._timed_stream(lambda: run(min(8, args.new_tokens)))  # warm-up
-    cases = {c: timed_case(run, args.new_tokens, args.load_procs if c == "contended" else 0)
+    cases = {c: timed_case(run, args.new_tokens, args.load_procs if c == "contended" else 0,
+                           reopen=args.worker in REOPENED)
              for c in args.cases.split(",")}
     result: dict[str, Any] = {"load_s": load_s, "cases": cases, "peak_rss_bytes": peers._peak_rss()}
     if args.worker.startswith("edgellm"):
-        from edgellm.backends.ort import INTRA_OP_SPINNING, session_settings
-
-        # what the worker's session was opened with (peers._worker_edgellm / _worker_edgellm_spin)
-        spinning = True if args.worker == "edgellm-spin" else INTRA_OP_SPINNING
-        result["session_options"] = session_settings(args.threads, intra_op_spinning=spinning)
+        # what the worker's session was opened with, as it recorded it (the reopened ones: per case, above)
+        result["session_options"] = run.settings()
     Path(args.result).write_text(json.dumps(result, indent=2))
     return 0
 
@@ -187,8 +203,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         print(f"[{name}] {stack}: build ...", flush=True)
         b = (peers._build_edgellm(ckpt, work, args, len(prompt)) if stack == "edgellm"
              else peers._build_onnxruntime_genai(ckpt, work, args, len(prompt)))
-        # edgellm-spin opens edgellm's engine
-        for s in ((stack, "edgellm-spin") if stack == "edgellm" else (stack,)):
+        # edgellm-nospin and edgellm-spin open edgellm's engine
+        for s in ((stack, *FIXED_SPINNING) if stack == "edgellm" else (stack,)):
             if "error" in b:
                 out["stacks"][s] = {"error": peers._explain(s, cfg, b["error"])}
                 print(f"[{name}] {s}: n/a ({out['stacks'][s]['error']})", flush=True)
@@ -233,6 +249,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                            "decode_cpu_per_wall": statistics.median(cpu) if cpu else None,
                            "loadavg_1m_before": [x["loadavg_1m_before"] for x in xs],
                            "others_busy_cpus": [x.get("others_busy_cpus") for x in xs]}
+            chosen = [x["session_options"]["intra_op_spinning"] for x in xs if "session_options" in x]
+            if chosen:  # the "auto" choice per round, and the idle CPUs it was made from
+                entry[case]["spinning_chosen"] = [c["spinning"] for c in chosen]
+                entry[case]["idle_cpus_at_open"] = [(c["contention"] or {}).get("idle_cpus") for c in chosen]
         entry["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in runs)
         if "session_options" in runs[0]:
             entry["session_options"] = runs[0]["session_options"]
@@ -285,18 +305,21 @@ def summarize(results: dict[str, Any]) -> None:
                 if decode is not None:
                     targets[f"{case}: decode >= {TARGETS[case]}x onnxruntime-genai"] = {
                         "target": TARGETS[case], "measured": decode, "met": decode >= TARGETS[case]}
-            spin = m["stacks"].get("edgellm-spin", {})
-            for name, e in (("edgellm", ours), ("edgellm-spin", spin), ("onnxruntime-genai", theirs)):
+            for name in STACKS:
+                e = m["stacks"].get(name, {})
                 if "error" not in e and e.get("contended"):
                     ratios[f"{name} contended / quiet decode"] = _ratio(e["contended"]["decode_tokens_per_s"],
                                                                        e["quiet"]["decode_tokens_per_s"])
-            if "error" not in spin and spin.get("contended"):
-                # the A/B: edgellm without / with ONNX Runtime's intra-op spinning, and the latter vs the peer
+            for fixed in FIXED_SPINNING:
+                e = m["stacks"].get(fixed, {})
+                if "error" in e or not e.get("contended"):
+                    continue
+                # the A/B: edgellm's choice vs spinning fixed off / on, and those vs the peer
                 for case in CASES:
-                    ratios[case]["edgellm / edgellm-spin decode"] = _ratio(ours[case]["decode_tokens_per_s"],
-                                                                           spin[case]["decode_tokens_per_s"])
-                    ratios[case]["edgellm-spin / onnxruntime-genai decode"] = _ratio(
-                        spin[case]["decode_tokens_per_s"], theirs[case]["decode_tokens_per_s"])
+                    ratios[case][f"edgellm / {fixed} decode"] = _ratio(ours[case]["decode_tokens_per_s"],
+                                                                      e[case]["decode_tokens_per_s"])
+                    ratios[case][f"{fixed} / onnxruntime-genai decode"] = _ratio(
+                        e[case]["decode_tokens_per_s"], theirs[case]["decode_tokens_per_s"])
         m["ratios"], m["targets"] = ratios, targets
     print()
     for model, m in results.items():
@@ -309,11 +332,14 @@ def summarize(results: dict[str, Any]) -> None:
             paired = x["decode_speedup_paired_median"]
             print(f"{model}: {case}: edgellm / onnxruntime-genai decode {x['decode_speedup']:.2f}x "
                   f"(paired per round {paired:.2f}x), TTFT speedup {x['ttft_speedup']:.2f}x")
-            for k in ("edgellm / edgellm-spin decode", "edgellm-spin / onnxruntime-genai decode"):
+            for k in [f"{a} decode" for f in FIXED_SPINNING for a in (f"edgellm / {f}", f"{f} / onnxruntime-genai")]:
                 if x.get(k) is not None:
                     print(f"{model}: {case}: {k} {x[k]:.2f}x")
-        for k in ("edgellm contended / quiet decode", "edgellm-spin contended / quiet decode",
-                  "onnxruntime-genai contended / quiet decode"):
+            chosen = m["stacks"]["edgellm"][case].get("spinning_chosen")
+            if chosen is not None:
+                idle = m["stacks"]["edgellm"][case]["idle_cpus_at_open"]
+                print(f"{model}: {case}: edgellm spinning chosen per round {chosen} from idle CPUs {idle}")
+        for k in (f"{s} contended / quiet decode" for s in STACKS):
             if r.get(k) is not None:
                 print(f"{model}: {k}: {r[k]:.2f}")
         for t, v in m["targets"].items():
@@ -340,6 +366,8 @@ def main(args: argparse.Namespace) -> int:
         "settings": {"precision": "fp32", "batch_size": 1, "prompt_len": args.prompt_len,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "threads": args.threads,
                      "greedy": True, "quick": args.quick,
+                     "edgellm_spinning": "edgellm: 'auto', its session opened again under each case's load; "
+                                         "edgellm-nospin / edgellm-spin: off / on, opened once",
                      "competing_job": f"{args.load_procs} processes, each a pure-Python integer loop (one CPU "
                                       f"each, no memory traffic), started before and stopped after each contended "
                                       f"timed generation"},

@@ -1,5 +1,6 @@
-"""The ONNX Runtime session an engine is opened with: intra-op spinning off unless asked for (a spinning pool burns the
-CPU a shared machine's decode needs: benchmarks/peers_contention.py), the settings recorded, the outputs unchanged."""
+"""The ONNX Runtime session an engine is opened with: intra-op spinning chosen from the host's load unless asked for (a
+spinning pool burns the CPU a shared machine's decode needs: benchmarks/peers_contention.py; the choice itself:
+tests/test_ort_thread_policy.py), the settings recorded, the outputs unchanged."""
 
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ def _entry(engine: Engine, key: str) -> str:
     return str(engine.session.sess.get_session_options().get_session_config_entry(key))  # type: ignore[attr-defined]
 
 
-def test_engine_session_does_not_spin_by_default(stories_engine):
+def test_engine_session_spins_as_chosen_at_open(stories_engine):
     engine = Engine.open(stories_engine.engine_dir, num_threads=2)
-    assert _entry(engine, SPIN) == "0"
+    settings = engine.session.settings  # type: ignore[attr-defined]
+    assert settings["intra_op_spinning"]["setting"] == "auto"
+    assert _entry(engine, SPIN) == ("1" if settings["intra_op_spinning"]["spinning"] else "0")
     opts = engine.session.sess.get_session_options()  # type: ignore[attr-defined]
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (2, 1)
-    assert engine.session.settings == session_settings(2)  # type: ignore[attr-defined]
-    assert engine.session.settings["config_entries"] == {SPIN: "0"}  # type: ignore[attr-defined]
+    fixed = {k: v for k, v in session_settings(2).items() if k not in ("config_entries", "intra_op_spinning")}
+    assert {k: v for k, v in settings.items() if k in fixed} == fixed
+    assert settings["config_entries"] == {SPIN: _entry(engine, SPIN)}
 
 
 def test_spinning_on_request_gives_the_same_tokens(stories_engine):
@@ -38,8 +42,8 @@ def test_spinning_on_request_gives_the_same_tokens(stories_engine):
 
 
 def test_bad_spinning_value_is_named():
-    with pytest.raises(ConfigurationError, match=r"intra_op_spinning 'yes': must be True or False"):
-        session_settings(2, intra_op_spinning="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"intra_op_spinning 'yes': must be one of True, False, 'auto'"):
+        session_settings(2, intra_op_spinning="yes")
 
 
 def test_bench_records_the_session_settings(stories_engine, tmp_path):
@@ -48,4 +52,6 @@ def test_bench_records_the_session_settings(stories_engine, tmp_path):
                  "--iterations", "2", "--warmup", "0", "--threads", "1"]) == 0
     session = json.loads(out.read_text())["session"]
     assert session["intra_op_num_threads"] == 1
-    assert session["config_entries"] == {SPIN: "0"}
+    chosen = session["intra_op_spinning"]
+    assert chosen["setting"] == "auto" and chosen["contention"]["source"] == "/proc/stat"
+    assert session["config_entries"] == {SPIN: "1" if chosen["spinning"] else "0"}

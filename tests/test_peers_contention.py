@@ -22,7 +22,7 @@ def test_competing_load_spins_in_its_own_session_and_is_gone_after():
         assert all(os.getsid(pid) == pid != os.getsid(0) for pid in pids)  # another tenant's job, not ours
         time.sleep(0.3)
     assert len(load.result["rates"]) == 2 and all(r > 0 for r in load.result["rates"])
-    assert load.result["cpu_s"] > 0
+    assert load.result["cpus"] > 0
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -53,6 +53,38 @@ def test_targets_and_paired_ratios_come_from_the_rounds(capsys):
                                                                       "met": True}
     assert m["targets"]["contended: decode >= 0.9x onnxruntime-genai"]["met"] is False
     assert "MISSED" in capsys.readouterr().out
+
+
+def test_reopened_session_records_its_choice_per_case():
+    opened: list[str] = []
+
+    def run(n: int):
+        return iter(range(n))
+
+    def reopen() -> dict:
+        opened.append("x")
+        return {"intra_op_spinning": {"spinning": False}}
+    run.reopen = reopen  # type: ignore[attr-defined]
+    case = peers_contention.timed_case(run, 4, 0, reopen=True)
+    assert opened == ["x"] and case["session_options"] == {"intra_op_spinning": {"spinning": False}}
+    assert "session_options" not in peers_contention.timed_case(run, 4, 0)
+
+
+def test_auto_is_compared_with_both_fixed_settings(capsys):
+    names = ("edgellm", "edgellm-nospin", "edgellm-spin", "onnxruntime-genai")
+    rates = dict(zip(names, ((10.0, 8.0), (8.0, 8.0), (10.0, 4.0), (10.0, 8.0)), strict=True))
+    rounds = [{"stacks": {s: _stack(*rates[s]) for s in names}}]
+    stacks = {s: {case: {**_case(v, 100.0), "loadavg_1m_before": [1.0], "others_busy_cpus": [0.1]}
+                  for case, v in zip(peers_contention.CASES, rates[s], strict=True)} for s in names}
+    for case, spun in (("quiet", True), ("contended", False)):
+        stacks["edgellm"][case] |= {"spinning_chosen": [spun], "idle_cpus_at_open": [1.9 if spun else 0.4]}
+    results = {"m": {"stacks": stacks, "rounds": rounds}}
+    peers_contention.summarize(results)
+    r = results["m"]["ratios"]
+    assert r["quiet"]["edgellm / edgellm-nospin decode"] == pytest.approx(1.25)
+    assert r["contended"]["edgellm / edgellm-spin decode"] == pytest.approx(2.0)
+    assert r["contended"]["edgellm-spin / onnxruntime-genai decode"] == pytest.approx(0.5)
+    assert "contended: edgellm spinning chosen per round [False] from idle CPUs [0.4]" in capsys.readouterr().out
 
 
 def test_bad_load_procs_is_named(tmp_path):

@@ -19,6 +19,7 @@ import numpy as np
 
 from edgellm.backends.base import BuildParams, EngineBackend, Session, TensorSpec, register_backend
 from edgellm.backends.kv_cache import KVBuffer, KVCache
+from edgellm.backends.thread_policy import choose_spinning
 from edgellm.compiler.export import LOGITS_POSITIONS, quantized_export_precisions
 from edgellm.errors import BugError, ConfigurationError
 from edgellm.types import Precision
@@ -33,10 +34,16 @@ OPT_LEVEL = "ORT_ENABLE_EXTENDED"
 # idle thread keeps polling for work instead of sleeping. On a machine the engine shares, that polling burns the CPU
 # time the decode needs. benchmarks/results/peers-contention.json (2 CPUs, already loaded by other tenants, 2 threads,
 # rounds alternating): the Qwen2.5-0.5B shape at fp32 decoded 1.48x faster with spinning off under a competing
-# 2-process job (1.73x without it), stories260K 2.5x under it (0.88x without: on an idle machine spinning saves the
-# wake-ups; not measured idle here). Off by default; ``OrtBackend.open(intra_op_spinning=True)`` restores ONNX
-# Runtime's default (the benchmark's edgellm-spin stack).
-INTRA_OP_SPINNING = False
+# 2-process job (1.73x without it), stories260K 2.5x under it; on an idle host spinning saves the wake-ups (issue 39:
+# quiet int4 fell from 1.21x onnxruntime-genai to 0.89x when spinning was turned off). So by default ("auto") each
+# session chooses at open from the host's measured load (edgellm.backends.thread_policy.choose_spinning: spin only
+# with an idle CPU per intra-op thread), once: ONNX Runtime cannot change it on an open session.
+# ``OrtBackend.open(intra_op_spinning=True|False)`` fixes it (the benchmark's edgellm-spin / edgellm-nospin stacks).
+# benchmarks/results/peers_contention_issue39_auto.json (2026-12-06, 0.5B shape fp32, 3 rounds, load average 5-10 on
+# 2 CPUs, other tenants busy 1.3-1.6 CPUs even "quiet"): "auto" found 0.00-0.11 idle CPUs at every open and did not
+# spin; spinning was slower in both cases (edgellm-nospin / edgellm-spin 1.77x quiet, 1.74x contended). An idle host,
+# where "auto" spins, was not available to measure.
+INTRA_OP_SPINNING: bool | str = "auto"
 
 INT8_GEMMS = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul")
 
@@ -253,7 +260,7 @@ class OrtBackend(EngineBackend):
         }
 
     def open(self, engine_dir: Path, manifest: dict[str, Any], *, num_threads: int | None = None,
-             intra_op_spinning: bool = INTRA_OP_SPINNING) -> Session:
+             intra_op_spinning: bool | str = INTRA_OP_SPINNING) -> Session:
         import onnxruntime as ort
 
         settings = session_settings(num_threads, intra_op_spinning=intra_op_spinning)
@@ -277,17 +284,20 @@ def layer_windows(engine_dir: Path) -> tuple[int | None, ...]:
     return family_for(cfg).layer_windows(cfg)
 
 
-def session_settings(num_threads: int | None, *, intra_op_spinning: bool = INTRA_OP_SPINNING) -> dict[str, Any]:
-    """What ``OrtBackend.open`` sets on an engine's session (benchmarks record it beside their numbers)."""
-    if not isinstance(intra_op_spinning, bool):
-        raise ConfigurationError(f"intra_op_spinning {intra_op_spinning!r}: must be True or False")
+def session_settings(num_threads: int | None, *,
+                     intra_op_spinning: bool | str = INTRA_OP_SPINNING) -> dict[str, Any]:
+    """What ``OrtBackend.open`` sets on an engine's session (benchmarks record it beside their numbers), with
+    ``intra_op_spinning``: how spinning was chosen and, for "auto", the host's contention it was chosen from."""
+    threads = num_threads or physical_cores()
+    choice = choose_spinning(intra_op_spinning, threads)
     return {
         # the engine is already optimized offline; re-optimizing at load would only cost time
         "graph_optimization_level": "ORT_DISABLE_ALL",
-        "intra_op_num_threads": num_threads or physical_cores(),
+        "intra_op_num_threads": threads,
         "inter_op_num_threads": 1,
         "execution_mode": "ORT_SEQUENTIAL",
-        "config_entries": {"session.intra_op.allow_spinning": "1" if intra_op_spinning else "0"},
+        "config_entries": {"session.intra_op.allow_spinning": "1" if choice.spinning else "0"},
+        "intra_op_spinning": choice.as_dict(),
     }
 
 
