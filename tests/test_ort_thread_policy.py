@@ -95,6 +95,7 @@ def test_measured_on_this_host():
                                                    (Contention(2, 2, 2.0, "/proc/stat", 0.1), "0")])
 def test_opened_session_records_the_choice(stories_engine, monkeypatch, contention, spins):
     monkeypatch.setattr(thread_policy, "measure_contention", lambda: contention)
+    monkeypatch.setattr(thread_policy, "_recent", {})  # no sample from an earlier open within REUSE_S
     engine = Engine.open(stories_engine.engine_dir, num_threads=2)
     options = engine.session.sess.get_session_options()  # type: ignore[attr-defined]
     assert options.get_session_config_entry(SPIN) == spins
@@ -107,3 +108,20 @@ def test_opened_session_records_the_choice(stories_engine, monkeypatch, contenti
     forced = OrtBackend().open(engine.engine_dir, engine.manifest, num_threads=2, intra_op_spinning=True)
     assert forced.settings["config_entries"] == {SPIN: "1"}  # type: ignore[attr-defined]
     assert forced.settings["intra_op_spinning"]["reason"] == "explicit"  # type: ignore[attr-defined]
+
+
+def test_sessions_opened_in_a_row_share_one_sample(monkeypatch) -> None:
+    """A run opens many sessions: one sample of the host's load serves those opened within REUSE_S of it."""
+    from edgellm.backends import thread_policy
+
+    taken: list[int] = []
+    monkeypatch.setattr(thread_policy, "measure_contention",
+                        lambda: taken.append(1) or Contention(4, 4, 0.0, "/proc/stat", 0.1))
+    monkeypatch.setattr(thread_policy, "_recent", {})
+    for _ in range(5):
+        assert thread_policy.choose_spinning("auto", 2).spinning
+    assert len(taken) == 1
+    clock = [thread_policy.time.monotonic() + thread_policy.REUSE_S + 1]
+    monkeypatch.setattr(thread_policy.time, "monotonic", lambda: clock[0])
+    thread_policy.choose_spinning("auto", 2)
+    assert len(taken) == 2

@@ -9,6 +9,7 @@ thread; ``True`` / ``False`` decide without measuring.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +28,11 @@ SAMPLE_S = 0.1
 # process runnable (even half of one CPU) exceeds it, and then a spinning pool's polling takes the time slices that
 # job and the decode's own threads need (1.5-2.5x slower decode measured), a worse loss than not spinning idle.
 IDLE_TOLERANCE_CPUS = 0.25
+# Sessions opened in a row (a run's engines, a layer-by-layer comparison) share one sample taken within this long:
+# the host's load over seconds is what the choice is about, and a sample per open would add 0.1 s to each.
+REUSE_S = 5.0
+_recent: dict[str, tuple[float, Contention | None]] = {}
+_recent_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -74,13 +80,24 @@ def choose_spinning(setting: bool | str, threads: int,
     if not isinstance(setting, str) or setting != "auto":
         valid = ", ".join(repr(s) for s in SPINNING_SETTINGS)
         raise ConfigurationError(f"intra_op_spinning {setting!r}: must be one of {valid}")
-    contention = (measure or measure_contention)()
+    contention = (measure or recent_contention)()
     if contention is None:
         return SpinChoice(setting, False, "the host's CPU load cannot be measured here: not spinning")
     spinning = contention.idle_cpus >= threads - IDLE_TOLERANCE_CPUS
     reason = (f"{contention.idle_cpus:.2f} idle CPUs {'>=' if spinning else '<'} {threads} intra-op threads "
               f"- {IDLE_TOLERANCE_CPUS} ({contention.source})")
     return SpinChoice(setting, spinning, reason, contention)
+
+
+def recent_contention() -> Contention | None:
+    """``measure_contention()``, or the one this process took less than ``REUSE_S`` ago."""
+    with _recent_lock:
+        taken = _recent.get("last")
+        if taken is not None and time.monotonic() - taken[0] < REUSE_S:
+            return taken[1]
+        contention = measure_contention()
+        _recent["last"] = (time.monotonic(), contention)
+        return contention
 
 
 def measure_contention(sample_s: float = SAMPLE_S, stat: Path = PROC_STAT) -> Contention | None:
