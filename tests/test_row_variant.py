@@ -26,7 +26,7 @@ from results.recorder import Recorder
 from test_lists.catalog import Catalog
 from test_lists.loader import load_list
 from tests.helpers.toolchain_env import driver_replaced
-from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 from vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 
 T0 = "2026-12-01 00:00:00"
@@ -45,12 +45,15 @@ def _list(tmp_path: Path, tests: list[dict[str, Any]], platform: str = "thor", n
 def trt_available(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """TensorRT Edge-LLM's real driver (its real feature declaration), as if installed (planning only)."""
 
-    class Installed(TensorrtEdgellm):
+    class InstalledEnvironment(TrtEnvironment):
         def available(self) -> base.Availability:
             return base.Availability(True)
 
         def host_version(self) -> str:
             return "0.11.0"
+
+    class Installed(TensorrtEdgellm):
+        ENVIRONMENT = InstalledEnvironment
 
     with driver_replaced(monkeypatch, "tensorrt-edgellm", Installed):
         yield

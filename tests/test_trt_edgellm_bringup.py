@@ -180,7 +180,7 @@ def test_a_checkpoint_without_safetensors_is_refused_naming_what_is_read(trt: To
 
 def test_without_its_environment_the_checks_name_the_install_command(tmp_path: Path, ckpts) -> None:
     with pytest.raises(ConfigurationError, match=re.escape("edgefarm toolchains install tensorrt-edgellm==0.11.0")):
-        driver(TRT, tmp_path).registry_check(ckpts.qwen3)
+        driver(TRT, tmp_path).host().registry_check(ckpts.qwen3)
 
 
 # --- the few-layer export ---------------------------------------------------------------------------------------
@@ -203,15 +203,15 @@ def test_a_one_layer_export_of_a_two_layer_qwen3_has_one_layer(trt: ToolchainDri
 
 def test_our_toolchain_answers_from_its_family_registry_and_reconciliation(ckpts, tmp_path: Path) -> None:
     ours = driver("edgellm-ort")
-    check = ours.registry_check(ckpts.qwen3)
+    check = ours.host().registry_check(ckpts.qwen3)
     assert check.status is RegistryStatus.REGISTERED and check.ok and check.model_class == "edgellm.models.qwen3.Qwen3"
-    foreign = ours.registry_check(_foreign(ckpts.llama, tmp_path / "mollama"))
+    foreign = ours.host().registry_check(_foreign(ckpts.llama, tmp_path / "mollama"))
     assert foreign.status is RegistryStatus.UNSUPPORTED and not foreign.ok
     assert "'mollama'" in foreign.problem
     assert "registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in foreign.problem
 
-    assert ours.reconcile(ckpts.qwen3).ok
-    rec = ours.reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))
+    assert ours.host().reconcile(ckpts.qwen3).ok
+    rec = ours.host().reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))
     assert rec.missing == {RENAMED[0]: (128, 64)} and rec.unexpected == (RENAMED[1],)
     assert [m.tensor for m in rec.shape_mismatches] == [NARROWED]
     assert all(any(name in p for p in rec.problems) for name in (*RENAMED, NARROWED))
@@ -219,6 +219,6 @@ def test_our_toolchain_answers_from_its_family_registry_and_reconciliation(ckpts
 
 def test_a_toolchain_without_the_checks_says_which_offer_them(ckpts) -> None:
     with pytest.raises(NotOffered, match=r"onnxruntime-genai offers no registry check .*tensorrt-edgellm"):
-        driver("onnxruntime-genai").registry_check(ckpts.qwen3)
+        driver("onnxruntime-genai").host().registry_check(ckpts.qwen3)
     with pytest.raises(NotOffered, match=r"no few-layer export \(toolchains that do: tensorrt-edgellm\)"):
-        driver("edgellm-ort").export_layers(ckpts.qwen3, Path("unused"), 1)
+        driver("edgellm-ort").host().export_layers(ckpts.qwen3, Path("unused"), 1)
