@@ -259,7 +259,7 @@ def run_stage(
     reserve: int = 0,  # bytes the command will add to the device's cache (e.g. an engine): room made first
     snapshots: bool = False,  # take the device's environment just before and after the command (benchmarks)
 ) -> DeviceRun:
-    accepts = toolchain.drives if toolchain is not None else None
+    accepts = toolchain.device().drives if toolchain is not None else None
     candidates = [d for d in farm.inventory.select(platform=platform) if accepts is None or accepts(d)]
     if only is not None:
         held = [d for d in candidates if d.id in only]
