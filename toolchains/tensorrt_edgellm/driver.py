@@ -4,10 +4,10 @@ a precision takes its checkpoint) and its ONNX exporter on the orchestrating hos
 stages on a TensorRT device whose inventory has a ``toolchains: {tensorrt-edgellm: {...}}`` block: ``llm_build`` on
 the exported ``llm/`` dir, ``llm_inference`` with our requests translated to its input file and its output translated
 back, ``llm_bench`` prefill and decode, accuracy as greedy text agreement with the host's reference (``accuracy``).
-Argument lists, environment and file formats: ``device``. The route is ONNX (export -> llm_build), or direct where
-the device's build names its ``direct_builder``: ``tensorrt-edgellm-build`` from the checkpoint (quantize's, else the
-source), the engine then run with that checkpoint (``--checkpointDir``). A device whose
-block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and never count
+The device stages: ``device_stages``; their argument lists, environment and file formats: ``device``. The route is
+ONNX (export -> llm_build), or direct where the device's build names its ``direct_builder``: ``tensorrt-edgellm-build``
+from the checkpoint (quantize's, else the source), the engine then run with that checkpoint (``--checkpointDir``). A
+device whose block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and never count
 as evidence.
 
 ``make nightly`` and ``edgefarm run`` install the pinned version on first use (:meth:`TensorrtEdgellm.install`); when
