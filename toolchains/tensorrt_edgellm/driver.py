@@ -7,10 +7,10 @@ back, ``llm_bench`` prefill and decode, accuracy as greedy text agreement with t
 The device stages: ``device_stages``; their argument lists, environment and file formats: ``device``. The route is
 ONNX (export -> llm_build), or direct where the device's build names its ``direct_builder``: ``tensorrt-edgellm-build``
 from the checkpoint (quantize's, else the source), the engine then run with that checkpoint (``--checkpointDir``). A
-device whose block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and never count
-as evidence.
+device whose block says ``standin: true`` runs test stand-ins of the tools: its results are recorded as stand-in and
+never count as evidence.
 
-``make nightly`` and ``edgefarm run`` install the pinned version on first use (:meth:`TensorrtEdgellm.install`); when
+``make nightly`` and ``edgefarm run`` install the pinned version on first use (:meth:`TrtEnvironment.install`); when
 that fails (e.g. the package registry is unreachable) the reason is remembered for this process, and every row that
 needs the toolchain is skipped with it. A matrix may choose other versions (``toolchain_versions:``, to compare
 them): each runs from its own environment ``<data dir>/toolchains/tensorrt-edgellm-<version>``, which is never
