@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from devices.transport.base import CommandResult  # noqa: E402
-from devices.transport.local import LocalTransport  # noqa: E402
+from edgefarm.devices.transport.base import CommandResult  # noqa: E402
+from edgefarm.devices.transport.local import LocalTransport  # noqa: E402
 from edgellm.errors import ErrorKind  # noqa: E402
 from edgellm.types import Precision  # noqa: E402
 from tests.helpers import toy_toolchain  # noqa: E402
@@ -217,7 +217,7 @@ class SimTransport(LocalTransport):
         return CommandResult(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
     def _agent(self, base: Path, args: list[str]) -> CommandResult:
-        from devices import agent
+        from edgefarm.devices import agent
 
         assert LAB is not None
         absolute = [str(base / a) if i > 0 and (args[i - 1] in _AGENT_PATH_FLAGS or (args[0] == "hash" and i == 1))
@@ -346,11 +346,11 @@ def install(lab: Lab, catalog_file: Path) -> Iterator[Lab]:
     """The lab's toolchain registered, every device type naming it, the catalog read from ``catalog_file`` and SSH
     devices reached through SimTransport; undone on exit."""
     global LAB
-    import devices.transport.ssh as ssh
-    import registries
-    from devices.site import current as site_dir
-    from test_lists import catalog
-    from toolchains import base as toolchains
+    import edgefarm.devices.transport.ssh as ssh
+    from edgefarm import registries
+    from edgefarm.devices.site import current as site_dir
+    from edgefarm.test_lists import catalog
+    from edgefarm.toolchains import base as toolchains
 
     toolchains.register_toolchain(SimLab)
     built = registries.build(site_dir())
@@ -379,7 +379,7 @@ def stage_times_from_db(url: str) -> dict[str, tuple[float, float]]:
 
     from sqlalchemy import text
 
-    from results.db import read_only_engine
+    from edgefarm.results.db import read_only_engine
 
     engine = read_only_engine(url)
     found: dict[str, list[float]] = defaultdict(list)

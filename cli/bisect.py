@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import DataDirOption, DbOption, configure_prefect, err, farm_errors, out
+from edgefarm.cli.common import DataDirOption, DbOption, configure_prefect, err, farm_errors, out
 
 STEPS = ("export", "build", "eval")
 RowKey = tuple[str, str, str]
@@ -70,7 +70,7 @@ def _validate(checkpoint: Path, precision: str, platform: str, output: Path, max
     this host probes."""
     from edgellm.errors import ConfigurationError
     from edgellm.types import Precision
-    from tasks.bisect import PLATFORM_BACKENDS
+    from edgefarm.tasks.bisect import PLATFORM_BACKENDS
 
     problems = []
     if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
@@ -114,8 +114,8 @@ def _farm_repo(repo: Path | None) -> Path:
 
 def _revision_job(ask: Ask, good: str, bad: str, given: tuple[str, str] | None = None) -> Job:
     """This repository's commits between ``good`` and ``bad`` (resolved and ordered here, before any probe)."""
-    from flows.bisect import BisectRequest
-    from tasks.bisect import check_order, resolve
+    from edgefarm.flows.bisect import BisectRequest
+    from edgefarm.tasks.bisect import check_order, resolve
 
     top = _farm_repo(ask.repo)
     g, b = resolve(top, good, "--good"), resolve(top, bad, "--bad")
@@ -140,9 +140,9 @@ def _checkpoint_repo(checkpoint: Path) -> Path:
 def _checkpoint_job(ask: Ask, good: str, bad: str) -> Job:
     """The checkpoint's commits between ``good`` and ``bad``; each probe runs the farm's code (--repo's checkout,
     default: the one running) on its commit of the checkpoint."""
-    from flows.bisect import BisectRequest
-    from flows.revision import ROOT, source_digest
-    from tasks.bisect import check_order, checkpoint_subdir, resolve
+    from edgefarm.flows.bisect import BisectRequest
+    from edgefarm.flows.revision import ROOT, source_digest
+    from edgefarm.tasks.bisect import check_order, checkpoint_subdir, resolve
 
     flags = ("--checkpoint-good-rev", "--checkpoint-bad-rev")
     repo = _checkpoint_repo(ask.checkpoint)
@@ -161,10 +161,10 @@ def _version_job(ask: Ask, toolchain: str, good: str, bad: str) -> Job:
     """``toolchain``'s installable versions from ``good`` to ``bad`` (listed, and the ends checked, here)."""
     from edgellm.errors import ConfigurationError
     from edgellm.types import Precision
-    from flows.bisect import VersionBisectRequest
-    from flows.revision import current
-    from toolchains.base import driver, parse, version_probing
-    from toolchains.venvs import between
+    from edgefarm.flows.bisect import VersionBisectRequest
+    from edgefarm.flows.revision import current
+    from edgefarm.toolchains.base import driver, parse, version_probing
+    from edgefarm.toolchains.venvs import between
 
     name = parse(toolchain, what="--toolchain")
     if name not in version_probing():
@@ -192,10 +192,10 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
     a version pip's index does not offer) is in the facts (``not_bisected``). None that can is ConfigurationError
     naming each; a bad --checkpoint-good-rev/--checkpoint-bad-rev is ConfigurationError at once."""
     from edgellm.errors import ConfigurationError
-    from flows.settings import Settings
-    from results.db import read_only_engine
-    from results.row_inputs import changed, row_inputs
-    from toolchains.base import names, version_probing
+    from edgefarm.flows.settings import Settings
+    from edgefarm.results.db import read_only_engine
+    from edgefarm.results.row_inputs import changed, row_inputs
+    from edgefarm.toolchains.base import names, version_probing
 
     runs = []
     for flag, value in (("--good", good), ("--bad", bad)):
@@ -266,9 +266,9 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
 
 def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
     """The catalog's checkpoint of ``model``, located as a run locates it (a synthetic one made)."""
-    from cli.common import check_name
-    from flows.settings import Settings
-    from test_lists.catalog import Catalog
+    from edgefarm.cli.common import check_name
+    from edgefarm.flows.settings import Settings
+    from edgefarm.test_lists.catalog import Catalog
 
     sources = Catalog.load().sources
     check_name("model", model, sources)
@@ -278,8 +278,8 @@ def _catalog_checkpoint(model: str, data_dir: Path | None) -> Path:
 # --- running and recording --------------------------------------------------------------------------------------------
 
 def _run_flow(job: Job, facts: dict[str, object]) -> dict[str, Any]:
-    from cli.running import announce_flow_run
-    from flows.bisect import bisect, bisect_versions
+    from edgefarm.cli.running import announce_flow_run
+    from edgefarm.flows.bisect import bisect, bisect_versions
 
     req = job.req
     head: dict[str, Any] = {"checkpoint": req.checkpoint, "checkpoint_sha256": req.checkpoint_digest,
@@ -324,8 +324,8 @@ def _combined(answers: list[dict[str, Any]], facts: dict[str, object]) -> dict[s
 def _record(db_url: str, answer: dict[str, Any], good_ref: str, bad_ref: str, row: RowKey | None,
             runs: tuple[int, int] | None = None) -> None:
     """The answer into the results database (``results.bisections``), with the row and its runs when known."""
-    from results.bisections import from_answer, record_bisection
-    from results.db import make_engine
+    from edgefarm.results.bisections import from_answer, record_bisection
+    from edgefarm.results.db import make_engine
 
     sides = answer.get("runs") or []  # the row form's two runs (results.row_inputs.RowInputs.to_json)
     toolchain = sides[-1].get("job_toolchain") if sides else None
@@ -361,11 +361,11 @@ def _regressions(run: int | None, output: Path, max_probes: int, steps: str, rep
     """--bisect-regressions: each newly failing row of a nightly bisected in turn (each input that changed), the
     probes shared out of --max-probes; a row that cannot be bisected (nothing bisectable changed, no checkpoint)
     says why in its entry."""
-    from cli.running import temporary_server
+    from edgefarm.cli.running import temporary_server
     from edgellm.errors import ConfigurationError
-    from flows.settings import Settings
-    from results.db import read_only_engine
-    from results.row_inputs import newly_failing
+    from edgefarm.flows.settings import Settings
+    from edgefarm.results.db import read_only_engine
+    from edgefarm.results.row_inputs import newly_failing
 
     settings = Settings.resolve(db=db, data_dir=data_dir)
     before, now, rows = newly_failing(read_only_engine(settings.db_url), run)
@@ -480,9 +480,9 @@ def bisect(
     (--checkpoint-good-rev/--checkpoint-bad-rev REV). With --row, --good and --bad are two runs of that row in the
     results database, and every input that changed between them is bisected."""
     with farm_errors("bisect"):
-        from cli.running import temporary_server
+        from edgefarm.cli.running import temporary_server
         from edgellm.errors import ConfigurationError
-        from flows.settings import Settings
+        from edgefarm.flows.settings import Settings
 
         if regressions:
             _regressions(run, output, max_probes, steps, repo, cache, db, data_dir)

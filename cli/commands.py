@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, err, farm_errors, out
-from cli.listing import check_file_option
-from cli.running import (
+from edgefarm.cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, err, farm_errors, out
+from edgefarm.cli.listing import check_file_option
+from edgefarm.cli.running import (
     DryRunOption,
     JsonAliasOption,
     JunitOption,
@@ -46,14 +46,14 @@ def nightly(
     with farm_errors("nightly"):
         fmt = _plan_format(fmt)
         check_file_option("--junit", junit)
-        from flows.plan import default_matrix
-        from flows.select import subset
-        from flows.settings import Settings
+        from edgefarm.flows.plan import default_matrix
+        from edgefarm.flows.select import subset
+        from edgefarm.flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, docs_dir=docs_dir,
                                     create=not dry_run)  # a dry run touches nothing, the data dir included
         configure_prefect(settings.data_dir, create=not dry_run)
-        from flows.nightly import make_plan, nightly_support_matrix
+        from edgefarm.flows.nightly import make_plan, nightly_support_matrix
 
         matrix_path = matrix or default_matrix()
         result = _plan_and_run(settings, lambda install: subset(make_plan(matrix_path, settings, install=install),
@@ -79,11 +79,11 @@ def run(
     with farm_errors("run"):
         fmt = _plan_format(fmt)
         check_file_option("--junit", junit)
-        from flows.settings import Settings
+        from edgefarm.flows.settings import Settings
 
         settings = Settings.resolve(db=db, data_dir=data_dir, inventory=inventory, create=not dry_run)
         configure_prefect(settings.data_dir, create=not dry_run)
-        from flows.test_list import make_plan, run_test_list
+        from edgefarm.flows.test_list import make_plan, run_test_list
 
         result = _plan_and_run(settings, lambda install: make_plan(priority, settings, install=install),
                                run_test_list, dry_run=dry_run, fmt=fmt, priority=priority,
@@ -104,8 +104,8 @@ def docs(
 ) -> None:
     """Regenerate supported-models.md, the HTML support matrix and the perf trends from the database."""
     with farm_errors("docs"):
-        from flows.settings import Settings
-        from pages.docs import write_docs
+        from edgefarm.flows.settings import Settings
+        from edgefarm.pages.docs import write_docs
 
         settings = Settings.resolve(db=db, data_dir=data_dir, docs_dir=out_dir, create=False)
         result = write_docs(settings.existing_db_url(), settings.docs_dir, settings.data_dir)
@@ -127,11 +127,11 @@ def serve(
 ) -> None:
     """A local Prefect server with its UI plus a runner serving the nightly schedule (02:00) and the L0 deployment."""
     with farm_errors("serve"):
-        from flows.settings import Settings
+        from edgefarm.flows.settings import Settings
 
         settings = Settings.resolve(data_dir=data_dir)
         configure_prefect(settings.data_dir)
-        from flows.serve import serve as run_serve
+        from edgefarm.flows.serve import serve as run_serve
 
         raise typer.Exit(run_serve("127.0.0.1", port, settings.data_dir, deployment, announce=_announce_ui,
                                    auth=settings.serve_auth))
@@ -149,13 +149,13 @@ def gc(
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
         from edgellm.errors import ConfigurationError
-        from flows.settings import Settings
-        from results import cache
-        from results.db import read_only_engine, redact
-        from results.migrate import require_current
-        from results.recorder import Recorder
-        from tasks.host import sweep_dead_work
-        from toolchains import base as toolchains
+        from edgefarm.flows.settings import Settings
+        from edgefarm.results import cache
+        from edgefarm.results.db import read_only_engine, redact
+        from edgefarm.results.migrate import require_current
+        from edgefarm.results.recorder import Recorder
+        from edgefarm.tasks.host import sweep_dead_work
+        from edgefarm.toolchains import base as toolchains
 
         if not (math.isfinite(older_than_days) and 0 <= older_than_days <= MAX_GC_AGE_DAYS):
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need a number of days from 0 to "

@@ -17,15 +17,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import DataDirOption, farm_errors, out
-from cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
-from cli.text import cell
+from edgefarm.cli.common import DataDirOption, farm_errors, out
+from edgefarm.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
+from edgefarm.cli.text import cell
 from edgellm.errors import ConfigurationError, ErrorKind
-from toolchains import base as toolchains
-from toolchains.base import Environment, ToolchainDriver
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.base import Environment, ToolchainDriver
 
 if TYPE_CHECKING:
-    from flows.settings import Settings
+    from edgefarm.flows.settings import Settings
 
 app = typer.Typer(
     name="toolchains",
@@ -37,7 +37,7 @@ app = typer.Typer(
 
 
 def _settings(data_dir: Path | None, *, create: bool = False) -> Settings:
-    from flows.settings import Settings
+    from edgefarm.flows.settings import Settings
 
     return Settings.resolve(data_dir=data_dir, create=create)
 
@@ -104,7 +104,7 @@ def mirror_command(
 ) -> None:
     """Store a toolchain version's wheels (its installer's requirements and their dependencies, for this host's
     Python and platform) in the artifact store, for installs on hosts without a package registry."""
-    from toolchains import mirror
+    from edgefarm.toolchains import mirror
 
     with farm_errors("toolchains mirror"):
         settings = _settings(data_dir, create=True)

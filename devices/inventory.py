@@ -32,9 +32,9 @@ import paramiko
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from devices._yaml import read_yaml_mapping, validation_problems
-from devices.toolchain_names import ToolchainNames
-from devices.types import DeviceType, load_device_types
+from edgefarm.devices._yaml import read_yaml_mapping, validation_problems
+from edgefarm.devices.toolchain_names import ToolchainNames
+from edgefarm.devices.types import DeviceType, load_device_types
 from edgellm.errors import ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
@@ -289,7 +289,7 @@ def load_inventory(directory: Path | str = PACKAGED_INVENTORY_DIR, *, data_dir: 
     if not root.is_dir():
         raise ConfigurationError(f"inventory directory {root} does not exist (set --inventory or ${INVENTORY_ENV})")
     if registries is None:
-        from devices.site import current
+        from edgefarm.devices.site import current
 
         site_dir, registry = current(), None
         types: Mapping[str, DeviceType] = load_device_types(site_dir=site_dir)

@@ -20,26 +20,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-import stages
-from devices.inventory import Inventory
-from devices.memory_fit import Sizer, fit_problem, memory_json, source_group
-from devices.pools import check_pool_name
-from devices.site import overlay
+from edgefarm import stages
+from edgefarm.devices.inventory import Inventory
+from edgefarm.devices.memory_fit import Sizer, fit_problem, memory_json, source_group
+from edgefarm.devices.pools import check_pool_name
+from edgefarm.devices.site import overlay
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError, EdgeLLMError
 from edgellm.types import Precision
 from edgellm.yamlio import read_yaml
-from registries import current
-from stages.job import job_key
-from stages.variant import FEATURE_NAMES, PLAIN, Features
-from test_lists.capability import Capability, capability, hardware
-from test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
-from test_lists.schema import EntryDefaults, TestSpec
-from test_lists.testlist import TestEntry, TestList
-from test_lists.variants import features as variant_features
-from test_lists.variants import rows as variant_rows
-from toolchains import base as toolchains
-from toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
+from edgefarm.registries import current
+from edgefarm.stages.job import job_key
+from edgefarm.stages.variant import FEATURE_NAMES, PLAIN, Features
+from edgefarm.test_lists.capability import Capability, capability, hardware
+from edgefarm.test_lists.catalog import Catalog, ModelSource, prequantized_evidence, row_precision
+from edgefarm.test_lists.schema import EntryDefaults, TestSpec
+from edgefarm.test_lists.testlist import TestEntry, TestList
+from edgefarm.test_lists.variants import features as variant_features
+from edgefarm.test_lists.variants import rows as variant_rows
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def _reads(found: ToolchainDriver, quant: QuantConfig) -> Capability:
 def load_matrix(path: Path, catalog: Catalog) -> Matrix:
     """Expand a matrix file into (entry, platform) pairs and the test lists it includes; every problem of the file
     in one ConfigurationError."""
-    from test_lists.loader import list_names
+    from edgefarm.test_lists.loader import list_names
 
     data = read_yaml(Path(path))
     if not isinstance(data, dict):
@@ -530,7 +530,7 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: Whee
 def plan_matrix(path: Path, inventory: Inventory, catalog: Catalog, *, data_dir: Path,
                 today: dt.date | None = None) -> Plan:
     """The matrix's plan for the farm whose state is under ``data_dir`` (its installed toolchains)."""
-    from test_lists.loader import load_list
+    from edgefarm.test_lists.loader import load_list
 
     matrix = load_matrix(path, catalog)
     pairs = list(matrix.pairs)

@@ -10,21 +10,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from artifacts.inuse import held_dir
-from artifacts.kinds import ArtifactKind
-from devices.inventory import Device
-from devices.transport import Transport
+from edgefarm.artifacts.inuse import held_dir
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport
 from edgellm.errors import ErrorKind
-from results.models import ResultStatus
-from stages import Stage
-from stages.job import PPL_LIMIT_METRIC, JobSpec
-from stages.outcome import StageOutcome
-from tasks import engines
-from tasks.build import with_engine
-from tasks.common import attempt_recorder, from_device_run
-from tasks.device_exec import run_stage
-from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep, job_driver
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.job import PPL_LIMIT_METRIC, JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks import engines
+from edgefarm.tasks.build import with_engine
+from edgefarm.tasks.common import attempt_recorder, from_device_run
+from edgefarm.tasks.device_exec import run_stage
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.toolchains.base import DeviceStep, job_driver
 
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:

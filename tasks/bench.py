@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from artifacts.kinds import ArtifactKind
-from devices.inventory import Device
-from devices.transport import Transport
-from results.models import ResultStatus
-from results.regressions import UNDER_LOAD_METRIC
-from stages import Stage
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
-from tasks import bench_load, bench_probe, engines, environment
-from tasks.build import with_engine
-from tasks.common import (
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport
+from edgefarm.results.models import ResultStatus
+from edgefarm.results.regressions import UNDER_LOAD_METRIC
+from edgefarm.stages import Stage
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks import bench_load, bench_probe, engines, environment
+from edgefarm.tasks.build import with_engine
+from edgefarm.tasks.common import (
     attempt_recorder,
     from_device_run,
 )
-from tasks.device_exec import DeviceRun, run_stage
-from tasks.farm import Farm, FarmContext
-from toolchains.base import BenchRun, DeviceStep, job_driver
+from edgefarm.tasks.device_exec import DeviceRun, run_stage
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.toolchains.base import BenchRun, DeviceStep, job_driver
 
 WARMUP, ITERATIONS = 2, 10
 

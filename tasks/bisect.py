@@ -228,7 +228,7 @@ def run_version_probe(toolchain: str, version: str, data_dir: Path, checkpoint: 
     ``data_dir``, then its stages of the row in a temporary directory. An install that fails is a skip (the
     version was not judged), as is an infrastructure or resource error of its stages; any other error is bad."""
     from edgellm.types import Precision
-    from toolchains.base import driver
+    from edgefarm.toolchains.base import driver
 
     subject = f"{toolchain} {version}"
     key = version_cache_key(toolchain, version, checkpoint_digest, code_digest, precision, platform)

@@ -23,8 +23,8 @@ from typing import Any
 
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
 from edgellm.files import write_text_atomic
-from results.models import ResultStatus
-from toolchains.base import NotOffered, ToolchainDriver
+from edgefarm.results.models import ResultStatus
+from edgefarm.toolchains.base import NotOffered, ToolchainDriver
 
 RUNGS = ("inventory", "closest_family", "registry", "reconciliation", "reference", "few_layers", "pipeline")
 TITLES = {

@@ -28,22 +28,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import stages
-from artifacts.inuse import held_dir
-from artifacts.kinds import ArtifactKind
-from artifacts.store import ArtifactRef
-from devices.inventory import Device
-from devices.transport import Transport, open_transport
+from edgefarm import stages
+from edgefarm.artifacts.inuse import held_dir
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport, open_transport
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from results.models import ResultStatus
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks import engines
-from tasks.common import attempt_recorder, from_device_run, work_again
-from tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
-from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep, Route, ToolchainDriver, job_driver
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks import engines
+from edgefarm.tasks.common import attempt_recorder, from_device_run, work_again
+from edgefarm.tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.toolchains.base import DeviceStep, Route, ToolchainDriver, job_driver
 
 log = logging.getLogger(__name__)
 

@@ -17,23 +17,23 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as prefect_task_run
 from prefect.states import State
 
-import stages
-from artifacts.store import ArtifactRef
+from edgefarm import stages
+from edgefarm.artifacts.store import ArtifactRef
 from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
-from results import cache
-from results.errors import classify
-from results.models import ResultStatus
-from stages import Stage, Where
-from stages.job import JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks import environment
-from tasks.device_exec import DeviceRun, fetch_scope
-from tasks.farm import Farm, FarmContext
-from tasks.host_gate import HostGate, gate_dir
-from tasks.progress import StageEvent, emit
-from tasks.run_logs import log_tails
-from tasks.states import stage_state, task_run_name
-from toolchains.base import ToolchainDriver
+from edgefarm.results import cache
+from edgefarm.results.errors import classify
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage, Where
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks import environment
+from edgefarm.tasks.device_exec import DeviceRun, fetch_scope
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.host_gate import HostGate, gate_dir
+from edgefarm.tasks.progress import StageEvent, emit
+from edgefarm.tasks.run_logs import log_tails
+from edgefarm.tasks.states import stage_state, task_run_name
+from edgefarm.toolchains.base import ToolchainDriver
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _work(ctx: FarmContext, spec: stages.StageSpec, job: JobSpec, ready: list[St
     declared = spec.cache
     if declared is None:
         return _slotted(ctx, spec, lambda: stage_work(spec.name)(ctx, job, *ready))
-    from tasks.stage_work import work_of  # its modules import this one
+    from edgefarm.tasks.stage_work import work_of  # its modules import this one
 
     functions = work_of(spec.name)
     if functions.key is None:
@@ -187,7 +187,7 @@ def stage_task(stage: str) -> Task[..., State[StageOutcome]]:
 
 def stage_work(stage: str) -> StageWork:
     """The work that runs a stage (``tasks.stage_work``)."""
-    from tasks.stage_work import work_of  # its modules import this one
+    from edgefarm.tasks.stage_work import work_of  # its modules import this one
 
     return work_of(stage).runs
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from artifacts.inuse import held_dir
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef, StoreError
-from devices import agent_client
-from devices.inventory import Device
-from devices.transport import CommandResult, RemoteNameError, Transport, open_transport
+from edgefarm.artifacts.inuse import held_dir
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactRef, StoreError
+from edgefarm.devices import agent_client
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import CommandResult, RemoteNameError, Transport, open_transport
 from edgellm.errors import (
     ConfigurationError,
     DeviceConfigurationError,
@@ -42,14 +42,14 @@ from edgellm.errors import (
     InfrastructureError,
     ResourceError,
 )
-from results import leases, liveness, quarantine
-from results.errors import RunReaped
-from results.models import ResultStatus
-from tasks import device_cache, engines
-from tasks.farm import Farm
-from tasks.host_gate import HostGate, HostGateTimeout, gate_dir, shares_host
-from toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
-from toolchains.probe import probe_toolchain
+from edgefarm.results import leases, liveness, quarantine
+from edgefarm.results.errors import RunReaped
+from edgefarm.results.models import ResultStatus
+from edgefarm.tasks import device_cache, engines
+from edgefarm.tasks.farm import Farm
+from edgefarm.tasks.host_gate import HostGate, HostGateTimeout, gate_dir, shares_host
+from edgefarm.toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
+from edgefarm.toolchains.probe import probe_toolchain
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +398,7 @@ def judge_exit(farm: Farm, device: Device, transport: Transport, toolchain: Tool
 
 
 def _not_applicable(error: EdgeLLMError) -> bool:
-    from toolchains.base import NotApplicable
+    from edgefarm.toolchains.base import NotApplicable
 
     return isinstance(error, NotApplicable)
 

@@ -29,15 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef
-from devices import agent_client
-from devices.inventory import Device
-from devices.transport import RemoteNameError, Transport
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.devices import agent_client
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import RemoteNameError, Transport
 from edgellm.errors import BugError, ConfigurationError, InfrastructureError
-from tasks import device_cache
-from tasks.farm import Farm
-from toolchains.base import ENGINE_LISTING, DeviceStep, ToolchainDriver
+from edgefarm.tasks import device_cache
+from edgefarm.tasks.farm import Farm
+from edgefarm.toolchains.base import ENGINE_LISTING, DeviceStep, ToolchainDriver
 
 SCHEMA = 2  # 2: the ONNX it was built from (to build it again when its device is lost)
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def locate(farm: Farm, device: Device, transport: Transport, engine: DeviceEngin
         mark_in_use(farm, transport, [engine.digest])
         return engine.path
     if engine.stored is not None:
-        from tasks.device_exec import ensure_on_device
+        from edgefarm.tasks.device_exec import ensure_on_device
 
         ref = farm.store.ref(engine.stored, ArtifactKind.ENGINE, Packing.TAR)
         path = ensure_on_device(farm, transport, ref)

@@ -10,14 +10,14 @@ a build straight from the checkpoint reads instead of the export).
 
 from __future__ import annotations
 
-from artifacts.store import ArtifactRef
-from results.models import ResultStatus
-from stages import Stage
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks.farm import FarmContext
-from tasks.host import FarmHostWork
-from toolchains.base import job_driver
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks.farm import FarmContext
+from edgefarm.tasks.host import FarmHostWork
+from edgefarm.toolchains.base import job_driver
 
 
 def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed:

@@ -7,23 +7,23 @@ from __future__ import annotations
 import json
 import statistics
 
-from artifacts.kinds import ArtifactKind
-from devices.inventory import Device
-from devices.transport import Transport
+from edgefarm.artifacts.kinds import ArtifactKind
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport
 from edgellm.errors import EdgeLLMError, TestFailure
-from results.models import ResultStatus
-from stages import Stage
-from stages.job import JobSpec
-from stages.outcome import StageOutcome
-from tasks import engines
-from tasks.build import with_engine
-from tasks.common import (
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import StageOutcome
+from edgefarm.tasks import engines
+from edgefarm.tasks.build import with_engine
+from edgefarm.tasks.common import (
     attempt_recorder,
     from_device_run,
 )
-from tasks.device_exec import run_stage
-from tasks.farm import Farm, FarmContext
-from toolchains.base import DeviceStep, job_driver
+from edgefarm.tasks.device_exec import run_stage
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.toolchains.base import DeviceStep, job_driver
 
 PROMPTS = (
     "Once upon a time",

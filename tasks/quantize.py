@@ -16,18 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from artifacts.store import ArtifactRef
+from edgefarm.artifacts.store import ArtifactRef
 from edgellm.checkpoint.modelopt import quantized_linear_count
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError
 from edgellm.types import UNQUANTIZED
-from results.models import ResultStatus
-from stages import Stage
-from stages.job import JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks.farm import FarmContext
-from tasks.host import FarmHostWork
-from toolchains.base import job_quantizer
+from edgefarm.results.models import ResultStatus
+from edgefarm.stages import Stage
+from edgefarm.stages.job import JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks.farm import FarmContext
+from edgefarm.tasks.host import FarmHostWork
+from edgefarm.toolchains.base import job_quantizer
 
 
 def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
@@ -42,7 +42,7 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
             f"{already.source}); toolchain {maker.name} would quantize it again for {job.precision}: refused (a "
             f"pre-quantized checkpoint is exported as it is, at its own precision)")
     if ctx.quantize_on:  # sent to the quantization pool's worker, which keys, caches and quantizes there
-        from tasks.dispatch import quantize_remotely
+        from edgefarm.tasks.dispatch import quantize_remotely
 
         return quantize_remotely(ctx, job)
     state = maker.environment.available()

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 from edgellm.errors import TestFailure
 from edgellm.types import Precision
 from tests.helpers.toy_toolchain import ToyEcho, ToyEnvironment
-from toolchains import base as toolchains
-from toolchains import venvs
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains import venvs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -159,9 +159,9 @@ def test_the_versions_pip_can_install_are_listed_in_pep440_order(fake_chain: str
 
 def test_a_toolchain_version_bisection_names_the_planted_version(fake_chain: str, small_ckpt: Path, data_dir: Path,
                                                                  tmp_path: Path) -> None:
-    from results.bisections import bisections_of_checkpoint
-    from results.db import make_engine
-    from results.migrate import upgrade
+    from edgefarm.results.bisections import bisections_of_checkpoint
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = make_engine(url)
@@ -238,7 +238,7 @@ def test_tensorrt_edgellm_probes_its_quantize_then_its_export_from_the_version_s
         monkeypatch: pytest.MonkeyPatch, small_ckpt: Path, tmp_path: Path) -> None:
     """Its probe of a version is its host stages, from that version's environment: quantize for a precision its
     quantizer makes (the export then reads the quantized checkpoint), the export alone for fp16."""
-    from toolchains.tensorrt_edgellm import export, quantize
+    from edgefarm.toolchains.tensorrt_edgellm import export, quantize
 
     calls: list[tuple[str, Path, Path]] = []
 
@@ -266,11 +266,11 @@ def test_row_form_bisects_a_changed_toolchain_version(fake_chain: str, small_ckp
     """Two runs of one farm revision whose row ran fake-chain 0.1.0, then 0.10.0: only the versions are bisected,
     the answer recorded for the row and said on the bad run's page."""
     from edgellm.reference import checkpoint_digest
-    from pages.docs import write_run_pages
-    from results.bisections import bisections_of_run
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.pages.docs import write_run_pages
+    from edgefarm.results.bisections import bisections_of_run
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = make_engine(url)
@@ -363,7 +363,7 @@ def test_onnxruntime_genai_versions_are_bisected_in_environments_over_the_farm_s
     assert "first bad: onnxruntime-genai 0.17.1 (last good 0.17.0)" in output
     bad = [p for p in answer["probes"] if p["status"] == "bad"]
     assert bad and all("dropped the rotary embedding" in p["detail"] for p in bad)
-    from toolchains.base import driver
+    from edgefarm.toolchains.base import driver
 
     envs = driver("onnxruntime-genai", tmp_path / "d").environment.environments()
     assert {e.version for e in envs} == {p["revision"] for p in answer["probes"]} and all(e.healthy for e in envs)
@@ -437,9 +437,9 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_a_checkpoint_revision_bisection_names_the_commit_that_corrupts_a_weight(stand_in: dict[str, Any],
                                                                                  tmp_path: Path) -> None:
-    from results.bisections import bisections_of_checkpoint
-    from results.db import make_engine
-    from results.migrate import upgrade
+    from edgefarm.results.bisections import bisections_of_checkpoint
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
 
     shas, planted = stand_in["shas"], stand_in["planted"]
     url = f"sqlite:///{tmp_path / 'results.db'}"
@@ -480,11 +480,11 @@ def test_row_form_bisects_each_input_that_changed(fake_chain: str, stand_in: dic
     from safetensors.numpy import save_file
 
     from edgellm.reference import checkpoint_digest
-    from pages.docs import write_run_pages
-    from results.bisections import bisection_lines_of_run
-    from results.db import make_engine
-    from results.migrate import upgrade
-    from results.recorder import Recorder
+    from edgefarm.pages.docs import write_run_pages
+    from edgefarm.results.bisections import bisection_lines_of_run
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.migrate import upgrade
+    from edgefarm.results.recorder import Recorder
 
     farm = tmp_path / "farm"
     shutil.copytree(stand_in["code"], farm)

@@ -19,28 +19,28 @@ import pytest
 import yaml
 from sqlalchemy.orm import Session
 
-import stages
-from artifacts.kinds import ArtifactKind, Packing
-from artifacts.store import ArtifactRef
-from devices.inventory import Device
+from edgefarm import stages
+from edgefarm.artifacts.kinds import ArtifactKind, Packing
+from edgefarm.artifacts.store import ArtifactRef
+from edgefarm.devices.inventory import Device
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
-from results import cache
-from results.db import make_engine
-from results.migrate import upgrade
-from results.models import CacheEntry, ResultStatus
-from stages import REFERENCE, StageCache, StageSpec, Where
-from stages.job import CheckpointRef, JobSpec
-from stages.outcome import Keyed, StageOutcome
-from tasks import stage_work
-from tasks.build import build_key, engine_key_inputs
-from tasks.common import run_stage
-from tasks.export import export_key
-from tasks.farm import Farm, FarmContext
-from tasks.quantize import quantize_key
-from tasks.reference import reference_key, reference_key_inputs
+from edgefarm.results import cache
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.models import CacheEntry, ResultStatus
+from edgefarm.stages import REFERENCE, StageCache, StageSpec, Where
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.stages.outcome import Keyed, StageOutcome
+from edgefarm.tasks import stage_work
+from edgefarm.tasks.build import build_key, engine_key_inputs
+from edgefarm.tasks.common import run_stage
+from edgefarm.tasks.export import export_key
+from edgefarm.tasks.farm import Farm, FarmContext
+from edgefarm.tasks.quantize import quantize_key
+from edgefarm.tasks.reference import reference_key, reference_key_inputs
 from tests.helpers.toolchain_env import link_real_toolchain
-from toolchains.base import driver
+from edgefarm.toolchains.base import driver
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "edgellm" / "assets" / "stories260K"
@@ -76,7 +76,7 @@ TRT_ORIN = _job(Precision.FP16, TRT, platform="orin")
 def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """What changes with every edit of the sources or an upgrade, fixed so that keys can be pinned."""
     import edgellm.build_id
-    import tasks.reference
+    import edgefarm.tasks.reference
 
     monkeypatch.setattr(edgellm.build_id, "build_id", lambda: "build-1")
     monkeypatch.setattr(tasks.reference, "build_id", lambda: "build-1")

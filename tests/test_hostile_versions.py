@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from devices.inventory import Device
-from toolchains.tensorrt_edgellm.driver import PINNED_VERSION, TensorrtEdgellm
+from edgefarm.devices.inventory import Device
+from edgefarm.toolchains.tensorrt_edgellm.driver import PINNED_VERSION, TensorrtEdgellm
 
 BUILD = {"build_dir": "/opt/e/build-0.10.0", "trt_package_dir": "/opt/trt", "plugin_path": "/opt/e/p.so"}
 

@@ -13,11 +13,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli import app
-from results.db import make_engine
-from results.models import ArtifactRecord, Attempt, CacheEntry, Result, Run
-from results.queries import passing_rows
-from toolchains.base import driver
+from edgefarm.cli import app
+from edgefarm.results.db import make_engine
+from edgefarm.results.models import ArtifactRecord, Attempt, CacheEntry, Result, Run
+from edgefarm.results.queries import passing_rows
+from edgefarm.toolchains.base import driver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -145,7 +145,7 @@ def test_l0_list_run_on_the_local_device(farm_dirs: dict[str, Path]) -> None:
 
 def test_nightly_on_ssh_devices_survives_a_killed_host(ssh_hosts, device_python, postgres,
                                                        farm_dirs: dict[str, Path], tmp_path: Path) -> None:
-    from tasks.progress import subscribe
+    from edgefarm.tasks.progress import subscribe
 
     postgres_url = postgres.create_database()
     ssh_hosts.ensure_up()
@@ -190,9 +190,9 @@ def test_nightly_on_ssh_devices_survives_a_killed_host(ssh_hosts, device_python,
 
 
 def test_gc_keeps_every_referenced_artifact(farm_dirs: dict[str, Path]) -> None:
-    from artifacts.store import ArtifactStore
-    from results import cache
-    from results.recorder import Recorder
+    from edgefarm.artifacts.store import ArtifactStore
+    from edgefarm.results import cache
+    from edgefarm.results.recorder import Recorder
 
     store = ArtifactStore(farm_dirs["data"] / "artifacts")
     stray = store.put(b"an artifact nothing refers to")

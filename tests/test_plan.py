@@ -10,15 +10,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
 from edgellm.errors import ConfigurationError
-from flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
-from registries import current
-from stages import Stage
-from test_lists.catalog import Catalog
-from test_lists.loader import load_list
-from test_lists.schema import DEFAULT_STAGES
+from edgefarm.flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
+from edgefarm.registries import current
+from edgefarm.stages import Stage
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import load_list
+from edgefarm.test_lists.schema import DEFAULT_STAGES
 
 DATA = Path(__file__).parent / "data"
 INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"
@@ -151,9 +151,9 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The choice is the registry's answer: a stand-in driver (planning only, it never builds anything) makes
     orin fp16 runnable, and still with tensorrt-edgellm, never ONNX Runtime."""
-    import toolchains.base as base
-    from toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
-    from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
+    import edgefarm.toolchains.base as base
+    from edgefarm.toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 
     class StandInEnvironment(TrtEnvironment):
         def available(self) -> base.Availability:
@@ -349,8 +349,8 @@ def test_a_matrix_takes_extra_blocks_and_shares_of_test_lists(tmp_path: Path) ->
 def test_planning_installs_the_toolchain_only_when_a_job_would_then_run(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Orin rows without an Orin would stay skipped anyway: nothing is installed for them."""
-    import toolchains.tensorrt_edgellm.driver as driver
-    from flows.plan import installing_toolchains
+    import edgefarm.toolchains.tensorrt_edgellm.driver as driver
+    from edgefarm.flows.plan import installing_toolchains
 
     calls: list[Path | None] = []
     monkeypatch.setattr(driver, "ensure_installed", lambda data_dir, wheels=None: calls.append(data_dir))

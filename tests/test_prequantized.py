@@ -20,17 +20,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from devices.inventory import load_inventory
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
 from edgellm.config import QuantConfig
 from edgellm.errors import ConfigurationError
 from edgellm.types import Precision, QuantMethod
-from flows.plan import Decision, plan_matrix
-from stages.job import CheckpointRef, JobSpec
-from test_lists.catalog import Catalog
-from test_lists.loader import load_list
+from edgefarm.flows.plan import Decision, plan_matrix
+from edgefarm.stages.job import CheckpointRef, JobSpec
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import load_list
 from tests.helpers.toolchain_env import driver_replaced
-from toolchains import base as toolchains
+from edgefarm.toolchains import base as toolchains
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = Catalog.load()
@@ -215,8 +215,8 @@ def test_int4_gptq_is_not_applicable_on_the_cpu_with_the_drivers_reason(tmp_path
 @pytest.fixture
 def standin_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """tensorrt-edgellm as installed, driving any device (planning only: nothing runs)."""
-    from toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
-    from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
+    from edgefarm.toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 
     class StandInEnvironment(TrtEnvironment):
         def available(self) -> toolchains.Availability:
@@ -301,7 +301,7 @@ def _job(checkpoint: CheckpointRef, **fields: Any) -> JobSpec:
 
 
 def test_the_quantize_stage_refuses_to_quantize_an_already_quantized_checkpoint(tmp_path: Path) -> None:
-    from tasks.quantize import quantize_key
+    from edgefarm.tasks.quantize import quantize_key
 
     ckpt = _config_only(tmp_path / "awq", hf_quant={"quant_algo": "W4A16_AWQ", "group_size": 128})
     job = _job(CheckpointRef("m", str(ckpt), "0" * 64), quantizer="tensorrt-edgellm")
@@ -312,7 +312,7 @@ def test_the_quantize_stage_refuses_to_quantize_an_already_quantized_checkpoint(
 
 
 def test_a_prequantized_checkpoints_reference_is_its_float_base(tmp_path: Path) -> None:
-    from tasks.reference import reference_key
+    from edgefarm.tasks.reference import reference_key
 
     ckpt, base = CheckpointRef("m", "/q", "1" * 64), CheckpointRef("b", "/b", "2" * 64)
     line = "pre-quantized checkpoint: precision int4_awq read from hf_quant_config.json"
@@ -331,8 +331,8 @@ def test_a_prequantized_row_runs_on_the_cpu_without_quantize(tmp_path: Path,
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from results.db import make_engine
-    from results.models import CacheEntry, Result
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.models import CacheEntry, Result
 
     data, inventory = tmp_path / "data", tmp_path / "inventory"
     inventory.mkdir()
@@ -416,8 +416,8 @@ def test_int4_gptq_exports_for_thor_and_is_not_applicable_on_the_cpu(trt_env: Pa
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from results.db import make_engine
-    from results.models import CacheEntry, Result
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.models import CacheEntry, Result
     from tests.helpers.toolchain_env import link_real_toolchain
 
     data, inventory = tmp_path / "data", tmp_path / "inventory"

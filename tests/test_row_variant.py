@@ -13,21 +13,21 @@ import yaml
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-import toolchains.base as base
-from cli import app
-from devices.inventory import load_inventory
+import edgefarm.toolchains.base as base
+from edgefarm.cli import app
+from edgefarm.devices.inventory import load_inventory
 from edgellm.types import KVCachePrecision
-from flows.plan import Decision, plan_test_list
-from pages.docs import matrix_rows
-from results.db import make_engine
-from results.migrate import head_revision, schema_diff, upgrade
-from results.queries import latest_status, passing_rows, row_history
-from results.recorder import Recorder
-from test_lists.catalog import Catalog
-from test_lists.loader import load_list
+from edgefarm.flows.plan import Decision, plan_test_list
+from edgefarm.pages.docs import matrix_rows
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import head_revision, schema_diff, upgrade
+from edgefarm.results.queries import latest_status, passing_rows, row_history
+from edgefarm.results.recorder import Recorder
+from edgefarm.test_lists.catalog import Catalog
+from edgefarm.test_lists.loader import load_list
 from tests.helpers.toolchain_env import driver_replaced
-from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
-from vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
+from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
+from edgefarm.vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 
 T0 = "2026-12-01 00:00:00"
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}
@@ -224,7 +224,7 @@ def test_migration_0013_backfills_the_variant_from_test_ids(db_url: str) -> None
 def test_the_logits_width_check_reads_the_runtime_config_of_a_reduced_vocabulary_or_a_draft() -> None:
     """A reduced vocabulary's export (reduced_vocab_size) and an EAGLE3 draft's (draft_vocab_size) narrow the logits:
     the general structure check compared them with vocab_size and failed both (found in the first variant run)."""
-    from toolchains.tensorrt_edgellm.onnx_check import _io_problems
+    from edgefarm.toolchains.tensorrt_edgellm.onnx_check import _io_problems
 
     config = {"num_key_value_heads": 2, "head_dim": 8, "hidden_size": 64, "vocab_size": 512}
     inputs = {"inputs_embeds": ["tokens", 64]}

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devices.inventory import load_inventory
+from edgefarm.devices.inventory import load_inventory
 from edgellm.errors import UnsupportedError
 from edgellm.types import Precision
-from flows.plan import Decision, plan_matrix
-from test_lists.catalog import Catalog
+from edgefarm.flows.plan import Decision, plan_matrix
+from edgefarm.test_lists.catalog import Catalog
 from tests.helpers import toy_toolchain
 from tests.helpers.registries import registries_with
-from toolchains import base as toolchains
-from toolchains.base import Availability, ToolchainDriver, Variant
-from toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.base import Availability, ToolchainDriver, Variant
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_ONLY = "host-only-echo"

@@ -17,7 +17,7 @@ import pytest
 from edgellm.errors import ConfigurationError, TestFailure
 from edgellm.runtime.requests import FINISH_REASONS, GenerationRequest, parse_request_file
 from edgellm.types import BenchMode
-from toolchains.tensorrt_edgellm.device import (
+from edgefarm.toolchains.tensorrt_edgellm.device import (
     DIRECT_BUILDER,
     FAILED_TEXT,
     DeviceBuilds,
@@ -34,7 +34,7 @@ from toolchains.tensorrt_edgellm.device import (
     read_engine,
     to_trt_requests,
 )
-from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
 if TYPE_CHECKING:
     from tests.fixtures.board import JetsonBoard
@@ -187,7 +187,7 @@ VENV_BUILDER = "/opt/e/.venv/bin/tensorrt-edgellm-build"
 
 
 def _device(block: dict[str, Any], name: str = "orin-01") -> Any:
-    from devices.inventory import Device
+    from edgefarm.devices.inventory import Device
 
     return Device(id=name, type="orin", work_dir="/w", host="127.0.0.1", toolchains={"tensorrt-edgellm": block})
 
@@ -216,7 +216,7 @@ def test_the_direct_builder_is_named_per_build_in_the_inventory() -> None:
 
 
 def test_the_driver_builds_from_the_checkpoint_where_the_device_has_the_direct_builder() -> None:
-    from toolchains.base import Route, driver
+    from edgefarm.toolchains.base import Route, driver
 
     trt = driver("tensorrt-edgellm")
     direct, onnx = _device({**ONE, "direct_builder": VENV_BUILDER}), _device(ONE, "orin-02")

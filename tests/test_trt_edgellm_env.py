@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
+from edgefarm.cli import app
 from edgellm import BUNDLED_TEXT_FILE
 from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.types import Precision
-from toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
-from toolchains.tensorrt_edgellm.env import (
+from edgefarm.toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
+from edgefarm.toolchains.tensorrt_edgellm.env import (
     _relocate,
     _swap_into_place,
     check_version,
@@ -24,7 +24,7 @@ from toolchains.tensorrt_edgellm.env import (
     install,
     installed_version,
 )
-from vocabulary.variant import PLAIN
+from edgefarm.vocabulary.variant import PLAIN
 
 VERSION = "0.11.0"
 
@@ -110,7 +110,7 @@ def test_shipped_calibration_text_is_made_from_the_bundled_sample() -> None:
 
 
 def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
-    from test_lists.catalog import Catalog
+    from edgefarm.test_lists.catalog import Catalog
 
     (tmp_path / "plain.jinja").write_text("{% for message in messages %}{{ message.content }}{% endfor %}")
     catalog = tmp_path / "models.yml"
@@ -126,11 +126,11 @@ def test_catalog_names_a_chat_template(tmp_path: Path) -> None:
 def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_path: Path) -> None:
     """A model's calibration_samples is the quantizer's --num_samples and part of the quantize key; without it the
     farm's default rows; a value below 1 is refused naming the model and field."""
-    from flows.pipeline import job_spec
-    from stages.job import CheckpointRef
-    from test_lists.catalog import Catalog
-    from toolchains.base import driver
-    from toolchains.tensorrt_edgellm.host_stages import NUM_SAMPLES
+    from edgefarm.flows.pipeline import job_spec
+    from edgefarm.stages.job import CheckpointRef
+    from edgefarm.test_lists.catalog import Catalog
+    from edgefarm.toolchains.base import driver
+    from edgefarm.toolchains.tensorrt_edgellm.host_stages import NUM_SAMPLES
 
     catalog = tmp_path / "models.yml"
     catalog.write_text("models:\n  m:\n    synthetic: {family: qwen3}\n    calibration_samples: 0\n")
@@ -158,7 +158,7 @@ def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_p
 
 
 def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> None:
-    from toolchains.process import run_tool
+    from edgefarm.toolchains.process import run_tool
 
     marker = tmp_path / "child-survived"
     script = f"sleep 3; touch {marker}"
@@ -174,7 +174,7 @@ def test_a_tool_past_its_limit_is_killed_with_its_children(tmp_path: Path) -> No
 def test_quantize_options_name_everything_that_changes_the_output() -> None:
     import hashlib
 
-    from toolchains.tensorrt_edgellm.quantize import quantize_options
+    from edgefarm.toolchains.tensorrt_edgellm.quantize import quantize_options
 
     fp8 = quantize_options("fp8")
     assert fp8["calibration_sha256"] == hashlib.sha256(CALIBRATION_FILE.read_bytes()).hexdigest()

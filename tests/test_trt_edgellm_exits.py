@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from devices.transport.base import CommandResult
-from devices.transport.ssh import SSHTransport
+from edgefarm.devices.transport.base import CommandResult
+from edgefarm.devices.transport.ssh import SSHTransport
 from edgellm.errors import (
     BugError,
     ConfigurationError,
@@ -28,10 +28,10 @@ from edgellm.errors import (
     TestFailure,
 )
 from edgellm.runtime.requests import GenerationRequest
-from toolchains.base import NotApplicable
-from toolchains.tensorrt_edgellm import device as trt
-from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
-from toolchains.tensorrt_edgellm.exits import classify, last_errors
+from edgefarm.toolchains.base import NotApplicable
+from edgefarm.toolchains.tensorrt_edgellm import device as trt
+from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from edgefarm.toolchains.tensorrt_edgellm.exits import classify, last_errors
 
 if TYPE_CHECKING:
     from tests.fixtures.board import JetsonBoard
@@ -467,7 +467,7 @@ def test_last_errors_keep_three_lines_and_500_characters() -> None:
 def test_a_host_tool_failure_names_the_root_cause_of_a_chained_traceback(tmp_path: Path) -> None:
     """NVIDIA's exporter on an fp32 Qwen2 checkpoint (0.11.0): torch.export wraps the model's TypeError in a generic
     TorchExportError whose message says nothing of the model. The reason leads with the cause."""
-    from toolchains.process import ToolRun
+    from edgefarm.toolchains.process import ToolRun
 
     log = tmp_path / "export.log"
     log.write_text(

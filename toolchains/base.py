@@ -37,23 +37,23 @@ from edgellm.registry import Registry, import_submodules
 from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
 
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
-from toolchains.mirror import Index as Index
-from toolchains.mirror import WheelSource as WheelSource
-from vocabulary.model import ModelShape as ModelShape
-from vocabulary.route import Route as Route
-from vocabulary.variant import Features
-from vocabulary.variant import Variant as Variant
+from edgefarm.toolchains.mirror import Index as Index
+from edgefarm.toolchains.mirror import WheelSource as WheelSource
+from edgefarm.vocabulary.model import ModelShape as ModelShape
+from edgefarm.vocabulary.route import Route as Route
+from edgefarm.vocabulary.variant import Features
+from edgefarm.vocabulary.variant import Variant as Variant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from artifacts.kinds import ArtifactKind
-    from artifacts.store import ArtifactRef
-    from devices.inventory import Device
-    from devices.transport.base import CommandResult
+    from edgefarm.artifacts.kinds import ArtifactKind
+    from edgefarm.artifacts.store import ArtifactRef
+    from edgefarm.devices.inventory import Device
+    from edgefarm.devices.transport.base import CommandResult
     from edgellm.config import QuantConfig
-    from stages.job import JobSpec
-    from toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+    from edgefarm.stages.job import JobSpec
+    from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}
@@ -261,7 +261,7 @@ class NotOffered(UnsupportedError):
 
 def offering(method: str) -> str:
     """The toolchains whose host stages offer the bring-up check ``method`` (they override ``HostStages``')."""
-    from toolchains.parts import HostStages
+    from edgefarm.toolchains.parts import HostStages
 
     found = [n for n in names() if (part := _DRIVERS.get(n).HOST_STAGES) is not None
              and getattr(part, method) is not getattr(HostStages, method)]
@@ -572,7 +572,7 @@ def job_quantizer(job: JobSpec, data_dir: str | Path) -> ToolchainDriver | None:
 def version_probing() -> list[str]:
     """The toolchains whose versions ``edgefarm bisect`` can probe (they offer
     ``ToolchainEnvironment.probe_version``)."""
-    from toolchains.parts import ToolchainEnvironment
+    from edgefarm.toolchains.parts import ToolchainEnvironment
 
     return [n for n in names()
             if _DRIVERS.get(n).ENVIRONMENT.probe_version is not ToolchainEnvironment.probe_version]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from devices import health
-from devices.health import Answers, HealthReport, ToolchainHealth
-from devices.inventory import Device, Inventory
-from devices.transport import Transport
-from devices.types import DeviceType
+from edgefarm.devices import health
+from edgefarm.devices.health import Answers, HealthReport, ToolchainHealth
+from edgefarm.devices.inventory import Device, Inventory
+from edgefarm.devices.transport import Transport
+from edgefarm.devices.types import DeviceType
 from edgellm.errors import DeviceConfigurationError
-from toolchains import base as toolchains
-from toolchains.probe import probe_toolchain
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains.probe import probe_toolchain
 
 
 def device_toolchains(device: Device, device_type: DeviceType, transport: Transport) -> list[ToolchainHealth]:

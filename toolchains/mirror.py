@@ -34,7 +34,7 @@ from edgellm.errors import ConfigurationError, InfrastructureError
 from edgellm.types import ChoiceEnum
 
 if TYPE_CHECKING:
-    from artifacts.store import Store
+    from edgefarm.artifacts.store import Store
 
 SCHEMA = "edgefarm.toolchain-mirror/1"
 PIP_TIMEOUT_S = 3600  # resolving and downloading a GPU toolchain's wheels (torch alone is GBs with CUDA)
@@ -96,7 +96,7 @@ class Manifest:
     def from_json(cls, data: bytes, where: str) -> Manifest:
         """A stored manifest, every field checked (a wheel's name becomes a file name): ConfigurationError
         naming ``where`` and what is wrong."""
-        from artifacts.store import check_sha
+        from edgefarm.artifacts.store import check_sha
 
         try:
             found = json.loads(data)
@@ -144,7 +144,7 @@ def resolve_wheels(requirements: Sequence[str], dest: Path, *, wheelhouse: Path 
     """Every wheel ``requirements`` need on this host (dependencies included) into ``dest``: ``pip wheel`` from
     the registry, or only from the local ``wheelhouse`` (``--no-index``). ConfigurationError when the wheelhouse
     (or the registry) cannot give them, InfrastructureError when the registry cannot be reached."""
-    from devices import lifetime
+    from edgefarm.devices import lifetime
 
     argv = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-input", "--wheel-dir",
             str(dest), *requirements, *pip_source(wheelhouse)]
@@ -176,7 +176,7 @@ def mirror(store: Store, toolchain: str, version: str, requirements: Sequence[st
            wheelhouse: Path | None = None) -> Manifest:
     """Resolve ``requirements`` (see :func:`resolve_wheels`), store each wheel and the manifest, and name the
     manifest (which keeps the wheels) last: a reader finds a whole mirror or the one before."""
-    from artifacts.kinds import ArtifactKind
+    from edgefarm.artifacts.kinds import ArtifactKind
 
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise ConfigurationError(f"wheelhouse {str(wheelhouse)!r} is not a directory; give --from a directory of "
@@ -209,7 +209,7 @@ class Found:
     def fetch(self, dest: Path) -> Path:
         """Every wheel into the (empty) directory ``dest``, each verified by its sha256; a corrupt or missing
         one is refused (ConfigurationError naming it and how to mirror again)."""
-        from artifacts.store import CorruptArtifactError, MissingArtifactError
+        from edgefarm.artifacts.store import CorruptArtifactError, MissingArtifactError
 
         m = self.manifest
         for wheel in m.wheels:
@@ -229,7 +229,7 @@ def find(source: WheelSource | None, toolchain: str, version: str) -> Iterator[F
     """The mirror of ``toolchain`` ``version`` for this host that an install should use, or None for the registry
     (no source, ``registry``, or ``auto`` with no mirror); with ``mirror`` and none stored, ConfigurationError
     (:func:`not_mirrored`). The store stays open while the block runs."""
-    from artifacts.store import CorruptArtifactError, MissingArtifactError
+    from edgefarm.artifacts.store import CorruptArtifactError, MissingArtifactError
 
     if source is None or source.index is Index.REGISTRY:
         yield None

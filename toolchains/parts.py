@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgellm.errors import BugError, EdgeLLMError, UnsupportedError
 from edgellm.types import Precision
-from toolchains.base import (
+from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
     DeviceRequirements,
@@ -41,13 +41,13 @@ from toolchains.base import (
 )
 
 if TYPE_CHECKING:
-    from artifacts.store import ArtifactRef
-    from devices.inventory import Device
-    from devices.transport.base import CommandResult
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
-    from toolchains.base import HostWork, ToolchainDriver
-    from toolchains.mirror import WheelSource
+    from edgefarm.artifacts.store import ArtifactRef
+    from edgefarm.devices.inventory import Device
+    from edgefarm.devices.transport.base import CommandResult
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.toolchains.base import HostWork, ToolchainDriver
+    from edgefarm.toolchains.mirror import WheelSource
 
 
 class Part:

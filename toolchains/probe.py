@@ -10,11 +10,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from devices import agent_client
-from devices.inventory import Device
-from devices.transport import Transport
+from edgefarm.devices import agent_client
+from edgefarm.devices.inventory import Device
+from edgefarm.devices.transport import Transport
 from edgellm.errors import DeviceConfigurationError, InfrastructureError
-from toolchains.base import DeviceRequirements, ToolchainDriver
+from edgefarm.toolchains.base import DeviceRequirements, ToolchainDriver
 
 
 def requirement_args(needs: DeviceRequirements) -> list[str]:

@@ -63,15 +63,15 @@ if __name__ == "__main__":
 # --- the driver (host side) ---------------------------------------------------------------------------------------
 import shutil  # noqa: E402  (the device side above needs none of these)
 
-from artifacts.kinds import ArtifactKind  # noqa: E402
-from artifacts.store import ArtifactRef  # noqa: E402
+from edgefarm.artifacts.kinds import ArtifactKind  # noqa: E402
+from edgefarm.artifacts.store import ArtifactRef  # noqa: E402
 from edgellm.reference import checkpoint_digest  # noqa: E402
 from edgellm.types import BenchMode, Precision  # noqa: E402
-from results.models import ResultStatus  # noqa: E402
-from stages import Stage  # noqa: E402
-from stages.job import CheckpointRef  # noqa: E402
-from stages.outcome import StageOutcome  # noqa: E402
-from toolchains.base import (  # noqa: E402
+from edgefarm.results.models import ResultStatus  # noqa: E402
+from edgefarm.stages import Stage  # noqa: E402
+from edgefarm.stages.job import CheckpointRef  # noqa: E402
+from edgefarm.stages.outcome import StageOutcome  # noqa: E402
+from edgefarm.toolchains.base import (  # noqa: E402
     QUANTIZE_RECORD,
     Availability,
     BenchRun,
@@ -81,13 +81,13 @@ from toolchains.base import (  # noqa: E402
     Variant,
     pushed_path,
 )
-from toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment  # noqa: E402
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment  # noqa: E402
 
 if TYPE_CHECKING:
-    from devices.inventory import Device
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed
-    from tasks.host import HostWork
+    from edgefarm.devices.inventory import Device
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed
+    from edgefarm.tasks.host import HostWork
 
 TOOL = Path(__file__).resolve()
 

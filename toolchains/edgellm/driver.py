@@ -21,7 +21,7 @@ from edgellm.compiler.export import OPSET, check_variant, quantized_export_preci
 from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
 from edgellm.thresholds import FIELDS
 from edgellm.types import UNQUANTIZED, BenchMode, Precision
-from toolchains.base import (
+from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
@@ -32,14 +32,14 @@ from toolchains.base import (
     WeightReconciliation,
     register_toolchain,
 )
-from toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 
 if TYPE_CHECKING:
-    from devices.inventory import Device
+    from edgefarm.devices.inventory import Device
     from edgellm.config import QuantConfig
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
-    from toolchains.base import HostWork
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.toolchains.base import HostWork
 
 
 @functools.cache
@@ -105,12 +105,12 @@ class EdgellmHostStages(HostStages):
     """Export (host_stages.py) and the bring-up checks of edgellm's own model registry (bringup.py)."""
 
     def registry_check(self, checkpoint: Path) -> RegistryCheck:
-        from toolchains.edgellm import bringup
+        from edgefarm.toolchains.edgellm import bringup
 
         return bringup.registry_check(self.name, self.toolchain.environment.host_version(), checkpoint)
 
     def reconcile(self, checkpoint: Path) -> WeightReconciliation:
-        from toolchains.edgellm import bringup
+        from edgefarm.toolchains.edgellm import bringup
 
         return bringup.reconcile(self.name, self.toolchain.environment.host_version(), checkpoint)
 
@@ -121,7 +121,7 @@ class EdgellmHostStages(HostStages):
 
     def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
                keyed: Keyed) -> StageOutcome:
-        from toolchains.edgellm import host_stages
+        from edgefarm.toolchains.edgellm import host_stages
 
         return host_stages.export(self.toolchain, work, job, checkpoint, keyed)
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.errors import BugError, ConfigurationError, TestFailure
 from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
-from toolchains.base import (
+from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
     DeviceStep,
@@ -37,16 +37,16 @@ from toolchains.base import (
     pushed_path,
     register_toolchain,
 )
-from toolchains.onnxruntime_genai import DISTRIBUTION, TOOLCHAIN
-from toolchains.onnxruntime_genai import device as runner
-from toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+from edgefarm.toolchains.onnxruntime_genai import DISTRIBUTION, TOOLCHAIN
+from edgefarm.toolchains.onnxruntime_genai import device as runner
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 
 if TYPE_CHECKING:
-    from devices.inventory import Device
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
-    from toolchains.base import HostWork
-    from toolchains.mirror import WheelSource
+    from edgefarm.devices.inventory import Device
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.toolchains.base import HostWork
+    from edgefarm.toolchains.mirror import WheelSource
 
 EXPORT_CHECK = 1  # version of the read-back check a cached export passed (bump when it tightens)
 _MADE_IN_EXPORT = (Precision.INT4_WO,)
@@ -77,7 +77,7 @@ class GenaiEnvironment(ToolchainEnvironment):
         return Availability(True)
 
     def host_version(self) -> str:
-        from toolchains.onnxruntime_genai.export import toolchain_version
+        from edgefarm.toolchains.onnxruntime_genai.export import toolchain_version
 
         return toolchain_version()
 
@@ -89,7 +89,7 @@ class GenaiEnvironment(ToolchainEnvironment):
         return Path(self.toolchain.data_dir).resolve() / "toolchains"
 
     def installable_versions(self) -> list[str]:
-        from toolchains.venvs import installable_versions
+        from edgefarm.toolchains.venvs import installable_versions
 
         return installable_versions(DISTRIBUTION)
 
@@ -97,7 +97,7 @@ class GenaiEnvironment(ToolchainEnvironment):
         """``onnxruntime-genai==version`` alone (``--no-deps``) in ``<data dir>/toolchains/onnxruntime-genai-
         <version>``, over the farm's own environment (its site-packages follow the environment's own: the builder's
         dependencies and onnxruntime are the farm's). Only the distribution's version differs from the farm's."""
-        from toolchains.venvs import install_distribution
+        from edgefarm.toolchains.venvs import install_distribution
 
         check_version(version)
         farm = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
@@ -108,7 +108,7 @@ class GenaiEnvironment(ToolchainEnvironment):
         return Environment(self.name, built.version, built.healthy, str(built.path), tuple(built.problems))
 
     def environments(self) -> list[Environment]:
-        from toolchains.venvs import check_distribution
+        from edgefarm.toolchains.venvs import check_distribution
 
         root = self._root()
         found = sorted(p for p in root.glob(f"{self.name}-*") if p.is_dir()) if root.is_dir() else []
@@ -116,14 +116,14 @@ class GenaiEnvironment(ToolchainEnvironment):
         return [Environment(self.name, c.version, c.healthy, str(c.path), tuple(c.problems)) for c in checked]
 
     def sweep_dead_installs(self) -> list[Path]:
-        from toolchains.venvs import sweep_dead_installs
+        from edgefarm.toolchains.venvs import sweep_dead_installs
 
         return sweep_dead_installs(self._root(), self.name) if self.toolchain.data_dir is not None else []
 
     def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
         """Its host stage of the row with that version: the model builder's export, from the version's environment.
         Its device stages (the runner, with a device's own onnxruntime-genai) are not probed."""
-        from toolchains.onnxruntime_genai import export
+        from edgefarm.toolchains.onnxruntime_genai import export
 
         export.export(checkpoint, work / "export", precision.value, log=work / "export.log",
                       python=Path(env.path) / "bin" / "python")
@@ -133,7 +133,7 @@ class GenaiHostStages(HostStages):
     """The model builder's export (host_stages.py)."""
 
     def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        from toolchains.onnxruntime_genai.export import RECIPES
+        from edgefarm.toolchains.onnxruntime_genai.export import RECIPES
 
         recipe = RECIPES[job.precision.value]
         return {**self.common_export_key(checkpoint_sha, job, version),
@@ -142,7 +142,7 @@ class GenaiHostStages(HostStages):
 
     def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
                keyed: Keyed) -> StageOutcome:
-        from toolchains.onnxruntime_genai import host_stages
+        from edgefarm.toolchains.onnxruntime_genai import host_stages
 
         return host_stages.export(self.toolchain, work, job, checkpoint, keyed)
 
@@ -168,7 +168,7 @@ class GenaiDeviceStages(DeviceStages):
         return device.interpreter, pushed_path(runner.RUNNER)
 
     def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        from toolchains.onnxruntime_genai.export import MODEL_SUBDIR
+        from edgefarm.toolchains.onnxruntime_genai.export import MODEL_SUBDIR
 
         return DeviceStep(runner.build_argv(*self._run(device), f"{onnx_dir}/{MODEL_SUBDIR}", engine_dir,
                                             max_batch_size=params["max_batch_size"],
@@ -180,8 +180,8 @@ class GenaiDeviceStages(DeviceStages):
 
     def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
         """The weight precision read back from the engine's own graph (never assumed from the request)."""
-        from toolchains.onnxruntime_genai.check import check_export
-        from toolchains.onnxruntime_genai.export import EXPORT_RECORD
+        from edgefarm.toolchains.onnxruntime_genai.check import check_export
+        from edgefarm.toolchains.onnxruntime_genai.export import EXPORT_RECORD
 
         assert onnx_dir is not None
         requested = json.loads((onnx_dir / EXPORT_RECORD).read_text(encoding="utf-8"))["precision"]
@@ -210,7 +210,7 @@ class GenaiDeviceStages(DeviceStages):
                 for mode in (BenchMode.PREFILL, BenchMode.DECODE)]
 
     def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        from toolchains.onnxruntime_genai.bench import bench_metrics
+        from edgefarm.toolchains.onnxruntime_genai.bench import bench_metrics
 
         return bench_metrics(fetched["bench.json"], run.mode.value)
 
@@ -231,8 +231,8 @@ class GenaiDeviceStages(DeviceStages):
     def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
                         precision: Precision, thresholds: Mapping[str, float],
                         requests: list[dict[str, Any]] | None) -> dict[str, Any]:
-        from toolchains.edgellm.driver import eval_metrics
-        from toolchains.onnxruntime_genai.accuracy import report as score
+        from edgefarm.toolchains.edgellm.driver import eval_metrics
+        from edgefarm.toolchains.onnxruntime_genai.accuracy import report as score
 
         if "logits.npz" not in fetched or reference is None:
             raise TestFailure("the onnxruntime-genai runner wrote no logits file")

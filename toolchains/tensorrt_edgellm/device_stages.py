@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 from edgellm.errors import ConfigurationError, EdgeLLMError, UnsupportedError
 from edgellm.runtime.requests import GenerationRequest, check_requests
 from edgellm.types import BenchMode, Precision
-from toolchains.base import BenchRun, DeviceRequirements, DeviceStep, EngineCheck, Route
-from toolchains.parts import DeviceStages
-from toolchains.tensorrt_edgellm import TOOLCHAIN
-from toolchains.tensorrt_edgellm import accuracy as text_accuracy
-from toolchains.tensorrt_edgellm import device as trt
+from edgefarm.toolchains.base import BenchRun, DeviceRequirements, DeviceStep, EngineCheck, Route
+from edgefarm.toolchains.parts import DeviceStages
+from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
+from edgefarm.toolchains.tensorrt_edgellm import accuracy as text_accuracy
+from edgefarm.toolchains.tensorrt_edgellm import device as trt
 
 if TYPE_CHECKING:
-    from devices.inventory import Device
-    from devices.transport.base import CommandResult
-    from toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+    from edgefarm.devices.inventory import Device
+    from edgefarm.devices.transport.base import CommandResult
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
 
 LIBNVINFER_VERSIONED = "libnvinfer.so.*.*.*"  # the real file behind libnvinfer.so.N: its name carries the release
 # what the tools load at start (ld.so stops them with exit 127 without one: research §3)
@@ -129,7 +129,7 @@ class TrtDeviceStages(DeviceStages):
         """By the Edge-LLM tools' own conventions (``exits``): a loader, tool or plugin missing on the device is a
         DeviceConfigurationError, the OOM killer or a GPU allocation failure a ResourceError, a command line they
         refuse the farm's bug, a kernel that cannot take the model NotApplicable, anything else a TestFailure."""
-        from toolchains.tensorrt_edgellm import exits
+        from edgefarm.toolchains.tensorrt_edgellm import exits
 
         return exits.classify(result)
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgellm.errors import BugError, ConfigurationError, EdgeLLMError
 from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
-from toolchains.base import (
+from edgefarm.toolchains.base import (
     Availability,
     DocsLayout,
     Environment,
@@ -40,11 +40,11 @@ from toolchains.base import (
     WeightReconciliation,
     register_toolchain,
 )
-from toolchains.parts import HostStages, ToolchainEnvironment
-from toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN, variants
-from toolchains.tensorrt_edgellm import device as trt
-from toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
-from toolchains.tensorrt_edgellm.env import (
+from edgefarm.toolchains.parts import HostStages, ToolchainEnvironment
+from edgefarm.toolchains.tensorrt_edgellm import DEFAULT_VERSION, TOOLCHAIN, variants
+from edgefarm.toolchains.tensorrt_edgellm import device as trt
+from edgefarm.toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
+from edgefarm.toolchains.tensorrt_edgellm.env import (
     CONSOLE_SCRIPTS,
     EnvHealth,
     check_version,
@@ -57,17 +57,17 @@ from toolchains.tensorrt_edgellm.env import (
     sweep_dead_installs,
     toolchains_root,
 )
-from toolchains.tensorrt_edgellm.export import HF_PREQUANTIZED
-from toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
+from edgefarm.toolchains.tensorrt_edgellm.export import HF_PREQUANTIZED
+from edgefarm.toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 
 if TYPE_CHECKING:
-    from artifacts.store import ArtifactRef
-    from devices.inventory import Device
+    from edgefarm.artifacts.store import ArtifactRef
+    from edgefarm.devices.inventory import Device
     from edgellm.config import QuantConfig
-    from stages.job import CheckpointRef, JobSpec
-    from stages.outcome import Keyed, StageOutcome
-    from toolchains.base import HostWork
-    from toolchains.mirror import WheelSource
+    from edgefarm.stages.job import CheckpointRef, JobSpec
+    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.toolchains.base import HostWork
+    from edgefarm.toolchains.mirror import WheelSource
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class TrtEnvironment(ToolchainEnvironment):
         return sweep_dead_installs(self._root())
 
     def installable_versions(self) -> list[str]:
-        from toolchains.tensorrt_edgellm.env import installable_versions
+        from edgefarm.toolchains.tensorrt_edgellm.env import installable_versions
 
         return installable_versions()
 
@@ -182,7 +182,7 @@ class TrtEnvironment(ToolchainEnvironment):
         """Its host stages of the row with that version: quantize (the precisions its quantizer makes), then the
         ONNX export. Its device stages (llm_build, llm_inference on a TensorRT board) are not probed: a board runs
         a build of one version (its inventory's), not one per probe."""
-        from toolchains.tensorrt_edgellm import export, quantize
+        from edgefarm.toolchains.tensorrt_edgellm import export, quantize
 
         source = checkpoint
         if precision in self.toolchain.quantizes():
@@ -202,43 +202,43 @@ class TrtHostStages(HostStages):
         return self.toolchain.env_path()
 
     def registry_check(self, checkpoint: Path) -> RegistryCheck:
-        from toolchains.tensorrt_edgellm import bringup
+        from edgefarm.toolchains.tensorrt_edgellm import bringup
 
         return bringup.registry_check(self._ready_env(), checkpoint)
 
     def reconcile(self, checkpoint: Path) -> WeightReconciliation:
-        from toolchains.tensorrt_edgellm import bringup
+        from edgefarm.toolchains.tensorrt_edgellm import bringup
 
         return bringup.reconcile(self._ready_env(), checkpoint)
 
     def export_layers(self, checkpoint: Path, out_dir: Path, layers: int) -> LayerExport:
-        from toolchains.tensorrt_edgellm import bringup
+        from edgefarm.toolchains.tensorrt_edgellm import bringup
 
         return bringup.export_layers(self._ready_env(), checkpoint, out_dir, layers)
 
     def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
-        from toolchains.tensorrt_edgellm import host_stages
+        from edgefarm.toolchains.tensorrt_edgellm import host_stages
 
         return host_stages.quantize_key_inputs(self.toolchain, job, quantize_device, version)
 
     def judge_quantized(self, work: HostWork, job: JobSpec, version: str, ref: ArtifactRef) -> StageOutcome:
-        from toolchains.tensorrt_edgellm import host_stages
+        from edgefarm.toolchains.tensorrt_edgellm import host_stages
 
         return host_stages.judge_quantized(self.toolchain, work, job, version, ref)
 
     def quantize(self, work: HostWork, job: JobSpec, keyed: Keyed) -> StageOutcome:
-        from toolchains.tensorrt_edgellm import host_stages
+        from edgefarm.toolchains.tensorrt_edgellm import host_stages
 
         return host_stages.quantize(self.toolchain, work, job, keyed)
 
     def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        from toolchains.tensorrt_edgellm import host_stages
+        from edgefarm.toolchains.tensorrt_edgellm import host_stages
 
         return {**self.common_export_key(checkpoint_sha, job, version), **host_stages.export_key_extra(job)}
 
     def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
                keyed: Keyed) -> StageOutcome:
-        from toolchains.tensorrt_edgellm import host_stages
+        from edgefarm.toolchains.tensorrt_edgellm import host_stages
 
         return host_stages.export(self.toolchain, work, job, checkpoint, quantized_linears, keyed)
 
@@ -254,7 +254,7 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def docs_layout(self) -> DocsLayout:
         """Its own pages' layout (supported models by family, the platform table): pages.py."""
-        from toolchains.tensorrt_edgellm.pages import LAYOUT
+        from edgefarm.toolchains.tensorrt_edgellm.pages import LAYOUT
 
         return LAYOUT
 
@@ -325,7 +325,7 @@ class TensorrtEdgellm(ToolchainDriver):
 
     def model_problem(self, shape: ModelShape, sm: int | None, variant: Variant) -> str | None:  # noqa: F821
         """Its attention kernels' limits (head size, query/KV head ratio, SM, FP8 KV cache): ``kernels``."""
-        from toolchains.tensorrt_edgellm import kernels
+        from edgefarm.toolchains.tensorrt_edgellm import kernels
 
         return kernels.problem(shape, sm, variant.kv_cache)
 
