@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 
 from edgefarm.devices.transport.base import CommandResult  # noqa: E402
 from edgefarm.devices.transport.local import LocalTransport  # noqa: E402
+
 from edgellm.errors import ErrorKind  # noqa: E402
 from edgellm.types import Precision  # noqa: E402
 from tests.helpers import toy_toolchain  # noqa: E402
@@ -377,9 +378,8 @@ def stage_times_from_db(url: str) -> dict[str, tuple[float, float]]:
     """Per stage: the median of the recorded durations of passing, uncached runs, and the spread of their logs."""
     import statistics
 
-    from sqlalchemy import text
-
     from edgefarm.results.db import read_only_engine
+    from sqlalchemy import text
 
     engine = read_only_engine(url)
     found: dict[str, list[float]] = defaultdict(list)

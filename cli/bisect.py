@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
 from edgefarm.cli.common import DataDirOption, DbOption, configure_prefect, err, farm_errors, out
 
 STEPS = ("export", "build", "eval")
@@ -68,9 +67,10 @@ def _validate(checkpoint: Path, precision: str, platform: str, output: Path, max
     """Every problem of the request at once (ConfigurationError, exit 2); returns the steps. ``host_probes``: the
     probes run edgellm on this host (commits of this repository or of the checkpoint), so the platform must be one
     this host probes."""
+    from edgefarm.tasks.bisect import PLATFORM_BACKENDS
+
     from edgellm.errors import ConfigurationError
     from edgellm.types import Precision
-    from edgefarm.tasks.bisect import PLATFORM_BACKENDS
 
     problems = []
     if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
@@ -159,12 +159,13 @@ def _checkpoint_job(ask: Ask, good: str, bad: str) -> Job:
 
 def _version_job(ask: Ask, toolchain: str, good: str, bad: str) -> Job:
     """``toolchain``'s installable versions from ``good`` to ``bad`` (listed, and the ends checked, here)."""
-    from edgellm.errors import ConfigurationError
-    from edgellm.types import Precision
     from edgefarm.flows.bisect import VersionBisectRequest
     from edgefarm.flows.revision import current
     from edgefarm.toolchains.base import driver, parse, version_probing
     from edgefarm.toolchains.venvs import between
+
+    from edgellm.errors import ConfigurationError
+    from edgellm.types import Precision
 
     name = parse(toolchain, what="--toolchain")
     if name not in version_probing():
@@ -191,11 +192,12 @@ def _row_jobs(row: RowKey, good: str, bad: str, ask: Ask, db: str | None, ckpt_g
     that can be bisected; why the others cannot (the ends read from the runs included: a commit this checkout lacks,
     a version pip's index does not offer) is in the facts (``not_bisected``). None that can is ConfigurationError
     naming each; a bad --checkpoint-good-rev/--checkpoint-bad-rev is ConfigurationError at once."""
-    from edgellm.errors import ConfigurationError
     from edgefarm.flows.settings import Settings
     from edgefarm.results.db import read_only_engine
     from edgefarm.results.row_inputs import changed, row_inputs
     from edgefarm.toolchains.base import names, version_probing
+
+    from edgellm.errors import ConfigurationError
 
     runs = []
     for flag, value in (("--good", good), ("--bad", bad)):
@@ -362,10 +364,11 @@ def _regressions(run: int | None, output: Path, max_probes: int, steps: str, rep
     probes shared out of --max-probes; a row that cannot be bisected (nothing bisectable changed, no checkpoint)
     says why in its entry."""
     from edgefarm.cli.running import temporary_server
-    from edgellm.errors import ConfigurationError
     from edgefarm.flows.settings import Settings
     from edgefarm.results.db import read_only_engine
     from edgefarm.results.row_inputs import newly_failing
+
+    from edgellm.errors import ConfigurationError
 
     settings = Settings.resolve(db=db, data_dir=data_dir)
     before, now, rows = newly_failing(read_only_engine(settings.db_url), run)
@@ -481,8 +484,9 @@ def bisect(
     results database, and every input that changed between them is bisected."""
     with farm_errors("bisect"):
         from edgefarm.cli.running import temporary_server
-        from edgellm.errors import ConfigurationError
         from edgefarm.flows.settings import Settings
+
+        from edgellm.errors import ConfigurationError
 
         if regressions:
             _regressions(run, output, max_probes, steps, repo, cache, db, data_dir)

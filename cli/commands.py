@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from edgefarm.cli.common import DataDirOption, DbOption, InventoryOption, configure_prefect, err, farm_errors, out
 from edgefarm.cli.listing import check_file_option
 from edgefarm.cli.running import (
@@ -148,7 +147,6 @@ def gc(
 ) -> None:
     """Remove artifacts no result and no cache entry refers to (never referenced or recent ones)."""
     with farm_errors("gc"):
-        from edgellm.errors import ConfigurationError
         from edgefarm.flows.settings import Settings
         from edgefarm.results import cache
         from edgefarm.results.db import read_only_engine, redact
@@ -156,6 +154,8 @@ def gc(
         from edgefarm.results.recorder import Recorder
         from edgefarm.tasks.host import sweep_dead_work
         from edgefarm.toolchains import base as toolchains
+
+        from edgellm.errors import ConfigurationError
 
         if not (math.isfinite(older_than_days) and 0 <= older_than_days <= MAX_GC_AGE_DAYS):
             raise ConfigurationError(f"bad --older-than-days {older_than_days!r}: need a number of days from 0 to "

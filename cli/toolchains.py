@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
 from edgefarm.cli.common import DataDirOption, farm_errors, out
 from edgefarm.cli.listing import FormatOption, OutputOption, check_file_option, check_format, emit, to_output
 from edgefarm.cli.text import cell
-from edgellm.errors import ConfigurationError, ErrorKind
 from edgefarm.toolchains import base as toolchains
 from edgefarm.toolchains.base import Environment, ToolchainDriver
+from rich.console import Console
+from rich.table import Table
+
+from edgellm.errors import ConfigurationError, ErrorKind
 
 if TYPE_CHECKING:
     from edgefarm.flows.settings import Settings

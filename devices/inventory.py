@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 import paramiko
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
-
 from edgefarm.devices._yaml import read_yaml_mapping, validation_problems
 from edgefarm.devices.toolchain_names import ToolchainNames
 from edgefarm.devices.types import DeviceType, load_device_types
+from pydantic import BaseModel, ConfigDict, Field
+
 from edgellm.errors import ConfigurationError
 
 PACKAGED_INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"

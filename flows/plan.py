@@ -18,17 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from edgefarm import stages
 from edgefarm.devices.inventory import Inventory
 from edgefarm.devices.memory_fit import Sizer, fit_problem, memory_json, source_group
 from edgefarm.devices.pools import check_pool_name
 from edgefarm.devices.site import overlay
-from edgellm.config import QuantConfig
-from edgellm.errors import ConfigurationError, EdgeLLMError
-from edgellm.types import Precision
-from edgellm.yamlio import read_yaml
 from edgefarm.registries import current
 from edgefarm.stages.job import job_key
 from edgefarm.stages.variant import FEATURE_NAMES, PLAIN, Features
@@ -40,6 +34,12 @@ from edgefarm.test_lists.variants import features as variant_features
 from edgefarm.test_lists.variants import rows as variant_rows
 from edgefarm.toolchains import base as toolchains
 from edgefarm.toolchains.base import ToolchainDriver, Variant, WheelSource, assuming_installed, runnable_problem
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from edgellm.config import QuantConfig
+from edgellm.errors import ConfigurationError, EdgeLLMError
+from edgellm.types import Precision
+from edgellm.yamlio import read_yaml
 
 log = logging.getLogger(__name__)
 

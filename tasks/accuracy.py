@@ -14,7 +14,6 @@ from edgefarm.artifacts.inuse import held_dir
 from edgefarm.artifacts.kinds import ArtifactKind
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import Transport
-from edgellm.errors import ErrorKind
 from edgefarm.results.models import ResultStatus
 from edgefarm.stages import Stage
 from edgefarm.stages.job import PPL_LIMIT_METRIC, JobSpec
@@ -25,6 +24,8 @@ from edgefarm.tasks.common import attempt_recorder, from_device_run
 from edgefarm.tasks.device_exec import run_stage
 from edgefarm.tasks.farm import Farm, FarmContext
 from edgefarm.toolchains.base import DeviceStep, job_driver
+
+from edgellm.errors import ErrorKind
 
 
 def accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference: StageOutcome) -> StageOutcome:

@@ -227,8 +227,9 @@ def run_version_probe(toolchain: str, version: str, data_dir: Path, checkpoint: 
     """Probe ``version`` of ``toolchain`` (see the module doc): its environment installed (or found healthy) under
     ``data_dir``, then its stages of the row in a temporary directory. An install that fails is a skip (the
     version was not judged), as is an infrastructure or resource error of its stages; any other error is bad."""
-    from edgellm.types import Precision
     from edgefarm.toolchains.base import driver
+
+    from edgellm.types import Precision
 
     subject = f"{toolchain} {version}"
     key = version_cache_key(toolchain, version, checkpoint_digest, code_digest, precision, platform)

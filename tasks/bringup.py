@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
-from edgellm.files import write_text_atomic
 from edgefarm.results.models import ResultStatus
 from edgefarm.toolchains.base import NotOffered, ToolchainDriver
+
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
+from edgellm.files import write_text_atomic
 
 RUNGS = ("inventory", "closest_family", "registry", "reconciliation", "reference", "few_layers", "pipeline")
 TITLES = {

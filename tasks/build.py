@@ -34,7 +34,6 @@ from edgefarm.artifacts.kinds import ArtifactKind
 from edgefarm.artifacts.store import ArtifactRef
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import Transport, open_transport
-from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from edgefarm.results.models import ResultStatus
 from edgefarm.stages import Stage
 from edgefarm.stages.job import CheckpointRef, JobSpec
@@ -44,6 +43,8 @@ from edgefarm.tasks.common import attempt_recorder, from_device_run, work_again
 from edgefarm.tasks.device_exec import DeviceRun, device_failed, run_stage, toolchain_env
 from edgefarm.tasks.farm import Farm, FarmContext
 from edgefarm.toolchains.base import DeviceStep, Route, ToolchainDriver, job_driver
+
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 
 log = logging.getLogger(__name__)
 

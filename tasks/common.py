@@ -12,14 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from prefect import Task, task
-from prefect.cache_policies import NO_CACHE
-from prefect.runtime import task_run as prefect_task_run
-from prefect.states import State
-
 from edgefarm import stages
 from edgefarm.artifacts.store import ArtifactRef
-from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 from edgefarm.results import cache
 from edgefarm.results.errors import classify
 from edgefarm.results.models import ResultStatus
@@ -34,6 +28,12 @@ from edgefarm.tasks.progress import StageEvent, emit
 from edgefarm.tasks.run_logs import log_tails
 from edgefarm.tasks.states import stage_state, task_run_name
 from edgefarm.toolchains.base import ToolchainDriver
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run as prefect_task_run
+from prefect.states import State
+
+from edgellm.errors import ConfigurationError, EdgeLLMError, ErrorKind, InfrastructureError
 
 log = logging.getLogger(__name__)
 

@@ -34,14 +34,6 @@ from edgefarm.artifacts.store import ArtifactRef, StoreError
 from edgefarm.devices import agent_client
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import CommandResult, RemoteNameError, Transport, open_transport
-from edgellm.errors import (
-    ConfigurationError,
-    DeviceConfigurationError,
-    EdgeLLMError,
-    ErrorKind,
-    InfrastructureError,
-    ResourceError,
-)
 from edgefarm.results import leases, liveness, quarantine
 from edgefarm.results.errors import RunReaped
 from edgefarm.results.models import ResultStatus
@@ -50,6 +42,15 @@ from edgefarm.tasks.farm import Farm
 from edgefarm.tasks.host_gate import HostGate, HostGateTimeout, gate_dir, shares_host
 from edgefarm.toolchains.base import DeviceStep, ToolchainDriver, edgellm_exit
 from edgefarm.toolchains.probe import probe_toolchain
+
+from edgellm.errors import (
+    ConfigurationError,
+    DeviceConfigurationError,
+    EdgeLLMError,
+    ErrorKind,
+    InfrastructureError,
+    ResourceError,
+)
 
 log = logging.getLogger(__name__)
 

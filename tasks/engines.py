@@ -34,10 +34,11 @@ from edgefarm.artifacts.store import ArtifactRef
 from edgefarm.devices import agent_client
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import RemoteNameError, Transport
-from edgellm.errors import BugError, ConfigurationError, InfrastructureError
 from edgefarm.tasks import device_cache
 from edgefarm.tasks.farm import Farm
 from edgefarm.toolchains.base import ENGINE_LISTING, DeviceStep, ToolchainDriver
+
+from edgellm.errors import BugError, ConfigurationError, InfrastructureError
 
 SCHEMA = 2  # 2: the ONNX it was built from (to build it again when its device is lost)
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ import statistics
 from edgefarm.artifacts.kinds import ArtifactKind
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import Transport
-from edgellm.errors import EdgeLLMError, TestFailure
 from edgefarm.results.models import ResultStatus
 from edgefarm.stages import Stage
 from edgefarm.stages.job import JobSpec
@@ -24,6 +23,8 @@ from edgefarm.tasks.common import (
 from edgefarm.tasks.device_exec import run_stage
 from edgefarm.tasks.farm import Farm, FarmContext
 from edgefarm.toolchains.base import DeviceStep, job_driver
+
+from edgellm.errors import EdgeLLMError, TestFailure
 
 PROMPTS = (
     "Once upon a time",

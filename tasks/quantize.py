@@ -17,10 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgefarm.artifacts.store import ArtifactRef
-from edgellm.checkpoint.modelopt import quantized_linear_count
-from edgellm.config import QuantConfig
-from edgellm.errors import ConfigurationError
-from edgellm.types import UNQUANTIZED
 from edgefarm.results.models import ResultStatus
 from edgefarm.stages import Stage
 from edgefarm.stages.job import JobSpec
@@ -28,6 +24,11 @@ from edgefarm.stages.outcome import Keyed, StageOutcome
 from edgefarm.tasks.farm import FarmContext
 from edgefarm.tasks.host import FarmHostWork
 from edgefarm.toolchains.base import job_quantizer
+
+from edgellm.checkpoint.modelopt import quantized_linear_count
+from edgellm.config import QuantConfig
+from edgellm.errors import ConfigurationError
+from edgellm.types import UNQUANTIZED
 
 
 def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from edgefarm.cli import app
+from edgefarm.toolchains import base as toolchains
+from edgefarm.toolchains import venvs
 from typer.testing import CliRunner
 
-from edgefarm.cli import app
 from edgellm.errors import TestFailure
 from edgellm.types import Precision
 from tests.helpers.toy_toolchain import ToyEcho, ToyEnvironment
-from edgefarm.toolchains import base as toolchains
-from edgefarm.toolchains import venvs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -265,12 +265,13 @@ def test_row_form_bisects_a_changed_toolchain_version(fake_chain: str, small_ckp
                                                       tmp_path: Path) -> None:
     """Two runs of one farm revision whose row ran fake-chain 0.1.0, then 0.10.0: only the versions are bisected,
     the answer recorded for the row and said on the bad run's page."""
-    from edgellm.reference import checkpoint_digest
     from edgefarm.pages.docs import write_run_pages
     from edgefarm.results.bisections import bisections_of_run
     from edgefarm.results.db import make_engine
     from edgefarm.results.migrate import upgrade
     from edgefarm.results.recorder import Recorder
+
+    from edgellm.reference import checkpoint_digest
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = make_engine(url)
@@ -477,14 +478,14 @@ def test_row_form_bisects_each_input_that_changed(fake_chain: str, stand_in: dic
     farm's commits with the stand-in edgellm, whose third commit breaks its export; the versions as above), both
     answers recorded for the row and said together on the bad run's page."""
     import numpy as np
-    from safetensors.numpy import save_file
-
-    from edgellm.reference import checkpoint_digest
     from edgefarm.pages.docs import write_run_pages
     from edgefarm.results.bisections import bisection_lines_of_run
     from edgefarm.results.db import make_engine
     from edgefarm.results.migrate import upgrade
     from edgefarm.results.recorder import Recorder
+    from safetensors.numpy import save_file
+
+    from edgellm.reference import checkpoint_digest
 
     farm = tmp_path / "farm"
     shutil.copytree(stand_in["code"], farm)

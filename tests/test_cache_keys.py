@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy.orm import Session
-
 from edgefarm import stages
 from edgefarm.artifacts.kinds import ArtifactKind, Packing
 from edgefarm.artifacts.store import ArtifactRef
 from edgefarm.devices.inventory import Device
-from edgellm.errors import ConfigurationError, TestFailure
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
 from edgefarm.results import cache
 from edgefarm.results.db import make_engine
 from edgefarm.results.migrate import upgrade
@@ -39,8 +35,12 @@ from edgefarm.tasks.export import export_key
 from edgefarm.tasks.farm import Farm, FarmContext
 from edgefarm.tasks.quantize import quantize_key
 from edgefarm.tasks.reference import reference_key, reference_key_inputs
-from tests.helpers.toolchain_env import link_real_toolchain
 from edgefarm.toolchains.base import driver
+from sqlalchemy.orm import Session
+
+from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision
+from tests.helpers.toolchain_env import link_real_toolchain
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "edgellm" / "assets" / "stories260K"
@@ -75,8 +75,8 @@ TRT_ORIN = _job(Precision.FP16, TRT, platform="orin")
 @pytest.fixture
 def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """What changes with every edit of the sources or an upgrade, fixed so that keys can be pinned."""
+
     import edgellm.build_id
-    import edgefarm.tasks.reference
 
     monkeypatch.setattr(edgellm.build_id, "build_id", lambda: "build-1")
     monkeypatch.setattr(tasks.reference, "build_id", lambda: "build-1")

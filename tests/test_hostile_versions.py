@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from edgefarm.devices.inventory import Device
 from edgefarm.toolchains.tensorrt_edgellm.driver import PINNED_VERSION, TensorrtEdgellm
 

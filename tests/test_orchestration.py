@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-from typer.testing import CliRunner
-
 from edgefarm.cli import app
 from edgefarm.results.db import make_engine
 from edgefarm.results.models import ArtifactRecord, Attempt, CacheEntry, Result, Run
 from edgefarm.results.queries import passing_rows
 from edgefarm.toolchains.base import driver
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
 from edgefarm.cli import app
 from edgefarm.devices.inventory import load_inventory
-from edgellm.errors import ConfigurationError
 from edgefarm.flows.plan import DEFAULT_MATRIX, Decision, plan_matrix, plan_test_list
 from edgefarm.registries import current
 from edgefarm.stages import Stage
 from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.loader import load_list
 from edgefarm.test_lists.schema import DEFAULT_STAGES
+from typer.testing import CliRunner
+
+from edgellm.errors import ConfigurationError
 
 DATA = Path(__file__).parent / "data"
 INSTALL = "edgefarm toolchains install tensorrt-edgellm==0.11.0"

@@ -18,19 +18,19 @@ from typing import Any
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
 from edgefarm.cli import app
 from edgefarm.devices.inventory import load_inventory
-from edgellm.config import QuantConfig
-from edgellm.errors import ConfigurationError
-from edgellm.types import Precision, QuantMethod
 from edgefarm.flows.plan import Decision, plan_matrix
 from edgefarm.stages.job import CheckpointRef, JobSpec
 from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.loader import load_list
-from tests.helpers.toolchain_env import driver_replaced
 from edgefarm.toolchains import base as toolchains
+from typer.testing import CliRunner
+
+from edgellm.config import QuantConfig
+from edgellm.errors import ConfigurationError
+from edgellm.types import Precision, QuantMethod
+from tests.helpers.toolchain_env import driver_replaced
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = Catalog.load()
@@ -328,11 +328,10 @@ def test_a_prequantized_checkpoints_reference_is_its_float_base(tmp_path: Path) 
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_prequantized_row_runs_on_the_cpu_without_quantize(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
     from edgefarm.results.db import make_engine
     from edgefarm.results.models import CacheEntry, Result
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
 
     data, inventory = tmp_path / "data", tmp_path / "inventory"
     inventory.mkdir()
@@ -413,11 +412,11 @@ def test_int4_gptq_exports_for_thor_and_is_not_applicable_on_the_cpu(trt_env: Pa
     """Through the farm: the shipped export list's GPTQ row runs tensorrt-edgellm's exporter on the checkpoint as it
     is (no quantizer; its 14 int4 linears checked in the graph); the nightly's CPU row of it is not applicable with
     edgellm-ort's reason."""
+    from edgefarm.results.db import make_engine
+    from edgefarm.results.models import CacheEntry, Result
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from edgefarm.results.db import make_engine
-    from edgefarm.results.models import CacheEntry, Result
     from tests.helpers.toolchain_env import link_real_toolchain
 
     data, inventory = tmp_path / "data", tmp_path / "inventory"

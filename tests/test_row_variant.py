@@ -8,15 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import edgefarm.toolchains.base as base
 import pytest
 import yaml
-from sqlalchemy import Engine, text
-from typer.testing import CliRunner
-
-import edgefarm.toolchains.base as base
 from edgefarm.cli import app
 from edgefarm.devices.inventory import load_inventory
-from edgellm.types import KVCachePrecision
 from edgefarm.flows.plan import Decision, plan_test_list
 from edgefarm.pages.docs import matrix_rows
 from edgefarm.results.db import make_engine
@@ -25,9 +21,13 @@ from edgefarm.results.queries import latest_status, passing_rows, row_history
 from edgefarm.results.recorder import Recorder
 from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.loader import load_list
-from tests.helpers.toolchain_env import driver_replaced
 from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 from edgefarm.vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
+from sqlalchemy import Engine, text
+from typer.testing import CliRunner
+
+from edgellm.types import KVCachePrecision
+from tests.helpers.toolchain_env import driver_replaced
 
 T0 = "2026-12-01 00:00:00"
 LIMITS = {"max_seq_len": 256, "max_batch_size": 2, "max_input_len": 128}

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from edgefarm.devices.inventory import load_inventory
-from edgellm.errors import UnsupportedError
-from edgellm.types import Precision
 from edgefarm.flows.plan import Decision, plan_matrix
 from edgefarm.test_lists.catalog import Catalog
-from tests.helpers import toy_toolchain
-from tests.helpers.registries import registries_with
 from edgefarm.toolchains import base as toolchains
 from edgefarm.toolchains.base import Availability, ToolchainDriver, Variant
 from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+
+from edgellm.errors import UnsupportedError
+from edgellm.types import Precision
+from tests.helpers import toy_toolchain
+from tests.helpers.registries import registries_with
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_ONLY = "host-only-echo"

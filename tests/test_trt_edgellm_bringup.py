@@ -14,13 +14,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from edgefarm.toolchains.base import NotOffered, RegistryStatus, driver
+from edgefarm.toolchains.parts import HostStages
+from edgefarm.toolchains.tensorrt_edgellm.layouts import DEFAULT_MODEL, LAYOUT_IDENTICAL_FAMILIES
 
 from edgellm.errors import CheckpointError, ConfigurationError
 from edgellm.synth import make_checkpoint
 from tests.helpers.toolchain_env import link_real_toolchain
-from edgefarm.toolchains.base import NotOffered, RegistryStatus, driver
-from edgefarm.toolchains.parts import HostStages
-from edgefarm.toolchains.tensorrt_edgellm.layouts import DEFAULT_MODEL, LAYOUT_IDENTICAL_FAMILIES
 
 TRT = "tensorrt-edgellm"
 RENAMED = ("model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.upp_proj.weight")

@@ -13,10 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
-from edgellm.errors import ConfigurationError, TestFailure
-from edgellm.runtime.requests import FINISH_REASONS, GenerationRequest, parse_request_file
-from edgellm.types import BenchMode
 from edgefarm.toolchains.tensorrt_edgellm.device import (
     DIRECT_BUILDER,
     FAILED_TEXT,
@@ -35,6 +31,10 @@ from edgefarm.toolchains.tensorrt_edgellm.device import (
     to_trt_requests,
 )
 from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+
+from edgellm.errors import ConfigurationError, TestFailure
+from edgellm.runtime.requests import FINISH_REASONS, GenerationRequest, parse_request_file
+from edgellm.types import BenchMode
 
 if TYPE_CHECKING:
     from tests.fixtures.board import JetsonBoard

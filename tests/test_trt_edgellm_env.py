@@ -9,12 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from edgefarm.cli import app
-from edgellm import BUNDLED_TEXT_FILE
-from edgellm.errors import ConfigurationError, InfrastructureError
-from edgellm.types import Precision
 from edgefarm.toolchains.tensorrt_edgellm.calibration import CALIBRATION_FILE, calibration_rows, render
 from edgefarm.toolchains.tensorrt_edgellm.env import (
     _relocate,
@@ -25,6 +20,11 @@ from edgefarm.toolchains.tensorrt_edgellm.env import (
     installed_version,
 )
 from edgefarm.vocabulary.variant import PLAIN
+from typer.testing import CliRunner
+
+from edgellm import BUNDLED_TEXT_FILE
+from edgellm.errors import ConfigurationError, InfrastructureError
+from edgellm.types import Precision
 
 VERSION = "0.11.0"
 

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
 from edgefarm.devices.transport.base import CommandResult
 from edgefarm.devices.transport.ssh import SSHTransport
+from edgefarm.toolchains.base import NotApplicable
+from edgefarm.toolchains.tensorrt_edgellm import device as trt
+from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from edgefarm.toolchains.tensorrt_edgellm.exits import classify, last_errors
+
 from edgellm.errors import (
     BugError,
     ConfigurationError,
@@ -28,10 +32,6 @@ from edgellm.errors import (
     TestFailure,
 )
 from edgellm.runtime.requests import GenerationRequest
-from edgefarm.toolchains.base import NotApplicable
-from edgefarm.toolchains.tensorrt_edgellm import device as trt
-from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
-from edgefarm.toolchains.tensorrt_edgellm.exits import classify, last_errors
 
 if TYPE_CHECKING:
     from tests.fixtures.board import JetsonBoard

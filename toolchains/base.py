@@ -32,10 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
-from edgellm.registry import Registry, import_submodules
-from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
-
 # where installs get their wheels: the generic layers name these through this module, not the mirror's
 from edgefarm.toolchains.mirror import Index as Index
 from edgefarm.toolchains.mirror import WheelSource as WheelSource
@@ -44,6 +40,10 @@ from edgefarm.vocabulary.route import Route as Route
 from edgefarm.vocabulary.variant import Features
 from edgefarm.vocabulary.variant import Variant as Variant
 
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError, ErrorKind, UnsupportedError
+from edgellm.registry import Registry, import_submodules
+from edgellm.types import UNQUANTIZED, BenchMode, ChoiceEnum, Precision
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
@@ -51,9 +51,10 @@ if TYPE_CHECKING:
     from edgefarm.artifacts.store import ArtifactRef
     from edgefarm.devices.inventory import Device
     from edgefarm.devices.transport.base import CommandResult
-    from edgellm.config import QuantConfig
     from edgefarm.stages.job import JobSpec
     from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+
+    from edgellm.config import QuantConfig
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
 QUANTIZE_RECORD = "quantize.json"  # a quantizer's product: {checkpoint/, quantize.json (checkpoint_sha256, ...)}

@@ -13,9 +13,10 @@ from edgefarm.devices.health import Answers, HealthReport, ToolchainHealth
 from edgefarm.devices.inventory import Device, Inventory
 from edgefarm.devices.transport import Transport
 from edgefarm.devices.types import DeviceType
-from edgellm.errors import DeviceConfigurationError
 from edgefarm.toolchains import base as toolchains
 from edgefarm.toolchains.probe import probe_toolchain
+
+from edgellm.errors import DeviceConfigurationError
 
 
 def device_toolchains(device: Device, device_type: DeviceType, transport: Transport) -> list[ToolchainHealth]:

@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgellm.errors import BugError, EdgeLLMError, UnsupportedError
-from edgellm.types import Precision
 from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
@@ -39,6 +37,9 @@ from edgefarm.toolchains.base import (
     pinned_versions,
     version_probing,
 )
+
+from edgellm.errors import BugError, EdgeLLMError, UnsupportedError
+from edgellm.types import Precision
 
 if TYPE_CHECKING:
     from edgefarm.artifacts.store import ArtifactRef

@@ -13,8 +13,9 @@ from typing import Any
 from edgefarm.devices import agent_client
 from edgefarm.devices.inventory import Device
 from edgefarm.devices.transport import Transport
-from edgellm.errors import DeviceConfigurationError, InfrastructureError
 from edgefarm.toolchains.base import DeviceRequirements, ToolchainDriver
+
+from edgellm.errors import DeviceConfigurationError, InfrastructureError
 
 
 def requirement_args(needs: DeviceRequirements) -> list[str]:

@@ -65,8 +65,6 @@ import shutil  # noqa: E402  (the device side above needs none of these)
 
 from edgefarm.artifacts.kinds import ArtifactKind  # noqa: E402
 from edgefarm.artifacts.store import ArtifactRef  # noqa: E402
-from edgellm.reference import checkpoint_digest  # noqa: E402
-from edgellm.types import BenchMode, Precision  # noqa: E402
 from edgefarm.results.models import ResultStatus  # noqa: E402
 from edgefarm.stages import Stage  # noqa: E402
 from edgefarm.stages.job import CheckpointRef  # noqa: E402
@@ -82,6 +80,9 @@ from edgefarm.toolchains.base import (  # noqa: E402
     pushed_path,
 )
 from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment  # noqa: E402
+
+from edgellm.reference import checkpoint_digest  # noqa: E402
+from edgellm.types import BenchMode, Precision  # noqa: E402
 
 if TYPE_CHECKING:
     from edgefarm.devices.inventory import Device

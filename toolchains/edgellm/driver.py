@@ -14,13 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.backends.base import backend_names, registered_backends
-from edgellm.capabilities import buildable
-from edgellm.compiler.build import ENGINE_MANIFEST
-from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
-from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
-from edgellm.thresholds import FIELDS
-from edgellm.types import UNQUANTIZED, BenchMode, Precision
 from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
@@ -34,12 +27,21 @@ from edgefarm.toolchains.base import (
 )
 from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 
+from edgellm.backends.base import backend_names, registered_backends
+from edgellm.capabilities import buildable
+from edgellm.compiler.build import ENGINE_MANIFEST
+from edgellm.compiler.export import OPSET, check_variant, quantized_export_precisions
+from edgellm.errors import ConfigurationError, TestFailure, UnsupportedError
+from edgellm.thresholds import FIELDS
+from edgellm.types import UNQUANTIZED, BenchMode, Precision
+
 if TYPE_CHECKING:
     from edgefarm.devices.inventory import Device
-    from edgellm.config import QuantConfig
     from edgefarm.stages.job import CheckpointRef, JobSpec
     from edgefarm.stages.outcome import Keyed, StageOutcome
     from edgefarm.toolchains.base import HostWork
+
+    from edgellm.config import QuantConfig
 
 
 @functools.cache

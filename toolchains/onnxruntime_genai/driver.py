@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.errors import BugError, ConfigurationError, TestFailure
-from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
 from edgefarm.toolchains.base import (
     Availability,
     BenchRun,
@@ -40,6 +38,9 @@ from edgefarm.toolchains.base import (
 from edgefarm.toolchains.onnxruntime_genai import DISTRIBUTION, TOOLCHAIN
 from edgefarm.toolchains.onnxruntime_genai import device as runner
 from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
+
+from edgellm.errors import BugError, ConfigurationError, TestFailure
+from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
 
 if TYPE_CHECKING:
     from edgefarm.devices.inventory import Device

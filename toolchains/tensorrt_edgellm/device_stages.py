@@ -13,14 +13,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgellm.errors import ConfigurationError, EdgeLLMError, UnsupportedError
-from edgellm.runtime.requests import GenerationRequest, check_requests
-from edgellm.types import BenchMode, Precision
 from edgefarm.toolchains.base import BenchRun, DeviceRequirements, DeviceStep, EngineCheck, Route
 from edgefarm.toolchains.parts import DeviceStages
 from edgefarm.toolchains.tensorrt_edgellm import TOOLCHAIN
 from edgefarm.toolchains.tensorrt_edgellm import accuracy as text_accuracy
 from edgefarm.toolchains.tensorrt_edgellm import device as trt
+
+from edgellm.errors import ConfigurationError, EdgeLLMError, UnsupportedError
+from edgellm.runtime.requests import GenerationRequest, check_requests
+from edgellm.types import BenchMode, Precision
 
 if TYPE_CHECKING:
     from edgefarm.devices.inventory import Device

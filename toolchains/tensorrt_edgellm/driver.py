@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from edgellm.errors import BugError, ConfigurationError, EdgeLLMError
-from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
 from edgefarm.toolchains.base import (
     Availability,
     DocsLayout,
@@ -60,14 +58,18 @@ from edgefarm.toolchains.tensorrt_edgellm.env import (
 from edgefarm.toolchains.tensorrt_edgellm.export import HF_PREQUANTIZED
 from edgefarm.toolchains.tensorrt_edgellm.quantize import LM_HEAD_METHODS, METHODS
 
+from edgellm.errors import BugError, ConfigurationError, EdgeLLMError
+from edgellm.types import KVCachePrecision, LMHeadPrecision, Precision, QuantMethod
+
 if TYPE_CHECKING:
     from edgefarm.artifacts.store import ArtifactRef
     from edgefarm.devices.inventory import Device
-    from edgellm.config import QuantConfig
     from edgefarm.stages.job import CheckpointRef, JobSpec
     from edgefarm.stages.outcome import Keyed, StageOutcome
     from edgefarm.toolchains.base import HostWork
     from edgefarm.toolchains.mirror import WheelSource
+
+    from edgellm.config import QuantConfig
 
 log = logging.getLogger(__name__)
 
