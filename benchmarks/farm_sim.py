@@ -260,19 +260,8 @@ class SimTransport(LocalTransport):
         return CommandResult(code, "", "", time.monotonic() - start)
 
 
-class SimLab(toy_toolchain.ToyEcho):
-    """The toy driver as a lab's toolchain: more precisions, host stages that take their time, keys per model."""
-
-    name = NAME
-
-    def precisions(self) -> tuple[Precision, ...]:
-        return tuple(Precision(p) for p in PRECISIONS)
-
-    def standin(self, device: Any) -> bool:
-        return True  # simulated tools on simulated devices: never evidence of support, on any page
-
-    def quantizes(self) -> tuple[Precision, ...]:
-        return tuple(Precision(p) for p in QUANTIZED)
+class SimHostStages(toy_toolchain.ToyHostStages):
+    """The toy's host stages, taking their time, keyed per model."""
 
     def quantize_key_inputs(self, job: Any, quantize_device: str, version: str) -> dict[str, Any]:
         return {**super().quantize_key_inputs(job, quantize_device, version), "model": job.model,
@@ -288,6 +277,25 @@ class SimLab(toy_toolchain.ToyEcho):
     def export(self, work: Any, job: Any, checkpoint: Any, quantized_linears: int, keyed: Any) -> Any:
         _host_sleep("export", job)
         return super().export(work, job, checkpoint, quantized_linears, keyed)
+
+
+class SimDeviceStages(toy_toolchain.ToyDeviceStages):
+    def standin(self, device: Any) -> bool:
+        return True  # simulated tools on simulated devices: never evidence of support, on any page
+
+
+class SimLab(toy_toolchain.ToyEcho):
+    """The toy driver as a lab's toolchain: more precisions, host stages that take their time, keys per model."""
+
+    name = NAME
+    HOST_STAGES = SimHostStages
+    DEVICE_STAGES = SimDeviceStages
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return tuple(Precision(p) for p in PRECISIONS)
+
+    def quantizes(self) -> tuple[Precision, ...]:
+        return tuple(Precision(p) for p in QUANTIZED)
 
 
 def _host_sleep(stage: str, job: Any) -> None:

@@ -174,7 +174,7 @@ def _version_job(ask: Ask, toolchain: str, good: str, bad: str) -> Job:
     found = driver(name, ask.data_dir)
     if (problem := found.precision_problem(Precision.parse(ask.precision, what="precision"))) is not None:
         raise ConfigurationError(f"--precision {ask.precision}: {problem}")
-    versions = between(found.installable_versions(), good, bad, toolchain=name)
+    versions = between(found.environment.installable_versions(), good, bad, toolchain=name)
     req = VersionBisectRequest(toolchain=name, versions=tuple(versions), data_dir=str(ask.data_dir),
                                checkpoint=str(ask.checkpoint.resolve()),
                                checkpoint_digest=ask.digest, code_digest=current().source,

@@ -177,7 +177,7 @@ def gc(
             store.close()
         dead = sweep_dead_work(settings.data_dir)  # left by killed runs, whatever their age
         installs = [p for name in toolchains.names()
-                    for p in toolchains.driver(name, settings.data_dir).sweep_dead_installs()]
+                    for p in toolchains.driver(name, settings.data_dir).environment.sweep_dead_installs()]
     out.print(f"removed {len(removed)} unreferenced blob(s) older than {older_than_days:g} day(s); "
               f"{len(referenced)} referenced blob(s) kept; {len(dead)} scratch dir(s) of dead runs removed; "
               f"{len(installs)} leftover(s) of killed toolchain installs removed", markup=False)

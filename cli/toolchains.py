@@ -90,7 +90,7 @@ def install_command(
         settings = _settings(data_dir)
         found, version = parse_spec(spec, settings.data_dir)
         Console(stderr=True).print(f"installing {found.name} {version} (a few minutes on first use)", markup=False)
-        result = found.install_version(version, settings.toolchain_wheels())
+        result = found.environment.install_version(version, settings.toolchain_wheels())
     Console().print(_table([result]))
 
 
@@ -109,7 +109,7 @@ def mirror_command(
     with farm_errors("toolchains mirror"):
         settings = _settings(data_dir, create=True)
         found, version = parse_spec(spec, settings.data_dir)
-        requirements = found.requirements(version)
+        requirements = found.environment.requirements(version)
         source = settings.toolchain_wheels()
         Console(stderr=True).print(f"mirroring {found.name} {version} ({' '.join(requirements)}) from "
                                    f"{wheelhouse or 'the package registry'} into {source.shown}", markup=False)
@@ -139,7 +139,7 @@ def list_command(
         fmt = "json" if as_json else check_format(fmt)
         check_file_option("--output", output)
         root = _data_dir(data_dir)
-        envs = [e for name in toolchains.names() for e in toolchains.driver(name, root).environments()]
+        envs = [e for name in toolchains.names() for e in toolchains.driver(name, root).environment.environments()]
         with to_output(output):
             emit([e.to_dict() for e in envs], ("toolchain", "version", "healthy", "path", "problems"), fmt,
                  lambda _rows: out.print(_table(envs) if envs else

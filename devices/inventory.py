@@ -5,7 +5,7 @@ The farm's settings choose the directory (``--inventory DIR``, else ``$EDGEFARM_
 ConfigurationError, one line each), before anything connects to a device.
 
 What a device holds of a toolchain is its block in ``toolchains: {name: {...}}``, validated by that toolchain's
-driver when the file loads (``ToolchainDriver.device_config``, asked through the registries' toolchain answers
+driver when the file loads (``DeviceStages.device_config``, asked through the registries' toolchain answers
 :func:`load_inventory` is handed, ``devices.toolchain_names``: this package asks no toolchain; e.g. where a vendor's
 tools are installed on the device). A toolchain whose driver needs such a block runs only on devices that have it.
 

@@ -288,10 +288,13 @@ def _decide(entry: TestEntry, platform: str, inventory: Inventory, catalog: Cata
         if not devices:
             missing.append(f"no device of platform {platform} in the inventory {inventory.directory}")
         if chosen is not None:
-            problem = chosen.device_problem() or chosen.devices_problem(platform, found_devices)
+            problem = chosen.device_problem()  # a toolchain of host stages only is never asked for a device step
+            if problem is None:
+                part = chosen.device()
+                problem = part.devices_problem(platform, found_devices)
+                devices = tuple(d.id for d in found_devices if part.drives(d)) or devices  # skipped: still name them
             if problem is not None:
                 missing.append(problem)
-            devices = tuple(d.id for d in found_devices if chosen.drives(d)) or devices  # skipped: still name them
     else:
         devices = ()  # nothing of this job runs on a device
     if missing:
@@ -512,12 +515,12 @@ def installing_toolchains(make: Callable[[], Plan], data_dir: Path, wheels: Whee
               for name in (job.toolchain, job.quantizer) if name is not None}
     for name, pins in sorted(needed):
         found = toolchains.driver(name, data_dir, dict(pins))
-        if not found.available().ok:
+        if not found.environment.available().ok:
             t0 = time.monotonic()
             log.warning("installing toolchain %s for %d job(s) that need it (one-time)", name,
                         sum(name in (job.toolchain, job.quantizer) for job in would_run))
             with still_working(f"installing toolchain {name}"):
-                problem = found.install(wheels)
+                problem = found.environment.install(wheels)
             log.warning("toolchain %s: %s after %.0f s", name, f"not installed ({problem})" if problem else "installed",
                         time.monotonic() - t0)
     return make() if needed else plan
@@ -579,7 +582,7 @@ def _resolved(decided: _Decided) -> dict[str, str | None]:
         if key == "quantizer":
             out["quantizer"] = found.name
         try:
-            out[f"{key}_version"] = found.host_version()
+            out[f"{key}_version"] = found.environment.host_version()
         except EdgeLLMError:
             out[f"{key}_version"] = None
     return out

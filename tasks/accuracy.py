@@ -36,22 +36,24 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
     farm = Farm.get(ctx)
     engine, ref = inferred.outputs["engine"], reference.outputs["reference"]
     toolchain = job_driver(job, ctx.data_dir)
+    device_stages = toolchain.device()
     with held_dir(farm.ctx.scratch_dir, "accuracy-") as tmp:
         local_ref = None
-        if toolchain.accuracy_reads_reference():  # the host judges what the device made against it
+        if device_stages.accuracy_reads_reference():  # the host judges what the device made against it
             local_ref = Path(tmp) / "reference.npz"
             farm.store.get_file(ref.sha256, local_ref)
-        ours = toolchain.accuracy_request(local_ref) if local_ref is not None else None
+        ours = device_stages.accuracy_request(local_ref) if local_ref is not None else None
         staged = [ref] if ours is None else []
         request = None
         if ours is not None:  # the device generates our requests; the reference stays here
-            request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
+            request = farm.store.put(json.dumps(device_stages.infer_request(ours), indent=1).encode(),
+                                     ArtifactKind.REPORT)
             staged.append(request)
 
         on_device = engines.load(farm, engine)
 
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-            return engines.runtime_step(toolchain, on_device, toolchain.accuracy_step(
+            return engines.runtime_step(toolchain, on_device, device_stages.accuracy_step(
                 device, engines.locate(farm, device, transport, on_device),
                 f"cache/{ref.sha256}" if ours is None else None,
                 f"cache/{request.sha256}" if request is not None else None, job_dir, job.thresholds))
@@ -64,12 +66,13 @@ def _accuracy(ctx: FarmContext, job: JobSpec, inferred: StageOutcome, reference:
         out = from_device_run(Stage.ACCURACY, run, toolchain)
         if not run.fetched:
             return out
-        report = toolchain.accuracy_report(run.fetched, reference=local_ref, checkpoint=Path(job.checkpoint.path),
-                                           precision=job.precision, thresholds=job.thresholds, requests=ours)
+        report = device_stages.accuracy_report(run.fetched, reference=local_ref,
+                                               checkpoint=Path(job.checkpoint.path), precision=job.precision,
+                                               thresholds=job.thresholds, requests=ours)
     metrics = report.pop("metrics", {})
     for path in run.fetched.values():
         out.artifacts.append(farm.store.put(path, ArtifactKind.REPORT))
-    judged_here = toolchain.accuracy_judged_on_host()
+    judged_here = device_stages.accuracy_judged_on_host()
     if judged_here:  # the host's comparison is the stage's report
         out.artifacts.append(farm.store.put(json.dumps(report, indent=1).encode(), ArtifactKind.REPORT))
     out.metrics.update(metrics)

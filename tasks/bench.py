@@ -44,6 +44,7 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
     farm = Farm.get(ctx)
     engine = built.outputs["engine"]
     toolchain = job_driver(job, ctx.data_dir)
+    device_stages = toolchain.device()
     prompt, past = bench_lengths(job)
     on_device = engines.load(farm, engine)
     probe = bench_probe.probe_ref(farm)
@@ -56,7 +57,7 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         def step(device: Device, transport: Transport, job_dir: str, index: int = index,
                  chosen: list[BenchRun] = chosen, load: bench_probe.LoadRound = load) -> DeviceStep:
             path = engines.locate(farm, device, transport, on_device)
-            bench_run = toolchain.bench_runs(device, path, job_dir, prompt_len=prompt,
+            bench_run = device_stages.bench_runs(device, path, job_dir, prompt_len=prompt,
                                              past_len=past, warmup=WARMUP, iterations=ITERATIONS)[index]
             chosen.append(bench_run)
             load.start(device, transport)  # the last thing before the command (and its environment snapshot)
@@ -74,14 +75,14 @@ def _bench(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         runs.append((chosen[-1], run))
         rounds.append(load)
     out = from_device_run(Stage.BENCH, runs[-1][1], toolchain)
-    out.standin = any(toolchain.standin(r.device) for _, r in runs)
+    out.standin = any(device_stages.standin(r.device) for _, r in runs)
     out.duration_s = sum(r.duration_s for _, r in runs)
     _conditions(farm, out, runs)
     _load(farm, out, runs, rounds)
     for bench_run, run in runs:
         for path in run.fetched.values():
             out.artifacts.append(farm.store.put(path, ArtifactKind.REPORT))
-        out.metrics.update(toolchain.bench_metrics(bench_run, run.fetched))
+        out.metrics.update(device_stages.bench_metrics(bench_run, run.fetched))
     return out
 
 

@@ -8,7 +8,7 @@
   run on it;
 - a toolchain's versions (:func:`run_version_probe`): the version installed into an environment of its own under the
   data dir (kept: the next bisection reuses it), and the toolchain's own stages of the row run with it
-  (``ToolchainDriver.probe_version``).
+  (``ToolchainEnvironment.probe_version``).
 
 A probe's outcome: ``good`` (every step exit 0), ``bad`` (a step failed: test failure 1, bad input 2, bug 4, or a
 crash), ``skip`` (it could not tell: infrastructure 3, out of resources 5, a timeout, or a worktree that cannot be
@@ -239,7 +239,7 @@ def run_version_probe(toolchain: str, version: str, data_dir: Path, checkpoint: 
     found = driver(toolchain, data_dir)
     result = ProbeResult(version, subject, "good", 0.0)
     try:
-        env = found.install_version(version, wheels)
+        env = found.environment.install_version(version, wheels)
     except EdgeLLMError as exc:
         result = ProbeResult(version, subject, "skip", 0.0, "install", exc.kind.exit_code, _last_error(str(exc)))
     else:
@@ -247,7 +247,8 @@ def run_version_probe(toolchain: str, version: str, data_dir: Path, checkpoint: 
             log.info("probe %s: environment %s", subject, env.path)
         with tempfile.TemporaryDirectory(prefix=f"edgefarm-bisect-{toolchain}-") as tmp:
             try:
-                found.probe_version(env, checkpoint, Path(tmp), Precision.parse(precision, what="precision"))
+                found.environment.probe_version(env, checkpoint, Path(tmp),
+                                                Precision.parse(precision, what="precision"))
             except EdgeLLMError as exc:
                 code = exc.kind.exit_code
                 result = ProbeResult(version, subject, "skip" if code in SKIP_EXIT_CODES else "bad", 0.0,

@@ -166,7 +166,7 @@ def _advice(advisers: Sequence[ToolchainDriver], ask: Callable[[ToolchainDriver]
     answers: dict[str, Any] = {}
     said: list[str] = []
     for driver in advisers:
-        usable = driver.available()
+        usable = driver.environment.available()
         if not usable.ok:  # never installed for advice
             answers[driver.name] = {"offered": False, "advice": True, "reason": f"not usable here: {usable.reason}"}
             continue
@@ -213,14 +213,14 @@ def registry(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path
              advisers: Sequence[ToolchainDriver] = ()) -> Rung:
     """Each toolchain's own model registry, asked in its own environment: registered, or a fallback to its default
     model that one of our families declares layout-identical. ``advisers`` are asked too, deciding nothing."""
-    return _per_toolchain("registry", drivers, lambda d: d.registry_check(checkpoint), out_dir, advisers)
+    return _per_toolchain("registry", drivers, lambda d: d.host().registry_check(checkpoint), out_dir, advisers)
 
 
 def reconciliation(checkpoint: Path, drivers: Sequence[ToolchainDriver], out_dir: Path,
                    advisers: Sequence[ToolchainDriver] = ()) -> Rung:
     """The checkpoint's tensors against each toolchain's model for it (meta device, headers only), both ways.
     ``advisers`` are asked too, deciding nothing."""
-    return _per_toolchain("reconciliation", drivers, lambda d: d.reconcile(checkpoint), out_dir, advisers)
+    return _per_toolchain("reconciliation", drivers, lambda d: d.host().reconcile(checkpoint), out_dir, advisers)
 
 
 # rung 5 --------------------------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def few_layers(checkpoint: Path, layers: int, drivers: Sequence[ToolchainDriver]
                 ] if not found["passed"] else []
     for driver in drivers:
         try:
-            done = driver.export_layers(checkpoint, work / driver.name, layers)
+            done = driver.host().export_layers(checkpoint, work / driver.name, layers)
         except NotOffered:
             continue
         evidence["structural"][driver.name] = done.to_json()

@@ -57,7 +57,7 @@ def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver,
     errors = []
     with farm.lock:
         bad = set(farm.bad_devices)
-    usable = [d for d in farm.inventory.select(platform=platform) if toolchain.drives(d)]
+    usable = [d for d in farm.inventory.select(platform=platform) if toolchain.device().drives(d)]
     for device in sorted(usable, key=lambda d: (d.id in bad, d.id)):
         t0 = time.monotonic()
         try:
@@ -74,7 +74,7 @@ def platform_env(farm: Farm, platform: str, toolchain: ToolchainDriver,
 def engine_key_inputs(onnx_sha: str, job: JobSpec, version: str, runtime: dict[str, Any],
                       installed: dict[str, Any]) -> dict[str, object]:
     """An engine's cache key inputs: ``runtime`` what the toolchain takes of its probe on the device
-    (``ToolchainDriver.runtime_key_inputs``), ``installed`` what its install contributes (``build_key_inputs``)."""
+    (``DeviceStages.runtime_key_inputs``), ``installed`` what its install contributes (``build_key_inputs``)."""
     return {"stage": "build", "onnx_sha256": onnx_sha, "platform": job.platform, "toolchain": job.toolchain,
             "toolchain_version": version, **runtime, **installed, **job.build_params}
 
@@ -84,18 +84,19 @@ def build_key(ctx: FarmContext, job: JobSpec, exported: StageOutcome) -> Keyed:
     (probed, not leased)."""
     farm = Farm.get(ctx)
     toolchain = job_driver(job, ctx.data_dir)
+    device_stages = toolchain.device()
     probe, env = platform_env(farm, job.platform, toolchain, attempt_recorder(farm, job, Stage.BUILD, toolchain))
-    version = toolchain.device_version(probe, env)
+    version = device_stages.device_version(probe, env)
     facts = (env.get("toolchains") or {}).get(toolchain.name) or {}
-    inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, toolchain.runtime_key_inputs(facts),
-                               toolchain.build_key_inputs(probe))
+    inputs = engine_key_inputs(exported.outputs["onnx"].sha256, job, version, device_stages.runtime_key_inputs(facts),
+                               device_stages.build_key_inputs(probe))
     route = toolchain.route(probe)
     if route is not None and route.from_checkpoint:  # the engine is the checkpoint's product, not the export's
         # (the export's digest stays in the key, as the table names it for every build: such an engine is made again
         # when the export changes, never reused for another checkpoint)
         inputs["checkpoint_sha256"] = _checkpoint(exported).sha256
     return Keyed(inputs, toolchain=job.toolchain, toolchain_version=version, route=route,
-                 standin=toolchain.standin(probe))
+                 standin=device_stages.standin(probe))
 
 
 def _checkpoint(exported: StageOutcome) -> CheckpointRef:
@@ -109,7 +110,7 @@ def _checkpoint(exported: StageOutcome) -> CheckpointRef:
 def _route_devices(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, route: Route | None) -> list[str]:
     """The platform's devices the toolchain drives by ``route`` (the key's: an engine is made the way its key says)."""
     return [d.id for d in farm.inventory.select(platform=job.platform)
-            if toolchain.drives(d) and toolchain.route(d) == route]
+            if toolchain.device().drives(d) and toolchain.route(d) == route]
 
 
 def engine_present(ctx: FarmContext, job: JobSpec, ref: ArtifactRef) -> bool:
@@ -135,6 +136,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
     """A cache miss: build the export's ONNX into an engine on a leased device of the platform; it stays there."""
     farm, onnx = Farm.get(ctx), exported.outputs["onnx"]
     toolchain = job_driver(job, ctx.data_dir)
+    device_stages = toolchain.device()
     route = Route(keyed.route) if keyed.route is not None else None
     checkpoint = None
     source = onnx  # what the build reads: the export, or the checkpoint it was made from
@@ -143,7 +145,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
         source = farm.store.put(Path(checkpoint.path), ArtifactKind.CHECKPOINT)
 
     def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
-        return toolchain.build_step(device, f"cache/{source.sha256}", f"{job_dir}/engine", job.build_params)
+        return device_stages.build_step(device, f"cache/{source.sha256}", f"{job_dir}/engine", job.build_params)
 
     made: dict[str, Any] = {}
     held = contextlib.ExitStack()  # the engine's read-back files, until it is judged
@@ -152,7 +154,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
         if run.status is not ResultStatus.PASS:
             return
         sealed = engines.seal_built(farm, run.device, transport, run.job_dir)
-        made["readback"] = engines.read_back(transport, sealed, toolchain.engine_readback(),
+        made["readback"] = engines.read_back(transport, sealed, device_stages.engine_readback(),
                                              held.enter_context(held_dir(farm.ctx.scratch_dir, "engine-")))
         stored = None
         if farm.ctx.fetch_engines:  # a policy asks for the bytes: the engine then also runs elsewhere
@@ -162,7 +164,7 @@ def build(ctx: FarmContext, job: JobSpec, exported: StageOutcome, *, keyed: Keye
             made["stored"] = stored
         made["engine"] = engines.DeviceEngine(
             digest=sealed.digest, device=run.device.id, platform=job.platform, toolchain=toolchain.name,
-            toolchain_version=toolchain.device_version(run.device, run.env), bytes=sealed.bytes, files=sealed.files,
+            toolchain_version=device_stages.device_version(run.device, run.env), bytes=sealed.bytes, files=sealed.files,
             stored=stored.sha256 if stored is not None else None, onnx=onnx.sha256,
             checkpoint=source.sha256 if checkpoint is not None else None)
 
@@ -189,15 +191,15 @@ def _judged(farm: Farm, job: JobSpec, toolchain: ToolchainDriver, run: DeviceRun
     out.metrics["engine_bytes"] = (float(engine.bytes), "B")
     with held_dir(farm.ctx.scratch_dir, "engine-check-") as tmp:
         onnx_dir = None
-        if toolchain.needs_onnx_for_check() and checkpoint is None:
+        if toolchain.device().needs_onnx_for_check() and checkpoint is None:
             onnx_dir = Path(tmp) / "onnx"
             farm.store.extract(onnx.sha256, onnx_dir)
         try:
             if checkpoint is not None:
-                found = toolchain.check_engine_from_checkpoint(made["readback"], Path(checkpoint.path),
+                found = toolchain.device().check_engine_from_checkpoint(made["readback"], Path(checkpoint.path),
                                                                job.build_params)
             else:
-                found = toolchain.check_engine(made["readback"], onnx_dir, job.build_params)
+                found = toolchain.device().check_engine(made["readback"], onnx_dir, job.build_params)
         except ConfigurationError as exc:
             raise ConfigurationError(f"the engine on {engine.device} (cache/{engine.digest[:12]}) could not be read "
                                      f"back: {exc}") from None

@@ -256,11 +256,11 @@ def adopted_problem(stage: str, need: str, upstream: Upstream) -> StageOutcome |
 def from_device_run(stage: str, run: DeviceRun, toolchain: ToolchainDriver) -> StageOutcome:
     """A device stage's outcome as its run left it: where it ran, the toolchain's version there, its route and
     whether the device runs stand-ins of the tools (its results are never evidence)."""
-    version = toolchain.device_version(run.device, run.env)
+    version = toolchain.device().device_version(run.device, run.env)
     out = StageOutcome(stage=stage, status=run.status, device=run.device.id, reason=run.reason,
                        error_kind=run.error_kind, duration_s=run.duration_s,
                        toolchain_version=version, route=toolchain.route(run.device),
-                       standin=toolchain.standin(run.device),
+                       standin=toolchain.device().standin(run.device),
                        environment=environment.device_record(run.device.id, str(run.device.platform), run.env,
                                                              toolchain.name, version))
     if run.log is not None:
@@ -278,7 +278,7 @@ def attempt_recorder(farm: Farm, job: JobSpec, stage: Stage,
             farm.ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
             test_id=job.test_id, device=device.id, status=ResultStatus.ERROR, error_kind=ErrorKind.INFRASTRUCTURE,
             toolchain=job.toolchain,
-            toolchain_version=None if env is None else toolchain.device_version(device, env),
+            toolchain_version=None if env is None else toolchain.device().device_version(device, env),
             reason=str(exc).splitlines()[0][:2000], duration_s=elapsed,
         )
 

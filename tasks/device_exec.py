@@ -3,7 +3,7 @@
 A device is leased in the database (never more than its ``max_jobs``, across processes and hosts). What the farm
 knows of it comes from the agent it pushes there (``tasks.agent``: standard-library Python, nothing installed): its
 environment once per run, and per toolchain whether the files the driver requires are there
-(``ToolchainDriver.device_requirements``) and what the driver's own probe prints (``probe_step``). Inputs come
+(``DeviceStages.device_requirements``) and what the driver's own probe prints (``probe_step``). Inputs come
 from the artifact store and are staged into the device's cache (``cache/<sha256>``, verified on transfer and
 reused by later stages), after the agent made room under the cache's bound; each entry a stage uses is marked in use
 by the run (``tasks.engines``). How a command ended is the toolchain's to say (``classify_exit``): a device set up
@@ -136,7 +136,7 @@ def pushed(farm: Farm, toolchain: ToolchainDriver | None) -> list[ArtifactRef]:
     """The toolchain's files for its devices (``device_files``), in the store: staged like any input."""
     if toolchain is None:
         return []
-    return [farm.store.put(path, ArtifactKind.OTHER) for path in toolchain.device_files()]
+    return [farm.store.put(path, ArtifactKind.OTHER) for path in toolchain.device().device_files()]
 
 
 def toolchain_env(farm: Farm, device: Device, transport: Transport,
@@ -259,7 +259,7 @@ def run_stage(
     reserve: int = 0,  # bytes the command will add to the device's cache (e.g. an engine): room made first
     snapshots: bool = False,  # take the device's environment just before and after the command (benchmarks)
 ) -> DeviceRun:
-    accepts = toolchain.drives if toolchain is not None else None
+    accepts = toolchain.device().drives if toolchain is not None else None
     candidates = [d for d in farm.inventory.select(platform=platform) if accepts is None or accepts(d)]
     if only is not None:
         held = [d for d in candidates if d.id in only]
@@ -383,7 +383,7 @@ def judge_exit(farm: Farm, device: Device, transport: Transport, toolchain: Tool
     raises what is the device's fault (InfrastructureError, DeviceConfigurationError: the caller quarantines)."""
     if result.timed_out:
         return ResultStatus.FAIL, ErrorKind.TEST_FAILURE, f"timed out after {timeout:.0f} s (stage timeout)"
-    error = toolchain.classify_exit(result) if toolchain is not None else edgellm_exit(result)
+    error = toolchain.device().classify_exit(result) if toolchain is not None else edgellm_exit(result)
     if error is None:
         return ResultStatus.PASS, None, None
     if isinstance(error, InfrastructureError):

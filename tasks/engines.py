@@ -4,7 +4,7 @@ A build leaves its engine dir in the device's cache as ``cache/<digest>``, seale
 ``sha256sum`` lines of its files, made by the agent while hashing), where ``digest`` is the sha256 of that seal (the
 tree digest). The farm keeps a small manifest instead of the engine (:class:`DeviceEngine`, an ``engine_manifest``
 artifact: the build cache's product); only the files the toolchain reads back to check the engine come back
-(``ToolchainDriver.engine_readback``), beside ``ENGINE_LISTING`` (every file's size and sha256). An engine a later
+(``DeviceStages.engine_readback``), beside ``ENGINE_LISTING`` (every file's size and sha256). An engine a later
 run reuses (a build cache hit) is re-hashed on its device first and must match the digest the farm recorded
 (:func:`verified`; else it is evicted and built again). Infer, accuracy and bench run on the device holding the
 engine and use ``cache/<digest>``, checked for presence (its seal and file count): it was hashed by this run. An
@@ -125,7 +125,7 @@ def runtime_step(toolchain: ToolchainDriver, engine: DeviceEngine, step: DeviceS
     :func:`runtime_inputs`) where it reads its weights from one."""
     if engine.checkpoint is None:
         return step
-    return toolchain.with_checkpoint(step, device_cache.entry(engine.checkpoint))
+    return toolchain.device().with_checkpoint(step, device_cache.entry(engine.checkpoint))
 
 
 def store(farm: Farm, engine: DeviceEngine) -> ArtifactRef:

@@ -1,7 +1,7 @@
 """Export: checkpoint -> ONNX directory, on the orchestrating host, cached by content.
 
 The checkpoint is what quantize handed over (the source itself where quantize was the identity). What the export is
-the product of (its key inputs) and how it is made are the job's toolchain's (``ToolchainDriver.export_key_inputs`` /
+the product of (its key inputs) and how it is made are the job's toolchain's (``HostStages.export_key_inputs`` /
 ``export``): at least the checkpoint sha256, the precision and its LM-head / KV-cache variant, the toolchain and its
 version, and what its exporter depends on. A rerun with the same inputs reuses the stored export (verified) and says
 so; anything changed exports again. The outcome also hands on the checkpoint it was made from (``checkpoint``: what
@@ -24,7 +24,8 @@ def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed
     """The table's cache key function: the checkpoint quantize handed on, exported by the job's toolchain here."""
     ckpt: CheckpointRef = quantized.outputs["checkpoint"]  # what quantize made (identity: the source)
     toolchain = job_driver(job, ctx.data_dir)
-    version = job.toolchain_version or toolchain.host_version()  # the plan resolved it; a job made by hand may not
+    # the plan resolved it; a job made by hand may not
+    version = job.toolchain_version or toolchain.environment.host_version()
 
     def on_hit(ref: ArtifactRef) -> StageOutcome:  # the stored export, and the checkpoint it was made from
         out = StageOutcome(stage=Stage.EXPORT, status=ResultStatus.PASS, reason="cache hit", toolchain_version=version)
@@ -32,7 +33,7 @@ def export_key(ctx: FarmContext, job: JobSpec, quantized: StageOutcome) -> Keyed
         out.artifacts.append(ref)
         return out
 
-    return Keyed(toolchain.export_key_inputs(ckpt.sha256, job, version), toolchain=toolchain.name,
+    return Keyed(toolchain.host().export_key_inputs(ckpt.sha256, job, version), toolchain=toolchain.name,
                  toolchain_version=version, on_hit=on_hit)
 
 
@@ -40,7 +41,7 @@ def export(ctx: FarmContext, job: JobSpec, quantized: StageOutcome, *, keyed: Ke
     """A cache miss: export the checkpoint with the job's toolchain. A pre-quantized checkpoint's export records
     where its precision was read (its row runs no quantize stage that would)."""
     ckpt: CheckpointRef = quantized.outputs["checkpoint"]
-    out = job_driver(job, ctx.data_dir).export(FarmHostWork(ctx, job, Stage.EXPORT), job, ckpt,
+    out = job_driver(job, ctx.data_dir).host().export(FarmHostWork(ctx, job, Stage.EXPORT), job, ckpt,
                                           int(quantized.outputs.get("quantized_linears", 0)), keyed)
     carried = quantized.outputs.get("prequantized")
     if carried is not None:

@@ -51,15 +51,16 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         farm = Farm.get(ctx)
         engine = built.outputs["engine"]
         toolchain = job_driver(job, ctx.data_dir)
+        device_stages = toolchain.device()
         ours = requests_for(job)["requests"]
-        request = farm.store.put(json.dumps(toolchain.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
+        request = farm.store.put(json.dumps(device_stages.infer_request(ours), indent=1).encode(), ArtifactKind.REPORT)
 
         on_device = engines.load(farm, engine)
 
         def step(device: Device, transport: Transport, job_dir: str) -> DeviceStep:
             path = engines.locate(farm, device, transport, on_device)
             return engines.runtime_step(toolchain, on_device,
-                                        toolchain.infer_step(device, path, f"cache/{request.sha256}", job_dir))
+                                        device_stages.infer_step(device, path, f"cache/{request.sha256}", job_dir))
 
         run = run_stage(farm, platform=job.platform, what=f"infer-{job.key}", argv=step,
                         inputs=[request, *engines.runtime_inputs(farm, on_device)],
@@ -70,7 +71,7 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
         out.outputs["engine"] = engine
         if run.status is ResultStatus.FAIL and "out.json" in run.fetched:  # the tool names what failed in it
             try:
-                toolchain.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)
+                device_stages.infer_responses(json.loads(run.fetched["out.json"].read_text()), ours)
             except EdgeLLMError as exc:
                 out.reason = f"{out.reason}; {exc}"[:2000]
             except ValueError:
@@ -81,7 +82,7 @@ def _infer(ctx: FarmContext, job: JobSpec, built: StageOutcome) -> StageOutcome:
                 written = json.loads(run.fetched["out.json"].read_text())
             except ValueError as exc:  # a tool that exits 0 with an empty or cut output file (a full disk)
                 raise TestFailure(f"the inference tool exited 0 but its output file is not JSON ({exc})") from None
-            responses = toolchain.infer_responses(written, ours)
+            responses = device_stages.infer_responses(written, ours)
             empty = [r["id"] for r in responses if not (r.get("output_ids") or r.get("text"))]
             if len(responses) != job.max_batch_size or empty:
                 out.status = ResultStatus.FAIL

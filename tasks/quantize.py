@@ -8,7 +8,7 @@ quantized: that is refused as a configuration error naming it (the plan never as
 Otherwise the
 toolchain the plan chose as the job's quantizer (``JobSpec.quantizer``: the one whose driver ``quantizes()`` the
 precision) runs on the orchestrating host, once per (model, precision, LM head, KV cache) whichever toolchain
-consumes it. Its key and work are the driver's (``ToolchainDriver.quantize_key`` / ``quantize``); the generic body
+consumes it. Its key and work are the driver's (``HostStages.quantize_key_inputs`` / ``quantize``); the generic body
 caches its product by content (``stages.StageCache``). The quantizer not installed -> skipped, with the reason.
 """
 
@@ -45,19 +45,20 @@ def quantize_key(ctx: FarmContext, job: JobSpec) -> Keyed | StageOutcome:
         from edgefarm.tasks.dispatch import quantize_remotely
 
         return quantize_remotely(ctx, job)
-    state = maker.available()
+    state = maker.environment.available()
     if not state.ok:
         return StageOutcome(stage=Stage.QUANTIZE, status=ResultStatus.SKIPPED, toolchain=maker.name,
                             reason=f"toolchain {maker.name} is not available: {state.reason}")
     work = FarmHostWork(ctx, job, Stage.QUANTIZE)
-    version = job.quantizer_version or maker.host_version()  # the plan resolved it; a job made by hand may not
+    # the plan resolved it; a job made by hand may not
+    version = job.quantizer_version or maker.environment.host_version()
 
     def on_hit(ref: ArtifactRef) -> StageOutcome:  # a stored checkpoint is judged again like a new one
-        out = maker.judge_quantized(work, job, version, ref)
+        out = maker.host().judge_quantized(work, job, version, ref)
         out.reason = f"cache hit; {out.reason}"
         return out
 
-    return Keyed(maker.quantize_key_inputs(job, ctx.quantize_device, version), toolchain=maker.name,
+    return Keyed(maker.host().quantize_key_inputs(job, ctx.quantize_device, version), toolchain=maker.name,
                  toolchain_version=version, on_hit=on_hit)
 
 
@@ -65,7 +66,7 @@ def quantize(ctx: FarmContext, job: JobSpec, *, keyed: Keyed) -> StageOutcome:
     """A cache miss: the quantizer's work (as the key found it)."""
     maker = job_quantizer(job, ctx.data_dir)
     assert maker is not None
-    return maker.quantize(FarmHostWork(ctx, job, Stage.QUANTIZE), job, keyed)
+    return maker.host().quantize(FarmHostWork(ctx, job, Stage.QUANTIZE), job, keyed)
 
 
 def identity(job: JobSpec) -> StageOutcome:

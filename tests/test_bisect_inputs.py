@@ -33,7 +33,7 @@ from edgefarm.toolchains import venvs
 from edgellm.errors import TestFailure
 from edgellm.types import Precision
 from tests.helpers.registries import registries_with
-from tests.helpers.toy_toolchain import ToyEcho
+from tests.helpers.toy_toolchain import ToyEcho, ToyEnvironment
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -69,26 +69,17 @@ def _wheel(house: Path, name: str, version: str, files: dict[str, str]) -> Path:
     return path
 
 
-class FakeChain(ToyEcho):
-    """A toolchain with an environment per version: its package is ``fake-chain`` from pip's index; a version's
-    probe is its export run from its environment."""
-
-    name = FAKE
-    pinned = VERSIONS[0]
-
-    def precisions(self) -> tuple[Precision, ...]:
-        return (Precision.FP32,)
-
-    def quantizes(self) -> tuple[Precision, ...]:
-        return ()
+class FakeEnvironment(ToyEnvironment):
+    """An environment per version: its package is ``fake-chain`` from pip's index; a version's probe is its export
+    run from its environment."""
 
     def installable_versions(self) -> list[str]:
         return venvs.installable_versions(FAKE)
 
     def install_version(self, version: str, wheels: Any = None) -> toolchains.Environment:
-        assert self.data_dir is not None
-        built = venvs.install_distribution(self.data_dir / "toolchains", FAKE, version, [f"{FAKE}=={version}"],
-                                           wheels=wheels)
+        assert self.toolchain.data_dir is not None
+        built = venvs.install_distribution(self.toolchain.data_dir / "toolchains", FAKE, version,
+                                           [f"{FAKE}=={version}"], wheels=wheels)
         return toolchains.Environment(FAKE, built.version, built.healthy, str(built.path))
 
     def probe_version(self, env: toolchains.Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
@@ -97,6 +88,20 @@ class FakeChain(ToyEcho):
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise TestFailure(f"{FAKE} export failed (exit {done.returncode}): {last}")
+
+
+class FakeChain(ToyEcho):
+    """A toolchain with an environment per version (:class:`FakeEnvironment`)."""
+
+    name = FAKE
+    pinned = VERSIONS[0]
+    ENVIRONMENT = FakeEnvironment
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return (Precision.FP32,)
+
+    def quantizes(self) -> tuple[Precision, ...]:
+        return ()
 
 
 @pytest.fixture(scope="module")
@@ -246,8 +251,8 @@ def test_tensorrt_edgellm_probes_its_quantize_then_its_export_from_the_version_s
     monkeypatch.setattr(export, "export", fake_export)
     trt = toolchains.driver("tensorrt-edgellm", tmp_path)
     env = toolchains.Environment("tensorrt-edgellm", "0.10.0", True, str(tmp_path / "env"))
-    trt.probe_version(env, small_ckpt, tmp_path / "w1", Precision.INT4_AWQ)
-    trt.probe_version(env, small_ckpt, tmp_path / "w2", Precision.FP16)
+    trt.environment.probe_version(env, small_ckpt, tmp_path / "w1", Precision.INT4_AWQ)
+    trt.environment.probe_version(env, small_ckpt, tmp_path / "w2", Precision.FP16)
     assert calls == [("quantize int4_awq", tmp_path / "env", small_ckpt),
                      ("export", tmp_path / "env", tmp_path / "w1" / "quantize" / "checkpoint"),
                      ("export", tmp_path / "env", small_ckpt)]
@@ -358,7 +363,7 @@ def test_onnxruntime_genai_versions_are_bisected_in_environments_over_the_farm_s
     assert bad and all("dropped the rotary embedding" in p["detail"] for p in bad)
     from edgefarm.toolchains.base import driver
 
-    envs = driver("onnxruntime-genai", tmp_path / "d").environments()
+    envs = driver("onnxruntime-genai", tmp_path / "d").environment.environments()
     assert {e.version for e in envs} == {p["revision"] for p in answer["probes"]} and all(e.healthy for e in envs)
 
 

@@ -75,6 +75,7 @@ TRT_ORIN = _job(Precision.FP16, TRT, platform="orin")
 @pytest.fixture
 def fixed_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """What changes with every edit of the sources or an upgrade, fixed so that keys can be pinned."""
+
     import edgellm.build_id
     from edgefarm.tasks import reference
 
@@ -89,17 +90,17 @@ def _variants() -> dict[str, list[dict[str, Any]]]:
     ort, trt = driver(ORT), driver(TRT)
     return {
         REFERENCE: [reference_key_inputs(SHA)],
-        "quantize": [trt.quantize_key_inputs(INT4, CTX.quantize_device, TRT_VERSION),
-                     trt.quantize_key_inputs(FP8, CTX.quantize_device, TRT_VERSION)],
-        "export": [ort.export_key_inputs(SHA, ORT_FP32, ORT_VERSION),
-                   ort.export_key_inputs(SHA, ORT_INT8_HEAD, ORT_VERSION),
-                   trt.export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
+        "quantize": [trt.host().quantize_key_inputs(INT4, CTX.quantize_device, TRT_VERSION),
+                     trt.host().quantize_key_inputs(FP8, CTX.quantize_device, TRT_VERSION)],
+        "export": [ort.host().export_key_inputs(SHA, ORT_FP32, ORT_VERSION),
+                   ort.host().export_key_inputs(SHA, ORT_INT8_HEAD, ORT_VERSION),
+                   trt.host().export_key_inputs(SHA, TRT_FP16, TRT_VERSION)],
         "build": [engine_key_inputs(ONNX, ORT_FP32, ORT_VERSION, {"edgellm_build": "build-1"},
-                                    ort.build_key_inputs(CPU)),
+                                    ort.device().build_key_inputs(CPU)),
                   engine_key_inputs(ONNX, TRT_ORIN, "0.11.0+standin",
-                                    trt.runtime_key_inputs({"libs": {"libnvinfer.so.*.*.*":
+                                    trt.device().runtime_key_inputs({"libs": {"libnvinfer.so.*.*.*":
                                                                      "/usr/lib/libnvinfer.so.10.3.0"}}),
-                                    trt.build_key_inputs(ORIN))],
+                                    trt.device().build_key_inputs(ORIN))],
     }
 
 
@@ -187,12 +188,12 @@ def test_the_key_functions_hand_on_those_inputs(farm_ctx: FarmContext, trt_env: 
     quantized = quantize_key(farm_ctx, int4)
     assert isinstance(quantized, Keyed) and quantized.toolchain == TRT
     assert quantized.toolchain_version == TRT_VERSION and quantized.on_hit is not None
-    assert quantized.inputs == driver(TRT).quantize_key_inputs(INT4, farm_ctx.quantize_device, TRT_VERSION)
+    assert quantized.inputs == driver(TRT).host().quantize_key_inputs(INT4, farm_ctx.quantize_device, TRT_VERSION)
 
     upstream = StageOutcome(stage="quantize", status=ResultStatus.PASS, outputs={"checkpoint": job.checkpoint})
     exported = export_key(farm_ctx, job, upstream)
-    version = driver(ORT).host_version()
-    assert exported.inputs == driver(ORT).export_key_inputs(SHA, job, version)
+    version = driver(ORT).environment.host_version()
+    assert exported.inputs == driver(ORT).host().export_key_inputs(SHA, job, version)
     assert exported.toolchain_version == version
 
     onnx = StageOutcome(stage="export", status=ResultStatus.PASS,

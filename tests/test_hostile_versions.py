@@ -33,13 +33,13 @@ def test_a_chosen_release_is_recorded_as_the_device_has_it_not_as_pinned(standin
     driver = TensorrtEdgellm(pins={"tensorrt-edgellm": "0.10.0"})
     device = _orin("0.10.0", standin)
     suffix = "+standin" if standin else ""
-    assert driver.device_version(device, _env("0.10.0")) == "0.10.0" + suffix
+    assert driver.device().device_version(device, _env("0.10.0")) == "0.10.0" + suffix
     # the build's CMakeCache.txt is what ran (the agent's check refuses a device where it disagrees with the
     # inventory, but the record never takes the inventory's or the plan's word over the device's)
-    assert driver.device_version(device, _env("0.10.1")) == "0.10.1" + suffix
-    assert driver.device_facts_problem(device, _env("0.10.1")["toolchains"]["tensorrt-edgellm"]) is not None
+    assert driver.device().device_version(device, _env("0.10.1")) == "0.10.1" + suffix
+    assert driver.device().device_facts_problem(device, _env("0.10.1")["toolchains"]["tensorrt-edgellm"]) is not None
 
 
 def test_without_a_read_back_the_inventory_says_it() -> None:
     driver = TensorrtEdgellm(pins={"tensorrt-edgellm": "0.10.0"})
-    assert driver.device_version(_orin("0.10.0", False), _env(None)) == "0.10.0"
+    assert driver.device().device_version(_orin("0.10.0", False), _env(None)) == "0.10.0"

@@ -65,7 +65,8 @@ def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs:
         assert dict((st.value, n) for st, n in metrics) == {"export": 4, "build": 4, "infer": 4, "accuracy": 4,
                                                             "bench": 4}
         made_by = set(s.execute(select(Result.toolchain, Result.toolchain_version).where(Result.status == "pass")))
-        assert made_by == {("edgellm-ort", driver("edgellm-ort").host_version())}  # every result names its toolchain
+        # every result names its toolchain
+        assert made_by == {("edgellm-ort", driver("edgellm-ort").environment.host_version())}
         planned = set(s.scalars(select(Result.toolchain).where(Result.platform == "orin")))
         assert planned == {"tensorrt-edgellm"}  # never ONNX Runtime on an Orin, even for a not-applicable row
         revisions = set(s.scalars(select(Result.model_revision).where(Result.status == "pass")))
@@ -87,7 +88,7 @@ def test_nightly_embedded_default_records_evidence_and_publishes_docs(farm_dirs:
     assert "## orin" not in md  # nothing passed there: no table
     html = (docs / "support-matrix.html").read_text()
     assert "not_applicable" in html and "run 1" in html
-    assert f"edgellm-ort {driver('edgellm-ort').host_version()}" in html and "edgellm-ort" in md
+    assert f"edgellm-ort {driver('edgellm-ort').environment.host_version()}" in html and "edgellm-ort" in md
     evidence = (docs / "runs" / "run-1.md").read_text()
     assert "decode_tokens_per_s" in evidence and "accuracy" in evidence
     engine.dispose()
@@ -121,7 +122,7 @@ def test_query_answers_which_rows_pass(farm_dirs: dict[str, Path]) -> None:
         (m, p, "x86-cpu") for m in ("stories260K", "tiny-qwen3") for p in ("fp32", "fp16")}
     assert all(r["status"] == "l0_covered" and isinstance(r["run_id"], int) for r in rows)
     assert {(r["toolchain"], r["toolchain_version"]) for r in rows} == {
-        ("edgellm-ort", driver("edgellm-ort").host_version())}
+        ("edgellm-ort", driver("edgellm-ort").environment.host_version())}
     csv_out = runner.invoke(app, ["query", "--platform", "orin", "--format", "csv"])
     assert csv_out.exit_code == 0 and "not_applicable" in csv_out.output
     bad = runner.invoke(app, ["query", "--precision", "fp9"])

@@ -152,20 +152,26 @@ def test_with_a_tensorrt_edgellm_driver_orin_fp16_is_planned_with_it(tmp_path: P
     """The choice is the registry's answer: a stand-in driver (planning only, it never builds anything) makes
     orin fp16 runnable, and still with tensorrt-edgellm, never ONNX Runtime."""
     import edgefarm.toolchains.base as base
-    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+    from edgefarm.toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 
-    class StandInTensorrtEdgellm(TensorrtEdgellm):
+    class StandInEnvironment(TrtEnvironment):
         def available(self) -> base.Availability:
             return base.Availability(True)
 
+        def host_version(self) -> str:
+            return "stand-in"
+
+    class StandInDevice(TrtDeviceStages):
         def drives(self, device: Any) -> bool:
             return True
 
         def devices_problem(self, platform: str, devices: Any) -> str | None:
             return None
 
-        def host_version(self) -> str:
-            return "stand-in"
+    class StandInTensorrtEdgellm(TensorrtEdgellm):
+        ENVIRONMENT = StandInEnvironment
+        DEVICE_STAGES = StandInDevice
 
     matrix = tmp_path / "m.yml"
     matrix.write_text(yaml.safe_dump({"name": "m", "models": ["stories260K", "qwen2.5-0.5b-layout"],

@@ -215,20 +215,26 @@ def test_int4_gptq_is_not_applicable_on_the_cpu_with_the_drivers_reason(tmp_path
 @pytest.fixture
 def standin_trt() -> Iterator[None]:
     """tensorrt-edgellm as installed, driving any device (planning only: nothing runs)."""
-    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+    from edgefarm.toolchains.tensorrt_edgellm.device_stages import TrtDeviceStages
+    from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 
-    class StandIn(TensorrtEdgellm):
+    class StandInEnvironment(TrtEnvironment):
         def available(self) -> toolchains.Availability:
             return toolchains.Availability(True)
 
+        def host_version(self) -> str:
+            return "stand-in"
+
+    class StandInDevice(TrtDeviceStages):
         def drives(self, device: Any) -> bool:
             return True
 
         def devices_problem(self, platform: str, devices: Any) -> str | None:
             return None
 
-        def host_version(self) -> str:
-            return "stand-in"
+    class StandIn(TensorrtEdgellm):
+        ENVIRONMENT = StandInEnvironment
+        DEVICE_STAGES = StandInDevice
 
     with registries_with(replaced=[StandIn]):
         yield

@@ -24,7 +24,7 @@ from edgefarm.results.queries import latest_status, passing_rows, row_history
 from edgefarm.results.recorder import Recorder
 from edgefarm.test_lists.catalog import Catalog
 from edgefarm.test_lists.loader import load_list
-from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm
+from edgefarm.toolchains.tensorrt_edgellm.driver import TensorrtEdgellm, TrtEnvironment
 from edgefarm.vocabulary.variant import Features, Lora, LoraMode, SpecMethod, SpecRole, Speculative, variant_key
 from edgellm.types import KVCachePrecision
 from tests.helpers.registries import registries_with
@@ -45,12 +45,15 @@ def _list(tmp_path: Path, tests: list[dict[str, Any]], platform: str = "thor", n
 def trt_available() -> Iterator[None]:
     """TensorRT Edge-LLM's real driver (its real feature declaration), as if installed (planning only)."""
 
-    class Installed(TensorrtEdgellm):
+    class InstalledEnvironment(TrtEnvironment):
         def available(self) -> base.Availability:
             return base.Availability(True)
 
         def host_version(self) -> str:
             return "0.11.0"
+
+    class Installed(TensorrtEdgellm):
+        ENVIRONMENT = InstalledEnvironment
 
     with registries_with(replaced=[Installed]):
         yield

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefarm.toolchains.base import NotOffered, RegistryStatus, ToolchainDriver, driver
+from edgefarm.toolchains.base import NotOffered, RegistryStatus, driver
+from edgefarm.toolchains.parts import HostStages
 from edgefarm.toolchains.tensorrt_edgellm.layouts import DEFAULT_MODEL, LAYOUT_IDENTICAL_FAMILIES
 from edgellm.errors import CheckpointError, ConfigurationError
 from edgellm.synth import make_checkpoint
@@ -32,11 +33,12 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def trt(trt_env: Path, tmp_path_factory: pytest.TempPathFactory) -> ToolchainDriver:
-    """The farm's tensorrt-edgellm driver over a data dir that holds the real 0.11.0 environment."""
+def trt(trt_env: Path, tmp_path_factory: pytest.TempPathFactory) -> HostStages:
+    """The farm's tensorrt-edgellm driver's host stages (its bring-up checks) over a data dir that holds the real
+    0.11.0 environment."""
     data_dir = tmp_path_factory.mktemp("bringup-data")
     link_real_toolchain(data_dir, trt_env)
-    return driver(TRT, data_dir)
+    return driver(TRT, data_dir).host()
 
 
 def _edit_config(ckpt: Path, **changes: object) -> Path:
@@ -69,7 +71,7 @@ def _foreign(src: Path, dest: Path) -> Path:
     return _edit_config(dest, model_type="mollama", architectures=["MollamaForCausalLM"])
 
 
-def test_qwen3_falls_back_to_the_declared_default_model_and_reconciles_cleanly(trt: ToolchainDriver, ckpts) -> None:
+def test_qwen3_falls_back_to_the_declared_default_model_and_reconciles_cleanly(trt: HostStages, ckpts) -> None:
     check = trt.registry_check(ckpts.qwen3)
     # 0.11.0 registers no class of its own for qwen3: its default model takes it, as declared in layouts.py
     assert check.status is RegistryStatus.DEFAULT_FALLBACK and check.ok and check.problem is None
@@ -88,7 +90,7 @@ def test_qwen3_falls_back_to_the_declared_default_model_and_reconciles_cleanly(t
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2_tied_bf16_sharded"])
-def test_every_declared_family_reconciles_cleanly_with_the_default_model(trt: ToolchainDriver, ckpts,
+def test_every_declared_family_reconciles_cleanly_with_the_default_model(trt: HostStages, ckpts,
                                                                         name: str) -> None:
     """The evidence behind layouts.LAYOUT_IDENTICAL_FAMILIES (qwen3: the test above)."""
     rec = trt.reconcile(getattr(ckpts, name))
@@ -100,7 +102,7 @@ def test_every_declared_family_reconciles_cleanly_with_the_default_model(trt: To
     assert {"llama", "mistral", "qwen2", "qwen3"} == LAYOUT_IDENTICAL_FAMILIES
 
 
-def test_a_modelopt_int8_sq_checkpoint_reconciles_with_its_quantized_linears(trt: ToolchainDriver, ckpts,
+def test_a_modelopt_int8_sq_checkpoint_reconciles_with_its_quantized_linears(trt: HostStages, ckpts,
                                                                              tmp_path: Path) -> None:
     """Per-tensor scales are stored as scalars ([]) and declared [1] by the toolchain's linears: the same to it.
     (The real quantizer's fp8, nvfp4, int4_awq and int8_sq checkpoints of tiny-qwen3-128 reconcile cleanly too.)"""
@@ -113,7 +115,7 @@ def test_a_modelopt_int8_sq_checkpoint_reconciles_with_its_quantized_linears(trt
     assert rec.missing == {} and rec.unexpected == ()
 
 
-def test_a_model_type_only_the_default_model_would_take_stops_at_the_registry_check(trt: ToolchainDriver, ckpts,
+def test_a_model_type_only_the_default_model_would_take_stops_at_the_registry_check(trt: HostStages, ckpts,
                                                                                      tmp_path: Path) -> None:
     foreign = _foreign(ckpts.llama, tmp_path / "mollama")
     check = trt.registry_check(foreign)
@@ -125,7 +127,7 @@ def test_a_model_type_only_the_default_model_would_take_stops_at_the_registry_ch
     assert trt.reconcile(foreign).ok
 
 
-def test_a_renamed_and_a_narrowed_tensor_fail_reconciliation_naming_them(trt: ToolchainDriver, ckpts,
+def test_a_renamed_and_a_narrowed_tensor_fail_reconciliation_naming_them(trt: HostStages, ckpts,
                                                                          tmp_path: Path) -> None:
     rec = trt.reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))
     assert not rec.ok
@@ -139,7 +141,7 @@ def test_a_renamed_and_a_narrowed_tensor_fail_reconciliation_naming_them(trt: To
                                                   "found": [64, 32]}]
 
 
-def test_a_registered_model_type_is_registered_with_its_own_class(trt: ToolchainDriver, tmp_path: Path) -> None:
+def test_a_registered_model_type_is_registered_with_its_own_class(trt: HostStages, tmp_path: Path) -> None:
     import torch
     import transformers
 
@@ -157,7 +159,7 @@ def test_a_registered_model_type_is_registered_with_its_own_class(trt: Toolchain
     ({"hidden_size": None}, "missing required key 'hidden_size'"),
     ({"num_attention_heads": "four"}, "num_attention_heads"),
 ])
-def test_a_broken_config_is_refused_before_the_toolchain_reads_it(trt: ToolchainDriver, ckpts, tmp_path: Path,
+def test_a_broken_config_is_refused_before_the_toolchain_reads_it(trt: HostStages, ckpts, tmp_path: Path,
                                                                   change: dict[str, object], named: str) -> None:
     """The toolchain's own reader would take a config without hidden_size as hidden size 4096."""
     broken = _edit_config(ckpts.copy("llama", tmp_path / "broken"), **change)
@@ -170,7 +172,7 @@ def test_a_broken_config_is_refused_before_the_toolchain_reads_it(trt: Toolchain
         trt.registry_check(broken)
 
 
-def test_a_checkpoint_without_safetensors_is_refused_naming_what_is_read(trt: ToolchainDriver, ckpts,
+def test_a_checkpoint_without_safetensors_is_refused_naming_what_is_read(trt: HostStages, ckpts,
                                                                          tmp_path: Path) -> None:
     bare = ckpts.copy("llama", tmp_path / "bare")
     (bare / "model.safetensors").rename(bare / "pytorch_model.bin")
@@ -180,12 +182,12 @@ def test_a_checkpoint_without_safetensors_is_refused_naming_what_is_read(trt: To
 
 def test_without_its_environment_the_checks_name_the_install_command(tmp_path: Path, ckpts) -> None:
     with pytest.raises(ConfigurationError, match=re.escape("edgefarm toolchains install tensorrt-edgellm==0.11.0")):
-        driver(TRT, tmp_path).registry_check(ckpts.qwen3)
+        driver(TRT, tmp_path).host().registry_check(ckpts.qwen3)
 
 
 # --- the few-layer export ---------------------------------------------------------------------------------------
 
-def test_a_one_layer_export_of_a_two_layer_qwen3_has_one_layer(trt: ToolchainDriver, tmp_path: Path) -> None:
+def test_a_one_layer_export_of_a_two_layer_qwen3_has_one_layer(trt: HostStages, tmp_path: Path) -> None:
     qwen3 = make_checkpoint(tmp_path / "qwen3", "qwen3", dtype="bf16")  # the exporter refuses fp32 Qwen checkpoints
     done = trt.export_layers(qwen3, tmp_path / "x1", 1)
     assert done.ok, done.problems
@@ -203,15 +205,15 @@ def test_a_one_layer_export_of_a_two_layer_qwen3_has_one_layer(trt: ToolchainDri
 
 def test_our_toolchain_answers_from_its_family_registry_and_reconciliation(ckpts, tmp_path: Path) -> None:
     ours = driver("edgellm-ort")
-    check = ours.registry_check(ckpts.qwen3)
+    check = ours.host().registry_check(ckpts.qwen3)
     assert check.status is RegistryStatus.REGISTERED and check.ok and check.model_class == "edgellm.models.qwen3.Qwen3"
-    foreign = ours.registry_check(_foreign(ckpts.llama, tmp_path / "mollama"))
+    foreign = ours.host().registry_check(_foreign(ckpts.llama, tmp_path / "mollama"))
     assert foreign.status is RegistryStatus.UNSUPPORTED and not foreign.ok
     assert "'mollama'" in foreign.problem
     assert "registered: gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3" in foreign.problem
 
-    assert ours.reconcile(ckpts.qwen3).ok
-    rec = ours.reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))
+    assert ours.host().reconcile(ckpts.qwen3).ok
+    rec = ours.host().reconcile(_renamed(ckpts.qwen3, tmp_path / "renamed"))
     assert rec.missing == {RENAMED[0]: (128, 64)} and rec.unexpected == (RENAMED[1],)
     assert [m.tensor for m in rec.shape_mismatches] == [NARROWED]
     assert all(any(name in p for p in rec.problems) for name in (*RENAMED, NARROWED))
@@ -219,6 +221,6 @@ def test_our_toolchain_answers_from_its_family_registry_and_reconciliation(ckpts
 
 def test_a_toolchain_without_the_checks_says_which_offer_them(ckpts) -> None:
     with pytest.raises(NotOffered, match=r"onnxruntime-genai offers no registry check .*tensorrt-edgellm"):
-        driver("onnxruntime-genai").registry_check(ckpts.qwen3)
+        driver("onnxruntime-genai").host().registry_check(ckpts.qwen3)
     with pytest.raises(NotOffered, match=r"no few-layer export \(toolchains that do: tensorrt-edgellm\)"):
-        driver("edgellm-ort").export_layers(ckpts.qwen3, Path("unused"), 1)
+        driver("edgellm-ort").host().export_layers(ckpts.qwen3, Path("unused"), 1)

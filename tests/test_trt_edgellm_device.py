@@ -222,22 +222,23 @@ def test_the_driver_builds_from_the_checkpoint_where_the_device_has_the_direct_b
     direct, onnx = _device({**ONE, "direct_builder": VENV_BUILDER}), _device(ONE, "orin-02")
     assert (trt.route(direct), trt.route(onnx), trt.route()) == (Route.DIRECT, Route.ONNX, Route.ONNX)
     assert Route.DIRECT.from_checkpoint and not Route.ONNX.from_checkpoint
-    assert trt.build_key_inputs(direct) == {"route": "direct", "version": "0.11.0", "standin": False}
-    assert trt.build_key_inputs(onnx) == {"route": "onnx", "version": "0.11.0", "standin": False}
-    step = trt.build_step(direct, "cache/ckpt", "jobs/j/engine", PARAMS)
+    assert trt.device().build_key_inputs(direct) == {"route": "direct", "version": "0.11.0", "standin": False}
+    assert trt.device().build_key_inputs(onnx) == {"route": "onnx", "version": "0.11.0", "standin": False}
+    step = trt.device().build_step(direct, "cache/ckpt", "jobs/j/engine", PARAMS)
     assert step.argv == [VENV_BUILDER, "--model-dir", "cache/ckpt", "--engine-dir", "jobs/j/engine",
                          "--max-input-len", "128", "--max-kv-cache-capacity", "256", "--max-batch-size", "2",
                          "--plugin-path", "/opt/e/build/libNvInfer_edgellm_plugin.so"]
     assert step.fetch == {"engine": "engine"} and step.env["LD_LIBRARY_PATH"] == "/usr/lib"
-    assert trt.build_step(onnx, "cache/onnx", "jobs/j/engine", PARAMS).argv[0] == "/opt/e/build/examples/llm/llm_build"
-    needs = trt.device_requirements(direct)
+    assert (trt.device().build_step(onnx, "cache/onnx", "jobs/j/engine", PARAMS).argv[0]
+            == "/opt/e/build/examples/llm/llm_build")
+    needs = trt.device().device_requirements(direct)
     assert needs is not None and needs.tools[DIRECT_BUILDER] == VENV_BUILDER
-    needs = trt.device_requirements(onnx)
+    needs = trt.device().device_requirements(onnx)
     assert needs is not None and DIRECT_BUILDER not in needs.tools
-    run = trt.with_checkpoint(trt.infer_step(direct, "cache/e", "cache/r", "jobs/j"), "cache/ckpt")
+    run = trt.device().with_checkpoint(trt.device().infer_step(direct, "cache/e", "cache/r", "jobs/j"), "cache/ckpt")
     assert run.argv[-2:] == ["--checkpointDir", "cache/ckpt"] and run.fetch == {"out.json": "out.json"}
     with pytest.raises(ConfigurationError, match="already names a checkpoint dir"):
-        trt.with_checkpoint(run, "cache/other")
+        trt.device().with_checkpoint(run, "cache/other")
 
 
 def _direct_engine(engine_dir: Path, **config: Any) -> None:
@@ -386,7 +387,7 @@ def install_of_paths() -> DeviceInstall:
 
 
 def test_the_driver_fetches_only_what_llm_bench_writes(jetson_board: JetsonBoard, engine: Path) -> None:
-    driver = TensorrtEdgellm()
+    driver = TensorrtEdgellm().device()
     job_dir = owned(jetson_board, _mkdir(jetson_board.work_dir / "dev-job"))
     runs = driver.bench_runs(jetson_board.device(), str(engine), str(job_dir), prompt_len=64, past_len=100, warmup=1,
                              iterations=3)

@@ -153,7 +153,7 @@ def test_catalog_calibration_samples_reach_the_quantizer_and_its_cache_key(tmp_p
 
     ref = CheckpointRef(model="m", path="/nowhere", sha256="0" * 64)
     trt = driver("tensorrt-edgellm")
-    keys = [trt.quantize_key_inputs(job_spec(_Job(), ref, sources.get(name)), "cpu", "0.11.0") for name in "mn"]
+    keys = [trt.host().quantize_key_inputs(job_spec(_Job(), ref, sources.get(name)), "cpu", "0.11.0") for name in "mn"]
     assert [k["num_samples"] for k in keys] == [8, NUM_SAMPLES]
 
 

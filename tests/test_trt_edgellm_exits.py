@@ -321,7 +321,7 @@ def test_failed_requests_exit_1_and_their_output_names_them(board: JetsonBoard, 
 
 
 def test_the_driver_classifies_with_these_rules() -> None:
-    driver = TensorrtEdgellm()
+    driver = TensorrtEdgellm().device()
     assert driver.classify_exit(result(0, stdout=info("llm_build.cpp:261:main", "LLM engine built successfully."))) \
         is None
     found = driver.classify_exit(result(137))

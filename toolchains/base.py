@@ -5,11 +5,14 @@ class decorated ``@register_toolchain``: the package is walked once on first use
 and the registry is the toolchain vocabulary (device types, matrices and the results database name toolchains by
 these strings; adding one needs no enum and no migration).
 
-A driver owns every stage it takes part in (``ToolchainDriver``): whether it is installed and how to install it, its
-version on the host and on a device, what it can produce (precisions, LM-head and KV-cache variants), whether it
-needs a GPU, the validation of its own block in a device's inventory (``toolchains: {name: {...}}``), its host
-stages (quantize, export: key inputs and work) and its device stages (the command of each, what it fetches back and
-how that is read). The generic stage bodies in ``tasks/`` only ask it.
+A driver (``ToolchainDriver``) says who the toolchain is and what it can produce (precisions, LM-head and KV-cache
+variants, variant features, whether it needs a GPU, its route), and is made of the parts it takes part in
+(``toolchains.parts``): its host stages (quantize, export: key inputs and work; bring-up checks), its device stages
+(the command of each, what it fetches back and how that is read; what it needs on a device and the validation of its
+own block in a device's inventory, ``toolchains: {name: {...}}``) and its environment (whether it is installed and
+how to install it, its version on the host). A toolchain without device stages (e.g. an exporter only) plans only
+host-stage rows: :meth:`ToolchainDriver.device_problem` is the one place that asks. The generic stage bodies in
+``tasks/`` only ask it.
 
 This module imports only the library and the vocabulary (``registries`` hands its answers to the device
 types and inventories, which check their toolchain names and blocks with them when they load); the driver modules it
@@ -23,7 +26,7 @@ import functools
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +50,8 @@ if TYPE_CHECKING:
     from edgefarm.artifacts.store import ArtifactRef
     from edgefarm.devices.inventory import Device
     from edgefarm.devices.transport.base import CommandResult
-    from edgefarm.stages.job import CheckpointRef, JobSpec
-    from edgefarm.stages.outcome import Keyed, StageOutcome
+    from edgefarm.stages.job import JobSpec
+    from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
     from edgellm.config import QuantConfig
 
 ENGINE_LISTING = ".engine-listing.json"  # beside a build's read-back files: {"digest", "bytes", "files": {...}}
@@ -255,8 +258,12 @@ class NotOffered(UnsupportedError):
     """A toolchain does not offer a bring-up check (the bring-up records the rung as not offered by it)."""
 
 
-def _offering(method: str) -> str:
-    found = [n for n in names() if getattr(_DRIVERS.get(n), method) is not getattr(ToolchainDriver, method)]
+def offering(method: str) -> str:
+    """The toolchains whose host stages offer the bring-up check ``method`` (they override ``HostStages``')."""
+    from edgefarm.toolchains.parts import HostStages
+
+    found = [n for n in names() if (part := _DRIVERS.get(n).HOST_STAGES) is not None
+             and getattr(part, method) is not getattr(HostStages, method)]
     return ", ".join(found) or "none"
 
 
@@ -281,15 +288,21 @@ class DocsLayout:
 
 
 class ToolchainDriver(ABC):
-    """One toolchain as the farm drives it. Subclasses set ``name`` and say what they can produce. ``data_dir``:
-    the farm's data dir, where toolchains keep their environments (None where nothing asks for them). ``pins``:
-    the versions a matrix chose for toolchains whose version can be chosen (``pinned`` set); a toolchain not named
-    runs its pinned version. The driver hands ``pins`` on to the quantizer it asks for."""
+    """One toolchain as the farm drives it: who it is and what it can produce, and the parts it takes part in
+    (``toolchains.parts``): ``HOST_STAGES`` and ``DEVICE_STAGES`` (None: it takes no part in them) and its
+    ``ENVIRONMENT``, each made with this toolchain as ``host_stages``, ``device_stages`` and ``environment``.
+    Subclasses set ``name``. ``data_dir``: the farm's data dir, where toolchains keep their environments (None where
+    nothing asks for them). ``pins``: the versions a matrix chose for toolchains whose version can be chosen
+    (``pinned`` set); a toolchain not named runs its pinned version. The driver hands ``pins`` on to the quantizer it
+    asks for."""
 
     name: ClassVar[str]
     # the version the farm runs unless a matrix chooses another (``toolchain_versions:``); None: not choosable
     pinned: ClassVar[str | None] = None
     needs_gpu: ClassVar[bool] = False  # its device stages need an NVIDIA GPU (a device type without ``sm`` refuses it)
+    HOST_STAGES: ClassVar[type[HostStages] | None] = None
+    DEVICE_STAGES: ClassVar[type[DeviceStages] | None] = None
+    ENVIRONMENT: ClassVar[type[ToolchainEnvironment]]
 
     def __init__(self, data_dir: Path | None = None, pins: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
@@ -297,6 +310,9 @@ class ToolchainDriver(ABC):
         if self.name in self.pins and self.pinned is None:
             raise BugError(f"toolchain {self.name} was given version {self.pins[self.name]!r}, but its version "
                            f"cannot be chosen")
+        self.host_stages: HostStages | None = None if self.HOST_STAGES is None else self.HOST_STAGES(self)
+        self.device_stages: DeviceStages | None = None if self.DEVICE_STAGES is None else self.DEVICE_STAGES(self)
+        self.environment: ToolchainEnvironment = self.ENVIRONMENT(self)
 
     @property
     def chosen_version(self) -> str | None:
@@ -370,286 +386,41 @@ class ToolchainDriver(ABC):
         """Whether its export of ``precision`` reads a checkpoint the quantize stage made (else the source)."""
         return precision not in UNQUANTIZED and precision not in self.quantizes_in_export()
 
-    # --- install and version ---
-
-    @abstractmethod
-    def available(self) -> Availability:
-        """Whether the orchestrating host can drive this toolchain now (its tools installed), and if not why
-        (``installable`` when :meth:`install` would fix it)."""
-
-    def install(self, wheels: WheelSource | None = None) -> str | None:
-        """Install what :meth:`available` lacks, once (minutes); None when usable afterwards, else why not.
-        ``wheels``: where its packages may come from (``toolchains.mirror``; None: the package registry)."""
-        return self.available().reason
-
-    def install_version(self, version: str, wheels: WheelSource | None = None) -> Environment:
-        """Install ``version`` into an environment of its own under the data dir (``edgefarm toolchains install``);
-        a healthy one already there is reused. ``wheels`` as for :meth:`install`."""
-        raise self._no_environment()
-
-    def requirements(self, version: str) -> tuple[str, ...]:
-        """The pip requirements an environment of ``version`` is installed from (what ``edgefarm toolchains
-        mirror`` stores, dependencies resolved, for hosts without a registry)."""
-        raise self._no_environment()
-
-    def _no_environment(self) -> UnsupportedError:
-        return UnsupportedError(f"toolchain {self.name} has no environment of its own to install (it runs in the "
-                                f"farm's; toolchains with environments: {', '.join(pinned_versions()) or 'none'})")
-
-    def environments(self) -> list[Environment]:
-        """Its installed environments under the data dir, each read back (none for a toolchain without any)."""
-        return []
-
-    def sweep_dead_installs(self) -> list[Path]:
-        """Remove what installs of its environments left under the data dir when they were killed (never what a
-        running install is making); returns what was removed."""
-        return []
-
-    # --- version bisection (``edgefarm bisect --toolchain``): an environment per version, the row's stages in it ---
-
-    def installable_versions(self) -> list[str]:
-        """Every version an environment of it can be installed at (:meth:`install_version`), oldest first: what its
-        package source offers (pip's index: the registry, or the local index or wheelhouse pip is configured
-        with). InfrastructureError when the source cannot be reached."""
-        raise self._no_environment()
-
-    def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
-        """One probe of a version bisection: this toolchain's stages of a row that this host can run, with the
-        installed version ``env`` (:meth:`install_version`'s), on ``checkpoint``, working in the empty directory
-        ``work``. Returns when they pass; raises the EdgeLLMError of what failed (its kind says whether the version
-        is bad or was not judged: infrastructure and resource errors are not judged). :class:`NotOffered` where the
-        toolchain has no stages that run from an environment of its own."""
-        raise NotOffered(f"toolchain {self.name} offers no version probe (toolchains that do: "
-                         f"{', '.join(version_probing()) or 'none'})")
-
-    @abstractmethod
-    def host_version(self) -> str:
-        """The version on the orchestrating host (the host stages' product: quantize, export)."""
-
-    @abstractmethod
-    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        """The toolchain's version on ``device`` (``env``: the device's ``edgellm env`` JSON)."""
-
-    def device_files(self) -> tuple[Path, ...]:
-        """Files the farm pushes to every device this toolchain runs on before its commands (e.g. a self-contained
-        runner script): each lands in the device cache as ``cache/<its sha256>`` (:func:`pushed_path`)."""
-        return ()
-
-    def probe_step(self, device: Device) -> DeviceStep | None:
-        """A command printing the toolchain's facts on ``device`` as JSON (its version there), run once per device
-        and run after :meth:`device_files` are staged; what it printed reaches :meth:`device_version` as
-        ``env["toolchains"][name]``. None: the device's ``edgellm env`` says enough."""
-        return None
-
-    def device_requirements(self, device: Device) -> DeviceRequirements | None:
-        """What must be on ``device`` for this toolchain's stages (checked by the agent; see
-        :class:`DeviceRequirements`); what the agent read back (tools, libraries, build versions, packages) reaches
-        :meth:`device_version` as ``env["toolchains"][name]``. None: nothing beyond :meth:`probe_step`."""
-        return None
-
-    def device_facts_problem(self, device: Device, facts: Mapping[str, Any]) -> str | None:
-        """Why what the agent read of the toolchain on ``device`` (``facts``: its check's JSON) contradicts the
-        inventory (e.g. a build of another release than listed), or None. A problem quarantines the device."""
-        return None
-
-    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
-        """Engine-cache key inputs from what the device's probe read (e.g. the runtime library's release)."""
-        return {}
-
-    def engine_readback(self) -> tuple[str, ...]:
-        """Files of a built engine dir (relative) that :meth:`check_engine` reads: only these come back from the
-        device (the engine stays there, in its cache). The farm adds ``ENGINE_LISTING`` (every file's size and
-        sha256) beside them."""
-        return ()
-
-    def device_problem(self) -> str | None:
-        """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None."""
-        return None
-
-    # --- its block in a device's inventory file (``toolchains: {name: {...}}``) ---
-
-    def device_config(self, block: Any, device: str) -> Any:
-        """Validate this toolchain's block of a device's inventory (ConfigurationError naming what is wrong) and
-        return what the driver reads of it. Default: the toolchain takes no settings (an empty block)."""
-        if block not in (None, {}):
-            raise ConfigurationError(f"device {device!r}: toolchain {self.name} takes no settings, got {block!r}")
-        return None
-
-    def device_builds(self, device: Device) -> list[str | None]:
-        """The releases of this toolchain a device's inventory lists (one build each; the health check checks
-        each), or ``[None]`` when the toolchain keeps no builds per release there."""
-        return [None]
-
-    def drives(self, device: Device) -> bool:
-        """Whether this toolchain's device stages can run on ``device`` (e.g. it has the toolchain's install)."""
-        return True
-
-    def devices_problem(self, platform: str, devices: Sequence[Device]) -> str | None:
-        """Why none of the platform's ``devices`` (at least one) can run this toolchain's device stages, or None."""
-        return None
-
     def model_problem(self, shape: ModelShape, sm: int | None, variant: Variant) -> str | None:
         """Why this toolchain's kernels cannot run a model of ``shape`` on a GPU of compute capability ``sm`` (None:
         no GPU) at ``variant``, or None. The plan records such a row as not applicable (e.g. a head size no
         attention kernel of the toolchain takes). Default: no limit beyond its precisions."""
         return None
 
-    def classify_exit(self, result: CommandResult) -> EdgeLLMError | None:
-        """How a device command of this toolchain ended, by the toolchain's own conventions: None when it passed,
-        else the error it stands for: ``TestFailure`` (the tool ran and failed: the message its last lines),
-        ``ResourceError`` (out of memory, a full disk: with the figures), ``DeviceConfigurationError`` (a tool or
-        library missing on the device: the device is quarantined, the job moves on), ``InfrastructureError``.
-        A timeout never reaches it (the farm's). Default: the exit codes of edgellm's commands
-        (``ErrorKind.exit_code``)."""
-        return edgellm_exit(result)
-
-    def standin(self, device: Device) -> bool:
-        """True when ``device`` runs test stand-ins of the toolchain's tools: its results are never evidence."""
-        return False
-
     def route(self, device: Device | None = None) -> Route | None:
         """How this toolchain makes its engines on ``device`` (recorded per result; None: on the devices it usually
         builds on), or None when it has one way. A route that builds from the checkpoint
-        (``Route.from_checkpoint``) needs :meth:`check_engine_from_checkpoint` and :meth:`with_checkpoint`."""
+        (``Route.from_checkpoint``) needs the device stages' ``check_engine_from_checkpoint`` and
+        ``with_checkpoint``."""
         return None
 
-    # --- host stages (the orchestrating host): the key inputs of each and its work ---
+    # --- the parts it takes part in (``toolchains.parts``) ---
 
-    def _not_a_stage_of_it(self, what: str) -> UnsupportedError:
-        return UnsupportedError(f"toolchain {self.name} does not take part in the {what} stage")
+    def host(self) -> HostStages:
+        """Its host stages; UnsupportedError where it takes part in none."""
+        if self.host_stages is None:
+            raise UnsupportedError(f"toolchain {self.name} takes part in no host stage (quantize, export)")
+        return self.host_stages
 
-    def quantize_key_inputs(self, job: JobSpec, quantize_device: str, version: str) -> dict[str, Any]:
-        """What a checkpoint this toolchain's quantize stage makes for ``job`` is the product of (its cache key)."""
-        raise self._not_a_stage_of_it("quantize")
-
-    def quantize(self, work: HostWork, job: JobSpec, keyed: Keyed) -> StageOutcome:
-        """A quantize cache miss: make the checkpoint (``work.install_checkpoint``), store it, ``keyed.made(ref)``,
-        and hand it on as :meth:`judge_quantized` does."""
-        raise self._not_a_stage_of_it("quantize")
-
-    def judge_quantized(self, work: HostWork, job: JobSpec, version: str, ref: ArtifactRef) -> StageOutcome:
-        """The outcome of a stored checkpoint this quantizer made (a cache hit is judged like a new one):
-        ``outputs["checkpoint"]`` the checkpoint export reads, ``outputs["quantized_linears"]`` its count."""
-        raise self._not_a_stage_of_it("quantize")
-
-    def common_export_key(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        """The export key inputs every toolchain shares: the checkpoint, what is asked of it, by whom."""
-        lm_head, kv_cache = job.lm_head_precision, job.kv_cache_precision
-        return {"stage": "export", "checkpoint_sha256": checkpoint_sha, "precision": job.precision.value,
-                "lm_head_precision": lm_head and lm_head.value, "kv_cache_precision": kv_cache and kv_cache.value,
-                "toolchain": self.name, "toolchain_version": version}
-
-    @abstractmethod
-    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        """What this toolchain's export of ``checkpoint_sha`` for ``job`` is the product of (its cache key):
-        :meth:`common_export_key` and what else its exporter depends on."""
-
-    @abstractmethod
-    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
-               keyed: Keyed) -> StageOutcome:
-        """An export cache miss: export, check, store, ``keyed.made(ref)``; ``outputs["onnx"]`` the stored export.
-        ``quantized_linears``: how many linears the quantize stage's report counts quantized (0: none)."""
-
-    # --- device stages: what each runs on a device and how its outputs are read ---
-
-    def build_key_inputs(self, device: Device) -> dict[str, Any]:
-        """Extra engine-cache key inputs the device's install contributes (e.g. a stand-in never shares a key)."""
-        return {}
-
-    @abstractmethod
-    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        """The build command; it must leave the engine in ``engine_dir`` and fetch it as ``engine``."""
-
-    @abstractmethod
-    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
-        """Read back the fetched engine: its weight precision (the stage fails when it is not what was built for).
-        ``onnx_dir``: the export it was built from, extracted locally (None unless :meth:`needs_onnx_for_check`)."""
-
-    def needs_onnx_for_check(self) -> bool:
-        return False
-
-    def check_engine_from_checkpoint(self, engine_dir: Path, checkpoint_dir: Path,
-                                     params: Mapping[str, int]) -> EngineCheck:
-        """Read back an engine built straight from the checkpoint (a route with ``from_checkpoint``): its weight
-        precision, read from what the builder reads (``checkpoint_dir``, the checkpoint on this host)."""
-        raise BugError(f"toolchain {self.name} built an engine from the checkpoint but cannot read one back")
-
-    def with_checkpoint(self, step: DeviceStep, checkpoint_dir: str) -> DeviceStep:
-        """``step`` (infer, accuracy or bench on an engine built from the checkpoint) given the checkpoint the engine
-        reads its weights from at run time (``checkpoint_dir``: staged on the device)."""
-        raise BugError(f"toolchain {self.name} built an engine from the checkpoint but cannot run it with one")
-
-    @abstractmethod
-    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
-        """The inference command on a staged request file (what :meth:`infer_request` made); it fetches its
-        output as ``out.json``."""
-
-    def infer_request(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
-        """The request file the device's tool reads, from ours (``edgellm infer``'s format)."""
-        return {"requests": requests}
-
-    def infer_responses(self, output: Mapping[str, Any], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The tool's output file -> our responses, in request order (id, text, output_ids, timings or None)."""
-        return list(output["responses"])
-
-    @abstractmethod
-    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
-                   warmup: int, iterations: int) -> list[BenchRun]:
-        """One command per benchmark mode, in the order they run (prefill, then decode)."""
-
-    @abstractmethod
-    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        """Metrics of one benchmark command from its fetched outputs."""
-
-    # Accuracy against the host's transformers reference (``tasks.reference``); the report has edgellm eval's shape:
-    # {"passed": bool, "checks": {name: {"value": ...}}, "failed_checks": [...], "metrics": {...}}.
-
-    def accuracy_request(self, reference: Path) -> list[dict[str, Any]] | None:
-        """Our requests the device generates for a host-side comparison, from the local reference; None when the
-        reference file itself is staged on the device and the device command compares."""
+    def device_problem(self) -> str | None:
+        """Why the farm cannot drive this toolchain's device stages (build, infer, accuracy, bench) at all, or None:
+        the one place that asks whether it takes part in them."""
+        if self.device_stages is None:
+            return (f"toolchain {self.name} takes part in no device stage (build, infer, accuracy, bench): only its "
+                    f"host stages run (a test list's stages: [quantize, export])")
         return None
 
-    def accuracy_reads_reference(self) -> bool:
-        """Whether the host reads the reference to judge the device's output (it is then fetched locally)."""
-        return False
+    def device(self) -> DeviceStages:
+        """Its device stages; UnsupportedError (:meth:`device_problem`'s reason) where it takes part in none."""
+        if self.device_stages is None:
+            raise UnsupportedError(str(self.device_problem()))
+        return self.device_stages
 
-    @abstractmethod
-    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
-                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
-        """The accuracy command on the device (``reference_file`` staged unless requests are given)."""
-
-    @abstractmethod
-    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
-                        precision: Precision, thresholds: Mapping[str, float],
-                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """The accuracy report from what the command wrote (and, for host-side comparison, the local reference)."""
-
-    def accuracy_judged_on_host(self) -> bool:
-        """True: the report decides pass/fail (the device command only produced); False: the device command's
-        exit code does, and the report must agree with it."""
-        return False
-
-
-    # --- bring-up checks (optional; see :class:`RegistryCheck`, :class:`WeightReconciliation`) ---
-
-    def registry_check(self, checkpoint: Path) -> RegistryCheck:
-        """Whether this toolchain's own model registry takes the checkpoint's model_type (asked where the toolchain
-        runs). ConfigurationError for a config.json that is not a readable model config; :class:`NotOffered` when
-        the toolchain has no registry to ask."""
-        raise NotOffered(f"toolchain {self.name} offers no registry check (toolchains that do: "
-                         f"{_offering('registry_check')})")
-
-    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
-        """The checkpoint's tensors (headers only) against the parameters of this toolchain's model for it, both
-        ways, without allocating weights; :class:`NotOffered` when the toolchain cannot say."""
-        raise NotOffered(f"toolchain {self.name} offers no weight reconciliation (toolchains that do: "
-                         f"{_offering('reconcile')})")
-
-    def export_layers(self, checkpoint: Path, out_dir: Path, layers: int) -> LayerExport:
-        """Export the first ``layers`` decoder layers of the checkpoint into ``out_dir`` (must not exist) and check
-        the result structurally; :class:`NotOffered` where the toolchain has no few-layer export."""
-        raise NotOffered(f"toolchain {self.name} offers no few-layer export (toolchains that do: "
-                         f"{_offering('export_layers')})")
 
 def edgellm_exit(result: CommandResult) -> EdgeLLMError | None:
     """How an ``edgellm`` command ended, by its exit codes (``ErrorKind.exit_code``): None when it passed."""
@@ -685,7 +456,7 @@ def _last_line(text: str) -> str:
 
 
 def pushed_path(path: Path) -> str:
-    """Where a file of :meth:`ToolchainDriver.device_files` is on a device, relative to its work dir."""
+    """Where a file of ``DeviceStages.device_files`` is on a device, relative to its work dir."""
     import hashlib
 
     return f"cache/{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
@@ -702,9 +473,12 @@ _assumed = threading.local()  # planning "what if the installable toolchains wer
 
 def register_toolchain(cls: type[ToolchainDriver]) -> type[ToolchainDriver]:
     name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not _NAME.match(name) or cls.__abstractmethods__:
+    parts = [p for p in (cls.HOST_STAGES, cls.DEVICE_STAGES, getattr(cls, "ENVIRONMENT", None)) if p is not None]
+    missing = sorted({*cls.__abstractmethods__, *([] if hasattr(cls, "ENVIRONMENT") else ["ENVIRONMENT"]),
+                      *(f"{p.__qualname__}.{m}" for p in parts for m in p.__abstractmethods__)})
+    if not isinstance(name, str) or not _NAME.match(name) or missing:
         raise BugError(f"toolchain driver {cls.__qualname__} must set name (lower-case letters, digits and '-', got "
-                       f"{name!r}) and implement {', '.join(sorted(cls.__abstractmethods__)) or 'everything'}")
+                       f"{name!r}) and implement {', '.join(missing) or 'everything'}")
     _DRIVERS.add(name, cls)
     return cls
 
@@ -759,8 +533,17 @@ def needs_gpu(name: str) -> bool:
 
 def device_config(name: str, block: Any, device_id: str) -> Any:
     """What toolchain ``name``'s driver reads of its block in device ``device_id``'s inventory file
-    (:meth:`ToolchainDriver.device_config`)."""
-    return driver_class(name)().device_config(block, device_id)
+    (``DeviceStages.device_config``)."""
+    part = driver_class(name)().device_stages
+    if part is None:
+        return no_settings(name, block, device_id)
+    return part.device_config(block, device_id)
+
+
+def no_settings(name: str, block: Any, device: str) -> None:
+    """A toolchain that takes no settings in a device's inventory: its block is empty (ConfigurationError else)."""
+    if block not in (None, {}):
+        raise ConfigurationError(f"device {device!r}: toolchain {name} takes no settings, got {block!r}")
 
 
 @functools.cache
@@ -787,8 +570,11 @@ def job_quantizer(job: JobSpec, data_dir: str | Path) -> ToolchainDriver | None:
 
 def version_probing() -> list[str]:
     """The toolchains whose versions ``edgefarm bisect`` can probe (they offer
-    :meth:`ToolchainDriver.probe_version`)."""
-    return [n for n in names() if _DRIVERS.get(n).probe_version is not ToolchainDriver.probe_version]
+    ``ToolchainEnvironment.probe_version``)."""
+    from edgefarm.toolchains.parts import ToolchainEnvironment
+
+    return [n for n in names()
+            if _DRIVERS.get(n).ENVIRONMENT.probe_version is not ToolchainEnvironment.probe_version]
 
 
 def pinned_versions() -> dict[str, str]:
@@ -819,8 +605,9 @@ def assuming_installed() -> Iterator[None]:
 
 
 def availability(found: ToolchainDriver) -> Availability:
-    """``found.available()``, or ok when planning under :func:`assuming_installed` and an install would fix it."""
-    state = found.available()
+    """``found.environment.available()``, or ok when planning under :func:`assuming_installed` and an install would
+    fix it."""
+    state = found.environment.available()
     if not state.ok and state.installable and getattr(_assumed, "on", False):
         return Availability(True)
     return state

@@ -22,15 +22,18 @@ def device_toolchains(device: Device, device_type: DeviceType, transport: Transp
     """Each toolchain of the device's type that the device can drive, once per build it lists."""
     out = []
     for name in device_type.toolchains:
-        for build in toolchains.driver_class(name)().device_builds(device):
+        found = toolchains.driver_class(name)()
+        if found.device_problem() is not None:  # it takes part in no device stage: nothing of it on a device
+            continue
+        for build in found.device().device_builds(device):
             driver = toolchains.driver(name, pins={name: build} if build is not None else None)
-            if not driver.drives(device):
+            if not driver.device().drives(device):
                 continue
             try:
                 facts = probe_toolchain(device, transport, driver)
                 env = {"toolchains": {name: facts}}
                 try:
-                    version = driver.device_version(device, env)
+                    version = driver.device().device_version(device, env)
                 except (AttributeError, TypeError, ValueError, KeyError) as exc:  # facts of the wrong shape
                     out.append(ToolchainHealth(name, build, None, False, (
                         f"its probe's answer has the wrong shape ({type(exc).__name__}: {exc}); valid: the JSON "

@@ -1,13 +1,13 @@
 """A toolchain's wheels in the artifact store, for hosts that cannot reach a package registry (air-gapped labs).
 
 ``edgefarm toolchains mirror NAME==VERSION`` resolves what the toolchain's installer installs for that version
-(``ToolchainDriver.requirements``, the same requirement set) for this host's Python and platform, with ``pip wheel``
-from the registry or, with ``--from DIR``, from a local wheelhouse only; it stores each wheel as a blob and a
+(``ToolchainEnvironment.requirements``, the same requirement set) for this host's Python and platform, with ``pip
+wheel`` from the registry or, with ``--from DIR``, from a local wheelhouse only; it stores each wheel as a blob and a
 manifest (toolchain, version, Python and platform tags, requirements, each wheel's file name, sha256 and size) named
-``toolchains/<name>/<version>/<python>-<platform>`` (the store's names: ``artifacts.store``; gc keeps a named
-manifest and every wheel it lists). An install of that version on a host of the same tags first looks for that
-name: found, each wheel is fetched by its sha256 (the store re-hashes what it serves: a corrupt one is refused)
-into a temporary wheelhouse and pip installs with ``--no-index --find-links`` (no registry is asked).
+``toolchains/<name>/<version>/<python>-<platform>`` (the store's names: ``artifacts.store``; gc keeps a named manifest
+and every wheel it lists). An install of that version on a host of the same tags first looks for that name: found, each
+wheel is fetched by its sha256 (the store re-hashes what it serves: a corrupt one is refused) into a temporary
+wheelhouse and pip installs with ``--no-index --find-links`` (no registry is asked).
 
 Where an install may get wheels is one setting, ``$EDGEFARM_TOOLCHAIN_INDEX`` (read by flows.settings), an
 :class:`Index`: ``auto`` (default: the mirror when there is one, else the registry, as before), ``mirror`` (the

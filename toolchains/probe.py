@@ -1,4 +1,4 @@
-"""What a toolchain finds on a device: the files its driver requires (``ToolchainDriver.device_requirements``,
+"""What a toolchain finds on a device: the files its driver requires (``DeviceStages.device_requirements``,
 checked by the agent), what contradicts the inventory (``device_facts_problem``) and what its own probe prints
 (``probe_step``). The stages (once per device, toolchain and run) and the health check both ask here; a device set up
 wrong for the toolchain raises ``DeviceConfigurationError`` naming every problem (the stages quarantine it).
@@ -54,7 +54,7 @@ def probe_toolchain(device: Device, transport: Transport, driver: ToolchainDrive
     DeviceConfigurationError when something it needs is missing or contradicts the inventory."""
     where = f"{device.id}: toolchain {driver.name}"
     facts: dict[str, Any] = {}
-    needs = driver.device_requirements(device)
+    needs = driver.device().device_requirements(device)
     if needs is not None:
         found = agent_client.run(device, transport, *requirement_args(needs), no_ok=True)
         # a library dir that does not exist is fine while another holds each library: only the libraries count
@@ -70,16 +70,16 @@ def probe_toolchain(device: Device, transport: Transport, driver: ToolchainDrive
             packaged = agent_client.run(device, transport, "env", "--work-dir", ".",
                                         *[a for glob in needs.dpkg for a in ("--dpkg", glob)])
             facts["packages"] = packaged.get("packages") or {}
-        problem = driver.device_facts_problem(device, facts)
+        problem = driver.device().device_facts_problem(device, facts)
         if problem is not None:
             raise DeviceConfigurationError(f"{device.id}: {problem}")
-    for path in driver.device_files():
+    for path in driver.device().device_files():
         stage_file(transport, path)
-    probe = driver.probe_step(device)
+    probe = driver.device().probe_step(device)
     if probe is not None:
         res = transport.run(probe.argv, timeout=120, env={**device.env, **probe.env} or None)
         if res.exit_code != 0:
-            failed = driver.classify_exit(res)
+            failed = driver.device().classify_exit(res)
             if isinstance(failed, InfrastructureError) and not isinstance(failed, DeviceConfigurationError):
                 raise InfrastructureError(f"{where}: its probe failed: {failed}")
             # the toolchain's own probe does not run: what it needs on the device is missing or broken

@@ -79,6 +79,7 @@ from edgefarm.toolchains.base import (  # noqa: E402
     Variant,
     pushed_path,
 )
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment  # noqa: E402
 from edgellm.reference import checkpoint_digest  # noqa: E402
 from edgellm.types import BenchMode, Precision  # noqa: E402
 
@@ -91,19 +92,8 @@ if TYPE_CHECKING:
 TOOL = Path(__file__).resolve()
 
 
-class ToyEcho(ToolchainDriver):
-    name = NAME
-
-    def precisions(self) -> tuple[Precision, ...]:
-        return (Precision(PRECISION),)
-
-    def quantizes(self) -> tuple[Precision, ...]:
-        return (Precision(PRECISION),)
-
-    def variant_problem(self, variant: Variant) -> str | None:
-        if variant.lm_head is not None or variant.kv_cache is not None:
-            return f"toolchain {self.name} has one LM head and one KV cache"
-        return None
+class ToyEnvironment(ToolchainEnvironment):
+    """The toy's tool is this file: always there, at its one version."""
 
     def available(self) -> Availability:
         return Availability(True)
@@ -111,17 +101,9 @@ class ToyEcho(ToolchainDriver):
     def host_version(self) -> str:
         return VERSION
 
-    def device_files(self) -> tuple[Path, ...]:
-        return (TOOL,)
 
-    def probe_step(self, device: Device) -> DeviceStep | None:
-        return DeviceStep([device.interpreter, pushed_path(TOOL), "env"])
-
-    def engine_readback(self) -> tuple[str, ...]:
-        return ("engine.json",)
-
-    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        return str(((env.get("toolchains") or {}).get(self.name) or {}).get("version", "unknown"))
+class ToyHostStages(HostStages):
+    """Quantize (a copy) and export (an echo of the job), on the host."""
 
     # --- quantize: the checkpoint copied, recorded as a quantizer's product is (toolchains.base.QUANTIZE_RECORD) ---
 
@@ -167,6 +149,22 @@ class ToyEcho(ToolchainDriver):
         out.artifacts.append(ref)
         return out
 
+
+class ToyDeviceStages(DeviceStages):
+    """This file, pushed to the device and run by its Python."""
+
+    def device_files(self) -> tuple[Path, ...]:
+        return (TOOL,)
+
+    def probe_step(self, device: Device) -> DeviceStep | None:
+        return DeviceStep([device.interpreter, pushed_path(TOOL), "env"])
+
+    def engine_readback(self) -> tuple[str, ...]:
+        return ("engine.json",)
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        return str(((env.get("toolchains") or {}).get(self.name) or {}).get("version", "unknown"))
+
     def _tool(self, device: Device, *args: str) -> list[str]:
         return [device.interpreter, pushed_path(TOOL), *args]
 
@@ -205,3 +203,21 @@ class ToyEcho(ToolchainDriver):
         report: dict[str, Any] = json.loads(fetched["eval.json"].read_text())
         report["metrics"] = {name: (float(c["value"]), "") for name, c in report["checks"].items()}
         return report
+
+
+class ToyEcho(ToolchainDriver):
+    name = NAME
+    HOST_STAGES = ToyHostStages
+    DEVICE_STAGES = ToyDeviceStages
+    ENVIRONMENT = ToyEnvironment
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return (Precision(PRECISION),)
+
+    def quantizes(self) -> tuple[Precision, ...]:
+        return (Precision(PRECISION),)
+
+    def variant_problem(self, variant: Variant) -> str | None:
+        if variant.lm_head is not None or variant.kv_cache is not None:
+            return f"toolchain {self.name} has one LM head and one KV cache"
+        return None

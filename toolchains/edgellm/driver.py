@@ -25,6 +25,7 @@ from edgefarm.toolchains.base import (
     WeightReconciliation,
     register_toolchain,
 )
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 from edgellm.backends.base import backend_names, registered_backends
 from edgellm.capabilities import buildable
 from edgellm.compiler.build import ENGINE_MANIFEST
@@ -86,6 +87,117 @@ def _host_env() -> dict[str, Any]:
     return collect()
 
 
+class EdgellmEnvironment(ToolchainEnvironment):
+    """The farm's own environment: the backend is there when this edgellm registers it."""
+
+    toolchain: EdgellmToolchain
+
+    def available(self) -> Availability:
+        if self.toolchain.backend not in backend_names():
+            return Availability(False, f"this edgellm has no {self.toolchain.backend} backend")
+        return Availability(True)
+
+    def host_version(self) -> str:
+        return self.toolchain.version(_host_env())
+
+
+class EdgellmHostStages(HostStages):
+    """Export (host_stages.py) and the bring-up checks of edgellm's own model registry (bringup.py)."""
+
+    def registry_check(self, checkpoint: Path) -> RegistryCheck:
+        from edgefarm.toolchains.edgellm import bringup
+
+        return bringup.registry_check(self.name, self.toolchain.environment.host_version(), checkpoint)
+
+    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
+        from edgefarm.toolchains.edgellm import bringup
+
+        return bringup.reconcile(self.name, self.toolchain.environment.host_version(), checkpoint)
+
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        from edgellm.build_id import build_id
+
+        return {**self.common_export_key(checkpoint_sha, job, version), "opset": OPSET, "edgellm_build": build_id()}
+
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        from edgefarm.toolchains.edgellm import host_stages
+
+        return host_stages.export(self.toolchain, work, job, checkpoint, keyed)
+
+
+class EdgellmDeviceStages(DeviceStages):
+    """edgellm's CLI on the device."""
+
+    toolchain: EdgellmToolchain
+
+    def probe_step(self, device: Device) -> DeviceStep | None:
+        """This toolchain needs this package (and its backend's) on the device: ``edgellm env`` there says which."""
+        return DeviceStep([device.interpreter, "-m", "edgellm", "env"])
+
+    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
+        return self.toolchain.version((env.get("toolchains") or {}).get(self.name) or {})
+
+    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        """The device's edgellm source digest (an engine is the product of the code that built it)."""
+        return {"edgellm_build": facts.get("edgellm_build")}
+
+    def engine_readback(self) -> tuple[str, ...]:
+        return (ENGINE_MANIFEST,)
+
+    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
+        return DeviceStep([device.interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend",
+                           self.toolchain.backend, "--max-batch-size", str(params["max_batch_size"]),
+                           "--max-input-len", str(params["max_input_len"]), "--max-seq-len",
+                           str(params["max_seq_len"])],
+                          fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
+
+    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
+        """The engine manifest states the precision the build read back from the graph it built."""
+        manifest = json.loads((engine_dir / ENGINE_MANIFEST).read_text())
+        metrics: dict[str, tuple[float, str]] = {}
+        build_s = manifest.get("build_seconds")
+        if isinstance(build_s, (int, float)):
+            metrics["build_s"] = (float(build_s), "s")
+        found = str(manifest.get("precision"))
+        return EngineCheck(found, f"engine precision {found} (read back from the built graph)", metrics)
+
+    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
+        return DeviceStep([device.interpreter, "-m", "edgellm", "infer", "--engine-dir", engine_dir,
+                           "--input-file", request_file, "--output-file", f"{job_dir}/out.json"],
+                          fetch={"out.json": "out.json"})
+
+    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
+                   warmup: int, iterations: int) -> list[BenchRun]:
+        modes = {
+            BenchMode.PREFILL: ["--batch-size", "1", "--input-len", str(prompt_len), "--past-len", "0"],
+            BenchMode.DECODE: ["--batch-size", "1", "--past-len", str(past_len)],
+        }
+        return [BenchRun(DeviceStep([device.interpreter, "-m", "edgellm", "bench", "--engine-dir", engine_dir,
+                                     "--mode", mode.value, *args, "--warmup", str(warmup), "--iterations",
+                                     str(iterations), "--output", f"{job_dir}/bench.json"],
+                                    fetch={"bench.json": "bench.json"}), mode) for mode, args in modes.items()]
+
+    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
+        return bench_metrics(run.mode, json.loads(fetched["bench.json"].read_text()))
+
+    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
+                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
+        assert reference_file is not None
+        return DeviceStep([device.interpreter, "-m", "edgellm", "eval", "--engine-dir", engine_dir,
+                           "--reference", reference_file, "--output", f"{job_dir}/eval.json",
+                           *threshold_flags(thresholds)], fetch={"eval.json": "eval.json"})
+
+    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
+                        precision: Precision, thresholds: Mapping[str, float],
+                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
+        if "eval.json" not in fetched:
+            raise TestFailure("edgellm eval wrote no report")
+        report: dict[str, Any] = json.loads(fetched["eval.json"].read_text())
+        report["metrics"] = eval_metrics(report)
+        return report
+
+
 class EdgellmToolchain(ToolchainDriver):
     backend: ClassVar[str]  # the `edgellm build --backend` value
     package: ClassVar[str]  # the Python distribution whose version is the backend's (`edgellm env` packages)
@@ -98,6 +210,10 @@ class EdgellmToolchain(ToolchainDriver):
         "fp8_embedding": "its engines keep the embedding table at the weights' precision",
         "components": "it exports decoder-only text LLMs; no visual or audio encoder",
     }
+
+    HOST_STAGES = EdgellmHostStages
+    DEVICE_STAGES = EdgellmDeviceStages
+    ENVIRONMENT = EdgellmEnvironment
 
     def precisions(self) -> tuple[Precision, ...]:
         """From a float checkpoint: what export and the backend both make; from a checkpoint the farm's quantizer
@@ -148,109 +264,11 @@ class EdgellmToolchain(ToolchainDriver):
             return f"toolchain {self.name}: {exc}"
         return None
 
-    def available(self) -> Availability:
-        if self.backend not in backend_names():
-            return Availability(False, f"this edgellm has no {self.backend} backend")
-        return Availability(True)
-
     def version(self, env: Mapping[str, Any]) -> str:
         """The toolchain's version on a machine, from that machine's ``edgellm env`` JSON."""
         packages = env.get("packages") or {}
         backend = packages.get(self.package) if isinstance(packages, Mapping) else None
         return f"{env.get('edgellm')}+{self.package}-{backend}"
-
-    def host_version(self) -> str:
-        return self.version(_host_env())
-
-    def registry_check(self, checkpoint: Path) -> RegistryCheck:
-        from edgefarm.toolchains.edgellm import bringup
-
-        return bringup.registry_check(self.name, self.host_version(), checkpoint)
-
-    def reconcile(self, checkpoint: Path) -> WeightReconciliation:
-        from edgefarm.toolchains.edgellm import bringup
-
-        return bringup.reconcile(self.name, self.host_version(), checkpoint)
-
-    def probe_step(self, device: Device) -> DeviceStep | None:
-        """This toolchain needs this package (and its backend's) on the device: ``edgellm env`` there says which."""
-        return DeviceStep([device.interpreter, "-m", "edgellm", "env"])
-
-    def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
-        return self.version((env.get("toolchains") or {}).get(self.name) or {})
-
-    def runtime_key_inputs(self, facts: Mapping[str, Any]) -> dict[str, Any]:
-        """The device's edgellm source digest (an engine is the product of the code that built it)."""
-        return {"edgellm_build": facts.get("edgellm_build")}
-
-    def engine_readback(self) -> tuple[str, ...]:
-        return (ENGINE_MANIFEST,)
-
-    # --- host stage: export (host_stages.py) ---
-
-    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        from edgellm.build_id import build_id
-
-        return {**self.common_export_key(checkpoint_sha, job, version), "opset": OPSET, "edgellm_build": build_id()}
-
-    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
-               keyed: Keyed) -> StageOutcome:
-        from edgefarm.toolchains.edgellm import host_stages
-
-        return host_stages.export(self, work, job, checkpoint, keyed)
-
-    # --- device stages: edgellm's CLI on the device ---
-
-    def build_step(self, device: Device, onnx_dir: str, engine_dir: str, params: Mapping[str, int]) -> DeviceStep:
-        return DeviceStep([device.interpreter, "-m", "edgellm", "build", onnx_dir, engine_dir, "--backend",
-                           self.backend, "--max-batch-size", str(params["max_batch_size"]), "--max-input-len",
-                           str(params["max_input_len"]), "--max-seq-len", str(params["max_seq_len"])],
-                          fetch={"engine": engine_dir.rsplit("/", 1)[-1]})
-
-    def check_engine(self, engine_dir: Path, onnx_dir: Path | None, params: Mapping[str, int]) -> EngineCheck:
-        """The engine manifest states the precision the build read back from the graph it built."""
-        manifest = json.loads((engine_dir / ENGINE_MANIFEST).read_text())
-        metrics: dict[str, tuple[float, str]] = {}
-        build_s = manifest.get("build_seconds")
-        if isinstance(build_s, (int, float)):
-            metrics["build_s"] = (float(build_s), "s")
-        found = str(manifest.get("precision"))
-        return EngineCheck(found, f"engine precision {found} (read back from the built graph)", metrics)
-
-    def infer_step(self, device: Device, engine_dir: str, request_file: str, job_dir: str) -> DeviceStep:
-        return DeviceStep([device.interpreter, "-m", "edgellm", "infer", "--engine-dir", engine_dir,
-                           "--input-file", request_file, "--output-file", f"{job_dir}/out.json"],
-                          fetch={"out.json": "out.json"})
-
-    def bench_runs(self, device: Device, engine_dir: str, job_dir: str, *, prompt_len: int, past_len: int,
-                   warmup: int, iterations: int) -> list[BenchRun]:
-        modes = {
-            BenchMode.PREFILL: ["--batch-size", "1", "--input-len", str(prompt_len), "--past-len", "0"],
-            BenchMode.DECODE: ["--batch-size", "1", "--past-len", str(past_len)],
-        }
-        return [BenchRun(DeviceStep([device.interpreter, "-m", "edgellm", "bench", "--engine-dir", engine_dir,
-                                     "--mode", mode.value, *args, "--warmup", str(warmup), "--iterations",
-                                     str(iterations), "--output", f"{job_dir}/bench.json"],
-                                    fetch={"bench.json": "bench.json"}), mode) for mode, args in modes.items()]
-
-    def bench_metrics(self, run: BenchRun, fetched: Mapping[str, Path]) -> dict[str, tuple[float, str]]:
-        return bench_metrics(run.mode, json.loads(fetched["bench.json"].read_text()))
-
-    def accuracy_step(self, device: Device, engine_dir: str, reference_file: str | None, request_file: str | None,
-                      job_dir: str, thresholds: Mapping[str, float]) -> DeviceStep:
-        assert reference_file is not None
-        return DeviceStep([device.interpreter, "-m", "edgellm", "eval", "--engine-dir", engine_dir,
-                           "--reference", reference_file, "--output", f"{job_dir}/eval.json",
-                           *threshold_flags(thresholds)], fetch={"eval.json": "eval.json"})
-
-    def accuracy_report(self, fetched: Mapping[str, Path], *, reference: Path | None, checkpoint: Path,
-                        precision: Precision, thresholds: Mapping[str, float],
-                        requests: list[dict[str, Any]] | None) -> dict[str, Any]:
-        if "eval.json" not in fetched:
-            raise TestFailure("edgellm eval wrote no report")
-        report: dict[str, Any] = json.loads(fetched["eval.json"].read_text())
-        report["metrics"] = eval_metrics(report)
-        return report
 
 
 def bench_metrics(mode: BenchMode, report: Mapping[str, Any]) -> dict[str, tuple[float, str]]:

@@ -37,6 +37,7 @@ from edgefarm.toolchains.base import (
 )
 from edgefarm.toolchains.onnxruntime_genai import DISTRIBUTION, TOOLCHAIN
 from edgefarm.toolchains.onnxruntime_genai import device as runner
+from edgefarm.toolchains.parts import DeviceStages, HostStages, ToolchainEnvironment
 from edgellm.errors import BugError, ConfigurationError, TestFailure
 from edgellm.types import BenchMode, KVCachePrecision, LMHeadPrecision, Precision
 
@@ -64,37 +65,9 @@ def check_version(version: str) -> str:
 _LM_HEAD = {Precision.FP32: LMHeadPrecision.FP32, Precision.INT4_WO: LMHeadPrecision.INT4_WO}  # what the builder makes
 
 
-@register_toolchain
-class OnnxruntimeGenai(ToolchainDriver):
-    name = TOOLCHAIN
-    # the variant features its model builder and generate() carry out: none the farm drives yet
-    FEATURES: ClassVar[frozenset[str]] = frozenset()
-    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
-        "speculative": "the farm's runner drives generate() with one model; no draft/base pairing",
-        "lora": "the farm does not drive its model builder's adapter options",
-        "reduced_vocab": "its model builder keeps the checkpoint's vocabulary",
-        "fp8_embedding": "its CPU graphs keep the embedding in float",
-        "components": "the farm drives its text decoder only; no visual or audio encoder",
-    }
-
-    # --- what it can produce ---
-
-    def precisions(self) -> tuple[Precision, ...]:
-        return (Precision.FP32, *_MADE_IN_EXPORT)
-
-    def quantizes_in_export(self) -> tuple[Precision, ...]:
-        return _MADE_IN_EXPORT
-
-    def variant_problem(self, variant: Variant) -> str | None:
-        head = _LM_HEAD.get(variant.precision)
-        if variant.lm_head is not None and variant.lm_head is not head:
-            return (f"toolchain {self.name}: its builder makes the LM head {head} at {variant.precision}; "
-                    f"{variant.lm_head} is not offered")
-        if variant.kv_cache not in (None, KVCachePrecision.FP32):
-            return f"toolchain {self.name}: its CPU graphs keep an fp32 KV cache; {variant.kv_cache} is not offered"
-        return None
-
-    # --- install and version: the farm's own environment ---
+class GenaiEnvironment(ToolchainEnvironment):
+    """The farm's own environment; other versions, for a version bisection: an environment per version over the
+    farm's."""
 
     def available(self) -> Availability:
         missing = [m for m in ("onnxruntime_genai", "onnx_ir") if importlib.util.find_spec(m) is None]
@@ -111,9 +84,9 @@ class OnnxruntimeGenai(ToolchainDriver):
     # --- other versions, for a version bisection: an environment per version over the farm's ---
 
     def _root(self) -> Path:
-        if self.data_dir is None:
+        if self.toolchain.data_dir is None:
             raise BugError(f"toolchain {self.name}: its environments were asked for without the farm's data dir")
-        return Path(self.data_dir).resolve() / "toolchains"
+        return Path(self.toolchain.data_dir).resolve() / "toolchains"
 
     def installable_versions(self) -> list[str]:
         from edgefarm.toolchains.venvs import installable_versions
@@ -145,7 +118,7 @@ class OnnxruntimeGenai(ToolchainDriver):
     def sweep_dead_installs(self) -> list[Path]:
         from edgefarm.toolchains.venvs import sweep_dead_installs
 
-        return sweep_dead_installs(self._root(), self.name) if self.data_dir is not None else []
+        return sweep_dead_installs(self._root(), self.name) if self.toolchain.data_dir is not None else []
 
     def probe_version(self, env: Environment, checkpoint: Path, work: Path, precision: Precision) -> None:
         """Its host stage of the row with that version: the model builder's export, from the version's environment.
@@ -154,6 +127,28 @@ class OnnxruntimeGenai(ToolchainDriver):
 
         export.export(checkpoint, work / "export", precision.value, log=work / "export.log",
                       python=Path(env.path) / "bin" / "python")
+
+
+class GenaiHostStages(HostStages):
+    """The model builder's export (host_stages.py)."""
+
+    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
+        from edgefarm.toolchains.onnxruntime_genai.export import RECIPES
+
+        recipe = RECIPES[job.precision.value]
+        return {**self.common_export_key(checkpoint_sha, job, version),
+                "builder": {"precision": recipe.builder_precision, "extra_options": list(recipe.extra_options)},
+                "export_check": EXPORT_CHECK}
+
+    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
+               keyed: Keyed) -> StageOutcome:
+        from edgefarm.toolchains.onnxruntime_genai import host_stages
+
+        return host_stages.export(self.toolchain, work, job, checkpoint, keyed)
+
+
+class GenaiDeviceStages(DeviceStages):
+    """The pushed runner (``runner.py``, its argument lists in ``device``)."""
 
     def device_files(self) -> tuple[Path, ...]:
         return (runner.RUNNER,)
@@ -168,24 +163,6 @@ class OnnxruntimeGenai(ToolchainDriver):
     def device_version(self, device: Device, env: Mapping[str, Any]) -> str:
         found = (env.get("toolchains") or {}).get(self.name) or {}
         return str(found.get("onnxruntime_genai") or "unknown")
-
-    # --- host stage: export (host_stages.py) ---
-
-    def export_key_inputs(self, checkpoint_sha: str, job: JobSpec, version: str) -> dict[str, Any]:
-        from edgefarm.toolchains.onnxruntime_genai.export import RECIPES
-
-        recipe = RECIPES[job.precision.value]
-        return {**self.common_export_key(checkpoint_sha, job, version),
-                "builder": {"precision": recipe.builder_precision, "extra_options": list(recipe.extra_options)},
-                "export_check": EXPORT_CHECK}
-
-    def export(self, work: HostWork, job: JobSpec, checkpoint: CheckpointRef, quantized_linears: int,
-               keyed: Keyed) -> StageOutcome:
-        from edgefarm.toolchains.onnxruntime_genai import host_stages
-
-        return host_stages.export(self, work, job, checkpoint, keyed)
-
-    # --- device stages: the pushed runner ---
 
     def _run(self, device: Device) -> tuple[str, str]:
         return device.interpreter, pushed_path(runner.RUNNER)
@@ -263,5 +240,39 @@ class OnnxruntimeGenai(ToolchainDriver):
         report["metrics"] = eval_metrics(report)
         return report
 
+
+@register_toolchain
+class OnnxruntimeGenai(ToolchainDriver):
+    name = TOOLCHAIN
+    # the variant features its model builder and generate() carry out: none the farm drives yet
+    FEATURES: ClassVar[frozenset[str]] = frozenset()
+    FEATURE_REASONS: ClassVar[Mapping[str, str]] = {
+        "speculative": "the farm's runner drives generate() with one model; no draft/base pairing",
+        "lora": "the farm does not drive its model builder's adapter options",
+        "reduced_vocab": "its model builder keeps the checkpoint's vocabulary",
+        "fp8_embedding": "its CPU graphs keep the embedding in float",
+        "components": "the farm drives its text decoder only; no visual or audio encoder",
+    }
+
+    HOST_STAGES = GenaiHostStages
+    DEVICE_STAGES = GenaiDeviceStages
+    ENVIRONMENT = GenaiEnvironment
+
+    # --- what it can produce ---
+
+    def precisions(self) -> tuple[Precision, ...]:
+        return (Precision.FP32, *_MADE_IN_EXPORT)
+
+    def quantizes_in_export(self) -> tuple[Precision, ...]:
+        return _MADE_IN_EXPORT
+
+    def variant_problem(self, variant: Variant) -> str | None:
+        head = _LM_HEAD.get(variant.precision)
+        if variant.lm_head is not None and variant.lm_head is not head:
+            return (f"toolchain {self.name}: its builder makes the LM head {head} at {variant.precision}; "
+                    f"{variant.lm_head} is not offered")
+        if variant.kv_cache not in (None, KVCachePrecision.FP32):
+            return f"toolchain {self.name}: its CPU graphs keep an fp32 KV cache; {variant.kv_cache} is not offered"
+        return None
 
 __all__ = ["DISTRIBUTION", "OnnxruntimeGenai"]
