@@ -6,8 +6,11 @@ when the quantizer did not smooth). ModelOpt gives the linears of one input (q/k
 input scale, so the export fuses them into one integer GEMM.
 
 ONNX Runtime: x * pre_quant_scale -> QuantizeLinear(static input_scale, uint8 zero point 128, i.e. the symmetric int8
-grid shifted for MLAS's u8s8 kernels) -> com.microsoft.MatMulIntegerToFloat(W int8 [K, N], input_scale, per-channel
-weight_scale [N]).
+grid shifted) -> com.microsoft.MatMulIntegerToFloat(W as uint8 [K, N] with zero point 128, input_scale, per-channel
+weight_scale [N]). Both operands are unsigned on purpose: MLAS's u8 x s8 kernels on x86 CPUs without VNNI (AVX2,
+AVX-512 without VNNI) add pairs of u8*s8 products in int16 and saturate (255*127*2 > 32767), which cost a random
+Gemma-3 export 0.2 in its logits on such a CPU; its u8 x u8 kernels widen first and are exact everywhere. The
+engine is the same on every x86 CPU, so one built on a VNNI host stays right on an AVX2 one.
 
 Thresholds (as int4_awq's, measured on the trained stories260K): 35 of 35 linears, ppl 5.831 -> 5.852 (+0.36%),
 top-1 0.961; a random tiny Qwen3: ppl +0.01%, top-1 0.93.
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 
     from edgellm.checkpoint.modelopt import LinearLayer, QuantLayout
 
-INT8_ZERO_POINT = 128  # uint8 activations: the symmetric int8 grid shifted (MLAS's fast kernels are u8 x s8)
+INT8_ZERO_POINT = 128  # uint8 activations and weights: the symmetric int8 grid shifted (u8 x u8: exact on any x86)
 
 
 @register_method
@@ -61,20 +64,21 @@ def _module() -> type:
             if torch.onnx.is_in_onnx_export():  # the tracer needs the shape only
                 return x.new_zeros((*x.shape[:-1], w.shape[-1]))
             xq = torch.clamp(torch.round(x / x_scale), -128, 127)
-            return (xq @ w.to(torch.float32)) * (x_scale * w_scale)
+            return (xq @ (w.to(torch.float32) - INT8_ZERO_POINT)) * (x_scale * w_scale)
 
         @staticmethod
         def symbolic(g: Any, x: Any, w: Any, x_scale: Any, w_scale: Any) -> Any:
-            zp_a = g.op("Constant", value_t=torch.tensor(INT8_ZERO_POINT, dtype=torch.uint8))
-            zp_b = g.op("Constant", value_t=torch.tensor(0, dtype=torch.int8))
-            xq = g.op("QuantizeLinear", x, x_scale, zp_a)
-            out = g.op("com.microsoft::MatMulIntegerToFloat", xq, w, x_scale, w_scale, zp_a, zp_b)
+            zp = g.op("Constant", value_t=torch.tensor(INT8_ZERO_POINT, dtype=torch.uint8))  # A's and B's
+            xq = g.op("QuantizeLinear", x, x_scale, zp)
+            out = g.op("com.microsoft::MatMulIntegerToFloat", xq, w, x_scale, w_scale, zp, zp)
             return typed(out, x, w.type().varyingSizes()[-1])
 
     class Int8SqLinear(QuantLinear):
         def __init__(self, layer: LinearLayer, tensors: Mapping[str, torch.Tensor]) -> None:
             super().__init__(layer, tensors)
-            self.weight_t = param(tensors["weight"].t().contiguous())  # int8 [K, N]
+            # int8 [out, in] -> uint8 [K, N] on the grid shifted by INT8_ZERO_POINT (the same integers)
+            shifted = tensors["weight"].t().to(torch.int16) + INT8_ZERO_POINT
+            self.weight_t = param(shifted.to(torch.uint8).contiguous())
             self.input_scale = param(tensors["input_scale"].float().reshape(()))
             self.weight_scale = param(tensors["weight_scale"].float())
 
