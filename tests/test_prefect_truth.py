@@ -81,7 +81,7 @@ def test_a_failed_nightly_is_failed_in_prefect_with_named_tasks_logs_and_plain_p
     assert all(stages[f"{s} {ROW}"][0] == "COMPLETED" for s in ("export", "build", "infer")), stages
     # the run's logs reach Prefect: the farm's own lines and each stage's tool output tail
     messages = [(entry.name, entry.message) for entry in logs]
-    assert any(name.startswith("tasks.") and f"accuracy {FAILING['models'][0]}" in message
+    assert any(name.startswith("edgefarm.tasks.") and f"accuracy {FAILING['models'][0]}" in message
                for name, message in messages), messages[:20]
     tails = [m for n, m in messages if n == "edgefarm.tasks.run_logs"]
     assert any(f"log {log_ids[0]}" in m or any(f"log:{i[4:]}" in m for i in log_ids) for m in tails), tails

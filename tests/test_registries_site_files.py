@@ -127,7 +127,7 @@ def test_only_the_registries_ask_the_process_for_its_site_directory() -> None:
         if path in SITE_READERS:
             continue
         for node in ast.walk(tree):
-            imported = isinstance(node, ast.ImportFrom) and node.module == "devices.site" and any(
+            imported = isinstance(node, ast.ImportFrom) and node.module == "edgefarm.devices.site" and any(
                 a.name in ("current", "overlay") for a in node.names)
             called = isinstance(node, ast.Attribute) and node.attr in ("current", "overlay") and (
                 (isinstance(node.value, ast.Name) and node.value.id == "site")
@@ -136,6 +136,7 @@ def test_only_the_registries_ask_the_process_for_its_site_directory() -> None:
                 found.append(f"{path}:{node.lineno}")
     allowed = {"devices/types.py"}  # the device types' loader, handed the site directory by the registries
     assert [f for f in found if f.split(":")[0] not in allowed] == []
+    assert any(f.startswith("devices/types.py:") for f in found), "the scan sees devices/types.py's import"
 
 
 def test_no_test_changes_the_registered_toolchains_but_through_the_registries_helper() -> None:
