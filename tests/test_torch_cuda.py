@@ -494,3 +494,117 @@ def test_session_run_takes_the_export_signature(cuda_engines) -> None:
                                "position_ids": np.array([[n - 1]]), "logits_positions": np.array([0]), **present})
     np.testing.assert_allclose(first["logits"][0], whole[:-1], atol=1e-4)
     np.testing.assert_allclose(last["logits"][0, 0], whole[-1], atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype: torch.dtype) -> None:
+    """kernels.gemv at the Qwen2.5-0.5B decode shapes (q/k/v, o_proj and down split along K into partial sums;
+    gate/up with SiLU * up), one and sixteen rows: under every launch policy (programmatic dependent launch on
+    Hopper and newer, its trigger early or late, the weight slice prefetched into L2 or not) the result is bit for
+    bit the plain launch's (the wait comes before x is read; a prefetch only moves weights closer), and equals
+    torch's product."""
+    from edgellm.backends.torch_cuda import kernels
+
+    dev = torch.device("cuda")
+    shipped = kernels.PDL
+    assert kernels.pdl(dev) is (shipped != "off" and torch.cuda.get_device_capability() >= (9, 0))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for k, n, silu, partial in ((896, 1152, False, True), (896, 896, False, True), (896, 2 * 4864, True, False),
+                                (4864, 896, False, True), (896, 8, False, False)):
+        w = (torch.randn((k, n), generator=gen, device=dev) / k**0.5).to(dtype)
+        for m in (1, 16):
+            x = torch.randn((m, k), generator=gen, device=dev).to(dtype)
+            got = {}
+            for mode in kernels.PDL_MODES:
+                kernels.PDL = mode
+                try:
+                    got[mode] = kernels.gemv(x, w, silu=silu, partial=partial)
+                finally:
+                    kernels.PDL = shipped
+            for mode in kernels.PDL_MODES:
+                assert torch.equal(got[mode], got["off"]), (mode, k, n, silu, partial, m)
+            out = got["off"].sum(0) if partial else got["off"]
+            ref = x.float() @ w.float()
+            if silu:
+                gate, up = ref[:, : n // 2].to(dtype).float(), ref[:, n // 2:].to(dtype).float()
+                ref = (gate / (1 + torch.exp(-gate))).to(dtype).float() * up
+            tol = 1e-4 if dtype == torch.float32 else 3e-2
+            assert float((out.float() - ref).abs().max()) < tol, (k, n, silu, partial, m)
+
+
+@pytest.mark.gpu
+def test_the_decode_graph_gives_the_same_logits_under_every_launch_policy(cuda_engines) -> None:
+    """The bf16 engine's captured decode step under each launch policy (kernels.PDL_MODES: programmatic dependent
+    launch on Hopper and newer, triggered early or late, with or without the weight prefetch) against the plain
+    launch: the same logits, bit for bit, step after step at batch 1 and batch 3."""
+    from edgellm.backends.torch_cuda import kernels
+    from edgellm.runtime import Engine
+
+    _, cuda_dir, _ = cuda_engines["bf16"]
+    ids = np.array([Engine.open(cuda_dir).encode("Once upon a time there was a little")], dtype=np.int64)
+    runs = {}
+    shipped = kernels.PDL
+    for mode in kernels.PDL_MODES:
+        kernels.PDL = mode
+        try:
+            engine = Engine.open(cuda_dir)
+            got = []
+            for batch in (1, 3):
+                cache = engine.new_cache(batch)
+                rows = np.repeat(ids, batch, axis=0)
+                engine.step(rows[:, :4], cache)
+                got += [engine.step(rows[:, i:i + 1], cache) for i in range(4, rows.shape[1])]
+            runs[mode] = got
+        finally:
+            kernels.PDL = shipped
+    assert len(runs["off"]) > 4
+    for mode in kernels.PDL_MODES:
+        assert len(runs[mode]) == len(runs["off"])
+        for step, (got, want) in enumerate(zip(runs[mode], runs["off"], strict=True)):
+            assert np.array_equal(got, want), (mode, step)
+
+@pytest.mark.gpu
+def test_a_prompt_shape_seen_twice_prefills_from_a_graph_with_the_eager_logits_and_cache(cuda_engines,
+                                                                                         monkeypatch) -> None:
+    """The second request of a prompt shape captures its prefill as a CUDA graph, later ones replay it: logits and
+    the cache's keys and values are bit for bit the eager prefill's, for new token ids each time; a shape seen
+    once stays eager; at most PREFILL_GRAPHS shapes are kept, the least recently used dropped."""
+    from edgellm.backends.torch_cuda import session as session_module
+    from edgellm.runtime import Engine, GenerationRequest
+
+    monkeypatch.setattr(session_module, "PREFILL_GRAPHS", 2)
+    _, cuda_dir, _ = cuda_engines["bf16"]
+    engine = Engine.open(cuda_dir)
+    sess = engine.session
+    assert not sess._prefill_graphs and not sess._prefill_seen  # the warm-up prefills count for nothing
+    rng = np.random.default_rng(0)
+    d = sess.device
+
+    def prefill(ids: np.ndarray, *, eager: bool) -> tuple[np.ndarray, list[torch.Tensor]]:
+        s = ids.shape[1]
+        with torch.cuda.stream(sess.stream):
+            if eager:
+                out = sess.model.prefill(torch.from_numpy(ids).to(d), torch.arange(s, device=d)[None], 0,
+                                         torch.ones((1, s), dtype=torch.bool, device=d), s - 1, causal_only=True)
+            else:
+                out = sess._prefill(ids, np.arange(s)[None], np.ones((1, s), dtype=np.int64), 0, s - 1)
+            logits = out.cpu().numpy()
+            cache = [kv[:, :1, :, :s].clone() for kv in sess.model.kv]
+        sess.stream.synchronize()
+        return logits, cache
+
+    for s in (24, 40):
+        for call in range(4):  # eager; captured and replayed; replayed twice
+            ids = rng.integers(3, engine.config.vocab_size, size=(1, s), dtype=np.int64)
+            got, got_cache = prefill(ids, eager=False)
+            assert ((1, s, s - 1) in sess._prefill_graphs) is (call >= 1), (s, call)
+            want, want_cache = prefill(ids, eager=True)
+            assert np.array_equal(got, want), (s, call)
+            assert all(torch.equal(a, b) for a, b in zip(got_cache, want_cache, strict=True)), (s, call)
+    for _ in range(2):  # a third shape: the least recently used (24) goes
+        prefill(rng.integers(3, engine.config.vocab_size, size=(1, 56), dtype=np.int64), eager=False)
+    assert list(sess._prefill_graphs) == [(1, 40, 39), (1, 56, 55)]
+    outs = [engine.generate([GenerationRequest(id="a", prompt="Once upon a time", max_new_tokens=8)])[0].output_ids
+            for _ in range(3)]
+    assert outs[0] == outs[1] == outs[2]  # eager, captured, replayed: one answer

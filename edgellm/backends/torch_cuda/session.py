@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from edgellm.errors import BugError, ConfigurationError
 COMPILE_DECODE = False  # torch.compile the layer modules' decode math (only without the fused kernels)
 WARM_PREFILL_LEN = 16  # prompt length of the prefills run at open (their kernels load then, not in the first TTFT)
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the host's reading of tokens
+PREFILL_GRAPHS = 8  # prompt shapes whose prefill replays a CUDA graph (the least recently used dropped first)
 _M32 = 0xFFFFFFFF
 
 
@@ -158,6 +160,8 @@ class TorchCudaSession(Session):
         self.stream.synchronize()
         torch.cuda.empty_cache()
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: OrderedDict[tuple[int, int, int], _PrefillGraph] = OrderedDict()
+        self._prefill_seen: Counter[tuple[int, int, int]] = Counter()
         self._pool = torch.cuda.graph_pool_handle()
         self._epoch = 0
         self.warm_up_s = 0.0
@@ -191,6 +195,7 @@ class TorchCudaSession(Session):
         with torch.cuda.stream(self.stream):
             m.valid.fill_(False)
         self.stream.synchronize()
+        self._prefill_seen.clear()  # a prompt shape's graph is captured the second time a request brings it
 
     # --- caches ----------------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int | None = None) -> DeviceCache:
@@ -230,9 +235,33 @@ class TorchCudaSession(Session):
     def _prefill(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, start: int,
                  logits_from: int) -> torch.Tensor:
         d = self.device
+        causal_only = start == 0 and bool(mask.all())
+        if causal_only and self.model.fused and PREFILL_GRAPHS > 0:
+            graphed = self._prefill_graph(ids.shape[0], ids.shape[1], logits_from)
+            if graphed is not None:
+                return graphed.replay(ids, positions)
         new_valid = torch.from_numpy(np.ascontiguousarray(mask[:, start:] > 0)).to(d)
         return self.model.prefill(torch.from_numpy(ids).to(d), torch.from_numpy(positions).to(d), start, new_valid,
-                                  logits_from, causal_only=start == 0 and bool(mask.all()))
+                                  logits_from, causal_only=causal_only)
+
+    def _prefill_graph(self, b: int, s: int, logits_from: int) -> _PrefillGraph | None:
+        """The prefill of a whole unpadded prompt of this shape from the cache's start, as a CUDA graph: captured
+        the second time the shape comes (the first ran eagerly, loading its kernels), None until then. A prompt's
+        prefill launches some ten kernels a layer, and launching them from Python costs more than running them
+        (issue 39: TTFT@128 about 10 ms of host time for 1 ms of GPU time); a replay is one launch."""
+        key = (b, s, logits_from)
+        graphed = self._prefill_graphs.get(key)
+        if graphed is not None:
+            self._prefill_graphs.move_to_end(key)
+            return graphed
+        self._prefill_seen[key] += 1
+        if self._prefill_seen[key] < 2:
+            return None
+        while len(self._prefill_graphs) >= PREFILL_GRAPHS:
+            self._prefill_graphs.popitem(last=False)
+        graphed = _PrefillGraph(self, b, s, logits_from)
+        self._prefill_graphs[key] = graphed
+        return graphed
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The export's signature on numpy (past in, present out): correct, but copies the whole cache each call;
@@ -352,6 +381,28 @@ class TorchCudaSession(Session):
                 "max_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
                 "reserved_bytes": torch.cuda.memory_reserved(self.device), "device_used_bytes": total - free,
                 "device_total_bytes": total}
+
+
+class _PrefillGraph:
+    """One prompt shape's prefill (batch b, length s, logits of positions logits_from..s-1; cache columns 0..s-1)
+    captured in the session's graph pool, with the token ids and positions it reads."""
+
+    def __init__(self, session: TorchCudaSession, b: int, s: int, logits_from: int) -> None:
+        d = session.device
+        self.ids = torch.zeros((b, s), dtype=torch.int64, device=d)
+        self.positions = torch.zeros((b, s), dtype=torch.int64, device=d)
+        valid = torch.ones((b, s), dtype=torch.bool, device=d)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=session._pool, stream=session.stream):  # records; runs nothing
+            self.logits = session.model.prefill(self.ids, self.positions, 0, valid, logits_from, causal_only=True)
+
+    def replay(self, ids: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+        """The prefill of these ids at these positions; the logits are a copy (the graph's own output lies in the
+        pool that other graphs of the session reuse)."""
+        self.ids.copy_(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
+        self.positions.copy_(torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)))
+        self.graph.replay()
+        return self.logits.clone()
 
 
 def _triton_available() -> bool:
