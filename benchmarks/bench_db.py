@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import Engine, Select  # noqa: E402
 
 from benchmarks.db_data import Shape, check_consistent, expected_passing, load  # noqa: E402
-from benchmarks.db_leases import contended, pct, single  # noqa: E402
+from benchmarks.db_leases import contended, pct, round_trips, single  # noqa: E402
 from edgefarm.results.db import make_engine, redact  # noqa: E402
 from edgefarm.results.migrate import upgrade  # noqa: E402
 from edgefarm.results.queries import (  # noqa: E402
@@ -127,6 +127,8 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
         info["docs_matrix_rows_once_s"] = round(time.perf_counter() - t0, 2)
         print(f"[{name}] pages.docs.matrix_rows: {n} rows in {info['docs_matrix_rows_once_s']} s", flush=True)
     info["lease_single"] = single(engine, args.lease_n)
+    if name == "postgresql":
+        info["lease_round_trips"] = round_trips(engine)
     info["lease_contended"] = contended(url, args.workers, args.devices, args.max_jobs, args.cycles,
                                         args.hold_ms, args.think_ms)
     info["lease_own_devices"] = contended(url, args.workers, 0, args.max_jobs, args.cycles, args.hold_ms,

@@ -162,7 +162,7 @@ def _pg_locked_statements(engine: Engine, params: dict[str, object]) -> list[_Ro
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         raw = conn.connection.dbapi_connection
-        if raw is None or not hasattr(raw, "pipeline"):  # another driver: the same statements, more round trips
+        if not _pipelines(raw):  # another driver: the same statements, more round trips
             with conn.begin():
                 conn.execute(_PG_LOCK, params)
                 return [_Row(*row) for row in conn.execute(_PG_ACQUIRE, params)]
@@ -179,6 +179,11 @@ def _pg_locked_statements(engine: Engine, params: dict[str, object]) -> list[_Ro
                 conn.invalidate(exc)
             raise DBAPIError.instance(acquire_sql, params, exc, engine.dialect.loaded_dbapi.Error,
                                       connection_invalidated=gone, dialect=engine.dialect) from exc
+
+
+def _pipelines(raw: object) -> bool:
+    """Whether the driver's connection sends statements together and reads them back at one Sync (psycopg 3)."""
+    return hasattr(raw, "pipeline")
 
 
 def _reclaim_orphaned(engine: Engine, device_id: str, orphaned: list[tuple[int, str]]) -> None:
