@@ -160,12 +160,12 @@ def _pg_locked_statements(engine: Engine, params: dict[str, object]) -> list[_Ro
     """``_PG_LOCK`` then ``_PG_ACQUIRE``, as one transaction: pipelined in one round trip on psycopg 3, else a
     BEGIN ... COMMIT of the two."""
     with engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         raw = conn.connection.dbapi_connection
-        if not _pipelines(raw):  # another driver: the same statements, more round trips
+        if not _pipelines(raw):  # another driver: the same statements in a transaction, more round trips
             with conn.begin():
                 conn.execute(_PG_LOCK, params)
                 return [_Row(*row) for row in conn.execute(_PG_ACQUIRE, params)]
+        conn.execution_options(isolation_level="AUTOCOMMIT")  # no BEGIN: the pipeline's Sync ends the transaction
         lock_sql, acquire_sql = _compiled(engine.dialect)
         try:
             with raw.cursor() as lock, raw.cursor() as cur:

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, insert, update
-from sqlalchemy.exc import DataError
+from sqlalchemy import Engine, event, insert, select, update
+from sqlalchemy.exc import DataError, OperationalError
 
 from benchmarks.db_leases import round_trips
 from edgefarm.results import leases
@@ -185,6 +185,36 @@ def test_an_acquire_waiting_for_the_device_sees_what_its_holder_committed(
     waiter.join(timeout=30)
     assert got == [None]  # the only slot was taken by the lease committed while it waited
     assert [x.holder for x in live_leases(engine, "busy-1")] == [f"elsewhere-{os.getpid()}:1:beef"]
+
+
+def test_without_a_pipeline_the_device_stays_locked_until_the_insert(engine: Engine,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another driver's two statements run in one transaction: between them nobody else may count the device."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's path for drivers without a pipeline")
+    monkeypatch.setattr(leases, "_pipelines", lambda raw: False)
+    first = try_acquire(engine, "probe-1", 1)  # the device's row exists (committed: the probe can see it)
+    assert first is not None and release(engine, first)
+    other = make_engine(engine.url)
+    locked: list[bool] = []
+
+    def probe(conn: object, cursor: object, statement: str, *_: object) -> None:
+        if "WITH clock" in statement:  # the second statement: the device must still be locked
+            with other.connect() as c:
+                try:
+                    c.execute(select(LeaseDevice).where(LeaseDevice.device_id == "probe-1")
+                              .with_for_update(nowait=True))
+                    locked.append(False)
+                except OperationalError:
+                    locked.append(True)
+
+    event.listen(engine, "before_cursor_execute", probe)
+    try:
+        assert try_acquire(engine, "probe-1", 1) is not None
+    finally:
+        event.remove(engine, "before_cursor_execute", probe)
+        other.dispose()
+    assert locked == [True]
 
 
 def test_round_trips_on_postgresql(engine: Engine) -> None:
