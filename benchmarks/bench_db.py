@@ -1,7 +1,7 @@
 """Results database at production size, on PostgreSQL (and SQLite): "which rows pass" (results/queries.py
 ``passing_rows``, also filtered by platform) and the docs' query (``latest_status``, what pages/docs.py
 ``matrix_rows`` reads the matrix with) over 20,000 rows x 500 runs (10M results), target <= 100 ms each (median of
-warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 5 ms. Prints tables
+warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 20 ms. Prints tables
 and EXPLAIN plans; writes benchmarks/results/db.json. The data: benchmarks/db_data.py; the leases: db_leases.py.
 
     python benchmarks/bench_db.py --results 10000000 --rows 20000 --runs 500 --workers 16 --backends postgresql
@@ -46,7 +46,7 @@ from edgefarm.results.queries import (  # noqa: E402
 )
 
 QUERY_TARGET_MS = 100.0
-LEASE_P95_TARGET_MS = 5.0
+LEASE_P95_TARGET_MS = 20.0  # issue 39 (issue 25 asked for 5)
 FULL = {"results": 10_000_000, "rows": 20_000, "runs": 500, "workers": 16, "cycles": 100, "repeat": 9}
 QUICK = {"results": 8_000, "rows": 800, "runs": 12, "workers": 4, "cycles": 20, "repeat": 3}
 
