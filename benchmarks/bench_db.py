@@ -1,13 +1,14 @@
 """Results database at production size, on PostgreSQL (and SQLite): "which rows pass" (results/queries.py
 ``passing_rows``, also filtered by platform) and the docs' query (``latest_status``, what pages/docs.py
 ``matrix_rows`` reads the matrix with) over 20,000 rows x 500 runs (10M results), target <= 100 ms each (median of
-warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 5 ms. Prints tables
+warm repeats); device lease acquire+release with 16 contending worker processes, target p95 <= 20 ms. Prints tables
 and EXPLAIN plans; writes benchmarks/results/db.json. The data: benchmarks/db_data.py; the leases: db_leases.py.
 
     python benchmarks/bench_db.py --results 10000000 --rows 20000 --runs 500 --workers 16 --backends postgresql
     python benchmarks/bench_db.py --results 1000000 --rows 20000 --runs 50 --workers 16 --backends sqlite \
         --out benchmarks/results/db-sqlite.json   (SQLite's 10M load took over 10 min on 2 busy cores: 1M here)
     python benchmarks/bench_db.py --quick            (a few seconds: tests/test_bench_db.py)
+    python benchmarks/bench_db.py --leases-only --workers 16 --backends postgresql   (no data, no queries)
     [--postgres URL] (default: a throwaway cluster)  [--backends postgresql,sqlite]  [--no-docs-matrix]
 """
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import Engine, Select  # noqa: E402
 
 from benchmarks.db_data import Shape, check_consistent, expected_passing, load  # noqa: E402
-from benchmarks.db_leases import contended, pct, single  # noqa: E402
+from benchmarks.db_leases import contended, pct, round_trips, single  # noqa: E402
 from edgefarm.results.db import make_engine, redact  # noqa: E402
 from edgefarm.results.migrate import upgrade  # noqa: E402
 from edgefarm.results.queries import (  # noqa: E402
@@ -45,7 +46,7 @@ from edgefarm.results.queries import (  # noqa: E402
 )
 
 QUERY_TARGET_MS = 100.0
-LEASE_P95_TARGET_MS = 5.0
+LEASE_P95_TARGET_MS = 20.0  # issue 39 (issue 25 asked for 5)
 FULL = {"results": 10_000_000, "rows": 20_000, "runs": 500, "workers": 16, "cycles": 100, "repeat": 9}
 QUICK = {"results": 8_000, "rows": 800, "runs": 12, "workers": 4, "cycles": 20, "repeat": 3}
 
@@ -88,6 +89,23 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
         if name == "postgresql":  # the throwaway cluster keeps PostgreSQL's defaults (tests/fixtures/postgres.py)
             info["settings"] = {k: str(conn.exec_driver_sql(f"SHOW {k}").scalar_one())
                                 for k in ("shared_buffers", "work_mem", "jit", "max_parallel_workers_per_gather")}
+    if not args.leases_only:
+        queries(name, engine, shape, args, info)
+    info["lease_single"] = single(engine, args.lease_n)
+    if name == "postgresql":
+        info["lease_round_trips"] = round_trips(engine)
+    info["lease_contended"] = contended(url, args.workers, args.devices, args.max_jobs, args.cycles,
+                                        args.hold_ms, args.think_ms)
+    info["lease_own_devices"] = contended(url, args.workers, 0, args.max_jobs, args.cycles, args.hold_ms,
+                                          args.think_ms)
+    print(f"[{name}] leases: {info['lease_contended']['acquire_plus_release']}; each worker its own device: "
+          f"{info['lease_own_devices']['acquire_plus_release']}", flush=True)
+    engine.dispose()
+    return info
+
+
+def queries(name: str, engine: Engine, shape: Shape, args: argparse.Namespace, info: dict[str, Any]) -> None:
+    """Load the data, check it, time the queries and keep their plans (into ``info``)."""
     print(f"[{name}] loading {shape} ...", flush=True)
     info.update(load(engine, shape))
     check_consistent(engine, shape)
@@ -126,15 +144,6 @@ def run_backend(name: str, url: str, shape: Shape, args: argparse.Namespace) -> 
         n = len(matrix_rows(engine))
         info["docs_matrix_rows_once_s"] = round(time.perf_counter() - t0, 2)
         print(f"[{name}] pages.docs.matrix_rows: {n} rows in {info['docs_matrix_rows_once_s']} s", flush=True)
-    info["lease_single"] = single(engine, args.lease_n)
-    info["lease_contended"] = contended(url, args.workers, args.devices, args.max_jobs, args.cycles,
-                                        args.hold_ms, args.think_ms)
-    info["lease_own_devices"] = contended(url, args.workers, 0, args.max_jobs, args.cycles, args.hold_ms,
-                                          args.think_ms)
-    print(f"[{name}] leases: {info['lease_contended']['acquire_plus_release']}; each worker its own device: "
-          f"{info['lease_own_devices']['acquire_plus_release']}", flush=True)
-    engine.dispose()
-    return info
 
 
 def targets(results: list[dict[str, Any]], workers: int) -> list[dict[str, Any]]:
@@ -142,7 +151,7 @@ def targets(results: list[dict[str, Any]], workers: int) -> list[dict[str, Any]]
     for r in results:
         if r["backend"] != "postgresql":
             continue
-        for q in ("passing_rows", "docs_latest_status"):
+        for q in ("passing_rows", "docs_latest_status") if "queries" in r else ():
             measured = r["queries"][q]["median_ms"]
             out.append({"name": f"{q} median ms ({r['rows']} rows, {r['results']} results, postgresql)",
                         "target": QUERY_TARGET_MS, "measured": measured, "met": measured <= QUERY_TARGET_MS})
@@ -163,6 +172,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--hold-ms", type=float, default=5.0, help="how long a granted lease is held")
     ap.add_argument("--think-ms", type=float, default=20.0, help="pause between a worker's cycles: uniform 0..this")
     ap.add_argument("--lease-n", type=int, default=200, help="acquire+release cycles of the single caller")
+    ap.add_argument("--leases-only", action="store_true", help="only the leases: no data loaded, no query timed")
     ap.add_argument("--backends", default="postgresql,sqlite", help="comma-separated: postgresql, sqlite")
     ap.add_argument("--no-docs-matrix", dest="docs_matrix", action="store_false",
                     help="skip timing pages/docs.py matrix_rows once")
@@ -208,15 +218,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{'backend':<11} {'results':>9} {'rows':>6} {'load s':>7} {'passing':>7} {'pass ms':>8} {'p95':>7} "
           f"{'plat ms':>8} {'docs ms':>8} {'p95':>7} {'lease1 p95':>10} {'leaseN med':>10} {'leaseN p95':>10}")
     for r in results:
-        q = r["queries"]
         c = r["lease_contended"]["acquire_plus_release"]
+        if "queries" not in r:
+            print(f"{r['backend']:<11} {'(no data: --leases-only)':>72} {r['lease_single']['p95_ms']:>10} "
+                  f"{c.get('median_ms', '-'):>10} {c.get('p95_ms', '-'):>10}")
+            continue
+        q = r["queries"]
         print(f"{r['backend']:<11} {r['results']:>9} {r['rows']:>6} {r['load_total_s']:>7} {r['passing_rows']:>7} "
               f"{q['passing_rows']['median_ms']:>8} {q['passing_rows']['p95_ms']:>7} "
               f"{q['passing_rows_platform']['median_ms']:>8} {q['docs_latest_status']['median_ms']:>8} "
               f"{q['docs_latest_status']['p95_ms']:>7} {r['lease_single']['p95_ms']:>10} "
               f"{c.get('median_ms', '-'):>10} {c.get('p95_ms', '-'):>10}")
     for r in results:
-        for q, p in r["plans"].items():
+        for q, p in r.get("plans", {}).items():
             print(f"\n{r['backend']} plan of {q}:\n{p['text']}")
     for t in report["targets"]:
         print(f"{'met' if t['met'] else 'NOT met':>8}: {t['name']}: {t['measured']} (target {t['target']})")

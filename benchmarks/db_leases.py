@@ -54,6 +54,37 @@ def single(engine: Engine, n: int) -> dict[str, object]:
     return summary(times)
 
 
+def round_trips(engine: Engine) -> dict[str, int]:
+    """Round trips to PostgreSQL of one try_acquire and of one release (a simple Query or a Sync the client sends:
+    each waits for the server's answer), counted in libpq's protocol trace of the pooled connection (psycopg 3)."""
+    pool = make_engine(engine.url, pool_size=1, max_overflow=0)  # one connection: the one traced
+    try:
+        lease = try_acquire(pool, "bench-trips", 1, ttl_s=30)  # warm: the connection open, its setup done
+        assert lease is not None
+        release(pool, lease)
+        with pool.connect() as conn:
+            pgconn = conn.connection.dbapi_connection.pgconn  # type: ignore[union-attr]
+        counts = {}
+        with tempfile.TemporaryFile("w+") as trace:
+            for call in ("acquire", "release"):
+                trace.seek(0)
+                trace.truncate()
+                pgconn.trace(trace.fileno())
+                try:
+                    if call == "acquire":
+                        lease = try_acquire(pool, "bench-trips", 1, ttl_s=30)
+                    else:
+                        assert lease is not None and release(pool, lease)
+                finally:
+                    pgconn.untrace()
+                trace.seek(0)
+                sent = [line.split("\t") for line in trace.read().splitlines()]
+                counts[call] = sum(1 for f in sent if len(f) > 3 and f[1] == "F" and f[3] in ("Query", "Sync"))
+        return counts
+    finally:
+        pool.dispose()
+
+
 def contended(url: str, workers: int, devices: int, max_jobs: int, cycles: int, hold_ms: float,
               think_ms: float) -> dict[str, object]:
     """``workers`` processes started together on ``devices`` devices of ``max_jobs`` slots each (``devices=0``:

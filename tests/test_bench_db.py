@@ -42,6 +42,7 @@ def test_quick_mode_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> N
         assert pg["lease_own_devices"]["devices"] == "one per worker"
         assert pg["lease_own_devices"]["refused"] == 0  # nobody shares its device
         assert pg["lease_contended"]["server_cpu_ms_per_attempt"] is not None
+        assert pg["lease_round_trips"] == {"acquire": 2, "release": 2}
         assert pg["docs_matrix_rows_once_s"] > 0
 
         shape = Shape.for_results(bench_db.QUICK["rows"], bench_db.QUICK["runs"], bench_db.QUICK["results"])
@@ -54,6 +55,23 @@ def test_quick_mode_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> N
         assert pg["passing_rows_digest"] == bench_db.digest(got)
         assert len(latest_status(engine)) == pg["latest_status_rows"] == shape.rows
         engine.dispose()
+    finally:
+        postgres.drop_database(url.rsplit("/", 1)[1])
+
+
+def test_leases_only_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> None:
+    """The leases without the data: no load, no query; the lease target and its round trips still reported."""
+    url = postgres.create_database()
+    out = tmp_path / "leases.json"
+    try:
+        bench_db.main(["--leases-only", "--postgres", url, "--backends", "postgresql", "--workers", "4",
+                       "--cycles", "10", "--lease-n", "20", "--out", str(out)])
+        report = json.loads(out.read_text())
+        (pg,) = report["results"]
+        assert "queries" not in pg and "plans" not in pg and "results" not in pg
+        assert [t["name"].split(" ")[0] for t in report["targets"]] == ["lease"]
+        assert pg["lease_round_trips"] == {"acquire": 2, "release": 2}
+        assert pg["lease_contended"]["acquire_plus_release"]["n"] > 0
     finally:
         postgres.drop_database(url.rsplit("/", 1)[1])
 
