@@ -10,6 +10,7 @@ A row is (model, precision, platform, job toolchain): a result names the toolcha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -117,6 +118,18 @@ def _reaped_why(run: Run) -> str:
 
 def _upsert(session: Session) -> Any:
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+_RESULT_KEY = ("run_id", "model", "precision", "platform", "stage", "test_id")
+
+
+@functools.cache
+def _result_upsert(dialect: str, columns: tuple[str, ...]) -> Any:
+    """The insert-or-replace of a result row, its values bound at execution (built once per dialect and column set;
+    a statement built per result cost more CPU than the database's work)."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Result.__table__)
+    replace = {k: ins.excluded[k] for k in columns if k not in _RESULT_KEY}
+    return ins.on_conflict_do_update(index_elements=list(_RESULT_KEY), set_=replace).returning(Result.__table__.c.id)
 
 
 class Recorder:
@@ -330,7 +343,6 @@ class Recorder:
 
     def _write_result(self, s: Session, values: dict[str, Any], metric_rows: list[dict[str, Any]],
                       links: list[ArtifactLink]) -> int:
-        key = ["run_id", "model", "precision", "platform", "stage", "test_id"]
         values = dict(values)
         environment = values.pop("_environment", None)
         with self._environments_lock:
@@ -338,11 +350,10 @@ class Recorder:
         if environment is not None and not known:
             s.execute(_upsert(s)(Environment).values(digest=values["environment"], data=dict(environment),
                                                      recorded_at=utcnow()).on_conflict_do_nothing())
-        ins = _upsert(s)(Result).values(**values)
-        replace = {k: ins.excluded[k] for k in values if k not in key}
-        stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)
-        result_id = int(s.execute(stmt).scalar_one())
-        s.execute(delete(Metric).where(Metric.result_id == result_id))
+        stmt = _result_upsert(s.get_bind().dialect.name, tuple(values))
+        result_id = int(s.execute(stmt, values).scalar_one())
+        metrics = Metric.__table__  # Core: nothing of the session to synchronise
+        s.execute(delete(metrics).where(metrics.c.result_id == result_id))
         if metric_rows:
             s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
         self._add_links(s, values["run_id"], result_id, links)
