@@ -24,6 +24,7 @@ from typing import Any
 
 from prefect import allow_failure
 from prefect.futures import PrefectFuture
+from prefect.utilities.annotations import quote
 
 from edgefarm import stages
 from edgefarm.flows.plan import Decision, Job, Plan
@@ -289,8 +290,10 @@ def _stage_submitter(ctx: FarmContext, name: str, spec: JobSpec,
     by the time the scheduler submits it)."""
     def submit(upstream: list[Needed]) -> PrefectFuture[Any]:
         named = stage_task(name).with_options(task_run_name=task_run_name(name, spec, sharers))
-        return named.submit(ctx, name, spec, tuple(u if isinstance(u, BaseException) else allow_failure(u)
-                                                   for u in upstream))
+        # the context and the job hold no future: quoted, Prefect hands them over without walking every field of
+        # them (twice per task run: its inputs, then its parameters); only the upstream runs are its to resolve
+        return named.submit(quote(ctx), name, quote(spec), tuple(u if isinstance(u, BaseException)
+                                                                 else allow_failure(u) for u in upstream))
 
     return submit
 
