@@ -305,6 +305,11 @@ def _host_sleep(stage: str, job: Any) -> None:
     LAB.work.add(stage, "host", seconds, _slug(job.key))
 
 
+def platforms_of(devices: int) -> dict[str, str]:
+    """Device id -> platform, as ``write_inventory`` writes them."""
+    return {f"sim-{i:04d}": PLATFORMS[i % len(PLATFORMS)] for i in range(devices)}
+
+
 def write_inventory(directory: Path, work_root: Path, devices: int) -> None:
     """``devices`` SSH devices on hosts that do not exist (SimTransport reaches them), the platforms in turn."""
     import yaml
@@ -314,10 +319,9 @@ def write_inventory(directory: Path, work_root: Path, devices: int) -> None:
     if not key.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     host_key = " ".join(key.with_suffix(".pub").read_text().split()[:2])
-    for i in range(devices):
-        name = f"sim-{i:04d}"
+    for name, platform in platforms_of(devices).items():
         (directory / f"{name}.yaml").write_text(yaml.safe_dump({
-            "type": PLATFORMS[i % len(PLATFORMS)], "transport": "ssh", "host": name, "user": "sim",
+            "type": platform, "transport": "ssh", "host": name, "user": "sim",
             "key_file": str(key), "host_key": host_key, "work_dir": str(work_root / name), "python": sys.executable,
             "env": {"PYTHONPATH": str(ROOT)}, "max_jobs": 1}))
 

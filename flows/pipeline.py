@@ -24,6 +24,7 @@ from typing import Any
 
 from prefect import allow_failure
 from prefect.futures import PrefectFuture
+from prefect.utilities.annotations import quote
 
 from edgefarm import stages
 from edgefarm.flows.plan import Decision, Job, Plan
@@ -123,6 +124,7 @@ def record_plan_decisions(ctx: FarmContext, plan: Plan, report: RunReport) -> No
 
 
 Needed = PrefectFuture[Any] | BaseException  # a needed run's future, or the exception it crashed with
+Pin = Callable[[list[StageOutcome | BaseException]], str | None]  # what its needs ended with -> the device it needs
 
 
 @dataclass
@@ -135,7 +137,11 @@ class _Node:
     needs: tuple[object, ...]
     lane: str  # "host" or "device:<platform>": what bounds how many run at once
     ended: Callable[[StageOutcome | BaseException], None]
+    # the one device it will run on, read from what its needs ended with (the device holding the engine it uses);
+    # None: any of its lane's
+    pin: Pin | None = None
     waiting: int = 0
+    pinned: str | None = None
 
 
 def ended_with(future: PrefectFuture[Any]) -> StageOutcome | BaseException:
@@ -154,10 +160,14 @@ class Scheduler:
     task's upstream futures inside the worker thread), and a platform gets about as many tasks at once as it has
     device slots, however many rows wait (a 200-device lab had at most 16 stages moving, most of them waiting).
     When a run ends, the runs it unblocks are submitted first, then its node's ``ended`` (the record) is called here,
-    in the flow's thread: a stage is one task run, never a second one for its record."""
+    in the flow's thread: a stage is one task run, never a second one for its record. A run pinned to one device (it
+    uses the engine built there) is held back while ``pins[device]`` runs pinned there are running, and the runs
+    behind it in its lane go first: runs waiting for one busy device never fill a lane while its other devices idle.
+    """
 
-    def __init__(self, lanes: Mapping[str, int]) -> None:
+    def __init__(self, lanes: Mapping[str, int], pins: Mapping[str, int] | None = None) -> None:
         self.lanes = dict(lanes)
+        self.pins = dict(pins or {})
         self.futures: dict[object, PrefectFuture[Any]] = {}
         self.results: dict[object, StageOutcome | BaseException] = {}  # what each ended run ended with
         self._nodes: list[_Node] = []
@@ -180,6 +190,7 @@ class Scheduler:
                 ready[node.lane].append(node)
         ended: queue.SimpleQueue[tuple[object, str]] = queue.SimpleQueue()
         running: dict[str, int] = defaultdict(int)
+        on_device: dict[str, int] = defaultdict(int)  # pinned runs running, per device
         left = len(self._nodes)
         just_ended: list[_Node] = []
         failure: BaseException | None = None
@@ -187,10 +198,14 @@ class Scheduler:
             for lane, waiting in ready.items():
                 limit = self.lanes.get(lane)
                 while waiting and (limit is None or running[lane] < limit):
-                    node = waiting.popleft()
+                    node = self._next(waiting, on_device)
+                    if node is None:  # every waiting run is pinned to a device that has its fill
+                        break
                     future = node.submit([self._upstream(n) for n in node.needs])
                     self.futures[node.key] = future
                     running[lane] += 1
+                    if node.pinned is not None:
+                        on_device[node.pinned] += 1
                     future.add_done_callback(lambda _, k=node.key, lane=lane: ended.put((k, lane)))
             for node in just_ended:  # after what they unblocked was submitted
                 try:
@@ -210,14 +225,27 @@ class Scheduler:
             for key, lane in finished:
                 running[lane] -= 1
                 left -= 1
+                if nodes[key].pinned is not None:
+                    on_device[nodes[key].pinned] -= 1
                 self.results[key] = ended_with(self.futures[key])
                 just_ended.append(nodes[key])
                 for node in dependents.pop(key, ()):
                     node.waiting -= 1
                     if node.waiting == 0:
+                        if node.pin is not None:
+                            node.pinned = node.pin([self.results[n] for n in node.needs])
                         ready[node.lane].append(node)
         if failure is not None:
             raise failure
+
+    def _next(self, waiting: deque[_Node], on_device: Mapping[str, int]) -> _Node | None:
+        """The first waiting run that is not pinned to a device already running its fill of pinned runs (taken
+        out of ``waiting``)."""
+        for i, node in enumerate(waiting):
+            if node.pinned is None or on_device.get(node.pinned, 0) < self.pins.get(node.pinned, 1):
+                del waiting[i]
+                return node
+        return None
 
     def _upstream(self, key: object) -> Needed:
         """A needed run for the task that reads it: its future (so Prefect draws the edge), or the exception it
@@ -225,6 +253,27 @@ class Scheduler:
         result = self.results[key]
         return result if isinstance(result, BaseException) and not isinstance(result, Exception) \
             else self.futures[key]
+
+
+def pins_of(ctx: FarmContext, platforms: set[str]) -> dict[str, int]:
+    """How many runs pinned to one device (``_Node.pin``) run at once: its slots, and one more waiting for its lease
+    (it starts as soon as one ends)."""
+    farm = Farm.get(ctx)
+    return {d.id: d.max_jobs + 1 for platform in platforms for d in farm.inventory.select(platform=platform)}
+
+
+def _pin(ctx: FarmContext, stage: stages.StageSpec) -> Pin | None:
+    """For a device stage that reads a device stage's product (an engine, which stays on the device that built it
+    unless the run fetches engines: ``tasks.engines.holders``), the device that product is on."""
+    on_device = [i for i, need in enumerate(stage.needs) if stages.spec(need).where is Where.DEVICE]
+    if stage.where is not Where.DEVICE or not on_device or ctx.fetch_engines:
+        return None
+
+    def pin(ended: list[StageOutcome | BaseException]) -> str | None:
+        made = ended[on_device[0]]
+        return made.device if isinstance(made, StageOutcome) and made.passed else None
+
+    return pin
 
 
 def lanes_of(ctx: FarmContext, platforms: set[str]) -> dict[str, int]:
@@ -244,7 +293,8 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
     """Submit every runnable job (with its checkpoint reference) and wait for all of them to be recorded.
     ``checkpoints``: every located checkpoint by model (a pre-quantized model's base among them)."""
     submitted_at = time.time()
-    scheduler = Scheduler(lanes_of(ctx, {job.platform for job, _ in jobs}))
+    platforms = {job.platform for job, _ in jobs}
+    scheduler = Scheduler(lanes_of(ctx, platforms), pins_of(ctx, platforms))
     runs: dict[tuple[str, tuple[object, ...]], _Node] = {}  # (stage, what it serves) -> its one run
     sharers: dict[tuple[str, tuple[object, ...]], list[JobSpec]] = defaultdict(list)  # the jobs a run serves
     stage_runs: dict[str, dict[str, tuple[str, tuple[object, ...]]]] = {}  # job key -> its stages' runs
@@ -265,7 +315,7 @@ def submit_jobs(ctx: FarmContext, jobs: list[tuple[Job, CheckpointRef]], report:
                 needs = tuple(mine[need] for need in stage.needs) + ((gates[name],) if name in gates else ())
                 lane = "host" if stage.where is Where.HOST else f"device:{spec.platform}"
                 runs[run] = _Node(run, _stage_submitter(ctx, name, spec, sharers[run]), needs, lane,
-                                  _recorder(ctx, name, sharers[run], recorded))
+                                  _recorder(ctx, name, sharers[run], recorded), _pin(ctx, stage))
                 scheduler.add(runs[run])
             sharers[run].append(spec)
             mine[name] = run
@@ -289,8 +339,10 @@ def _stage_submitter(ctx: FarmContext, name: str, spec: JobSpec,
     by the time the scheduler submits it)."""
     def submit(upstream: list[Needed]) -> PrefectFuture[Any]:
         named = stage_task(name).with_options(task_run_name=task_run_name(name, spec, sharers))
-        return named.submit(ctx, name, spec, tuple(u if isinstance(u, BaseException) else allow_failure(u)
-                                                   for u in upstream))
+        # the context and the job hold no future: quoted, Prefect hands them over without walking every field of
+        # them (twice per task run: its inputs, then its parameters); only the upstream runs are its to resolve
+        return named.submit(quote(ctx), name, quote(spec), tuple(u if isinstance(u, BaseException)
+                                                                 else allow_failure(u) for u in upstream))
 
     return submit
 

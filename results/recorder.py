@@ -10,10 +10,12 @@ A row is (model, precision, platform, job toolchain): a result names the toolcha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -118,11 +120,27 @@ def _upsert(session: Session) -> Any:
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
+_RESULT_KEY = ("run_id", "model", "precision", "platform", "stage", "test_id")
+
+
+@functools.cache
+def _result_upsert(dialect: str, columns: tuple[str, ...]) -> Any:
+    """The insert-or-replace of a result row, its values bound at execution (built once per dialect and column set;
+    a statement built per result cost more CPU than the database's work)."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Result.__table__)
+    replace = {k: ins.excluded[k] for k in columns if k not in _RESULT_KEY}
+    return ins.on_conflict_do_update(index_elements=list(_RESULT_KEY), set_=replace).returning(Result.__table__.c.id)
+
+
 class Recorder:
     """The orchestration's write API. Each method is one transaction."""
 
     def __init__(self, engine: Engine | str | None = None) -> None:
         self.engine = engine if isinstance(engine, Engine) else make_engine(engine)
+        # the environment digests this recorder saw committed: an environment row is content-addressed and never
+        # changed or deleted, so a stage run with the same environment as an earlier one writes none
+        self._environments: set[str] = set()
+        self._environments_lock = threading.Lock()
 
     # runs -------------------------------------------------------------------------------------------------------
     def start_run(
@@ -249,14 +267,20 @@ class Recorder:
         returns the result id."""
         return self.record_results(run_id, [fields])[0]
 
-    def record_results(self, run_id: int, results: Iterable[Mapping[str, Any]]) -> list[int]:
-        """Several results (keyword arguments of :meth:`record_result` each) in one transaction."""
+    def record_results(self, run_id: int, results: Iterable[Mapping[str, Any]],
+                       attempts: Iterable[Mapping[str, Any]] = ()) -> list[int]:
+        """Several results (keyword arguments of :meth:`record_result` each) and ``attempts`` (keyword arguments of
+        :meth:`record_attempt` each: a stage's try on a device) in one transaction; returns the result ids."""
         rows = [self._result_rows(run_id, **r) for r in results]
+        tries = [self._attempt_row(run_id, **a) for a in attempts]
         with write_session(self.engine) as s:
-            self._run(s, run_id)
+            run = self._run(s, run_id)  # held: the session keeps it only while referenced (read again otherwise)
             ids = [self._write_result(s, *row) for row in rows]
-            summaries.refresh_if_published(s, run_id)  # a late write into a published run: its rows' summaries
-            return ids
+            s.add_all(tries)
+            summaries.refresh_if_published(s, run.id)  # a late write into a published run: its rows' summaries
+        with self._environments_lock:  # committed
+            self._environments.update(values["environment"] for values, _, _ in rows if values["environment"])
+        return ids
 
     def _result_rows(
         self,
@@ -319,21 +343,20 @@ class Recorder:
 
     def _write_result(self, s: Session, values: dict[str, Any], metric_rows: list[dict[str, Any]],
                       links: list[ArtifactLink]) -> int:
-        key = ["run_id", "model", "precision", "platform", "stage", "test_id"]
         values = dict(values)
         environment = values.pop("_environment", None)
-        if environment is not None:
+        with self._environments_lock:
+            known = values["environment"] in self._environments
+        if environment is not None and not known:
             s.execute(_upsert(s)(Environment).values(digest=values["environment"], data=dict(environment),
                                                      recorded_at=utcnow()).on_conflict_do_nothing())
-        ins = _upsert(s)(Result).values(**values)
-        replace = {k: ins.excluded[k] for k in values if k not in key}
-        stmt = ins.on_conflict_do_update(index_elements=key, set_=replace).returning(Result.id)
-        result_id = int(s.execute(stmt).scalar_one())
-        s.execute(delete(Metric).where(Metric.result_id == result_id))
+        stmt = _result_upsert(s.get_bind().dialect.name, tuple(values))
+        result_id = int(s.execute(stmt, values).scalar_one())
+        metrics = Metric.__table__  # Core: nothing of the session to synchronise
+        s.execute(delete(metrics).where(metrics.c.result_id == result_id))
         if metric_rows:
             s.execute(Metric.__table__.insert(), [{**m, "result_id": result_id} for m in metric_rows])
-        for link in links:
-            self._add_link(s, values["run_id"], result_id, link)
+        self._add_links(s, values["run_id"], result_id, links)
         return result_id
 
     def record_attempt(
@@ -354,7 +377,22 @@ class Recorder:
         duration_s: float | None = None,
     ) -> int:
         """One try of a stage on one device (kept even when a retry elsewhere then passed)."""
-        row = Attempt(
+        row = self._attempt_row(run_id, model=model, precision=precision, platform=platform, stage=stage,
+                                test_id=test_id, device=device, status=status, toolchain=toolchain,
+                                toolchain_version=toolchain_version, error_kind=error_kind, reason=reason,
+                                duration_s=duration_s)
+        with write_session(self.engine) as s:
+            self._run(s, run_id)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    @staticmethod
+    def _attempt_row(run_id: int, *, model: str, precision: Precision | str, platform: str, stage: Stage | str,
+                     test_id: str, device: str | None, status: ResultStatus | str, toolchain: str,
+                     toolchain_version: str | None = None, error_kind: ErrorKind | str | None = None,
+                     reason: str | None = None, duration_s: float | None = None) -> Attempt:
+        return Attempt(
             run_id=run_id, model=_nonempty(model, "model"), precision=parse_name("precision", precision),
             platform=_nonempty(platform, "platform", 64), stage=parse_name("stage", stage),
             test_id=_nonempty(test_id, "test id"),
@@ -363,11 +401,6 @@ class Recorder:
             error_kind=None if error_kind is None else parse_choice(ErrorKind, error_kind, "error kind"),
             reason=reason, duration_s=duration_s, recorded_at=utcnow(),
         )
-        with write_session(self.engine) as s:
-            self._run(s, run_id)
-            s.add(row)
-            s.flush()
-            return row.id
 
     @staticmethod
     def _bump_latest(s: Session, model: str, precision: str, platform: str, toolchain: str, variant: str,
@@ -391,18 +424,25 @@ class Recorder:
                             parse_choice(Packing, link.packing, "artifact packing"), link.path_hint)
 
     @staticmethod
-    def _add_link(s: Session, run_id: int, result_id: int | None, link: ArtifactLink) -> None:
-        exists = s.scalar(
-            select(ArtifactRecord.id).where(
-                ArtifactRecord.run_id == run_id,
-                ArtifactRecord.result_id.is_(None) if result_id is None else ArtifactRecord.result_id == result_id,
-                ArtifactRecord.sha256 == link.sha256,
-                ArtifactRecord.kind == link.kind,
-            )
-        )
-        if exists is None:
-            s.add(ArtifactRecord(run_id=run_id, result_id=result_id, sha256=link.sha256, kind=link.kind,
-                                 packing=link.packing, size=link.size, path_hint=link.path_hint))
+    def _add_links(s: Session, run_id: int, result_id: int | None, links: Iterable[ArtifactLink]) -> None:
+        """Each link the run (its result ``result_id``, or none) does not hold yet, by (sha256, kind): one read of
+        those it holds, one insert of the rest."""
+        links = list(links)
+        if not links:
+            return
+        held = set(s.execute(select(ArtifactRecord.sha256, ArtifactRecord.kind).where(
+            ArtifactRecord.run_id == run_id,
+            ArtifactRecord.result_id.is_(None) if result_id is None else ArtifactRecord.result_id == result_id,
+            ArtifactRecord.sha256.in_({link.sha256 for link in links}),
+        )).all())
+        rows = []
+        for link in links:
+            if (link.sha256, link.kind) not in held:
+                held.add((link.sha256, link.kind))
+                rows.append({"run_id": run_id, "result_id": result_id, "sha256": link.sha256, "kind": link.kind,
+                             "packing": link.packing, "size": link.size, "path_hint": link.path_hint})
+        if rows:
+            s.execute(ArtifactRecord.__table__.insert(), rows)
 
     def record_artifact(
         self, run_id: int, artifact: ArtifactLike | ArtifactLink, *, result_id: int | None = None
@@ -411,7 +451,7 @@ class Recorder:
         link = self._link(artifact)
         with write_session(self.engine) as s:
             self._run(s, run_id)
-            self._add_link(s, run_id, result_id, link)
+            self._add_links(s, run_id, result_id, [link])
 
     def referenced_artifacts(self) -> set[str]:
         """Every sha256 the database refers to: the set to pass to ``ArtifactStore.gc``."""

@@ -3,9 +3,9 @@
 Called by the scheduler (``flows.pipeline``) in the flow's own thread as each stage's task run ends, whatever its end
 (an outcome, an exception, a crash): a stage is one Prefect task run, its record no second one. Idempotent: the
 result is keyed by (run, model, precision, platform, stage, test id), so a retried record never duplicates a row; the
-result and its metrics go in one transaction. It names the toolchain that made it (a quantizer's for a quantize stage)
-and the one its job ran with (its row's). A stage the database does not record (one without a ``Stage`` of its own)
-is only reported (progress event, returned outcome).
+result, its metrics, its artifact refs and its attempt go in one transaction. It names the toolchain that made it (a
+quantizer's for a quantize stage) and the one its job ran with (its row's). A stage the database does not record (one
+without a ``Stage`` of its own) is only reported (progress event, returned outcome).
 """
 
 from __future__ import annotations
@@ -63,25 +63,25 @@ def record(ctx: FarmContext, job: JobSpec, stage: str, outcome: StageOutcome | B
 
 
 def _write(ctx: FarmContext, job: JobSpec, stage: str, result: StageOutcome) -> None:
-    """The result row (with its metrics and artifact refs) and, for a stage that ran on a device, its attempt."""
+    """The result row (with its metrics and artifact refs) and, for a stage that ran on a device, its attempt: one
+    transaction."""
     model_revision = job.checkpoint.sha256  # the source checkpoint's one digest, whatever the stage
-    farm = Farm.get(ctx)
-    farm.recorder.record_result(
-        ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-        test_id=job.test_id, status=result.status, toolchain=result.toolchain or job.toolchain,
-        toolchain_version=result.toolchain_version, model_revision=model_revision, device=result.device,
-        reason=result.reason, error_kind=result.error_kind, duration_s=round(result.duration_s, 4),
+    key = {"model": job.model, "precision": job.precision, "platform": job.platform, "stage": stage,
+           "test_id": job.test_id}
+    toolchain = result.toolchain or job.toolchain  # the maker's
+    row = dict(
+        key, status=result.status, toolchain=toolchain, toolchain_version=result.toolchain_version,
+        model_revision=model_revision, device=result.device, reason=result.reason, error_kind=result.error_kind,
+        duration_s=round(result.duration_s, 4),
         metrics={**job.estimate_metrics, **result.metrics},  # the plan's estimate beside what the stage measured
         artifacts=result.artifacts, route=result.route, standin=result.standin,
-        chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's; toolchain: the maker's
+        chosen_versions=job.chosen_versions, job_toolchain=job.toolchain,  # the row's
         variant=job.variant,
         environment=result.environment or host_record(), bench_conditions=result.bench_conditions,
     )
+    attempts = []
     if result.device is not None and not result.cached:
-        farm.recorder.record_attempt(
-            ctx.run_id, model=job.model, precision=job.precision, platform=job.platform, stage=stage,
-            test_id=job.test_id, device=result.device, status=result.status,
-            toolchain=result.toolchain or job.toolchain,
-            toolchain_version=result.toolchain_version, error_kind=result.error_kind,
-            reason=result.reason, duration_s=round(result.duration_s, 4),
-        )
+        attempts.append(dict(key, device=result.device, status=result.status, toolchain=toolchain,
+                             toolchain_version=result.toolchain_version, error_kind=result.error_kind,
+                             reason=result.reason, duration_s=round(result.duration_s, 4)))
+    Farm.get(ctx).recorder.record_results(ctx.run_id, [row], attempts)

@@ -38,6 +38,18 @@ def test_a_simulated_lab_moves_a_stage_on_every_device_at_once(tmp_path: Path) -
     assert result["wall_over_lower_bound"] < 4.0, result  # loose: CI's 2 cores also run the flow and its database
 
 
+def test_the_lower_bound_counts_each_platform_s_devices_after_the_first_host_chain() -> None:
+    """A device runs its own platform's stages only: 2 platforms of 1 and 3 devices with the same work are bound by
+    the lone device (the whole lab's average is less than half of it), after the first row's quantize and export."""
+    work = [("quantize", "host", 4.0, "r1"), ("export", "host", 1.0, "r1"), ("quantize", "host", 9.0, "r2"),
+            ("export", "host", 1.0, "r2")]
+    devices = ["a0", "a0", "a0", "b0", "b1", "b2"]
+    work += [("build", d, 10.0, f"x{i}") for i, d in enumerate(devices)]
+    bound = bench_farm_scale.lower_bound(work, 4, 8, {"a0": "a", "b0": "b", "b1": "b", "b2": "b"})
+    assert bound["device_bound_s"] == 15.0 and bound["platform_bound_s"] == 4.0 + 1.0 + 30.0
+    assert bound["lower_bound_s"] == 35.0
+
+
 def test_host_slots_come_from_the_environment_and_bad_values_are_refused(tmp_path: Path) -> None:
     from edgefarm.flows.settings import ENV_HOST_SLOTS, Settings
     from edgellm.errors import ConfigurationError

@@ -100,6 +100,54 @@ def test_result_and_metrics_are_one_transaction(rec: Recorder) -> None:
     assert _count(rec, Result) == 0 and _count(rec, Metric) == 0
 
 
+def test_a_stage_record_is_one_transaction(rec: Recorder) -> None:
+    """A stage's result, metrics, artifact refs and attempt go in one transaction, its links read once; an environment
+    this recorder saw committed is not written again; the retried record replaces, never duplicates."""
+    from sqlalchemy import event
+
+    from edgefarm.results.models import Attempt, Environment
+
+    run = rec.start_run("nightly", "cron", "abc")
+    links = [ArtifactLink(SHA, 10, ArtifactKind.ONNX), ArtifactLink("cd" * 32, 5, ArtifactKind.LOG),
+             ArtifactLink(SHA, 10, ArtifactKind.ONNX)]
+    result = dict(model="m", precision="fp16", platform=P, stage="bench", test_id="t", status="pass", toolchain=TC,
+                  device="d1", metrics={"tokens_per_s": (1.0, "tok/s")}, artifacts=links,
+                  environment={"host": "h", "python": "3.11"})
+    attempt = dict(model="m", precision="fp16", platform=P, stage="bench", test_id="t", device="d1", status="pass",
+                   toolchain=TC, duration_s=1.0)
+    seen: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *_: object) -> None:
+        seen.append(statement.split()[0].upper() + " " + next(
+            (w for p, w in zip(statement.split(), statement.split()[1:], strict=False)
+             if p.upper() in ("FROM", "INTO")), "").strip('"'))
+
+    event.listen(rec.engine, "before_cursor_execute", count)
+    try:
+        first = rec.record_results(run, [result], [attempt])
+        once = list(seen)
+        seen.clear()
+        again = rec.record_results(run, [{**result, "status": "fail"}], [{**attempt, "status": "fail"}])
+    finally:
+        event.remove(rec.engine, "before_cursor_execute", count)
+    assert first == again
+    assert once.count("SELECT artifact_refs") == 1 and once.count("INSERT environments") == 1, once
+    assert once.count("SELECT runs") == 1 and seen.count("SELECT runs") == 1, (once, seen)
+    assert "INSERT environments" not in seen, seen  # committed once: content-addressed, never rewritten
+    if rec.engine.dialect.name == "sqlite":  # our own BEGIN: one transaction for the whole stage
+        assert [k for k in once if k.startswith("BEGIN")] == ["BEGIN "], once
+    assert _count(rec, Result) == 1 and _count(rec, ArtifactRecord) == 2 and _count(rec, Environment) == 1
+    assert _count(rec, Attempt) == 2 and _count(rec, Metric) == 1
+    with read_session(rec.engine) as s:
+        assert {(a.sha256, a.kind) for a in s.scalars(select(ArtifactRecord))} == {(SHA, ArtifactKind.ONNX),
+                                                                                  ("cd" * 32, ArtifactKind.LOG)}
+        assert s.scalars(select(Result.status)).one() is ResultStatus.FAIL
+    # a bad attempt leaves nothing of its stage
+    with pytest.raises(ConfigurationError, match="result status"):
+        rec.record_results(run, [{**result, "test_id": "t2"}], [{**attempt, "test_id": "t2", "status": "ok"}])
+    assert _count(rec, Result) == 1
+
+
 BAD = [("toolchain", "tensorrt", "tensorrt"), ("precision", "fp64", "fp64"), ("stage", "deploy", "deploy"),
        ("status", "ok", "'ok'"),
        ("model_revision", "abc", "abc"), ("error_kind", "oops", "oops"), ("platform", "", "platform")]
