@@ -32,9 +32,8 @@ from edgefarm.devices import agent_client
 from edgefarm.devices.transport import open_transport
 from edgefarm.results.db import make_engine
 from edgefarm.results.models import Environment, Result
-from edgefarm.tasks.reference import EVAL_MAX_TOKENS, REFERENCE_WINDOW
 from edgefarm.test_lists.catalog import Catalog
-from edgellm.reference import checkpoint_digest, load_reference
+from edgellm.reference import DEFAULT_GREEDY_TOKENS, checkpoint_digest, load_reference
 from edgellm.runtime.tokenizer import TextCodec
 from tests.fixtures.board import STANDIN_REVISION, JetsonBoard
 from tests.helpers.toolchain_env import link_real_toolchain
@@ -49,6 +48,7 @@ _REFERENCES: dict[str, Path] = {}  # checkpoint digest -> its reference (both li
 # decides nothing here: the layout models calibrate on 2 rows instead of the catalog's 8 (calibration_samples), as
 # test_model_shapes.py quantizes qwen2.5-0.5b-layout (the same run, shared). The quantizer still runs for real.
 CALIBRATION_ROWS = 2
+ANSWERS_ONLY_TOKENS = 2  # the fewest perplexity tokens (and window) `edgellm reference` takes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,12 +68,16 @@ def _few_calibration_rows() -> Iterator[None]:
 
 
 def _reference(checkpoint: Path, root: Path, name: str) -> Path:
-    """The transformers reference of ``checkpoint`` with the farm's reference settings, made once per module."""
+    """The transformers reference's greedy continuations of ``checkpoint`` as the farm's reference stage makes them
+    (the same prompts, greedy tokens and process), made once per module. Only the greedy continuations are read:
+    the perplexity windows, independent of them, are cut to ANSWERS_ONLY_TOKENS (the farm's 1024 tokens cost 4-8 s
+    of CPU per model here, and the farm's reference stage computes its own)."""
     digest = checkpoint_digest(checkpoint)
     if digest not in _REFERENCES:
         ref = root / f"{name}.npz"
         subprocess.run([sys.executable, "-m", "edgellm", "reference", str(checkpoint), "--output", str(ref),
-                        "--max-tokens", str(EVAL_MAX_TOKENS), "--window", str(REFERENCE_WINDOW)],
+                        "--greedy-tokens", str(DEFAULT_GREEDY_TOKENS), "--max-tokens", str(ANSWERS_ONLY_TOKENS),
+                        "--window", str(ANSWERS_ONLY_TOKENS)],
                        check=True, capture_output=True, timeout=900)
         _REFERENCES[digest] = ref
     return _REFERENCES[digest]

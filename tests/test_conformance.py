@@ -21,7 +21,7 @@ import pytest
 
 from edgellm import conformance
 from edgellm.models.base import registered_families
-from tests.helpers.conformance_cells import init_worker, run_group
+from tests.helpers.conformance_cells import init_worker, one_reference_per_input, run_group
 
 CELLS = conformance.cells()
 WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -46,6 +46,29 @@ def test_the_matrix_is_every_registered_family_feature_dtype_and_precision() -> 
             if family.quantized_export else set())
     assert set(conformance.quantized_methods()) == {"int4_awq", "int8_sq"}
     assert len({c.id for c in CELLS}) == len(CELLS)
+
+
+def test_a_group_computes_one_reference_per_checkpoint_settings_and_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgellm import accuracy
+    from edgellm.reference import ReferenceSettings
+
+    calls: list[tuple[str, ReferenceSettings, str]] = []
+
+    def compute(checkpoint: Path, settings: ReferenceSettings, device: str = "cpu") -> dict[str, list[int]]:
+        calls.append((str(checkpoint), settings, device))
+        return {"greedy_ids": [len(calls)]}
+
+    monkeypatch.setattr(accuracy, "compute_reference", compute)
+    short = ReferenceSettings(max_tokens=128, window=64)
+    with one_reference_per_input():
+        first = accuracy.compute_reference(Path("/c"), short, "cpu")
+        again = accuracy.compute_reference(Path("/c"), short, "cpu")
+        assert again == first and again is not first  # a copy: an eval that changes its reference changes no other
+        accuracy.compute_reference(Path("/c"), ReferenceSettings(), "cpu")
+        accuracy.compute_reference(Path("/d"), short, "cpu")
+        accuracy.compute_reference(Path("/c"), short, "cuda")
+    assert len(calls) == 4
+    assert accuracy.compute_reference is compute  # restored
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,22 @@
 
 Cells sharing a float checkpoint (same family, feature and dtype) run in one worker, one after the other; each cell
 first proves its inputs are what it says (the feature's config keys in config.json, the tensors stored in the cell's
-dtype, shards with an index), so a feature silently dropped by a writer fails rather than passes. A cell's outcome
-is None (passed) or the failure, with its traceback.
+dtype, shards with an index), so a feature silently dropped by a writer fails rather than passes. The cells of a
+group that run an eval are judged against one transformers reference: the same checkpoint, settings and device give
+the same reference (one thread per worker), so it is computed for the first and a copy serves the others (a
+quantized cell is judged against its float source, as the float cells). A cell's outcome is None (passed) or the
+failure, with its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import traceback
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +55,37 @@ def run_group(cells: list[conformance.Cell], root: Path) -> dict[str, str | None
         problem = "checkpoint: " + traceback.format_exc()
         return {c.id: problem for c in cells}
     out: dict[str, str | None] = {}
-    for cell in cells:
-        work = root / "cells" / cell.id
-        try:
-            run_cell(cell, ckpt, work)
-            out[cell.id] = None
-        except Exception:
-            out[cell.id] = traceback.format_exc()
+    with one_reference_per_input():
+        for cell in cells:
+            work = root / "cells" / cell.id
+            try:
+                run_cell(cell, ckpt, work)
+                out[cell.id] = None
+            except Exception:
+                out[cell.id] = traceback.format_exc()
     return out
+
+
+@contextlib.contextmanager
+def one_reference_per_input() -> Iterator[dict[tuple[str, Any, str], Any]]:
+    """While open, ``edgellm.accuracy``'s evals compute the transformers reference once per (checkpoint, settings,
+    device) and get a copy of it after (``compute_reference`` is deterministic for those). Yields the memo."""
+    from edgellm import accuracy
+
+    real = accuracy.compute_reference
+    made: dict[tuple[str, Any, str], Any] = {}
+
+    def compute_reference(checkpoint: Path, settings: Any, device: str = "cpu") -> Any:
+        key = (str(Path(checkpoint).resolve()), settings, device)
+        if key not in made:
+            made[key] = real(checkpoint, settings, device)
+        return copy.deepcopy(made[key])
+
+    accuracy.compute_reference = compute_reference
+    try:
+        yield made
+    finally:
+        accuracy.compute_reference = real
 
 
 def _config_value(config: dict[str, Any], key: str) -> Any:
