@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py WORK_DIR [--output benchmarks/results/gpu-bf16.json] [--precisions bf16,fp16]
         [--transformers bf16] [--repeats 3] [--variants] [--profile] [--hf-static] [--shape qwen2.5-0.5b|tiny]
-        [--pdl off|early|late|early-prefetch|late-prefetch]
+        [--pdl]
 
 A random checkpoint with Qwen2.5-0.5B's shape (bf16, tied embeddings) is exported at each engine precision (bf16 first:
 the issue's benchmark row; fp16 beside it) and built with ``--backend torch-cuda``. Measured per engine, prompt 128
@@ -361,8 +361,8 @@ def main() -> int:
                    help="also transformers with a static cache, compiled, in a child process (a crash is reported)")
     p.add_argument("--hf-static-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
-    p.add_argument("--pdl", default=None, help="the fused kernels' launch policy for an A/B (issue 39): off, early, "
-                   "late, early-prefetch, late-prefetch (kernels.PDL_MODES; default: the shipped one)")
+    p.add_argument("--pdl", action="store_true", help="launch the fused kernels as programmatic dependent launches "
+                   "with L2 weight prefetch (shipped off; the A/B of issue 39)")
     a = p.parse_args()
     if a.hf_static_child:
         hf_static_child(*a.hf_static_child)
@@ -371,20 +371,17 @@ def main() -> int:
     hf_dtypes = [x for x in a.transformers.split(",") if x]
     work = a.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    policy = None
+    pdl = None
     if torch.cuda.is_available():
         from edgellm.backends.torch_cuda import kernels
 
-        if a.pdl is not None and a.pdl not in kernels.PDL_MODES:
-            p.error(f"--pdl {a.pdl!r}: valid are {', '.join(kernels.PDL_MODES)}")
-        kernels.PDL = a.pdl or kernels.PDL
-        on, early, prefetch = kernels.launch_policy(torch.device("cuda"))
-        policy = {"mode": kernels.PDL, "dependent_launch": on, "early_trigger": early, "weight_prefetch": prefetch}
+        kernels.PDL = kernels.PDL or a.pdl
+        pdl = kernels.pdl(torch.device("cuda"))
     report: dict[str, Any] = {
         "settings": {"model": f"random {a.shape} shape (qwen2, tied), checkpoint bf16", "engines": precisions,
                      "prompt_len": PROMPT, "new_tokens": NEW, "batch": BATCH, "ttft_prompt_len": LONG_PROMPT,
                      "repeats": a.repeats, "greedy": True, "command": " ".join(sys.argv),
-                     "launch_policy": policy},
+                     "programmatic_dependent_launch": pdl},
         "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
                     "load_avg_at_start": list(os.getloadavg())},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "times_s": {}, "engines": {}, "transformers_eager": {}}

@@ -500,15 +500,18 @@ def test_session_run_takes_the_export_signature(cuda_engines) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype: torch.dtype) -> None:
     """kernels.gemv at the Qwen2.5-0.5B decode shapes (q/k/v, o_proj and down split along K into partial sums;
-    gate/up with SiLU * up), one and sixteen rows: under every launch policy (programmatic dependent launch on
-    Hopper and newer, its trigger early or late, the weight slice prefetched into L2 or not) the result is bit for
-    bit the plain launch's (the wait comes before x is read; a prefetch only moves weights closer), and equals
-    torch's product."""
+    gate/up with SiLU * up), one and sixteen rows: launched as programmatic dependent launches with the weight slice
+    prefetched into L2 (Hopper and newer) the result is bit for bit the plain launch's (the wait comes before x is
+    read; the prefetch only moves weights closer), and both equal torch's product."""
     from edgellm.backends.torch_cuda import kernels
 
     dev = torch.device("cuda")
     shipped = kernels.PDL
-    assert kernels.pdl(dev) is (shipped != "off" and torch.cuda.get_device_capability() >= (9, 0))
+    kernels.PDL = True
+    try:
+        assert kernels.pdl(dev) is (torch.cuda.get_device_capability() >= (9, 0))
+    finally:
+        kernels.PDL = shipped
     gen = torch.Generator(device=dev).manual_seed(0)
     for k, n, silu, partial in ((896, 1152, False, True), (896, 896, False, True), (896, 2 * 4864, True, False),
                                 (4864, 896, False, True), (896, 8, False, False)):
@@ -516,15 +519,14 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
         for m in (1, 16):
             x = torch.randn((m, k), generator=gen, device=dev).to(dtype)
             got = {}
-            for mode in kernels.PDL_MODES:
-                kernels.PDL = mode
+            for on in (True, False):
+                kernels.PDL = on
                 try:
-                    got[mode] = kernels.gemv(x, w, silu=silu, partial=partial)
+                    got[on] = kernels.gemv(x, w, silu=silu, partial=partial)
                 finally:
                     kernels.PDL = shipped
-            for mode in kernels.PDL_MODES:
-                assert torch.equal(got[mode], got["off"]), (mode, k, n, silu, partial, m)
-            out = got["off"].sum(0) if partial else got["off"]
+            assert torch.equal(got[True], got[False]), (k, n, silu, partial, m)
+            out = got[False].sum(0) if partial else got[False]
             ref = x.float() @ w.float()
             if silu:
                 gate, up = ref[:, : n // 2].to(dtype).float(), ref[:, n // 2:].to(dtype).float()
@@ -534,10 +536,9 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
 
 
 @pytest.mark.gpu
-def test_the_decode_graph_gives_the_same_logits_under_every_launch_policy(cuda_engines) -> None:
-    """The bf16 engine's captured decode step under each launch policy (kernels.PDL_MODES: programmatic dependent
-    launch on Hopper and newer, triggered early or late, with or without the weight prefetch) against the plain
-    launch: the same logits, bit for bit, step after step at batch 1 and batch 3."""
+def test_the_decode_graph_gives_the_same_logits_with_and_without_dependent_launch(cuda_engines) -> None:
+    """The bf16 engine's captured decode step with every kernel a programmatic dependent launch (Hopper and newer;
+    shipped off) against the plain launch: the same logits, bit for bit, step after step at batch 1 and batch 3."""
     from edgellm.backends.torch_cuda import kernels
     from edgellm.runtime import Engine
 
@@ -545,7 +546,7 @@ def test_the_decode_graph_gives_the_same_logits_under_every_launch_policy(cuda_e
     ids = np.array([Engine.open(cuda_dir).encode("Once upon a time there was a little")], dtype=np.int64)
     runs = {}
     shipped = kernels.PDL
-    for mode in kernels.PDL_MODES:
+    for mode in (True, False):
         kernels.PDL = mode
         try:
             engine = Engine.open(cuda_dir)
@@ -558,11 +559,9 @@ def test_the_decode_graph_gives_the_same_logits_under_every_launch_policy(cuda_e
             runs[mode] = got
         finally:
             kernels.PDL = shipped
-    assert len(runs["off"]) > 4
-    for mode in kernels.PDL_MODES:
-        assert len(runs[mode]) == len(runs["off"])
-        for step, (got, want) in enumerate(zip(runs[mode], runs["off"], strict=True)):
-            assert np.array_equal(got, want), (mode, step)
+    assert len(runs[True]) == len(runs[False]) > 4
+    for step, (got, want) in enumerate(zip(runs[True], runs[False], strict=True)):
+        assert np.array_equal(got, want), step
 
 @pytest.mark.gpu
 def test_a_prompt_shape_seen_twice_prefills_from_a_graph_with_the_eager_logits_and_cache(cuda_engines,

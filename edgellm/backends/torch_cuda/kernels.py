@@ -9,13 +9,12 @@ Numerics follow the layer modules (``edgellm.models.decoder``): RMSNorm in fp32 
 RoPE from the same cos/sin tables, SiLU rounded to the model dtype before the product; attention scores, softmax and
 the weighted sum in fp32 (transformers rounds scores and probabilities to the model dtype; this is closer to fp32).
 
-Launch (issue 39): on Hopper and newer a kernel here can be launched as a programmatic dependent launch (PDL): its
-programs are scheduled while the kernel before still runs and wait (``gdc_wait``) for it to finish and flush before
-they touch anything another kernel writes; the kernel before lets them launch at its start ("early") or before its
-last stores ("late"); a GEMV may prefetch its own weight slice into L2 (weights nothing writes) before it waits
-("-prefetch"). ``PDL`` is the policy and ``launch_policy`` the one decision (older GPUs: always off, the
-griddepcontrol instructions compiled out). Measured end to end on an H100 (benchmarks/results/gpu_issue39_pdl.json):
-early with prefetch lost at batch 1 (1,014 -> 919 tok/s) and gained 1% at batch 16, so the shipped policy is off.
+Launch (issue 39): with ``PDL`` on a Hopper or newer GPU every kernel here is a programmatic dependent launch: each
+program first lets the next kernel of the stream launch (``gdc_launch_dependents``), then waits for the previous one
+to finish and flush (``gdc_wait``) before it touches anything another kernel writes; a GEMV first prefetches its own
+weight slice (weights nothing writes) into L2. ``pdl`` is the one decision. Measured end to end on an H100
+(benchmarks/results/gpu_issue39_pdl.json): batch 1 1,014 -> 919 tok/s, batch 16 14,954 -> 15,150, so it ships off
+(the instructions compiled out); a trigger before a kernel's last stores was not measured.
 
 Shapes: tokens ``T = B * S`` (rows of hidden states [T, H]); the KV cache of one layer ``kv`` [2, max_batch, KV,
 capacity, D]; ``col`` an int64 [1] device tensor holding the cache column of position 0 of this call (a CUDA graph
@@ -29,45 +28,29 @@ import triton
 import triton.language as tl
 
 MASKED = tl.constexpr(-1.0e30)  # masked scores: finite, as the model's MASK_VALUE (a masked prefix stays finite)
-PDL_MODES = ("off", "early", "late", "early-prefetch", "late-prefetch")
-PDL: str = "off"  # the launch policy (``launch_policy``); the others stay for the A/B (bench_gpu.py --pdl)
+PDL: bool = False  # programmatic dependent launch (``pdl``): measured slower at batch 1, so off; True for the A/B
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: sm_90 (Hopper) and newer
 _CAPABLE: dict[int, bool] = {}
 
 
-def launch_policy(device: torch.device) -> tuple[bool, bool, bool]:
-    """(programmatic dependent launch, its trigger at the kernel's start rather than before its last stores, GEMV
-    weights prefetched into L2 before the wait) on ``device``: ``PDL`` where the GPU has compute capability 9.0 or
-    newer, all off elsewhere."""
-    if PDL not in PDL_MODES:
-        raise ValueError(f"kernels.PDL {PDL!r}: valid are {', '.join(PDL_MODES)}")
+def pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch as programmatic dependent launches: ``PDL`` and a GPU of compute
+    capability 9.0 or newer."""
+    if not PDL:
+        return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CAPABLE:
         _CAPABLE[index] = torch.cuda.get_device_capability(index) >= PDL_MIN_CAPABILITY
-    on = PDL != "off" and _CAPABLE[index]
-    return on, on and PDL.startswith("early"), on and PDL.endswith("prefetch")
-
-
-def pdl(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch as programmatic dependent launches."""
-    return launch_policy(device)[0]
+    return _CAPABLE[index]
 
 
 @triton.jit
-def _chain(PDL: tl.constexpr, EARLY: tl.constexpr):
-    """A kernel's first step under PDL: (EARLY: let the next kernel launch, then) wait until the previous one
-    finished and its writes are visible. Nothing is read or written before this that another kernel writes."""
+def _chain(PDL: tl.constexpr):
+    """A kernel's first step under PDL: let the next kernel launch, then wait until the previous one finished and its
+    writes are visible. Nothing is read or written before this that another kernel writes."""
     if PDL:
-        if EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _late_trigger(PDL: tl.constexpr, EARLY: tl.constexpr):
-    """Under PDL without EARLY: let the next kernel launch now (its programs wait for this one to finish)."""
-    if PDL and not EARLY:
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -79,9 +62,9 @@ def _prefetch_l2(ptrs):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, stride_x, stride_out, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr, EARLY: tl.constexpr):
+                     PDL: tl.constexpr):
     """One row of x [T, H] -> w * (x * rsqrt(mean(x^2) + eps)).to(dtype)."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -90,7 +73,6 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, stride_x, stride_out, B
     h = h * tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     y = h.to(x.dtype).to(tl.float32) * w
-    _late_trigger(PDL, EARLY)
     tl.store(out_ptr + row * stride_out + cols, y.to(x.dtype), mask=m)
 
 
@@ -98,9 +80,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, H] (rows contiguous) -> [T, H]."""
     t, h = x.shape
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    on, early, _ = launch_policy(x.device)
+    on = pdl(x.device)
     _rms_norm_kernel[(t,)](x, weight, out, h, eps, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(h),
-                           PDL=on, EARLY=early, num_warps=4 if h <= 2048 else 8, launch_pdl=on)
+                           PDL=on, num_warps=4 if h <= 2048 else 8, launch_pdl=on)
     return out
 
 
@@ -119,12 +101,12 @@ def _head_norm(x1, x2, w_ptr, eps, half, i, DTYPE: tl.constexpr):
 def _rope_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, pos_ptr, col_ptr, q_ptr, kv_ptr, qn_ptr, kn_ptr, seq,
                        eps, stride_split, stride_qkv, s_kv, s_b, s_h, s_c, SPLIT: tl.constexpr,
                        N_Q: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """Program (token t, head h of the N_Q + 2 * N_KV in qkv [split, T, (N_Q + 2 N_KV) * D], summed over split (a
     split-K GEMV's partial sums; split 1: the GEMM's output) + bias, rounded to the model dtype): a query head ->
     RoPE -> q [T, N_Q, D]; a key head -> RoPE -> the cache's keys at column col + t % seq; a value head -> the
     cache's values."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     d: tl.constexpr = 2 * HALF
@@ -143,7 +125,6 @@ def _rope_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, pos_ptr, col_ptr, q_
     x2 = x2.to(dtype).to(tl.float32)
     b = t // seq
     col = tl.load(col_ptr) + t % seq
-    _late_trigger(PDL, EARLY)
     if h < N_Q + N_KV:
         if QK_NORM:
             if h < N_Q:
@@ -181,12 +162,12 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
     t = parts.shape[1]
     q = torch.empty((t, n_q, d), dtype=kv.dtype, device=qkv.device)
     norm = q_norm is not None and k_norm is not None
-    on, early, _ = launch_policy(qkv.device)
+    on = pdl(qkv.device)
     _rope_cache_kernel[(t, n_q + 2 * n_kv)](
         parts, bias if bias is not None else q, cos, sin, positions, col, q, kv, q_norm if norm else q,
         k_norm if norm else q, seq, eps, parts.stride(0), parts.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), SPLIT=parts.shape[0],
-        N_Q=n_q, N_KV=n_kv, HALF=d // 2, QK_NORM=norm, HAS_BIAS=bias is not None, PDL=on, EARLY=early, num_warps=1,
+        N_Q=n_q, N_KV=n_kv, HALF=d // 2, QK_NORM=norm, HAS_BIAS=bias is not None, PDL=on, num_warps=1,
         launch_pdl=on)
     return q
 
@@ -194,12 +175,12 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
 @triton.jit
 def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, scale, s_kv, s_b,
                              s_h, s_c, s_valid, N_Q: tl.constexpr, REP: tl.constexpr, D: tl.constexpr,
-                             BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                             BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Program (row b, query head h, slice s): q [B, N_Q, D] against the s-th of SPLITS equal slices of the cache's
     columns 0 .. col (those ``valid`` marks; a slice a multiple of BLOCK_T; the length is read on the device, so a
     CUDA graph replays it for any length) with an online softmax, one pass over the keys and values -> the slice's
     running max, sum and unnormalised output (float32), merged by ``_merge_splits_kernel``."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -228,7 +209,6 @@ def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, ac
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
         start += BLOCK_T
-    _late_trigger(PDL, EARLY)
     if SPLITS == 1:  # the whole length in one program: the output itself, no merge
         tl.store(out_ptr + (b * N_Q + h) * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
     else:
@@ -240,10 +220,9 @@ def _decode_attention_kernel(q_ptr, kv_ptr, valid_ptr, col_ptr, m_ptr, l_ptr, ac
 
 
 @triton.jit
-def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
-                         EARLY: tl.constexpr):
+def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Program (row b * N_Q + h): the SPLITS slices' (max, sum, output) -> the normalised output [D]."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     r = tl.program_id(0)
     sp = tl.arange(0, SPLITS)
     d = tl.arange(0, D)
@@ -253,7 +232,6 @@ def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, D: tl.constexpr, SPLITS
     m_all = tl.max(m, axis=0)
     w = tl.where(l_s > 0, tl.exp(m - m_all), 0.0)  # an empty slice (l = 0) adds nothing
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
-    _late_trigger(PDL, EARLY)
     tl.store(out_ptr + r * D + d, out.to(out_ptr.dtype.element_ty))
 
 
@@ -278,26 +256,25 @@ def decode_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, col
     out = torch.empty((b, n_q * d), dtype=q.dtype, device=q.device)
     flags = valid.view(torch.uint8)
     m = l_s = acc = out  # one slice: the kernel writes the output itself
-    on, early, _ = launch_policy(q.device)
+    on = pdl(q.device)
     if splits > 1:
         m = torch.empty((b * n_q * splits,), dtype=torch.float32, device=q.device)
         l_s = torch.empty_like(m)
         acc = torch.empty((b * n_q * splits, d), dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(b, n_q, splits)](
         q, kv, flags, col, m, l_s, acc, out, scale, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
-        flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d, BLOCK_T=block_t, SPLITS=splits, PDL=on, EARLY=early,
+        flags.stride(0), N_Q=n_q, REP=n_q // n_kv, D=d, BLOCK_T=block_t, SPLITS=splits, PDL=on,
         num_warps=8 if splits == 1 else 4, launch_pdl=on)
     if splits > 1:
-        _merge_splits_kernel[(b * n_q,)](m, l_s, acc, out, D=d, SPLITS=splits, PDL=on, EARLY=early, num_warps=1,
+        _merge_splits_kernel[(b * n_q,)](m, l_s, acc, out, D=d, SPLITS=splits, PDL=on, num_warps=1,
                                          launch_pdl=on)
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, width, stride_gu, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                     EARLY: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, width, stride_gu, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """gu [T, 2F] (gate | up) -> silu(gate) * up [T, F], silu rounded to the model dtype first (as two torch ops)."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < width
@@ -305,7 +282,6 @@ def _silu_mul_kernel(gu_ptr, out_ptr, width, stride_gu, stride_out, BLOCK: tl.co
     u = tl.load(gu_ptr + row * stride_gu + width + cols, mask=m, other=0.0).to(tl.float32)
     gf = g.to(tl.float32)
     act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    _late_trigger(PDL, EARLY)
     tl.store(out_ptr + row * stride_out + cols, (act * u).to(g.dtype), mask=m)
 
 
@@ -314,9 +290,9 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     f = two_f // 2
     out = torch.empty((t, f), dtype=gu.dtype, device=gu.device)
     block = 1024
-    on, early, _ = launch_policy(gu.device)
+    on = pdl(gu.device)
     _silu_mul_kernel[(t, triton.cdiv(f, block))](gu, out, f, gu.stride(0), out.stride(0), BLOCK=block, PDL=on,
-                                                  EARLY=early, num_warps=4, launch_pdl=on)
+                                                  num_warps=4, launch_pdl=on)
     return out
 
 
@@ -337,13 +313,13 @@ def _dot(x, w, IEEE: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PER: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 PARTIAL: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-                 PREFETCH: tl.constexpr, SECTOR: tl.constexpr, PF_ROWS: tl.constexpr):
+                 PARTIAL: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, SECTOR: tl.constexpr,
+                 PF_ROWS: tl.constexpr):
     """Program (column block, K split, row block): x [M, K] @ W[k range, columns]. PARTIAL: float32 partial sums
     out [split, M, N]; else out [M, N] in x's dtype with the bias, and with SILU the columns n of gate (W's first N
     columns) and n + N of up give silu(gate) * up (each rounded to the model dtype first, as the torch ops).
-    PREFETCH (under PDL): the program's weight slice (its K range x its columns) is prefetched into L2 before it
-    waits for the kernel before (which wrote x), one prefetch per 32-byte sector."""
+    PDL: the program's weight slice (its K range x its columns) is prefetched into L2 before it waits for the kernel
+    before (which wrote x), one prefetch per 32-byte sector."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -351,9 +327,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
     rk = tl.arange(0, BK)
     n_ok = rn < N
     m_ok = rm < M
-    if PDL and EARLY:
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH:  # noqa: SIM102 (a compile-time branch around a runtime one)
         if tl.program_id(2) == 0:  # one row block prefetches: the others read the same weights
             sectors = tl.minimum(pid_n * BN + tl.arange(0, BN // SECTOR) * SECTOR, N - 1)
             for kk in range(0, K_PER, PF_ROWS):
@@ -362,7 +337,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
                 _prefetch_l2(at)
                 if SILU:
                     _prefetch_l2(at + N)
-    if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc_up = tl.zeros([BM, BN], dtype=tl.float32)
@@ -376,7 +350,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
         if SILU:
             acc_up += _dot(x, tl.load(w_off + N, mask=w_ok, other=0.0), IEEE)
     out_ok = m_ok[:, None] & n_ok[None, :]
-    _late_trigger(PDL, EARLY)
     if PARTIAL:
         tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=out_ok)
     else:
@@ -419,23 +392,21 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, 
     split = triton.cdiv(k, k_per)
     out = (torch.empty((split, m, n), dtype=torch.float32, device=x.device) if partial
            else torch.empty((m, n), dtype=x.dtype, device=x.device))
-    on, early, prefetch = launch_policy(x.device)
+    on = pdl(x.device)
     sector = max(1, 32 // w.element_size())  # elements of one 32-byte L2 sector
     _gemv_kernel[(n_blocks, split, m_blocks)](
         x, w, bias if bias is not None else x, out, m, n, k, x.stride(0), w.stride(0), K_PER=k_per, BM=bm, BN=bn, BK=bk,
         SILU=silu, HAS_BIAS=bias is not None and not partial, PARTIAL=partial, IEEE=x.dtype == torch.float32,
-        PDL=on, EARLY=early, PREFETCH=prefetch, SECTOR=min(sector, bn), PF_ROWS=min(128, k_per), num_warps=4,
-        num_stages=3, launch_pdl=on)
+        PDL=on, SECTOR=min(sector, bn), PF_ROWS=min(128, k_per), num_warps=4, num_stages=3, launch_pdl=on)
     return out
 
 
 @triton.jit
 def _add_partials_norm_kernel(part_ptr, M, x_ptr, b_ptr, w_ptr, xn_ptr, n_cols, eps, SPLIT: tl.constexpr,
-                              HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                              EARLY: tl.constexpr):
+                              HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Row r: x[r] += sum of the partials [split, M, H] (+ bias), rounded once to the model dtype (in place; the
     residual stream), then xn[r] = RMSNorm(x[r]) * w."""
-    _chain(PDL, EARLY)
+    _chain(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -446,7 +417,6 @@ def _add_partials_norm_kernel(part_ptr, M, x_ptr, b_ptr, w_ptr, xn_ptr, n_cols, 
         acc += tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
     x = (x.to(tl.float32) + acc).to(x.dtype)
-    _late_trigger(PDL, EARLY)
     tl.store(x_ptr + row * n_cols + cols, x, mask=m)
     h = x.to(tl.float32)
     h = h * tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
@@ -460,8 +430,8 @@ def add_partials_norm(parts: torch.Tensor, x: torch.Tensor, bias: torch.Tensor |
     into the residual stream and the next norm, one kernel."""
     split, m, h = parts.shape
     xn = torch.empty_like(x)
-    on, early, _ = launch_policy(x.device)
+    on = pdl(x.device)
     _add_partials_norm_kernel[(m,)](parts, m, x, bias if bias is not None else x, weight, xn, h, eps, SPLIT=split,
-                                    HAS_BIAS=bias is not None, BLOCK=triton.next_power_of_2(h), PDL=on, EARLY=early,
+                                    HAS_BIAS=bias is not None, BLOCK=triton.next_power_of_2(h), PDL=on,
                                     num_warps=4 if h <= 2048 else 8, launch_pdl=on)
     return xn
