@@ -116,8 +116,13 @@ def _reaped_why(run: Run) -> str:
             f"published, and its devices may have been taken over")
 
 
+def _insert(dialect: str) -> Any:
+    """The dialect's insert (its ``on_conflict_*``)."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
 def _upsert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    return _insert(session.get_bind().dialect.name)
 
 
 _RESULT_KEY = ("run_id", "model", "precision", "platform", "stage", "test_id")
@@ -127,7 +132,7 @@ _RESULT_KEY = ("run_id", "model", "precision", "platform", "stage", "test_id")
 def _result_upsert(dialect: str, columns: tuple[str, ...]) -> Any:
     """The insert-or-replace of a result row, its values bound at execution (built once per dialect and column set;
     a statement built per result cost more CPU than the database's work)."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Result.__table__)
+    ins = _insert(dialect)(Result.__table__)
     replace = {k: ins.excluded[k] for k in columns if k not in _RESULT_KEY}
     return ins.on_conflict_do_update(index_elements=list(_RESULT_KEY), set_=replace).returning(Result.__table__.c.id)
 
