@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.fixtures.quantized",
     "tests.fixtures.board",
     "tests.fixtures.moto",
+    "tests.fixtures.session_cost",
 ]
