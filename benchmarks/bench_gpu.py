@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py WORK_DIR [--output benchmarks/results/gpu-bf16.json] [--precisions bf16,fp16]
         [--transformers bf16] [--repeats 3] [--variants] [--profile] [--hf-static] [--shape qwen2.5-0.5b|tiny]
-        [--pdl]
+        [--pdl [--no-prefetch]]
 
 A random checkpoint with Qwen2.5-0.5B's shape (bf16, tied embeddings) is exported at each engine precision (bf16 first:
 the issue's benchmark row; fp16 beside it) and built with ``--backend torch-cuda``. Measured per engine, prompt 128
@@ -363,6 +363,7 @@ def main() -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     p.add_argument("--pdl", action="store_true", help="launch the fused kernels as programmatic dependent launches "
                    "with L2 weight prefetch (shipped off; the A/B of issue 39)")
+    p.add_argument("--no-prefetch", action="store_true", help="with --pdl: GEMVs do not prefetch their weights")
     a = p.parse_args()
     if a.hf_static_child:
         hf_static_child(*a.hf_static_child)
@@ -376,12 +377,14 @@ def main() -> int:
         from edgellm.backends.torch_cuda import kernels
 
         kernels.PDL = kernels.PDL or a.pdl
+        kernels.PDL_PREFETCH = kernels.PDL_PREFETCH and not a.no_prefetch
         pdl = kernels.pdl(torch.device("cuda"))
     report: dict[str, Any] = {
         "settings": {"model": f"random {a.shape} shape (qwen2, tied), checkpoint bf16", "engines": precisions,
                      "prompt_len": PROMPT, "new_tokens": NEW, "batch": BATCH, "ttft_prompt_len": LONG_PROMPT,
                      "repeats": a.repeats, "greedy": True, "command": " ".join(sys.argv),
-                     "programmatic_dependent_launch": pdl},
+                     "programmatic_dependent_launch": pdl,
+                     "pdl_l2_prefetch": bool(pdl and not a.no_prefetch)},
         "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
                     "load_avg_at_start": list(os.getloadavg())},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "times_s": {}, "engines": {}, "transformers_eager": {}}

@@ -501,8 +501,8 @@ def test_session_run_takes_the_export_signature(cuda_engines) -> None:
 def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype: torch.dtype) -> None:
     """kernels.gemv at the Qwen2.5-0.5B decode shapes (q/k/v, o_proj and down split along K into partial sums;
     gate/up with SiLU * up), one and sixteen rows: launched as programmatic dependent launches with the weight slice
-    prefetched into L2 (Hopper and newer) the result is bit for bit the plain launch's (the wait comes before x is
-    read; the prefetch only moves weights closer), and both equal torch's product."""
+    prefetched into L2 (Hopper and newer), and without the prefetch, the result is bit for bit the plain launch's (the
+    wait comes before x is read; the prefetch only moves weights closer), and all equal torch's product."""
     from edgellm.backends.torch_cuda import kernels
 
     dev = torch.device("cuda")
@@ -519,14 +519,16 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
         for m in (1, 16):
             x = torch.randn((m, k), generator=gen, device=dev).to(dtype)
             got = {}
-            for on in (True, False):
-                kernels.PDL = on
+            for on, prefetch in ((True, True), (True, False), (False, True)):
+                kernels.PDL, kernels.PDL_PREFETCH = on, prefetch
                 try:
-                    got[on] = kernels.gemv(x, w, silu=silu, partial=partial)
+                    got[on, prefetch] = kernels.gemv(x, w, silu=silu, partial=partial)
                 finally:
-                    kernels.PDL = shipped
-            assert torch.equal(got[True], got[False]), (k, n, silu, partial, m)
-            out = got[False].sum(0) if partial else got[False]
+                    kernels.PDL, kernels.PDL_PREFETCH = shipped, True
+            plain = got[False, True]
+            assert torch.equal(got[True, True], plain), (k, n, silu, partial, m)
+            assert torch.equal(got[True, False], plain), (k, n, silu, partial, m, "no prefetch")
+            out = plain.sum(0) if partial else plain
             ref = x.float() @ w.float()
             if silu:
                 gate, up = ref[:, : n // 2].to(dtype).float(), ref[:, n // 2:].to(dtype).float()

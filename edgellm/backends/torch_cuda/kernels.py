@@ -29,6 +29,7 @@ import triton.language as tl
 
 MASKED = tl.constexpr(-1.0e30)  # masked scores: finite, as the model's MASK_VALUE (a masked prefix stays finite)
 PDL: bool = False  # programmatic dependent launch (``pdl``): measured slower at batch 1, so off; True for the A/B
+PDL_PREFETCH: bool = True  # under PDL, a GEMV prefetches its weight slice into L2 before it waits (False: the A/B)
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: sm_90 (Hopper) and newer
 _CAPABLE: dict[int, bool] = {}
 
@@ -313,13 +314,13 @@ def _dot(x, w, IEEE: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PER: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 PARTIAL: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, SECTOR: tl.constexpr,
-                 PF_ROWS: tl.constexpr):
+                 PARTIAL: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                 SECTOR: tl.constexpr, PF_ROWS: tl.constexpr):
     """Program (column block, K split, row block): x [M, K] @ W[k range, columns]. PARTIAL: float32 partial sums
     out [split, M, N]; else out [M, N] in x's dtype with the bias, and with SILU the columns n of gate (W's first N
     columns) and n + N of up give silu(gate) * up (each rounded to the model dtype first, as the torch ops).
-    PDL: the program's weight slice (its K range x its columns) is prefetched into L2 before it waits for the kernel
-    before (which wrote x), one prefetch per 32-byte sector."""
+    PDL: the program waits for the kernel before (which wrote x) before reading x; with PREFETCH its weight slice (its
+    K range x its columns) is first prefetched into L2, one prefetch per 32-byte sector."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -329,7 +330,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, K_PE
     m_ok = rm < M
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        if tl.program_id(2) == 0:  # one row block prefetches: the others read the same weights
+        if PREFETCH and tl.program_id(2) == 0:  # one row block prefetches: the others read the same weights
             sectors = tl.minimum(pid_n * BN + tl.arange(0, BN // SECTOR) * SECTOR, N - 1)
             for kk in range(0, K_PER, PF_ROWS):
                 pk = tl.minimum(pid_k * K_PER + kk + tl.arange(0, PF_ROWS), K - 1)
@@ -397,7 +398,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None, 
     _gemv_kernel[(n_blocks, split, m_blocks)](
         x, w, bias if bias is not None else x, out, m, n, k, x.stride(0), w.stride(0), K_PER=k_per, BM=bm, BN=bn, BK=bk,
         SILU=silu, HAS_BIAS=bias is not None and not partial, PARTIAL=partial, IEEE=x.dtype == torch.float32,
-        PDL=on, SECTOR=min(sector, bn), PF_ROWS=min(128, k_per), num_warps=4, num_stages=3, launch_pdl=on)
+        PDL=on, PREFETCH=on and PDL_PREFETCH, SECTOR=min(sector, bn), PF_ROWS=min(128, k_per), num_warps=4,
+        num_stages=3, launch_pdl=on)
     return out
 
 
