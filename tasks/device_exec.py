@@ -199,8 +199,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
             if not free:  # this run fills every one: one of its own leases ends first
                 farm.slots_freed.wait(timeout=1.0)
                 continue
-            bad = set(farm.bad_devices)
-        for device in sorted(free, key=lambda d: (d.id in bad, farm.held_slots.get(d.id, 0), d.id)):
+            order = preferred(farm, free)
+        for device in order:
             if not _hold(farm, device, exclusive):
                 continue  # another stage of this run took it meanwhile
             try:
@@ -210,6 +210,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
                 _unhold(farm, device, exclusive)
                 raise
             if lease is not None:
+                with farm.slots_freed:
+                    farm.granted[device.id] += 1
                 return device, lease, time.monotonic() - t0
             _unhold(farm, device, exclusive)
         if time.monotonic() - t0 > LEASE_WAIT_S:
@@ -218,6 +220,29 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
         with farm.slots_freed:
             farm.slots_freed.wait(timeout=delay)
         delay = min(delay * 1.5, 0.2)
+
+
+def preferred(farm: Farm, free: Sequence[Device]) -> list[Device]:
+    """The order a stage asks for ``free`` devices in (the caller holds ``farm.slots_freed``): devices that failed in
+    this run last; then fewest of this run's stages waiting for that device alone (a build on it would delay the
+    infer/accuracy/bench runs pinned to its engines while a peer idles); then fewest slots this run holds there; then
+    fewest leases this run was granted there (without it every tie went to the lowest id: one device of a platform ran
+    twice the stages of its peers); then the id."""
+    bad = farm.bad_devices
+    return sorted(free, key=lambda d: (d.id in bad, farm.pinned_waiting[d.id], farm.held_slots.get(d.id, 0),
+                                       farm.granted[d.id], d.id))
+
+
+@contextlib.contextmanager
+def _waiting_for(farm: Farm, pinned: Sequence[Device]) -> Iterator[None]:
+    """Count a stage pinned to ``pinned`` (empty: not pinned) as waiting for them while it acquires (``preferred``)."""
+    with farm.slots_freed:
+        farm.pinned_waiting.update(d.id for d in pinned)
+    try:
+        yield
+    finally:
+        with farm.slots_freed:
+            farm.pinned_waiting.subtract(d.id for d in pinned)
 
 
 def _slots(device: Device, exclusive: bool) -> int:
@@ -280,7 +305,8 @@ def run_stage(
     failures: list[str] = []
     while len(tried) < len(candidates):
         try:
-            device, lease, waited = _acquire(farm, candidates, tried, exclusive)
+            with _waiting_for(farm, candidates if only is not None else ()):
+                device, lease, waited = _acquire(farm, candidates, tried, exclusive)
         except RunReaped:
             raise
         except InfrastructureError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -74,6 +75,11 @@ class Farm:
     # asked of the database again, and a slot it frees wakes the stages waiting for one (``slots_freed``)
     held_slots: dict[str, int] = field(default_factory=dict)
     slots_freed: threading.Condition = field(default_factory=threading.Condition)
+    # under ``slots_freed`` too: device id -> this run's stages waiting for that device alone (pinned to the engine it
+    # holds), and -> leases this run was granted on it; a stage free to run anywhere prefers devices with fewer of
+    # both (``tasks.device_exec.preferred``), so builds spread over a platform and leave room for the pinned runs
+    pinned_waiting: Counter[str] = field(default_factory=Counter)
+    granted: Counter[str] = field(default_factory=Counter)
 
     _instances: ClassVar[dict[FarmContext, Farm]] = {}
     _guard: ClassVar[threading.Lock] = threading.Lock()
