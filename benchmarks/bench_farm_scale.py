@@ -167,6 +167,11 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
     stage_runs = sum(summary["stages"].values())
     bound = lower_bound(lab.work.done, args.devices, args.host_slots, farm_sim.platforms_of(args.devices))
     wall = float(timing["wall_s"])
+    per_device: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # device -> [stages, simulated seconds]
+    for _, where, seconds, _ in lab.work.done:
+        if where != "host":
+            per_device[where][0] += 1
+            per_device[where][1] += seconds
     return {
         "devices": args.devices, "rows": rows, "platforms": len(farm_sim.PLATFORMS), "time_scale": args.time_scale,
         "host_slots": args.host_slots,
@@ -177,6 +182,10 @@ def run_one(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any
         "lease_attempts_per_device_command": round(sql_kinds.get("INSERT lease_devices", 0) / max(
             1, sum(1 for _, where, _, _ in lab.work.done if where != "host")), 2),
         "device_commands": dict(sorted(lab.work.commands.items(), key=lambda kv: -kv[1])),
+        # how evenly the scheduler spread the work: stages and simulated seconds per device
+        "stages_per_device": {d: int(n) for d, (n, _) in sorted(per_device.items())},
+        "busiest_device_simulated_s": round(max((t for _, t in per_device.values()), default=0.0), 2),
+        "idlest_device_simulated_s": round(min((t for _, t in per_device.values()), default=0.0), 2),
         "sql_by_kind": dict(sorted(sql_kinds.items(), key=lambda kv: -kv[1])[:25]),
         "warmup_s": round(warm_s, 2), "wall_s": round(wall, 2), "flow_process_s": round(process_s, 2),
         **bound, "wall_over_lower_bound": round(wall / max(bound["lower_bound_s"], 1e-9), 3),
