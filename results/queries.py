@@ -28,12 +28,14 @@ platform are two rows: each judged alone, everywhere.
 from __future__ import annotations
 
 import enum
+import gc
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from operator import itemgetter
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
@@ -56,6 +58,7 @@ from edgellm.types import Precision
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
 SUPPORT_REQUIRED: tuple[Stage, ...] = DEFAULT_REQUIRED  # the stages a supported row passed (see supported)
+_T = TypeVar("_T")
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)
 _BLOCKING = (ResultStatus.FAIL, ResultStatus.ERROR)
 # Worst first: the status shown for a stage that has several test ids.
@@ -212,18 +215,42 @@ def latest_status(
                                                    ("stage", Result.stage))}
     judged: dict[str, tuple[Any, ...]] = {}  # packed results -> (verdict, worst, toolchain, version, standin, route)
     out = []
-    with _session(db) as s:
-        stmt = latest_status_stmt(model, precision, platform, toolchain)
-        for m, p, pl, job_tc, var, run_id, chosen, packed in s.connection().execute(stmt):  # Core rows: no ORM
+    # the collector paused: the tens of thousands of small acyclic objects read and made here would otherwise set off
+    # its full passes over the whole heap (most of the time this took)
+    with _collector_paused(), _session(db) as s:
+        rows = s.connection().execute(latest_status_stmt(model, precision, platform, toolchain)).all()  # Core rows
+        rows.sort(key=itemgetter(0, 1, 2, 3, 4, 5, 6))  # by the stored names: a name's stored form is its str
+        for m, p, pl, job_tc, var, run_id, chosen, packed in rows:
             j = judged.get(packed)
             if j is None:
                 t = unpack(packed, read["stage"], read["toolchain"])
                 j = judged[packed] = (t.verdict(req), t.worst(), *t.toolchain(), *t.marks())
-            key = RowKey(m, read["precision"](p), pl, read["toolchain"](job_tc), var)
-            out.append(((m, str(key.precision), pl, str(key.toolchain), var, run_id, chosen or ""),
-                        RowStatus(key, run_id, j[0], dict(j[1]), None, None, *j[2:], chosen_versions=chosen or None)))
-    out.sort(key=lambda pair: pair[0])
-    return [st for _, st in out]
+            key = _made(RowKey, m, read["precision"](p), pl, read["toolchain"](job_tc), var)
+            out.append(_made(RowStatus, key, run_id, j[0], dict(j[1]), None, None, *j[2:], chosen or None))
+    return out
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in (RowKey, RowStatus)}
+
+
+def _made(cls: type[_T], *values: Any) -> _T:
+    """A frozen dataclass of this module made from all its field values in order, without its ``__init__``'s
+    setattr per field (a bulk read makes tens of thousands; these classes have no ``__post_init__``)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(zip(_FIELDS[cls], values, strict=True))
+    return obj
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a block that only makes acyclic objects (back as it was after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 _STATUS = {s.value: s for s in ResultStatus}  # a dict lookup, not an enum call, per packed entry
@@ -255,10 +282,11 @@ def unpack(packed: str | Sequence[str], read_stage: Any = str, read_toolchain: A
 def latest_status_stmt(model: str | None = None, precision: Precision | str | None = None,
                        platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
     """The SQL of :func:`latest_status`: the rows' tallies kept when their latest run was published
-    (``row_tallies``, one per row and chosen versions), names raw; no result is read."""
+    (``row_tallies``, one per row and chosen versions), names raw (chosen
+    versions '' for none); no result is read."""
     t = RowTally
     return (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String), t.variant,
-                   t.run_id, t.chosen_versions, t.packed)
+                   t.run_id, func.coalesce(t.chosen_versions, ""), t.packed)
             .where(*_row_filter(model, precision, platform, toolchain, table=t)))
 
 
