@@ -188,6 +188,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
     leases ends (``Farm.slots_freed``); when the database refuses (another run holds the device) it polls."""
     t0 = time.monotonic()
     delay = 0.02
+    refused: set[str] = set()  # devices the database refused this stage (another run's leases fill them)
     while True:
         if (ended := liveness.reaped(farm.ctx.run_id)) is not None:
             raise ended  # another run reaped this one (it was suspended): waiting for a device is pointless
@@ -196,7 +197,9 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
             if not left:
                 raise InfrastructureError("no device left to try")
             free = [d for d in left if farm.held_slots.get(d.id, 0) + _slots(d, exclusive) <= d.max_jobs]
-            if not free:  # this run fills every one: one of its own leases ends first
+            if len(candidates) > 1:  # a placement: not ahead of a device this run placed fewer on and keeps busy
+                free = placeable(farm, left, free, refused)
+            if not free:  # this run fills every one (or every one it should place on): one of its leases ends first
                 farm.slots_freed.wait(timeout=1.0)
                 continue
             order = preferred(farm, free)
@@ -210,9 +213,8 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
                 _unhold(farm, device, exclusive)
                 raise
             if lease is not None:
-                with farm.slots_freed:
-                    farm.granted[device.id] += 1
                 return device, lease, time.monotonic() - t0
+            refused.add(device.id)
             _unhold(farm, device, exclusive)
         if time.monotonic() - t0 > LEASE_WAIT_S:
             raise leases.LeaseTimeout(f"no free device among {', '.join(d.id for d in left)} "
@@ -222,15 +224,32 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
         delay = min(delay * 1.5, 0.2)
 
 
-def preferred(farm: Farm, free: Sequence[Device]) -> list[Device]:
-    """The order a stage asks for ``free`` devices in (the caller holds ``farm.slots_freed``): devices that failed in
-    this run last; then fewest of this run's stages waiting for that device alone (a build on it would delay the
-    infer/accuracy/bench runs pinned to its engines while a peer idles); then fewest slots this run holds there; then
-    fewest leases this run was granted there (without it every tie went to the lowest id: one device of a platform ran
-    twice the stages of its peers); then the id."""
+PLACEMENT_SLACK = 1  # how many more placements than the least-placed device a device may have and still be taken
+
+
+def placeable(farm: Farm, left: Sequence[Device], free: Sequence[Device], refused: set[str]) -> list[Device]:
+    """The ``free`` devices a stage with a choice may be placed on (the caller holds ``farm.slots_freed``): those this
+    run placed at most ``PLACEMENT_SLACK`` more stages on than on the least-placed of the devices ``left`` that work
+    and that the database did not refuse. A build otherwise took whichever device was free at that moment: a device
+    between its own stages (the stages pinned to its engines not yet started) looked free and took more builds, and
+    one device of a platform ran 90 stages while a peer ran 25 (the busiest device's work is the run's wall). So a
+    build waits for a device this run keeps busy rather than pile onto a free one; one another run holds does not
+    hold it back, and failed devices stay as a last resort."""
     bad = farm.bad_devices
-    return sorted(free, key=lambda d: (d.id in bad, farm.pinned_waiting[d.id], farm.held_slots.get(d.id, 0),
-                                       farm.granted[d.id], d.id))
+    counted = [d for d in left if d.id not in bad and d.id not in refused] or list(left)
+    fewest = min(farm.placed[d.id] for d in counted)
+    return [d for d in free if farm.placed[d.id] <= fewest + PLACEMENT_SLACK or d.id in bad]
+
+
+def preferred(farm: Farm, free: Sequence[Device]) -> list[Device]:
+    """The order a stage with a choice of devices (a build) asks for ``free`` ones in (the caller holds
+    ``farm.slots_freed``): devices that failed in this run last; then fewest such stages this run placed there (a
+    build brings the infer/accuracy/bench runs pinned to its engine after it: placing by the momentary state sent one
+    device 95 stages and a peer 40, the busiest's work then the run's wall); then fewest of this run's stages waiting
+    for that device alone; then fewest slots this run holds there; then the id."""
+    bad = farm.bad_devices
+    return sorted(free, key=lambda d: (d.id in bad, farm.placed[d.id], farm.pinned_waiting[d.id],
+                                       farm.held_slots.get(d.id, 0), d.id))
 
 
 @contextlib.contextmanager
@@ -305,8 +324,13 @@ def run_stage(
     failures: list[str] = []
     while len(tried) < len(candidates):
         try:
-            with _waiting_for(farm, candidates if only is not None else ()):
+            # a stage with one device to run on (the one holding its engine) waits for it; one with a choice (a build,
+            # an infer of a stored engine) is placed, which brings the stages pinned to what it leaves there
+            with _waiting_for(farm, candidates if len(candidates) == 1 else ()):
                 device, lease, waited = _acquire(farm, candidates, tried, exclusive)
+            if len(candidates) > 1:
+                with farm.slots_freed:
+                    farm.placed[device.id] += 1
         except RunReaped:
             raise
         except InfrastructureError:

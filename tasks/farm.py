@@ -76,10 +76,10 @@ class Farm:
     held_slots: dict[str, int] = field(default_factory=dict)
     slots_freed: threading.Condition = field(default_factory=threading.Condition)
     # under ``slots_freed`` too: device id -> this run's stages waiting for that device alone (pinned to the engine it
-    # holds), and -> leases this run was granted on it; a stage free to run anywhere prefers devices with fewer of
-    # both (``tasks.device_exec.preferred``), so builds spread over a platform and leave room for the pinned runs
+    # holds), and -> stages free to run anywhere (builds) this run placed on it; such a stage prefers devices with
+    # fewer of both (``tasks.device_exec.preferred``), so builds and the pinned runs after them spread over a platform
     pinned_waiting: Counter[str] = field(default_factory=Counter)
-    granted: Counter[str] = field(default_factory=Counter)
+    placed: Counter[str] = field(default_factory=Counter)
 
     _instances: ClassVar[dict[FarmContext, Farm]] = {}
     _guard: ClassVar[threading.Lock] = threading.Lock()
