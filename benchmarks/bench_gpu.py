@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py WORK_DIR [--output benchmarks/results/gpu-bf16.json] [--precisions bf16,fp16]
         [--transformers bf16] [--repeats 3] [--variants] [--profile] [--hf-static] [--shape qwen2.5-0.5b|tiny]
-        [--pdl [--no-prefetch]]
+        [--no-pdl | --pdl [--prefetch]]
 
 A random checkpoint with Qwen2.5-0.5B's shape (bf16, tied embeddings) is exported at each engine precision (bf16 first:
 the issue's benchmark row; fp16 beside it) and built with ``--backend torch-cuda``. Measured per engine, prompt 128
@@ -361,9 +361,11 @@ def main() -> int:
                    help="also transformers with a static cache, compiled, in a child process (a crash is reported)")
     p.add_argument("--hf-static-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
-    p.add_argument("--pdl", action="store_true", help="launch the fused kernels as programmatic dependent launches "
-                   "with L2 weight prefetch (shipped off; the A/B of issue 39)")
-    p.add_argument("--no-prefetch", action="store_true", help="with --pdl: GEMVs do not prefetch their weights")
+    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch the fused kernels as programmatic dependent launches (default: as shipped, on where "
+                   "the GPU has it); --no-pdl: the plain launch (the A/B of issue 39)")
+    p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
+                   help="under dependent launch, GEMVs prefetch their weights into L2 first (default: as shipped, off)")
     a = p.parse_args()
     if a.hf_static_child:
         hf_static_child(*a.hf_static_child)
@@ -376,15 +378,15 @@ def main() -> int:
     if torch.cuda.is_available():
         from edgellm.backends.torch_cuda import kernels
 
-        kernels.PDL = kernels.PDL or a.pdl
-        kernels.PDL_PREFETCH = kernels.PDL_PREFETCH and not a.no_prefetch
+        kernels.PDL = kernels.PDL if a.pdl is None else a.pdl
+        kernels.PDL_PREFETCH = kernels.PDL_PREFETCH if a.prefetch is None else a.prefetch
         pdl = kernels.pdl(torch.device("cuda"))
     report: dict[str, Any] = {
         "settings": {"model": f"random {a.shape} shape (qwen2, tied), checkpoint bf16", "engines": precisions,
                      "prompt_len": PROMPT, "new_tokens": NEW, "batch": BATCH, "ttft_prompt_len": LONG_PROMPT,
                      "repeats": a.repeats, "greedy": True, "command": " ".join(sys.argv),
                      "programmatic_dependent_launch": pdl,
-                     "pdl_l2_prefetch": bool(pdl and not a.no_prefetch)},
+                     "pdl_l2_prefetch": bool(pdl and kernels.PDL_PREFETCH)},
         "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
                     "load_avg_at_start": list(os.getloadavg())},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "times_s": {}, "engines": {}, "transformers_eager": {}}

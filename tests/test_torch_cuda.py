@@ -506,7 +506,7 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
     from edgellm.backends.torch_cuda import kernels
 
     dev = torch.device("cuda")
-    shipped = kernels.PDL
+    shipped, shipped_prefetch = kernels.PDL, kernels.PDL_PREFETCH
     kernels.PDL = True
     try:
         assert kernels.pdl(dev) is (torch.cuda.get_device_capability() >= (9, 0))
@@ -524,7 +524,7 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
                 try:
                     got[on, prefetch] = kernels.gemv(x, w, silu=silu, partial=partial)
                 finally:
-                    kernels.PDL, kernels.PDL_PREFETCH = shipped, True
+                    kernels.PDL, kernels.PDL_PREFETCH = shipped, shipped_prefetch
             plain = got[False, True]
             assert torch.equal(got[True, True], plain), (k, n, silu, partial, m)
             assert torch.equal(got[True, False], plain), (k, n, silu, partial, m, "no prefetch")
@@ -540,7 +540,8 @@ def test_gemv_with_dependent_launch_and_prefetch_equals_without_and_torch(dtype:
 @pytest.mark.gpu
 def test_the_decode_graph_gives_the_same_logits_with_and_without_dependent_launch(cuda_engines) -> None:
     """The bf16 engine's captured decode step with every kernel a programmatic dependent launch (Hopper and newer;
-    shipped off) against the plain launch: the same logits, bit for bit, step after step at batch 1 and batch 3."""
+    shipped on, without the GEMVs' prefetch) against the plain launch: the same logits, bit for bit, step after step
+    at batch 1 and batch 3."""
     from edgellm.backends.torch_cuda import kernels
     from edgellm.runtime import Engine
 

@@ -11,10 +11,13 @@ the weighted sum in fp32 (transformers rounds scores and probabilities to the mo
 
 Launch (issue 39): with ``PDL`` on a Hopper or newer GPU every kernel here is a programmatic dependent launch: each
 program first lets the next kernel of the stream launch (``gdc_launch_dependents``), then waits for the previous one
-to finish and flush (``gdc_wait``) before it touches anything another kernel writes; a GEMV first prefetches its own
-weight slice (weights nothing writes) into L2. ``pdl`` is the one decision. Measured end to end on an H100
-(benchmarks/results/gpu_issue39_pdl.json): batch 1 1,014 -> 919 tok/s, batch 16 14,954 -> 15,150, so it ships off
-(the instructions compiled out); a trigger before a kernel's last stores was not measured.
+to finish and flush (``gdc_wait``) before it touches anything another kernel writes, so a kernel's launch and
+prologue overlap the one before. ``pdl`` is the one decision. With ``PDL_PREFETCH`` a GEMV first prefetches its own
+weight slice (weights nothing writes) into L2. Measured end to end on an H100, the Qwen2.5-0.5B shape bf16, one call,
+each variant a fresh process (benchmarks/results/gpu_issue39_call3.json): plain launch batch 1 1,003 / 1,005 / 1,009
+tok/s and batch 16 14,811 / 14,805 / 14,812 (three runs); dependent launch without the prefetch 1,026 and 15,948
+(+2% and +8%); with the prefetch 910 and 15,101 (the prefetch costs batch 1 more than the launch overlap gains). So
+it ships on, without the prefetch; older GPUs compile the instructions out.
 
 Shapes: tokens ``T = B * S`` (rows of hidden states [T, H]); the KV cache of one layer ``kv`` [2, max_batch, KV,
 capacity, D]; ``col`` an int64 [1] device tensor holding the cache column of position 0 of this call (a CUDA graph
@@ -28,16 +31,16 @@ import triton
 import triton.language as tl
 
 MASKED = tl.constexpr(-1.0e30)  # masked scores: finite, as the model's MASK_VALUE (a masked prefix stays finite)
-PDL: bool = False  # programmatic dependent launch (``pdl``): measured slower at batch 1, so off; True for the A/B
-PDL_PREFETCH: bool = True  # under PDL, a GEMV prefetches its weight slice into L2 before it waits (False: the A/B)
+PDL: bool = True  # programmatic dependent launch (``pdl``) where the GPU has it; False: the plain launch (the A/B)
+PDL_PREFETCH: bool = False  # under PDL, a GEMV prefetches its weight slice into L2 before it waits (True: the A/B)
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: sm_90 (Hopper) and newer
 _CAPABLE: dict[int, bool] = {}
 
 
 def pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` launch as programmatic dependent launches: ``PDL`` and a GPU of compute
-    capability 9.0 or newer."""
-    if not PDL:
+    capability 9.0 or newer (never off a CUDA device: Triton's interpreter on the CPU has no such launch)."""
+    if not PDL or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CAPABLE:
