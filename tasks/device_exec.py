@@ -198,7 +198,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
                 raise InfrastructureError("no device left to try")
             free = [d for d in left if farm.held_slots.get(d.id, 0) + _slots(d, exclusive) <= d.max_jobs]
             if len(candidates) > 1:  # a placement: not ahead of a device this run placed fewer on and keeps busy
-                free = placeable(farm, left, free, refused)
+                free = placeable(farm, left, free, refused, time.monotonic() - t0)
             if not free:  # this run fills every one (or every one it should place on): one of its leases ends first
                 farm.slots_freed.wait(timeout=1.0)
                 continue
@@ -225,16 +225,21 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
 
 
 PLACEMENT_SLACK = 1  # how many more placements than the least-placed device a device may have and still be taken
+PLACEMENT_WAIT_S = 30.0  # how long a placement waits for a less-placed device before any free one will do
 
 
-def placeable(farm: Farm, left: Sequence[Device], free: Sequence[Device], refused: set[str]) -> list[Device]:
+def placeable(farm: Farm, left: Sequence[Device], free: Sequence[Device], refused: set[str],
+              waited_s: float = 0.0) -> list[Device]:
     """The ``free`` devices a stage with a choice may be placed on (the caller holds ``farm.slots_freed``): those this
     run placed at most ``PLACEMENT_SLACK`` more stages on than on the least-placed of the devices ``left`` that work
     and that the database did not refuse. A build otherwise took whichever device was free at that moment: a device
     between its own stages (the stages pinned to its engines not yet started) looked free and took more builds, and
     one device of a platform ran 90 stages while a peer ran 25 (the busiest device's work is the run's wall). So a
     build waits for a device this run keeps busy rather than pile onto a free one; one another run holds does not
-    hold it back, and failed devices stay as a last resort."""
+    hold it back, and failed devices stay as a last resort. After ``PLACEMENT_WAIT_S`` of waiting every free device
+    is placeable: a device kept busy by one long stage (an hour's accuracy run) must not idle its platform's others."""
+    if waited_s >= PLACEMENT_WAIT_S:
+        return list(free)
     bad = farm.bad_devices
     counted = [d for d in left if d.id not in bad and d.id not in refused] or list(left)
     fewest = min(farm.placed[d.id] for d in counted)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from edgefarm.devices.inventory import Device
-from edgefarm.tasks.device_exec import PLACEMENT_SLACK, _waiting_for, placeable, preferred
+from edgefarm.tasks.device_exec import PLACEMENT_SLACK, PLACEMENT_WAIT_S, _waiting_for, placeable, preferred
 
 DEVICES = [Device(id=f"orin-{i}", type="orin", work_dir="/w", host="127.0.0.1", user="u", port=22)
            for i in range(1, 4)]
@@ -89,3 +89,12 @@ def test_a_device_another_run_holds_or_that_failed_holds_no_build_back() -> None
     farm.bad_devices.add("orin-1")  # failed in this run: does not count either, and stays a last resort
     assert _ids(placeable(farm, DEVICES, DEVICES, set())) == ["orin-1", "orin-2", "orin-3"]
     assert _ids(preferred(farm, placeable(farm, DEVICES, DEVICES, set()))) == ["orin-2", "orin-3", "orin-1"]
+
+
+def test_a_build_waits_a_bounded_time_then_any_free_device_will_do() -> None:
+    """orin-1 (least placed) is busy with one long stage of this run: builds wait for it at most PLACEMENT_WAIT_S,
+    then the free devices take them, so one long stage never idles the rest of the platform."""
+    farm = _farm()
+    farm.placed.update({"orin-2": 2, "orin-3": 2})
+    assert placeable(farm, DEVICES, DEVICES[1:], set(), waited_s=PLACEMENT_WAIT_S - 1) == []
+    assert _ids(placeable(farm, DEVICES, DEVICES[1:], set(), waited_s=PLACEMENT_WAIT_S)) == ["orin-2", "orin-3"]
