@@ -282,8 +282,7 @@ def unpack(packed: str | Sequence[str], read_stage: Any = str, read_toolchain: A
 def latest_status_stmt(model: str | None = None, precision: Precision | str | None = None,
                        platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
     """The SQL of :func:`latest_status`: the rows' tallies kept when their latest run was published
-    (``row_tallies``, one per row and chosen versions), names raw (chosen
-    versions '' for none); no result is read."""
+    (``row_tallies``, one per row and chosen versions), names raw, chosen versions '' for none; no result is read."""
     t = RowTally
     return (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String), t.variant,
                    t.run_id, func.coalesce(t.chosen_versions, ""), t.packed)

@@ -188,6 +188,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
     leases ends (``Farm.slots_freed``); when the database refuses (another run holds the device) it polls."""
     t0 = time.monotonic()
     delay = 0.02
+    placing = len(candidates) > 1  # a stage with a choice of devices (a build): placed, and counted where it lands
     refused: set[str] = set()  # devices the database refused this stage (another run's leases fill them)
     while True:
         if (ended := liveness.reaped(farm.ctx.run_id)) is not None:
@@ -197,7 +198,7 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
             if not left:
                 raise InfrastructureError("no device left to try")
             free = [d for d in left if farm.held_slots.get(d.id, 0) + _slots(d, exclusive) <= d.max_jobs]
-            if len(candidates) > 1:  # a placement: not ahead of a device this run placed fewer on and keeps busy
+            if placing:  # not ahead of a device this run placed fewer on and keeps busy
                 free = placeable(farm, left, free, refused, time.monotonic() - t0)
             if not free:  # this run fills every one (or every one it should place on): one of its leases ends first
                 farm.slots_freed.wait(timeout=1.0)
@@ -213,6 +214,9 @@ def _acquire(farm: Farm, candidates: Sequence[Device], tried: set[str],
                 _unhold(farm, device, exclusive)
                 raise
             if lease is not None:
+                if placing:
+                    with farm.slots_freed:
+                        farm.placed[device.id] += 1
                 return device, lease, time.monotonic() - t0
             refused.add(device.id)
             _unhold(farm, device, exclusive)
@@ -248,10 +252,9 @@ def placeable(farm: Farm, left: Sequence[Device], free: Sequence[Device], refuse
 
 def preferred(farm: Farm, free: Sequence[Device]) -> list[Device]:
     """The order a stage with a choice of devices (a build) asks for ``free`` ones in (the caller holds
-    ``farm.slots_freed``): devices that failed in this run last; then fewest such stages this run placed there (a
-    build brings the infer/accuracy/bench runs pinned to its engine after it: placing by the momentary state sent one
-    device 95 stages and a peer 40, the busiest's work then the run's wall); then fewest of this run's stages waiting
-    for that device alone; then fewest slots this run holds there; then the id."""
+    ``farm.slots_freed``): devices that failed in this run last; then fewest such stages this run placed there (see
+    ``placeable``); then fewest of this run's stages waiting for that device alone; then fewest slots this run holds
+    there; then the id."""
     bad = farm.bad_devices
     return sorted(free, key=lambda d: (d.id in bad, farm.placed[d.id], farm.pinned_waiting[d.id],
                                        farm.held_slots.get(d.id, 0), d.id))
@@ -329,13 +332,10 @@ def run_stage(
     failures: list[str] = []
     while len(tried) < len(candidates):
         try:
-            # a stage with one device to run on (the one holding its engine) waits for it; one with a choice (a build,
-            # an infer of a stored engine) is placed, which brings the stages pinned to what it leaves there
+            # a stage with one device to run on (the one holding its engine) waits for it; one with a choice is
+            # placed (_acquire)
             with _waiting_for(farm, candidates if len(candidates) == 1 else ()):
                 device, lease, waited = _acquire(farm, candidates, tried, exclusive)
-            if len(candidates) > 1:
-                with farm.slots_freed:
-                    farm.placed[device.id] += 1
         except RunReaped:
             raise
         except InfrastructureError:
