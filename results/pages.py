@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import BringupRung, Environment, Metric, Result, Run, RunKind
-from edgefarm.results.queries import ResultEvidence, RowStatus, result_evidence
-from edgefarm.results.support import Support, row_supports
+from edgefarm.results.queries import ResultEvidence, RowKey, RowStatus, result_evidence
+from edgefarm.results.support import EvidenceKey, Support, evidence_key, latest_runs, of_latest, row_supports
 
 
 @dataclass(frozen=True)
@@ -46,25 +46,28 @@ class MatrixEvidence:
 
 def matrix_evidence(db: Db, *, kinds: Collection[RunKind | str] | None, run_id: int | None = None
                     ) -> list[MatrixEvidence]:
-    """Each row's latest evidence in the runs of ``kinds`` (or in the one run ``run_id``), sorted by row."""
-    out = []
+    """Each row's latest evidence in the runs of ``kinds`` (or in the one run ``run_id``), sorted by row: a fixed
+    number of queries whatever the number of rows (and one history per failing row, ``results.support``)."""
+    latest = latest_runs(kinds=kinds, run_id=run_id)
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant, Result.run_id,
+           Result.chosen_versions)
+    lines: dict[EvidenceKey, list[ResultLine]] = defaultdict(list)
+    metrics: dict[EvidenceKey, dict[str, float]] = defaultdict(dict)
+    owner: dict[int, EvidenceKey] = {}  # result id -> its row's evidence key
     with reading(db) as s:
         supports = row_supports(s, kinds=kinds, run_id=run_id)
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st, _ in supports})))}
-        for st, support in supports:
-            results = s.scalars(select(Result).where(
-                Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
-                Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
-                Result.variant == st.key.variant,
-                Result.chosen_versions.is_(None) if st.chosen_versions is None
-                else Result.chosen_versions == st.chosen_versions)).all()
-            metrics: dict[str, float] = {}
-            for name, value in s.execute(select(Metric.name, Metric.value).where(
-                    Metric.result_id.in_([r.id for r in results]))):
-                metrics[name] = value
-            lines = tuple(ResultLine(r.stage.value, r.status.value, r.reason, r.device) for r in results)
-            out.append(MatrixEvidence(st, support, runs[st.run_id].started_at, lines, metrics))
-    return out
+        for rid, m, p, pl, jt, var, run, chosen, stage, status, reason, device in s.execute(
+                select(Result.id, *row, Result.stage, Result.status, Result.reason, Result.device)
+                .join(latest, of_latest(latest)).order_by(Result.id)):
+            key = owner[rid] = (RowKey(m, p, pl, jt, var), run, chosen or None)
+            lines[key].append(ResultLine(stage.value, status.value, reason, device))
+        for rid, name, value in s.execute(  # a name recorded twice: the last (by result, then metric) wins
+                select(Metric.result_id, Metric.name, Metric.value).join(Result, Result.id == Metric.result_id)
+                .join(latest, of_latest(latest)).order_by(Metric.result_id, Metric.id)):
+            metrics[owner[rid]][name] = value
+    return [MatrixEvidence(st, support, runs[st.run_id].started_at, tuple(lines.get(evidence_key(st), ())),
+                           metrics.get(evidence_key(st), {})) for st, support in supports]
 
 
 class TrendRow(NamedTuple):

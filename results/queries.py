@@ -32,10 +32,10 @@ import gc
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
@@ -58,7 +58,6 @@ from edgellm.types import Precision
 
 DEFAULT_REQUIRED: tuple[Stage, ...] = (Stage.INFER, Stage.ACCURACY)
 SUPPORT_REQUIRED: tuple[Stage, ...] = DEFAULT_REQUIRED  # the stages a supported row passed (see supported)
-_T = TypeVar("_T")
 _ACCEPTABLE = (ResultStatus.PASS, ResultStatus.WAIVED, ResultStatus.NOT_APPLICABLE)
 _BLOCKING = (ResultStatus.FAIL, ResultStatus.ERROR)
 # Worst first: the status shown for a stage that has several test ids.
@@ -218,26 +217,49 @@ def latest_status(
     # the collector paused: the tens of thousands of small acyclic objects read and made here would otherwise set off
     # its full passes over the whole heap (most of the time this took)
     with _collector_paused(), _session(db) as s:
-        rows = s.connection().execute(latest_status_stmt(model, precision, platform, toolchain)).all()  # Core rows
+        rows = _plain_rows(s, latest_status_stmt(model, precision, platform, toolchain))
         rows.sort(key=itemgetter(0, 1, 2, 3, 4, 5, 6))  # by the stored names: a name's stored form is its str
+        read_precision, read_toolchain = read["precision"], read["toolchain"]
         for m, p, pl, job_tc, var, run_id, chosen, packed in rows:
             j = judged.get(packed)
             if j is None:
-                t = unpack(packed, read["stage"], read["toolchain"])
+                t = unpack(packed, read["stage"], read_toolchain)
                 j = judged[packed] = (t.verdict(req), t.worst(), *t.toolchain(), *t.marks())
-            key = _made(RowKey, m, read["precision"](p), pl, read["toolchain"](job_tc), var)
-            out.append(_made(RowStatus, key, run_id, j[0], dict(j[1]), None, None, *j[2:], chosen or None))
+            key = _row_key(m, read_precision(p), pl, read_toolchain(job_tc), var)
+            out.append(_row_status(key, run_id, j, chosen or None))
     return out
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in (RowKey, RowStatus)}
+def _plain_rows(s: Session, stmt: Select[Any]) -> list[tuple[Any, ...]]:
+    """A statement's rows as the database driver's plain tuples, fetched without SQLAlchemy's ``Row`` per row (a bulk
+    read of tens of thousands): only for statements whose columns need no result processing (names read raw)."""
+    result = s.connection().execute(stmt)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
-def _made(cls: type[_T], *values: Any) -> _T:
-    """A frozen dataclass of this module made from all its field values in order, without its ``__init__``'s
-    setattr per field (a bulk read makes tens of thousands; these classes have no ``__post_init__``)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(zip(_FIELDS[cls], values, strict=True))
+_new, _set = object.__new__, object.__setattr__
+
+
+def _row_key(model: str, precision: Precision, platform: str, toolchain: str, variant: str) -> RowKey:
+    """``RowKey(...)`` without its ``__init__``'s frozen setattr per field: a bulk read makes tens of thousands
+    (tests/test_results_row_index.py checks it equals the constructor's, field by field)."""
+    obj = _new(RowKey)
+    _set(obj, "__dict__", {"model": model, "precision": precision, "platform": platform, "toolchain": toolchain,
+                           "variant": variant})
+    return obj
+
+
+def _row_status(key: RowKey, run_id: int, judged: tuple[Any, ...], chosen_versions: str | None) -> RowStatus:
+    """``RowStatus(...)`` of a row's latest run as :func:`latest_status` judged it (verdict, worst per stage,
+    toolchain, version, stand-in, route), made like :func:`_row_key`; its stages a dict of its own."""
+    verdict, worst, tc, version, standin, route = judged
+    obj = _new(RowStatus)
+    _set(obj, "__dict__", {"key": key, "run_id": run_id, "verdict": verdict, "stages": dict(worst),
+                           "run_kind": None, "run_started_at": None, "toolchain": tc, "toolchain_version": version,
+                           "standin": standin, "route": route, "chosen_versions": chosen_versions})
     return obj
 
 

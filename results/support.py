@@ -249,13 +249,18 @@ def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
     return out
 
 
+def failing_history(s: Session, status: RowStatus) -> list[RowStatus]:
+    """What :func:`classify` needs of a row's history: all of it when its latest run failed or errored (its failing
+    streak is walked back), none otherwise."""
+    if status.verdict not in (Verdict.FAIL, Verdict.ERROR):
+        return []
+    return row_history(s, status.key.model, status.key.precision, status.key.platform,
+                       toolchain=status.key.toolchain, variant=status.key.variant)
+
+
 def support_of(s: Session, status: RowStatus) -> Support:
     """:func:`classify` of one row, reading its reasons and (when it fails) its history from the database."""
-    history: list[RowStatus] = []
-    if status.verdict in (Verdict.FAIL, Verdict.ERROR):
-        history = row_history(s, status.key.model, status.key.precision, status.key.platform,
-                              toolchain=status.key.toolchain, variant=status.key.variant)
-    return classify(status, history, row_reasons(s, status))
+    return classify(status, failing_history(s, status), row_reasons(s, status))
 
 
 # The runs whose evidence the nightly's pages show (supported-models.md, the HTML matrix, the toolchains' layouts, the
@@ -265,11 +270,11 @@ def support_of(s: Session, status: RowStatus) -> Support:
 NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY,)
 
 
-def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
-                          toolchain: str | None = None) -> list[RowStatus]:
-    """Like ``results.queries.latest_status`` (judged with ``SUPPORT_REQUIRED``), over a subset of runs: each row's
-    latest published run of ``kinds``; or, with ``run_id``, the rows of that one run (published or not). Sorted by
-    row; one status per compared toolchain version."""
+def latest_runs(*, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
+                toolchain: str | None = None) -> Any:
+    """The subquery of each row's latest published run of ``kinds`` (or, with ``run_id``, the rows of that one run,
+    published or not): its row columns (model, precision, platform, job_toolchain, variant) and ``run_id``. Join
+    results to it with :func:`of_latest`."""
     row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
     where = []
     if run_id is not None:
@@ -280,16 +285,38 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
         where.append(Run.kind.in_([str(k) for k in kinds]))
     if toolchain is not None:
         where.append(Result.job_toolchain == toolchain)
-    latest = (select(*row, func.max(Result.run_id).label("run_id")).join(Run, Run.id == Result.run_id)
-              .where(*where).group_by(*row).subquery())
+    return (select(*row, func.max(Result.run_id).label("run_id")).join(Run, Run.id == Result.run_id)
+            .where(*where).group_by(*row).subquery())
+
+
+def of_latest(latest: Any) -> Any:
+    """The join condition of ``Result`` with :func:`latest_runs`: a row's results in its latest run."""
+    return and_(Result.model == latest.c.model, Result.precision == latest.c.precision,
+                Result.platform == latest.c.platform, Result.job_toolchain == latest.c.job_toolchain,
+                Result.variant == latest.c.variant, Result.run_id == latest.c.run_id)
+
+
+EvidenceKey = tuple[RowKey, int, str | None]  # a row, its run, its chosen versions: one RowStatus's results
+
+
+def evidence_key(status: RowStatus) -> EvidenceKey:
+    return status.key, status.run_id, status.chosen_versions
+
+
+def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
+                          toolchain: str | None = None, latest: Any = None) -> list[RowStatus]:
+    """Like ``results.queries.latest_status`` (judged with ``SUPPORT_REQUIRED``), over a subset of runs: each row's
+    latest published run of ``kinds``; or, with ``run_id``, the rows of that one run (published or not). Sorted by
+    row; one status per compared toolchain version. ``latest``: the :func:`latest_runs` of these arguments, when the
+    caller made it already."""
+    if latest is None:
+        latest = latest_runs(kinds=kinds, run_id=run_id, toolchain=toolchain)
+    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
     cols = (*row, Result.run_id, Result.chosen_versions, Result.stage, Result.status, Result.toolchain,
             Result.toolchain_version, Result.standin, Result.route)
-    on = and_(Result.model == latest.c.model, Result.precision == latest.c.precision,
-              Result.platform == latest.c.platform, Result.job_toolchain == latest.c.job_toolchain,
-              Result.variant == latest.c.variant, Result.run_id == latest.c.run_id)
     tallies: dict[tuple[Any, ...], Tally] = defaultdict(Tally)
     for m, p, pl, jt, var, rid, chosen, stage, status, tc, version, standin, route, n in s.execute(
-            select(*cols, func.count()).join(latest, on).group_by(*cols)):
+            select(*cols, func.count()).join(latest, of_latest(latest)).group_by(*cols)):
         tallies[(m, str(p), pl, str(jt), var, rid, chosen or "", p, jt)].add(stage, status, n, tc, version, standin,
                                                                            route)
     return [RowStatus(RowKey(m, p, pl, jt, var), rid, t.verdict(SUPPORT_REQUIRED), t.worst(), None, None,
@@ -297,10 +324,27 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
             for (m, _, pl, _, var, rid, chosen, p, jt), t in sorted(tallies.items(), key=lambda kv: kv[0][:7])]
 
 
+def latest_reasons(s: Session, latest: Any) -> dict[EvidenceKey, dict[str, str]]:
+    """:func:`row_reasons` of every row of ``latest`` (:func:`latest_runs`) at once, by :func:`evidence_key`."""
+    cols = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant, Result.run_id,
+            Result.chosen_versions, Result.stage, Result.reason)
+    out: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
+    for m, p, pl, jt, var, rid, chosen, stage, reason in s.execute(
+            select(*cols).join(latest, of_latest(latest))
+            .where(Result.reason.is_not(None), Result.status != ResultStatus.PASS).order_by(Result.id)):
+        if reason:
+            per_stage = out[(RowKey(m, p, pl, jt, var), rid, chosen or None)]
+            per_stage.setdefault(str(getattr(stage, "value", stage)), reason)
+    return out
+
+
 def row_supports(db: Db, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
                  toolchain: str | None = None) -> list[tuple[RowStatus, Support]]:
-    """Each row of :func:`latest_status_of_runs` with its :func:`support_of`: what every page, the query command
-    and the counts show (reasons as recorded, not yet scrubbed)."""
+    """Each row of :func:`latest_status_of_runs` with its support (:func:`classify`, as :func:`support_of` decides
+    it): what every page, the query command and the counts show (reasons as recorded, not yet scrubbed). Three
+    queries whatever the number of rows, and one history per failing row."""
+    latest = latest_runs(kinds=kinds, run_id=run_id, toolchain=toolchain)
     with reading(db) as s:
-        return [(st, support_of(s, st)) for st in latest_status_of_runs(s, kinds=kinds, run_id=run_id,
-                                                                        toolchain=toolchain)]
+        statuses = latest_status_of_runs(s, latest=latest)
+        reasons = latest_reasons(s, latest)
+        return [(st, classify(st, failing_history(s, st), reasons.get(evidence_key(st), {}))) for st in statuses]

@@ -43,7 +43,8 @@ def test_quick_mode_on_postgresql(postgres: PostgresServer, tmp_path: Path) -> N
         assert pg["lease_own_devices"]["refused"] == 0  # nobody shares its device
         assert pg["lease_contended"]["server_cpu_ms_per_attempt"] is not None
         assert pg["lease_round_trips"] == {"acquire": 2, "release": 2}
-        assert pg["docs_matrix_rows_once_s"] > 0
+        assert pg["docs_matrix_rows_once_s"] > 0 and pg["docs_matrix_rows"]["median_ms"] > 0
+        assert 0 < pg["docs_matrix_rows_count"] <= pg["rows"]  # the rows whose latest nightly ran (of all rows)
 
         shape = Shape.for_results(bench_db.QUICK["rows"], bench_db.QUICK["runs"], bench_db.QUICK["results"])
         assert (pg["rows"], pg["runs"], pg["row_latest"]) == (shape.rows, shape.runs, shape.rows)

@@ -129,3 +129,24 @@ def test_latest_status_is_sorted_and_makes_its_statuses_without_a_collection(mig
     assert keys == sorted(keys)
     assert all(s.chosen_versions is None for s in statuses)  # '' in the statement is None here, as before
     engine.dispose()
+
+
+def test_the_bulk_makers_set_every_field_as_the_constructors_do() -> None:
+    """latest_status makes its keys and statuses without their ``__init__`` (tens of thousands a call): each field
+    set (a field added to the class and not to the maker fails here), equal to the constructor's, stages its own."""
+    from dataclasses import fields
+
+    from edgefarm.results.models import ResultStatus
+    from edgefarm.results.queries import RowKey, RowStatus, Verdict, _row_key, _row_status
+    from edgefarm.stages import Stage
+    from edgellm.types import Precision
+
+    key = _row_key("m", Precision("fp16"), "orin", "edgellm-ort", "kv=fp8")
+    assert key == RowKey("m", Precision("fp16"), "orin", "edgellm-ort", "kv=fp8")
+    assert set(vars(key)) == {f.name for f in fields(RowKey)}
+    worst = {Stage.INFER: ResultStatus.PASS}
+    status = _row_status(key, 7, (Verdict.PASS, worst, "edgellm-ort", "1.0", True, "onnx"), "edgellm-ort==1.0")
+    assert status == RowStatus(key, 7, Verdict.PASS, worst, None, None, "edgellm-ort", "1.0", True, "onnx",
+                               "edgellm-ort==1.0")
+    assert set(vars(status)) == {f.name for f in fields(RowStatus)}
+    assert status.stages == worst and status.stages is not worst  # a status's stages are its own

@@ -1,0 +1,118 @@
+"""The docs' read (pages/docs.py ``matrix_rows`` -> results/pages.py ``matrix_evidence`` -> results/support.py
+``row_supports``) asks the database a fixed number of questions whatever the number of rows (one more per failing
+row: its history), and answers what the one-row functions answer (``support_of``, a row's results and metrics in
+its latest run). Before, it asked three per row: 63 s for the docs of 20,000 rows (benchmarks/bench_db.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, event, select
+from sqlalchemy.orm import Session
+
+from edgefarm.pages.docs import matrix_rows
+from edgefarm.results.db import make_engine
+from edgefarm.results.migrate import upgrade
+from edgefarm.results.models import Metric, Result
+from edgefarm.results.pages import ResultLine, matrix_evidence
+from edgefarm.results.recorder import Recorder
+from edgefarm.results.support import NIGHTLY_PAGE_KINDS, latest_status_of_runs, row_supports, support_of
+
+PIPE = ("export", "build", "infer", "accuracy", "bench")
+
+
+def _engine(tmp_path: Path) -> Engine:
+    engine = make_engine(f"sqlite:///{tmp_path / 'docs.db'}")
+    upgrade(engine)
+    return engine
+
+
+def _nightly(rec: Recorder, models: int, *, fail: set[str] = frozenset(), kind: str = "nightly") -> int:  # type: ignore[assignment]
+    """One published run: each model a row on orin; a model in ``fail`` fails its infer stage with a reason."""
+    run = rec.start_run(kind, "schedule", "abc")
+    results = []
+    for i in range(models):
+        model = f"m{i:03d}"
+        for stage in PIPE:
+            status = "fail" if model in fail and stage == "infer" else "pass"
+            results.append(dict(model=model, precision="fp16", platform="orin", stage=stage, test_id=f"{model}-fp16",
+                                status=status, toolchain="edgellm-ort", toolchain_version="1.0", device="orin-1",
+                                reason="decode diverged" if status == "fail" else None,
+                                metrics={"tokens_per_s": (10.0 + i, "tok/s")} if stage == "bench" else None))
+    # a row whose two compared versions ran side by side, and one skipped with its reason
+    for chosen in ("edgellm-ort==1.0", "edgellm-ort==1.1"):
+        for stage in ("infer", "accuracy"):
+            results.append(dict(model="side", precision="bf16", platform="orin", stage=stage, test_id=f"side-{chosen}",
+                                status="pass" if chosen.endswith("1.0") else "skipped", toolchain="edgellm-ort",
+                                toolchain_version=chosen.split("==")[1], chosen_versions=chosen,
+                                reason=None if chosen.endswith("1.0") else "no device of this version"))
+    rec.record_results(run, results)
+    rec.finish_run(run, "failed" if fail else "passed")
+    return run
+
+
+@contextmanager
+def _counted(engine: Engine) -> Iterator[list[str]]:
+    statements: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+
+def test_the_docs_read_asks_the_same_number_of_questions_for_4_rows_and_for_40(tmp_path: Path) -> None:
+    counts = []
+    for models in (4, 40):
+        engine = make_engine(f"sqlite:///{tmp_path / f'{models}.db'}")
+        upgrade(engine)
+        rec = Recorder(engine)
+        _nightly(rec, models)
+        _nightly(rec, models, fail={"m001"})  # one failing row in each: its history is read, one query
+        with _counted(engine) as statements:
+            rows = matrix_rows(engine)
+        assert len(rows) == models + 2  # the side-by-side row: one per chosen version
+        counts.append(len(statements))
+        engine.dispose()
+    assert counts[0] == counts[1] <= 12, counts
+
+
+def test_the_batched_read_answers_what_the_one_row_functions_answer(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    rec = Recorder(engine)
+    _nightly(rec, 6, fail={"m002"})
+    _nightly(rec, 6, fail={"m002"}, kind="l0")  # not a nightly: never on its pages (its history still counts)
+    last = _nightly(rec, 6, fail={"m002", "m004"})
+    supports = row_supports(engine, kinds=NIGHTLY_PAGE_KINDS)
+    evidence = matrix_evidence(engine, kinds=NIGHTLY_PAGE_KINDS)
+    with Session(engine) as s:
+        statuses = latest_status_of_runs(s, kinds=NIGHTLY_PAGE_KINDS)
+        one_by_one = [(st, support_of(s, st)) for st in statuses]
+        assert supports == one_by_one and len(supports) == 8
+        assert [ev.status for ev in evidence] == statuses
+        assert [ev.support for ev in evidence] == [x for _, x in supports]
+        for ev in evidence:  # the row's results in its run, and their metrics, read alone
+            st = ev.status
+            mine = s.scalars(select(Result).where(
+                Result.run_id == st.run_id, Result.model == st.key.model, Result.precision == st.key.precision,
+                Result.platform == st.key.platform, Result.job_toolchain == st.key.toolchain,
+                Result.variant == st.key.variant,
+                Result.chosen_versions.is_(None) if st.chosen_versions is None
+                else Result.chosen_versions == st.chosen_versions).order_by(Result.id)).all()
+            assert ev.results == tuple(ResultLine(r.stage.value, r.status.value, r.reason, r.device) for r in mine)
+            assert dict(ev.metrics) == dict(s.execute(select(Metric.name, Metric.value).where(
+                Metric.result_id.in_([r.id for r in mine]))).all())
+    by_model = {(ev.status.key.model, ev.status.chosen_versions): ev for ev in evidence}
+    assert by_model[("m004", None)].support.status.value == "failing"
+    assert by_model[("m004", None)].support.since_run == last and by_model[("m002", None)].support.since_run == 1
+    assert by_model[("m004", None)].support.reason == "decode diverged"
+    assert by_model[("m005", None)].metrics == {"tokens_per_s": 15.0}
+    skipped = by_model[("side", "edgellm-ort==1.1")]
+    assert skipped.support.status.value == "skipped" and skipped.support.reason == "no device of this version"
+    assert by_model[("side", "edgellm-ort==1.0")].support.status.value == "l0_covered"
+    engine.dispose()
