@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import BringupRung, Environment, Metric, Result, Run, RunKind
-from edgefarm.results.queries import ResultEvidence, RowKey, RowStatus, result_evidence
+from edgefarm.results.queries import ResultEvidence, RowKey, RowStatus, name_reader, raw, result_evidence
 from edgefarm.results.support import EvidenceKey, Support, evidence_key, latest_runs, of_latest, row_supports
 
 
@@ -47,10 +47,11 @@ class MatrixEvidence:
 def matrix_evidence(db: Db, *, kinds: Collection[RunKind | str] | None, run_id: int | None = None
                     ) -> list[MatrixEvidence]:
     """Each row's latest evidence in the runs of ``kinds`` (or in the one run ``run_id``), sorted by row: a fixed
-    number of queries whatever the number of rows (and one history per failing row, ``results.support``)."""
+    number of queries whatever the number of rows (failing rows' histories: one per 200, ``results.support``)."""
     latest = latest_runs(kinds=kinds, run_id=run_id)
-    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant, Result.run_id,
-           Result.chosen_versions)
+    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
+    row = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
+           Result.run_id, Result.chosen_versions)
     lines: dict[EvidenceKey, list[ResultLine]] = defaultdict(list)
     metrics: dict[EvidenceKey, dict[str, float]] = defaultdict(dict)
     owner: dict[int, EvidenceKey] = {}  # result id -> its row's evidence key
@@ -58,10 +59,10 @@ def matrix_evidence(db: Db, *, kinds: Collection[RunKind | str] | None, run_id: 
         supports = row_supports(s, kinds=kinds, run_id=run_id)
         runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st, _ in supports})))}
         for rid, m, p, pl, jt, var, run, chosen, stage, status, reason, device in s.execute(
-                select(Result.id, *row, Result.stage, Result.status, Result.reason, Result.device)
-                .join(latest, of_latest(latest)).order_by(Result.id)):
-            key = owner[rid] = (RowKey(m, p, pl, jt, var), run, chosen or None)
-            lines[key].append(ResultLine(stage.value, status.value, reason, device))
+                select(Result.id, *row, raw(Result.stage), Result.status, Result.reason, Result.device)
+                .join(latest, of_latest(latest)).order_by(Result.id)):  # names raw (stored strings), read once
+            key = owner[rid] = (RowKey(m, prec(p), pl, job_tool(jt), var), run, chosen or None)
+            lines[key].append(ResultLine(stage, status.value, reason, device))
         for rid, name, value in s.execute(  # a name recorded twice: the last (by result, then metric) wins
                 select(Metric.result_id, Metric.name, Metric.value).join(Result, Result.id == Metric.result_id)
                 .join(latest, of_latest(latest)).order_by(Metric.result_id, Metric.id)):

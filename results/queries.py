@@ -37,7 +37,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
+from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, tuple_, type_coerce
 from sqlalchemy.orm import Session
 
 from edgefarm.results.db import reading
@@ -210,8 +210,8 @@ def latest_status(
     """Every row's stage statuses and verdict in its latest run, sorted by row (``toolchain``: rows whose jobs ran
     with it)."""
     req = _required(required)
-    read = {name: _reader(col) for name, col in (("precision", RowTally.precision), ("toolchain", Result.toolchain),
-                                                   ("stage", Result.stage))}
+    read = {name: name_reader(col) for name, col in (("precision", RowTally.precision),
+                                                     ("toolchain", Result.toolchain), ("stage", Result.stage))}
     judged: dict[str, tuple[Any, ...]] = {}  # packed results -> (verdict, worst, toolchain, version, standin, route)
     out = []
     # the collector paused: the tens of thousands of small acyclic objects read and made here would otherwise set off
@@ -279,7 +279,12 @@ _STATUS = {s.value: s for s in ResultStatus}  # a dict lookup, not an enum call,
 _FIELD, _ENTRY = "\x1f", "\x1e"  # separators of the packed results of a row (see latest_status_stmt)
 
 
-def _reader(col: Any) -> Any:
+def raw(col: Any) -> Any:
+    """A vocabulary column selected as its stored string (read it with :func:`name_reader`)."""
+    return type_coerce(col, String)
+
+
+def name_reader(col: Any) -> Any:
     """A column type's reading of raw stored names, once per distinct name (a query's rows repeat a few names)."""
     typ, seen = col.type, {}
 
@@ -346,7 +351,7 @@ def passing_rows(
     """The rows whose verdict in their latest run is ``pass`` (see the module doc): with the default required
     stages the verdict kept when that run was published; with others, judged from the rows' kept tallies."""
     req = _required(required)
-    prec, tool = _reader(RowLatest.precision), _reader(RowLatest.toolchain)
+    prec, tool = name_reader(RowLatest.precision), name_reader(RowLatest.toolchain)
     with _session(db) as s:  # Core rows, names read once each (20,000 rows: see latest_status)
         if req == DEFAULT_REQUIRED:
             rows = s.connection().execute(passing_rows_stmt(platform, toolchain))
@@ -354,7 +359,7 @@ def passing_rows(
         t = RowTally
         stmt = (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String),
                        t.variant, t.packed).where(*_row_filter(None, None, platform, toolchain, table=t)))
-        stage = _reader(Result.stage)
+        stage = name_reader(Result.stage)
         merged: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
         for m, p, pl, tc, var, packed in s.connection().execute(stmt):  # a row judged over all its chosen versions
             merged[(m, p, pl, tc, var)].append(packed)
@@ -385,26 +390,55 @@ def row_history(
     of the row whose jobs ran with ``toolchain`` and ``variant``, or, without them, of each toolchain's and
     variant's row (side by side in a run that ran several)."""
     req = _required(required)
-    prec = parse_name("precision", precision)
-    where = [Result.model == model, Result.precision == prec, Result.platform == platform,
-             Run.published_at.is_not(None)]
+    where = [Result.model == model, Result.precision == parse_name("precision", precision),
+             Result.platform == platform]
     if toolchain is not None:
         where.append(Result.job_toolchain == parse_name("toolchain", toolchain))
     if variant is not None:
         where.append(Result.variant == variant)
-    cols = (Result.run_id, Result.job_toolchain, Result.variant, Result.chosen_versions, Run.kind, Run.started_at,
-            Result.stage, Result.status, Result.toolchain, Result.toolchain_version, Result.standin, Result.route)
-    stmt = select(*cols, func.count()).join(Run, Run.id == Result.run_id).where(*where).group_by(*cols)
-    tallies: dict[tuple[int, str, str, str], Tally] = defaultdict(Tally)
-    runs: dict[int, tuple[RunKind, datetime]] = {}
     with _session(db) as s:
-        for (run_id, job_tc, var, chosen, kind, started, stage, status, tc, version, standin, route,
-             n) in s.execute(stmt):
-            tallies[(run_id, job_tc, var, chosen or "")].add(stage, status, n, tc, version, standin, route)
-            runs[run_id] = (kind, started)
-    return [RowStatus(RowKey(model, prec, platform, job_tc, var), rid, t.verdict(req), t.worst(), *runs[rid],
+        return _histories(s, where, req)
+
+
+HISTORY_CHUNK = 200  # rows per statement of row_histories (5 bound names each)
+
+
+def row_histories(db: Engine | Session, keys: Iterable[RowKey],
+                  required: Iterable[Stage | str] = DEFAULT_REQUIRED) -> dict[RowKey, list[RowStatus]]:
+    """:func:`row_history` of each row (its toolchain and variant given) at once, by row; a row without a published
+    run is absent. One statement per :data:`HISTORY_CHUNK` rows."""
+    req = _required(required)
+    wanted = sorted(set(keys))
+    out: dict[RowKey, list[RowStatus]] = defaultdict(list)
+    row = tuple_(Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
+    with _session(db) as s:
+        for i in range(0, len(wanted), HISTORY_CHUNK):
+            chunk = [(k.model, k.precision, k.platform, k.toolchain, k.variant) for k in wanted[i:i + HISTORY_CHUNK]]
+            for st in _histories(s, [row.in_(chunk)], req):
+                out[st.key].append(st)
+    return dict(out)
+
+
+def _histories(s: Session, where: Sequence[Any], req: Sequence[Stage]) -> list[RowStatus]:
+    """Every row's verdict in every published run with results ``where`` selects: by run, then row (toolchain,
+    variant, chosen versions, model, precision, platform). Names read once each (see :func:`name_reader`)."""
+    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
+    stage_of = name_reader(Result.stage)
+    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
+            Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, raw(Result.stage), Result.status,
+            raw(Result.toolchain), Result.toolchain_version, Result.standin, raw(Result.route))
+    stmt = (select(*cols, func.count()).join(Run, Run.id == Result.run_id)
+            .where(Run.published_at.is_not(None), *where).group_by(*cols))
+    tallies: dict[tuple[Any, ...], Tally] = defaultdict(Tally)
+    runs: dict[int, tuple[RunKind, datetime]] = {}
+    for (m, p, pl, job_tc, var, run_id, chosen, kind, started, stage, status, tc, version, standin, route,
+         n) in s.execute(stmt):
+        tallies[(run_id, job_tc, var, chosen or "", m, p, pl)].add(stage_of(stage), status, n, tc, version, standin,
+                                                                   route)
+        runs[run_id] = (kind, started)
+    return [RowStatus(RowKey(m, prec(p), pl, job_tool(job_tc), var), rid, t.verdict(req), t.worst(), *runs[rid],
                       *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
-            for (rid, job_tc, var, chosen), t in sorted(tallies.items())]
+            for (rid, job_tc, var, chosen, m, p, pl), t in sorted(tallies.items())]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,18 @@ from sqlalchemy.orm import Session
 
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import Result, ResultStatus, Run, RunKind
-from edgefarm.results.queries import SUPPORT_REQUIRED, RowKey, RowStatus, Tally, Verdict, row_history, supported
+from edgefarm.results.queries import (
+    SUPPORT_REQUIRED,
+    RowKey,
+    RowStatus,
+    Tally,
+    Verdict,
+    name_reader,
+    raw,
+    row_histories,
+    row_history,
+    supported,
+)
 from edgefarm.stages import Stage
 
 # Evidence of these stages alone proves an export, never support (as pages/docs_render.py's EXPORT_STAGES).
@@ -249,10 +260,14 @@ def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
     return out
 
 
+def _failing(status: RowStatus) -> bool:
+    return status.verdict in (Verdict.FAIL, Verdict.ERROR)
+
+
 def failing_history(s: Session, status: RowStatus) -> list[RowStatus]:
     """What :func:`classify` needs of a row's history: all of it when its latest run failed or errored (its failing
     streak is walked back), none otherwise."""
-    if status.verdict not in (Verdict.FAIL, Verdict.ERROR):
+    if not _failing(status):
         return []
     return row_history(s, status.key.model, status.key.precision, status.key.platform,
                        toolchain=status.key.toolchain, variant=status.key.variant)
@@ -311,30 +326,30 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
     caller made it already."""
     if latest is None:
         latest = latest_runs(kinds=kinds, run_id=run_id, toolchain=toolchain)
-    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
-    cols = (*row, Result.run_id, Result.chosen_versions, Result.stage, Result.status, Result.toolchain,
-            Result.toolchain_version, Result.standin, Result.route)
+    prec, job_tool, stage_of = (name_reader(c) for c in (Result.precision, Result.job_toolchain, Result.stage))
+    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
+            Result.run_id, Result.chosen_versions, raw(Result.stage), Result.status, raw(Result.toolchain),
+            Result.toolchain_version, Result.standin, raw(Result.route))
     tallies: dict[tuple[Any, ...], Tally] = defaultdict(Tally)
     for m, p, pl, jt, var, rid, chosen, stage, status, tc, version, standin, route, n in s.execute(
-            select(*cols, func.count()).join(latest, of_latest(latest)).group_by(*cols)):
-        tallies[(m, str(p), pl, str(jt), var, rid, chosen or "", p, jt)].add(stage, status, n, tc, version, standin,
-                                                                           route)
-    return [RowStatus(RowKey(m, p, pl, jt, var), rid, t.verdict(SUPPORT_REQUIRED), t.worst(), None, None,
-                      *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
-            for (m, _, pl, _, var, rid, chosen, p, jt), t in sorted(tallies.items(), key=lambda kv: kv[0][:7])]
+            select(*cols, func.count()).join(latest, of_latest(latest)).group_by(*cols)):  # names raw, read once
+        tallies[(m, p, pl, jt, var, rid, chosen or "")].add(stage_of(stage), status, n, tc, version, standin, route)
+    return [RowStatus(RowKey(m, prec(p), pl, job_tool(jt), var), rid, t.verdict(SUPPORT_REQUIRED), t.worst(), None,
+                      None, *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
+            for (m, p, pl, jt, var, rid, chosen), t in sorted(tallies.items())]
 
 
 def latest_reasons(s: Session, latest: Any) -> dict[EvidenceKey, dict[str, str]]:
     """:func:`row_reasons` of every row of ``latest`` (:func:`latest_runs`) at once, by :func:`evidence_key`."""
-    cols = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant, Result.run_id,
-            Result.chosen_versions, Result.stage, Result.reason)
+    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
+    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
+            Result.run_id, Result.chosen_versions, raw(Result.stage), Result.reason)
     out: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
     for m, p, pl, jt, var, rid, chosen, stage, reason in s.execute(
             select(*cols).join(latest, of_latest(latest))
             .where(Result.reason.is_not(None), Result.status != ResultStatus.PASS).order_by(Result.id)):
         if reason:
-            per_stage = out[(RowKey(m, p, pl, jt, var), rid, chosen or None)]
-            per_stage.setdefault(str(getattr(stage, "value", stage)), reason)
+            out[(RowKey(m, prec(p), pl, job_tool(jt), var), rid, chosen or None)].setdefault(stage, reason)
     return out
 
 
@@ -342,9 +357,10 @@ def row_supports(db: Db, *, kinds: Collection[RunKind | str] | None = None, run_
                  toolchain: str | None = None) -> list[tuple[RowStatus, Support]]:
     """Each row of :func:`latest_status_of_runs` with its support (:func:`classify`, as :func:`support_of` decides
     it): what every page, the query command and the counts show (reasons as recorded, not yet scrubbed). Three
-    queries whatever the number of rows, and one history per failing row."""
+    queries whatever the number of rows, and one per ``row_histories`` chunk of failing rows."""
     latest = latest_runs(kinds=kinds, run_id=run_id, toolchain=toolchain)
     with reading(db) as s:
         statuses = latest_status_of_runs(s, latest=latest)
         reasons = latest_reasons(s, latest)
-        return [(st, classify(st, failing_history(s, st), reasons.get(evidence_key(st), {}))) for st in statuses]
+        histories = row_histories(s, [st.key for st in statuses if _failing(st)])
+        return [(st, classify(st, histories.get(st.key, []), reasons.get(evidence_key(st), {}))) for st in statuses]
