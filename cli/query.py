@@ -109,7 +109,7 @@ def query_rows(db_url: str, *, model: str | None, precision: Precision | None, p
     from edgefarm.results.db import read_only_engine, reading, redact
     from edgefarm.results.migrate import require_current
     from edgefarm.results.queries import SUPPORT_REQUIRED, detail_key, latest_status, row_details, run_starts
-    from edgefarm.results.support import support_of
+    from edgefarm.results.support import supports_of
 
     engine = read_only_engine(db_url)
     try:
@@ -119,7 +119,7 @@ def query_rows(db_url: str, *, model: str | None, precision: Precision | None, p
             rows = latest_status(s, model=model, precision=precision, platform=platform, toolchain=toolchain,
                                  required=SUPPORT_REQUIRED)
             runs = run_starts(s, {r.run_id for r in rows})
-            support = [support_of(s, r) for r in rows]  # as the pages decide it (pages/docs_layout.py)
+            support = supports_of(s, rows)  # as the pages decide it (pages/docs_layout.py)
             details = row_details(s, rows)
     finally:
         engine.dispose()

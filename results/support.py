@@ -26,12 +26,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import Result, ResultStatus, Run, RunKind
 from edgefarm.results.queries import (
+    HISTORY_CHUNK,
     SUPPORT_REQUIRED,
     RowKey,
     RowStatus,
@@ -40,7 +41,6 @@ from edgefarm.results.queries import (
     name_reader,
     raw,
     row_histories,
-    row_history,
     supported,
 )
 from edgefarm.stages import Stage
@@ -221,7 +221,7 @@ def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
              reasons: Mapping[Any, str | None] | None = None) -> Support:
     """The support status of a row from its latest status (``results.queries.latest_status``, judged with
     ``SUPPORT_REQUIRED``), its history (``row_history``, any order; other rows' entries are ignored) and the reasons
-    its latest run recorded per stage (:func:`row_reasons`)."""
+    its latest run recorded per stage (:func:`row_reasons`' value of its row)."""
     if latest is None:
         return Support(SupportStatus.NEVER_TESTED)
     stages = _stages(latest)
@@ -245,18 +245,23 @@ def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
     return Support(status, run_id=run)
 
 
-def row_reasons(s: Session, status: RowStatus) -> dict[str, str]:
-    """The reasons the row's latest run recorded, per stage (the first non-empty one of a stage's tests)."""
-    key = status.key
-    where = [Result.run_id == status.run_id, Result.model == key.model, Result.precision == key.precision,
-             Result.platform == key.platform, Result.job_toolchain == key.toolchain,
-             Result.chosen_versions.is_(None) if status.chosen_versions is None
-             else Result.chosen_versions == status.chosen_versions,
-             Result.variant == key.variant, Result.reason.is_not(None), Result.status != ResultStatus.PASS]
-    out: dict[str, str] = {}
-    for stage, reason in s.execute(select(Result.stage, Result.reason).where(*where).order_by(Result.id)):
-        if reason:
-            out.setdefault(str(getattr(stage, "value", stage)), reason)
+def row_reasons(s: Session, statuses: Iterable[RowStatus]) -> dict[EvidenceKey, dict[str, str]]:
+    """The reasons each row's run recorded, per stage (the first non-empty one of a stage's tests, by result id),
+    by :func:`evidence_key`: one statement per ``HISTORY_CHUNK`` (row, run) pairs."""
+    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
+    pairs = list(dict.fromkeys((st.key.model, st.key.precision, st.key.platform, st.key.toolchain, st.key.variant,
+                                st.run_id) for st in statuses))
+    row_run = tuple_(Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant,
+                     Result.run_id)
+    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
+            Result.run_id, Result.chosen_versions, raw(Result.stage), Result.reason)
+    out: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
+    for i in range(0, len(pairs), HISTORY_CHUNK):
+        for m, p, pl, jt, var, rid, chosen, stage, reason in s.execute(
+                select(*cols).where(row_run.in_(pairs[i:i + HISTORY_CHUNK]), Result.reason.is_not(None),
+                                    Result.status != ResultStatus.PASS).order_by(Result.id)):
+            if reason:
+                out[(RowKey(m, prec(p), pl, job_tool(jt), var), rid, chosen or None)].setdefault(stage, reason)
     return out
 
 
@@ -264,18 +269,18 @@ def _failing(status: RowStatus) -> bool:
     return status.verdict in (Verdict.FAIL, Verdict.ERROR)
 
 
-def failing_history(s: Session, status: RowStatus) -> list[RowStatus]:
-    """What :func:`classify` needs of a row's history: all of it when its latest run failed or errored (its failing
-    streak is walked back), none otherwise."""
-    if not _failing(status):
-        return []
-    return row_history(s, status.key.model, status.key.precision, status.key.platform,
-                       toolchain=status.key.toolchain, variant=status.key.variant)
+def supports_of(s: Session, statuses: Sequence[RowStatus]) -> list[Support]:
+    """:func:`classify` of each row, with the reasons its run recorded and, for a failing row, its history (walked
+    back for its failing streak): a few statements for any number of rows, never one per row."""
+    reasons = row_reasons(s, statuses)
+    histories = row_histories(s, [st.key for st in statuses if _failing(st)])
+    return [classify(st, histories.get(st.key, []) if _failing(st) else [], reasons.get(evidence_key(st), {}))
+            for st in statuses]
 
 
 def support_of(s: Session, status: RowStatus) -> Support:
-    """:func:`classify` of one row, reading its reasons and (when it fails) its history from the database."""
-    return classify(status, failing_history(s, status), row_reasons(s, status))
+    """:func:`supports_of` of one row."""
+    return supports_of(s, [status])[0]
 
 
 # The runs whose evidence the nightly's pages show (supported-models.md, the HTML matrix, the toolchains' layouts, the
@@ -339,28 +344,10 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
             for (m, p, pl, jt, var, rid, chosen), t in sorted(tallies.items())]
 
 
-def latest_reasons(s: Session, latest: Any) -> dict[EvidenceKey, dict[str, str]]:
-    """:func:`row_reasons` of every row of ``latest`` (:func:`latest_runs`) at once, by :func:`evidence_key`."""
-    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
-    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
-            Result.run_id, Result.chosen_versions, raw(Result.stage), Result.reason)
-    out: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
-    for m, p, pl, jt, var, rid, chosen, stage, reason in s.execute(
-            select(*cols).join(latest, of_latest(latest))
-            .where(Result.reason.is_not(None), Result.status != ResultStatus.PASS).order_by(Result.id)):
-        if reason:
-            out[(RowKey(m, prec(p), pl, job_tool(jt), var), rid, chosen or None)].setdefault(stage, reason)
-    return out
-
-
 def row_supports(db: Db, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
                  toolchain: str | None = None) -> list[tuple[RowStatus, Support]]:
     """Each row of :func:`latest_status_of_runs` with its support (:func:`classify`, as :func:`support_of` decides
-    it): what every page, the query command and the counts show (reasons as recorded, not yet scrubbed). Three
-    queries whatever the number of rows, and one per ``row_histories`` chunk of failing rows."""
-    latest = latest_runs(kinds=kinds, run_id=run_id, toolchain=toolchain)
+    it, :func:`supports_of`): what every page and the counts show (reasons as recorded, not yet scrubbed)."""
     with reading(db) as s:
-        statuses = latest_status_of_runs(s, latest=latest)
-        reasons = latest_reasons(s, latest)
-        histories = row_histories(s, [st.key for st in statuses if _failing(st)])
-        return [(st, classify(st, histories.get(st.key, []), reasons.get(evidence_key(st), {}))) for st in statuses]
+        statuses = latest_status_of_runs(s, kinds=kinds, run_id=run_id, toolchain=toolchain)
+        return list(zip(statuses, supports_of(s, statuses), strict=True))

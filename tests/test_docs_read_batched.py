@@ -1,7 +1,8 @@
 """The docs' read (pages/docs.py ``matrix_rows`` -> results/pages.py ``matrix_evidence`` -> results/support.py
-``row_supports``) asks the database a fixed number of questions whatever the number of rows (the failing rows'
-histories: one per 200 rows), and answers what the one-row functions answer (``support_of``, a row's results and metrics in
-its latest run). Before, it asked three per row: 63 s for the docs of 20,000 rows (benchmarks/bench_db.py)."""
+``row_supports`` -> ``supports_of``) and ``edgefarm query`` ask the database a fixed number of questions whatever the
+number of rows (reasons and failing rows' histories: one statement per 200 rows), and answer what the one-row
+functions answer (``support_of``, a row's results and metrics in its latest run). Before, the docs asked three per
+row: 63 s for the docs of 20,000 rows at 10M results (benchmarks/bench_db.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _nightly(rec: Recorder, models: int, *, fail: set[str] = frozenset(), kind: 
 
 
 @contextmanager
-def _counted(engine: Engine) -> Iterator[list[str]]:
+def _counted(engine: Engine | type[Engine]) -> Iterator[list[str]]:
     statements: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -80,6 +81,28 @@ def test_the_docs_read_asks_the_same_number_of_questions_for_4_rows_and_for_40(t
         counts.append(len(statements))
         engine.dispose()
     assert counts[0] == counts[1] <= 12, counts
+
+
+def test_the_query_command_asks_the_same_number_of_questions_for_4_rows_and_for_40(tmp_path: Path) -> None:
+    """``edgefarm query`` decides each row's support as the pages do (``supports_of``), in a few statements."""
+    from edgefarm.cli.query import query_rows
+
+    counts = []
+    for models in (4, 40):
+        engine = make_engine(f"sqlite:///{tmp_path / f'{models}.db'}")
+        upgrade(engine)
+        rec = Recorder(engine)
+        _nightly(rec, models)
+        _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})
+        engine.dispose()
+        with _counted(Engine) as statements:  # every engine: the command opens its own
+            rows = query_rows(f"sqlite:///{tmp_path / f'{models}.db'}", model=None, precision=None, platform=None,
+                              status=None)
+        assert len(rows) == models + 2
+        assert sum(r["status"] == "failing" for r in rows) == len(range(0, models, 4))
+        assert {r["reason"] for r in rows if r["status"] == "failing"} == {"decode diverged"}
+        counts.append(len(statements))
+    assert counts[0] == counts[1], counts
 
 
 def test_the_batched_read_answers_what_the_one_row_functions_answer(tmp_path: Path) -> None:
