@@ -2,8 +2,8 @@
 the trend points, a run's record with its rungs and results, and the device environments of the platforms; typed
 rows only (the pages receive rows and write files; they build no SQL).
 
-Rows and their support statuses come from ``results.support`` (:func:`results.support.row_supports`), the one
-place that decides them for every page.
+Rows and their support statuses come from ``results.support`` (``latest_status_of_runs`` and ``supports_of``, as
+:func:`results.support.row_supports`), the one place that decides them for every page.
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from sqlalchemy import func, select
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import BringupRung, Environment, Metric, Result, Run, RunKind
 from edgefarm.results.queries import ResultEvidence, RowKey, RowStatus, name_reader, raw, result_evidence
-from edgefarm.results.support import EvidenceKey, Support, evidence_key, latest_runs, of_latest, row_supports
+from edgefarm.results.support import (
+    EvidenceKey,
+    Support,
+    add_reason,
+    evidence_key,
+    latest_runs,
+    latest_status_of_runs,
+    of_latest,
+    supports_of,
+)
 
 
 @dataclass(frozen=True)
@@ -47,28 +56,33 @@ class MatrixEvidence:
 def matrix_evidence(db: Db, *, kinds: Collection[RunKind | str] | None, run_id: int | None = None
                     ) -> list[MatrixEvidence]:
     """Each row's latest evidence in the runs of ``kinds`` (or in the one run ``run_id``), sorted by row: a fixed
-    number of queries whatever the number of rows (failing rows' histories: one per 200, ``results.support``)."""
+    number of statements whatever the number of rows (two aggregate passes over the runs' results; the failing rows'
+    streaks: one statement per 200 rows, ``results.support``)."""
     latest = latest_runs(kinds=kinds, run_id=run_id)
     prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
     row = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
            Result.run_id, Result.chosen_versions)
     lines: dict[EvidenceKey, list[ResultLine]] = defaultdict(list)
     metrics: dict[EvidenceKey, dict[str, float]] = defaultdict(dict)
-    owner: dict[int, EvidenceKey] = {}  # result id -> its row's evidence key
+    reasons: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
     with reading(db) as s:
-        supports = row_supports(s, kinds=kinds, run_id=run_id)
-        runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st, _ in supports})))}
-        for rid, m, p, pl, jt, var, run, chosen, stage, status, reason, device in s.execute(
-                select(Result.id, *row, raw(Result.stage), Result.status, Result.reason, Result.device)
-                .join(latest, of_latest(latest)).order_by(Result.id)):  # names raw (stored strings), read once
-            key = owner[rid] = (RowKey(m, prec(p), pl, job_tool(jt), var), run, chosen or None)
-            lines[key].append(ResultLine(stage, status.value, reason, device))
-        for rid, name, value in s.execute(  # a name recorded twice: the last (by result, then metric) wins
-                select(Metric.result_id, Metric.name, Metric.value).join(Result, Result.id == Metric.result_id)
-                .join(latest, of_latest(latest)).order_by(Metric.result_id, Metric.id)):
-            metrics[owner[rid]][name] = value
+        statuses = latest_status_of_runs(s, kinds=kinds, run_id=run_id, latest=latest)
+        runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_({st.run_id for st in statuses})))}
+        last = None
+        for rid, m, p, pl, jt, var, run, chosen, stage, status, reason, device, name, value in s.execute(
+                select(Result.id, *row, raw(Result.stage), Result.status, Result.reason, Result.device, Metric.name,
+                       Metric.value)
+                .join(latest, of_latest(latest)).outerjoin(Metric, Metric.result_id == Result.id)
+                .order_by(Result.id, Metric.id)):  # names raw (stored strings), read once; a result per metric
+            if rid != last:
+                last, key = rid, (RowKey(m, prec(p), pl, job_tool(jt), var), run, chosen or None)
+                lines[key].append(ResultLine(stage, status.value, reason, device))
+                add_reason(reasons[key], stage, status, reason)
+            if name is not None:  # a name recorded twice: the last (by result, then metric) wins
+                metrics[key][name] = value
+        supports = supports_of(s, statuses, reasons)
     return [MatrixEvidence(st, support, runs[st.run_id].started_at, tuple(lines.get(evidence_key(st), ())),
-                           metrics.get(evidence_key(st), {})) for st, support in supports]
+                           metrics.get(evidence_key(st), {})) for st, support in zip(statuses, supports, strict=True)]
 
 
 class TrendRow(NamedTuple):

@@ -37,7 +37,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, tuple_, type_coerce
+from sqlalchemy import Engine, Select, String, and_, case, cast, distinct, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from edgefarm.results.db import reading
@@ -398,25 +398,6 @@ def row_history(
         where.append(Result.variant == variant)
     with _session(db) as s:
         return _histories(s, where, req)
-
-
-HISTORY_CHUNK = 200  # rows per statement of row_histories (5 bound names each)
-
-
-def row_histories(db: Engine | Session, keys: Iterable[RowKey],
-                  required: Iterable[Stage | str] = DEFAULT_REQUIRED) -> dict[RowKey, list[RowStatus]]:
-    """:func:`row_history` of each row (its toolchain and variant given) at once, by row; a row without a published
-    run is absent. One statement per :data:`HISTORY_CHUNK` rows."""
-    req = _required(required)
-    wanted = sorted(set(keys))
-    out: dict[RowKey, list[RowStatus]] = defaultdict(list)
-    row = tuple_(Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
-    with _session(db) as s:
-        for i in range(0, len(wanted), HISTORY_CHUNK):
-            chunk = [(k.model, k.precision, k.platform, k.toolchain, k.variant) for k in wanted[i:i + HISTORY_CHUNK]]
-            for st in _histories(s, [row.in_(chunk)], req):
-                out[st.key].append(st)
-    return dict(out)
 
 
 def _histories(s: Session, where: Sequence[Any], req: Sequence[Stage]) -> list[RowStatus]:

@@ -26,13 +26,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select, tuple_
+from sqlalchemy import and_, case, distinct, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from edgefarm.results.db import Db, reading
 from edgefarm.results.models import Result, ResultStatus, Run, RunKind
 from edgefarm.results.queries import (
-    HISTORY_CHUNK,
     SUPPORT_REQUIRED,
     RowKey,
     RowStatus,
@@ -40,7 +39,6 @@ from edgefarm.results.queries import (
     Verdict,
     name_reader,
     raw,
-    row_histories,
     supported,
 )
 from edgefarm.stages import Stage
@@ -175,12 +173,17 @@ def failing_since(latest: RowStatus, history: Sequence[RowStatus]) -> int:
     """The first run of the row's current unbroken failing streak (``latest`` failing): walking back from the latest
     run, runs in which it failed or errored extend the streak, runs that only skipped it are passed over, any other
     run (a pass, a waiver, export-only evidence) ends it."""
-    since = latest.run_id
-    for past in sorted((h for h in history if _same_row(h, latest) and h.run_id < latest.run_id),
-                       key=lambda h: h.run_id, reverse=True):
-        if past.verdict in (Verdict.FAIL, Verdict.ERROR):
-            since = past.run_id
-        elif not _ran_nothing(past):
+    return _streak_start(latest.run_id, [(h.run_id, _failing(h), _ran_nothing(h)) for h in history
+                                         if _same_row(h, latest)])
+
+
+def _streak_start(latest_run: int, past: Iterable[tuple[int, bool, bool]]) -> int:
+    """:func:`failing_since`'s walk over a row's runs given as (run id, failed or errored, only skipped)."""
+    since = latest_run
+    for run, broke, nothing in sorted((p for p in past if p[0] < latest_run), reverse=True):
+        if broke:
+            since = run
+        elif not nothing:
             break
     return since
 
@@ -218,10 +221,11 @@ def status_from(verdict: Verdict | str, stages: Mapping[Any, Any], *, route: str
 
 
 def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
-             reasons: Mapping[Any, str | None] | None = None) -> Support:
+             reasons: Mapping[Any, str | None] | None = None, *, since: int | None = None) -> Support:
     """The support status of a row from its latest status (``results.queries.latest_status``, judged with
     ``SUPPORT_REQUIRED``), its history (``row_history``, any order; other rows' entries are ignored) and the reasons
-    its latest run recorded per stage (:func:`row_reasons`' value of its row)."""
+    its latest run recorded per stage (:func:`row_reasons`' value of its row). ``since``: the failing streak's first
+    run when the caller knows it (:func:`failing_streaks`), instead of walking ``history``."""
     if latest is None:
         return Support(SupportStatus.NEVER_TESTED)
     stages = _stages(latest)
@@ -231,7 +235,8 @@ def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
     if latest.standin:
         return Support(status, reason=STANDIN_REASON, run_id=run)
     if status is SupportStatus.FAILING:
-        return Support(status, since_run=failing_since(latest, history), reason=_reason(stages, why, _FAILED),
+        return Support(status, since_run=since if since is not None else failing_since(latest, history),
+                       reason=_reason(stages, why, _FAILED),
                        run_id=run)
     if status is SupportStatus.NOT_APPLICABLE:
         return Support(status, reason=_reason(stages, why, frozenset(stages.values())), run_id=run)
@@ -245,37 +250,79 @@ def classify(latest: RowStatus | None, history: Sequence[RowStatus] = (),
     return Support(status, run_id=run)
 
 
+def _stored(name: Any) -> str:
+    """A vocabulary name as its column stores it (an enum member's value; an unknown name as is)."""
+    return str(getattr(name, "value", name))
+
+
+def _stored_row(status: RowStatus) -> tuple[str, str, str, str, str]:
+    """A status's row as stored: what the many-row reads bind (raw names: never re-checked by the registries, so a
+    name this farm does not know is looked up as read)."""
+    k = status.key
+    return k.model, _stored(k.precision), k.platform, _stored(k.toolchain), k.variant
+
+
+_RAW_ROW = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant)
+
+
 def row_reasons(s: Session, statuses: Iterable[RowStatus]) -> dict[EvidenceKey, dict[str, str]]:
     """The reasons each row's run recorded, per stage (the first non-empty one of a stage's tests, by result id),
-    by :func:`evidence_key`: one statement per ``HISTORY_CHUNK`` (row, run) pairs."""
+    by :func:`evidence_key`: one statement per ``CHUNK`` (row, run) pairs."""
     prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
-    pairs = list(dict.fromkeys((st.key.model, st.key.precision, st.key.platform, st.key.toolchain, st.key.variant,
-                                st.run_id) for st in statuses))
-    row_run = tuple_(Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant,
-                     Result.run_id)
-    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
-            Result.run_id, Result.chosen_versions, raw(Result.stage), Result.reason)
+    pairs = list(dict.fromkeys((*_stored_row(st), st.run_id) for st in statuses))
+    cols = (*_RAW_ROW, Result.run_id, Result.chosen_versions, raw(Result.stage), Result.status, Result.reason)
     out: dict[EvidenceKey, dict[str, str]] = defaultdict(dict)
-    for i in range(0, len(pairs), HISTORY_CHUNK):
-        for m, p, pl, jt, var, rid, chosen, stage, reason in s.execute(
-                select(*cols).where(row_run.in_(pairs[i:i + HISTORY_CHUNK]), Result.reason.is_not(None),
-                                    Result.status != ResultStatus.PASS).order_by(Result.id)):
-            if reason:
-                out[(RowKey(m, prec(p), pl, job_tool(jt), var), rid, chosen or None)].setdefault(stage, reason)
+    for i in range(0, len(pairs), CHUNK):
+        for m, p, pl, jt, var, rid, chosen, stage, status, reason in s.execute(
+                select(*cols).where(tuple_(*_RAW_ROW, Result.run_id).in_(pairs[i:i + CHUNK]),
+                                    Result.reason.is_not(None), Result.status != ResultStatus.PASS)
+                .order_by(Result.id)):
+            add_reason(out[(RowKey(m, prec(p), pl, job_tool(jt), var), rid, chosen or None)], stage, status, reason)
     return out
+
+
+def add_reason(reasons: dict[str, str], stage: str, status: ResultStatus, reason: str | None) -> None:
+    """A row's reasons per stage (:func:`row_reasons`), given its results one by one in result id order: the first
+    non-empty reason of a result that did not pass."""
+    if reason and status != ResultStatus.PASS:
+        reasons.setdefault(stage, reason)
 
 
 def _failing(status: RowStatus) -> bool:
     return status.verdict in (Verdict.FAIL, Verdict.ERROR)
 
 
-def supports_of(s: Session, statuses: Sequence[RowStatus]) -> list[Support]:
-    """:func:`classify` of each row, with the reasons its run recorded and, for a failing row, its history (walked
-    back for its failing streak): a few statements for any number of rows, never one per row."""
-    reasons = row_reasons(s, statuses)
-    histories = row_histories(s, [st.key for st in statuses if _failing(st)])
-    return [classify(st, histories.get(st.key, []) if _failing(st) else [], reasons.get(evidence_key(st), {}))
-            for st in statuses]
+def failing_streaks(s: Session, statuses: Sequence[RowStatus]) -> dict[EvidenceKey, int]:
+    """:func:`failing_since` of each failing status, by :func:`evidence_key`, from one line per (row, published run,
+    chosen versions): whether a result failed or errored, whether every stage only skipped (a run's verdict is fail
+    or error exactly when one did; it ran nothing exactly when each stage's worst status is skipped). One statement
+    per ``CHUNK`` failing rows, whatever their histories' length."""
+    failing = [st for st in statuses if _failing(st)]
+    keys = list(dict.fromkeys(_stored_row(st) for st in failing))
+    broke = func.max(case((Result.status.in_([ResultStatus.FAIL, ResultStatus.ERROR]), 1), else_=0))
+    skipped = func.count(distinct(case((Result.status == ResultStatus.SKIPPED, Result.stage))))
+    past: dict[tuple[tuple[str, ...], str | None], list[tuple[int, bool, bool]]] = defaultdict(list)
+    for i in range(0, len(keys), CHUNK):
+        stmt = (select(*_RAW_ROW, Result.run_id, Result.chosen_versions, broke, skipped,
+                       func.count(distinct(Result.stage)))
+                .join(Run, Run.id == Result.run_id)
+                .where(Run.published_at.is_not(None), tuple_(*_RAW_ROW).in_(keys[i:i + CHUNK]))
+                .group_by(*_RAW_ROW, Result.run_id, Result.chosen_versions))
+        for m, p, pl, jt, var, rid, chosen, b, n_skipped, n_stages in s.execute(stmt):
+            past[((m, p, pl, jt, var), chosen or None)].append((rid, bool(b), n_skipped == n_stages))
+    return {evidence_key(st): _streak_start(st.run_id, past.get((_stored_row(st), st.chosen_versions), ()))
+            for st in failing}
+
+
+def supports_of(s: Session, statuses: Sequence[RowStatus],
+                reasons: Mapping[EvidenceKey, Mapping[str, str]] | None = None) -> list[Support]:
+    """:func:`classify` of each row, with the reasons its run recorded (``reasons``: :func:`row_reasons`, when the
+    caller read them already) and, for a failing row, its failing streak's first run (:func:`failing_streaks`): a
+    few statements for any number of rows, never one per row."""
+    if reasons is None:
+        reasons = row_reasons(s, statuses)
+    since = failing_streaks(s, statuses)
+    return [classify(st, (), reasons.get(evidence_key(st), {}), since=since.get(evidence_key(st))) for st in statuses]
 
 
 def support_of(s: Session, status: RowStatus) -> Support:
@@ -288,6 +335,7 @@ def support_of(s: Session, status: RowStatus) -> Support:
 # brought up once: a bring-up's evidence (even its rung 7, the farm's pipeline) stays on its report and its run page
 # (issue 41). A test-list run (kind l0 / l1, flows.plan.plan_test_list) publishes its own page and never changes these.
 NIGHTLY_PAGE_KINDS: tuple[RunKind, ...] = (RunKind.NIGHTLY,)
+CHUNK = 200  # rows (or row and run pairs) per statement of the many-row reads: 5-6 bound names each
 
 
 def latest_runs(*, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,

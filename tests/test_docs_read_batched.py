@@ -139,3 +139,47 @@ def test_the_batched_read_answers_what_the_one_row_functions_answer(tmp_path: Pa
     assert skipped.support.status.value == "skipped" and skipped.support.reason == "no device of this version"
     assert by_model[("side", "edgellm-ort==1.0")].support.status.value == "l0_covered"
     engine.dispose()
+
+
+def test_failing_streaks_walk_as_the_rows_whole_histories_do(tmp_path: Path) -> None:
+    """``supports_of`` reads one line per (row, run) for the failing streaks; the reference walks each failing row's
+    whole history (``row_history`` -> ``failing_since``): the same support for every row, on generated histories
+    with fails, errors, skipped-only runs and passes in any order."""
+    from benchmarks.db_data import Shape, load
+    from edgefarm.results.queries import row_history
+    from edgefarm.results.support import classify, row_reasons, supports_of
+
+    engine = _engine(tmp_path)
+    load(engine, Shape.for_results(rows=300, runs=40, results=300 * 40 // 2))
+    rec = Recorder(engine)
+    patterns = {  # a row's runs, oldest first: f fail, e error, s only skipped, p pass, - not in that run
+        "streak": "pfsfe", "broken": "ffpf", "whole": "fff", "skips": "sfss-f", "one": "pppf", "errors": "peeef"}
+    for i in range(6):
+        run = rec.start_run("nightly", "schedule", "abc")
+        results = []
+        for model, runs in patterns.items():
+            mark = runs[i] if i < len(runs) else "-"
+            if mark == "-":
+                continue
+            for stage in ("infer", "accuracy"):
+                status = {"f": "fail" if stage == "infer" else "skipped", "e": "error", "s": "skipped",
+                          "p": "pass"}[mark]
+                results.append(dict(model=model, precision="fp16", platform="thor", stage=stage, test_id=model,
+                                    status=status, toolchain="edgellm-ort", toolchain_version="1.0",
+                                    reason=None if status == "pass" else f"{model} {i}"))
+        rec.record_results(run, results)
+        rec.finish_run(run, "failed")
+    with Session(engine) as s:
+        statuses = latest_status_of_runs(s)
+        got = supports_of(s, statuses)
+        reasons = row_reasons(s, statuses)
+        want = [classify(st, row_history(s, st.key.model, st.key.precision, st.key.platform,
+                                         toolchain=st.key.toolchain, variant=st.key.variant),
+                         reasons.get((st.key, st.run_id, st.chosen_versions), {})) for st in statuses]
+    engine.dispose()
+    assert got == want
+    since = [(sup.since_run, st.run_id) for st, sup in zip(statuses, got, strict=True) if sup.status.value == "failing"]
+    assert any(a < b for a, b in since) and any(a == b for a, b in since), since  # streaks of several runs and of one
+    by_model = {st.key.model: (sup, st.run_id) for st, sup in zip(statuses, got, strict=True)}
+    streak = {m: by_model[m][1] - by_model[m][0].since_run for m in patterns}  # runs back from the latest
+    assert streak == {"streak": 3, "broken": 0, "whole": 2, "skips": 4, "one": 0, "errors": 3}, streak
