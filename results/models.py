@@ -408,6 +408,21 @@ class RowLatest(Base):
     verdict: Mapped[str | None] = mapped_column(String(16))
 
 
+class RowLatestKind(Base):
+    """Latest published run id per row and run kind: the pages of one kind (the nightly's: each row's latest nightly)
+    read it instead of every result of that kind; moved with ``row_latest`` when a run is published (see recorder)."""
+
+    __tablename__ = "row_latest_kind"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    precision: Mapped[str] = mapped_column(VocabularyName("precision"), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(64), primary_key=True)
+    toolchain: Mapped[str] = mapped_column(VocabularyName("toolchain"), primary_key=True)  # Result.job_toolchain
+    variant: Mapped[str] = mapped_column(String(300), primary_key=True)
+    kind: Mapped[str] = mapped_column(VocabularyName("run_kind"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+
+
 class RowTally(Base):
     """A row's results in its latest run, one per chosen toolchain versions ('' none chosen), counted by (stage,
     status, toolchain, version, stand-in, route) and packed into one string (results.summaries): the pages read

@@ -41,6 +41,7 @@ from edgefarm.results.models import (
     Result,
     ResultStatus,
     RowLatest,
+    RowLatestKind,
     Run,
     RunKind,
     RunStatus,
@@ -224,7 +225,7 @@ class Recorder:
                 rows = s.execute(select(Result.model, Result.precision, Result.platform, Result.job_toolchain,
                                         Result.variant).distinct().where(Result.run_id == run_id)).all()
                 for model, precision, platform, toolchain, variant in rows:
-                    self._bump_latest(s, model, precision, platform, toolchain, variant, run_id)
+                    self._bump_latest(s, model, precision, platform, toolchain, variant, run_id, run.kind)
                 summaries.refresh(s, run_id)
 
     # bring-up ---------------------------------------------------------------------------------------------------
@@ -409,13 +410,16 @@ class Recorder:
 
     @staticmethod
     def _bump_latest(s: Session, model: str, precision: str, platform: str, toolchain: str, variant: str,
-                     run_id: int) -> None:
-        ins = _upsert(s)(RowLatest).values(model=model, precision=precision, platform=platform, toolchain=toolchain,
-                                           variant=variant, run_id=run_id)
-        col = RowLatest.__table__.c.run_id
-        newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
-        s.execute(ins.on_conflict_do_update(index_elements=["model", "precision", "platform", "toolchain", "variant"],
-                                            set_={"run_id": newer}))
+                     run_id: int, kind: str) -> None:
+        """The row's latest published run (``row_latest``) and its latest of this run kind (``row_latest_kind``)
+        move to ``run_id`` unless they point at a newer run."""
+        row = {"model": model, "precision": precision, "platform": platform, "toolchain": toolchain,
+               "variant": variant}
+        for table, values in ((RowLatest, row), (RowLatestKind, {**row, "kind": kind})):
+            ins = _upsert(s)(table).values(**values, run_id=run_id)
+            col = table.__table__.c.run_id
+            newer = case((ins.excluded.run_id > col, ins.excluded.run_id), else_=col)
+            s.execute(ins.on_conflict_do_update(index_elements=list(values), set_={"run_id": newer}))
 
     # artifacts --------------------------------------------------------------------------------------------------
     @staticmethod
@@ -512,8 +516,8 @@ class Recorder:
 
 
 def rebuild_row_latest(engine: Engine) -> int:
-    """Recompute the latest-run-per-row table and its summaries from the published runs' results (after bulk loads
-    or deletes); returns its size."""
+    """Recompute the latest-run-per-row tables (``row_latest``, ``row_latest_kind``) and the summaries from the
+    published runs' results (after bulk loads or deletes); returns the size of ``row_latest``."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
         row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
@@ -523,5 +527,11 @@ def rebuild_row_latest(engine: Engine) -> int:
         s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "variant",
                                                             "run_id"],
                                                            agg))
+        s.execute(delete(RowLatestKind))
+        by_kind = (select(*row, Run.kind, func.max(Result.run_id))
+                   .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
+                   .group_by(*row, Run.kind))
+        s.execute(RowLatestKind.__table__.insert().from_select(["model", "precision", "platform", "toolchain",
+                                                                "variant", "kind", "run_id"], by_kind))
         summaries.refresh(s)
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

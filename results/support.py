@@ -30,7 +30,7 @@ from sqlalchemy import and_, case, distinct, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from edgefarm.results.db import Db, reading
-from edgefarm.results.models import Result, ResultStatus, Run, RunKind
+from edgefarm.results.models import Result, ResultStatus, RowLatest, RowLatestKind, Run, RunKind
 from edgefarm.results.queries import (
     SUPPORT_REQUIRED,
     RowKey,
@@ -340,21 +340,21 @@ CHUNK = 200  # rows (or row and run pairs) per statement of the many-row reads: 
 
 def latest_runs(*, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
                 toolchain: str | None = None) -> Any:
-    """The subquery of each row's latest published run of ``kinds`` (or, with ``run_id``, the rows of that one run,
-    published or not): its row columns (model, precision, platform, job_toolchain, variant) and ``run_id``. Join
-    results to it with :func:`of_latest`."""
-    row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
-    where = []
+    """The subquery of each row's latest published run of ``kinds`` (the pointers the recorder keeps:
+    ``row_latest_kind``, or ``row_latest`` for any kind), or, with ``run_id``, of the rows of that one run (published
+    or not): its row columns (model, precision, platform, job_toolchain, variant) and ``run_id``. Join results to it
+    with :func:`of_latest`."""
     if run_id is not None:
-        where.append(Result.run_id == run_id)
-    else:
-        where.append(Run.published_at.is_not(None))
-    if kinds is not None:
-        where.append(Run.kind.in_([str(k) for k in kinds]))
+        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
+        where = [Result.run_id == run_id] + ([Result.job_toolchain == toolchain] if toolchain is not None else [])
+        return select(*row, func.max(Result.run_id).label("run_id")).where(*where).group_by(*row).subquery()
+    t: Any = RowLatest if kinds is None else RowLatestKind
+    cols = (t.model, t.precision, t.platform, t.toolchain.label("job_toolchain"), t.variant)
+    where = [] if kinds is None else [t.kind.in_([str(k) for k in kinds])]
     if toolchain is not None:
-        where.append(Result.job_toolchain == toolchain)
-    return (select(*row, func.max(Result.run_id).label("run_id")).join(Run, Run.id == Result.run_id)
-            .where(*where).group_by(*row).subquery())
+        where.append(t.toolchain == toolchain)
+    return (select(*cols, func.max(t.run_id).label("run_id")).where(*where)
+            .group_by(t.model, t.precision, t.platform, t.toolchain, t.variant).subquery())
 
 
 def of_latest(latest: Any) -> Any:

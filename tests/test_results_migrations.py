@@ -14,8 +14,9 @@ from edgefarm.results.db import make_engine
 from edgefarm.results.migrate import current_revision, head_revision, schema_diff, upgrade
 
 TABLES = {"runs", "results", "metrics", "metric_baselines", "artifact_refs", "device_health", "toolchain_versions",
-          "lease_devices", "device_leases", "row_latest", "row_tallies", "attempts", "cache_entries", "alembic_version",
-          "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers", "bisections"}
+          "lease_devices", "device_leases", "row_latest", "row_latest_kind", "row_tallies", "attempts", "cache_entries",
+          "alembic_version", "regressions", "device_quarantine", "environments", "bringup_rungs", "run_workers",
+          "bisections"}
 
 
 def test_upgrade_from_empty_and_models_match(db_url: str) -> None:

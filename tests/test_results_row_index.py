@@ -150,3 +150,30 @@ def test_the_bulk_makers_set_every_field_as_the_constructors_do() -> None:
                                "edgellm-ort==1.0")
     assert set(vars(status)) == {f.name for f in fields(RowStatus)}
     assert status.stages == worst and status.stages is not worst  # a status's stages are its own
+
+
+def test_0018_fills_each_rows_latest_run_of_each_kind_from_the_published_results(db_url: str) -> None:
+    """Upgrading to 0018 fills ``row_latest_kind`` from the results as the recorder keeps it (and as
+    ``rebuild_row_latest`` recomputes it); the nightly's pages then read the same rows as before the upgrade."""
+    from edgefarm.results.support import NIGHTLY_PAGE_KINDS, row_supports
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    load(engine, SHAPE)
+    per_kind = "SELECT model, precision, platform, toolchain, variant, kind, run_id FROM row_latest_kind"
+    with engine.connect() as conn:
+        kept = sorted(conn.exec_driver_sql(per_kind).all())
+    pages = row_supports(engine, kinds=NIGHTLY_PAGE_KINDS)
+    assert {k for *_, k, _ in kept} == {"nightly", "l0"} and 0 < len(pages) < SHAPE.rows  # rows a nightly ran
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0017")
+        conn.commit()
+    assert "row_latest_kind" not in inspect(engine).get_table_names()
+    assert upgrade(engine) == head_revision()
+    assert schema_diff(engine) == []
+    with engine.connect() as conn:
+        assert sorted(conn.exec_driver_sql(per_kind).all()) == kept
+    assert row_supports(engine, kinds=NIGHTLY_PAGE_KINDS) == pages
+    engine.dispose()

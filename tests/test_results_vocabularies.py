@@ -62,6 +62,9 @@ OPEN_COLUMNS = {
     ("row_latest", "toolchain"): "toolchain",
     ("row_tallies", "precision"): "precision",
     ("row_tallies", "toolchain"): "toolchain",
+    ("row_latest_kind", "precision"): "precision",
+    ("row_latest_kind", "toolchain"): "toolchain",
+    ("row_latest_kind", "kind"): "run_kind",
     ("metric_baselines", "precision"): "precision",
     ("metric_baselines", "stage"): "stage",
     ("attempts", "precision"): "precision",
@@ -71,9 +74,10 @@ OPEN_COLUMNS = {
     ("regressions", "precision"): "precision",
     ("regressions", "stage"): "stage",
 }
-# made by 0009 and 0017, never with a CHECK
+# made by 0009, 0017 and 0018, never with a CHECK
 NEWER_COLUMNS = {("results", "job_toolchain"), ("row_latest", "toolchain"), ("row_tallies", "precision"),
-                 ("row_tallies", "toolchain")}
+                 ("row_tallies", "toolchain"), ("row_latest_kind", "precision"), ("row_latest_kind", "toolchain"),
+                 ("row_latest_kind", "kind")}
 KNOWN = {"precision": "fp16", "stage": "infer", "toolchain": "edgellm-ort", "route": "onnx", "run_kind": "l0"}
 T0 = "2026-11-01 02:00:00"
 SHA = "ab" * 32

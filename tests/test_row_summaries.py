@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy import func, select
 
 from edgefarm.results.db import make_engine, read_session
-from edgefarm.results.models import RowTally
+from edgefarm.results.models import RowLatestKind, RowTally
 from edgefarm.results.queries import RowKey, latest_status, passing_rows
 from edgefarm.results.recorder import Recorder, rebuild_row_latest
+from edgefarm.results.support import NIGHTLY_PAGE_KINDS, row_supports
 
 P, TC = "x86-cpu", "edgellm-ort"
 
@@ -34,11 +35,21 @@ def _passing(rec: Recorder) -> list[str]:
     return [k.model for k in passing_rows(rec.engine)]
 
 
+def _per_kind(rec: Recorder) -> list[tuple[str, ...]]:
+    """The kept latest run of each row and run kind (row_latest_kind: what the nightly's pages read)."""
+    t = RowLatestKind
+    with read_session(rec.engine) as s:
+        return sorted(tuple(str(v) for v in r) for r in s.execute(
+            select(t.model, t.precision, t.platform, t.toolchain, t.variant, t.kind, t.run_id)))
+
+
 def _kept_equals_rebuilt(rec: Recorder) -> None:
-    kept = (latest_status(rec.engine), passing_rows(rec.engine), passing_rows(rec.engine, required=["export"]))
+    kept = (latest_status(rec.engine), passing_rows(rec.engine), passing_rows(rec.engine, required=["export"]),
+            _per_kind(rec), row_supports(rec.engine, kinds=NIGHTLY_PAGE_KINDS))
     rebuild_row_latest(rec.engine)
     assert kept == (latest_status(rec.engine), passing_rows(rec.engine),
-                    passing_rows(rec.engine, required=["export"]))
+                    passing_rows(rec.engine, required=["export"]), _per_kind(rec),
+                    row_supports(rec.engine, kinds=NIGHTLY_PAGE_KINDS))
 
 
 def _tallies(rec: Recorder) -> int:
@@ -76,4 +87,14 @@ def test_summaries_follow_publishing_and_late_writes(rec: Recorder) -> None:
     rec.finish_run(run3, "cancelled")
     assert _passing(rec) == ["b"]
     assert passing_rows(rec.engine, required=["export"]) == [RowKey("b", "fp16", P, TC)]  # a failed (any fail)
+    _kept_equals_rebuilt(rec)
+
+    # a test list's run moves the row's latest, never its latest nightly (what the nightly's pages show)
+    run4 = rec.start_run("l0", "manual", "jkl")
+    _row(rec, run4, "a", export="pass", infer="pass", accuracy="pass")
+    rec.finish_run(run4, "passed")
+    assert {s.key.model: s.run_id for s in latest_status(rec.engine)} == {"a": run4, "b": run2}
+    nightly = row_supports(rec.engine, kinds=NIGHTLY_PAGE_KINDS)
+    assert {st.key.model: st.run_id for st, _ in nightly} == {"a": run1, "b": run2}
+    assert ("a", "fp16", P, TC, "", "l0", str(run4)) in _per_kind(rec)
     _kept_equals_rebuilt(rec)
