@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session
 
@@ -141,10 +142,16 @@ def test_the_batched_read_answers_what_the_one_row_functions_answer(tmp_path: Pa
     engine.dispose()
 
 
-def test_failing_streaks_walk_as_the_rows_whole_histories_do(tmp_path: Path) -> None:
-    """``supports_of`` reads one line per (row, run) for the failing streaks; the reference walks each failing row's
-    whole history (``row_history`` -> ``failing_since``): the same support for every row, on generated histories
-    with fails, errors, skipped-only runs and passes in any order."""
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_failing_streaks_walk_as_the_rows_whole_histories_do(tmp_path: Path, window: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``supports_of`` reads one line per (row, run) for the failing streaks, a window of runs at a time back from
+    each row's latest (a window of 1 and 3 run ids: most streaks need several, widening); the reference walks each
+    failing row's whole history (``row_history`` -> ``failing_since``): the same support for every row, on generated
+    histories with fails, errors, skipped-only runs and passes in any order."""
+    from edgefarm.results import support
+
+    monkeypatch.setattr(support, "STREAK_WINDOW", window)
     from benchmarks.db_data import Shape, load
     from edgefarm.results.queries import row_history
     from edgefarm.results.support import classify, row_reasons, supports_of
