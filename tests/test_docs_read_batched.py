@@ -1,8 +1,8 @@
 """The docs' read (pages/docs.py ``matrix_rows`` -> results/pages.py ``matrix_evidence`` -> results/support.py
 ``row_supports`` -> ``supports_of``) and ``edgefarm query`` ask the database a fixed number of questions whatever the
-number of rows (reasons and failing rows' histories: one statement per 200 rows), and answer what the one-row
-functions answer (``support_of``, a row's results and metrics in its latest run). Before, the docs asked three per
-row: 63 s for the docs of 20,000 rows at 10M results (benchmarks/bench_db.py)."""
+number of rows (reasons, and failing rows' streaks a window of runs at a time: one statement per 200 rows), and
+answer what the one-row functions answer (``support_of``, a row's results and metrics in its latest run). Before,
+the docs asked three per row: 63 s for the docs of 20,000 rows at 10M results (benchmarks/bench_db.py)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_the_docs_read_asks_the_same_number_of_questions_for_4_rows_and_for_40(t
         upgrade(engine)
         rec = Recorder(engine)
         _nightly(rec, models)
-        _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})  # a quarter fail: histories read
+        _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})  # a quarter fail: streaks read
         with _counted(engine) as statements:
             rows = matrix_rows(engine)
         assert len(rows) == models + 2  # the side-by-side row: one per chosen version
