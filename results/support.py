@@ -411,8 +411,8 @@ def latest_status_of_runs(s: Session, *, kinds: Collection[RunKind | str] | None
 
 def row_supports(db: Db, *, kinds: Collection[RunKind | str] | None = None, run_id: int | None = None,
                  toolchain: str | None = None) -> list[tuple[RowStatus, Support]]:
-    """Each row of :func:`latest_status_of_runs` with its support (:func:`classify`, as :func:`support_of` decides
-    it, :func:`supports_of`): what every page and the counts show (reasons as recorded, not yet scrubbed)."""
+    """Each row of :func:`latest_status_of_runs` with its support (:func:`supports_of`): what every page and the
+    counts show (reasons as recorded, not yet scrubbed)."""
     with reading(db) as s:
         statuses = latest_status_of_runs(s, kinds=kinds, run_id=run_id, toolchain=toolchain)
         return list(zip(statuses, supports_of(s, statuses), strict=True))
