@@ -56,8 +56,8 @@ class MatrixEvidence:
 def matrix_evidence(db: Db, *, kinds: Collection[RunKind | str] | None, run_id: int | None = None
                     ) -> list[MatrixEvidence]:
     """Each row's latest evidence in the runs of ``kinds`` (or in the one run ``run_id``), sorted by row: a fixed
-    number of statements whatever the number of rows (two aggregate passes over the runs' results; the failing rows'
-    streaks: one statement per 200 rows per window of runs, ``results.support``)."""
+    number of statements whatever the number of rows (the kept latest-run pointers joined with those runs' results;
+    the failing rows' streaks: one statement per 200 rows per window of runs, ``results.support``)."""
     latest = latest_runs(kinds=kinds, run_id=run_id)
     prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
     row = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,

@@ -311,7 +311,7 @@ def latest_status_stmt(model: str | None = None, precision: Precision | str | No
     """The SQL of :func:`latest_status`: the rows' tallies kept when their latest run was published
     (``row_tallies``, one per row and chosen versions), names raw, chosen versions '' for none; no result is read."""
     t = RowTally
-    return (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String), t.variant,
+    return (select(t.model, raw(t.precision), t.platform, raw(t.toolchain), t.variant,
                    t.run_id, func.coalesce(t.chosen_versions, ""), t.packed)
             .where(*_row_filter(model, precision, platform, toolchain, table=t)))
 
@@ -322,9 +322,9 @@ def packed_results_stmt(*where: Any) -> Select[Any]:
     between fields, ``_ENTRY`` between groups; :func:`unpack` reads it), names raw. results.summaries keeps these."""
     row = (RowLatest.model, RowLatest.precision, RowLatest.platform, RowLatest.toolchain, RowLatest.variant,
            RowLatest.run_id, func.coalesce(Result.chosen_versions, ""))
-    made = (type_coerce(Result.stage, String), cast(Result.status, String), type_coerce(Result.toolchain, String),
+    made = (raw(Result.stage), cast(Result.status, String), raw(Result.toolchain),
             func.coalesce(Result.toolchain_version, ""), case((Result.standin.is_(True), "1"), else_="0"),
-            func.coalesce(type_coerce(Result.route, String), ""))
+            func.coalesce(raw(Result.route), ""))
     counted = (
         select(*(c.label(f"r{i}") for i, c in enumerate(row)), *(c.label(f"m{i}") for i, c in enumerate(made)),
                func.count().label("n"))
@@ -357,7 +357,7 @@ def passing_rows(
             rows = s.connection().execute(passing_rows_stmt(platform, toolchain))
             return [RowKey(m, prec(p), pl, tool(tc), var) for m, p, pl, tc, var in rows]
         t = RowTally
-        stmt = (select(t.model, type_coerce(t.precision, String), t.platform, type_coerce(t.toolchain, String),
+        stmt = (select(t.model, raw(t.precision), t.platform, raw(t.toolchain),
                        t.variant, t.packed).where(*_row_filter(None, None, platform, toolchain, table=t)))
         stage = name_reader(Result.stage)
         merged: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
@@ -370,10 +370,9 @@ def passing_rows(
 
 def passing_rows_stmt(platform: str | None = None, toolchain: str | None = None) -> Select[Any]:
     """The SQL of :func:`passing_rows` with the default required stages: the verdicts kept in ``row_latest``."""
-    raw = (RowLatest.model, type_coerce(RowLatest.precision, String), RowLatest.platform,
-           type_coerce(RowLatest.toolchain, String), RowLatest.variant)
-    return (select(*raw).where(RowLatest.verdict == Verdict.PASS.value, *_row_filter(None, None, platform, toolchain))
-            .order_by(*raw))
+    names = (RowLatest.model, raw(RowLatest.precision), RowLatest.platform, raw(RowLatest.toolchain), RowLatest.variant)
+    return (select(*names).where(RowLatest.verdict == Verdict.PASS.value,
+                                 *_row_filter(None, None, platform, toolchain)).order_by(*names))
 
 
 def row_history(
@@ -390,36 +389,28 @@ def row_history(
     of the row whose jobs ran with ``toolchain`` and ``variant``, or, without them, of each toolchain's and
     variant's row (side by side in a run that ran several)."""
     req = _required(required)
-    where = [Result.model == model, Result.precision == parse_name("precision", precision),
-             Result.platform == platform]
+    p = parse_name("precision", precision)
+    where = [Result.model == model, Result.precision == p, Result.platform == platform]
     if toolchain is not None:
         where.append(Result.job_toolchain == parse_name("toolchain", toolchain))
     if variant is not None:
         where.append(Result.variant == variant)
-    with _session(db) as s:
-        return _histories(s, where, req)
-
-
-def _histories(s: Session, where: Sequence[Any], req: Sequence[Stage]) -> list[RowStatus]:
-    """Every row's verdict in every published run with results ``where`` selects: by run, then row (toolchain,
-    variant, chosen versions, model, precision, platform). Names read once each (see :func:`name_reader`)."""
-    prec, job_tool = name_reader(Result.precision), name_reader(Result.job_toolchain)
-    stage_of = name_reader(Result.stage)
-    cols = (Result.model, raw(Result.precision), Result.platform, raw(Result.job_toolchain), Result.variant,
-            Result.run_id, Result.chosen_versions, Run.kind, Run.started_at, raw(Result.stage), Result.status,
-            raw(Result.toolchain), Result.toolchain_version, Result.standin, raw(Result.route))
+    job_tool, stage_of = name_reader(Result.job_toolchain), name_reader(Result.stage)
+    cols = (Result.run_id, raw(Result.job_toolchain), Result.variant, Result.chosen_versions, Run.kind, Run.started_at,
+            raw(Result.stage), Result.status, raw(Result.toolchain), Result.toolchain_version, Result.standin,
+            raw(Result.route))
     stmt = (select(*cols, func.count()).join(Run, Run.id == Result.run_id)
             .where(Run.published_at.is_not(None), *where).group_by(*cols))
-    tallies: dict[tuple[Any, ...], Tally] = defaultdict(Tally)
+    tallies: dict[tuple[int, str, str, str], Tally] = defaultdict(Tally)
     runs: dict[int, tuple[RunKind, datetime]] = {}
-    for (m, p, pl, job_tc, var, run_id, chosen, kind, started, stage, status, tc, version, standin, route,
-         n) in s.execute(stmt):
-        tallies[(run_id, job_tc, var, chosen or "", m, p, pl)].add(stage_of(stage), status, n, tc, version, standin,
-                                                                   route)
-        runs[run_id] = (kind, started)
-    return [RowStatus(RowKey(m, prec(p), pl, job_tool(job_tc), var), rid, t.verdict(req), t.worst(), *runs[rid],
+    with _session(db) as s:  # names raw, read once each
+        for (run_id, job_tc, var, chosen, kind, started, stage, status, tc, version, standin, route,
+             n) in s.execute(stmt):
+            tallies[(run_id, job_tc, var, chosen or "")].add(stage_of(stage), status, n, tc, version, standin, route)
+            runs[run_id] = (kind, started)
+    return [RowStatus(RowKey(model, p, platform, job_tool(job_tc), var), rid, t.verdict(req), t.worst(), *runs[rid],
                       *t.toolchain(), *t.marks(), chosen_versions=chosen or None)
-            for (rid, job_tc, var, chosen, m, p, pl), t in sorted(tallies.items())]
+            for (rid, job_tc, var, chosen), t in sorted(tallies.items())]
 
 
 @dataclass(frozen=True)

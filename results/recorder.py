@@ -520,18 +520,16 @@ def rebuild_row_latest(engine: Engine) -> int:
     published runs' results (after bulk loads or deletes); returns the size of ``row_latest``."""
     with write_session(engine) as s:
         s.execute(delete(RowLatest))
-        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
-        agg = (select(*row, func.max(Result.run_id))
-               .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
-               .group_by(*row))
-        s.execute(RowLatest.__table__.insert().from_select(["model", "precision", "platform", "toolchain", "variant",
-                                                            "run_id"],
-                                                           agg))
         s.execute(delete(RowLatestKind))
+        row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
         by_kind = (select(*row, Run.kind, func.max(Result.run_id))
                    .join(Run, Run.id == Result.run_id).where(Run.published_at.is_not(None))
                    .group_by(*row, Run.kind))
-        s.execute(RowLatestKind.__table__.insert().from_select(["model", "precision", "platform", "toolchain",
-                                                                "variant", "kind", "run_id"], by_kind))
+        key = ["model", "precision", "platform", "toolchain", "variant"]
+        s.execute(RowLatestKind.__table__.insert().from_select([*key, "kind", "run_id"], by_kind))
+        t = RowLatestKind  # a row's latest of any kind: the latest of its kinds' (one pass over the results)
+        s.execute(RowLatest.__table__.insert().from_select(
+            [*key, "run_id"], select(t.model, t.precision, t.platform, t.toolchain, t.variant, func.max(t.run_id))
+            .group_by(t.model, t.precision, t.platform, t.toolchain, t.variant)))
         summaries.refresh(s)
         return int(s.scalar(select(func.count()).select_from(RowLatest)) or 0)

@@ -363,8 +363,12 @@ def latest_runs(*, kinds: Collection[RunKind | str] | None = None, run_id: int |
     with :func:`of_latest`."""
     if run_id is not None:
         row = (Result.model, Result.precision, Result.platform, Result.job_toolchain, Result.variant)
-        where = [Result.run_id == run_id] + ([Result.job_toolchain == toolchain] if toolchain is not None else [])
-        return select(*row, func.max(Result.run_id).label("run_id")).where(*where).group_by(*row).subquery()
+        stmt = select(*row, func.max(Result.run_id).label("run_id")).where(Result.run_id == run_id)
+        if kinds is not None:
+            stmt = stmt.join(Run, Run.id == Result.run_id).where(Run.kind.in_([str(k) for k in kinds]))
+        if toolchain is not None:
+            stmt = stmt.where(Result.job_toolchain == toolchain)
+        return stmt.group_by(*row).subquery()
     t: Any = RowLatest if kinds is None else RowLatestKind
     cols = (t.model, t.precision, t.platform, t.toolchain.label("job_toolchain"), t.variant)
     where = [] if kinds is None else [t.kind.in_([str(k) for k in kinds])]

@@ -68,14 +68,23 @@ def _counted(engine: Engine | type[Engine]) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", count)
 
 
+def _two_nightlies(tmp_path: Path, models: int) -> str:
+    """A database of two published nightlies of ``models`` rows (and the side-by-side row), a quarter of the rows
+    failing in the second (their streaks are read); its URL."""
+    url = f"sqlite:///{tmp_path / f'{models}.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    rec = Recorder(engine)
+    _nightly(rec, models)
+    _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})
+    engine.dispose()
+    return url
+
+
 def test_the_docs_read_asks_the_same_number_of_questions_for_4_rows_and_for_40(tmp_path: Path) -> None:
     counts = []
     for models in (4, 40):
-        engine = make_engine(f"sqlite:///{tmp_path / f'{models}.db'}")
-        upgrade(engine)
-        rec = Recorder(engine)
-        _nightly(rec, models)
-        _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})  # a quarter fail: streaks read
+        engine = make_engine(_two_nightlies(tmp_path, models))
         with _counted(engine) as statements:
             rows = matrix_rows(engine)
         assert len(rows) == models + 2  # the side-by-side row: one per chosen version
@@ -90,15 +99,9 @@ def test_the_query_command_asks_the_same_number_of_questions_for_4_rows_and_for_
 
     counts = []
     for models in (4, 40):
-        engine = make_engine(f"sqlite:///{tmp_path / f'{models}.db'}")
-        upgrade(engine)
-        rec = Recorder(engine)
-        _nightly(rec, models)
-        _nightly(rec, models, fail={f"m{i:03d}" for i in range(0, models, 4)})
-        engine.dispose()
+        url = _two_nightlies(tmp_path, models)
         with _counted(Engine) as statements:  # every engine: the command opens its own
-            rows = query_rows(f"sqlite:///{tmp_path / f'{models}.db'}", model=None, precision=None, platform=None,
-                              status=None)
+            rows = query_rows(url, model=None, precision=None, platform=None, status=None)
         assert len(rows) == models + 2
         assert sum(r["status"] == "failing" for r in rows) == len(range(0, models, 4))
         assert {r["reason"] for r in rows if r["status"] == "failing"} == {"decode diverged"}
